@@ -1,0 +1,541 @@
+"""The server side of one AMQP 0-9-1 connection, as a sans-I/O state machine.
+
+Bytes in (``receive_data``), bytes out (``data_to_send``), time in (``tick``).
+The transport (brokerha/node/transport.py) only moves bytes and calls these.
+States follow spec 2.2.4: protocol header, start/start-ok, tune/tune-ok,
+open/open-ok, then channels; closing waits for close-ok. Errors close the
+channel or the connection with the reply code the spec gives them.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from pamqp import commands, decode
+from pamqp.exceptions import PAMQPException
+
+from brokerha import __version__
+from brokerha.amqp import constants as C
+from brokerha.amqp import frames as F
+from brokerha.amqp.channel import CLOSING, OPEN, Channel
+from brokerha.amqp.errors import AMQPError, FrameError
+from brokerha.broker.auth import AuthenticationFailed, User
+from brokerha.broker.broker import Broker
+from brokerha.broker.errors import BrokerError
+from brokerha.broker.queue import Queue
+from brokerha.broker.vhost import VirtualHost
+
+log = logging.getLogger(__name__)
+
+# connection states
+AWAIT_HEADER = "await-header"
+AWAIT_START_OK = "await-start-ok"
+AWAIT_TUNE_OK = "await-tune-ok"
+AWAIT_OPEN = "await-open"
+RUNNING = "running"
+CLOSING_CONN = "closing"  # we sent connection.close, waiting for close-ok
+CLOSED = "closed"
+
+HANDSHAKE_TIMEOUT = 10.0
+CLOSE_OK_TIMEOUT = 3.0
+
+SERVER_CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": False,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": False,
+}
+
+MECHANISMS = ("PLAIN", "AMQPLAIN")
+
+
+def _parse_plain(response: bytes) -> tuple[str, str]:
+    parts = response.split(b"\x00")
+    if len(parts) != 3:
+        raise ValueError("PLAIN response must be authzid NUL authcid NUL password")
+    return parts[1].decode("utf-8"), parts[2].decode("utf-8")
+
+
+def _parse_amqplain(response: bytes) -> tuple[str, str]:
+    # a field table without its leading length (RabbitMQ's and py-amqp's encoding)
+    _, table = decode.field_table(struct.pack(">I", len(response)) + response)
+    login, password = table.get("LOGIN"), table.get("PASSWORD")
+    if not isinstance(login, str | bytes) or not isinstance(password, str | bytes):
+        raise ValueError("AMQPLAIN response needs LOGIN and PASSWORD")
+    as_str = [v.decode("utf-8") if isinstance(v, bytes) else v for v in (login, password)]
+    return as_str[0], as_str[1]
+
+
+class ServerConnection:
+    def __init__(self, broker: Broker, *, peer: tuple[str, int] | None = None,
+                 now: float = 0.0, conn_id: int = 0) -> None:
+        self.broker = broker
+        self.peer = peer
+        self.conn_id = conn_id
+        limits = broker.limits
+        self.reader = F.FrameReader(limits.frame_max)
+        self.frame_max = limits.frame_max
+        self.channel_max = limits.channel_max
+        self.heartbeat = 0
+        self.state = AWAIT_HEADER
+        self.channels: dict[int, Channel] = {}
+        self.exclusive_queues: dict[str, Queue] = {}
+        self.user: User | None = None
+        self.vhost: VirtualHost | None = None  # type: ignore[assignment]
+        self.client_properties: dict[str, Any] = {}
+        self.mechanism = ""
+        self._out: list[bytes] = []
+        self._confirm_channels: dict[int, Channel] = {}
+        self.created = now
+        self.last_received = now
+        self.last_sent = now
+        self.close_started = 0.0
+        self.writable = True
+        self.wants_close = False  # transport should close once output is flushed
+        self.close_reason = ""
+        self.has_published = False
+        self.blocked_notified = False
+        self.on_output: Callable[[], None] | None = None
+        self.on_read_paused: Callable[[bool], None] | None = None
+        self.reading_paused = False
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        peer = f"{self.peer[0]}:{self.peer[1]}" if self.peer else "?"
+        user = self.user.name if self.user else "-"
+        return f"{peer} ({user})"
+
+    def capability(self, name: str) -> bool:
+        caps = self.client_properties.get("capabilities")
+        return bool(isinstance(caps, dict) and caps.get(name))
+
+    # -- output -----------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self.state == CLOSED:
+            return
+        out = self._out
+        out.append(data)
+        if len(out) == 1 and self.on_output is not None:
+            self.on_output()
+
+    def send_method(self, channel: int, method: Any) -> None:
+        payload = struct.pack(">I", method.index) + method.marshal()
+        self.write(F.encode_frame(C.FRAME_METHOD, channel, payload))
+
+    def confirms_pending(self, channel: Channel) -> None:
+        if channel.number not in self._confirm_channels:
+            self._confirm_channels[channel.number] = channel
+            if not self._out and self.on_output is not None:
+                self.on_output()
+
+    def data_to_send(self) -> bytes:
+        if self._confirm_channels:
+            channels, self._confirm_channels = self._confirm_channels, {}
+            for ch in channels.values():
+                ch.flush_confirms()
+        if not self._out:
+            return b""
+        data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
+        self._out = []
+        return data
+
+    # -- input ------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes, now: float | None = None) -> None:
+        if self.state == CLOSED or self.wants_close:
+            return
+        if now is not None:
+            self.last_received = now
+        reader = self.reader
+        reader.feed(data)
+        if self.state == AWAIT_HEADER:
+            if reader.buffered() < 8:
+                return
+            self._check_protocol_header(reader.take(8))
+            if self.wants_close:
+                return
+        try:
+            frames = reader.frames()
+        except FrameError as exc:
+            frames = None
+            error: AMQPError | None = exc
+        else:
+            error = None
+        for frame in frames or ():
+            if self.state == CLOSED or self.wants_close:
+                return
+            try:
+                self._handle_frame(frame)
+            except AMQPError as exc:
+                self._error(frame.channel, exc)
+            except BrokerError as exc:
+                self._error(frame.channel, AMQPError(exc.code, exc.reply_text))
+            except Exception as exc:  # a bug must not take the node down
+                log.exception("internal error on connection %s", self.name)
+                self._error(0, AMQPError(C.INTERNAL_ERROR, f"internal error: {exc!r}"))
+        if error is not None and self.state not in (CLOSED,) and not self.wants_close:
+            self._close_connection(error, frame_error=True)
+        if self.has_published and self.broker.limits.memory_limit:
+            self.broker.check_memory()
+            self._maybe_pause_reading()
+
+    def _check_protocol_header(self, header: bytes) -> None:
+        if header != C.PROTOCOL_HEADER:
+            # spec 4.2.2: reply with the header we support, then close the socket
+            log.info("connection from %s: bad protocol header %r", self.name, header)
+            self.write(C.PROTOCOL_HEADER)
+            self._finish("bad protocol header")
+            return
+        self.state = AWAIT_START_OK
+        self.send_method(0, commands.Connection.Start(
+            version_major=0, version_minor=9,
+            server_properties=self._server_properties(),
+            mechanisms=" ".join(MECHANISMS), locales="en_US",
+        ))
+
+    def _server_properties(self) -> dict[str, Any]:
+        return {
+            "product": "brokerha",
+            "version": __version__,
+            "platform": "Python",
+            "cluster_name": self.broker.node_name,
+            "copyright": "brokerha authors",
+            "information": "https://brokerha.invalid/docs",
+            "capabilities": dict(SERVER_CAPABILITIES),
+        }
+
+    def decode_method(self, index: int, payload: bytes) -> Any:
+        cls = commands.INDEX_MAPPING.get(index)
+        if cls is None:
+            raise AMQPError(C.NOT_IMPLEMENTED,
+                            f"unknown method class {index >> 16} method {index & 0xFFFF}",
+                            index >> 16, index & 0xFFFF)
+        method = cls.__new__(cls)
+        try:
+            method.unmarshal(payload[4:])
+        except (struct.error, ValueError, UnicodeDecodeError, PAMQPException,
+                IndexError, TypeError) as exc:
+            raise AMQPError(C.SYNTAX_ERROR, f"cannot decode {cls.name}: {exc}",
+                            index >> 16, index & 0xFFFF) from exc
+        return method
+
+    def _handle_frame(self, frame: F.Frame) -> None:
+        if frame.type == C.FRAME_HEARTBEAT:
+            if frame.channel != 0:
+                raise FrameError(f"heartbeat frame on channel {frame.channel}")
+            return
+        if self.state == CLOSING_CONN:
+            self._handle_while_closing(frame)
+            return
+        if frame.channel == 0:
+            if frame.type != C.FRAME_METHOD:
+                raise AMQPError(C.UNEXPECTED_FRAME, "content frame on channel 0")
+            index = F.method_index(frame.payload)
+            self._handle_connection_method(self.decode_method(index, frame.payload))
+            return
+        if self.state != RUNNING:
+            raise AMQPError(C.COMMAND_INVALID,
+                            f"frame on channel {frame.channel} before connection.open")
+        ch = self.channels.get(frame.channel)
+        if ch is None:
+            self._handle_unopened_channel(frame)
+            return
+        if ch.state == CLOSING:
+            self._handle_closing_channel(ch, frame)
+            return
+        self.handle_channel_frame(ch, frame)
+
+    def handle_channel_frame(self, ch: Channel, frame: F.Frame) -> None:
+        try:
+            ch.handle_frame(frame)
+        except AMQPError as exc:
+            self.fail(ch, exc)
+
+    def fail(self, ch: Channel, exc: AMQPError) -> None:
+        """An error on a channel: soft ones close it, hard ones the connection."""
+        if exc.closes_connection:
+            self._close_connection(exc)
+        else:
+            self._close_channel(ch, exc)
+
+    def _error(self, channel: int, exc: AMQPError) -> None:
+        ch = self.channels.get(channel)
+        if ch is not None and not exc.closes_connection:
+            self._close_channel(ch, exc)
+        else:
+            self._close_connection(exc)
+
+    # -- connection class -------------------------------------------------------------
+
+    def _handle_connection_method(self, method: Any) -> None:
+        expected = {
+            AWAIT_START_OK: commands.Connection.StartOk,
+            AWAIT_TUNE_OK: commands.Connection.TuneOk,
+            AWAIT_OPEN: commands.Connection.Open,
+        }.get(self.state)
+        if expected is not None and not isinstance(method, expected | commands.Connection.Close):
+            raise AMQPError(C.COMMAND_INVALID,
+                            f"expected '{expected.name.lower()}', got '{method.name.lower()}'")
+        if isinstance(method, commands.Connection.StartOk):
+            self._start_ok(method)
+        elif isinstance(method, commands.Connection.TuneOk):
+            self._tune_ok(method)
+        elif isinstance(method, commands.Connection.Open):
+            self._open(method)
+        elif isinstance(method, commands.Connection.Close):
+            self.send_method(0, commands.Connection.CloseOk())
+            self._finish("closed by client")
+        elif isinstance(method, commands.Channel.Open):
+            raise AMQPError(C.CHANNEL_ERROR, "channel.open on channel 0", 20, 10)
+        elif isinstance(method, commands.Connection.UpdateSecret):
+            self.send_method(0, commands.Connection.UpdateSecretOk())
+        elif isinstance(method, commands.Connection.Blocked | commands.Connection.Unblocked):
+            pass  # a client may tell us; nothing to do
+        else:
+            raise AMQPError(C.COMMAND_INVALID, f"unexpected method {method.name} on channel 0",
+                            method.index >> 16, method.index & 0xFFFF)
+
+    def _start_ok(self, m: commands.Connection.StartOk) -> None:
+        self.client_properties = dict(m.client_properties or {})
+        mechanism = m.mechanism
+        self.mechanism = mechanism
+        if mechanism not in MECHANISMS:
+            raise AMQPError(C.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'",
+                            10, 11)
+        response = m.response.encode("latin-1") if isinstance(m.response, str) else m.response
+        try:
+            username, password = (_parse_plain if mechanism == "PLAIN" else _parse_amqplain)(response)
+        except (ValueError, UnicodeDecodeError, struct.error, PAMQPException) as exc:
+            raise AMQPError(C.SYNTAX_ERROR, f"malformed {mechanism} response: {exc}", 10, 11) from exc
+        peer_host = self.peer[0] if self.peer else None
+        try:
+            self.user = self.broker.users.authenticate(username, password, peer_host)
+        except AuthenticationFailed as exc:
+            log.warning("connection from %s refused: %s", self.name, exc)
+            text = (f"ACCESS_REFUSED - Login was refused using authentication mechanism "
+                    f"{mechanism}. For details see the broker logfile.")
+            if self.capability("authentication_failure_close"):
+                self.send_method(0, commands.Connection.Close(
+                    reply_code=C.ACCESS_REFUSED, reply_text=text, class_id=10, method_id=11))
+            self._finish("authentication failed")
+            return
+        self.state = AWAIT_TUNE_OK
+        self.send_method(0, commands.Connection.Tune(
+            channel_max=self.channel_max, frame_max=self.frame_max,
+            heartbeat=self.broker.limits.heartbeat,
+        ))
+
+    def _tune_ok(self, m: commands.Connection.TuneOk) -> None:
+        server_max = self.broker.limits.frame_max
+        frame_max = m.frame_max or server_max
+        if frame_max > server_max:
+            raise AMQPError(C.NOT_ALLOWED, f"frame_max={frame_max} > {server_max} max size", 10, 31)
+        if frame_max < C.FRAME_MIN_SIZE:
+            raise AMQPError(C.NOT_ALLOWED,
+                            f"frame_max={frame_max} < {C.FRAME_MIN_SIZE} min size", 10, 31)
+        self.frame_max = frame_max
+        self.reader.frame_max = frame_max
+        if m.channel_max:
+            self.channel_max = min(m.channel_max, self.channel_max)
+        self.heartbeat = m.heartbeat
+        self.state = AWAIT_OPEN
+
+    def _open(self, m: commands.Connection.Open) -> None:
+        assert self.user is not None
+        name = m.virtual_host or "/"
+        vhost = self.broker.vhosts.get(name)
+        if vhost is None:
+            raise AMQPError(C.NOT_ALLOWED, f"vhost {name} not found", 10, 40)
+        if name not in self.user.permissions:
+            raise AMQPError(C.NOT_ALLOWED,
+                            f"access to vhost '{name}' refused for user '{self.user.name}'", 10, 40)
+        self.vhost = vhost
+        self.state = RUNNING
+        self.send_method(0, commands.Connection.OpenOk())
+        self.broker.alarm_listeners.append(self._memory_alarm)
+        if self.broker.memory_blocked:
+            self._memory_alarm(True)
+        log.info("connection %s opened vhost '%s'", self.name, name)
+
+    # -- channels ---------------------------------------------------------------------
+
+    def _handle_unopened_channel(self, frame: F.Frame) -> None:
+        if frame.type == C.FRAME_METHOD:
+            index = F.method_index(frame.payload)
+            if index == commands.Channel.Open.index:
+                if frame.channel > self.channel_max:
+                    raise AMQPError(C.NOT_ALLOWED,
+                                    f"channel {frame.channel} above channel_max {self.channel_max}",
+                                    20, 10)
+                self.channels[frame.channel] = Channel(self, frame.channel)
+                self.send_method(frame.channel, commands.Channel.OpenOk())
+                return
+            if index == commands.Channel.CloseOk.index:
+                return  # late close-ok for a channel already gone
+        raise AMQPError(C.CHANNEL_ERROR, "expected 'channel.open'")
+
+    def _handle_closing_channel(self, ch: Channel, frame: F.Frame) -> None:
+        """After we sent channel.close: only close-ok (or a crossing close) matters."""
+        if frame.type != C.FRAME_METHOD:
+            return
+        index = F.method_index(frame.payload)
+        if index == commands.Channel.CloseOk.index:
+            self.channels.pop(ch.number, None)
+        elif index == commands.Channel.Close.index:
+            self.send_method(ch.number, commands.Channel.CloseOk())
+            self.channels.pop(ch.number, None)
+
+    def close_channel_by_peer(self, ch: Channel) -> None:
+        ch.release()
+        self.channels.pop(ch.number, None)
+        self._confirm_channels.pop(ch.number, None)
+        self.send_method(ch.number, commands.Channel.CloseOk())
+
+    def _close_channel(self, ch: Channel, exc: AMQPError) -> None:
+        log.info("channel %d on %s closed: %s", ch.number, self.name, exc.text)
+        ch.release()
+        ch.state = CLOSING
+        self._confirm_channels.pop(ch.number, None)
+        self.send_method(ch.number, commands.Channel.Close(
+            reply_code=exc.code, reply_text=exc.text,
+            class_id=exc.class_id, method_id=exc.method_id))
+
+    # -- closing -----------------------------------------------------------------------
+
+    def _close_connection(self, exc: AMQPError, frame_error: bool = False) -> None:
+        if self.state in (CLOSING_CONN, CLOSED):
+            return
+        log.warning("closing connection %s: %s", self.name, exc.text)
+        self.send_method(0, commands.Connection.Close(
+            reply_code=exc.code, reply_text=exc.text,
+            class_id=exc.class_id, method_id=exc.method_id))
+        self._release_channels()
+        if frame_error or self.state != RUNNING:
+            # the stream cannot be trusted or was never set up: do not wait for close-ok
+            self._finish(exc.text)
+            return
+        self.state = CLOSING_CONN
+        self.close_started = self.last_received
+        self.close_reason = exc.text
+
+    def shutdown(self, code: int = C.CONNECTION_FORCED,
+                 text: str = "broker forced connection closure with reason 'shutdown'") -> None:
+        """Server-initiated close (node stopping, failover)."""
+        if self.state == RUNNING:
+            self._close_connection(AMQPError(code, text))
+        else:
+            self._finish(text)
+
+    def _handle_while_closing(self, frame: F.Frame) -> None:
+        if frame.channel != 0 or frame.type != C.FRAME_METHOD:
+            return
+        index = F.method_index(frame.payload)
+        if index == commands.Connection.CloseOk.index:
+            self._finish(self.close_reason)
+        elif index == commands.Connection.Close.index:
+            self.send_method(0, commands.Connection.CloseOk())
+            self._finish(self.close_reason)
+
+    def _finish(self, reason: str) -> None:
+        self.wants_close = True
+        self.close_reason = self.close_reason or reason
+        self._release_channels()
+
+    def _release_channels(self) -> None:
+        for ch in list(self.channels.values()):
+            if ch.state == OPEN:
+                ch.release()
+                ch.state = CLOSING
+
+    def connection_lost(self) -> None:
+        """The socket is gone: release everything the connection held."""
+        if self.state == CLOSED:
+            return
+        self._release_channels()
+        self.channels.clear()
+        self.state = CLOSED
+        if self._memory_alarm in self.broker.alarm_listeners:
+            self.broker.alarm_listeners.remove(self._memory_alarm)
+        if self.vhost is not None:
+            for queue in list(self.exclusive_queues.values()):
+                self.vhost.remove_queue(queue)
+        self.exclusive_queues.clear()
+        if self.user is not None:
+            log.info("connection %s closed%s", self.name,
+                     f": {self.close_reason}" if self.close_reason else "")
+
+    # -- time ------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Heartbeats out, dead peers detected, handshake and close-ok timeouts."""
+        if self.state == CLOSED or self.wants_close:
+            return
+        if self.state in (AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN):
+            if now - self.created > HANDSHAKE_TIMEOUT:
+                log.warning("connection %s: handshake timeout", self.name)
+                self._finish("handshake timeout")
+            return
+        if self.state == CLOSING_CONN and now - self.last_received > CLOSE_OK_TIMEOUT:
+            self._finish(self.close_reason)
+            return
+        hb = self.heartbeat
+        if not hb:
+            return
+        if now - self.last_received > 2 * hb:
+            log.warning("connection %s: missed heartbeats from client, timeout: %ds",
+                        self.name, hb)
+            self.close_reason = "missed heartbeats"
+            self._finish("missed heartbeats")
+            return
+        if now - self.last_sent >= hb / 2:
+            self.write(F.HEARTBEAT_FRAME)
+
+    def sent(self, now: float) -> None:
+        """The transport wrote data at ``now`` (any frame counts as a heartbeat)."""
+        self.last_sent = now
+
+    # -- flow control -------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for ch in list(self.channels.values()):
+            if ch.state == OPEN:
+                ch.redispatch()
+
+    def _memory_alarm(self, blocked: bool) -> None:
+        if self.state != RUNNING:
+            return
+        if self.capability("connection.blocked") and blocked != self.blocked_notified:
+            self.blocked_notified = blocked
+            if blocked:
+                self.send_method(0, commands.Connection.Blocked(reason="low on memory"))
+            else:
+                self.send_method(0, commands.Connection.Unblocked())
+        if not blocked:
+            self._set_reading_paused(False)
+        else:
+            self._maybe_pause_reading()
+
+    def _maybe_pause_reading(self) -> None:
+        if self.broker.memory_blocked and self.has_published:
+            self._set_reading_paused(True)
+
+    def _set_reading_paused(self, paused: bool) -> None:
+        if paused != self.reading_paused:
+            self.reading_paused = paused
+            if self.on_read_paused is not None:
+                self.on_read_paused(paused)

@@ -1,0 +1,159 @@
+"""basic.*: publish, consume, cancel, get, ack/nack/reject, qos, recover."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from brokerha.amqp import constants as C
+from brokerha.amqp import frames as F
+from brokerha.amqp.consumer import ChannelConsumer, Delivery
+from brokerha.amqp.errors import AMQPError
+from brokerha.broker.errors import AccessRefused, NotAllowed, NotFound, NotImplementedByBroker
+from brokerha.broker.message import Message
+
+if TYPE_CHECKING:
+    from brokerha.amqp.channel import Channel
+
+
+def message_from_publish(publish: F.Publish, header: bytes, body: bytes) -> Message:
+    """The broker's Message; a malformed property list is a frame error."""
+    try:
+        return Message(publish.exchange, publish.routing_key, header, body)
+    except ValueError as exc:
+        code = C.PRECONDITION_FAILED if "expiration" in str(exc) else C.FRAME_ERROR
+        raise AMQPError(code, str(exc), 60, 40) from exc
+
+
+def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes) -> None:
+    vhost = ch.vhost
+    name = publish.exchange
+    if name not in ch.writable_exchanges:
+        ch.user.check("write", vhost.name, "exchange", name)
+        ch.writable_exchanges.add(name)
+    exchange = vhost.exchanges.get(name)
+    if exchange is None:
+        raise NotFound(f"no exchange '{name}' in vhost '{vhost.name}'")
+    if exchange.internal:
+        raise AccessRefused(f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'")
+    message = message_from_publish(publish, header, body)
+    ch.conn.has_published = True
+    queues = vhost.route(exchange, message)
+    if not queues and publish.mandatory:
+        ch.send(commands.Basic.Return(reply_code=C.NO_ROUTE, reply_text="NO_ROUTE",
+                                      exchange=name, routing_key=publish.routing_key))
+        ch.send_content(header, body)
+    if ch.tx_mode:
+        ch.transaction().publish(queues, message)
+        return
+    confirm = ch.confirm
+    if confirm is None:
+        for queue in queues:
+            queue.enqueue(message)
+        return
+    tag = confirm.issue()
+    accepted = True
+    for queue in queues:
+        accepted = queue.enqueue(message) and accepted
+    if accepted:
+        ch.conn.broker.store.after_sync(lambda: ch.settle_confirm(tag, True))
+    else:
+        ch.settle_confirm(tag, False)
+
+
+def qos(ch: Channel, m: commands.Basic.Qos) -> None:
+    if m.prefetch_size:
+        raise NotImplementedByBroker(f"prefetch_size!=0 ({m.prefetch_size})")
+    if m.global_:
+        ch.global_prefetch = m.prefetch_count
+    else:
+        ch.prefetch_count = m.prefetch_count
+    ch.send(commands.Basic.QosOk())
+    ch.redispatch()
+
+
+def consume(ch: Channel, m: commands.Basic.Consume) -> None:
+    vhost = ch.vhost
+    name = ch.resolve_queue(m.queue)
+    ch.user.check("read", vhost.name, "queue", name)
+    queue = vhost.queue_for(name, ch.conn)
+    tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex[:22]}"
+    if tag in ch.consumers:
+        raise NotAllowed(f"attempt to reuse consumer tag '{tag}'")
+    queue.check_consumer(m.exclusive)
+    consumer = ChannelConsumer(ch, queue, tag, no_ack=m.no_ack, exclusive=m.exclusive,
+                               prefetch=ch.prefetch_count, arguments=dict(m.arguments or {}))
+    if not m.nowait:
+        ch.send(commands.Basic.ConsumeOk(consumer_tag=tag))
+    ch.consumers[tag] = consumer
+    queue.add_consumer(consumer)
+
+
+def cancel(ch: Channel, m: commands.Basic.Cancel) -> None:
+    consumer = ch.consumers.pop(m.consumer_tag, None)
+    if not m.nowait:
+        ch.send(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
+    if consumer is not None:
+        consumer.queue.remove_consumer(consumer)
+
+
+def get(ch: Channel, m: commands.Basic.Get) -> None:
+    vhost = ch.vhost
+    name = ch.resolve_queue(m.queue)
+    ch.user.check("read", vhost.name, "queue", name)
+    queue = vhost.queue_for(name, ch.conn)
+    entry = queue.get()
+    if entry is None:
+        ch.send(commands.Basic.GetEmpty())
+        return
+    tag = ch.next_tag()
+    message = entry.message
+    ch.conn.write(F.encode_get_ok(ch.number, tag, entry.redelivered, message.exchange,
+                                  message.routing_key, queue.message_count))
+    ch.send_content(message.header, message.body)
+    if m.no_ack:
+        queue.settle(entry)
+    else:
+        ch.unacked[tag] = Delivery(queue, entry, None)
+
+
+def ack(ch: Channel, m: commands.Basic.Ack) -> None:
+    ch.ack(m.delivery_tag, m.multiple)
+
+
+def reject(ch: Channel, m: commands.Basic.Reject) -> None:
+    ch.reject(m.delivery_tag, False, m.requeue)
+
+
+def nack(ch: Channel, m: commands.Basic.Nack) -> None:
+    ch.reject(m.delivery_tag, m.multiple, m.requeue)
+
+
+def _recover(ch: Channel, requeue: bool) -> None:
+    if not requeue:  # as RabbitMQ: redelivery to the original consumer is not offered
+        raise NotImplementedByBroker("requeue=false")
+    ch.requeue_all_unacked()
+
+
+def recover(ch: Channel, m: commands.Basic.Recover) -> None:
+    _recover(ch, m.requeue)
+    ch.send(commands.Basic.RecoverOk())
+
+
+def recover_async(ch: Channel, m: commands.Basic.RecoverAsync) -> None:
+    _recover(ch, m.requeue)
+
+
+HANDLERS = {
+    commands.Basic.Qos: qos,
+    commands.Basic.Consume: consume,
+    commands.Basic.Cancel: cancel,
+    commands.Basic.Get: get,
+    commands.Basic.Ack: ack,
+    commands.Basic.Reject: reject,
+    commands.Basic.Nack: nack,
+    commands.Basic.Recover: recover,
+    commands.Basic.RecoverAsync: recover_async,
+}

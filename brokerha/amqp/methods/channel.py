@@ -1,0 +1,36 @@
+"""channel.close, channel.close-ok, channel.flow (channel.open is the connection's)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from brokerha.amqp import constants as C
+from brokerha.amqp.errors import AMQPError
+
+if TYPE_CHECKING:
+    from brokerha.amqp.channel import Channel
+
+
+def close(ch: Channel, method: commands.Channel.Close) -> None:
+    ch.conn.close_channel_by_peer(ch)
+
+
+def flow(ch: Channel, method: commands.Channel.Flow) -> None:
+    # RabbitMQ 3.x dropped client-requested flow stops; it answers active=false
+    # with 540, and so do we (clients use basic.qos or basic.cancel instead).
+    if not method.active:
+        raise AMQPError(C.NOT_IMPLEMENTED, "active=false", 20, 20)
+    ch.send(commands.Channel.FlowOk(active=True))
+
+
+def flow_ok(ch: Channel, method: commands.Channel.FlowOk) -> None:
+    """The server never sends channel.flow, so nothing waits for this."""
+
+
+HANDLERS = {
+    commands.Channel.Close: close,
+    commands.Channel.Flow: flow,
+    commands.Channel.FlowOk: flow_ok,
+}

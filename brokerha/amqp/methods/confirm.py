@@ -1,0 +1,25 @@
+"""confirm.select: publisher confirms on this channel from now on."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from brokerha.amqp.confirms import ConfirmTracker
+from brokerha.broker.errors import PreconditionFailed
+
+if TYPE_CHECKING:
+    from brokerha.amqp.channel import Channel
+
+
+def select(ch: Channel, m: commands.Confirm.Select) -> None:
+    if ch.tx_mode:
+        raise PreconditionFailed("cannot switch from tx to confirm mode")
+    if ch.confirm is None:
+        ch.confirm = ConfirmTracker()
+    if not m.nowait:
+        ch.send(commands.Confirm.SelectOk())
+
+
+HANDLERS = {commands.Confirm.Select: select}

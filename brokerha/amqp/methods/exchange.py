@@ -1,0 +1,65 @@
+"""exchange.declare, delete, bind, unbind."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from brokerha.broker.errors import AccessRefused
+
+if TYPE_CHECKING:
+    from brokerha.amqp.channel import Channel
+
+
+def declare(ch: Channel, m: commands.Exchange.Declare) -> None:
+    if not m.passive:
+        if m.exchange == "":
+            raise AccessRefused("operation not permitted on the default exchange")
+        ch.user.check("configure", ch.vhost.name, "exchange", m.exchange)
+    ch.vhost.declare_exchange(
+        m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
+        auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
+    )
+    if not m.nowait:
+        ch.send(commands.Exchange.DeclareOk())
+
+
+def delete(ch: Channel, m: commands.Exchange.Delete) -> None:
+    ch.user.check("configure", ch.vhost.name, "exchange", m.exchange)
+    if m.exchange in ch.vhost.exchanges or m.exchange == "":
+        ch.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
+    # deleting a missing exchange succeeds, as in RabbitMQ 3.x
+    if not m.nowait:
+        ch.send(commands.Exchange.DeleteOk())
+
+
+def _bind_args(ch: Channel, m: commands.Exchange.Bind | commands.Exchange.Unbind) -> tuple:
+    vhost = ch.vhost
+    ch.user.check("write", vhost.name, "exchange", m.destination)
+    ch.user.check("read", vhost.name, "exchange", m.source)
+    destination = vhost.exchange(m.destination)
+    vhost.exchange(m.source)
+    return destination, m.routing_key, m.arguments
+
+
+def bind(ch: Channel, m: commands.Exchange.Bind) -> None:
+    destination, key, args = _bind_args(ch, m)
+    ch.vhost.bind(m.source, destination, key, args)
+    if not m.nowait:
+        ch.send(commands.Exchange.BindOk())
+
+
+def unbind(ch: Channel, m: commands.Exchange.Unbind) -> None:
+    destination, key, args = _bind_args(ch, m)
+    ch.vhost.unbind(m.source, destination, key, args)
+    if not m.nowait:
+        ch.send(commands.Exchange.UnbindOk())
+
+
+HANDLERS = {
+    commands.Exchange.Declare: declare,
+    commands.Exchange.Delete: delete,
+    commands.Exchange.Bind: bind,
+    commands.Exchange.Unbind: unbind,
+}

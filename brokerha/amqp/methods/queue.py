@@ -1,0 +1,81 @@
+"""queue.declare, bind, unbind, purge, delete."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+if TYPE_CHECKING:
+    from brokerha.amqp.channel import Channel
+
+
+def declare(ch: Channel, m: commands.Queue.Declare) -> None:
+    vhost = ch.vhost
+    if not m.passive:
+        ch.user.check("configure", vhost.name, "queue", m.queue or "amq.gen")
+    queue = vhost.declare_queue(
+        ch.resolve_queue(m.queue) if m.passive else m.queue,
+        owner=ch.conn, passive=m.passive, durable=m.durable,
+        exclusive=m.exclusive, auto_delete=m.auto_delete, arguments=m.arguments,
+    )
+    if queue.exclusive_owner is ch.conn:
+        ch.conn.exclusive_queues[queue.name] = queue
+    ch.last_queue = queue.name
+    if not m.nowait:
+        ch.send(commands.Queue.DeclareOk(queue=queue.name, message_count=queue.message_count,
+                                         consumer_count=queue.consumer_count))
+
+
+def _binding(ch: Channel, m: commands.Queue.Bind | commands.Queue.Unbind) -> tuple:
+    vhost = ch.vhost
+    name = ch.resolve_queue(m.queue)
+    ch.user.check("write", vhost.name, "queue", name)
+    ch.user.check("read", vhost.name, "exchange", m.exchange)
+    queue = vhost.queue_for(name, ch.conn)
+    vhost.exchange(m.exchange)
+    key = m.routing_key if (m.routing_key or m.queue) else name
+    return queue, key, m.arguments
+
+
+def bind(ch: Channel, m: commands.Queue.Bind) -> None:
+    queue, key, args = _binding(ch, m)
+    ch.vhost.bind(m.exchange, queue, key, args)
+    if not m.nowait:
+        ch.send(commands.Queue.BindOk())
+
+
+def unbind(ch: Channel, m: commands.Queue.Unbind) -> None:
+    queue, key, args = _binding(ch, m)
+    ch.vhost.unbind(m.exchange, queue, key, args)
+    ch.send(commands.Queue.UnbindOk())
+
+
+def purge(ch: Channel, m: commands.Queue.Purge) -> None:
+    name = ch.resolve_queue(m.queue)
+    ch.user.check("read", ch.vhost.name, "queue", name)
+    count = ch.vhost.purge_queue(name, ch.conn)
+    if not m.nowait:
+        ch.send(commands.Queue.PurgeOk(message_count=count))
+
+
+def delete(ch: Channel, m: commands.Queue.Delete) -> None:
+    name = ch.resolve_queue(m.queue)
+    ch.user.check("configure", ch.vhost.name, "queue", name)
+    if name in ch.vhost.queues:
+        count = ch.vhost.delete_queue(name, owner=ch.conn, if_unused=m.if_unused,
+                                      if_empty=m.if_empty)
+        ch.conn.exclusive_queues.pop(name, None)
+    else:
+        count = 0  # deleting a missing queue succeeds, as in RabbitMQ 3.x
+    if not m.nowait:
+        ch.send(commands.Queue.DeleteOk(message_count=count))
+
+
+HANDLERS = {
+    commands.Queue.Declare: declare,
+    commands.Queue.Bind: bind,
+    commands.Queue.Unbind: unbind,
+    commands.Queue.Purge: purge,
+    commands.Queue.Delete: delete,
+}

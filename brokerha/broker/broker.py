@@ -1,0 +1,113 @@
+"""The broker: virtual hosts, users, observers, the store, memory alarm, timers."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from brokerha.broker.auth import UserDatabase
+from brokerha.broker.errors import NotAllowed
+from brokerha.broker.observers import Observers
+from brokerha.broker.queue import MemoryMeter
+from brokerha.broker.transaction import Transaction
+from brokerha.broker.vhost import VirtualHost
+from brokerha.store.base import MemoryStore, Store
+
+log = logging.getLogger(__name__)
+
+Spawner = Callable[[Awaitable[Any], Callable[[BaseException | None], None]], None]
+
+
+@dataclass
+class Limits:
+    """Negotiation limits and resource bounds (see docs/configuration.md)."""
+
+    frame_max: int = 131072
+    channel_max: int = 2047
+    heartbeat: int = 60
+    max_message_size: int = 128 * 1024 * 1024
+    memory_limit: int = 0  # bytes of queued content; 0 = no limit
+    memory_resume_ratio: float = 0.9
+
+
+class Broker:
+    def __init__(
+        self,
+        node_name: str = "brokerha",
+        *,
+        limits: Limits | None = None,
+        store: Store | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        spawn: Spawner | None = None,
+    ) -> None:
+        self.node_name = node_name
+        self.limits = limits or Limits()
+        self.clock = clock
+        self.observers = Observers()
+        self.memory = MemoryMeter()
+        self.users = UserDatabase()
+        self.vhosts: dict[str, VirtualHost] = {}
+        self.store = store or MemoryStore()
+        self.observers.add_configuration_observer(self.store)
+        self.observers.add_queue_observer(self.store)
+        self._spawn = spawn
+        self._tx_ids = itertools.count(1)
+        self.memory_blocked = False
+        self.alarm_listeners: list[Callable[[bool], None]] = []
+
+    # -- vhosts ------------------------------------------------------------------------
+
+    def add_vhost(self, name: str) -> VirtualHost:
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            vhost = VirtualHost(name, self.observers, self.memory, self.clock)
+            self.vhosts[name] = vhost
+        return vhost
+
+    def vhost(self, name: str) -> VirtualHost:
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            raise NotAllowed(f"vhost {name} not found")
+        return vhost
+
+    # -- transactions ------------------------------------------------------------------
+
+    def new_transaction(self) -> Transaction:
+        """A TX with a broker-unique id and the registered observers attached."""
+        return Transaction(f"{self.node_name}:tx:{next(self._tx_ids)}", self.observers.transactions)
+
+    def spawn(self, work: Awaitable[Any], on_done: Callable[[BaseException | None], None]) -> None:
+        """Run asynchronous work (a transaction's prepare) and report how it ended."""
+        if self._spawn is None:
+            raise RuntimeError("broker has no spawner: run it under a node or pass spawn=")
+        self._spawn(work, on_done)
+
+    # -- timers and resources ----------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        for vhost in list(self.vhosts.values()):
+            vhost.tick(now)
+        self.check_memory()
+
+    def check_memory(self) -> None:
+        """Raise or clear the memory alarm (connection.blocked/unblocked)."""
+        limit = self.limits.memory_limit
+        if not limit:
+            return
+        used = self.memory.used
+        if not self.memory_blocked and used >= limit:
+            self._set_alarm(True)
+            log.warning("memory alarm set: %d bytes queued, limit %d", used, limit)
+        elif self.memory_blocked and used < limit * self.limits.memory_resume_ratio:
+            self._set_alarm(False)
+            log.warning("memory alarm cleared: %d bytes queued", used)
+
+    def _set_alarm(self, blocked: bool) -> None:
+        self.memory_blocked = blocked
+        for listener in list(self.alarm_listeners):
+            listener(blocked)

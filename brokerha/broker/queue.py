@@ -1,0 +1,413 @@
+"""Queues: ready messages, consumers, acknowledgements, TTL, limits, priorities.
+
+Every entry carries its replication id (``position``): assigned when the message
+is first routed to the queue, strictly increasing per queue (seed 002). A
+requeued entry goes back to its original place, so a queue is always sorted by
+position within a priority level.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from brokerha.broker.errors import AccessRefused
+from brokerha.broker.message import Entry, Message
+
+if TYPE_CHECKING:
+    from brokerha.broker.observers import QueueObserver
+
+OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+
+
+class Consumer(Protocol):
+    """What a queue needs of a consumer; the AMQP channel implements it."""
+
+    tag: str
+    no_ack: bool
+    exclusive: bool
+
+    def can_take(self) -> bool:
+        """Has prefetch credit and a writable connection."""
+        ...
+
+    def deliver(self, queue: Queue, entry: Entry) -> None: ...
+
+    def cancelled_by_server(self, queue: Queue) -> None: ...
+
+
+class DeadLetterSink(Protocol):
+    def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> None: ...
+
+
+class MemoryMeter:
+    """Bytes of message content held by queues, for connection.blocked."""
+
+    __slots__ = ("used",)
+
+    def __init__(self) -> None:
+        self.used = 0
+
+
+class ReadyList:
+    """Ready entries in order; one deque per priority level (1 when no x-max-priority)."""
+
+    __slots__ = ("_levels", "_max", "_count")
+
+    def __init__(self, max_priority: int = 0) -> None:
+        self._max = max_priority
+        self._levels: list[deque[Entry]] = [deque() for _ in range(max_priority + 1)]
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _level(self, entry: Entry) -> deque[Entry]:
+        return self._levels[min(entry.message.priority, self._max)]
+
+    def append(self, entry: Entry) -> None:
+        self._level(entry).append(entry)
+        self._count += 1
+
+    def insert_in_order(self, entry: Entry) -> None:
+        """Put an entry back at its original place (by position)."""
+        level = self._level(entry)
+        index = 0
+        for index, other in enumerate(level):  # noqa: B007 - requeues land near the head
+            if other.position > entry.position:
+                break
+        else:
+            index = len(level)
+        level.insert(index, entry)
+        self._count += 1
+
+    def peek(self) -> Entry | None:
+        for level in reversed(self._levels):
+            if level:
+                return level[0]
+        return None
+
+    def popleft(self) -> Entry:
+        for level in reversed(self._levels):
+            if level:
+                self._count -= 1
+                return level.popleft()
+        raise IndexError("empty queue")
+
+    def pop_oldest(self) -> Entry:
+        """The head of the lowest priority level: what drop-head discards first."""
+        for level in self._levels:
+            if level:
+                self._count -= 1
+                return level.popleft()
+        raise IndexError("empty queue")
+
+    def clear(self) -> list[Entry]:
+        out = [e for level in reversed(self._levels) for e in level]
+        for level in self._levels:
+            level.clear()
+        self._count = 0
+        return out
+
+    def __iter__(self) -> Iterator[Entry]:
+        for level in reversed(self._levels):
+            yield from level
+
+
+class Queue:
+    def __init__(
+        self,
+        vhost: str,
+        name: str,
+        *,
+        durable: bool = False,
+        exclusive_owner: object | None = None,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        observers: list[QueueObserver] | None = None,
+        memory: MemoryMeter | None = None,
+        clock: Callable[[], float],
+        sink: DeadLetterSink | None = None,
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = dict(arguments or {})
+        self.observers = observers if observers is not None else []
+        self.memory = memory or MemoryMeter()
+        self.clock = clock
+        self.sink = sink
+        args = self.arguments
+        self.message_ttl: int | None = args.get("x-message-ttl")
+        self.expires: int | None = args.get("x-expires")
+        self.max_length: int | None = args.get("x-max-length")
+        self.max_length_bytes: int | None = args.get("x-max-length-bytes")
+        self.overflow: str = args.get("x-overflow", "drop-head")
+        self.dead_letter_exchange: str | None = args.get("x-dead-letter-exchange")
+        self.dead_letter_routing_key: str | None = args.get("x-dead-letter-routing-key")
+        self.ready = ReadyList(int(args.get("x-max-priority", 0) or 0))
+        self.ready_bytes = 0
+        self.unacked = 0
+        self.next_position = 1
+        self.consumers: list[Consumer] = []
+        self._rr = 0
+        self.had_consumers = False
+        self.last_used = clock()
+        self.deleted = False
+        self.on_unused: Callable[[Queue], None] | None = None  # auto-delete hook
+        self._dispatching = False
+
+    # -- introspection ---------------------------------------------------------
+
+    @property
+    def message_count(self) -> int:
+        return len(self.ready)
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    @property
+    def has_timers(self) -> bool:
+        return self.message_ttl is not None or self.expires is not None
+
+    def __repr__(self) -> str:
+        return f"Queue({self.vhost!r}, {self.name!r}, ready={len(self.ready)})"
+
+    # -- enqueue -----------------------------------------------------------------
+
+    def _expiry(self, message: Message, now: float) -> float | None:
+        ttl = self.message_ttl
+        if message.expiration_ms is not None:
+            ttl = message.expiration_ms if ttl is None else min(ttl, message.expiration_ms)
+        return None if ttl is None else now + ttl / 1000.0
+
+    def enqueue(self, message: Message) -> bool:
+        """Put a routed message on the queue; False when the overflow policy refuses it.
+
+        drop-head makes room by discarding the oldest entries; a limit of zero
+        leaves no room at all, and then the new message itself is discarded
+        (accepted, like RabbitMQ, but never delivered).
+        """
+        if self._full(message) and not self._make_room(message):
+            if self.overflow != "drop-head":
+                if self.overflow == "reject-publish-dlx":
+                    self._dead_letter_new(message)
+                return False
+            self._dead_letter_new(message)
+            return True
+        entry = Entry(self.next_position, message, self._expiry(message, self.clock()))
+        self.next_position += 1
+        self.add_entry(entry)
+        return True
+
+    def add_entry(self, entry: Entry) -> Entry:
+        """Append an entry whose position was assigned elsewhere (replication, recovery)."""
+        if entry.position >= self.next_position:
+            self.next_position = entry.position + 1
+        self.ready.append(entry)
+        size = entry.message.size
+        self.ready_bytes += size
+        self.memory.used += size
+        for obs in self.observers:
+            obs.enqueued(self, entry)
+        if self.consumers:
+            self.dispatch()
+        return entry
+
+    def _full(self, message: Message) -> bool:
+        if self.max_length is not None and len(self.ready) >= self.max_length:
+            return True
+        return (self.max_length_bytes is not None
+                and self.ready_bytes + len(message.body) > self.max_length_bytes)
+
+    def _make_room(self, message: Message) -> bool:
+        if self.overflow != "drop-head":
+            return False
+        dropped: list[Entry] = []
+        while self.ready and self._full(message):
+            entry = self.ready.pop_oldest()
+            self._left_ready(entry)
+            dropped.append(entry)
+        self._discard(dropped, "maxlen")
+        return not self._full(message)
+
+    def _dead_letter_new(self, message: Message) -> None:
+        """A message refused or discarded on arrival goes to the DLX without being queued."""
+        if self.sink and self.dead_letter_exchange is not None:
+            entry = Entry(0, message, None)
+            self.sink.dead_letter(self, [entry], "maxlen")
+
+    def _left_ready(self, entry: Entry) -> None:
+        size = entry.message.size
+        self.ready_bytes -= size
+        self.memory.used -= size
+
+    # -- delivery ------------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        """Hand ready entries to consumers with credit, round robin."""
+        if self._dispatching:
+            return
+        self._dispatching = True
+        try:
+            consumers = self.consumers
+            ready = self.ready
+            while ready and consumers:
+                consumer = self._next_consumer()
+                if consumer is None:
+                    break
+                entry = self._take_head()
+                if entry is None:
+                    break
+                self._hand_to(consumer, entry)
+        finally:
+            self._dispatching = False
+
+    def _next_consumer(self) -> Consumer | None:
+        consumers = self.consumers
+        n = len(consumers)
+        for i in range(n):
+            candidate = consumers[(self._rr + i) % n]
+            if candidate.can_take():
+                self._rr = (self._rr + i + 1) % n
+                return candidate
+        return None
+
+    def _take_head(self) -> Entry | None:
+        """Pop the first unexpired entry (expired ones at the head are dropped)."""
+        ready = self.ready
+        now = None
+        while ready:
+            entry = ready.popleft()
+            self._left_ready(entry)
+            if entry.expires_at is not None:
+                now = now or self.clock()
+                if entry.expires_at <= now:
+                    self._discard([entry], "expired")
+                    continue
+            return entry
+        return None
+
+    def _hand_to(self, consumer: Consumer, entry: Entry) -> None:
+        entry.delivery_count += 1
+        self.unacked += 1
+        for obs in self.observers:
+            obs.acquired(self, entry)
+        consumer.deliver(self, entry)
+        if consumer.no_ack:
+            self.settle(entry)
+
+    def get(self) -> Entry | None:
+        """basic.get: the head entry, acquired."""
+        self.last_used = self.clock()
+        entry = self._take_head()
+        if entry is not None:
+            entry.delivery_count += 1
+            self.unacked += 1
+            for obs in self.observers:
+                obs.acquired(self, entry)
+        return entry
+
+    # -- settlement --------------------------------------------------------------------
+
+    def settle(self, entry: Entry) -> None:
+        """Acknowledged: the entry leaves the queue for good."""
+        self.unacked -= 1
+        for obs in self.observers:
+            obs.dequeued(self, entry)
+
+    def requeue(self, entry: Entry) -> None:
+        """Back to its original place, marked redelivered."""
+        self.unacked -= 1
+        if self.deleted:
+            return
+        entry.redelivered = True
+        self.ready.insert_in_order(entry)
+        size = entry.message.size
+        self.ready_bytes += size
+        self.memory.used += size
+        for obs in self.observers:
+            obs.requeued(self, entry)
+
+    def reject(self, entry: Entry) -> None:
+        """Rejected without requeue: dead-lettered if the queue has a DLX, else dropped."""
+        self.unacked -= 1
+        self._discard([entry], "rejected")
+
+    def _discard(self, entries: list[Entry], reason: str) -> None:
+        if not entries:
+            return
+        for entry in entries:
+            for obs in self.observers:
+                obs.dequeued(self, entry)
+        if self.sink and self.dead_letter_exchange is not None:
+            self.sink.dead_letter(self, entries, reason)
+
+    # -- maintenance -------------------------------------------------------------------
+
+    def expire(self, now: float) -> None:
+        """Drop expired entries at the head (RabbitMQ expires from the head only)."""
+        ready = self.ready
+        expired: list[Entry] = []
+        while ready:
+            head = ready.peek()
+            if head is None or head.expires_at is None or head.expires_at > now:
+                break
+            ready.popleft()
+            self._left_ready(head)
+            expired.append(head)
+        self._discard(expired, "expired")
+
+    def unused_since(self, now: float) -> float | None:
+        """Seconds unused, for x-expires; None while it has consumers."""
+        if self.consumers:
+            return None
+        return now - self.last_used
+
+    def purge(self) -> int:
+        entries = self.ready.clear()
+        for entry in entries:
+            self._left_ready(entry)
+            for obs in self.observers:
+                obs.dequeued(self, entry)
+        return len(entries)
+
+    # -- consumers ---------------------------------------------------------------------
+
+    def check_consumer(self, exclusive: bool) -> None:
+        """Refuse (403) a consumer that an exclusive consumer rules out."""
+        if any(c.exclusive for c in self.consumers) or (exclusive and self.consumers):
+            raise AccessRefused(f"queue '{self.name}' in vhost '{self.vhost}' in exclusive use")
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.check_consumer(consumer.exclusive)
+        self.consumers.append(consumer)
+        self.had_consumers = True
+        self.last_used = self.clock()
+        self.dispatch()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return
+        self.last_used = self.clock()
+        if self.auto_delete and not self.consumers and self.on_unused is not None:
+            self.on_unused(self)
+
+    def delete(self) -> int:
+        """Mark deleted, drop ready entries, tell consumers; returns the ready count."""
+        self.deleted = True
+        count = len(self.ready)
+        for entry in self.ready.clear():
+            self._left_ready(entry)
+            for obs in self.observers:
+                obs.dequeued(self, entry)
+        consumers, self.consumers = self.consumers, []
+        for consumer in consumers:
+            consumer.cancelled_by_server(self)
+        return count

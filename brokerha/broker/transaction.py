@@ -1,0 +1,97 @@
+"""TX transactions: the TxBuffer of seed 002 on the primary's side.
+
+Publishes and acknowledgements are buffered and take effect all together at
+commit, or not at all at rollback. Each TransactionObserverFactory registered
+with the broker may attach a TransactionObserver; commit first awaits every
+observer's ``prepare`` (phase one, e.g. every ready backup holds the data) and
+only then applies locally and tells the observers to commit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from brokerha.broker.message import Entry, Message
+    from brokerha.broker.observers import TransactionObserver, TransactionObserverFactory
+    from brokerha.broker.queue import Queue
+
+
+class TransactionAborted(Exception):
+    """A participant refused to prepare; nothing of the transaction was applied."""
+
+
+class Transaction:
+    def __init__(self, tx_id: str, factories: list[TransactionObserverFactory]) -> None:
+        self.id = tx_id
+        self.publishes: list[tuple[list[Queue], Message]] = []
+        self.accepts: list[tuple[Queue, Entry]] = []
+        self.rejects: list[tuple[Queue, Entry, bool]] = []
+        self.observers: list[TransactionObserver] = []
+        for factory in factories:
+            observer = factory.create(self)
+            if observer is not None:
+                self.observers.append(observer)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.publishes or self.accepts or self.rejects)
+
+    def publish(self, queues: list[Queue], message: Message) -> None:
+        self.publishes.append((queues, message))
+        for observer in self.observers:
+            for queue in queues:
+                observer.publish(queue, message)
+
+    def accept(self, acked: list[tuple[Queue, Entry]], unacked: list[tuple[Queue, Entry]]) -> None:
+        """Acknowledged entries, to be dequeued at commit; ``unacked`` stay held."""
+        self.accepts.extend(acked)
+        for observer in self.observers:
+            observer.accept(acked, unacked)
+
+    def reject(self, entries: list[tuple[Queue, Entry]], requeue: bool) -> None:
+        """basic.reject/nack inside a transaction takes effect at commit too."""
+        self.rejects.extend((q, e, requeue) for q, e in entries)
+        if not requeue:
+            for observer in self.observers:
+                observer.accept(entries, [])
+
+    async def prepare(self) -> bool:
+        """Phase one on every observer; all must say yes."""
+        votes = [await observer.prepare() for observer in self.observers]
+        return all(votes)
+
+    async def commit(self) -> None:
+        """Prepare, then apply everything at once; raises TransactionAborted on a no vote."""
+        if self.observers and not await self.prepare():
+            self.rollback()
+            raise TransactionAborted(f"transaction {self.id} could not be prepared on every node")
+        self.apply()
+        for observer in self.observers:
+            observer.commit()
+        self._clear()
+
+    def apply(self) -> None:
+        """The local commit: enqueue, dequeue, requeue, in the order the client asked."""
+        for queues, message in self.publishes:
+            for queue in queues:
+                if not queue.deleted:
+                    queue.enqueue(message)
+        for queue, entry in self.accepts:
+            queue.settle(entry)
+        for queue, entry, requeue in self.rejects:
+            if requeue:
+                queue.requeue(entry)
+            else:
+                queue.reject(entry)
+
+    def rollback(self) -> None:
+        """Discard publishes; acked entries stay unacknowledged (AMQP 0-9-1 tx.rollback)."""
+        for observer in self.observers:
+            observer.rollback()
+        self._clear()
+
+    def _clear(self) -> None:
+        self.publishes.clear()
+        self.accepts.clear()
+        self.rejects.clear()

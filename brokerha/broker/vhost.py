@@ -1,0 +1,326 @@
+"""A virtual host: its exchanges, queues and bindings, and routing between them."""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from brokerha.broker import arguments as A
+from brokerha.broker.content import rewrite_properties
+from brokerha.broker.errors import (
+    AccessRefused,
+    CommandInvalid,
+    NotFound,
+    PreconditionFailed,
+    ResourceLocked,
+)
+from brokerha.broker.exchange import EXCHANGE_CLASSES, Binding, Exchange
+from brokerha.broker.message import Entry, Message
+from brokerha.broker.observers import Observers
+from brokerha.broker.queue import MemoryMeter, Queue
+
+STANDARD_EXCHANGES = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+
+class VirtualHost:
+    def __init__(self, name: str, observers: Observers, memory: MemoryMeter,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.observers = observers
+        self.memory = memory
+        self.clock = clock
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self.timed_queues: set[Queue] = set()
+        self.exchanges[""] = EXCHANGE_CLASSES["direct"](name, "", durable=True)
+        for ex_name, ex_type in STANDARD_EXCHANGES:
+            self.exchanges[ex_name] = EXCHANGE_CLASSES[ex_type](name, ex_name, durable=True)
+
+    # -- lookups ---------------------------------------------------------------------
+
+    def exchange(self, name: str) -> Exchange:
+        ex = self.exchanges.get(name)
+        if ex is None:
+            raise NotFound(f"no exchange '{name}' in vhost '{self.name}'")
+        return ex
+
+    def queue(self, name: str) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            raise NotFound(f"no queue '{name}' in vhost '{self.name}'")
+        return q
+
+    def queue_for(self, name: str, owner: object) -> Queue:
+        """A queue the connection ``owner`` may use (exclusive queues only by their owner)."""
+        q = self.queue(name)
+        if q.exclusive_owner is not None and q.exclusive_owner is not owner:
+            raise self._locked(name)
+        return q
+
+    def _locked(self, name: str) -> ResourceLocked:
+        return ResourceLocked(
+            f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.name}'. "
+            "It could be originally declared on another connection or the exclusive "
+            "property value does not match that of the original declaration."
+        )
+
+    # -- exchanges -------------------------------------------------------------------
+
+    def declare_exchange(self, name: str, ex_type: str, *, passive: bool = False,
+                         durable: bool = False, auto_delete: bool = False,
+                         internal: bool = False, arguments: dict[str, Any] | None = None) -> Exchange:
+        args = dict(arguments or {})
+        existing = self.exchanges.get(name)
+        if passive:
+            if existing is None:
+                raise NotFound(f"no exchange '{name}' in vhost '{self.name}'")
+            return existing
+        if name.startswith("amq.") and existing is None:
+            raise AccessRefused(
+                f"exchange name '{name}' contains reserved prefix 'amq.*'"
+            )
+        if ex_type not in EXCHANGE_CLASSES:
+            raise CommandInvalid(f"unknown exchange type '{ex_type}'")
+        if existing is not None:
+            check = A.check_equivalent
+            check("exchange", self.name, name, "type", ex_type, existing.type)
+            check("exchange", self.name, name, "durable", durable, existing.durable)
+            check("exchange", self.name, name, "auto_delete", auto_delete, existing.auto_delete)
+            check("exchange", self.name, name, "internal", internal, existing.internal)
+            check("exchange", self.name, name, "alternate-exchange",
+                  args.get("alternate-exchange"), existing.arguments.get("alternate-exchange"))
+            return existing
+        A.validate_exchange_arguments(self.name, name, args)
+        ex = EXCHANGE_CLASSES[ex_type](self.name, name, durable=durable,
+                                       auto_delete=auto_delete, internal=internal,
+                                       arguments=args)
+        self.exchanges[name] = ex
+        for obs in self.observers.configuration:
+            obs.exchange_declared(ex)
+        return ex
+
+    def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
+        if name == "" or name.startswith("amq.") and name in dict(STANDARD_EXCHANGES):
+            raise AccessRefused(f"operation not permitted on the default exchange"
+                                if name == "" else
+                                f"exchange '{name}' in vhost '{self.name}' is a standard exchange")
+        ex = self.exchange(name)
+        if if_unused and (ex.bindings or self._bound_as_destination(ex)):
+            raise PreconditionFailed(f"exchange '{name}' in vhost '{self.name}' in use")
+        self._remove_exchange(ex)
+
+    def _bound_as_destination(self, ex: Exchange) -> bool:
+        return any(b.destination is ex for e in self.exchanges.values() for b in e.bindings.values())
+
+    def _remove_exchange(self, ex: Exchange) -> None:
+        for binding in list(ex.bindings.values()):
+            self._remove_binding(binding, cascade=False)
+        for other in list(self.exchanges.values()):
+            for binding in [b for b in other.bindings.values() if b.destination is ex]:
+                self._remove_binding(binding)
+        ex.deleted = True
+        del self.exchanges[ex.name]
+        for obs in self.observers.configuration:
+            obs.exchange_deleted(ex)
+
+    # -- queues ----------------------------------------------------------------------
+
+    def declare_queue(self, name: str, *, owner: object, passive: bool = False,
+                      durable: bool = False, exclusive: bool = False,
+                      auto_delete: bool = False,
+                      arguments: dict[str, Any] | None = None) -> Queue:
+        args = dict(arguments or {})
+        if passive:
+            return self.queue_for(name, owner)
+        if not name:
+            name = f"amq.gen-{uuid.uuid4().hex[:22]}"
+        elif name.startswith("amq."):
+            raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        existing = self.queues.get(name)
+        if existing is not None:
+            if existing.exclusive_owner is not None and existing.exclusive_owner is not owner:
+                raise self._locked(name)
+            self._check_queue_equivalent(existing, durable, exclusive, auto_delete, args)
+            existing.last_used = self.clock()
+            return existing
+        A.validate_queue_arguments(self.name, name, args)
+        q = Queue(self.name, name, durable=durable,
+                  exclusive_owner=owner if exclusive else None,
+                  auto_delete=auto_delete, arguments=args,
+                  observers=self.observers.queues, memory=self.memory,
+                  clock=self.clock, sink=self)
+        q.on_unused = self._auto_delete_queue
+        self.queues[name] = q
+        if q.has_timers:
+            self.timed_queues.add(q)
+        for obs in self.observers.configuration:
+            obs.queue_declared(q)
+        return q
+
+    def _check_queue_equivalent(self, q: Queue, durable: bool, exclusive: bool,
+                                auto_delete: bool, args: dict[str, Any]) -> None:
+        check = A.check_equivalent
+        check("queue", self.name, q.name, "durable", durable, q.durable)
+        check("queue", self.name, q.name, "exclusive", exclusive, q.exclusive_owner is not None)
+        check("queue", self.name, q.name, "auto_delete", auto_delete, q.auto_delete)
+        for arg in A.QUEUE_EQUIVALENCE_ARGS:
+            check("queue", self.name, q.name, arg, args.get(arg), q.arguments.get(arg))
+
+    def delete_queue(self, name: str, *, owner: object, if_unused: bool = False,
+                     if_empty: bool = False) -> int:
+        q = self.queue_for(name, owner)
+        if if_unused and q.consumers:
+            raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' in use")
+        if if_empty and q.message_count:
+            raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' not empty")
+        return self.remove_queue(q)
+
+    def remove_queue(self, q: Queue) -> int:
+        if q.deleted:
+            return 0
+        for ex in list(self.exchanges.values()):
+            for binding in [b for b in ex.bindings.values() if b.destination is q]:
+                self._remove_binding(binding)
+        count = q.delete()
+        self.queues.pop(q.name, None)
+        self.timed_queues.discard(q)
+        for obs in self.observers.configuration:
+            obs.queue_deleted(q)
+        return count
+
+    def _auto_delete_queue(self, q: Queue) -> None:
+        self.remove_queue(q)
+
+    def purge_queue(self, name: str, owner: object) -> int:
+        return self.queue_for(name, owner).purge()
+
+    # -- bindings --------------------------------------------------------------------
+
+    def bind(self, source: str, destination: Queue | Exchange, routing_key: str,
+             arguments: dict[str, Any] | None = None) -> Binding:
+        if source == "":
+            raise AccessRefused("operation not permitted on the default exchange")
+        ex = self.exchange(source)
+        binding = Binding(ex, destination, routing_key, dict(arguments or {}))
+        if ex.add_binding(binding):
+            for obs in self.observers.configuration:
+                obs.binding_created(binding)
+        return binding
+
+    def unbind(self, source: str, destination: Queue | Exchange, routing_key: str,
+               arguments: dict[str, Any] | None = None) -> None:
+        if source == "":
+            raise AccessRefused("operation not permitted on the default exchange")
+        ex = self.exchange(source)
+        key = Binding(ex, destination, routing_key, dict(arguments or {})).key
+        binding = ex.bindings.get(key)
+        if binding is not None:
+            self._remove_binding(binding)
+
+    def _remove_binding(self, binding: Binding, cascade: bool = True) -> None:
+        ex = binding.source
+        if ex.remove_binding(binding.key) is None:
+            return
+        for obs in self.observers.configuration:
+            obs.binding_deleted(binding)
+        if cascade and ex.auto_delete and not ex.bindings and not ex.deleted:
+            self._remove_exchange(ex)
+
+    # -- routing ---------------------------------------------------------------------
+
+    def route(self, exchange: Exchange, message: Message) -> list[Queue]:
+        """Queues the message goes to: bindings, exchange-to-exchange hops, alternates."""
+        if exchange.name == "":
+            q = self.queues.get(message.routing_key)
+            return [q] if q is not None else []
+        queues: list[Queue] = []
+        seen_queues: set[int] = set()
+        seen_exchanges: set[int] = set()
+        self._route_into(exchange, message, queues, seen_queues, seen_exchanges)
+        return queues
+
+    def _route_into(self, ex: Exchange, message: Message, queues: list[Queue],
+                    seen_q: set[int], seen_x: set[int]) -> None:
+        if id(ex) in seen_x:
+            return
+        seen_x.add(id(ex))
+        before = len(queues)
+        for binding in ex.match(message.routing_key, message):
+            dest = binding.destination
+            if isinstance(dest, Queue):
+                if id(dest) not in seen_q:
+                    seen_q.add(id(dest))
+                    queues.append(dest)
+            else:
+                self._route_into(dest, message, queues, seen_q, seen_x)
+        if len(queues) == before and ex.alternate is not None:
+            alt = self.exchanges.get(ex.alternate)
+            if alt is not None:
+                self._route_into(alt, message, queues, seen_q, seen_x)
+
+    # -- dead-lettering ----------------------------------------------------------------
+
+    def dead_letter(self, queue: Queue, entries: list[Entry], reason: str) -> None:
+        """Republish to the queue's DLX with an x-death header, as RabbitMQ does."""
+        dlx = self.exchanges.get(queue.dead_letter_exchange or "")
+        if dlx is None:
+            return
+        for entry in entries:
+            message = entry.message
+            key = queue.dead_letter_routing_key or message.routing_key
+            header = _dead_letter_header(message, queue, reason)
+            dead = Message(dlx.name, key, header, message.body)
+            targets = [q for q in self.route(dlx, dead) if q is not queue or reason != "expired"]
+            for target in targets:
+                target.enqueue(dead)
+
+    # -- timers ------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Expire messages (x-message-ttl, expiration) and unused queues (x-expires)."""
+        for q in list(self.timed_queues):
+            q.expire(now)
+            if q.expires is not None:
+                unused = q.unused_since(now)
+                if unused is not None and unused * 1000.0 >= q.expires:
+                    self.remove_queue(q)
+
+
+def _dead_letter_header(message: Message, queue: Queue, reason: str) -> bytes:
+    headers = dict(message.headers)
+    deaths = list(headers.get("x-death") or [])
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    for death in deaths:
+        if (isinstance(death, dict) and death.get("queue") == queue.name
+                and death.get("reason") == reason):
+            death["count"] = int(death.get("count", 1)) + 1
+            death["time"] = now
+            deaths.remove(death)
+            deaths.insert(0, death)
+            break
+    else:
+        death = {
+            "count": 1,
+            "reason": reason,
+            "queue": queue.name,
+            "time": now,
+            "exchange": message.exchange,
+            "routing-keys": [message.routing_key],
+        }
+        if message.expiration_ms is not None:
+            death["original-expiration"] = str(message.expiration_ms)
+        deaths.insert(0, death)
+    headers["x-death"] = deaths
+    headers.setdefault("x-first-death-reason", reason)
+    headers.setdefault("x-first-death-queue", queue.name)
+    headers.setdefault("x-first-death-exchange", message.exchange)
+    return rewrite_properties(message.header, headers=headers, expiration=None)

@@ -1,0 +1,66 @@
+"""``brokerha node``: run one broker node in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from brokerha.node.config import DEFAULT_LISTEN, ConfigError, NodeConfig, load_file, parse_listen, parse_size
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML configuration file")
+    parser.add_argument("--name", help="node name (default: brokerha)")
+    parser.add_argument("--listen", metavar="HOST:PORT",
+                        help=f"AMQP listen address (default: {DEFAULT_LISTEN})")
+    parser.add_argument("--data", type=Path, metavar="DIR", help="data directory (created if missing)")
+    parser.add_argument("--memory-limit", metavar="SIZE",
+                        help="queued bytes at which publishers are blocked (e.g. 512MiB; 0 = off)")
+    parser.add_argument("--heartbeat", type=int, metavar="SECONDS",
+                        help="heartbeat interval the server proposes (default 60, 0 = off)")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(handler=main)
+
+
+def config_from_args(args: argparse.Namespace) -> NodeConfig:
+    cfg = load_file(args.config) if args.config else NodeConfig()
+    if args.name:
+        cfg.name = args.name
+    if args.listen:
+        cfg.listen_host, cfg.listen_port = parse_listen(args.listen)
+    if args.data:
+        cfg.data_dir = args.data
+    if args.memory_limit is not None:
+        cfg.limits.memory_limit = parse_size(args.memory_limit, "--memory-limit")
+    if args.heartbeat is not None:
+        cfg.limits.heartbeat = args.heartbeat
+    if args.log_level:
+        cfg.log_level = args.log_level
+    return cfg
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        print(f"brokerha node: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=cfg.log_level.upper(), stream=sys.stdout,
+        format=f"%(asctime)s %(levelname)s [{cfg.name}] %(name)s: %(message)s",
+    )
+    from brokerha.node.server import Node
+
+    async def run() -> None:
+        node = Node(cfg)
+        await node.run_until_stopped()
+
+    try:
+        asyncio.run(run())
+    except OSError as exc:
+        logging.getLogger("brokerha.node").error("cannot start: %s", exc)
+        return 1
+    return 0

@@ -1,0 +1,160 @@
+"""Node configuration: a TOML file, overridden by command-line flags.
+
+The full reference is docs/configuration.md; every key read here is listed
+there. Unknown keys are errors, so a typo never silently leaves a default.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brokerha.broker.broker import Limits
+
+DEFAULT_LISTEN = "127.0.0.1:5672"
+
+
+class ConfigError(ValueError):
+    """A configuration file or flag that cannot be used; the message says why."""
+
+
+@dataclass
+class UserConfig:
+    name: str
+    password: str | None = None
+    password_hash: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PermissionConfig:
+    user: str
+    vhost: str
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+
+
+@dataclass
+class NodeConfig:
+    name: str = "brokerha"
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 5672
+    data_dir: Path = Path("var/brokerha")
+    log_level: str = "info"
+    limits: Limits = field(default_factory=Limits)
+    default_user: bool = True
+    loopback_users: list[str] = field(default_factory=lambda: ["guest"])
+    vhosts: list[str] = field(default_factory=lambda: ["/"])
+    users: list[UserConfig] = field(default_factory=list)
+    permissions: list[PermissionConfig] = field(default_factory=list)
+    tick_interval: float = 0.1
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "kib": 2**10, "mb": 10**6, "mib": 2**20, "gb": 10**9, "gib": 2**30}
+
+
+def parse_size(value: Any, key: str) -> int:
+    """A byte count: an integer or a string such as '512MiB'."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ConfigError(f"{key}: expected a size such as 1048576 or '512MiB', got {value!r}")
+    return int(m.group(1)) * _UNITS[(m.group(2) or "b").lower()]
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"listen: expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+_SECTIONS = {"node", "limits", "security", "vhosts", "users", "permissions"}
+_NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval"}
+_LIMIT_KEYS = {"frame_max", "channel_max", "heartbeat", "max_message_size", "memory_limit",
+               "memory_resume_ratio"}
+_SECURITY_KEYS = {"default_user", "loopback_users"}
+
+
+def _check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+
+
+def load_file(path: Path, config: NodeConfig | None = None) -> NodeConfig:
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return apply_document(doc, config or NodeConfig(), str(path))
+
+
+def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") -> NodeConfig:
+    _check_keys(doc, _SECTIONS, where)
+    node = doc.get("node", {})
+    _check_keys(node, _NODE_KEYS, f"{where} [node]")
+    if "name" in node:
+        cfg.name = str(node["name"])
+    if "listen" in node:
+        cfg.listen_host, cfg.listen_port = parse_listen(str(node["listen"]))
+    if "data" in node:
+        cfg.data_dir = Path(node["data"])
+    if "log_level" in node:
+        cfg.log_level = str(node["log_level"]).lower()
+    if "tick_interval" in node:
+        cfg.tick_interval = float(node["tick_interval"])
+    limits = doc.get("limits", {})
+    _check_keys(limits, _LIMIT_KEYS, f"{where} [limits]")
+    for key in ("frame_max", "channel_max", "heartbeat"):
+        if key in limits:
+            value = limits[key]
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(f"limits.{key}: expected a non-negative integer, got {value!r}")
+            setattr(cfg.limits, key, value)
+    if cfg.limits.frame_max < 4096:
+        raise ConfigError("limits.frame_max: must be at least 4096")
+    for key in ("max_message_size", "memory_limit"):
+        if key in limits:
+            setattr(cfg.limits, key, parse_size(limits[key], f"limits.{key}"))
+    if "memory_resume_ratio" in limits:
+        cfg.limits.memory_resume_ratio = float(limits["memory_resume_ratio"])
+    security = doc.get("security", {})
+    _check_keys(security, _SECURITY_KEYS, f"{where} [security]")
+    if "default_user" in security:
+        cfg.default_user = bool(security["default_user"])
+    if "loopback_users" in security:
+        cfg.loopback_users = [str(u) for u in security["loopback_users"]]
+    for vh in doc.get("vhosts", []):
+        _check_keys(vh, {"name"}, f"{where} [[vhosts]]")
+        if vh["name"] not in cfg.vhosts:
+            cfg.vhosts.append(str(vh["name"]))
+    for user in doc.get("users", []):
+        _check_keys(user, {"name", "password", "password_hash", "tags"}, f"{where} [[users]]")
+        if "password" not in user and "password_hash" not in user:
+            raise ConfigError(f"{where}: user '{user.get('name')}' needs password or password_hash")
+        cfg.users.append(UserConfig(str(user["name"]), user.get("password"),
+                                    user.get("password_hash"), list(user.get("tags", []))))
+    for perm in doc.get("permissions", []):
+        _check_keys(perm, {"user", "vhost", "configure", "write", "read"},
+                    f"{where} [[permissions]]")
+        try:
+            p = PermissionConfig(**perm)
+            for regex in (p.configure, p.write, p.read):
+                re.compile(regex)
+        except (TypeError, re.error) as exc:
+            raise ConfigError(f"{where} [[permissions]]: {exc}") from exc
+        cfg.permissions.append(p)
+    users = {u.name for u in cfg.users} | ({"guest"} if cfg.default_user else set())
+    for p in cfg.permissions:
+        if p.user not in users:
+            raise ConfigError(f"{where}: permissions for unknown user '{p.user}'")
+        if p.vhost not in cfg.vhosts:
+            raise ConfigError(f"{where}: permissions for unknown vhost '{p.vhost}'")
+    return cfg

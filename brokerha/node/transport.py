@@ -1,0 +1,94 @@
+"""The thin asyncio layer under one AMQP connection: bytes and time, nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from brokerha.amqp.connection import ServerConnection
+
+if TYPE_CHECKING:
+    from brokerha.node.server import Node
+
+log = logging.getLogger(__name__)
+
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+
+
+class AMQPProtocol(asyncio.Protocol):
+    """Feeds socket bytes to a ServerConnection and writes what it produces.
+
+    Output produced while handling input is written once at the end; output
+    produced for this connection by others (deliveries) is written on the next
+    loop iteration, so one write carries everything that piled up.
+    """
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.loop = node.loop
+        self.transport: asyncio.Transport | None = None
+        self.conn: ServerConnection | None = None
+        self._flush_scheduled = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        peer = transport.get_extra_info("peername")
+        conn = ServerConnection(self.node.broker, peer=(peer[0], peer[1]) if peer else None,
+                                now=self.loop.time(), conn_id=id(self))
+        conn.on_output = self._schedule_flush
+        conn.on_read_paused = self._read_paused
+        self.conn = conn
+        self.node.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        assert conn is not None
+        conn.receive_data(data, self.loop.time())
+        self.flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        conn, transport = self.conn, self.transport
+        if conn is None or transport is None or transport.is_closing():
+            return
+        data = conn.data_to_send()
+        if data:
+            transport.write(data)
+            conn.sent(self.loop.time())
+        if conn.wants_close:
+            transport.close()
+
+    def tick(self, now: float) -> None:
+        if self.conn is not None:
+            self.conn.tick(now)
+            self.flush()
+
+    def _read_paused(self, paused: bool) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if paused:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.resume_writing()
+            self._schedule_flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.node.connections.discard(self)
+        if self.conn is not None:
+            self.conn.connection_lost()
