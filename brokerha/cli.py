@@ -15,7 +15,6 @@ from collections.abc import Sequence
 # sub-command name -> module with register(subparsers) and the handlers
 AREAS: dict[str, tuple[str, str]] = {
     "node": ("brokerha.node", "run one broker node in the foreground"),
-    "cluster": ("brokerha.local_cluster", "run a local cluster of nodes on loopback"),
     "txlog": ("brokerha.txlog.cli", "TxLog tools: deterministic simulation, export"),
     "pipeline": ("brokerha.pipeline.cli", "PySpark audit, replay-plan, check-history, stats"),
 }

@@ -70,12 +70,13 @@ class Channel:
         if self._blocked:
             self._deferred.append(frame)
             return
-        if frame.type == C.FRAME_METHOD:
-            self._handle_method_frame(frame.payload)
-        elif frame.type == C.FRAME_HEADER:
-            self._handle_header(frame.payload)
-        elif frame.type == C.FRAME_BODY:
+        ftype = frame.type
+        if ftype == C.FRAME_BODY:
             self._handle_body(frame.payload)
+        elif ftype == C.FRAME_METHOD:
+            self._handle_method_frame(frame.payload)
+        elif ftype == C.FRAME_HEADER:
+            self._handle_header(frame.payload)
         else:
             raise AMQPError(C.FRAME_ERROR, f"heartbeat frame on channel {self.number}")
 
@@ -160,12 +161,10 @@ class Channel:
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._reset_content()
         assert publish is not None
-        self._run(lambda: self.publish(publish, header, body), 60, 40)
-
-    # -- publishing --------------------------------------------------------------------
-
-    def publish(self, publish: F.Publish, header: bytes, body: bytes) -> None:
-        publish_message(self, publish, header, body)
+        try:
+            publish_message(self, publish, header, body)
+        except BrokerError as exc:
+            raise AMQPError(exc.code, exc.reply_text, 60, 40) from exc
 
     def resolve_queue(self, name: str) -> str:
         """An empty queue name means the last queue declared on the channel (spec 1.7.2)."""
@@ -196,9 +195,9 @@ class Channel:
             consumer.unacked += 1
         message = entry.message
         conn = self.conn
-        conn.write(F.encode_deliver(self.number, consumer.tag, tag, entry.redelivered,
-                                    message.exchange, message.routing_key))
-        conn.write(F.encode_content(self.number, message.header, message.body, conn.frame_max))
+        conn.write(F.encode_delivery(self.number, consumer.packed_tag, tag, entry.redelivered,
+                                     message.route, message.header, message.body,
+                                     conn.frame_max))
 
     def send_content(self, header: bytes, body: bytes) -> None:
         self.conn.write(F.encode_content(self.number, header, body, self.conn.frame_max))

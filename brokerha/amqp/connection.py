@@ -172,10 +172,16 @@ class ServerConnection:
             error: AMQPError | None = exc
         else:
             error = None
+        channels = self.channels
         for frame in frames or ():
-            if self.state == CLOSED or self.wants_close:
+            if self.wants_close or self.state == CLOSED:
                 return
             try:
+                # the hot path: a frame for an open channel of a running connection
+                ch = channels.get(frame.channel) if frame.channel else None
+                if ch is not None and ch.state is OPEN and self.state is RUNNING:
+                    ch.handle_frame(frame)
+                    continue
                 self._handle_frame(frame)
             except AMQPError as exc:
                 self._error(frame.channel, exc)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from brokerha.broker.content import pack_shortstr
+
 if TYPE_CHECKING:
     from brokerha.amqp.channel import Channel
     from brokerha.broker.message import Entry
@@ -14,13 +16,14 @@ class ChannelConsumer:
     """Implements brokerha.broker.queue.Consumer for one consumer tag."""
 
     __slots__ = ("tag", "no_ack", "exclusive", "channel", "queue", "prefetch", "unacked",
-                 "arguments")
+                 "arguments", "packed_tag")
 
     def __init__(self, channel: Channel, queue: Queue, tag: str, *, no_ack: bool,
                  exclusive: bool, prefetch: int, arguments: dict[str, object]) -> None:
         self.channel = channel
         self.queue = queue
         self.tag = tag
+        self.packed_tag = pack_shortstr(tag)
         self.no_ack = no_ack
         self.exclusive = exclusive
         self.prefetch = prefetch

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from brokerha.amqp import constants as C
 from brokerha.amqp.errors import FrameError
+from brokerha.broker.content import pack_shortstr
 
 _FRAME_HEAD = struct.Struct(">BHI")
 _METHOD_ID = struct.Struct(">HH")
@@ -27,13 +28,18 @@ BASIC_PUBLISH = (60 << 16) | 40
 BASIC_ACK = (60 << 16) | 80
 
 
-@dataclass(slots=True)
 class Frame:
     """One frame off the wire: type, channel and payload (without the end octet)."""
 
-    type: int
-    channel: int
-    payload: bytes
+    __slots__ = ("type", "channel", "payload")
+
+    def __init__(self, ftype: int, channel: int, payload: bytes) -> None:
+        self.type = ftype
+        self.channel = channel
+        self.payload = payload
+
+    def __repr__(self) -> str:
+        return f"Frame({self.type}, {self.channel}, {self.payload[:32]!r})"
 
 
 class FrameReader:
@@ -64,8 +70,9 @@ class FrameReader:
         pos = 0
         end = len(buf)
         limit = self.frame_max
+        data = bytes(buf)  # one copy; payloads are then cheap slices of bytes
         while end - pos >= 7:
-            ftype, channel, size = _FRAME_HEAD.unpack_from(buf, pos)
+            ftype, channel, size = _FRAME_HEAD.unpack_from(data, pos)
             if size + C.FRAME_OVERHEAD > limit:
                 del buf[:pos]
                 raise FrameError(
@@ -74,13 +81,13 @@ class FrameReader:
             stop = pos + 7 + size
             if stop >= end:
                 break
-            if buf[stop] != C.FRAME_END:
+            if data[stop] != C.FRAME_END:
                 del buf[:pos]
-                raise FrameError(f"frame end octet was {buf[stop]:#04x}, expected 0xce")
+                raise FrameError(f"frame end octet was {data[stop]:#04x}, expected 0xce")
             if ftype not in (C.FRAME_METHOD, C.FRAME_HEADER, C.FRAME_BODY, C.FRAME_HEARTBEAT):
                 del buf[:pos]
                 raise FrameError(f"unknown frame type {ftype}")
-            out.append(Frame(ftype, channel, bytes(buf[pos + 7 : stop])))
+            out.append(Frame(ftype, channel, data[pos + 7 : stop]))
             pos = stop + 1
         if pos:
             del buf[:pos]
@@ -113,9 +120,7 @@ def _shortstr(payload: bytes, pos: int) -> tuple[str, int]:
     return payload[start:stop].decode("utf-8", "surrogateescape"), stop
 
 
-def _pack_shortstr(value: str) -> bytes:
-    raw = value.encode("utf-8", "surrogateescape")
-    return bytes((len(raw),)) + raw
+_pack_shortstr = pack_shortstr
 
 
 # -- fast path: decoding ------------------------------------------------------
@@ -123,12 +128,17 @@ def _pack_shortstr(value: str) -> bytes:
 
 @dataclass(slots=True)
 class Publish:
-    """basic.publish as the fast path decodes it."""
+    """basic.publish as the fast path decodes it.
+
+    ``route`` keeps the exchange and routing-key short strings as they came
+    off the wire, so a delivery re-uses them instead of encoding them again.
+    """
 
     exchange: str
     routing_key: str
     mandatory: bool
     immediate: bool
+    route: bytes = b""
 
 
 def decode_publish(payload: bytes) -> Publish:
@@ -136,7 +146,10 @@ def decode_publish(payload: bytes) -> Publish:
     exchange, pos = _shortstr(payload, 6)
     routing_key, pos = _shortstr(payload, pos)
     bits = payload[pos]
-    return Publish(exchange, routing_key, bool(bits & 1), bool(bits & 2))
+    return Publish(exchange, routing_key, bool(bits & 1), bool(bits & 2), payload[6:pos])
+
+
+
 
 
 def decode_ack(payload: bytes) -> tuple[int, bool]:
@@ -172,6 +185,33 @@ def encode_content(channel: int, header: bytes, body: bytes, frame_max: int) -> 
         view = memoryview(body)
         for start in range(0, len(body), chunk):
             parts.append(encode_frame(C.FRAME_BODY, channel, bytes(view[start : start + chunk])))
+    return b"".join(parts)
+
+
+_FRAME_END_ONLY = b"\xce"
+_METHOD_HEAD = struct.Struct(">BHI")
+
+
+def encode_delivery(channel: int, ctag: bytes, delivery_tag: int, redelivered: bool,
+                    route: bytes, header: bytes, body: bytes, frame_max: int) -> bytes:
+    """basic.deliver + content header + body in one buffer (the hot path).
+
+    ``ctag`` is the packed consumer-tag short string, ``route`` the packed
+    exchange and routing key (kept from the publish).
+    """
+    if len(body) > frame_max - C.FRAME_OVERHEAD:
+        method = b"".join((_DELIVER_PREFIX, ctag, _U64.pack(delivery_tag),
+                           b"\x01" if redelivered else b"\x00", route))
+        return encode_frame(C.FRAME_METHOD, channel, method) + encode_content(
+            channel, header, body, frame_max)
+    size = 4 + len(ctag) + 9 + len(route)
+    parts = [
+        _METHOD_HEAD.pack(1, channel, size), _DELIVER_PREFIX, ctag, _U64.pack(delivery_tag),
+        b"\x01" if redelivered else b"\x00", route, _FRAME_END_ONLY,
+        _METHOD_HEAD.pack(2, channel, len(header)), header, _FRAME_END_ONLY,
+    ]
+    if body:
+        parts += (_METHOD_HEAD.pack(3, channel, len(body)), body, _FRAME_END_ONLY)
     return b"".join(parts)
 
 

@@ -105,6 +105,14 @@ def rewrite_properties(header: bytes, **changes: Any) -> bytes:
     return ContentHeader(0, frame.body_size, props).marshal()
 
 
+def pack_shortstr(value: str) -> bytes:
+    """An AMQP short string; surrogateescape keeps non-UTF-8 routing keys exact."""
+    raw = value.encode("utf-8", "surrogateescape")
+    if len(raw) > 255:
+        raise ValueError("short string longer than 255 bytes")
+    return bytes((len(raw),)) + raw
+
+
 def build_header(body_size: int, properties: commands.Basic.Properties | None = None) -> bytes:
     """A raw header for a message the broker creates itself."""
     return ContentHeader(0, body_size, properties or commands.Basic.Properties()).marshal()

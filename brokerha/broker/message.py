@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from brokerha.broker.content import read_headers, scan_properties
+from brokerha.broker.content import pack_shortstr, read_headers, scan_properties
 
 _message_ids = itertools.count(1)
 
@@ -18,13 +18,14 @@ _message_ids = itertools.count(1)
 class Message:
     __slots__ = (
         "exchange", "routing_key", "header", "body", "msg_id",
-        "persistent", "priority", "expiration_ms", "_headers_at", "_headers",
+        "persistent", "priority", "expiration_ms", "_headers_at", "_headers", "_route",
     )
 
     def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes,
-                 msg_id: int | None = None) -> None:
+                 msg_id: int | None = None, route: bytes | None = None) -> None:
         self.exchange = exchange
         self.routing_key = routing_key
+        self._route = route
         self.header = header
         self.body = body
         self.msg_id = next(_message_ids) if msg_id is None else msg_id
@@ -34,6 +35,13 @@ class Message:
         self._headers_at = scanned.headers_at
         self._headers: dict[str, Any] | None = None
         self.expiration_ms = _parse_expiration(scanned.expiration)
+
+    @property
+    def route(self) -> bytes:
+        """Exchange and routing key as wire short strings (kept from the publish)."""
+        if self._route is None:
+            self._route = pack_shortstr(self.exchange) + pack_shortstr(self.routing_key)
+        return self._route
 
     @property
     def size(self) -> int:

@@ -9,6 +9,7 @@ accepts, and whose ``prepare`` the broker awaits before it commits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -67,19 +68,39 @@ class TransactionObserverFactory(Protocol):
         ...
 
 
+class QueueHooks:
+    """Per-event lists of bound methods, holding only the methods an observer overrides.
+
+    Queues call these on every message, so a no-op default costs nothing.
+    """
+
+    EVENTS = ("enqueued", "acquired", "dequeued", "requeued")
+
+    def __init__(self) -> None:
+        self.enqueued: list[Callable[[Queue, Entry], None]] = []
+        self.acquired: list[Callable[[Queue, Entry], None]] = []
+        self.dequeued: list[Callable[[Queue, Entry], None]] = []
+        self.requeued: list[Callable[[Queue, Entry], None]] = []
+
+    def add(self, observer: QueueObserver) -> None:
+        for event in self.EVENTS:
+            if getattr(type(observer), event) is not getattr(QueueObserver, event):
+                getattr(self, event).append(getattr(observer, event))
+
+
 class Observers:
     """The broker's registry; each list is walked only when it is not empty."""
 
     def __init__(self) -> None:
         self.configuration: list[ConfigurationObserver] = []
-        self.queues: list[QueueObserver] = []
+        self.queue_hooks = QueueHooks()
         self.transactions: list[TransactionObserverFactory] = []
 
     def add_configuration_observer(self, observer: ConfigurationObserver) -> None:
         self.configuration.append(observer)
 
     def add_queue_observer(self, observer: QueueObserver) -> None:
-        self.queues.append(observer)
+        self.queue_hooks.add(observer)
 
     def add_transaction_observer_factory(self, factory: TransactionObserverFactory) -> None:
         self.transactions.append(factory)

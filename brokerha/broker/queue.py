@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from brokerha.broker.errors import AccessRefused
 from brokerha.broker.message import Entry, Message
-
-if TYPE_CHECKING:
-    from brokerha.broker.observers import QueueObserver
+from brokerha.broker.observers import QueueHooks
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 
@@ -125,7 +123,7 @@ class Queue:
         exclusive_owner: object | None = None,
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
-        observers: list[QueueObserver] | None = None,
+        hooks: QueueHooks | None = None,
         memory: MemoryMeter | None = None,
         clock: Callable[[], float],
         sink: DeadLetterSink | None = None,
@@ -136,7 +134,7 @@ class Queue:
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = dict(arguments or {})
-        self.observers = observers if observers is not None else []
+        self.hooks = hooks if hooks is not None else QueueHooks()
         self.memory = memory or MemoryMeter()
         self.clock = clock
         self.sink = sink
@@ -208,12 +206,18 @@ class Queue:
         """Append an entry whose position was assigned elsewhere (replication, recovery)."""
         if entry.position >= self.next_position:
             self.next_position = entry.position + 1
+        for hook in self.hooks.enqueued:
+            hook(self, entry)
+        if self.consumers and not self.ready and not self._dispatching:
+            # nothing waits ahead of it: hand it straight to a consumer with credit
+            consumer = self._next_consumer()
+            if consumer is not None:
+                self._hand_to(consumer, entry)
+                return entry
         self.ready.append(entry)
         size = entry.message.size
         self.ready_bytes += size
         self.memory.used += size
-        for obs in self.observers:
-            obs.enqueued(self, entry)
         if self.consumers:
             self.dispatch()
         return entry
@@ -295,8 +299,8 @@ class Queue:
     def _hand_to(self, consumer: Consumer, entry: Entry) -> None:
         entry.delivery_count += 1
         self.unacked += 1
-        for obs in self.observers:
-            obs.acquired(self, entry)
+        for hook in self.hooks.acquired:
+            hook(self, entry)
         consumer.deliver(self, entry)
         if consumer.no_ack:
             self.settle(entry)
@@ -308,8 +312,8 @@ class Queue:
         if entry is not None:
             entry.delivery_count += 1
             self.unacked += 1
-            for obs in self.observers:
-                obs.acquired(self, entry)
+            for hook in self.hooks.acquired:
+                hook(self, entry)
         return entry
 
     # -- settlement --------------------------------------------------------------------
@@ -317,8 +321,8 @@ class Queue:
     def settle(self, entry: Entry) -> None:
         """Acknowledged: the entry leaves the queue for good."""
         self.unacked -= 1
-        for obs in self.observers:
-            obs.dequeued(self, entry)
+        for hook in self.hooks.dequeued:
+            hook(self, entry)
 
     def requeue(self, entry: Entry) -> None:
         """Back to its original place, marked redelivered."""
@@ -330,8 +334,8 @@ class Queue:
         size = entry.message.size
         self.ready_bytes += size
         self.memory.used += size
-        for obs in self.observers:
-            obs.requeued(self, entry)
+        for hook in self.hooks.requeued:
+            hook(self, entry)
 
     def reject(self, entry: Entry) -> None:
         """Rejected without requeue: dead-lettered if the queue has a DLX, else dropped."""
@@ -342,8 +346,8 @@ class Queue:
         if not entries:
             return
         for entry in entries:
-            for obs in self.observers:
-                obs.dequeued(self, entry)
+            for hook in self.hooks.dequeued:
+                hook(self, entry)
         if self.sink and self.dead_letter_exchange is not None:
             self.sink.dead_letter(self, entries, reason)
 
@@ -372,8 +376,8 @@ class Queue:
         entries = self.ready.clear()
         for entry in entries:
             self._left_ready(entry)
-            for obs in self.observers:
-                obs.dequeued(self, entry)
+            for hook in self.hooks.dequeued:
+                hook(self, entry)
         return len(entries)
 
     # -- consumers ---------------------------------------------------------------------
@@ -405,8 +409,8 @@ class Queue:
         count = len(self.ready)
         for entry in self.ready.clear():
             self._left_ready(entry)
-            for obs in self.observers:
-                obs.dequeued(self, entry)
+            for hook in self.hooks.dequeued:
+                hook(self, entry)
         consumers, self.consumers = self.consumers, []
         for consumer in consumers:
             consumer.cancelled_by_server(self)

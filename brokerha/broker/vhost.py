@@ -110,7 +110,7 @@ class VirtualHost:
 
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         if name == "" or name.startswith("amq.") and name in dict(STANDARD_EXCHANGES):
-            raise AccessRefused(f"operation not permitted on the default exchange"
+            raise AccessRefused("operation not permitted on the default exchange"
                                 if name == "" else
                                 f"exchange '{name}' in vhost '{self.name}' is a standard exchange")
         ex = self.exchange(name)
@@ -156,7 +156,7 @@ class VirtualHost:
         q = Queue(self.name, name, durable=durable,
                   exclusive_owner=owner if exclusive else None,
                   auto_delete=auto_delete, arguments=args,
-                  observers=self.observers.queues, memory=self.memory,
+                  hooks=self.observers.queue_hooks, memory=self.memory,
                   clock=self.clock, sink=self)
         q.on_unused = self._auto_delete_queue
         self.queues[name] = q

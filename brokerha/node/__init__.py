@@ -8,7 +8,14 @@ import logging
 import sys
 from pathlib import Path
 
-from brokerha.node.config import DEFAULT_LISTEN, ConfigError, NodeConfig, load_file, parse_listen, parse_size
+from brokerha.node.config import (
+    DEFAULT_LISTEN,
+    ConfigError,
+    NodeConfig,
+    load_file,
+    parse_listen,
+    parse_size,
+)
 
 
 def register(parser: argparse.ArgumentParser) -> None:

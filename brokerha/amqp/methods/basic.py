@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def message_from_publish(publish: F.Publish, header: bytes, body: bytes) -> Message:
     """The broker's Message; a malformed property list is a frame error."""
     try:
-        return Message(publish.exchange, publish.routing_key, header, body)
+        return Message(publish.exchange, publish.routing_key, header, body, route=publish.route)
     except ValueError as exc:
         code = C.PRECONDITION_FAILED if "expiration" in str(exc) else C.FRAME_ERROR
         raise AMQPError(code, str(exc), 60, 40) from exc
