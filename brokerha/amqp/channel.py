@@ -78,7 +78,7 @@ class Channel:
         elif ftype == C.FRAME_HEADER:
             self._handle_header(frame.payload)
         else:
-            raise AMQPError(C.FRAME_ERROR, f"heartbeat frame on channel {self.number}")
+            raise AMQPError(C.UNEXPECTED_FRAME, f"heartbeat frame on channel {self.number}")
 
     def _handle_method_frame(self, payload: bytes) -> None:
         index = F.method_index(payload)

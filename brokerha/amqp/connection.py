@@ -230,8 +230,11 @@ class ServerConnection:
         method = cls.__new__(cls)
         try:
             method.unmarshal(payload[4:])
-        except (struct.error, ValueError, UnicodeDecodeError, PAMQPException,
-                IndexError, TypeError) as exc:
+        except UnicodeDecodeError as exc:
+            raise FrameError(F.MALFORMED_UTF8) from exc
+        except (struct.error, ValueError, PAMQPException, IndexError, TypeError) as exc:
+            if isinstance(exc.__cause__ or exc.__context__, UnicodeDecodeError):
+                raise FrameError(F.MALFORMED_UTF8) from exc
             raise AMQPError(C.SYNTAX_ERROR, f"cannot decode {cls.name}: {exc}",
                             index >> 16, index & 0xFFFF) from exc
         return method
@@ -239,7 +242,8 @@ class ServerConnection:
     def _handle_frame(self, frame: F.Frame) -> None:
         if frame.type == C.FRAME_HEARTBEAT:
             if frame.channel != 0:
-                raise FrameError(f"heartbeat frame on channel {frame.channel}")
+                raise AMQPError(C.UNEXPECTED_FRAME,
+                                f"heartbeat frame on channel {frame.channel}")
             return
         if self.state == CLOSING_CONN:
             self._handle_while_closing(frame)
@@ -302,8 +306,9 @@ class ServerConnection:
         elif isinstance(method, commands.Connection.Close):
             self.send_method(0, commands.Connection.CloseOk())
             self._finish("closed by client")
-        elif isinstance(method, commands.Channel.Open):
-            raise AMQPError(C.CHANNEL_ERROR, "channel.open on channel 0", 20, 10)
+        elif method.index >> 16 != 10:
+            raise AMQPError(C.CHANNEL_ERROR, f"{method.name} on channel 0",
+                            method.index >> 16, method.index & 0xFFFF)
         elif isinstance(method, commands.Connection.UpdateSecret):
             self.send_method(0, commands.Connection.UpdateSecretOk())
         elif isinstance(method, commands.Connection.Blocked | commands.Connection.Unblocked):
@@ -389,6 +394,7 @@ class ServerConnection:
                 return
             if index == commands.Channel.CloseOk.index:
                 return  # late close-ok for a channel already gone
+            raise AMQPError(C.CHANNEL_ERROR, "expected 'channel.open'", index >> 16, index & 0xFFFF)
         raise AMQPError(C.CHANNEL_ERROR, "expected 'channel.open'")
 
     def _handle_closing_channel(self, ch: Channel, frame: F.Frame) -> None:

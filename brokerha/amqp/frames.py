@@ -107,8 +107,10 @@ def method_index(payload: bytes) -> int:
 
 
 # -- strings -----------------------------------------------------------------
-# Short strings are decoded with surrogateescape so arbitrary routing-key bytes
-# round-trip exactly from publish to deliver (pamqp raises on non-UTF-8).
+# Short strings must be UTF-8: RabbitMQ answers anything else with
+# 501 FRAME_ERROR "Malformed UTF-8 in shortstr", and so do we.
+
+MALFORMED_UTF8 = "Malformed UTF-8 in shortstr"
 
 
 def _shortstr(payload: bytes, pos: int) -> tuple[str, int]:
@@ -117,7 +119,10 @@ def _shortstr(payload: bytes, pos: int) -> tuple[str, int]:
     stop = start + n
     if stop > len(payload):
         raise struct.error("short string runs past the end of the frame")
-    return payload[start:stop].decode("utf-8", "surrogateescape"), stop
+    try:
+        return payload[start:stop].decode("utf-8"), stop
+    except UnicodeDecodeError as exc:
+        raise FrameError(MALFORMED_UTF8) from exc
 
 
 _pack_shortstr = pack_shortstr

@@ -68,8 +68,7 @@ class User:
         checked = name or "amq.default"
         if perm is None or not perm.allows(kind, checked):
             raise AccessRefused(
-                f"{kind} access to {resource} '{checked}' in vhost '{vhost}' "
-                f"refused for user '{self.name}'"
+                f"access to {resource} '{checked}' in vhost '{vhost}' refused for user '{self.name}'"
             )
 
 

@@ -11,11 +11,12 @@ from typing import Any
 
 from brokerha.broker.auth import UserDatabase
 from brokerha.broker.errors import NotAllowed
+from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import Observers
 from brokerha.broker.queue import MemoryMeter
 from brokerha.broker.transaction import Transaction
 from brokerha.broker.vhost import VirtualHost
-from brokerha.store.base import MemoryStore, Store
+from brokerha.store.base import Definitions, MemoryStore, Store
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,30 @@ class Broker:
         if vhost is None:
             raise NotAllowed(f"vhost {name} not found")
         return vhost
+
+    # -- recovery ----------------------------------------------------------------------
+
+    def restore(self, definitions: Definitions) -> None:
+        """Rebuild durable state from the store, without telling the store again."""
+        for ex in definitions.exchanges:
+            self.add_vhost(ex.vhost).restore_exchange(ex)
+        for q in definitions.queues:
+            self.add_vhost(q.vhost).restore_queue(q)
+        for b in definitions.bindings:
+            self.add_vhost(b.vhost).restore_binding(b)
+        restored = 0
+        for m in definitions.messages:
+            queue = self.vhosts[m.vhost].queues.get(m.queue)
+            if queue is None:
+                continue
+            message = Message(m.exchange, m.routing_key, m.header, m.body)
+            entry = Entry(m.position, message, None)
+            entry.redelivered = m.delivered
+            queue.restore_entry(entry)
+            restored += 1
+        log.info("restored %d exchanges, %d queues, %d bindings, %d messages",
+                 len(definitions.exchanges), len(definitions.queues),
+                 len(definitions.bindings), restored)
 
     # -- transactions ------------------------------------------------------------------
 

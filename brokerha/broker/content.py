@@ -29,6 +29,10 @@ F_PRIORITY = 1 << 11
 F_CORRELATION_ID = 1 << 10
 F_REPLY_TO = 1 << 9
 F_EXPIRATION = 1 << 8
+F_MESSAGE_ID = 1 << 7
+F_TIMESTAMP = 1 << 6
+F_TYPE = 1 << 5
+F_USER_ID = 1 << 4
 
 
 @dataclass(slots=True)
@@ -38,6 +42,7 @@ class Scanned:
     persistent: bool = False
     priority: int = 0
     expiration: str | None = None
+    user_id: str | None = None
     headers_at: int = -1  # offset of the headers table in the raw header, -1 if none
 
 
@@ -74,6 +79,16 @@ def scan_properties(header: bytes) -> Scanned:
         if flags & F_EXPIRATION:
             n = header[pos]
             out.expiration = header[pos + 1 : pos + 1 + n].decode("utf-8", "replace")
+            pos += 1 + n
+        if flags & F_USER_ID:
+            if flags & F_MESSAGE_ID:
+                pos += 1 + header[pos]
+            if flags & F_TIMESTAMP:
+                pos += 8
+            if flags & F_TYPE:
+                pos += 1 + header[pos]
+            n = header[pos]
+            out.user_id = header[pos + 1 : pos + 1 + n].decode("utf-8", "replace")
             pos += 1 + n
     except (IndexError, struct.error) as exc:
         raise ValueError("content header properties run past the end of the frame") from exc

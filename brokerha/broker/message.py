@@ -18,7 +18,7 @@ _message_ids = itertools.count(1)
 class Message:
     __slots__ = (
         "exchange", "routing_key", "header", "body", "msg_id",
-        "persistent", "priority", "expiration_ms", "_headers_at", "_headers", "_route",
+        "persistent", "priority", "expiration_ms", "_headers_at", "_headers", "_route", "user_id",
     )
 
     def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes,
@@ -32,6 +32,7 @@ class Message:
         scanned = scan_properties(header)
         self.persistent = scanned.persistent
         self.priority = scanned.priority
+        self.user_id = scanned.user_id
         self._headers_at = scanned.headers_at
         self._headers: dict[str, Any] | None = None
         self.expiration_ms = _parse_expiration(scanned.expiration)

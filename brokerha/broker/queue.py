@@ -222,6 +222,15 @@ class Queue:
             self.dispatch()
         return entry
 
+    def restore_entry(self, entry: Entry) -> None:
+        """Put back an entry recovered from the store (no hooks: it is stored already)."""
+        if entry.position >= self.next_position:
+            self.next_position = entry.position + 1
+        self.ready.append(entry)
+        size = entry.message.size
+        self.ready_bytes += size
+        self.memory.used += size
+
     def _full(self, message: Message) -> bool:
         if self.max_length is not None and len(self.ready) >= self.max_length:
             return True

@@ -6,7 +6,7 @@ import datetime
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from brokerha.broker import arguments as A
 from brokerha.broker.content import rewrite_properties
@@ -21,6 +21,29 @@ from brokerha.broker.exchange import EXCHANGE_CLASSES, Binding, Exchange
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import Observers
 from brokerha.broker.queue import MemoryMeter, Queue
+
+
+class ExchangeRecordLike(Protocol):
+    name: str
+    type: str
+    auto_delete: bool
+    internal: bool
+    arguments: dict[str, Any]
+
+
+class QueueRecordLike(Protocol):
+    name: str
+    auto_delete: bool
+    arguments: dict[str, Any]
+
+
+class BindingRecordLike(Protocol):
+    source: str
+    destination_kind: str
+    destination: str
+    routing_key: str
+    arguments: dict[str, Any]
+
 
 STANDARD_EXCHANGES = (
     ("amq.direct", "direct"),
@@ -132,18 +155,26 @@ class VirtualHost:
         for obs in self.observers.configuration:
             obs.exchange_deleted(ex)
 
+    def restore_exchange(self, record: ExchangeRecordLike) -> None:
+        if record.name in self.exchanges:
+            return
+        self.exchanges[record.name] = EXCHANGE_CLASSES[record.type](
+            self.name, record.name, durable=True, auto_delete=record.auto_delete,
+            internal=record.internal, arguments=record.arguments)
+
     # -- queues ----------------------------------------------------------------------
 
     def declare_queue(self, name: str, *, owner: object, passive: bool = False,
                       durable: bool = False, exclusive: bool = False,
-                      auto_delete: bool = False,
+                      auto_delete: bool = False, server_named: bool = False,
                       arguments: dict[str, Any] | None = None) -> Queue:
+        """Declare (or check) a queue; ``server_named`` marks a name from new_queue_name."""
         args = dict(arguments or {})
         if passive:
             return self.queue_for(name, owner)
         if not name:
-            name = f"amq.gen-{uuid.uuid4().hex[:22]}"
-        elif name.startswith("amq."):
+            name = self.new_queue_name()
+        elif name.startswith("amq.") and not server_named:
             raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self.queues.get(name)
         if existing is not None:
@@ -165,6 +196,20 @@ class VirtualHost:
         for obs in self.observers.configuration:
             obs.queue_declared(q)
         return q
+
+    def restore_queue(self, record: QueueRecordLike) -> Queue:
+        q = Queue(self.name, record.name, durable=True, auto_delete=record.auto_delete,
+                  arguments=record.arguments, hooks=self.observers.queue_hooks,
+                  memory=self.memory, clock=self.clock, sink=self)
+        q.on_unused = self._auto_delete_queue
+        self.queues[record.name] = q
+        if q.has_timers:
+            self.timed_queues.add(q)
+        return q
+
+    @staticmethod
+    def new_queue_name() -> str:
+        return f"amq.gen-{uuid.uuid4().hex[:22]}"
 
     def _check_queue_equivalent(self, q: Queue, durable: bool, exclusive: bool,
                                 auto_delete: bool, args: dict[str, Any]) -> None:
@@ -215,6 +260,14 @@ class VirtualHost:
             for obs in self.observers.configuration:
                 obs.binding_created(binding)
         return binding
+
+    def restore_binding(self, record: BindingRecordLike) -> None:
+        source = self.exchanges.get(record.source)
+        table: dict[str, Any] = self.exchanges if record.destination_kind == "exchange" else self.queues
+        destination = table.get(record.destination)
+        if source is None or destination is None:
+            return
+        source.add_binding(Binding(source, destination, record.routing_key, dict(record.arguments)))
 
     def unbind(self, source: str, destination: Queue | Exchange, routing_key: str,
                arguments: dict[str, Any] | None = None) -> None:

@@ -2,20 +2,51 @@
 
 A store sees the broker as an observer does (configuration and queue events)
 and keeps what is durable: durable exchanges, queues and bindings, persistent
-messages on durable queues, and their acknowledgements. ``after_sync`` is the
-durability barrier: a publisher confirm or a tx.commit-ok is released only by
-the callback, after the write that covers it is durable (group commit).
+messages on durable queues, whether they were delivered, and their removal.
+``after_sync`` is the durability barrier: a publisher confirm or a
+tx.commit-ok is released only by its callback, after the write that covers it
+is durable (group commit). ``load`` returns plain records for recovery.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from brokerha.broker.exchange import Binding, Exchange
 from brokerha.broker.message import Entry
 from brokerha.broker.observers import ConfigurationObserver, QueueObserver
 from brokerha.broker.queue import Queue
+
+
+@dataclass(frozen=True)
+class ExchangeRecord:
+    vhost: str
+    name: str
+    type: str
+    auto_delete: bool = False
+    internal: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QueueRecord:
+    vhost: str
+    name: str
+    auto_delete: bool = False
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BindingRecord:
+    vhost: str
+    source: str
+    destination_kind: str  # "queue" or "exchange"
+    destination: str
+    routing_key: str
+    arguments: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -27,21 +58,60 @@ class StoredMessage:
     routing_key: str
     header: bytes
     body: bytes
-    redelivered: bool = False
+    delivered: bool = False  # acquired at least once: comes back redelivered=true
 
 
 @dataclass
 class Definitions:
-    """What a store returns at start-up."""
+    """What a store returns at start-up, in the order it must be applied."""
 
-    exchanges: dict[tuple[str, str], Exchange] = field(default_factory=dict)
-    queues: dict[tuple[str, str], Queue] = field(default_factory=dict)
-    bindings: dict[tuple[str, str, tuple[object, ...]], Binding] = field(default_factory=dict)
-    messages: dict[tuple[str, str, int], StoredMessage] = field(default_factory=dict)
+    exchanges: list[ExchangeRecord] = field(default_factory=list)
+    queues: list[QueueRecord] = field(default_factory=list)
+    bindings: list[BindingRecord] = field(default_factory=list)
+    messages: list[StoredMessage] = field(default_factory=list)  # by queue, then position
+
+
+def exchange_record(ex: Exchange) -> ExchangeRecord:
+    return ExchangeRecord(ex.vhost, ex.name, ex.type, ex.auto_delete, ex.internal,
+                          dict(ex.arguments))
+
+
+def queue_record(q: Queue) -> QueueRecord:
+    return QueueRecord(q.vhost, q.name, q.auto_delete, dict(q.arguments))
+
+
+def binding_record(b: Binding) -> BindingRecord:
+    kind = "exchange" if isinstance(b.destination, Exchange) else "queue"
+    return BindingRecord(b.source.vhost, b.source.name, kind, b.destination.name,
+                         b.routing_key, dict(b.arguments))
+
+
+def binding_key(r: BindingRecord) -> tuple[str, ...]:
+    """A hashable identity for a binding record (arguments included)."""
+    return (r.vhost, r.source, r.destination_kind, r.destination, r.routing_key,
+            repr(sorted(r.arguments.items())))
+
+
+def is_durable_binding(b: Binding) -> bool:
+    return b.source.durable and bool(getattr(b.destination, "durable", False))
+
+
+def stored(queue: Queue, entry: Entry) -> StoredMessage:
+    m = entry.message
+    return StoredMessage(queue.vhost, queue.name, entry.position, m.exchange, m.routing_key,
+                         m.header, m.body, entry.delivery_count > 0 or entry.redelivered)
+
+
+def keeps(queue: Queue, entry: Entry) -> bool:
+    """Only persistent messages on durable queues are stored."""
+    return queue.durable and entry.message.persistent
 
 
 class Store(ConfigurationObserver, QueueObserver):
-    """Base class: filters durable things and hands them to ``_put``/``_drop``."""
+    """Base class of every store."""
+
+    def start(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Begin writing; callbacks of ``after_sync`` run on ``loop``."""
 
     def after_sync(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once everything written so far is durable."""
@@ -51,7 +121,7 @@ class Store(ConfigurationObserver, QueueObserver):
         raise NotImplementedError
 
     def close(self) -> None:
-        """Flush and release resources."""
+        """Flush what is pending and release resources."""
 
 
 class MemoryStore(Store):
@@ -62,47 +132,53 @@ class MemoryStore(Store):
     """
 
     def __init__(self) -> None:
-        self.definitions = Definitions()
+        self.exchanges: dict[tuple[str, str], ExchangeRecord] = {}
+        self.queues: dict[tuple[str, str], QueueRecord] = {}
+        self.bindings: dict[tuple[str, ...], BindingRecord] = {}
+        self.messages: dict[tuple[str, str, int], StoredMessage] = {}
 
     def after_sync(self, callback: Callable[[], None]) -> None:
         callback()
 
     def load(self) -> Definitions:
-        return self.definitions
+        return Definitions(list(self.exchanges.values()), list(self.queues.values()),
+                           list(self.bindings.values()), sorted(self.messages.values(),
+                                                       key=lambda m: (m.vhost, m.queue, m.position)))
 
-    # configuration
     def exchange_declared(self, exchange: Exchange) -> None:
         if exchange.durable:
-            self.definitions.exchanges[(exchange.vhost, exchange.name)] = exchange
+            self.exchanges[(exchange.vhost, exchange.name)] = exchange_record(exchange)
 
     def exchange_deleted(self, exchange: Exchange) -> None:
-        self.definitions.exchanges.pop((exchange.vhost, exchange.name), None)
+        self.exchanges.pop((exchange.vhost, exchange.name), None)
 
     def queue_declared(self, queue: Queue) -> None:
         if queue.durable:
-            self.definitions.queues[(queue.vhost, queue.name)] = queue
+            self.queues[(queue.vhost, queue.name)] = queue_record(queue)
 
     def queue_deleted(self, queue: Queue) -> None:
-        self.definitions.queues.pop((queue.vhost, queue.name), None)
-        stale = [k for k in self.definitions.messages if k[:2] == (queue.vhost, queue.name)]
-        for key in stale:
-            del self.definitions.messages[key]
+        self.queues.pop((queue.vhost, queue.name), None)
+        for key in [k for k in self.messages if k[:2] == (queue.vhost, queue.name)]:
+            del self.messages[key]
 
     def binding_created(self, binding: Binding) -> None:
-        if binding.source.durable and getattr(binding.destination, "durable", False):
-            self.definitions.bindings[(binding.source.vhost, binding.source.name, binding.key)] = binding
+        if is_durable_binding(binding):
+            record = binding_record(binding)
+            self.bindings[binding_key(record)] = record
 
     def binding_deleted(self, binding: Binding) -> None:
-        self.definitions.bindings.pop((binding.source.vhost, binding.source.name, binding.key), None)
+        self.bindings.pop(binding_key(binding_record(binding)), None)
 
-    # messages
     def enqueued(self, queue: Queue, entry: Entry) -> None:
-        if queue.durable and entry.message.persistent:
-            m = entry.message
-            self.definitions.messages[(queue.vhost, queue.name, entry.position)] = StoredMessage(
-                queue.vhost, queue.name, entry.position, m.exchange, m.routing_key, m.header, m.body
-            )
+        if keeps(queue, entry):
+            self.messages[(queue.vhost, queue.name, entry.position)] = stored(queue, entry)
+
+    def acquired(self, queue: Queue, entry: Entry) -> None:
+        if keeps(queue, entry):
+            record = self.messages.get((queue.vhost, queue.name, entry.position))
+            if record is not None:
+                record.delivered = True
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
-        if queue.durable and entry.message.persistent:
-            self.definitions.messages.pop((queue.vhost, queue.name, entry.position), None)
+        if keeps(queue, entry):
+            self.messages.pop((queue.vhost, queue.name, entry.position), None)

@@ -11,7 +11,13 @@ from brokerha.amqp import constants as C
 from brokerha.amqp import frames as F
 from brokerha.amqp.consumer import ChannelConsumer, Delivery
 from brokerha.amqp.errors import AMQPError
-from brokerha.broker.errors import AccessRefused, NotAllowed, NotFound, NotImplementedByBroker
+from brokerha.broker.errors import (
+    AccessRefused,
+    NotAllowed,
+    NotFound,
+    NotImplementedByBroker,
+    PreconditionFailed,
+)
 from brokerha.broker.message import Message
 
 if TYPE_CHECKING:
@@ -39,6 +45,9 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
     if exchange.internal:
         raise AccessRefused(f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'")
     message = message_from_publish(publish, header, body)
+    if message.user_id is not None and message.user_id != ch.user.name:
+        raise PreconditionFailed(f"user_id property set to '{message.user_id}' but "
+                                 f"authenticated user was '{ch.user.name}'")
     ch.conn.has_published = True
     queues = vhost.route(exchange, message)
     if not queues and publish.mandatory:

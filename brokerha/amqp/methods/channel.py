@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from brokerha.amqp.channel import Channel
 
 
+def open_again(ch: Channel, method: commands.Channel.Open) -> None:
+    raise AMQPError(C.CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+
+
 def close(ch: Channel, method: commands.Channel.Close) -> None:
     ch.conn.close_channel_by_peer(ch)
 
@@ -30,6 +34,7 @@ def flow_ok(ch: Channel, method: commands.Channel.FlowOk) -> None:
 
 
 HANDLERS = {
+    commands.Channel.Open: open_again,
     commands.Channel.Close: close,
     commands.Channel.Flow: flow,
     commands.Channel.FlowOk: flow_ok,

@@ -12,10 +12,13 @@ if TYPE_CHECKING:
 
 def declare(ch: Channel, m: commands.Queue.Declare) -> None:
     vhost = ch.vhost
+    name = m.queue
+    server_named = not name and not m.passive
     if not m.passive:
-        ch.user.check("configure", vhost.name, "queue", m.queue or "amq.gen")
+        name = name or vhost.new_queue_name()
+        ch.user.check("configure", vhost.name, "queue", name)
     queue = vhost.declare_queue(
-        ch.resolve_queue(m.queue) if m.passive else m.queue,
+        ch.resolve_queue(name) if m.passive else name, server_named=server_named,
         owner=ch.conn, passive=m.passive, durable=m.durable,
         exclusive=m.exclusive, auto_delete=m.auto_delete, arguments=m.arguments,
     )
