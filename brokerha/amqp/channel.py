@@ -30,6 +30,7 @@ from brokerha.broker.message import Entry
 if TYPE_CHECKING:
     from brokerha.amqp.connection import ServerConnection
     from brokerha.broker.queue import Queue
+    from brokerha.broker.dtx import DtxBranch
     from brokerha.broker.transaction import Transaction
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Channel:
         self.confirm: ConfirmTracker | None = None
         self.tx_mode = False
         self.tx: Transaction | None = None  # created at the first operation in tx mode
+        self.dtx_branch: DtxBranch | None = None  # the XA branch this channel works for
         self.tx_acked: dict[int, Delivery] = {}
         self.last_queue = ""
         self.writable_exchanges: set[str] = set()  # write permission already checked
@@ -232,6 +234,10 @@ class Channel:
     def ack(self, tag: int, multiple: bool) -> None:
         taken = self._take_deliveries(tag, multiple)
         deliveries = list(taken.values())
+        if self.dtx_branch is not None:
+            self.dtx_branch.accept([(d.queue, d.entry) for d in deliveries], [])
+            self._credit_returned(deliveries)  # the branch holds them now
+            return
         if self.tx_mode:
             self.tx_acked.update(taken)
             self.transaction().accept([(d.queue, d.entry) for d in deliveries],
@@ -244,6 +250,10 @@ class Channel:
     def reject(self, tag: int, multiple: bool, requeue: bool) -> None:
         taken = self._take_deliveries(tag, multiple)
         deliveries = list(taken.values())
+        if self.dtx_branch is not None:
+            self.dtx_branch.reject([(d.queue, d.entry) for d in deliveries], requeue)
+            self._credit_returned(deliveries)  # the branch holds them now
+            return
         if self.tx_mode:
             self.tx_acked.update(taken)
             self.transaction().reject([(d.queue, d.entry) for d in deliveries], requeue)
@@ -285,6 +295,8 @@ class Channel:
     # -- transactions -------------------------------------------------------------------
 
     def transaction(self) -> Transaction:
+        if self.dtx_branch is not None:
+            return self.dtx_branch
         if self.tx is None:
             self.tx = self.conn.broker.new_transaction()
         return self.tx
@@ -336,6 +348,9 @@ class Channel:
             self.tx.rollback()
             self.finish_transaction(False)
             self.tx = None
+        if self.dtx_branch is not None:
+            self.conn.broker.dtx.owner_gone(self)
+            self.dtx_branch = None
         for consumer in list(self.consumers.values()):
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()

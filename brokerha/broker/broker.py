@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from brokerha.broker.auth import UserDatabase
+from brokerha.broker.dtx import DtxBranch, DtxManager, Xid
 from brokerha.broker.errors import NotAllowed
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import Observers
 from brokerha.broker.queue import MemoryMeter
 from brokerha.broker.transaction import Transaction
 from brokerha.broker.vhost import VirtualHost
-from brokerha.store.base import Definitions, MemoryStore, Store
+from brokerha.store.base import Definitions, MemoryStore, PreparedBranch, Store, prepared_branch
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class Broker:
         self.observers.add_queue_observer(self.store)
         self._spawn = spawn
         self._tx_ids = itertools.count(1)
+        self.dtx = DtxManager(self.observers.transactions, clock)
+        self.attach_store_to_dtx()
         self.memory_blocked = False
         self.alarm_listeners: list[Callable[[bool], None]] = []
 
@@ -95,9 +98,37 @@ class Broker:
             entry.redelivered = m.delivered
             queue.restore_entry(entry)
             restored += 1
-        log.info("restored %d exchanges, %d queues, %d bindings, %d messages",
-                 len(definitions.exchanges), len(definitions.queues),
-                 len(definitions.bindings), restored)
+        for branch in definitions.prepared:
+            self._restore_branch(branch)
+        log.info("restored %d exchanges, %d queues, %d bindings, %d messages, "
+                 "%d prepared XA branches", len(definitions.exchanges), len(definitions.queues),
+                 len(definitions.bindings), restored, len(definitions.prepared))
+
+    def _restore_branch(self, record: PreparedBranch) -> None:
+        """A prepared branch holds its dequeued entries: take them off the ready list."""
+        publishes = []
+        for vhost, names, exchange, key, header, body in record.publishes:
+            queues = [q for n in names if (q := self.add_vhost(vhost).queues.get(n)) is not None]
+            publishes.append((queues, Message(exchange, key, header, body)))
+        accepts = []
+        for vhost, name, position in record.accepts:
+            queue = self.add_vhost(vhost).queues.get(name)
+            entry = queue.take_position(position) if queue is not None else None
+            if queue is not None and entry is not None:
+                accepts.append((queue, entry))
+        self.dtx.restore_prepared(Xid.from_key(record.xid), publishes, accepts)
+
+    def attach_store_to_dtx(self) -> None:
+        """Prepared branches are written to the store; finished ones removed."""
+        store = self.store
+
+        def persist(branch: DtxBranch, done: Callable[[], None]) -> None:
+            store.dtx_prepared(prepared_branch(branch.xid.key, branch.publishes,
+                                               branch.accepts + [(q, e) for q, e, _ in branch.rejects]),
+                               done)
+
+        self.dtx.persist_prepared = persist
+        self.dtx.forget_prepared = lambda xid: store.dtx_finished(xid.key)
 
     # -- transactions ------------------------------------------------------------------
 
@@ -117,6 +148,7 @@ class Broker:
         now = self.clock() if now is None else now
         for vhost in list(self.vhosts.values()):
             vhost.tick(now)
+        self.dtx.tick(now)
         self.check_memory()
 
     def check_memory(self) -> None:

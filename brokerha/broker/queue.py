@@ -80,6 +80,10 @@ class ReadyList:
         level.insert(index, entry)
         self._count += 1
 
+    def remove(self, entry: Entry) -> None:
+        self._level(entry).remove(entry)
+        self._count -= 1
+
     def peek(self) -> Entry | None:
         for level in reversed(self._levels):
             if level:
@@ -221,6 +225,16 @@ class Queue:
         if self.consumers:
             self.dispatch()
         return entry
+
+    def take_position(self, position: int) -> Entry | None:
+        """Remove a ready entry by replication id and hold it as acquired (recovery)."""
+        for entry in self.ready:
+            if entry.position == position:
+                self.ready.remove(entry)
+                self._left_ready(entry)
+                self.unacked += 1
+                return entry
+        return None
 
     def restore_entry(self, entry: Entry) -> None:
         """Put back an entry recovered from the store (no hooks: it is stored already)."""

@@ -66,6 +66,10 @@ class Transaction:
         if self.observers and not await self.prepare():
             self.rollback()
             raise TransactionAborted(f"transaction {self.id} could not be prepared on every node")
+        self.commit_prepared()
+
+    def commit_prepared(self) -> None:
+        """Phase two: the local commit, then the observers'."""
         self.apply()
         for observer in self.observers:
             observer.commit()

@@ -62,6 +62,19 @@ class StoredMessage:
 
 
 @dataclass
+class PreparedBranch:
+    """A prepared XA branch as stored: what it will enqueue and which entries it dequeues.
+
+    ``publishes``: (vhost, [queue names], exchange, routing_key, header, body);
+    ``accepts``: (vhost, queue name, position) of entries the branch holds.
+    """
+
+    xid: str
+    publishes: list[tuple[str, list[str], str, str, bytes, bytes]] = field(default_factory=list)
+    accepts: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+@dataclass
 class Definitions:
     """What a store returns at start-up, in the order it must be applied."""
 
@@ -69,6 +82,20 @@ class Definitions:
     queues: list[QueueRecord] = field(default_factory=list)
     bindings: list[BindingRecord] = field(default_factory=list)
     messages: list[StoredMessage] = field(default_factory=list)  # by queue, then position
+    prepared: list[PreparedBranch] = field(default_factory=list)
+
+
+def prepared_branch(xid: str, publishes: list[tuple[list[Queue], Any]],
+                    accepts: list[tuple[Queue, Entry]]) -> PreparedBranch:
+    """The record of a prepared branch (from a DtxBranch's buffers)."""
+    record = PreparedBranch(xid)
+    for queues, m in publishes:
+        names = [q.name for q in queues]
+        vhost = queues[0].vhost if queues else ""
+        record.publishes.append((vhost, names, m.exchange, m.routing_key, m.header, m.body))
+    for q, e in accepts:
+        record.accepts.append((q.vhost, q.name, e.position))
+    return record
 
 
 def exchange_record(ex: Exchange) -> ExchangeRecord:
@@ -110,6 +137,10 @@ def keeps(queue: Queue, entry: Entry) -> bool:
 class Store(ConfigurationObserver, QueueObserver):
     """Base class of every store."""
 
+    # Set by the node: called (on the loop thread) when the store can no longer
+    # persist; the node stops rather than keep confirming (fail-stop).
+    on_failure: Callable[[BaseException], None] | None = None
+
     def start(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Begin writing; callbacks of ``after_sync`` run on ``loop``."""
 
@@ -118,6 +149,14 @@ class Store(ConfigurationObserver, QueueObserver):
         raise NotImplementedError
 
     def load(self) -> Definitions:
+        raise NotImplementedError
+
+    def dtx_prepared(self, record: PreparedBranch, done: Callable[[], None]) -> None:
+        """Write a prepared XA branch durably, then call ``done`` (on the loop)."""
+        raise NotImplementedError
+
+    def dtx_finished(self, xid: str) -> None:
+        """The branch was committed, rolled back or forgotten: drop its record."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -136,14 +175,24 @@ class MemoryStore(Store):
         self.queues: dict[tuple[str, str], QueueRecord] = {}
         self.bindings: dict[tuple[str, ...], BindingRecord] = {}
         self.messages: dict[tuple[str, str, int], StoredMessage] = {}
+        self.prepared: dict[str, PreparedBranch] = {}
+
+    def dtx_prepared(self, record: PreparedBranch, done: Callable[[], None]) -> None:
+        self.prepared[record.xid] = record
+        done()
+
+    def dtx_finished(self, xid: str) -> None:
+        self.prepared.pop(xid, None)
 
     def after_sync(self, callback: Callable[[], None]) -> None:
         callback()
 
     def load(self) -> Definitions:
         return Definitions(list(self.exchanges.values()), list(self.queues.values()),
-                           list(self.bindings.values()), sorted(self.messages.values(),
-                                                       key=lambda m: (m.vhost, m.queue, m.position)))
+                           list(self.bindings.values()),
+                           sorted(self.messages.values(),
+                                  key=lambda m: (m.vhost, m.queue, m.position)),
+                           list(self.prepared.values()))
 
     def exchange_declared(self, exchange: Exchange) -> None:
         if exchange.durable:

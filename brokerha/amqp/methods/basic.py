@@ -10,6 +10,7 @@ from pamqp import commands
 from brokerha.amqp import constants as C
 from brokerha.amqp import frames as F
 from brokerha.amqp.consumer import ChannelConsumer, Delivery
+from brokerha.amqp.dtx_control import DTX_EXCHANGE, handle_control
 from brokerha.amqp.errors import AMQPError
 from brokerha.broker.errors import (
     AccessRefused,
@@ -39,6 +40,11 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
     if name not in ch.writable_exchanges:
         ch.user.check("write", vhost.name, "exchange", name)
         ch.writable_exchanges.add(name)
+    if name == DTX_EXCHANGE:
+        handle_control(ch, publish.routing_key, header, body)
+        if ch.confirm is not None:  # a control message is confirmed like any publish
+            ch.settle_confirm(ch.confirm.issue(), True)
+        return
     exchange = vhost.exchanges.get(name)
     if exchange is None:
         raise NotFound(f"no exchange '{name}' in vhost '{vhost.name}'")
@@ -54,10 +60,12 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
         ch.send(commands.Basic.Return(reply_code=C.NO_ROUTE, reply_text="NO_ROUTE",
                                       exchange=name, routing_key=publish.routing_key))
         ch.send_content(header, body)
-    if ch.tx_mode:
-        ch.transaction().publish(queues, message)
-        return
     confirm = ch.confirm
+    if ch.tx_mode or ch.dtx_branch is not None:
+        ch.transaction().publish(queues, message)
+        if confirm is not None:  # accepted into the XA branch (tx mode has no confirms)
+            ch.settle_confirm(confirm.issue(), True)
+        return
     if confirm is None:
         for queue in queues:
             queue.enqueue(message)

@@ -1,0 +1,321 @@
+"""DTX: XA transaction branches, as a state machine the broker drives.
+
+Each branch (identified by an XA xid) is a Transaction whose phases the
+transaction manager calls separately: start/end associate channels with it,
+prepare makes it durable and votes, commit/rollback finish it. The rules and
+error codes are X/Open XA's (and Qpid's dtx class): an illegal verb raises
+XAError with the code the TM expects; ``tick`` times branches out.
+
+A prepared branch is written to the store before prepare answers XA_OK, and
+comes back after a restart in the prepared state (``restore_prepared``), to be
+listed by ``recover`` and finished by the TM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from brokerha.broker.transaction import Transaction
+
+if TYPE_CHECKING:
+    from brokerha.broker.message import Entry
+    from brokerha.broker.observers import TransactionObserverFactory
+    from brokerha.broker.queue import Queue
+
+log = logging.getLogger(__name__)
+
+
+class XA(enum.IntEnum):
+    """XA return codes (xa.h)."""
+
+    OK = 0
+    RDONLY = 3
+    HEURHAZ = 8
+    HEURCOM = 7
+    HEURRB = 6
+    HEURMIX = 5
+    RBROLLBACK = 100
+    RBTIMEOUT = 106
+    ER_RMERR = -3
+    ER_NOTA = -4
+    ER_INVAL = -5
+    ER_PROTO = -6
+    ER_RMFAIL = -7
+    ER_DUPID = -8
+
+    @property
+    def label(self) -> str:
+        return ("XAER_" + self.name[3:]) if self.name.startswith("ER_") else "XA_" + self.name
+
+
+class XAError(Exception):
+    def __init__(self, code: XA, text: str) -> None:
+        super().__init__(f"{code.label}: {text}")
+        self.code = code
+        self.text = text
+
+
+@dataclass(frozen=True)
+class Xid:
+    format_id: int
+    gtrid: bytes
+    bqual: bytes = b""
+
+    def __post_init__(self) -> None:
+        if len(self.gtrid) > 64 or len(self.bqual) > 64 or not self.gtrid:
+            raise XAError(XA.ER_INVAL, "gtrid must be 1-64 bytes and bqual at most 64 bytes")
+
+    @property
+    def key(self) -> str:
+        """A stable text form, for logs and the store."""
+        return f"{self.format_id}:{self.gtrid.hex()}:{self.bqual.hex()}"
+
+    @classmethod
+    def from_key(cls, key: str) -> Xid:
+        fmt, gtrid, bqual = key.split(":")
+        return cls(int(fmt), bytes.fromhex(gtrid), bytes.fromhex(bqual))
+
+
+class State(enum.Enum):
+    ACTIVE = "active"  # associated with at least one channel
+    SUSPENDED = "suspended"
+    IDLE = "idle"  # ended with success, not yet prepared
+    ROLLBACK_ONLY = "rollback-only"  # ended with fail, or timed out
+    PREPARED = "prepared"
+    HEURISTIC_COMMIT = "heuristic-commit"
+    HEURISTIC_ROLLBACK = "heuristic-rollback"
+
+
+class DtxBranch(Transaction):
+    """One XA branch: a Transaction with an xid, a state and a deadline."""
+
+    def __init__(self, xid: Xid, factories: list[TransactionObserverFactory], now: float,
+                 timeout: float) -> None:
+        super().__init__(f"dtx:{xid.key}", factories)
+        self.xid = xid
+        self.state = State.ACTIVE
+        self.associated: set[object] = set()
+        self.started = now
+        self.timeout = timeout
+        self.rollback_reason = XA.RBROLLBACK
+
+    def rollback(self) -> None:
+        """Discard the work; dequeued entries the branch held go back to their queues."""
+        accepted = [(q, e) for q, e in self.accepts] + [(q, e) for q, e, _ in self.rejects]
+        super().rollback()
+        for queue, entry in accepted:
+            queue.requeue(entry)
+
+
+Persist = Callable[[DtxBranch, Callable[[], None]], None]
+
+
+class DtxManager:
+    """All branches of one broker (XA resource manager)."""
+
+    def __init__(self, factories: list[TransactionObserverFactory], clock: Callable[[], float],
+                 *, default_timeout: float = 0.0, max_timeout: float = 3600.0) -> None:
+        self.factories = factories
+        self.clock = clock
+        self.default_timeout = default_timeout
+        self.max_timeout = max_timeout
+        self.branches: dict[Xid, DtxBranch] = {}
+        # store hooks: persist a prepared branch (then call back), forget a finished one
+        self.persist_prepared: Persist = lambda branch, done: done()
+        self.forget_prepared: Callable[[Xid], None] = lambda xid: None
+
+    def _branch(self, xid: Xid) -> DtxBranch:
+        branch = self.branches.get(xid)
+        if branch is None:
+            raise XAError(XA.ER_NOTA, f"unknown xid {xid.key}")
+        return branch
+
+    # -- association -------------------------------------------------------------------
+
+    def start(self, xid: Xid, owner: object, *, join: bool = False,
+              resume: bool = False) -> DtxBranch:
+        if join and resume:
+            raise XAError(XA.ER_INVAL, "join and resume are exclusive")
+        branch = self.branches.get(xid)
+        if not (join or resume):
+            if branch is not None:
+                raise XAError(XA.ER_DUPID, f"xid {xid.key} already known")
+            branch = DtxBranch(xid, self.factories, self.clock(), self.default_timeout)
+            self.branches[xid] = branch
+        elif branch is None:
+            raise XAError(XA.ER_NOTA, f"unknown xid {xid.key}")
+        elif resume and branch.state is not State.SUSPENDED:
+            raise XAError(XA.ER_PROTO, f"xid {xid.key} is {branch.state.value}, not suspended")
+        elif join and branch.state not in (State.ACTIVE, State.IDLE):
+            raise XAError(XA.ER_PROTO, f"cannot join xid {xid.key} in state {branch.state.value}")
+        if branch.state is State.ROLLBACK_ONLY:
+            raise XAError(branch.rollback_reason, f"xid {xid.key} is marked rollback-only")
+        branch.associated.add(owner)
+        branch.state = State.ACTIVE
+        return branch
+
+    def end(self, xid: Xid, owner: object, *, fail: bool = False,
+            suspend: bool = False) -> XA:
+        if fail and suspend:
+            raise XAError(XA.ER_INVAL, "fail and suspend are exclusive")
+        branch = self._branch(xid)
+        if owner not in branch.associated:
+            raise XAError(XA.ER_PROTO, f"xid {xid.key} is not associated with this channel")
+        branch.associated.discard(owner)
+        if branch.state is State.ROLLBACK_ONLY:
+            return branch.rollback_reason
+        if fail:
+            self._mark_rollback_only(branch, XA.RBROLLBACK)
+            return XA.RBROLLBACK
+        if suspend:
+            branch.state = State.SUSPENDED
+        elif not branch.associated:
+            branch.state = State.IDLE
+        return XA.OK
+
+    def owner_gone(self, owner: object) -> None:
+        """A channel closed while associated: its branches can only roll back."""
+        for branch in list(self.branches.values()):
+            if owner in branch.associated:
+                branch.associated.discard(owner)
+                if branch.state in (State.ACTIVE, State.SUSPENDED):
+                    self._mark_rollback_only(branch, XA.RBROLLBACK)
+
+    def _mark_rollback_only(self, branch: DtxBranch, reason: XA) -> None:
+        branch.state = State.ROLLBACK_ONLY
+        branch.rollback_reason = reason
+
+    # -- completion ---------------------------------------------------------------------
+
+    def _finish_rollback_only(self, branch: DtxBranch) -> XA:
+        branch.rollback()
+        del self.branches[branch.xid]
+        return branch.rollback_reason
+
+    async def prepare(self, xid: Xid) -> XA:
+        branch = self._branch(xid)
+        if branch.state is State.ROLLBACK_ONLY:
+            return self._finish_rollback_only(branch)
+        if branch.state is not State.IDLE:
+            raise XAError(XA.ER_PROTO, f"cannot prepare xid {xid.key} in state {branch.state.value}")
+        if branch.empty:
+            branch.rollback()
+            del self.branches[xid]
+            return XA.RDONLY
+        if not await branch.prepare():
+            return self._finish_rollback_only(branch)
+        # durable before the TM hears XA_OK: after a crash, recover must list it
+        written = asyncio.get_running_loop().create_future()
+        self.persist_prepared(branch, lambda: written.done() or written.set_result(None))
+        await written
+        branch.state = State.PREPARED
+        return XA.OK
+
+    async def commit(self, xid: Xid, *, one_phase: bool = False) -> XA:
+        branch = self._branch(xid)
+        heuristic = self._heuristic(branch)
+        if heuristic is not None:
+            return heuristic
+        if branch.state is State.ROLLBACK_ONLY:
+            return self._finish_rollback_only(branch)
+        if one_phase:
+            if branch.state is not State.IDLE:
+                raise XAError(XA.ER_PROTO,
+                              f"one-phase commit of xid {xid.key} in state {branch.state.value}")
+            if branch.observers and not await branch.prepare():
+                return self._finish_rollback_only(branch)
+        elif branch.state is not State.PREPARED:
+            raise XAError(XA.ER_PROTO, f"two-phase commit of xid {xid.key} that is not prepared")
+        del self.branches[xid]
+        branch.commit_prepared()
+        if not one_phase:
+            self.forget_prepared(xid)
+        return XA.OK
+
+    def rollback(self, xid: Xid) -> XA:
+        branch = self._branch(xid)
+        heuristic = self._heuristic(branch)
+        if heuristic is not None:
+            return heuristic
+        if branch.state is State.ACTIVE:
+            raise XAError(XA.ER_PROTO, f"xid {xid.key} is still associated with a channel")
+        was_prepared = branch.state is State.PREPARED
+        del self.branches[xid]
+        branch.rollback()
+        if was_prepared:
+            self.forget_prepared(xid)
+        return XA.OK
+
+    def _heuristic(self, branch: DtxBranch) -> XA | None:
+        if branch.state is State.HEURISTIC_COMMIT:
+            return XA.HEURCOM
+        if branch.state is State.HEURISTIC_ROLLBACK:
+            return XA.HEURRB
+        return None
+
+    def decide(self, xid: Xid, commit: bool) -> None:
+        """An operator finishes an in-doubt branch unilaterally (a heuristic outcome).
+
+        The TM learns it through XA_HEURCOM / XA_HEURRB and must then forget the branch.
+        """
+        branch = self._branch(xid)
+        if branch.state is not State.PREPARED:
+            raise XAError(XA.ER_PROTO, f"only a prepared branch can be decided, xid {xid.key}")
+        if commit:
+            branch.commit_prepared()
+            branch.state = State.HEURISTIC_COMMIT
+        else:
+            branch.rollback()
+            branch.state = State.HEURISTIC_ROLLBACK
+        log.warning("xid %s decided by operator: heuristic %s", xid.key,
+                    "commit" if commit else "rollback")
+
+    def forget(self, xid: Xid) -> XA:
+        branch = self._branch(xid)
+        if self._heuristic(branch) is None:
+            raise XAError(XA.ER_PROTO, f"xid {xid.key} was not completed heuristically")
+        del self.branches[xid]
+        self.forget_prepared(xid)
+        return XA.OK
+
+    def recover(self) -> list[Xid]:
+        """In-doubt branches: prepared, or completed heuristically and not yet forgotten."""
+        return [b.xid for b in self.branches.values()
+                if b.state in (State.PREPARED, State.HEURISTIC_COMMIT, State.HEURISTIC_ROLLBACK)]
+
+    # -- timeouts ----------------------------------------------------------------------------
+
+    def set_timeout(self, xid: Xid, seconds: float) -> None:
+        if seconds < 0 or seconds > self.max_timeout:
+            raise XAError(XA.ER_INVAL, f"timeout must be between 0 and {self.max_timeout} s")
+        branch = self._branch(xid)
+        branch.timeout = seconds
+        branch.started = self.clock()
+
+    def get_timeout(self, xid: Xid) -> float:
+        return self._branch(xid).timeout
+
+    def tick(self, now: float) -> None:
+        """Branches not prepared within their timeout can only roll back (XA_RBTIMEOUT)."""
+        for branch in list(self.branches.values()):
+            if (branch.timeout and now - branch.started > branch.timeout
+                    and branch.state in (State.ACTIVE, State.SUSPENDED, State.IDLE)):
+                log.info("xid %s timed out after %.1f s", branch.xid.key, branch.timeout)
+                self._mark_rollback_only(branch, XA.RBTIMEOUT)
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    def restore_prepared(self, xid: Xid, publishes: list[tuple[list[Queue], Any]],
+                         accepts: list[tuple[Queue, Entry]]) -> DtxBranch:
+        """A branch the store kept across a restart: prepared, holding its entries."""
+        branch = DtxBranch(xid, self.factories, self.clock(), 0.0)
+        branch.publishes.extend(publishes)
+        branch.accepts.extend(accepts)
+        branch.state = State.PREPARED
+        self.branches[xid] = branch
+        return branch
