@@ -1,0 +1,39 @@
+"""Helpers for turning a (possibly large) result DataFrame into report material.
+
+A finding such as "transactions to replay" can be millions of rows after a
+long split, so it is never collected: it is written as Parquet by the
+executors, and the driver reads back only its row count (from Parquet
+metadata) and the first ``SAMPLE_ROWS`` rows for the report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from brokerha.pipeline.report import SAMPLE_ROWS
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+def materialise(
+    df: DataFrame, path: Path, order_by: list[str], sample: int = SAMPLE_ROWS
+) -> tuple[int, list[dict[str, Any]]]:
+    """Write ``df`` to ``path`` (Parquet dir); return (row count, first rows by ``order_by``)."""
+    df.write.mode("overwrite").parquet(str(path))
+    back = df.sparkSession.read.parquet(str(path))
+    count = back.count()
+    rows = (
+        [r.asDict(recursive=True) for r in back.orderBy(*order_by).limit(sample).collect()]
+        if count
+        else []
+    )
+    return count, rows
+
+
+def json_field(column: str, field: str, spark_type: str) -> Any:
+    """Column expression: one field of a JSON string column (events.detail)."""
+    from pyspark.sql import functions as F
+
+    return F.from_json(F.col(column), f"struct<{field}: {spark_type}>")[field]

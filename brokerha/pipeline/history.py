@@ -1,0 +1,237 @@
+"""``brokerha pipeline check-history``: what did clients see?
+
+Input: client operation histories (docs/txlog-export.md, "Client histories").
+Definitions (also in docs/pipeline.md):
+
+* a message is **confirmed** when a ``publish-confirmed`` row without
+  ``tx_id`` names it, or when it was published in a client transaction
+  (``tx_id`` set on its publish row) for which a ``tx-committed`` row exists
+  from the same client;
+* **lost**: confirmed, and no ``delivered`` row for its ``message_id`` by any
+  client. This assumes the recorded run drained its queues before stopping;
+  with ``--input`` each lost message is classified against the TxLog
+  (never reached it / enqueued but never dequeued / dequeued but no delivery
+  recorded) to tell a real loss from an undrained queue;
+* **duplicate beyond redelivery**: any delivery of a message after its first
+  one that either lacks ``redelivered=true`` (AMQP requires the flag on every
+  re-delivery) or comes after the message was already acked (an acked message
+  must never come back);
+* **double consumption**: a message acked more than once (two consumers both
+  completed it);
+* **partially visible transaction**: a committed client transaction some of
+  whose messages were delivered and others never were;
+* **uncommitted visible**: a delivered message whose publish belongs to a
+  client transaction that never committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from brokerha.pipeline.frames import materialise
+from brokerha.pipeline.reader import discover, read_history, read_table
+from brokerha.pipeline.report import Section, finding_section, write_html, write_json
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+#: finding key -> (title, definition) -- the order of the report
+FINDINGS: dict[str, tuple[str, str]] = {
+    "lost": (
+        "Lost messages",
+        "Confirmed (published with confirm, or in a committed transaction) and never delivered to any client.",
+    ),
+    "duplicates": (
+        "Duplicates beyond redelivery",
+        "A later delivery of a message without the redelivered flag, or after the message was acked.",
+    ),
+    "double_consumptions": ("Double consumption", "A message acked more than once."),
+    "half_visible": (
+        "Partially visible transactions",
+        "A committed transaction with some messages delivered and others never delivered.",
+    ),
+    "uncommitted_visible": (
+        "Uncommitted messages delivered",
+        "A delivered message published in a client transaction that never committed.",
+    ),
+}
+
+
+def main(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
+    """CLI entry: ``--history PATH --out OUT [--input DIR]``."""
+    return run(spark, args.history, args.out, args.input)
+
+
+def run(
+    spark: SparkSession, history: Path, out: Path, exports: Path | None = None
+) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
+    h = read_history(spark, history).cache()
+    published = h.filter(
+        F.col("op").isin("publish-confirmed", "tx-committed") & F.col("message_id").isNotNull()
+    )
+    committed = (
+        h.filter((F.col("op") == "tx-committed") & F.col("tx_id").isNotNull())
+        .groupBy("client", "tx_id")
+        .agg(F.max("tx_size").alias("tx_size"), F.min("at_ms").alias("committed_ms"))
+    )
+    in_tx = published.filter(F.col("tx_id").isNotNull())
+    tx_messages = in_tx.join(committed.select("client", "tx_id"), ["client", "tx_id"], "left_semi")
+    plain = published.filter(F.col("tx_id").isNull() & (F.col("op") == "publish-confirmed"))
+    confirmed = (
+        plain.unionByName(tx_messages)
+        .select("message_id", "queue", "client", "tx_id", F.col("at_ms").alias("published_ms"))
+        .dropDuplicates(["message_id"])
+    )
+    deliveries = h.filter((F.col("op") == "delivered") & F.col("message_id").isNotNull())
+    # reused by four findings: computed once (it is one row per delivered message)
+    delivered_ids = (
+        deliveries.groupBy("message_id").agg(F.count(F.lit(1)).alias("deliveries")).cache()
+    )
+    acks = h.filter((F.col("op") == "acked") & F.col("message_id").isNotNull())
+
+    lost = confirmed.join(delivered_ids, "message_id", "left_anti")
+    if exports is not None:
+        lost = _classify_lost(spark, lost, exports)
+
+    first_ack = acks.groupBy("message_id").agg(F.min("at_ms").alias("first_ack_ms"))
+    order = Window.partitionBy("message_id").orderBy("at_ms", "client")
+    duplicates = (
+        deliveries.withColumn("nth", F.row_number().over(order))
+        .join(first_ack, "message_id", "left")
+        .filter(
+            (F.col("nth") > 1)
+            & (
+                ~F.coalesce(F.col("redelivered"), F.lit(False))
+                | (F.col("at_ms") > F.col("first_ack_ms"))
+            )
+        )
+        .select(
+            "message_id",
+            "queue",
+            "client",
+            "at_ms",
+            "nth",
+            "redelivered",
+            F.when(F.col("at_ms") > F.col("first_ack_ms"), "delivered after ack")
+            .otherwise("redelivered flag not set")
+            .alias("reason"),
+        )
+    )
+    double = (
+        acks.groupBy("message_id")
+        .agg(
+            F.count(F.lit(1)).alias("acks"), F.sort_array(F.collect_set("client")).alias("clients")
+        )
+        .filter(F.col("acks") > 1)
+    )
+
+    per_tx = (
+        tx_messages.select("client", "tx_id", "message_id")
+        .dropDuplicates(["client", "tx_id", "message_id"])
+        .join(delivered_ids, "message_id", "left")
+        .groupBy("client", "tx_id")
+        .agg(
+            F.count(F.lit(1)).alias("messages"),
+            F.count("deliveries").alias("delivered"),
+            F.sort_array(
+                F.collect_list(F.when(F.col("deliveries").isNull(), F.col("message_id")))
+            ).alias("never_delivered"),
+        )
+        .join(committed, ["client", "tx_id"])
+    )
+    half = per_tx.filter((F.col("delivered") > 0) & (F.col("delivered") < F.col("messages")))
+    uncommitted = (
+        in_tx.join(committed.select("client", "tx_id"), ["client", "tx_id"], "left_anti")
+        .select("message_id", F.col("client").alias("publisher"), "tx_id")
+        .join(delivered_ids, "message_id")
+        .dropDuplicates(["message_id"])
+    )
+
+    frames: dict[str, tuple[DataFrame, list[str]]] = {
+        "lost": (lost, ["published_ms", "message_id"]),
+        "duplicates": (duplicates, ["at_ms", "message_id"]),
+        "double_consumptions": (double, ["message_id"]),
+        "half_visible": (half, ["committed_ms", "tx_id"]),
+        "uncommitted_visible": (uncommitted, ["message_id"]),
+    }
+    findings: dict[str, dict[str, Any]] = {}
+    for key, (df, order_by) in frames.items():
+        count, sample = materialise(df, out / f"{key}.parquet", order_by)
+        findings[key] = {"count": count, "sample": sample}
+
+    totals = (
+        h.agg(
+            F.countDistinct("client").alias("clients"),
+            F.count(F.when(F.col("op") == "delivered", 1)).alias("deliveries"),
+            F.count(F.when(F.col("op") == "acked", 1)).alias("acks"),
+        )
+        .collect()[0]
+        .asDict()
+    )
+    totals["confirmed_messages"] = confirmed.count()
+    totals["committed_transactions"] = committed.count()
+    incomplete = per_tx.filter(
+        F.col("tx_size").isNotNull() & (F.col("tx_size") != F.col("messages"))
+    ).count()
+    h.unpersist()
+    delivered_ids.unpersist()
+
+    problems = sum(f["count"] for f in findings.values())
+    report = {
+        "command": "check-history",
+        "ok": problems == 0,
+        "summary": ", ".join(f"{f['count']} {k.replace('_', ' ')}" for k, f in findings.items()),
+        "history": str(history),
+        "input": str(exports) if exports else None,
+        "totals": totals,
+        "warnings": [
+            f"{incomplete} committed transaction(s) whose tx_size differs from the messages recorded"
+        ]
+        if incomplete
+        else [],
+        **findings,
+    }
+    write_json(out, report)
+    secs = [Section("Summary", [report["summary"] + "."], status="ok" if report["ok"] else "bad")]
+    secs[0].paragraphs += [f"{k.replace('_', ' ')}: {v}" for k, v in totals.items()] + report[
+        "warnings"
+    ]
+    for key, (title, explain) in FINDINGS.items():
+        secs.append(
+            finding_section(title, findings[key]["count"], findings[key]["sample"], explain)
+        )
+    write_html(out, "Client history check", secs)
+    return report
+
+
+def _classify_lost(spark: SparkSession, lost: DataFrame, exports: Path) -> DataFrame:
+    """Add ``in_txlog`` to lost messages: what the TxLog bodies say happened.
+
+    ``never reached the TxLog`` (no enqueue in any master's operations),
+    ``enqueued, never dequeued`` (still in the queue: a real loss only if the
+    run drained its queues), ``dequeued, delivery not recorded``. Only global
+    queues go through the TxLog, so local-queue messages show as never reached.
+    """
+    from pyspark.sql import functions as F
+
+    ops = read_table(spark, discover(exports), "operations").select("kind", "message_id")
+    seen = (
+        ops.join(F.broadcast(lost.select("message_id")), "message_id", "left_semi")
+        .groupBy("message_id")
+        .agg(
+            F.max((F.col("kind") == "enqueue").cast("int")).alias("enq"),
+            F.max((F.col("kind") == "dequeue").cast("int")).alias("deq"),
+        )
+    )
+    return lost.join(seen, "message_id", "left").select(
+        *lost.columns,
+        F.when(F.col("deq") == 1, "dequeued, delivery not recorded")
+        .when(F.col("enq") == 1, "enqueued, never dequeued")
+        .otherwise("never reached the TxLog")
+        .alias("in_txlog"),
+    )

@@ -1,0 +1,406 @@
+"""``brokerha pipeline replay-plan``: what each minority must do after a split.
+
+For every master outside the majority (see logs.majority) with fork position
+``p`` against the majority log:
+
+* **replay** -- the majority's transactions at positions >= p that the
+  minority's log does not hold: after restoring to the last common state the
+  minority must execute them (in the majority's order);
+* **renegotiate** -- the minority's own transactions at positions >= p that
+  the majority's log does not hold: they re-enter the TxLog as new
+  transactions (their new row carries ``replay_of`` = the old id);
+* **conflicts** -- messages dequeued after the fork on both sides (by a
+  transaction not already ``failed``): the message was consumed twice, and the
+  renegotiated minority transaction must fail deterministic validation.
+
+It then compares the plan with what the brokers recorded (``events`` and
+``replay_of``) and reports every disagreement. Exports taken *after* a
+recovery no longer show the minority's old log; for those, the recorded
+recoveries are still checked for internal consistency (see docs/pipeline.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from brokerha.pipeline.frames import json_field, materialise
+from brokerha.pipeline.inputs import Inputs
+from brokerha.pipeline.logs import LogAnalysis, analyse, fork_position
+from brokerha.pipeline.report import Section, finding_section, rows_table, write_html, write_json
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+
+def main(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
+    """CLI entry: ``--input DIR --out OUT``."""
+    return run(Inputs.load(spark, args.input), args.out)
+
+
+def run(inputs: Inputs, out: Path) -> dict[str, Any]:
+    analysis = analyse(inputs.sync, inputs.names)
+    maj = analysis.majority
+    plans = []
+    if maj is not None:
+        for x in maj.minority:
+            plans.append(plan_for(inputs, analysis, x, out))
+    recorded = check_recorded(inputs, analysis, out)
+    disagreements = [d for p in plans for d in p["disagreements"]] + [
+        d for r in recorded for d in r["disagreements"]
+    ]
+    report = {
+        "command": "replay-plan",
+        "ok": not disagreements,
+        "summary": f"{len(plans)} minority master(s), {len(disagreements)} disagreement(s) with what the brokers did",
+        "input": str(inputs.root),
+        "masters": inputs.names,
+        "majority": maj.as_dict() if maj else None,
+        "plans": plans,
+        "recorded_recoveries": recorded,
+        "disagreements": disagreements,
+    }
+    write_json(out, report)
+    write_html(out, "TxLog replay plan", sections(report))
+    return report
+
+
+def _side(sync: DataFrame, master: str, fork: int) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return sync.filter((F.col("master") == master) & (F.col("position") >= fork)).select(
+        "position", "tx_id", "origin", "outcome", "replay_of"
+    )
+
+
+def _consumes(outcome: Column) -> Column:
+    """A dequeue consumed its message unless validation rejected the transaction
+    (null = not applied yet, which will consume when applied)."""
+    return outcome.isNull() | (outcome != "failed")
+
+
+def _dequeues(inputs: Inputs, txs: DataFrame) -> DataFrame:
+    """(tx_id, queue, message_id) of the dequeues of ``txs``; bodies come from
+    any master's operations (each holds the bodies it knows; duplicates dropped)."""
+    from pyspark.sql import functions as F
+
+    ops = (
+        inputs.table("operations")
+        .filter(F.col("kind") == "dequeue")
+        .select("tx_id", "queue", "message_id")
+    )
+    return ops.join(F.broadcast(txs.select("tx_id")), "tx_id", "left_semi").dropDuplicates(
+        ["tx_id", "message_id"]
+    )
+
+
+def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) -> dict[str, Any]:
+    """The plan for one minority master, and how its recorded recovery compares."""
+    from pyspark.sql import functions as F
+
+    assert analysis.majority is not None
+    winner = analysis.majority.master
+    fork = fork_position(analysis.pairs, winner, minority)
+    assert fork is not None, "a minority master always diverges from the majority log"
+    sync = inputs.sync
+    maj_post = _side(sync, winner, fork).cache()
+    min_post = _side(sync, minority, fork).cache()
+    base = out / "plans" / minority
+
+    replay = maj_post.join(min_post.select("tx_id"), "tx_id", "left_anti").select(
+        "position", "tx_id", "origin"
+    )
+    n_replay, replay_sample = materialise(replay, base / "replay.parquet", ["position"])
+
+    renegotiated = sync.filter((F.col("master") == winner) & F.col("replay_of").isNotNull()).select(
+        F.col("replay_of").alias("tx_id"),
+        F.col("tx_id").alias("new_tx_id"),
+        F.col("outcome").alias("new_outcome"),
+    )
+    renegotiate = (
+        min_post.join(maj_post.select("tx_id"), "tx_id", "left_anti")
+        .select("position", "tx_id", "origin")
+        .join(renegotiated, "tx_id", "left")
+    )
+    n_reneg, reneg_sample = materialise(renegotiate, base / "renegotiate.parquet", ["position"])
+
+    maj_deq = _dequeues(inputs, maj_post.filter(_consumes(F.col("outcome"))))
+    min_deq = _dequeues(inputs, min_post.filter(_consumes(F.col("outcome"))))
+    conflicts = (
+        maj_deq.select("message_id", "queue", F.col("tx_id").alias("majority_tx"))
+        .join(min_deq.select("message_id", F.col("tx_id").alias("minority_tx")), "message_id")
+        .join(renegotiated.withColumnRenamed("tx_id", "minority_tx"), "minority_tx", "left")
+    )
+    n_conf, conf_sample = materialise(
+        conflicts, base / "conflicts.parquet", ["message_id", "minority_tx"]
+    )
+    # a conflicting minority tx, once renegotiated, must fail validation everywhere
+    committed_conflicts = (
+        conflicts.filter(F.col("new_outcome") == "committed")
+        .select("minority_tx", "new_tx_id")
+        .distinct()
+    )
+    bad_conflicts = [r.asDict() for r in committed_conflicts.limit(20).collect()]
+    n_renegotiated = renegotiate.filter(F.col("new_tx_id").isNotNull()).count()
+
+    strategy = inputs.meta(minority).split_recovery
+    compare = compare_recorded(inputs, minority, winner, fork, replay, strategy, analysis)
+    maj_post.unpersist()
+    min_post.unpersist()
+    disagreements = compare.pop("disagreements")
+    disagreements += [
+        {"master": minority, "what": "conflicting transaction renegotiated but committed", **row}
+        for row in bad_conflicts
+    ]
+    return {
+        "master": minority,
+        "majority_master": winner,
+        "fork_position": fork,
+        "restore_to_position": fork,
+        "split_recovery": strategy,
+        "expected": _expected(strategy),
+        "replay": {"count": n_replay, "sample": replay_sample},
+        "renegotiate": {
+            "count": n_reneg,
+            "already_renegotiated": n_renegotiated,
+            "sample": reneg_sample,
+        },
+        "conflicts": {"count": n_conf, "sample": conf_sample},
+        "recorded": compare,
+        "disagreements": disagreements,
+    }
+
+
+def _expected(strategy: str) -> str:
+    if strategy == "none":
+        return "none: no restore and no replay; the minority keeps its diverged state (DCs stay inconsistent)"
+    if strategy in ("simple", "smart"):
+        return (
+            f"{strategy}: restore to the state at the fork position, replay the majority's transactions after it, "
+            "renegotiate the minority's own post-fork transactions as new transactions"
+        )
+    return f"unknown strategy {strategy!r}"
+
+
+def _events(inputs: Inputs, master: str, kind: str) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    ev = inputs.table("events")
+    return ev.filter((F.col("master") == master) & (F.col("kind") == kind))
+
+
+def _last_rejoin(inputs: Inputs, master: str) -> dict[str, Any] | None:
+    """The latest ``rejoin`` event of ``master`` (events are few: collected)."""
+    rows = _events(inputs, master, "rejoin").orderBy("at_ms", ascending=False).limit(1).collect()
+    if not rows:
+        return None
+    detail = json.loads(rows[0]["detail"] or "{}")
+    return {
+        "at_ms": rows[0]["at_ms"],
+        "winner": detail.get("winner"),
+        "common_prefix": detail.get("common_prefix"),
+    }
+
+
+def _replayed(inputs: Inputs, master: str, since_ms: int) -> DataFrame:
+    """tx ids listed by ``master``'s replay events since its last rejoin."""
+    from pyspark.sql import functions as F
+
+    return (
+        _events(inputs, master, "replay")
+        .filter(F.col("at_ms") >= since_ms)
+        .select(F.explode(json_field("detail", "tx_ids", "array<string>")).alias("tx_id"))
+        .distinct()
+    )
+
+
+def compare_recorded(
+    inputs: Inputs,
+    minority: str,
+    winner: str,
+    fork: int,
+    replay: DataFrame,
+    strategy: str,
+    analysis: LogAnalysis,
+) -> dict[str, Any]:
+    """Compare the plan with the minority's recorded rejoin/replay events."""
+    rejoin = _last_rejoin(inputs, minority)
+    issues: list[dict[str, Any]] = []
+
+    def issue(what: str, **kw: Any) -> None:
+        issues.append({"master": minority, "what": what, **kw})
+
+    if rejoin is None:
+        replayed_any = _events(inputs, minority, "replay").limit(1).count()
+        if strategy == "none" and replayed_any:
+            issue("strategy is none but the master replayed transactions")
+        return {
+            "status": "pending (no rejoin recorded yet)",
+            "rejoin": None,
+            "disagreements": issues,
+        }
+    assert analysis.majority is not None
+    if rejoin["winner"] not in analysis.majority.supporters:
+        issue(
+            "rejoin chose a winner outside the majority", recorded=rejoin["winner"], expected=winner
+        )
+    if rejoin["common_prefix"] != fork:
+        issue(
+            "rejoin common_prefix differs from the fork position",
+            recorded=rejoin["common_prefix"],
+            expected=fork,
+        )
+    replayed = _replayed(inputs, minority, rejoin["at_ms"])
+    planned = replay.select("tx_id")
+    if strategy == "none":
+        extra = replayed.count()
+        if extra:
+            issue("strategy is none but the master replayed transactions", count=extra)
+        missing = 0
+    else:
+        missing_df = planned.join(replayed, "tx_id", "left_anti")
+        extra_df = replayed.join(planned, "tx_id", "left_anti")
+        missing, extra = missing_df.count(), extra_df.count()
+        if missing:
+            issue(
+                "planned replay not replayed",
+                count=missing,
+                sample=[r["tx_id"] for r in missing_df.limit(10).collect()],
+            )
+        if extra:
+            issue(
+                "replayed but not in the plan",
+                count=extra,
+                sample=[r["tx_id"] for r in extra_df.limit(10).collect()],
+            )
+    return {
+        "status": "rejoined (its log still diverges: export taken mid-recovery?)",
+        "rejoin": rejoin,
+        "missing_replays": missing,
+        "extra_replays": extra,
+        "disagreements": issues,
+    }
+
+
+def check_recorded(inputs: Inputs, analysis: LogAnalysis, out: Path) -> list[dict[str, Any]]:
+    """Check recoveries the brokers recorded for masters no longer diverging.
+
+    Their pre-recovery log is gone, so the plan cannot be recomputed; what can
+    be checked: the winner was a majority log, every replayed id sits in the
+    winner's log at or after the recorded common prefix, and no renegotiated
+    transaction is also in the majority log under its old id (that would
+    execute it twice).
+    """
+    from pyspark.sql import functions as F
+
+    maj = analysis.majority
+    if maj is None:
+        return []
+    sync = inputs.sync
+    results = []
+    for name in maj.supporters:
+        rejoin = _last_rejoin(inputs, name)
+        if rejoin is None:
+            continue
+        issues: list[dict[str, Any]] = []
+        if rejoin["winner"] not in maj.supporters:
+            issues.append(
+                {
+                    "master": name,
+                    "what": "rejoin chose a winner outside the majority",
+                    "recorded": rejoin["winner"],
+                }
+            )
+        prefix = int(rejoin["common_prefix"] or 0)
+        winner_tail = sync.filter(
+            (F.col("master") == (rejoin["winner"] or maj.master)) & (F.col("position") >= prefix)
+        )
+        stray = _replayed(inputs, name, rejoin["at_ms"]).join(
+            winner_tail.select("tx_id"), "tx_id", "left_anti"
+        )
+        n_stray = stray.count()
+        if n_stray:
+            issues.append(
+                {
+                    "master": name,
+                    "what": "replayed transactions not in the winner's log after the common prefix",
+                    "count": n_stray,
+                    "sample": [r["tx_id"] for r in stray.limit(10).collect()],
+                }
+            )
+        results.append({"master": name, "rejoin": rejoin, "disagreements": issues})
+    copies = sync.filter((F.col("master") == maj.master) & F.col("replay_of").isNotNull()).select(
+        F.col("replay_of").alias("tx_id"), F.col("tx_id").alias("new_tx_id")
+    )
+    both = copies.join(
+        sync.filter(F.col("master") == maj.master).select("tx_id"), "tx_id", "left_semi"
+    )
+    n_both, sample = materialise(both, out / "executed_twice.parquet", ["tx_id"])
+    if n_both:
+        results.append(
+            {
+                "master": maj.master,
+                "rejoin": None,
+                "disagreements": [
+                    {
+                        "master": maj.master,
+                        "what": "renegotiated transaction also in the log under its old id",
+                        "count": n_both,
+                        "sample": sample[:10],
+                    }
+                ],
+            }
+        )
+    return results
+
+
+def sections(report: dict[str, Any]) -> list[Section]:
+    maj = report["majority"]
+    out = [
+        Section(
+            "Summary",
+            [report["summary"] + "."]
+            + (
+                [
+                    f"Majority log: {maj['master']} ({maj['length']:,} positions), minority: {', '.join(maj['minority']) or 'none'}."
+                ]
+                if maj
+                else []
+            ),
+            status="ok" if report["ok"] else "bad",
+        )
+    ]
+    for plan in report["plans"]:
+        sec = Section(
+            f"Minority {plan['master']} (fork at {plan['fork_position']:,})",
+            [
+                f"Strategy {plan['expected']}.",
+                f"Replay {plan['replay']['count']:,} transaction(s); renegotiate {plan['renegotiate']['count']:,} "
+                f"({plan['renegotiate']['already_renegotiated']:,} already renegotiated); "
+                f"{plan['conflicts']['count']:,} message(s) consumed on both sides.",
+                f"Recorded recovery: {plan['recorded']['status']}.",
+            ],
+        )
+        for key, caption in (
+            ("replay", "to replay"),
+            ("renegotiate", "to renegotiate"),
+            ("conflicts", "consumed on both sides"),
+        ):
+            if plan[key]["sample"]:
+                sec.tables.append(
+                    rows_table(
+                        plan[key]["sample"], caption=f"{caption} (first {len(plan[key]['sample'])})"
+                    )
+                )
+        out.append(sec)
+    out.append(
+        finding_section(
+            "Disagreements with what the brokers did",
+            len(report["disagreements"]),
+            [{k: v for k, v in d.items() if k != "sample"} for d in report["disagreements"]],
+            "Differences between this plan and the brokers' rejoin/replay events and replay_of rows.",
+        )
+    )
+    return out
