@@ -15,6 +15,7 @@ from brokerha.node.config import (
     load_file,
     parse_listen,
     parse_size,
+    parse_synchronous,
 )
 
 
@@ -28,6 +29,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="queued bytes at which publishers are blocked (e.g. 512MiB; 0 = off)")
     parser.add_argument("--heartbeat", type=int, metavar="SECONDS",
                         help="heartbeat interval the server proposes (default 60, 0 = off)")
+    parser.add_argument("--store", metavar="URL",
+                        help="durable store: sqlite:///FILE, postgresql+psycopg://..., or memory "
+                             "(default: SQLite in the data directory)")
+    parser.add_argument("--store-synchronous", metavar="MODE",
+                        help="SQLite fsync policy: full (default) or normal")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(handler=main)
 
@@ -44,6 +50,10 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         cfg.limits.memory_limit = parse_size(args.memory_limit, "--memory-limit")
     if args.heartbeat is not None:
         cfg.limits.heartbeat = args.heartbeat
+    if args.store:
+        cfg.store.url = args.store
+    if args.store_synchronous:
+        cfg.store.synchronous = parse_synchronous(args.store_synchronous, "--store-synchronous")
     if args.log_level:
         cfg.log_level = args.log_level
     return cfg
@@ -60,14 +70,15 @@ def main(args: argparse.Namespace) -> int:
         format=f"%(asctime)s %(levelname)s [{cfg.name}] %(name)s: %(message)s",
     )
     from brokerha.node.server import Node
+    from brokerha.store.sql import StoreError
 
-    async def run() -> None:
+    async def run() -> int:
         node = Node(cfg)
         await node.run_until_stopped()
+        return node.exit_code
 
     try:
-        asyncio.run(run())
-    except OSError as exc:
+        return asyncio.run(run())
+    except (OSError, StoreError) as exc:
         logging.getLogger("brokerha.node").error("cannot start: %s", exc)
         return 1
-    return 0

@@ -39,6 +39,17 @@ class PermissionConfig:
 
 
 @dataclass
+class StoreConfig:
+    """Where durable state goes: None = SQLite in the data directory; "memory" = nowhere."""
+
+    url: str | None = None
+    synchronous: str = "full"  # SQLite only: "full" (fsync every commit) or "normal"
+
+
+STORE_SYNCHRONOUS = ("full", "normal")
+
+
+@dataclass
 class NodeConfig:
     name: str = "brokerha"
     listen_host: str = "127.0.0.1"
@@ -52,6 +63,7 @@ class NodeConfig:
     users: list[UserConfig] = field(default_factory=list)
     permissions: list[PermissionConfig] = field(default_factory=list)
     tick_interval: float = 0.1
+    store: StoreConfig = field(default_factory=StoreConfig)
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", re.IGNORECASE)
@@ -75,17 +87,35 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-_SECTIONS = {"node", "limits", "security", "vhosts", "users", "permissions"}
+_SECTIONS = {"node", "limits", "security", "store", "vhosts", "users", "permissions"}
 _NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval"}
 _LIMIT_KEYS = {"frame_max", "channel_max", "heartbeat", "max_message_size", "memory_limit",
                "memory_resume_ratio"}
 _SECURITY_KEYS = {"default_user", "loopback_users"}
+_STORE_KEYS = {"url", "synchronous"}
 
 
 def _check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+
+
+def parse_synchronous(value: Any, key: str) -> str:
+    mode = str(value).lower()
+    if mode not in STORE_SYNCHRONOUS:
+        raise ConfigError(f"{key}: expected one of {', '.join(STORE_SYNCHRONOUS)}, got {value!r}")
+    return mode
+
+
+def _apply_store(table: dict[str, Any], cfg: NodeConfig, where: str) -> None:
+    _check_keys(table, _STORE_KEYS, f"{where} [store]")
+    if "url" in table:
+        if not isinstance(table["url"], str) or not table["url"]:
+            raise ConfigError(f"store.url: expected a URL or 'memory', got {table['url']!r}")
+        cfg.store.url = table["url"]
+    if "synchronous" in table:
+        cfg.store.synchronous = parse_synchronous(table["synchronous"], "store.synchronous")
 
 
 def load_file(path: Path, config: NodeConfig | None = None) -> NodeConfig:
@@ -131,6 +161,7 @@ def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") 
         cfg.default_user = bool(security["default_user"])
     if "loopback_users" in security:
         cfg.loopback_users = [str(u) for u in security["loopback_users"]]
+    _apply_store(doc.get("store", {}), cfg, where)
     for vh in doc.get("vhosts", []):
         _check_keys(vh, {"name"}, f"{where} [[vhosts]]")
         if vh["name"] not in cfg.vhosts:

@@ -11,15 +11,18 @@ from typing import Any
 from brokerha.broker.broker import Broker
 from brokerha.node.config import NodeConfig
 from brokerha.node.transport import AMQPProtocol
+from brokerha.store.base import Store
+from brokerha.store.factory import open_store
 
 log = logging.getLogger("brokerha.node")
 
 SHUTDOWN_GRACE = 2.0
 
 
-def build_broker(config: NodeConfig, spawn: Callable[..., None] | None = None) -> Broker:
+def build_broker(config: NodeConfig, spawn: Callable[..., None] | None = None,
+                 store: Store | None = None) -> Broker:
     """The broker model with vhosts, users and permissions from the configuration."""
-    broker = Broker(config.name, limits=config.limits, spawn=spawn)
+    broker = Broker(config.name, limits=config.limits, store=store, spawn=spawn)
     broker.users.loopback_users = set(config.loopback_users)
     for vhost in config.vhosts:
         broker.add_vhost(vhost)
@@ -38,7 +41,10 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.loop = asyncio.get_event_loop()
-        self.broker = build_broker(config, spawn=self._spawn)
+        self.store = open_store(config.store.url, config.data_dir, config.store.synchronous)
+        self.store.on_failure = self._store_failed
+        self.broker = build_broker(config, spawn=self._spawn, store=self.store)
+        self.exit_code = 0
         self.connections: set[AMQPProtocol] = set()
         self.server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -60,12 +66,14 @@ class Node:
     async def start(self) -> None:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self.broker.restore(self.store.load())  # recovery finishes before anyone can connect
+        self.store.start(self.loop)
         self.server = await self.loop.create_server(
             lambda: AMQPProtocol(self), cfg.listen_host, cfg.listen_port, reuse_address=True)
         ticker = self.loop.create_task(self._tick_forever())
         self._tasks.add(ticker)
-        log.info("node %s ready: AMQP 0-9-1 on %s:%d, data in %s", cfg.name,
-                 cfg.listen_host, cfg.listen_port, cfg.data_dir)
+        log.info("node %s ready: AMQP 0-9-1 on %s:%d, data in %s, store %r", cfg.name,
+                 cfg.listen_host, cfg.listen_port, cfg.data_dir, self.store)
 
     async def _tick_forever(self) -> None:
         interval = self.config.tick_interval
@@ -75,6 +83,13 @@ class Node:
             self.broker.tick(now)
             for proto in list(self.connections):
                 proto.tick(now)
+
+    def _store_failed(self, exc: BaseException) -> None:
+        """Fail-stop: a node that cannot persist must not keep confirming."""
+        log.error("node %s: the store failed (%s); stopping, unconfirmed messages stay "
+                  "unconfirmed", self.config.name, exc)
+        self.exit_code = 1
+        self.request_stop()
 
     def request_stop(self) -> None:
         self._stopping.set()

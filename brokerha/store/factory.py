@@ -1,0 +1,34 @@
+"""Choosing a store from the node's configuration.
+
+The default is SQLite in the data directory, so a node started with no store
+option is durable; ``memory`` keeps the old non-durable MemoryStore (tests,
+throw-away nodes). Anything else is an SQLAlchemy URL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from brokerha.store.base import MemoryStore, Store
+
+MEMORY = "memory"
+DEFAULT_FILE = "brokerha.db"
+
+
+def default_url(data_dir: Path) -> str:
+    return f"sqlite:///{(data_dir / DEFAULT_FILE).absolute()}"
+
+
+def open_store(url: str | None, data_dir: Path, synchronous: str = "full") -> Store:
+    """The store for ``url`` (None: SQLite in ``data_dir``); opens and migrates the schema."""
+    if url == MEMORY:
+        return MemoryStore()
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from brokerha.store.sql import SQLStore, StoreError
+
+    target = url or default_url(data_dir)
+    try:
+        return SQLStore(target, synchronous=synchronous)
+    except (ArgumentError, SQLAlchemyError, ImportError) as exc:
+        raise StoreError(f"cannot open store {target}: {exc}") from exc

@@ -1,0 +1,354 @@
+"""The durable store on SQL: SQLite (the embedded default) or PostgreSQL.
+
+Threads and ordering
+--------------------
+The broker calls the observer methods on the event-loop thread; they only
+append a small tuple to a list (no I/O, no locks). At the end of the current
+loop iteration (``call_soon``) that list and the ``after_sync`` callbacks
+recorded after it are handed to the writer thread as one *unit*. A unit is
+handed over between two loop callbacks, never in the middle of one, so
+everything a tx.commit applies (one callback) lands in the same database
+transaction: after a crash a transaction is there whole or not at all.
+
+The writer (``brokerha.store.writer``) group-commits every unit that piled up
+while its previous commit ran, with the raw DBAPI driver, and only then posts
+the units' callbacks back to the loop with ``call_soon_threadsafe``. When
+nothing is pending or in flight, ``after_sync`` calls back at once.
+
+A failed commit is fatal: its callbacks and all later ones never run, and
+``on_failure(exc)`` is called on the loop thread so the node can stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, Table, create_engine, event, insert, select
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.pool import NullPool
+
+from brokerha.broker.exchange import Binding, Exchange
+from brokerha.broker.message import Entry
+from brokerha.broker.queue import Queue
+from brokerha.store import schema
+from brokerha.store.base import (
+    BindingRecord,
+    Definitions,
+    ExchangeRecord,
+    PreparedBranch,
+    QueueRecord,
+    Store,
+    StoredMessage,
+    binding_record,
+    is_durable_binding,
+    keeps,
+)
+from brokerha.store.batch import (
+    ACQUIRED,
+    DEQUEUED,
+    ENQUEUED,
+    QUEUE_DELETED,
+    STATEMENT,
+    Callback,
+    Op,
+)
+from brokerha.store.writer import Checkpointer, NoCheckpoints, SQLiteCheckpoints, Writer
+
+log = logging.getLogger("brokerha.store")
+
+SYNCHRONOUS_MODES = ("full", "normal")
+DEFAULT_WAL_LIMIT = 64 * 1024 * 1024
+_PLACEHOLDERS = {"pysqlite": "?", "psycopg": "%s", "psycopg2": "%s"}
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or used (bad URL, unknown schema version, ...)."""
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any, *, synchronous: str, wal_limit: int) -> None:
+    """WAL, the chosen fsync policy, and no automatic checkpoints (the writer runs them).
+
+    ``journal_size_limit`` truncates the WAL file when it restarts after a
+    checkpoint; without it the file keeps its largest size, and the writer,
+    which checkpoints by WAL file size, would checkpoint after every commit.
+    """
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA synchronous={synchronous.upper()}")
+    cur.execute("PRAGMA wal_autocheckpoint=0")
+    cur.execute(f"PRAGMA journal_size_limit={int(wal_limit)}")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()
+
+
+def create_store_engine(url: str | URL, synchronous: str = "full",
+                        wal_limit: int = DEFAULT_WAL_LIMIT) -> Engine:
+    """An engine for the store: no pool (the writer keeps its own connection)."""
+    parsed = make_url(url)
+    if synchronous not in SYNCHRONOUS_MODES:
+        raise StoreError(f"synchronous must be one of {SYNCHRONOUS_MODES}, got {synchronous!r}")
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise StoreError("an SQLite store needs a file: sqlite:///path/to/brokerha.db")
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(parsed, poolclass=NullPool)
+    if engine.dialect.driver not in _PLACEHOLDERS:
+        raise StoreError(f"unsupported database driver {engine.dialect.driver!r}: "
+                         "use sqlite:///FILE or postgresql+psycopg://...")
+    if parsed.get_backend_name() == "sqlite":
+        event.listen(engine, "connect",
+                     partial(_sqlite_pragmas, synchronous=synchronous, wal_limit=wal_limit))
+    return engine
+
+
+class SQLStore(Store):
+    """Durable exchanges, queues, bindings and persistent messages in SQL, group-committed."""
+
+    def __init__(self, url: str | URL, *, synchronous: str = "full",
+                 wal_limit: int = DEFAULT_WAL_LIMIT, backlog_warning: int = 200_000,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+        self.engine = create_store_engine(url, synchronous, wal_limit)
+        self.synchronous = synchronous
+        self.on_failure = on_failure
+        self.failed: BaseException | None = None
+        _prepare_schema(self.engine)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = False
+        self._closed = False
+        self._ops: list[Op] = []
+        self._callbacks: list[Callback] = []
+        self._handoff_scheduled = False
+        self._inflight = 0  # units handed over and not yet reported durable (loop thread)
+        self._writer = Writer(
+            self.engine.raw_connection,
+            schema.Statements(_PLACEHOLDERS[self.engine.dialect.driver]),
+            self._checkpoints(wal_limit), self._report, self._writer_failed,
+            backlog_warning=backlog_warning)
+
+    def _checkpoints(self, wal_limit: int) -> Checkpointer:
+        url = self.engine.url
+        if url.get_backend_name() == "sqlite":
+            return SQLiteCheckpoints(f"{url.database}-wal", wal_limit)
+        return NoCheckpoints()
+
+    def __repr__(self) -> str:
+        return f"SQLStore({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Start the writer; with ``loop`` None, callbacks run on the writer thread."""
+        if self._started:
+            return
+        self._loop = loop
+        self._started = True
+        self._writer.start()
+        self._handoff()
+
+    def close(self) -> None:
+        """Commit what is recorded, checkpoint, and wait for the writer to finish."""
+        if self._closed:
+            return
+        if not self._started:
+            self.start(None)
+        self._closed = True
+        self._handoff()
+        self._writer.stop()
+        self._writer.join(30)
+        if self._writer.is_alive():
+            log.error("store writer did not finish within 30 s; pending writes are lost")
+        self.engine.dispose()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for logs and benchmarks, including the writer's current backlog."""
+        return dict(self._writer.stats, backlog_ops=self._writer.backlog_ops,
+                    checkpoints=getattr(self._writer.checkpoints, "count", 0))
+
+    # -- the durability barrier ----------------------------------------------------------
+
+    def after_sync(self, callback: Callback) -> None:
+        if self.failed is not None:
+            return  # fail-stop: never confirm after a failed commit
+        if (self._loop is not None and self._inflight == 0
+                and not self._ops and not self._callbacks):
+            callback()  # nothing written is waiting for a commit
+            return
+        self._callbacks.append(callback)
+        self._schedule_handoff()
+
+    def flush(self) -> None:
+        """Hand what is recorded to the writer now (tools and tests without a loop)."""
+        self._handoff()
+
+    def _record(self, op: Op) -> None:
+        self._ops.append(op)
+        self._schedule_handoff()
+
+    def _schedule_handoff(self) -> None:
+        if self._loop is None:
+            if self._started:
+                self._handoff()
+            return
+        if not self._handoff_scheduled:
+            self._handoff_scheduled = True
+            self._loop.call_soon(self._handoff)
+
+    def _handoff(self) -> None:
+        self._handoff_scheduled = False
+        if not (self._ops or self._callbacks) or not self._started or self.failed is not None:
+            return
+        ops, callbacks = self._ops, self._callbacks
+        self._ops, self._callbacks = [], []
+        self._inflight += 1
+        self._writer.submit(ops, callbacks)
+
+    # -- reports from the writer thread --------------------------------------------------
+
+    def _report(self, units: int, callbacks: list[Callback]) -> None:
+        self._on_loop(self._durable, units, callbacks)
+
+    def _durable(self, units: int, callbacks: list[Callback]) -> None:
+        self._inflight -= units
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("after_sync callback failed")
+
+    def _writer_failed(self, exc: BaseException) -> None:
+        self.failed = exc
+        self._on_loop(self._failed, exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        log.error("store %r: commit failed, no further confirms will be sent: %s", self, exc)
+        if self.on_failure is not None:
+            self.on_failure(exc)
+
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is None:
+            fn(*args)
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nobody is left to confirm to
+            log.debug("store report after the event loop closed", exc_info=True)
+
+    # -- configuration events --------------------------------------------------------------
+
+    def exchange_declared(self, exchange: Exchange) -> None:
+        if exchange.durable:
+            self._record((STATEMENT, "put_exchange", (
+                exchange.vhost, exchange.name, exchange.type, exchange.auto_delete,
+                exchange.internal, schema.encode_arguments(exchange.arguments))))
+
+    def exchange_deleted(self, exchange: Exchange) -> None:
+        if exchange.durable:
+            self._record((STATEMENT, "delete_exchange", (exchange.vhost, exchange.name)))
+
+    def queue_declared(self, queue: Queue) -> None:
+        if queue.durable:
+            self._record((STATEMENT, "put_queue", (
+                queue.vhost, queue.name, queue.auto_delete,
+                schema.encode_arguments(queue.arguments))))
+
+    def queue_deleted(self, queue: Queue) -> None:
+        if queue.durable:
+            self._record((QUEUE_DELETED, queue.vhost, queue.name))
+
+    def binding_created(self, binding: Binding) -> None:
+        if is_durable_binding(binding):
+            self._record((STATEMENT, "put_binding", _binding_row(binding)))
+
+    def binding_deleted(self, binding: Binding) -> None:
+        if is_durable_binding(binding):
+            self._record((STATEMENT, "delete_binding", _binding_row(binding)))
+
+    # -- message events (the hot path: one append each) ---------------------------------
+
+    def enqueued(self, queue: Queue, entry: Entry) -> None:
+        if keeps(queue, entry):
+            self._record((ENQUEUED, queue.vhost, queue.name, entry))
+
+    def acquired(self, queue: Queue, entry: Entry) -> None:
+        if keeps(queue, entry):
+            self._record((ACQUIRED, queue.vhost, queue.name, entry))
+
+    def dequeued(self, queue: Queue, entry: Entry) -> None:
+        if keeps(queue, entry):
+            self._record((DEQUEUED, queue.vhost, queue.name, entry))
+
+    # -- prepared XA branches ----------------------------------------------------------------
+
+    def dtx_prepared(self, record: PreparedBranch, done: Callback) -> None:
+        payload = schema.encode_branch(record.publishes, record.accepts)
+        self._record((STATEMENT, "put_dtx_branch", (record.xid, "prepared", payload)))
+        self.after_sync(done)
+
+    def dtx_finished(self, xid: str) -> None:
+        self._record((STATEMENT, "delete_dtx_branch", (xid,)))
+
+    # -- recovery (SQLAlchemy Core) ----------------------------------------------------------
+
+    def load(self) -> Definitions:
+        """Everything durable, for ``Broker.restore``; call before ``start``."""
+        with self.engine.connect() as conn:
+            def rows(table: Table) -> Any:
+                return conn.execute(select(table).order_by(*table.primary_key))
+
+            return Definitions(
+                exchanges=[_exchange(r) for r in rows(schema.exchanges)],
+                queues=[_queue(r) for r in rows(schema.queues)],
+                bindings=[_binding(r) for r in rows(schema.bindings)],
+                messages=[_message(r) for r in rows(schema.messages)],
+                prepared=[_branch(r) for r in rows(schema.dtx_branches)],
+            )
+
+
+def _prepare_schema(engine: Engine) -> None:
+    """Create missing tables; refuse a database written by another schema version."""
+    schema.metadata.create_all(engine)
+    with engine.begin() as conn:
+        found = conn.execute(select(schema.meta.c.value)
+                             .where(schema.meta.c.key == "schema_version")).scalar()
+        if found is None:
+            conn.execute(insert(schema.meta).values(key="schema_version",
+                                                     value=schema.SCHEMA_VERSION))
+        elif found != schema.SCHEMA_VERSION:
+            raise StoreError(f"store schema version {found}, this brokerha expects "
+                             f"{schema.SCHEMA_VERSION}")
+
+
+def _binding_row(binding: Binding) -> tuple[Any, ...]:
+    r = binding_record(binding)
+    return (r.vhost, r.source, r.destination_kind, r.destination, r.routing_key,
+            schema.encode_arguments(r.arguments))
+
+
+def _exchange(r: Any) -> ExchangeRecord:
+    return ExchangeRecord(r.vhost, r.name, r.type, bool(r.auto_delete), bool(r.internal),
+                          schema.decode_arguments(r.arguments))
+
+
+def _queue(r: Any) -> QueueRecord:
+    return QueueRecord(r.vhost, r.name, bool(r.auto_delete), schema.decode_arguments(r.arguments))
+
+
+def _binding(r: Any) -> BindingRecord:
+    return BindingRecord(r.vhost, r.source, r.destination_kind, r.destination, r.routing_key,
+                         schema.decode_arguments(r.arguments))
+
+
+def _message(r: Any) -> StoredMessage:
+    return StoredMessage(r.vhost, r.queue, r.position, r.exchange, r.routing_key,
+                         bytes(r.header), bytes(r.body), bool(r.delivered))
+
+
+def _branch(r: Any) -> PreparedBranch:
+    publishes, accepts = schema.decode_branch(r.payload)
+    return PreparedBranch(r.xid, publishes, accepts)
