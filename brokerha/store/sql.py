@@ -200,7 +200,11 @@ class SQLStore(Store):
 
     def _handoff(self) -> None:
         self._handoff_scheduled = False
-        if not (self._ops or self._callbacks) or not self._started or self.failed is not None:
+        if self.failed is not None:  # nothing will be written again: do not pile up
+            self._ops.clear()
+            self._callbacks.clear()
+            return
+        if not (self._ops or self._callbacks) or not self._started:
             return
         ops, callbacks = self._ops, self._callbacks
         self._ops, self._callbacks = [], []
