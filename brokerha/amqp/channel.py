@@ -29,8 +29,8 @@ from brokerha.broker.message import Entry
 
 if TYPE_CHECKING:
     from brokerha.amqp.connection import ServerConnection
-    from brokerha.broker.queue import Queue
     from brokerha.broker.dtx import DtxBranch
+    from brokerha.broker.queue import Queue
     from brokerha.broker.transaction import Transaction
 
 log = logging.getLogger(__name__)

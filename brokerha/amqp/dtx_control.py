@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from brokerha.broker.content import build_header, decode_header
-from brokerha.broker.dtx import XA, DtxManager, Xid, XAError
+from brokerha.broker.dtx import XA, DtxManager, XAError, Xid
 from brokerha.broker.errors import PreconditionFailed
 from brokerha.broker.message import Message
 

@@ -69,7 +69,7 @@ class Node:
         self.broker.restore(self.store.load())  # recovery finishes before anyone can connect
         self.store.start(self.loop)
         self.server = await self.loop.create_server(
-            lambda: AMQPProtocol(self), cfg.listen_host, cfg.listen_port, reuse_address=True)
+            lambda: AMQPProtocol(self.loop, self.broker, self.connections), cfg.listen_host, cfg.listen_port, reuse_address=True)
         ticker = self.loop.create_task(self._tick_forever())
         self._tasks.add(ticker)
         log.info("node %s ready: AMQP 0-9-1 on %s:%d, data in %s, store %r", cfg.name,

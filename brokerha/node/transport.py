@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 from brokerha.amqp.connection import ServerConnection
-
-if TYPE_CHECKING:
-    from brokerha.node.server import Node
+from brokerha.broker.broker import Broker
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +21,11 @@ class AMQPProtocol(asyncio.Protocol):
     loop iteration, so one write carries everything that piled up.
     """
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.loop = node.loop
+    def __init__(self, loop: asyncio.AbstractEventLoop, broker: Broker,
+                 connections: set[AMQPProtocol]) -> None:
+        self.loop = loop
+        self.broker = broker
+        self.connections = connections  # the node's registry of live connections
         self.transport: asyncio.Transport | None = None
         self.conn: ServerConnection | None = None
         self._flush_scheduled = False
@@ -36,12 +35,12 @@ class AMQPProtocol(asyncio.Protocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         peer = transport.get_extra_info("peername")
-        conn = ServerConnection(self.node.broker, peer=(peer[0], peer[1]) if peer else None,
+        conn = ServerConnection(self.broker, peer=(peer[0], peer[1]) if peer else None,
                                 now=self.loop.time(), conn_id=id(self))
         conn.on_output = self._schedule_flush
         conn.on_read_paused = self._read_paused
         self.conn = conn
-        self.node.connections.add(self)
+        self.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
@@ -89,6 +88,6 @@ class AMQPProtocol(asyncio.Protocol):
             self._schedule_flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.node.connections.discard(self)
+        self.connections.discard(self)
         if self.conn is not None:
             self.conn.connection_lost()

@@ -8,7 +8,7 @@ import pytest
 
 from brokerha.broker.broker import Broker
 from brokerha.broker.content import build_header
-from brokerha.broker.dtx import XA, DtxManager, State, Xid, XAError
+from brokerha.broker.dtx import XA, DtxManager, State, XAError, Xid
 from brokerha.broker.message import Message
 
 X = Xid(1, b"gtrid", b"bq")
