@@ -9,14 +9,20 @@ accepts, and whose ``prepare`` the broker awaits before it commits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
+
+from brokerha.broker.queue import QueueHooks, noop_hook
+from brokerha.broker.transaction import TransactionObserver, TransactionObserverFactory
 
 if TYPE_CHECKING:
     from brokerha.broker.exchange import Binding, Exchange
-    from brokerha.broker.message import Entry, Message
+    from brokerha.broker.message import Entry
     from brokerha.broker.queue import Queue
-    from brokerha.broker.transaction import Transaction
+
+__all__ = [
+    "ConfigurationObserver", "Observers", "QueueObserver", "TransactionObserver",
+    "TransactionObserverFactory",
+]
 
 
 class ConfigurationObserver:
@@ -38,54 +44,14 @@ class QueueObserver:
     requeued: back on the queue after a reject, nack, recover or lost consumer.
     """
 
+    @noop_hook
     def enqueued(self, queue: Queue, entry: Entry) -> None: ...
+    @noop_hook
     def acquired(self, queue: Queue, entry: Entry) -> None: ...
+    @noop_hook
     def dequeued(self, queue: Queue, entry: Entry) -> None: ...
+    @noop_hook
     def requeued(self, queue: Queue, entry: Entry) -> None: ...
-
-
-class TransactionObserver(Protocol):
-    """Follows one transaction (TX or DTX) from its first operation to its outcome."""
-
-    def publish(self, queue: Queue, message: Message) -> None:
-        """A message the transaction will enqueue on ``queue``."""
-
-    def accept(self, acked: list[tuple[Queue, Entry]], unacked: list[tuple[Queue, Entry]]) -> None:
-        """Entries the transaction will dequeue (``acked``) and those it still holds."""
-
-    async def prepare(self) -> bool:
-        """Phase one: True when every participant can commit; the broker waits on it."""
-        ...
-
-    def commit(self) -> None: ...
-
-    def rollback(self) -> None: ...
-
-
-class TransactionObserverFactory(Protocol):
-    def create(self, transaction: Transaction) -> TransactionObserver | None:
-        """An observer for ``transaction``, or None to leave it alone."""
-        ...
-
-
-class QueueHooks:
-    """Per-event lists of bound methods, holding only the methods an observer overrides.
-
-    Queues call these on every message, so a no-op default costs nothing.
-    """
-
-    EVENTS = ("enqueued", "acquired", "dequeued", "requeued")
-
-    def __init__(self) -> None:
-        self.enqueued: list[Callable[[Queue, Entry], None]] = []
-        self.acquired: list[Callable[[Queue, Entry], None]] = []
-        self.dequeued: list[Callable[[Queue, Entry], None]] = []
-        self.requeued: list[Callable[[Queue, Entry], None]] = []
-
-    def add(self, observer: QueueObserver) -> None:
-        for event in self.EVENTS:
-            if getattr(type(observer), event) is not getattr(QueueObserver, event):
-                getattr(self, event).append(getattr(observer, event))
 
 
 class Observers:

@@ -14,7 +14,35 @@ from typing import Any, Protocol
 
 from brokerha.broker.errors import AccessRefused
 from brokerha.broker.message import Entry, Message
-from brokerha.broker.observers import QueueHooks
+
+
+def noop_hook(method: Callable[..., None]) -> Callable[..., None]:
+    """Marks a default observer method that queues need not call."""
+    method.noop_hook = True  # type: ignore[attr-defined]
+    return method
+
+
+class QueueHooks:
+    """Per-event lists of bound methods, holding only the methods an observer overrides.
+
+    Queues call these on every message, so a no-op default costs nothing.
+    """
+
+    EVENTS = ("enqueued", "acquired", "dequeued", "requeued")
+
+    def __init__(self) -> None:
+        self.enqueued: list[Callable[[Queue, Entry], None]] = []
+        self.acquired: list[Callable[[Queue, Entry], None]] = []
+        self.dequeued: list[Callable[[Queue, Entry], None]] = []
+        self.requeued: list[Callable[[Queue, Entry], None]] = []
+
+    def add(self, observer: object) -> None:
+        """Register an observer's overridden event methods (see observers.QueueObserver)."""
+        for event in self.EVENTS:
+            method = getattr(observer, event, None)
+            if method is not None and not getattr(method, "noop_hook", False):
+                getattr(self, event).append(method)
+
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 

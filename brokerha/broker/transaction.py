@@ -9,12 +9,35 @@ only then applies locally and tells the observers to commit.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from brokerha.broker.message import Entry, Message
-    from brokerha.broker.observers import TransactionObserver, TransactionObserverFactory
     from brokerha.broker.queue import Queue
+
+
+class TransactionObserver(Protocol):
+    """Follows one transaction (TX or DTX) from its first operation to its outcome."""
+
+    def publish(self, queue: Queue, message: Message) -> None:
+        """A message the transaction will enqueue on ``queue``."""
+
+    def accept(self, acked: list[tuple[Queue, Entry]], unacked: list[tuple[Queue, Entry]]) -> None:
+        """Entries the transaction will dequeue (``acked``) and those it still holds."""
+
+    async def prepare(self) -> bool:
+        """Phase one: True when every participant can commit; the broker waits on it."""
+        ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self) -> None: ...
+
+
+class TransactionObserverFactory(Protocol):
+    def create(self, transaction: Transaction) -> TransactionObserver | None:
+        """An observer for ``transaction``, or None to leave it alone."""
+        ...
 
 
 class TransactionAborted(Exception):
