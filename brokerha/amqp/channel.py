@@ -22,13 +22,11 @@ from brokerha.amqp import frames as F
 from brokerha.amqp.confirms import ConfirmTracker
 from brokerha.amqp.consumer import ChannelConsumer, Delivery
 from brokerha.amqp.errors import AMQPError
-from brokerha.amqp.methods import HANDLERS
-from brokerha.amqp.methods.basic import publish_message
 from brokerha.broker.errors import BrokerError
 from brokerha.broker.message import Entry
 
 if TYPE_CHECKING:
-    from brokerha.amqp.connection import ServerConnection
+    from brokerha.amqp.ports import ConnectionPort
     from brokerha.broker.dtx import DtxBranch
     from brokerha.broker.queue import Queue
     from brokerha.broker.transaction import Transaction
@@ -39,7 +37,7 @@ OPEN, CLOSING, CLOSED = "open", "closing", "closed"
 
 
 class Channel:
-    def __init__(self, conn: ServerConnection, number: int) -> None:
+    def __init__(self, conn: ConnectionPort, number: int) -> None:
         self.conn = conn
         self.number = number
         self.state = OPEN
@@ -104,7 +102,7 @@ class Channel:
             self._run(lambda: self.ack(tag, multiple), 60, 80)
             return
         method = self.conn.decode_method(index, payload)
-        handler = HANDLERS.get(type(method))
+        handler = self.conn.handlers.get(type(method))
         if handler is None:
             raise AMQPError(C.COMMAND_INVALID, f"unimplemented method {method.name}",
                             index >> 16, index & 0xFFFF)
@@ -164,7 +162,7 @@ class Channel:
         self._reset_content()
         assert publish is not None
         try:
-            publish_message(self, publish, header, body)
+            self.conn.publish_handler(self, publish, header, body)
         except BrokerError as exc:
             raise AMQPError(exc.code, exc.reply_text, 60, 40) from exc
 

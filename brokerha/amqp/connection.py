@@ -22,6 +22,8 @@ from brokerha.amqp import constants as C
 from brokerha.amqp import frames as F
 from brokerha.amqp.channel import CLOSING, OPEN, Channel
 from brokerha.amqp.errors import AMQPError, FrameError
+from brokerha.amqp.methods import HANDLERS
+from brokerha.amqp.methods.basic import publish_message
 from brokerha.broker.auth import AuthenticationFailed, User
 from brokerha.broker.broker import Broker
 from brokerha.broker.errors import BrokerError
@@ -75,6 +77,9 @@ def _parse_amqplain(response: bytes) -> tuple[str, str]:
 
 
 class ServerConnection:
+    handlers = HANDLERS
+    publish_handler = staticmethod(publish_message)
+
     def __init__(self, broker: Broker, *, peer: tuple[str, int] | None = None,
                  now: float = 0.0, conn_id: int = 0) -> None:
         self.broker = broker

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from brokerha.broker.content import pack_shortstr
 
 if TYPE_CHECKING:
-    from brokerha.amqp.channel import Channel
     from brokerha.broker.message import Entry
     from brokerha.broker.queue import Queue
+
+
+class ConsumerOwner(Protocol):
+    """The channel a consumer belongs to, as the consumer sees it."""
+
+    def can_deliver(self, no_ack: bool) -> bool: ...
+    def deliver(self, consumer: ChannelConsumer, queue: Queue, entry: Entry) -> None: ...
+    def consumer_cancelled_by_server(self, consumer: ChannelConsumer) -> None: ...
 
 
 class ChannelConsumer:
@@ -18,7 +25,7 @@ class ChannelConsumer:
     __slots__ = ("tag", "no_ack", "exclusive", "channel", "queue", "prefetch", "unacked",
                  "arguments", "packed_tag")
 
-    def __init__(self, channel: Channel, queue: Queue, tag: str, *, no_ack: bool,
+    def __init__(self, channel: ConsumerOwner, queue: Queue, tag: str, *, no_ack: bool,
                  exclusive: bool, prefetch: int, arguments: dict[str, object]) -> None:
         self.channel = channel
         self.queue = queue
