@@ -102,7 +102,7 @@ class ServerConnection:
         self.created = now
         self.last_received = now
         self.last_sent = now
-        self.close_started = 0.0
+        self.close_started: float | None = None  # first tick after we sent connection.close
         self.writable = True
         self.wants_close = False  # transport should close once output is flushed
         self.close_reason = ""
@@ -443,7 +443,7 @@ class ServerConnection:
             self._finish(exc.text)
             return
         self.state = CLOSING_CONN
-        self.close_started = self.last_received
+        self.close_started = None
         self.close_reason = exc.text
 
     def shutdown(self, code: int = C.CONNECTION_FORCED,
@@ -503,8 +503,12 @@ class ServerConnection:
                 log.warning("connection %s: handshake timeout", self.name)
                 self._finish("handshake timeout")
             return
-        if self.state == CLOSING_CONN and now - self.last_received > CLOSE_OK_TIMEOUT:
-            self._finish(self.close_reason)
+        if self.state == CLOSING_CONN:
+            # a peer that never answers close-ok (however chatty) is dropped in bounded time
+            if self.close_started is None:
+                self.close_started = now
+            elif now - self.close_started > CLOSE_OK_TIMEOUT:
+                self._finish(self.close_reason)
             return
         hb = self.heartbeat
         if not hb:

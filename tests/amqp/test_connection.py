@@ -253,3 +253,16 @@ def test_memory_alarm_blocks_publishers_and_clears() -> None:
     broker.check_memory()
     w.expect(commands.Connection.Unblocked)
     assert paused == [True, False]
+
+
+def test_a_peer_that_never_sends_close_ok_is_dropped() -> None:
+    w = Wire().connected()
+    w.conn.shutdown()
+    closed_with(w, C.CONNECTION_FORCED)
+    w.conn.tick(10.0)
+    for t in (11.0, 12.0, 13.0):
+        w.method(1, commands.Basic.Qos(prefetch_count=1))  # chatter keeps arriving
+        w.conn.tick(t)
+    assert not w.conn.wants_close
+    w.conn.tick(13.5)
+    assert w.conn.wants_close
