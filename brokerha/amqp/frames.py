@@ -22,6 +22,7 @@ _U16 = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
 _HEADER_PREFIX = struct.Struct(">HHQ")
 _FRAME_END_BYTE = bytes([C.FRAME_END])
+_FRAME_TYPES = frozenset((C.FRAME_METHOD, C.FRAME_HEADER, C.FRAME_BODY, C.FRAME_HEARTBEAT))
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 BASIC_PUBLISH = (60 << 16) | 40
@@ -66,32 +67,38 @@ class FrameReader:
     def frames(self) -> list[Frame]:
         """All complete frames in the buffer; raises FrameError on a broken one."""
         buf = self._buf
-        out: list[Frame] = []
-        pos = 0
         end = len(buf)
-        limit = self.frame_max
+        if end < 8:
+            return []
+        out: list[Frame] = []
+        append = out.append
+        unpack = _FRAME_HEAD.unpack_from
+        limit = self.frame_max - C.FRAME_OVERHEAD
         data = bytes(buf)  # one copy; payloads are then cheap slices of bytes
-        while end - pos >= 7:
-            ftype, channel, size = _FRAME_HEAD.unpack_from(data, pos)
-            if size + C.FRAME_OVERHEAD > limit:
-                del buf[:pos]
-                raise FrameError(
-                    f"frame size {size + C.FRAME_OVERHEAD} exceeds negotiated frame_max {limit}"
-                )
+        pos = 0
+        while end - pos >= 8:
+            ftype, channel, size = unpack(data, pos)
             stop = pos + 7 + size
-            if stop >= end:
+            if size > limit or stop >= end or data[stop] != 0xCE or ftype not in _FRAME_TYPES:
+                if size > limit or (stop < end and (data[stop] != 0xCE
+                                                    or ftype not in _FRAME_TYPES)):
+                    del buf[:pos]
+                    self._raise_broken(ftype, size, data[stop] if stop < end else 0xCE)
                 break
-            if data[stop] != C.FRAME_END:
-                del buf[:pos]
-                raise FrameError(f"frame end octet was {data[stop]:#04x}, expected 0xce")
-            if ftype not in (C.FRAME_METHOD, C.FRAME_HEADER, C.FRAME_BODY, C.FRAME_HEARTBEAT):
-                del buf[:pos]
-                raise FrameError(f"unknown frame type {ftype}")
-            out.append(Frame(ftype, channel, data[pos + 7 : stop]))
+            append(Frame(ftype, channel, data[pos + 7 : stop]))
             pos = stop + 1
         if pos:
             del buf[:pos]
         return out
+
+    def _raise_broken(self, ftype: int, size: int, end_octet: int) -> None:
+        if size + C.FRAME_OVERHEAD > self.frame_max:
+            raise FrameError(
+                f"frame size {size + C.FRAME_OVERHEAD} exceeds negotiated frame_max {self.frame_max}"
+            )
+        if end_octet != C.FRAME_END:
+            raise FrameError(f"frame end octet was {end_octet:#04x}, expected 0xce")
+        raise FrameError(f"unknown frame type {ftype}")
 
 
 def encode_frame(ftype: int, channel: int, payload: bytes) -> bytes:
