@@ -52,9 +52,10 @@ class Executor:
                 return
             self._persist("exec.apply", position)
             outcome = entry.outcome or "committed"
-            self._emit(DeliverOrdered(entry.record.tx_id, position, outcome, position < self.replay_until))
-            if entry.record.origin == self.node_id and body.has_dequeue:
-                self._emit(Confirm(entry.record.tx_id, outcome))
+            replay = position < self.replay_until
+            self._emit(DeliverOrdered(entry.record.tx_id, position, outcome, replay))
+            if entry.record.origin == self.node_id and body.has_dequeue and not replay:
+                self._emit(Confirm(entry.record.tx_id, outcome))  # a replay was confirmed before
 
     def advance_stable(self, floor: int) -> int:
         """Move the last-known-good snapshot up to ``floor`` (bounded by what is applied)."""

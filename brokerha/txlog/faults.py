@@ -3,8 +3,9 @@
 A profile names the faults a seed may draw; ``mixed`` (the default for random
 runs) draws from all of them: symmetric, asymmetric and one-way cuts, a lost
 single link, slow links that deliver old posts late, loss and duplicates,
-crashes with restarts that lose volatile state, clock steps backwards and
-failover of a master to a host whose clock is behind.  Every fault ends at the
+crashes with restarts that lose volatile state, clock steps backwards,
+failover of a master to a host whose clock is behind, and an outage of the
+body-exchange interface alone on one link.  Every fault ends at the
 heal, after which convergence is required within a bound.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from brokerha.txlog.rules import Rules
 from brokerha.txlog.simulation import SimParams, SimResult, Simulation
 
-FAULTS = ("partition", "one-way", "link", "slow", "lossy", "crash", "clock", "failover")
+FAULTS = ("partition", "one-way", "link", "slow", "lossy", "crash", "clock", "failover", "bodies")
 PROFILES = {"none": (), "mixed": FAULTS, "stress": FAULTS, **{name: (name,) for name in FAULTS}}
 
 
@@ -38,6 +39,10 @@ def _two_sides(rng: random.Random, ids: list[str]) -> tuple[list[str], list[str]
 def schedule_fault(sim: Simulation, rng: random.Random, kind: str, start: int, end: int) -> None:
     ids = sorted(sim.masters)
     net = sim.net
+
+    def at(when: int, text: str, action: Callable[[], object]) -> None:
+        sim.at(when, lambda: (sim.note(f"fault {kind}: {text}"), action()))
+
     a, b = _two_sides(rng, ids)
     if kind in ("partition", "one-way", "link"):
         if kind == "partition":
@@ -47,17 +52,21 @@ def schedule_fault(sim: Simulation, rng: random.Random, kind: str, start: int, e
         else:
             x, y = rng.sample(ids, 2)
             pairs = {(x, y), (y, x)}
-        sim.at(start, lambda: net.cut(pairs))
-        sim.at(end, lambda: net.faults.cut.difference_update(pairs))
+        at(start, f"cut {sorted(pairs)}", lambda: net.cut(pairs))
+        at(end, "restored", lambda: net.faults.cut.difference_update(pairs))
+    elif kind == "bodies":
+        link = tuple(rng.sample(ids, 2))
+        at(start, f"exchange down {link}", lambda: net.faults.bodies_cut.add(link))
+        at(end, "restored", lambda: net.faults.bodies_cut.discard(link))
     elif kind == "slow":
         link = tuple(rng.sample(ids, 2))
         extra = rng.randint(150, 900)
-        sim.at(start, lambda: net.faults.slow.__setitem__(link, extra))
-        sim.at(end, lambda: net.faults.slow.pop(link, None))
+        at(start, f"{link} +{extra} ms", lambda: net.faults.slow.__setitem__(link, extra))
+        at(end, "restored", lambda: net.faults.slow.pop(link, None))
     elif kind == "lossy":
         drop, dup = rng.uniform(0.02, 0.25), rng.uniform(0.0, 0.2)
-        sim.at(start, lambda: (setattr(net, "drop", drop), setattr(net, "duplicate", dup)))
-        sim.at(end, lambda: (setattr(net, "drop", 0.0), setattr(net, "duplicate", 0.0)))
+        at(start, f"drop {drop:.2f} duplicate {dup:.2f}", lambda: (setattr(net, "drop", drop), setattr(net, "duplicate", dup)))
+        at(end, "restored", lambda: (setattr(net, "drop", 0.0), setattr(net, "duplicate", 0.0)))
     elif kind in ("crash", "failover"):
         m = rng.choice(ids)
         down = rng.randint(20, 300) if kind == "failover" else end - start

@@ -4,7 +4,7 @@ Inputs are method calls carrying the node's own wall clock (``tick``,
 ``received``, ``local_tx``, ``add_peer``...); each returns the actions the
 caller must carry out, in order (see :mod:`brokerha.txlog.messages`).  No
 sockets, timers or files: a thin asyncio driver sends, sleeps until
-:meth:`RoundEngine.next_wakeup` and writes :class:`Persist` actions, and the
+:meth:`RoundEngine.wakeup_after` and writes :class:`Persist` actions, and the
 deterministic simulation does the same with a virtual network.
 
 Rounds follow seed 000 with the five rules of design/txlog-safety.md:

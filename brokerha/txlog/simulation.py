@@ -4,7 +4,7 @@ Each master is a :class:`~brokerha.txlog.rounds.RoundEngine` driven exactly as
 a real driver would drive it: its actions are carried out (sends go through
 the simulated :class:`~brokerha.txlog.network.Network`, persists are already
 in its :class:`~brokerha.txlog.state.DurableState`), and it is ticked at its
-``next_wakeup``.  A crash throws the engine (all volatile state) away and a
+``wakeup_after``.  A crash throws the engine (all volatile state) away and a
 restart builds a new one from the durable state, possibly on another host
 whose clock is behind (failover).  After every event the invariants S1, S2, S3
 are checked; after the heal, convergence (L) within a bound.
@@ -157,7 +157,7 @@ class Simulation:
         record, actions = master.engine.local_tx(ops, self.local(m))
         self.created.append(record.tx_id)
         master.created_ms[record.tx_id] = self.local(m)
-        self._note(f"tx {record.tx_id} ts={record.timestamp} at {m}")
+        self.note(f"tx {record.tx_id} ts={record.timestamp} at {m}")
         self._carry_out(m, actions)
 
     def crash(self, m: str) -> None:
@@ -167,7 +167,7 @@ class Simulation:
         master.engine = None
         self._tick_at.pop(m, None)
         self._record_event(m, "crash", None, {})
-        self._note(f"crash {m}")
+        self.note(f"crash {m}")
         self._check([m])
 
     def restart(self, m: str, clock_step_ms: int = 0) -> None:
@@ -178,12 +178,12 @@ class Simulation:
         master.offset_ms += clock_step_ms
         master.engine = RoundEngine(master.config, self.local(m), master.durable, self.rules)
         self._record_event(m, "restart", None, {"clock_step_ms": clock_step_ms})
-        self._note(f"restart {m} clock step {clock_step_ms}")
+        self.note(f"restart {m} clock step {clock_step_ms}")
         self._carry_out(m, [])
 
     def step_clock(self, m: str, delta_ms: int) -> None:
         self.masters[m].offset_ms += delta_ms
-        self._note(f"clock {m} {delta_ms:+d} ms")
+        self.note(f"clock {m} {delta_ms:+d} ms")
         self._schedule_tick(m)
 
     def _deliver(self, src: str, dst: str, message: Any) -> None:
@@ -215,7 +215,7 @@ class Simulation:
             return False
         self._signatures[m] = signature
         tail = ", ".join(e.record.tx_id[-8:] for e in durable.sync.entries[-4:])
-        self._note(f"{m} synchronised length {len(durable.sync)} ... {tail}")
+        self.note(f"{m} synchronised length {len(durable.sync)} ... {tail}")
         return True
 
     def _on_event(self, m: str, event: Event) -> None:
@@ -223,13 +223,13 @@ class Simulation:
             self.replaced[event.detail["replay_of"]] = event.detail["tx_id"]
             self.created.append(event.detail["tx_id"])
         self._record_event(m, event.kind, event.peer, event.detail)
-        self._note(f"{m} {event.kind} {event.peer or ''} {event.detail}")
+        self.note(f"{m} {event.kind} {event.peer or ''} {event.detail}")
 
     def _record_event(self, m: str, kind: str, peer: str | None, detail: dict[str, Any]) -> None:
         master = self.masters[m]
         master.events.append(SimEvent(self.local(m), kind, master.durable.generation, peer, detail))
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
         self.trace.append(f"{self.now:>6} ms  {text}")
 
     # ---- invariants -------------------------------------------------------------
@@ -244,7 +244,7 @@ class Simulation:
             holders = [self._held(m) for m in self.masters]
             problem = check_no_loss(self.created, holders, self.replaced)
         if problem:
-            self._note(problem)
+            self.note(problem)
             raise Violation(problem)
 
     def _held(self, m: str) -> set[str]:
@@ -258,7 +258,7 @@ class Simulation:
 
     def heal(self) -> None:
         self.net.heal()
-        self._note("heal")
+        self.note("heal")
         for m, master in self.masters.items():
             if master.engine is None:
                 self.restart(m)
