@@ -16,6 +16,14 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from brokerha.txlog.export_schema import (
+    EVENTS,
+    INCOMING,
+    OPERATIONS,
+    ROW_GROUP_ROWS,
+    SCHEMA_VERSION,
+    SYNCHRONISED,
+)
 from brokerha.txlog.queues import SyncEntry
 from brokerha.txlog.records import TxBody, TxRecord
 
@@ -23,52 +31,8 @@ if TYPE_CHECKING:
     from brokerha.txlog.rounds import RoundEngine
     from brokerha.txlog.state import DurableState
 
-SCHEMA_VERSION = 1
-ROW_GROUP = 65_536
+ROW_GROUP = ROW_GROUP_ROWS
 
-SYNCHRONISED = pa.schema(
-    [
-        ("master", pa.string()),
-        ("position", pa.int64()),
-        ("tx_id", pa.string()),
-        ("timestamp", pa.int64()),
-        ("origin", pa.string()),
-        ("generation", pa.int32()),
-        ("created_ms", pa.int64()),
-        ("ordered_ms", pa.int64()),
-        ("outcome", pa.string()),
-        ("replay_of", pa.string()),
-    ]
-)
-INCOMING = pa.schema(
-    [
-        ("master", pa.string()),
-        ("tx_id", pa.string()),
-        ("timestamp", pa.int64()),
-        ("origin", pa.string()),
-        ("created_ms", pa.int64()),
-        ("acquired_ms", pa.int64()),
-    ]
-)
-OPERATIONS = pa.schema(
-    [
-        ("tx_id", pa.string()),
-        ("seq", pa.int32()),
-        ("kind", pa.string()),
-        ("queue", pa.string()),
-        ("message_id", pa.string()),
-    ]
-)
-EVENTS = pa.schema(
-    [
-        ("master", pa.string()),
-        ("at_ms", pa.int64()),
-        ("kind", pa.string()),
-        ("generation", pa.int32()),
-        ("peer", pa.string()),
-        ("detail", pa.string()),
-    ]
-)
 EVENT_KINDS = frozenset(
     {"peer-dropped", "split-detected", "vote", "rejoin", "restore", "replay", "renegotiate", "crash", "restart"}
 )
