@@ -14,6 +14,7 @@ from brokerha.broker.dtx import DtxBranch, DtxManager, Xid
 from brokerha.broker.errors import NotAllowed
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import Observers
+from brokerha.broker.paging import Pager
 from brokerha.broker.queue import MemoryMeter
 from brokerha.broker.transaction import Transaction
 from brokerha.broker.vhost import VirtualHost
@@ -34,6 +35,10 @@ class Limits:
     max_message_size: int = 128 * 1024 * 1024
     memory_limit: int = 0  # bytes of queued content; 0 = no limit
     memory_resume_ratio: float = 0.9
+    # bodies kept in memory per durable queue / per node before paging to the
+    # store (persistent messages on durable queues only); 0 = unlimited
+    queue_max_memory: int = 0
+    node_max_memory: int = 0
 
 
 class Broker:
@@ -56,6 +61,9 @@ class Broker:
         self.store = store or MemoryStore()
         self.observers.add_configuration_observer(self.store)
         self.observers.add_queue_observer(self.store)
+        if self.store.can_page and (self.limits.queue_max_memory or self.limits.node_max_memory):
+            self.memory.pager = Pager(self.store, self.limits.queue_max_memory,
+                                      self.limits.node_max_memory)
         self._spawn = spawn
         self._tx_ids = itertools.count(1)
         self.dtx = DtxManager(self.observers.transactions, clock)

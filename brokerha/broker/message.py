@@ -70,7 +70,7 @@ def _parse_expiration(value: str | None) -> int | None:
 class Entry:
     """A message on one queue: its replication id, delivery state, expiry."""
 
-    __slots__ = ("position", "message", "redelivered", "expires_at", "delivery_count")
+    __slots__ = ("position", "message", "redelivered", "expires_at", "delivery_count", "paged")
 
     def __init__(self, position: int, message: Message, expires_at: float | None) -> None:
         self.position = position
@@ -78,6 +78,7 @@ class Entry:
         self.redelivered = False
         self.expires_at = expires_at
         self.delivery_count = 0
+        self.paged = 0  # brokerha.broker.paging: RESIDENT, PENDING or PAGED
 
     def __repr__(self) -> str:
         return f"Entry({self.position}, {self.message!r})"

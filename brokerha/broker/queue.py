@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from brokerha.broker.errors import AccessRefused
 from brokerha.broker.message import Entry, Message
+from brokerha.broker.paging import PAGED, Pager
 
 
 def noop_hook(method: Callable[..., None]) -> Callable[..., None]:
@@ -68,12 +69,17 @@ class DeadLetterSink(Protocol):
 
 
 class MemoryMeter:
-    """Bytes of message content held by queues, for connection.blocked."""
+    """Bytes of message content held by queues, for connection.blocked.
 
-    __slots__ = ("used",)
+    Bodies paged out to the store (``pager``, set by the broker when its store
+    can page) are not counted.
+    """
+
+    __slots__ = ("used", "pager")
 
     def __init__(self) -> None:
         self.used = 0
+        self.pager: Pager | None = None
 
 
 class ReadyList:
@@ -180,6 +186,11 @@ class Queue:
         self.dead_letter_routing_key: str | None = args.get("x-dead-letter-routing-key")
         self.ready = ReadyList(int(args.get("x-max-priority", 0) or 0))
         self.ready_bytes = 0
+        # paging (brokerha.broker.paging): bytes of ready entries paged or about to be
+        self.pager = self.memory.pager if durable else None
+        self.paged_bytes = 0
+        self.page_pending: list[Entry] = []
+        self.page_scheduled = False
         self.unacked = 0
         self.next_position = 1
         self.consumers: list[Consumer] = []
@@ -250,6 +261,8 @@ class Queue:
         size = entry.message.size
         self.ready_bytes += size
         self.memory.used += size
+        if self.pager is not None:
+            self.pager.added(self, entry, size)
         if self.consumers:
             self.dispatch()
         return entry
@@ -258,6 +271,8 @@ class Queue:
         """Remove a ready entry by replication id and hold it as acquired (recovery)."""
         for entry in self.ready:
             if entry.position == position:
+                if entry.paged == PAGED and self.pager is not None:
+                    self.pager.fault(self, entry)
                 self.ready.remove(entry)
                 self._left_ready(entry)
                 self.unacked += 1
@@ -272,6 +287,8 @@ class Queue:
         size = entry.message.size
         self.ready_bytes += size
         self.memory.used += size
+        if self.pager is not None:
+            self.pager.restored(self, entry, size)
 
     def _full(self, message: Message) -> bool:
         if self.max_length is not None and len(self.ready) >= self.max_length:
@@ -299,6 +316,12 @@ class Queue:
     def _left_ready(self, entry: Entry) -> None:
         size = entry.message.size
         self.ready_bytes -= size
+        if entry.paged:
+            self.paged_bytes -= size
+            if entry.paged == PAGED:
+                self.memory.used += size  # a paged body was not counted
+            else:
+                entry.paged = 0  # pending: stays resident
         self.memory.used -= size
 
     # -- delivery ------------------------------------------------------------------
@@ -338,6 +361,8 @@ class Queue:
         now = None
         while ready:
             entry = ready.popleft()
+            if entry.paged == PAGED:
+                self.pager.fault(self, entry)  # type: ignore[union-attr]
             self._left_ready(entry)
             if entry.expires_at is not None:
                 now = now or self.clock()
@@ -396,6 +421,8 @@ class Queue:
     def _discard(self, entries: list[Entry], reason: str) -> None:
         if not entries:
             return
+        if self.pager is not None and self.sink and self.dead_letter_exchange is not None:
+            self.pager.fault_removed(self, entries)  # before the store forgets them
         for entry in entries:
             for hook in self.hooks.dequeued:
                 hook(self, entry)

@@ -27,6 +27,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, metavar="DIR", help="data directory (created if missing)")
     parser.add_argument("--memory-limit", metavar="SIZE",
                         help="queued bytes at which publishers are blocked (e.g. 512MiB; 0 = off)")
+    parser.add_argument("--queue-max-memory", metavar="SIZE",
+                        help="bytes of message bodies a durable queue keeps in memory; "
+                             "persistent ones past it are read back from the store "
+                             "(e.g. 64MiB; 0 = unlimited, the default)")
     parser.add_argument("--heartbeat", type=int, metavar="SECONDS",
                         help="heartbeat interval the server proposes (default 60, 0 = off)")
     parser.add_argument("--store", metavar="URL",
@@ -48,6 +52,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         cfg.data_dir = args.data
     if args.memory_limit is not None:
         cfg.limits.memory_limit = parse_size(args.memory_limit, "--memory-limit")
+    if args.queue_max_memory is not None:
+        cfg.limits.queue_max_memory = parse_size(args.queue_max_memory, "--queue-max-memory")
     if args.heartbeat is not None:
         cfg.limits.heartbeat = args.heartbeat
     if args.store:

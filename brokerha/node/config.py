@@ -90,7 +90,8 @@ def parse_listen(value: str) -> tuple[str, int]:
 _SECTIONS = {"node", "limits", "security", "store", "vhosts", "users", "permissions"}
 _NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval"}
 _LIMIT_KEYS = {"frame_max", "channel_max", "heartbeat", "max_message_size", "memory_limit",
-               "memory_resume_ratio"}
+               "memory_resume_ratio", "queue_max_memory", "node_max_memory"}
+_SIZE_KEYS = ("max_message_size", "memory_limit", "queue_max_memory", "node_max_memory")
 _SECURITY_KEYS = {"default_user", "loopback_users"}
 _STORE_KEYS = {"url", "synchronous"}
 
@@ -150,7 +151,7 @@ def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") 
             setattr(cfg.limits, key, value)
     if cfg.limits.frame_max < 4096:
         raise ConfigError("limits.frame_max: must be at least 4096")
-    for key in ("max_message_size", "memory_limit"):
+    for key in _SIZE_KEYS:
         if key in limits:
             setattr(cfg.limits, key, parse_size(limits[key], f"limits.{key}"))
     if "memory_resume_ratio" in limits:

@@ -66,7 +66,11 @@ class Node:
     async def start(self) -> None:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self.broker.restore(self.store.load())  # recovery finishes before anyone can connect
+        # recovery finishes before anyone can connect; a store that pages streams
+        # the stored messages so their bodies are not all in memory at once
+        definitions = (self.store.load(stream_messages=True)  # type: ignore[call-arg]
+                       if self.broker.memory.pager is not None else self.store.load())
+        self.broker.restore(definitions)
         self.store.start(self.loop)
         self.server = await self.loop.create_server(
             lambda: AMQPProtocol(self.loop, self.broker, self.connections), cfg.listen_host, cfg.listen_port, reuse_address=True)

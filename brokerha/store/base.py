@@ -11,7 +11,7 @@ is durable (group commit). ``load`` returns plain records for recovery.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +81,8 @@ class Definitions:
     exchanges: list[ExchangeRecord] = field(default_factory=list)
     queues: list[QueueRecord] = field(default_factory=list)
     bindings: list[BindingRecord] = field(default_factory=list)
-    messages: list[StoredMessage] = field(default_factory=list)  # by queue, then position
+    # by queue, then position; an iterator when a store streams them (SQLStore.load)
+    messages: Iterable[StoredMessage] = field(default_factory=list)
     prepared: list[PreparedBranch] = field(default_factory=list)
 
 
@@ -140,6 +141,15 @@ class Store(ConfigurationObserver, QueueObserver):
     # Set by the node: called (on the loop thread) when the store can no longer
     # persist; the node stops rather than keep confirming (fail-stop).
     on_failure: Callable[[BaseException], None] | None = None
+
+    # Whether bodies of stored messages can be dropped from memory and read
+    # back with ``read_bodies`` (brokerha.broker.paging); a MemoryStore cannot.
+    can_page = False
+
+    def read_bodies(self, vhost: str, queue: str,
+                    positions: list[int]) -> dict[int, tuple[bytes, bytes]]:
+        """(header, body) of committed stored messages, by position (loop thread)."""
+        raise NotImplementedError
 
     def start(self, loop: asyncio.AbstractEventLoop | None) -> None:
         """Begin writing; callbacks of ``after_sync`` run on ``loop``."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -124,6 +124,7 @@ class SQLStore(Store):
         self._callbacks: list[Callback] = []
         self._handoff_scheduled = False
         self._inflight = 0  # units handed over and not yet reported durable (loop thread)
+        self._reader: Any = None  # connection for read_bodies (loop thread), opened on demand
         self._writer = Writer(
             self.engine.raw_connection,
             schema.Statements(_PLACEHOLDERS[self.engine.dialect.driver]),
@@ -162,7 +163,42 @@ class SQLStore(Store):
         self._writer.join(30)
         if self._writer.is_alive():
             log.error("store writer did not finish within 30 s; pending writes are lost")
+        if self._reader is not None:
+            try:
+                self._reader.close()
+            except Exception:  # a connection of another thread or already gone
+                log.debug("closing the reading connection failed", exc_info=True)
+            self._reader = None
         self.engine.dispose()
+
+    # -- reading paged bodies back (brokerha.broker.paging) ----------------------------------
+
+    can_page = True
+
+    def read_bodies(self, vhost: str, queue: str,
+                    positions: list[int]) -> dict[int, tuple[bytes, bytes]]:
+        """(header, body) by position, in one query on a reading connection of its own.
+
+        Runs on the loop thread; it never shares the writer's connection (SQLite
+        WAL and PostgreSQL both let a reader see the last commit while the
+        writer writes). The broker asks only for messages whose insert has
+        been committed, so every position asked for is there.
+        """
+        if not positions:
+            return {}
+        if self._reader is None:
+            self._reader = self.engine.raw_connection()
+        p = _PLACEHOLDERS[self.engine.dialect.driver]
+        sql = ('SELECT "position", "header", "body" FROM "messages" WHERE "vhost" = '
+               f'{p} AND "queue" = {p} AND "position" IN ({", ".join([p] * len(positions))})')
+        conn = self._reader
+        try:
+            cur = conn.cursor()
+            cur.execute(sql, (vhost, queue, *positions))
+            rows = cur.fetchall()
+        finally:
+            conn.rollback()  # end the read transaction (PostgreSQL): the next read sees new commits
+        return {int(r[0]): (bytes(r[1]), bytes(r[2])) for r in rows}
 
     def stats(self) -> dict[str, Any]:
         """Counters for logs and benchmarks, including the writer's current backlog."""
@@ -299,8 +335,13 @@ class SQLStore(Store):
 
     # -- recovery (SQLAlchemy Core) ----------------------------------------------------------
 
-    def load(self) -> Definitions:
-        """Everything durable, for ``Broker.restore``; call before ``start``."""
+    def load(self, stream_messages: bool = False) -> Definitions:
+        """Everything durable, for ``Broker.restore``; call before ``start``.
+
+        With ``stream_messages`` the messages are an iterator read from the
+        database while the broker restores them (iterate it once), so a node
+        that pages does not hold every stored body in memory at start-up.
+        """
         with self.engine.connect() as conn:
             def rows(table: Table) -> Any:
                 return conn.execute(select(table).order_by(*table.primary_key))
@@ -309,9 +350,18 @@ class SQLStore(Store):
                 exchanges=[_exchange(r) for r in rows(schema.exchanges)],
                 queues=[_queue(r) for r in rows(schema.queues)],
                 bindings=[_binding(r) for r in rows(schema.bindings)],
-                messages=[_message(r) for r in rows(schema.messages)],
+                messages=(self._stream_messages() if stream_messages
+                          else [_message(r) for r in rows(schema.messages)]),
                 prepared=[_branch(r) for r in rows(schema.dtx_branches)],
             )
+
+    def _stream_messages(self) -> Iterator[StoredMessage]:
+        with self.engine.connect() as conn:
+            table = schema.messages
+            result = conn.execution_options(yield_per=1000).execute(
+                select(table).order_by(*table.primary_key))
+            for r in result:
+                yield _message(r)
 
 
 def _prepare_schema(engine: Engine) -> None:

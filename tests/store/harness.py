@@ -9,7 +9,7 @@ from typing import Any
 
 from pamqp import commands
 
-from brokerha.broker.broker import Broker
+from brokerha.broker.broker import Broker, Limits
 from brokerha.broker.content import build_header
 from brokerha.broker.message import Message
 from brokerha.broker.queue import Queue
@@ -29,11 +29,11 @@ class StoreNode:
     callback: they are handed to the writer together.
     """
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(self, url: str, limits: Limits | None = None, **options: Any) -> None:
         self.url = url
         self.loop = asyncio.new_event_loop()
         self.store = SQLStore(url, **options)
-        self.broker = Broker("t", store=self.store)
+        self.broker = Broker("t", store=self.store, limits=limits)
         self.broker.restore(self.store.load())
         self.vhost: VirtualHost = self.broker.add_vhost("/")
         self.store.start(self.loop)
