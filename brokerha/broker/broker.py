@@ -16,9 +16,9 @@ from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import Observers
 from brokerha.broker.paging import Pager
 from brokerha.broker.queue import MemoryMeter
+from brokerha.broker.storage import Definitions, MemoryStore, PreparedBranch, Store, prepared_branch
 from brokerha.broker.transaction import Transaction
 from brokerha.broker.vhost import VirtualHost
-from brokerha.store.base import Definitions, MemoryStore, PreparedBranch, Store, prepared_branch
 
 log = logging.getLogger(__name__)
 

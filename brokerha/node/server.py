@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from brokerha.broker.broker import Broker
+from brokerha.broker.storage import Store
 from brokerha.node.config import NodeConfig
 from brokerha.node.transport import AMQPProtocol
-from brokerha.store.base import Store
 from brokerha.store.factory import open_store
 
 log = logging.getLogger("brokerha.node")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from brokerha.store.base import MemoryStore, Store
+from brokerha.broker.storage import MemoryStore, Store
 
 MEMORY = "memory"
 DEFAULT_FILE = "brokerha.db"

@@ -35,8 +35,7 @@ from sqlalchemy.pool import NullPool
 from brokerha.broker.exchange import Binding, Exchange
 from brokerha.broker.message import Entry
 from brokerha.broker.queue import Queue
-from brokerha.store import schema
-from brokerha.store.base import (
+from brokerha.broker.storage import (
     BindingRecord,
     Definitions,
     ExchangeRecord,
@@ -48,6 +47,7 @@ from brokerha.store.base import (
     is_durable_binding,
     keeps,
 )
+from brokerha.store import schema
 from brokerha.store.batch import (
     ACQUIRED,
     DEQUEUED,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from brokerha.store.base import PreparedBranch
+from brokerha.broker.storage import PreparedBranch
 from brokerha.store.batch import Batch
 from brokerha.store.sql import SQLStore, StoreError
 from tests.store.harness import StoreNode, message

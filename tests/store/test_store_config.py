@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from brokerha.broker.storage import MemoryStore
 from brokerha.node import config_from_args, register
 from brokerha.node.config import ConfigError, NodeConfig, apply_document
-from brokerha.store.base import MemoryStore
 from brokerha.store.factory import open_store
 from brokerha.store.sql import SQLStore, StoreError
 

@@ -1,4 +1,4 @@
-"""The store interface the broker writes durable state through.
+"""The storage interface the broker writes durable state through (the store package implements it).
 
 A store sees the broker as an observer does (configuration and queue events)
 and keeps what is durable: durable exchanges, queues and bindings, persistent
