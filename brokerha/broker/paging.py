@@ -19,12 +19,23 @@ is under its limit stay resident, so the head of a queue is resident.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from brokerha.broker.message import Entry, Message
 
-if TYPE_CHECKING:
-    from brokerha.broker.queue import Queue
+
+class Queue(Protocol):
+    """What the pager reads and updates on a queue (brokerha.broker.queue.Queue)."""
+
+    vhost: str
+    name: str
+    deleted: bool
+    memory: Any  # the node's MemoryMeter
+    ready: Any  # the queue's ReadyList
+    ready_bytes: int
+    paged_bytes: int
+    page_pending: Any
+    page_scheduled: bool
 
 RESIDENT = 0  # body in memory
 PENDING = 1  # body in memory, paged out once the store has committed its insert
