@@ -4,7 +4,12 @@ The suite's expectations are RabbitMQ's actual answers. It runs against:
 
 * a brokerha node started with :class:`brokerha.testing.NodeProcess` (default), or
 * any broker named by ``BROKERHA_TEST_URL`` — this is how the suite is validated
-  against a private RabbitMQ (see ``rabbitmq_ref.py`` in this directory).
+  against a private RabbitMQ::
+
+      python benchmarks/rabbitmq_ref.py --port 5699   # foreground; prints its rabbitmqctl line
+      BROKERHA_TEST_URL=amqp://guest:guest@127.0.0.1:5699/%2F \\
+      BROKERHA_TEST_RABBITMQCTL="<the rabbitmqctl line it printed>" \\
+          .venv/bin/pytest tests/clients -p no:cacheprovider -q
 
 Users, vhosts and permissions
 -----------------------------
