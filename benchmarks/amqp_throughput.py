@@ -245,6 +245,15 @@ def start_brokers(args: argparse.Namespace, stack: ExitStack) -> list[Broker]:
     elif not args.no_brokerha:
         print("starting a brokerha node ...", flush=True)
         node = make_node("amqp-bench", args.cprofile_brokerha)
+        if args.brokerha_store:
+            store = args.brokerha_store
+            if store == "pg":
+                from brokerha.store.testing import create_database, throwaway_server
+
+                print("starting a throwaway PostgreSQL server ...", flush=True)
+                server = stack.enter_context(throwaway_server())
+                store = create_database(server, "amqp_bench")
+            node.extra_args += ["--store", store]
         stack.enter_context(node)
         assert node.proc is not None
         brokers.append(Broker("brokerha", node.url, node.proc.pid))
@@ -274,6 +283,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--brokerha-url", help="use this broker instead of starting a brokerha node")
     p.add_argument("--brokerha-pid", type=int, help="its PID, for CPU per message")
     p.add_argument("--no-brokerha", action="store_true", help="measure RabbitMQ only")
+    p.add_argument("--brokerha-store", metavar="URL",
+                   help="run the brokerha node with --store URL; 'pg' starts a throwaway "
+                        "PostgreSQL server (brokerha.store.testing) for it")
     p.add_argument("--rabbitmq-url", help="use this RabbitMQ instead of starting one")
     p.add_argument("--rabbitmq-pid", type=int, help="its PID, for CPU per message")
     p.add_argument("--no-rabbitmq", action="store_true")

@@ -87,9 +87,41 @@ def _run(cmd: list[str]) -> None:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
 
 
+class LocalServerURL(str):
+    """The server URL (a plain ``str`` to existing callers) that can also restart the server.
+
+    ``.url`` is the URL; ``.restart()`` stops the server with ``pg_ctl -m immediate``
+    (a crash: no checkpoint, prepared transactions must come back from the WAL) and
+    starts it again on the same data directory and port.
+    """
+
+    pg_ctl: Path
+    data: Path
+    logfile: Path
+    options: str
+
+    @property
+    def url(self) -> str:
+        return str(self)
+
+    def stop(self) -> None:
+        _run([str(self.pg_ctl), "-D", str(self.data), "-m", "immediate", "-w", "stop"])
+
+    def start(self) -> None:
+        _run([str(self.pg_ctl), "-D", str(self.data), "-l", str(self.logfile), "-o", self.options,
+              "-w", "-t", "60", "start"])
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
 @contextlib.contextmanager
-def local_server(bin_dir: Path) -> Iterator[str]:
-    """initdb + pg_ctl start in a temporary directory; the cluster is removed afterwards."""
+def local_server(bin_dir: Path) -> Iterator[LocalServerURL]:
+    """initdb + pg_ctl start in a temporary directory; the cluster is removed afterwards.
+
+    Yields a ``LocalServerURL``: a ``str`` with ``.url`` and ``.restart()``.
+    """
     root = Path(tempfile.mkdtemp(prefix="brokerha-pg-"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
@@ -98,12 +130,14 @@ def local_server(bin_dir: Path) -> Iterator[str]:
         _run([str(bin_dir / "initdb"), "-D", str(data), "-U", PG_USER, "-A", "trust",
               "--no-sync", "-E", "UTF8"])
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=50 -c max_prepared_transactions=20"
-        _run([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-o", options,
-              "-w", "-t", "60", "start"])
+        server = LocalServerURL(f"postgresql+psycopg://{PG_USER}@127.0.0.1:{port}/postgres")
+        server.pg_ctl, server.data, server.logfile = bin_dir / "pg_ctl", data, root / "log"
+        server.options = options
+        server.start()
         try:
-            yield f"postgresql+psycopg://{PG_USER}@127.0.0.1:{port}/postgres"
+            yield server
         finally:
-            _run([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"])
+            server.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
