@@ -173,7 +173,7 @@ class Control:
                 queue.enqueue(message)
             ch.unblock()
 
-        ch.conn.broker.store.after_sync(deliver)
+        ch.conn.broker.after_durable(deliver)
 
 
 def handle_control(ch: Channel, verb: str, header: bytes, body: bytes) -> None:

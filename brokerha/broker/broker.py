@@ -70,6 +70,33 @@ class Broker:
         self.attach_store_to_dtx()
         self.memory_blocked = False
         self.alarm_listeners: list[Callable[[bool], None]] = []
+        # Replication barriers (the HA primary adds one): each runs a callback once
+        # every ready backup holds what was done so far. See ``after_durable``.
+        self.replication_barriers: list[Callable[[Callable[[], None]], None]] = []
+
+    def after_durable(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once everything done so far is durable everywhere it must be.
+
+        The durability barrier of a publisher confirm, a ``tx.commit-ok`` and a
+        DTX answer: the local store has synced it and every replication barrier
+        (every ready backup acknowledged it) has passed. A slow disk or a slow
+        backup delays the callback; nothing makes it run early.
+        """
+        barriers = self.replication_barriers
+        if not barriers:
+            self.store.after_sync(callback)
+            return
+        waiting = len(barriers) + 1
+
+        def one_done() -> None:
+            nonlocal waiting
+            waiting -= 1
+            if waiting == 0:
+                callback()
+
+        self.store.after_sync(one_done)
+        for barrier in list(barriers):
+            barrier(one_done)
 
     # -- vhosts ------------------------------------------------------------------------
 

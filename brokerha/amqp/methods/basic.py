@@ -75,7 +75,7 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
     for queue in queues:
         accepted = queue.enqueue(message) and accepted
     if accepted:
-        ch.conn.broker.store.after_sync(lambda: ch.settle_confirm(tag, True))
+        ch.conn.broker.after_durable(lambda: ch.settle_confirm(tag, True))
     else:
         ch.settle_confirm(tag, False)
 

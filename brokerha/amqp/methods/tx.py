@@ -40,10 +40,10 @@ def commit(ch: Channel, m: commands.Tx.Commit) -> None:
 
     def committed() -> None:
         ch.finish_transaction(True)
-        broker.store.after_sync(lambda: _reply(ch, commands.Tx.CommitOk()))
+        broker.after_durable(lambda: _reply(ch, commands.Tx.CommitOk()))
 
     if tx is None:
-        broker.store.after_sync(lambda: _reply(ch, commands.Tx.CommitOk()))
+        broker.after_durable(lambda: _reply(ch, commands.Tx.CommitOk()))
         return
     if not tx.observers:
         tx.apply()

@@ -1,0 +1,48 @@
+"""When is something the primary did safe to confirm? One rule, used everywhere.
+
+The primary numbers every replicated event with a sequence number (its log
+index). An event at ``seq`` is *replicated* when
+
+1. every guarded backup (a ready backup, or one catching up behind a QueueGuard:
+   anything published after it subscribed waits for it too) has acknowledged
+   ``seq`` -- so "every ready backup holds the data" (architecture.md), and no
+   backup becomes ready with a gap; and
+2. a majority of the datacenter's configured nodes, the primary included, holds
+   it -- so any majority that elects the next primary contains a node with it,
+   and that node votes only for a candidate at least as advanced (election.py).
+
+A backup that stays silent past the backup timeout leaves the guarded set
+(logged, shown in status); it cannot leave the majority count, so a primary
+that lost its majority confirms nothing.
+
+The primary and the deterministic simulation both call ``replicated_seq``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+
+def majority(members: int) -> int:
+    """Votes (or copies) needed out of ``members`` configured nodes."""
+    return members // 2 + 1
+
+
+def replicated_seq(primary_seq: int, acked: Mapping[str, int], guarded: Collection[str],
+                   members: int) -> int:
+    """The highest sequence number that is replicated by the rule above.
+
+    ``primary_seq``: what the primary itself holds durably; ``acked``: each
+    connected backup's cumulative acknowledgement; ``guarded``: the backups
+    every event must reach; ``members``: configured nodes in the datacenter.
+    """
+    limit = primary_seq
+    for node in guarded:
+        limit = min(limit, acked.get(node, 0))
+    need = majority(members) - 1  # backups besides the primary
+    if need <= 0:
+        return limit
+    copies = sorted((min(seq, primary_seq) for seq in acked.values()), reverse=True)
+    if len(copies) < need:
+        return min(limit, 0)
+    return min(limit, copies[need - 1])
