@@ -15,6 +15,8 @@ from collections.abc import Sequence
 # sub-command name -> module with register(subparsers) and the handlers
 AREAS: dict[str, tuple[str, str]] = {
     "node": ("brokerha.node", "run one broker node in the foreground"),
+    "cluster": ("brokerha.admin.cluster_cli", "a local HA cluster on loopback; HA simulation"),
+    "ctl": ("brokerha.admin.ctl", "status and operator actions on running nodes"),
     "txlog": ("brokerha.txlog.cli", "TxLog tools: deterministic simulation, export"),
     "pipeline": ("brokerha.pipeline.cli", "PySpark audit, replay-plan, check-history, stats"),
 }

@@ -116,3 +116,152 @@ class NodeProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def free_base_port(count: int, offsets: tuple[int, ...] = (0, 10000, 20000)) -> int:
+    """A base port P such that P..P+count-1 plus each offset were all free a moment ago."""
+    import random
+
+    rnd = random.Random()
+    for _ in range(200):
+        base = rnd.randrange(12000, 45000 - count)
+        ports = [base + i + off for i in range(count) for off in offsets]
+        try:
+            for port in ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range found")
+
+
+class LocalCluster:
+    """N ``brokerha node`` processes of one datacenter on loopback (what ``cluster up`` runs).
+
+    Each node is its own process, so one can be SIGKILLed (``kill``), paused
+    (``pause``/``resume``: SIGSTOP/SIGCONT) and started again alone
+    (``restart``) on the same data directory. ``options`` adds keys to the
+    ``[cluster]`` table (e.g. shorter timeouts for tests).
+    """
+
+    def __init__(self, nodes: int = 3, *, data_dir: str | os.PathLike[str] | None = None,
+                 options: dict[str, float | str] | None = None,
+                 extra_args: list[str] | None = None, name: str = "dc1") -> None:
+        from brokerha.admin.cluster_cli import cluster_file
+
+        self._tmp = None
+        if data_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="brokerha-cluster-")
+            data_dir = self._tmp.name
+        self.data_dir = Path(data_dir)
+        self.base_port = free_base_port(nodes)
+        self.config = cluster_file(self.data_dir, nodes, self.base_port, name)
+        if options:
+            text = self.config.read_text()
+            extra = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in options.items())
+            self.config.write_text(text.replace("[cluster]\n", "[cluster]\n" + extra, 1))
+        self.names = [f"n{i + 1}" for i in range(nodes)]
+        self.extra_args = list(extra_args or [])
+        self.nodes: dict[str, NodeProcess] = {}
+
+    def port(self, name: str) -> int:
+        return self.base_port + self.names.index(name)
+
+    def url(self, name: str) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port(name)}/%2F"
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url(n) for n in self.names]
+
+    def admin_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.port(name) + 10000}"
+
+    def start(self) -> LocalCluster:
+        for name in self.names:
+            self.start_node(name)
+        return self
+
+    def start_node(self, name: str) -> NodeProcess:
+        node = NodeProcess(name, port=self.port(name), data_dir=self.data_dir / name,
+                           extra_args=["--config", str(self.config), *self.extra_args])
+        self.nodes[name] = node.start()
+        return node
+
+    def restart(self, name: str) -> NodeProcess:
+        old = self.nodes.get(name)
+        if old is not None:
+            old.stop()
+        return self.start_node(name)
+
+    def kill(self, name: str) -> None:
+        self.nodes[name].kill()
+
+    def pause(self, name: str) -> None:
+        proc = self.nodes[name].proc
+        assert proc is not None
+        proc.send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        proc = self.nodes[name].proc
+        assert proc is not None
+        proc.send_signal(signal.SIGCONT)
+
+    def status(self, name: str) -> dict[str, object] | None:
+        """A node's own /api/status, or None when it does not answer."""
+        import json
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(self.admin_url(name) + "/api/status", timeout=1) as r:
+                return dict(json.loads(r.read()))
+        except (OSError, ValueError):
+            return None
+
+    def primary(self) -> str | None:
+        """The node that says it is a serving primary, if exactly one does."""
+        found = []
+        for name in self.names:
+            node = self.nodes.get(name)
+            if node is None or node.proc is None or node.proc.poll() is not None:
+                continue
+            st = self.status(name)
+            if st and st["node"]["role"] == "primary" and st["node"].get("serving"):  # type: ignore[index]
+                found.append(name)
+        return found[0] if len(found) == 1 else None
+
+    def wait_primary(self, timeout: float = 20.0, *, other_than: str | None = None) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            name = self.primary()
+            if name is not None and name != other_than:
+                return name
+            time.sleep(0.05)
+        raise TimeoutError(f"no primary within {timeout} s; statuses: "
+                           f"{ {n: self.status(n) for n in self.names} }")
+
+    def wait_ready(self, name: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.status(name)
+            if st and st["node"].get("ready"):  # type: ignore[union-attr]
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"{name} not ready within {timeout} s: {self.status(name)}")
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            proc = node.proc
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+            node.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

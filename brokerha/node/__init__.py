@@ -8,11 +8,13 @@ import logging
 import sys
 from pathlib import Path
 
+from brokerha.node.cluster_config import ClusterConfig, apply_cluster, parse_cluster
 from brokerha.node.config import (
     DEFAULT_LISTEN,
     ConfigError,
     NodeConfig,
     load_file,
+    parse_admin,
     parse_listen,
     parse_size,
     parse_synchronous,
@@ -24,6 +26,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="node name (default: brokerha)")
     parser.add_argument("--listen", metavar="HOST:PORT",
                         help=f"AMQP listen address (default: {DEFAULT_LISTEN})")
+    parser.add_argument("--admin", metavar="HOST:PORT|off",
+                        help="admin HTTP listener for status and brokerha ctl "
+                             "(default: the AMQP port + 10000 on the same host)")
     parser.add_argument("--data", type=Path, metavar="DIR", help="data directory (created if missing)")
     parser.add_argument("--memory-limit", metavar="SIZE",
                         help="queued bytes at which publishers are blocked (e.g. 512MiB; 0 = off)")
@@ -42,12 +47,22 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=main)
 
 
-def config_from_args(args: argparse.Namespace) -> NodeConfig:
+def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfig | None]:
+    """The node's configuration, and its datacenter's when the file has ``[cluster]``."""
     cfg = load_file(args.config) if args.config else NodeConfig()
     if args.name:
         cfg.name = args.name
-    if args.listen:
+    cluster = None
+    if cfg.cluster_table is not None:
+        cluster = parse_cluster(cfg.cluster_table, str(args.config), cfg.config_dir)
+        apply_cluster(cfg, cluster)
+        if args.listen and parse_listen(args.listen) != (cfg.listen_host, cfg.listen_port):
+            raise ConfigError(f"--listen {args.listen} contradicts node '{cfg.name}' in "
+                              "[[cluster.nodes]]; the cluster entry decides")
+    elif args.listen:
         cfg.listen_host, cfg.listen_port = parse_listen(args.listen)
+    if args.admin:
+        parse_admin(args.admin, cfg)
     if args.data:
         cfg.data_dir = args.data
     if args.memory_limit is not None:
@@ -62,12 +77,12 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         cfg.store.synchronous = parse_synchronous(args.store_synchronous, "--store-synchronous")
     if args.log_level:
         cfg.log_level = args.log_level
-    return cfg
+    return cfg, cluster
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        cfg = config_from_args(args)
+        cfg, cluster = config_from_args(args)
     except ConfigError as exc:
         print(f"brokerha node: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -79,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
     from brokerha.store.sql import StoreError
 
     async def run() -> int:
-        node = Node(cfg)
+        node = Node(cfg, cluster)
         await node.run_until_stopped()
         return node.exit_code
 

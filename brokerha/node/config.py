@@ -64,6 +64,13 @@ class NodeConfig:
     permissions: list[PermissionConfig] = field(default_factory=list)
     tick_interval: float = 0.1
     store: StoreConfig = field(default_factory=StoreConfig)
+    # admin HTTP (status, ctl); None = AMQP port + 10000 when that is a port
+    admin_listen: tuple[str, int] | None = None
+    admin_enabled: bool = True
+    # the raw [cluster] table and the directory its file names are relative to;
+    # node/cluster_config.py validates it (None: a standalone node)
+    cluster_table: dict[str, Any] | None = None
+    config_dir: Path = Path(".")
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", re.IGNORECASE)
@@ -87,8 +94,9 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-_SECTIONS = {"node", "limits", "security", "store", "vhosts", "users", "permissions"}
-_NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval"}
+_SECTIONS = {"node", "limits", "security", "store", "vhosts", "users", "permissions",
+             "cluster"}
+_NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval", "admin"}
 _LIMIT_KEYS = {"frame_max", "channel_max", "heartbeat", "max_message_size", "memory_limit",
                "memory_resume_ratio", "queue_max_memory", "node_max_memory"}
 _SIZE_KEYS = ("max_message_size", "memory_limit", "queue_max_memory", "node_max_memory")
@@ -96,7 +104,7 @@ _SECURITY_KEYS = {"default_user", "loopback_users"}
 _STORE_KEYS = {"url", "synchronous"}
 
 
-def _check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
+def check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
@@ -110,7 +118,7 @@ def parse_synchronous(value: Any, key: str) -> str:
 
 
 def _apply_store(table: dict[str, Any], cfg: NodeConfig, where: str) -> None:
-    _check_keys(table, _STORE_KEYS, f"{where} [store]")
+    check_keys(table, _STORE_KEYS, f"{where} [store]")
     if "url" in table:
         if not isinstance(table["url"], str) or not table["url"]:
             raise ConfigError(f"store.url: expected a URL or 'memory', got {table['url']!r}")
@@ -119,18 +127,29 @@ def _apply_store(table: dict[str, Any], cfg: NodeConfig, where: str) -> None:
         cfg.store.synchronous = parse_synchronous(table["synchronous"], "store.synchronous")
 
 
+def parse_admin(value: str, cfg: NodeConfig) -> None:
+    """``HOST:PORT`` for the admin HTTP listener, or ``off``."""
+    if value.lower() == "off":
+        cfg.admin_enabled = False
+    else:
+        cfg.admin_listen = parse_listen(value)
+        cfg.admin_enabled = True
+
+
 def load_file(path: Path, config: NodeConfig | None = None) -> NodeConfig:
     try:
         doc = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
-    return apply_document(doc, config or NodeConfig(), str(path))
+    cfg = config or NodeConfig()
+    cfg.config_dir = path.parent
+    return apply_document(doc, cfg, str(path))
 
 
 def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") -> NodeConfig:
-    _check_keys(doc, _SECTIONS, where)
+    check_keys(doc, _SECTIONS, where)
     node = doc.get("node", {})
-    _check_keys(node, _NODE_KEYS, f"{where} [node]")
+    check_keys(node, _NODE_KEYS, f"{where} [node]")
     if "name" in node:
         cfg.name = str(node["name"])
     if "listen" in node:
@@ -141,8 +160,12 @@ def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") 
         cfg.log_level = str(node["log_level"]).lower()
     if "tick_interval" in node:
         cfg.tick_interval = float(node["tick_interval"])
+    if "admin" in node:
+        parse_admin(str(node["admin"]), cfg)
+    if "cluster" in doc:
+        cfg.cluster_table = dict(doc["cluster"])
     limits = doc.get("limits", {})
-    _check_keys(limits, _LIMIT_KEYS, f"{where} [limits]")
+    check_keys(limits, _LIMIT_KEYS, f"{where} [limits]")
     for key in ("frame_max", "channel_max", "heartbeat"):
         if key in limits:
             value = limits[key]
@@ -157,24 +180,24 @@ def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") 
     if "memory_resume_ratio" in limits:
         cfg.limits.memory_resume_ratio = float(limits["memory_resume_ratio"])
     security = doc.get("security", {})
-    _check_keys(security, _SECURITY_KEYS, f"{where} [security]")
+    check_keys(security, _SECURITY_KEYS, f"{where} [security]")
     if "default_user" in security:
         cfg.default_user = bool(security["default_user"])
     if "loopback_users" in security:
         cfg.loopback_users = [str(u) for u in security["loopback_users"]]
     _apply_store(doc.get("store", {}), cfg, where)
     for vh in doc.get("vhosts", []):
-        _check_keys(vh, {"name"}, f"{where} [[vhosts]]")
+        check_keys(vh, {"name"}, f"{where} [[vhosts]]")
         if vh["name"] not in cfg.vhosts:
             cfg.vhosts.append(str(vh["name"]))
     for user in doc.get("users", []):
-        _check_keys(user, {"name", "password", "password_hash", "tags"}, f"{where} [[users]]")
+        check_keys(user, {"name", "password", "password_hash", "tags"}, f"{where} [[users]]")
         if "password" not in user and "password_hash" not in user:
             raise ConfigError(f"{where}: user '{user.get('name')}' needs password or password_hash")
         cfg.users.append(UserConfig(str(user["name"]), user.get("password"),
                                     user.get("password_hash"), list(user.get("tags", []))))
     for perm in doc.get("permissions", []):
-        _check_keys(perm, {"user", "vhost", "configure", "write", "read"},
+        check_keys(perm, {"user", "vhost", "configure", "write", "read"},
                     f"{where} [[permissions]]")
         try:
             p = PermissionConfig(**perm)

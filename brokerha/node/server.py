@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from brokerha.admin.http import AdminServer, Request, Response
 from brokerha.broker.broker import Broker
 from brokerha.broker.storage import Store
+from brokerha.node.cluster_config import ADMIN_OFFSET, ClusterConfig
 from brokerha.node.config import NodeConfig
 from brokerha.node.transport import AMQPProtocol
 from brokerha.store.factory import open_store
@@ -38,8 +41,16 @@ def build_broker(config: NodeConfig, spawn: Callable[..., None] | None = None,
 
 
 class Node:
-    def __init__(self, config: NodeConfig) -> None:
+    """One broker node; with a ``[cluster]`` configuration, one member of an HA datacenter.
+
+    A standalone node serves AMQP clients from the start. A cluster member
+    serves them only while it is the primary: ``node.ha`` (node/ha.py) opens
+    and closes the AMQP listener with ``serve_clients``.
+    """
+
+    def __init__(self, config: NodeConfig, cluster: ClusterConfig | None = None) -> None:
         self.config = config
+        self.cluster = cluster
         self.loop = asyncio.get_event_loop()
         self.store = open_store(config.store.url, config.data_dir, config.store.synchronous)
         self.store.on_failure = self._store_failed
@@ -47,8 +58,15 @@ class Node:
         self.exit_code = 0
         self.connections: set[AMQPProtocol] = set()
         self.server: asyncio.base_events.Server | None = None
+        self.admin = AdminServer(self.broker.users)
+        self.admin.route("GET", "/api/status", self._status_page)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
+        self.ha: Any = None
+        if cluster is not None:
+            from brokerha.node.ha import HANode
+
+            self.ha = HANode(self, cluster)
 
     def _spawn(self, work: Awaitable[Any], on_done: Callable[[BaseException | None], None]) -> None:
         async def runner() -> None:
@@ -72,12 +90,71 @@ class Node:
                        if self.broker.memory.pager is not None else self.store.load())
         self.broker.restore(definitions)
         self.store.start(self.loop)
-        self.server = await self.loop.create_server(
-            lambda: AMQPProtocol(self.loop, self.broker, self.connections), cfg.listen_host, cfg.listen_port, reuse_address=True)
+        await self._start_admin()
         ticker = self.loop.create_task(self._tick_forever())
         self._tasks.add(ticker)
-        log.info("node %s ready: AMQP 0-9-1 on %s:%d, data in %s, store %r", cfg.name,
-                 cfg.listen_host, cfg.listen_port, cfg.data_dir, self.store)
+        if self.ha is None:
+            await self.serve_clients(True)
+            log.info("node %s ready: AMQP 0-9-1 on %s:%d, data in %s, store %r", cfg.name,
+                     cfg.listen_host, cfg.listen_port, cfg.data_dir, self.store)
+        else:
+            await self.ha.start()
+            log.info("node %s ready: member of cluster %s, AMQP 0-9-1 on %s:%d while primary, "
+                     "data in %s, store %r", cfg.name, self.cluster.name if self.cluster else "",
+                     cfg.listen_host, cfg.listen_port, cfg.data_dir, self.store)
+
+    async def _start_admin(self) -> None:
+        cfg = self.config
+        if not cfg.admin_enabled:
+            return
+        explicit = cfg.admin_listen is not None
+        host, port = cfg.admin_listen or (cfg.listen_host, cfg.listen_port + ADMIN_OFFSET)
+        if port > 65535:
+            log.info("admin HTTP off: AMQP port + %d is not a port (set --admin)", ADMIN_OFFSET)
+            return
+        try:
+            await self.admin.start(host, port)
+        except OSError as exc:
+            if explicit:
+                raise
+            log.warning("admin HTTP not started on %s:%d (%s); set --admin", host, port, exc)
+            return
+        log.info("admin HTTP on http://%s:%d", host, port)
+
+    def _status_page(self, request: Request) -> Response:
+        return Response.json(self.status())
+
+    def status(self) -> dict[str, Any]:
+        """This node's own view (the admin API's /api/status)."""
+        cfg = self.config
+        me = {"name": cfg.name, "role": "standalone", "epoch": None, "ready": True,
+              "pid": os.getpid(), "amqp_url": f"amqp://{cfg.listen_host}:{cfg.listen_port}",
+              "serving": self.server is not None, "connections": len(self.connections)}
+        status: dict[str, Any] = {"node": me, "cluster": None, "members": None}
+        if self.ha is not None:
+            self.ha.add_status(status)
+        return status
+
+    async def serve_clients(self, serve: bool) -> None:
+        """Open the AMQP listener, or close it and every client connection (320)."""
+        cfg = self.config
+        if serve and self.server is None:
+            self.server = await self.loop.create_server(
+                lambda: AMQPProtocol(self.loop, self.broker, self.connections),
+                cfg.listen_host, cfg.listen_port, reuse_address=True)
+        elif not serve and self.server is not None:
+            self.server.close()
+            self.server = None
+            self.close_connections(abort=True)
+
+    def close_connections(self, *, abort: bool) -> None:
+        """Tell every client 320 CONNECTION_FORCED; ``abort`` also drops the sockets now."""
+        for proto in list(self.connections):
+            if proto.conn is not None:
+                proto.conn.shutdown()
+                proto.flush()
+            if abort and proto.transport is not None:
+                proto.transport.abort()
 
     async def _tick_forever(self) -> None:
         interval = self.config.tick_interval
@@ -112,10 +189,10 @@ class Node:
         self._stopping.set()
         if self.server is not None:
             self.server.close()
-        for proto in list(self.connections):
-            if proto.conn is not None:
-                proto.conn.shutdown()
-                proto.flush()
+        self.admin.close()
+        if self.ha is not None:
+            await self.ha.stop()
+        self.close_connections(abort=False)
         deadline = self.loop.time() + SHUTDOWN_GRACE
         while self.connections and self.loop.time() < deadline:
             await asyncio.sleep(0.05)

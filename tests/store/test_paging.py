@@ -176,7 +176,7 @@ def test_configuration(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     register(parser)
     args = parser.parse_args(["--queue-max-memory", "64KiB", "--data", str(tmp_path)])
-    assert config_from_args(args).limits.queue_max_memory == 64 * 1024
+    assert config_from_args(args)[0].limits.queue_max_memory == 64 * 1024
     with pytest.raises(ConfigError):
         config_from_args(parser.parse_args(["--queue-max-memory", "-1"]))
 

@@ -30,7 +30,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     register(parser)
     args = parser.parse_args(["--config", str(toml), "--store", "sqlite:///x.db",
                               "--store-synchronous", "normal"])
-    cfg = config_from_args(args)
+    cfg, _ = config_from_args(args)
     assert (cfg.store.url, cfg.store.synchronous) == ("sqlite:///x.db", "normal")
 
 

@@ -1,0 +1,121 @@
+"""``brokerha cluster up | simulate``: a local datacenter on loopback, and the HA simulation.
+
+``up`` writes ``DIR/cluster.toml`` (kept on later runs, so the shared secret
+stays the same) and starts every node as its own OS process — so a single
+node can be SIGKILLed — with ``brokerha node --config DIR/cluster.toml --name
+nI --data DIR/nI``. It prints one AMQP URL per node, restarts nothing by
+itself, and on SIGTERM/SIGINT stops the nodes it started (by PID). A node
+killed by hand is started alone again with that same command; it rejoins as
+a backup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ADMIN_OFFSET = 10000
+CLUSTER_OFFSET = 20000
+
+
+def cluster_file(data: Path, nodes: int, base_port: int, name: str) -> Path:
+    """DIR/cluster.toml for ``nodes`` nodes on loopback; an existing file is kept."""
+    data.mkdir(parents=True, exist_ok=True)
+    path = data / "cluster.toml"
+    if path.exists():
+        return path
+    if base_port + nodes - 1 + CLUSTER_OFFSET > 65535:
+        raise SystemExit(f"--base-port {base_port}: ports up to {base_port + nodes - 1} + "
+                         f"{CLUSTER_OFFSET} must be valid; use a base port below "
+                         f"{65536 - CLUSTER_OFFSET - nodes}")
+    secret = data / "secret"
+    if not secret.exists():
+        secret.write_text(secrets.token_hex(24) + "\n")
+        secret.chmod(0o600)
+    lines = [f'[cluster]\nname = "{name}"\nsecret_file = "secret"\n']
+    for i in range(nodes):
+        port = base_port + i
+        lines.append(f'[[cluster.nodes]]\nname = "n{i + 1}"\namqp = "127.0.0.1:{port}"\n'
+                     f'admin = "127.0.0.1:{port + ADMIN_OFFSET}"\n'
+                     f'cluster = "127.0.0.1:{port + CLUSTER_OFFSET}"\n')
+    path.write_text("\n".join(lines))
+    return path
+
+
+def node_command(config: Path, name: str, data: Path, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "brokerha.cli", "node", "--config", str(config),
+            "--name", name, "--data", str(data / name), *extra]
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    data = args.data.resolve()
+    config = cluster_file(data, args.nodes, args.base_port, args.cluster_name)
+    extra = ["--log-level", args.log_level] if args.log_level else []
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for i in range(args.nodes):
+        name = f"n{i + 1}"
+        (data / name).mkdir(parents=True, exist_ok=True)
+        log = open(data / name / "node.log", "ab")  # noqa: SIM115 - owned by the child
+        procs[name] = subprocess.Popen(node_command(config, name, data, extra), stdout=log,
+                                       stderr=subprocess.STDOUT,
+                                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        log.close()
+    print(f"cluster {args.cluster_name}: {args.nodes} nodes, configuration {config}", flush=True)
+    for i, (name, proc) in enumerate(procs.items()):
+        port = args.base_port + i
+        print(f"  {name} pid {proc.pid}  amqp://guest:guest@127.0.0.1:{port}/%2F  "
+              f"admin http://127.0.0.1:{port + ADMIN_OFFSET}  log {data / name / 'node.log'}",
+              flush=True)
+    print(f"status: brokerha ctl --node amqp://127.0.0.1:{args.base_port} status\n"
+          f"restart one node alone: {' '.join(node_command(config, 'nI', data, extra)[1:])} "
+          "(python -m ...)", flush=True)
+    reported: set[str] = set()
+    while not stopping:
+        time.sleep(0.2)
+        for name, proc in procs.items():
+            if proc.poll() is not None and name not in reported:
+                reported.add(name)
+                print(f"node {name} (pid {proc.pid}) exited with {proc.returncode}; not "
+                      "restarting it", flush=True)
+    print("stopping the nodes ...", flush=True)
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for proc in procs.values():
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return 0
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
+    up = sub.add_parser("up", help="start a local N-node cluster on loopback (foreground)")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--base-port", type=int, default=5672,
+                    help="AMQP port of n1; nI gets base+I-1, admin +10000, cluster +20000")
+    up.add_argument("--data", type=Path, default=Path("var/cluster"))
+    up.add_argument("--cluster-name", default="dc1")
+    up.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    up.set_defaults(handler=cmd_up)
+    sim = sub.add_parser("simulate", help="deterministic simulation of election + replication")
+    from brokerha.cluster.simulation import register as register_simulation
+
+    register_simulation(sim)

@@ -1,0 +1,152 @@
+"""``brokerha ctl``: ask nodes what they are doing, tell them what to do.
+
+``--node`` takes a node's admin URL (``http://host:port``) or its AMQP URL
+(``amqp://host:P``, whose admin port is ``P + 10000`` unless configured
+otherwise). ``status`` asks that node for the datacenter's member list, then
+asks every member itself, so the answer does not depend on one node's
+possibly stale view; a member that does not answer is shown as ``down``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import urlsplit
+
+ADMIN_OFFSET = 10000
+TIMEOUT = 3.0
+
+
+class CtlError(Exception):
+    pass
+
+
+def admin_url(node: str) -> str:
+    """The admin base URL for an admin or AMQP URL."""
+    url = urlsplit(node if "://" in node else f"http://{node}")
+    if url.scheme in ("http", "https"):
+        return f"{url.scheme}://{url.hostname}:{url.port or 80}"
+    if url.scheme in ("amqp", "amqps"):
+        port = (url.port or 5672) + ADMIN_OFFSET
+        return f"http://{url.hostname or '127.0.0.1'}:{port}"
+    raise CtlError(f"--node: expected http://HOST:PORT or amqp://HOST:PORT, got {node!r}")
+
+
+def request(base: str, path: str, *, body: Any = None, user: str | None = None,
+            password: str | None = None, timeout: float = TIMEOUT) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, method="GET" if data is None else "POST")
+    req.add_header("Content-Type", "application/json")
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read()).get("error", exc.reason)
+        except ValueError:
+            message = exc.reason
+        raise CtlError(f"{base}{path}: {exc.code} {message}") from exc
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise CtlError(f"{base}{path}: {exc}") from exc
+
+
+def cluster_status(node: str) -> dict[str, Any]:
+    """One object with a ``nodes`` list: each member's own answer, or role ``down``."""
+    base = admin_url(node)
+    first = request(base, "/api/status")
+    members = first.get("members") or [{"name": first["node"]["name"], "admin_url": base,
+                                         "amqp_url": first["node"].get("amqp_url")}]
+    nodes = []
+    for member in members:
+        if member["admin_url"] == base:
+            status = first
+        else:
+            try:
+                status = request(member["admin_url"], "/api/status", timeout=1.5)
+            except CtlError as exc:
+                nodes.append({"name": member["name"], "role": "down", "epoch": None,
+                              "ready": False, "pid": None, "amqp_url": member.get("amqp_url"),
+                              "admin_url": member["admin_url"], "error": str(exc)})
+                continue
+        entry = dict(status["node"])
+        entry["admin_url"] = member["admin_url"]
+        nodes.append(entry)
+    primaries = [n for n in nodes if n.get("role") == "primary"]
+    return {"cluster": first.get("cluster"), "nodes": nodes,
+            "primary": primaries[0]["name"] if len(primaries) == 1 else None,
+            "replication": next((n.get("replication") for n in primaries), None)}
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    print(f"cluster {status.get('cluster') or '(standalone)'}: primary "
+          f"{status.get('primary') or '(none)'}")
+    print(f"{'node':<12} {'role':<9} {'epoch':>5} {'ready':<5} {'pid':>7}  amqp")
+    for n in status["nodes"]:
+        print(f"{n['name']:<12} {n['role']:<9} {n['epoch'] if n['epoch'] is not None else '-':>5} "
+              f"{'yes' if n.get('ready') else 'no':<5} {n.get('pid') or '-':>7}  "
+              f"{n.get('amqp_url') or ''}")
+    replication = status.get("replication") or {}
+    backups = replication.get("backups") or {}
+    if backups:
+        print(f"\nreplication (seq {replication.get('seq')}):")
+        for name, b in sorted(backups.items()):
+            state = "ready" if b.get("ready") else ("timed out" if b.get("timed_out")
+                                                      else "catching up")
+            print(f"  {name:<12} {state:<12} acked {b.get('acked')}  lag {b.get('lag')}")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = cluster_status(args.node)
+    if args.json:
+        json.dump(status, sys.stdout, indent=1, sort_keys=True)
+        print()
+    else:
+        _print_status(status)
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    status = cluster_status(args.node)
+    primary = next((n for n in status["nodes"] if n.get("role") == "primary"), None)
+    if primary is None:
+        raise CtlError("no primary is serving; an election is under way or no majority is up")
+    answer = request(primary["admin_url"], "/api/promote", body={"node": args.target},
+                     user=args.user, password=args.password)
+    if args.json:
+        json.dump(answer, sys.stdout, indent=1, sort_keys=True)
+        print()
+    else:
+        print(answer.get("message", answer))
+    return 0
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node", required=True, metavar="URL",
+                        help="a node's admin URL (http://HOST:PORT) or AMQP URL")
+    parser.add_argument("--user", default="guest", help="administrator user for actions")
+    parser.add_argument("--password", default="guest")
+    sub = parser.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
+    p = sub.add_parser("status", help="roles, epoch, readiness and lag of every node")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(ctl_handler=cmd_status)
+    p = sub.add_parser("promote", help="hand the primary role to a ready backup")
+    p.add_argument("target", metavar="NODE")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(ctl_handler=cmd_promote)
+    parser.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return int(args.ctl_handler(args))
+    except CtlError as exc:
+        print(f"brokerha ctl: {exc}", file=sys.stderr)
+        return 1

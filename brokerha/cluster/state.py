@@ -1,0 +1,65 @@
+"""What a cluster node must remember across a crash: epoch, vote, position.
+
+The election's ``Persist`` action and the backup's position are written here
+before anything that depends on them leaves the node: a vote is sent only
+after its epoch and candidate are on disk, and a backup acknowledges events
+only after the position that covers them is on disk (otherwise a restarted
+voter could vote twice in an epoch, or claim to hold less than it confirmed).
+
+One small JSON file in the data directory, replaced atomically (write a
+temporary file, fsync it, rename over the old one, fsync the directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+FILE_NAME = "cluster-state.json"
+
+
+@dataclass
+class NodeState:
+    epoch: int = 0
+    voted_for: str | None = None
+    # the position (epoch, seq) of the replicated state this node holds;
+    # (-1, -1) while it is catching up (its state is not a consistent copy)
+    pos_epoch: int = 0
+    pos_seq: int = 0
+
+
+class StateFile:
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / FILE_NAME
+        self.state = self._read()
+
+    def _read(self) -> NodeState:
+        try:
+            raw = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return NodeState()
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"cannot read {self.path}: {exc}; refusing to start with a "
+                               "forgotten epoch or vote") from exc
+        return NodeState(**{k: raw[k] for k in asdict(NodeState()) if k in raw})
+
+    def save(self, **changes: object) -> None:
+        """Apply ``changes`` and make them durable before returning."""
+        for key, value in changes.items():
+            if not hasattr(self.state, key):
+                raise AttributeError(key)
+            setattr(self.state, key, value)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump(asdict(self.state), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,155 @@
+"""The ``[cluster]`` section: who the datacenter's nodes are and how they talk.
+
+Reference: docs/ha.md ("Configuration") and docs/configuration.md. Every node
+of a datacenter reads the same file and finds itself in ``[[cluster.nodes]]``
+by its name; a node that is not listed does not start.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from brokerha.node.config import ConfigError, NodeConfig, check_keys, parse_listen
+
+ADMIN_OFFSET = 10000    # RabbitMQ's management port is 15672 for AMQP 5672
+CLUSTER_OFFSET = 20000  # and its inter-node port 25672
+REPLICATE = ("all", "configuration", "none")
+
+_CLUSTER_KEYS = {"name", "secret", "secret_file", "nodes", "tls", "heartbeat_interval",
+                 "lease_timeout", "election_timeout", "backup_timeout", "replicate",
+                 "verification_timeout"}
+_NODE_KEYS = {"name", "amqp", "admin", "cluster"}
+_TLS_KEYS = {"cert", "key", "ca"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def offset_address(amqp: tuple[str, int], offset: int, what: str) -> tuple[str, int]:
+    port = amqp[1] + offset
+    if port > 65535:
+        raise ConfigError(f"{what}: AMQP port {amqp[1]} + {offset} is not a port; set it explicitly")
+    return amqp[0], port
+
+
+@dataclass
+class ClusterMember:
+    name: str
+    amqp: tuple[str, int]
+    admin: tuple[str, int]
+    cluster: tuple[str, int]
+
+    @property
+    def amqp_url(self) -> str:
+        return f"amqp://{self.amqp[0]}:{self.amqp[1]}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.admin[0]}:{self.admin[1]}"
+
+
+@dataclass
+class TLSFiles:
+    cert: Path
+    key: Path
+    ca: Path
+
+
+@dataclass
+class ClusterConfig:
+    name: str
+    secret: bytes
+    members: list[ClusterMember] = field(default_factory=list)
+    tls: TLSFiles | None = None
+    heartbeat_interval: float = 0.2
+    lease_timeout: float = 1.0
+    election_timeout: float = 1.5
+    backup_timeout: float = 5.0
+    verification_timeout: float = 2.0
+    replicate: str = "all"
+
+    def member(self, name: str) -> ClusterMember:
+        for m in self.members:
+            if m.name == name:
+                return m
+        raise ConfigError(f"node '{name}' is not listed in [[cluster.nodes]] "
+                          f"({', '.join(m.name for m in self.members)})")
+
+
+def _positive(table: dict[str, Any], key: str, default: float) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"cluster.{key}: expected a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _member(entry: dict[str, Any], where: str) -> ClusterMember:
+    check_keys(entry, _NODE_KEYS, f"{where} [[cluster.nodes]]")
+    name = str(entry.get("name", ""))
+    if not _NAME.match(name):
+        raise ConfigError(f"{where} [[cluster.nodes]]: bad node name {name!r}")
+    if "amqp" not in entry:
+        raise ConfigError(f"{where} [[cluster.nodes]] '{name}': 'amqp' (HOST:PORT) is required")
+    amqp = parse_listen(str(entry["amqp"]))
+    admin = (parse_listen(str(entry["admin"])) if "admin" in entry
+             else offset_address(amqp, ADMIN_OFFSET, f"node '{name}' admin"))
+    cluster = (parse_listen(str(entry["cluster"])) if "cluster" in entry
+               else offset_address(amqp, CLUSTER_OFFSET, f"node '{name}' cluster"))
+    return ClusterMember(name, amqp, admin, cluster)
+
+
+def parse_cluster(table: dict[str, Any], where: str, base: Path) -> ClusterConfig:
+    """Validate a ``[cluster]`` table; relative file names are relative to ``base``."""
+    check_keys(table, _CLUSTER_KEYS, f"{where} [cluster]")
+    name = str(table.get("name", ""))
+    if not _NAME.match(name):
+        raise ConfigError(f"cluster.name: expected a name such as 'dc1', got {name!r}")
+    if "secret" in table and "secret_file" in table:
+        raise ConfigError("cluster: give secret or secret_file, not both")
+    if "secret_file" in table:
+        try:
+            secret = (base / str(table["secret_file"])).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"cluster.secret_file: {exc}") from exc
+    else:
+        secret = str(table.get("secret", "")).encode()
+    if len(secret) < 16:
+        raise ConfigError("cluster.secret: at least 16 characters are required (peers "
+                          "authenticate with it); none is configured by default")
+    members = [_member(e, where) for e in table.get("nodes", [])]
+    if not members:
+        raise ConfigError("cluster.nodes: list every node of the datacenter")
+    names = [m.name for m in members]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"cluster.nodes: duplicate node names in {names}")
+    cfg = ClusterConfig(name, secret, members)
+    cfg.heartbeat_interval = _positive(table, "heartbeat_interval", cfg.heartbeat_interval)
+    cfg.lease_timeout = _positive(table, "lease_timeout", cfg.lease_timeout)
+    cfg.election_timeout = _positive(table, "election_timeout", cfg.election_timeout)
+    cfg.backup_timeout = _positive(table, "backup_timeout", cfg.backup_timeout)
+    cfg.verification_timeout = _positive(table, "verification_timeout",
+                                         cfg.verification_timeout)
+    if not cfg.heartbeat_interval < cfg.lease_timeout < cfg.election_timeout:
+        raise ConfigError("cluster: need heartbeat_interval < lease_timeout < election_timeout "
+                          "(a deposed primary must stop serving before anyone else is elected)")
+    replicate = str(table.get("replicate", "all")).lower()
+    if replicate not in REPLICATE:
+        raise ConfigError(f"cluster.replicate: expected one of {', '.join(REPLICATE)}, "
+                          f"got {replicate!r}")
+    cfg.replicate = replicate
+    if "tls" in table:
+        tls = table["tls"]
+        check_keys(tls, _TLS_KEYS, f"{where} [cluster.tls]")
+        missing = _TLS_KEYS - set(tls)
+        if missing:
+            raise ConfigError(f"cluster.tls: missing {', '.join(sorted(missing))}")
+        cfg.tls = TLSFiles(*(base / str(tls[k]) for k in ("cert", "key", "ca")))
+    return cfg
+
+
+def apply_cluster(cfg: NodeConfig, cluster: ClusterConfig) -> None:
+    """Take this node's addresses from its entry (flags may not contradict it)."""
+    me = cluster.member(cfg.name)
+    cfg.listen_host, cfg.listen_port = me.amqp
+    cfg.admin_listen = me.admin

@@ -1,0 +1,86 @@
+"""The [cluster] section: a node finds itself in the member list, bad tables are refused."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from brokerha.node import config_from_args, register
+from brokerha.node.cluster_config import parse_cluster
+from brokerha.node.config import ConfigError
+
+SECRET = "0123456789abcdef0123"
+
+
+def table(**overrides: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "name": "dc1", "secret": SECRET,
+        "nodes": [{"name": "n1", "amqp": "127.0.0.1:5672"},
+                  {"name": "n2", "amqp": "127.0.0.1:5673", "admin": "127.0.0.1:9000",
+                   "cluster": "127.0.0.1:9100"}],
+    }
+    base.update(overrides)
+    return base
+
+
+def test_ports_default_to_rabbitmq_offsets_unless_given() -> None:
+    cfg = parse_cluster(table(), "t", Path("."))
+    n1, n2 = cfg.members
+    assert (n1.admin, n1.cluster) == (("127.0.0.1", 15672), ("127.0.0.1", 25672))
+    assert (n2.admin, n2.cluster) == (("127.0.0.1", 9000), ("127.0.0.1", 9100))
+    assert cfg.secret == SECRET.encode() and cfg.replicate == "all"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"secret": "short"}, "at least 16"),
+    ({"secret": ""}, "at least 16"),
+    ({"name": "bad name!"}, "cluster.name"),
+    ({"nodes": []}, "list every node"),
+    ({"nodes": [{"name": "a", "amqp": "127.0.0.1:1"}, {"name": "a", "amqp": "127.0.0.1:2"}]},
+     "duplicate"),
+    ({"nodes": [{"name": "a"}]}, "'amqp'"),
+    ({"nodes": [{"name": "a", "amqp": "127.0.0.1:50000"}]}, "not a port"),
+    ({"lease_timeout": 2.0}, "lease_timeout < election_timeout"),
+    ({"heartbeat_interval": 0}, "positive"),
+    ({"replicate": "some"}, "cluster.replicate"),
+    ({"colour": "blue"}, "unknown key"),
+    ({"tls": {"cert": "a.pem"}}, "missing"),
+])
+def test_bad_cluster_tables_are_refused_with_the_reason(overrides: dict[str, object],
+                                                         message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_cluster(table(**overrides), "t", Path("."))
+
+
+def test_secret_file_is_read_relative_to_the_config(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text(SECRET + "\n")
+    tbl = table()
+    del tbl["secret"]
+    tbl["secret_file"] = "secret"
+    assert parse_cluster(tbl, "t", tmp_path).secret == SECRET.encode()
+
+
+def _args(tmp_path: Path, *argv: str) -> argparse.Namespace:
+    (tmp_path / "c.toml").write_text(
+        f'[cluster]\nname = "dc1"\nsecret = "{SECRET}"\n'
+        '[[cluster.nodes]]\nname = "n1"\namqp = "127.0.0.1:5800"\n'
+        '[[cluster.nodes]]\nname = "n2"\namqp = "127.0.0.1:5801"\n')
+    parser = argparse.ArgumentParser()
+    register(parser)
+    return parser.parse_args(["--config", str(tmp_path / "c.toml"), *argv])
+
+
+def test_node_takes_its_addresses_from_its_cluster_entry(tmp_path: Path) -> None:
+    cfg, cluster = config_from_args(_args(tmp_path, "--name", "n2"))
+    assert cluster is not None and cluster.name == "dc1"
+    assert (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 5801)
+    assert cfg.admin_listen == ("127.0.0.1", 15801)
+
+
+def test_unlisted_node_and_contradicting_listen_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not listed"):
+        config_from_args(_args(tmp_path, "--name", "n9"))
+    with pytest.raises(ConfigError, match="contradicts"):
+        config_from_args(_args(tmp_path, "--name", "n1", "--listen", "127.0.0.1:5999"))
