@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from brokerha.broker.dedup import MAX_WINDOW, WINDOW_ARG
 from brokerha.broker.errors import PreconditionFailed
 from brokerha.broker.queue import OVERFLOW_MODES
 
@@ -14,6 +15,7 @@ _INT_ARGS = {
     "x-max-length": 0,
     "x-max-length-bytes": 0,
     "x-max-priority": 0,
+    WINDOW_ARG: 1,
 }
 MAX_PRIORITY = 255
 
@@ -38,6 +40,8 @@ def validate_queue_arguments(vhost: str, name: str, args: dict[str, Any]) -> Non
             raise bad(arg, f"{{value_negative,{value}}}" if value < 0 else f"{{value_zero,{value}}}")
     if args.get("x-max-priority", 0) > MAX_PRIORITY:
         raise bad("x-max-priority", f"{{value_too_large,{args['x-max-priority']},{MAX_PRIORITY}}}")
+    if args.get(WINDOW_ARG, 0) > MAX_WINDOW:
+        raise bad(WINDOW_ARG, f"{{value_too_large,{args[WINDOW_ARG]},{MAX_WINDOW}}}")
     overflow = args.get("x-overflow")
     if overflow is not None and overflow not in OVERFLOW_MODES:
         raise bad("x-overflow", f"{{unacceptable_value,{overflow}}}")
@@ -94,5 +98,5 @@ def _type_name(value: Any) -> str:
 QUEUE_EQUIVALENCE_ARGS = (
     "x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow",
     "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-max-priority",
-    "x-queue-type", "x-ha-replicate", "x-global",
+    "x-queue-type", "x-ha-replicate", "x-global", "x-deduplication-window",
 )

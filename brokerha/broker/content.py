@@ -97,6 +97,41 @@ def scan_properties(header: bytes) -> Scanned:
     return out
 
 
+def read_message_id(header: bytes) -> str | None:
+    """The ``message_id`` property, or None (read only by deduplicating queues).
+
+    Bytes that are not UTF-8 are kept distinct (surrogateescape).
+    """
+    flags = (header[_PREFIX] << 8) | header[_PREFIX + 1]
+    if not flags & F_MESSAGE_ID:
+        return None
+    pos = _PREFIX + 2
+    while header[pos - 1] & 1:
+        pos += 2
+    try:
+        if flags & F_CONTENT_TYPE:
+            pos += 1 + header[pos]
+        if flags & F_CONTENT_ENCODING:
+            pos += 1 + header[pos]
+        if flags & F_HEADERS:
+            pos += 4 + _U32.unpack_from(header, pos)[0]
+        if flags & F_DELIVERY_MODE:
+            pos += 1
+        if flags & F_PRIORITY:
+            pos += 1
+        if flags & F_CORRELATION_ID:
+            pos += 1 + header[pos]
+        if flags & F_REPLY_TO:
+            pos += 1 + header[pos]
+        if flags & F_EXPIRATION:
+            pos += 1 + header[pos]
+        n = header[pos]
+    except (IndexError, struct.error):
+        return None
+    raw = header[pos + 1 : pos + 1 + n]
+    return raw.decode("utf-8", "surrogateescape") if len(raw) == n else None
+
+
 def read_headers(header: bytes, headers_at: int) -> dict[str, Any]:
     """Decode the headers table (for the headers exchange and dead-lettering)."""
     if headers_at < 0:

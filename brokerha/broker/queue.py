@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from brokerha.broker.dedup import WINDOW_ARG, DedupWindow
 from brokerha.broker.errors import AccessRefused
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.paging import PAGED, Pager
@@ -185,6 +186,9 @@ class Queue:
         self.dead_letter_exchange: str | None = args.get("x-dead-letter-exchange")
         self.dead_letter_routing_key: str | None = args.get("x-dead-letter-routing-key")
         self.ready = ReadyList(int(args.get("x-max-priority", 0) or 0))
+        window = args.get(WINDOW_ARG)  # brokerha.broker.dedup; None costs one check per message
+        self.dedup: DedupWindow | None = (
+            DedupWindow(window, f"queue '{name}' in vhost '{vhost}'") if window else None)
         self.ready_bytes = 0
         # paging (brokerha.broker.paging): bytes of ready entries paged or about to be
         self.pager = self.memory.pager if durable else None
@@ -212,6 +216,11 @@ class Queue:
         return len(self.consumers)
 
     @property
+    def dedup_dropped(self) -> int:
+        """Publishes dropped as duplicates (x-deduplication-window)."""
+        return self.dedup.dropped if self.dedup is not None else 0
+
+    @property
     def has_timers(self) -> bool:
         return self.message_ttl is not None or self.expires is not None
 
@@ -226,13 +235,18 @@ class Queue:
             ttl = message.expiration_ms if ttl is None else min(ttl, message.expiration_ms)
         return None if ttl is None else now + ttl / 1000.0
 
-    def enqueue(self, message: Message) -> bool:
+    def enqueue(self, message: Message, *, deduplicate: bool = True) -> bool:
         """Put a routed message on the queue; False when the overflow policy refuses it.
 
         drop-head makes room by discarding the oldest entries; a limit of zero
         leaves no room at all, and then the new message itself is discarded
-        (accepted, like RabbitMQ, but never delivered).
+        (accepted, like RabbitMQ, but never delivered). A message whose id the
+        deduplication window holds is dropped and accepted (it was stored
+        already); the broker's own republishes (dead-lettering) pass
+        ``deduplicate=False``.
         """
+        if self.dedup is not None and deduplicate and self.dedup.drops(message):
+            return True
         if self._full(message) and not self._make_room(message):
             if self.overflow != "drop-head":
                 if self.overflow == "reject-publish-dlx":
@@ -249,6 +263,8 @@ class Queue:
         """Append an entry whose position was assigned elsewhere (replication, recovery)."""
         if entry.position >= self.next_position:
             self.next_position = entry.position + 1
+        if self.dedup is not None:
+            self.dedup.remember(entry.message)
         for hook in self.hooks.enqueued:
             hook(self, entry)
         if self.consumers and not self.ready and not self._dispatching:
@@ -283,6 +299,8 @@ class Queue:
         """Put back an entry recovered from the store (no hooks: it is stored already)."""
         if entry.position >= self.next_position:
             self.next_position = entry.position + 1
+        if self.dedup is not None:
+            self.dedup.remember(entry.message)
         self.ready.append(entry)
         size = entry.message.size
         self.ready_bytes += size

@@ -334,7 +334,7 @@ class VirtualHost:
             dead = Message(dlx.name, key, header, message.body)
             targets = [q for q in self.route(dlx, dead) if q is not queue or reason != "expired"]
             for target in targets:
-                target.enqueue(dead)
+                target.enqueue(dead, deduplicate=False)  # a DLX retry loop must not drop it
 
     # -- timers ------------------------------------------------------------------------
 
