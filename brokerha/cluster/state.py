@@ -28,6 +28,10 @@ class NodeState:
     # (-1, -1) while it is catching up (its state is not a consistent copy)
     pos_epoch: int = 0
     pos_seq: int = 0
+    # the highest valid position ever held (election.py's vote floor): it must
+    # survive a crash during a catch-up, when the position itself is (-1, -1)
+    floor_epoch: int = 0
+    floor_seq: int = 0
 
 
 class StateFile:
@@ -46,11 +50,17 @@ class StateFile:
         return NodeState(**{k: raw[k] for k in asdict(NodeState()) if k in raw})
 
     def save(self, **changes: object) -> None:
-        """Apply ``changes`` and make them durable before returning."""
+        """Apply ``changes`` and make them durable before returning.
+
+        A new position raises the floor with it (never lowers it).
+        """
         for key, value in changes.items():
             if not hasattr(self.state, key):
                 raise AttributeError(key)
             setattr(self.state, key, value)
+        st = self.state
+        if (st.pos_epoch, st.pos_seq) > (st.floor_epoch, st.floor_seq):
+            st.floor_epoch, st.floor_seq = st.pos_epoch, st.pos_seq
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as f:

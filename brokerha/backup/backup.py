@@ -1,0 +1,162 @@
+"""Backup: applies one primary's events to this node's broker (sans-I/O).
+
+The node sends ``join_message()`` to the primary it follows and passes every
+``Events`` packet from it to ``receive``. The primary answers the join with a
+catch-up (``b`` ... ``s`` ... ``c``) and then live events; they are applied in
+seq order: an old or repeated seq is ignored, a gap raises ``ReplicationError``
+and events of an older epoch ``StaleEpoch`` (the caller logs it and joins
+again). Until the CaughtUp marker is applied the broker holds a mix of old and
+new state, so the node's position is INVALID; from then on it is
+``(epoch, applied_seq)``.
+
+Acknowledgement contract: an ``Ack`` promises the primary that everything up
+to its seq survives a crash of this node, since a confirm may go out on it.
+So the caller sends ``ack_message()`` only from
+``broker.store.after_sync(...)`` (the store has synced what was applied) and
+after persisting ``position`` when caught up. Transient messages are held in
+memory like on the primary; the backup's Store observes its broker like on any
+node and keeps the persistent messages of durable queues.
+
+A backup's broker has no clients, hence no consumers, and no ``Primary``
+observing it (refused at construction), so applying an event feeds nothing
+back. Its queues keep no timers (``backup.timers``): TTL and ``x-expires``
+act through the primary's dequeue and delete events.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+from brokerha.backup.broker_replicator import CONFIGURATION_EVENTS, BrokerReplicator
+from brokerha.backup.queue_replicator import QueueReplicator
+from brokerha.backup.timers import hold_all_timers, resume_timers
+from brokerha.broker.broker import Broker
+from brokerha.broker.queue import Queue
+from brokerha.cluster import replication as R
+from brokerha.cluster.ranges import to_ranges
+from brokerha.cluster.replication import Ack, Events, Join, ReplicationError, StaleEpoch
+
+log = logging.getLogger(__name__)
+
+INVALID = (-1, -1)
+_sessions = itertools.count(1)
+
+
+def as_position(position: Any) -> tuple[int, int]:
+    """(epoch, seq) from an election ``Position`` or a pair."""
+    if hasattr(position, "epoch"):
+        return int(position.epoch), int(position.seq)
+    epoch, seq = position
+    return int(epoch), int(seq)
+
+
+class Backup:
+    def __init__(self, broker: Broker, *, me: str, epoch: int, position: Any) -> None:
+        if any(getattr(o, "is_ha_primary", False) for o in broker.observers.configuration):
+            raise RuntimeError("a backup's broker must not be observed by a Primary: "
+                               "close the Primary first")
+        self.broker = broker
+        self.me = me
+        self.epoch = epoch
+        self.last_position = as_position(position)  # the last consistent one, for the Join
+        self.session = 0
+        self.applied_seq = -1
+        self.caught_up = False
+        self._catching_up = False
+        self.config = BrokerReplicator(broker, self._queue_gone)
+        self._queues: dict[tuple[str, str], QueueReplicator] = {}
+        hold_all_timers(broker)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(epoch, applied_seq) once caught up; INVALID while catching up."""
+        return (self.epoch, self.applied_seq) if self.caught_up else INVALID
+
+    def close(self) -> None:
+        """Stop following: the queues keep time again (a promoted node's)."""
+        resume_timers(self.broker, self.broker.clock())
+
+    # -- to the primary ----------------------------------------------------------------
+
+    def join_message(self) -> Join:
+        """Start (again) from a catch-up; nothing is applied until its answer arrives."""
+        if self.caught_up:
+            self.last_position = self.position
+        self.session = next(_sessions)
+        self.applied_seq = -1
+        self.caught_up = self._catching_up = False
+        epoch, seq = self.last_position
+        return Join(self.epoch, self.me, epoch, seq, self._inventory(), self.session)
+
+    def _inventory(self) -> list[Any]:
+        out: list[Any] = []
+        for vhost in self.broker.vhosts.values():
+            for q in vhost.queues.values():
+                if q.exclusive_owner is None:
+                    out.append([vhost.name, q.name, q.arguments.get(R.HA_ID),
+                                to_ranges(e.position for e in q.ready)])
+        return out
+
+    def ack_message(self) -> Ack:
+        """Send only once the store synced what was applied (see the module docstring)."""
+        return Ack(self.epoch, self.me, self.applied_seq)
+
+    # -- from the primary --------------------------------------------------------------
+
+    def receive(self, msg: Events) -> None:
+        if msg.epoch < self.epoch:
+            raise StaleEpoch(f"events of epoch {msg.epoch}; this backup follows epoch {self.epoch}")
+        if msg.epoch > self.epoch:
+            raise ReplicationError(f"events of epoch {msg.epoch} from a primary not joined "
+                                   f"(this backup follows epoch {self.epoch})")
+        events = msg.events
+        if not (self._catching_up or self.caught_up):
+            if not events or events[0][:2] != [R.CATCH_UP_BEGINS, self.session]:
+                return  # an earlier session's tail, before the answer to our join
+            self._catching_up = True
+            self.applied_seq = msg.first_seq - 1
+        for offset, event in enumerate(events):
+            seq = msg.first_seq + offset
+            if seq <= self.applied_seq:
+                continue
+            if seq != self.applied_seq + 1:
+                raise ReplicationError(f"gap: event {seq} after {self.applied_seq}")
+            self._apply(seq, event)
+            self.applied_seq = seq
+
+    def _apply(self, seq: int, event: list[Any]) -> None:
+        kind = event[0]
+        if kind == R.ENQUEUED:
+            self._replicator(event[1], event[2]).enqueue(*event[3:])
+        elif kind == R.DEQUEUED:
+            self._replicator(event[1], event[2]).dequeue(event[3])
+        elif kind in CONFIGURATION_EVENTS:
+            self.config.apply(event)
+        elif kind == R.CATCH_UP_BEGINS:
+            if event[1] != self.session or self.caught_up:
+                raise ReplicationError(f"catch-up of session {event[1]} not expected")
+            self.config.snapshot_begins()
+        elif kind == R.SNAPSHOT_DONE:
+            self.config.snapshot_done()
+        elif kind == R.CAUGHT_UP:
+            if event[1] != seq:
+                raise ReplicationError(f"CaughtUp marker for {event[1]} at seq {seq}")
+            self.caught_up, self._catching_up = True, False
+        else:
+            raise ReplicationError(f"unknown event {kind!r}")
+
+    def _replicator(self, vhost_name: str, name: str) -> QueueReplicator:
+        vhost = self.broker.vhosts.get(vhost_name)
+        q = vhost.queues.get(name) if vhost is not None else None
+        if q is None:
+            raise ReplicationError(f"event on unknown queue '{name}' in vhost '{vhost_name}'")
+        key = (vhost_name, name)
+        replicator = self._queues.get(key)
+        if replicator is None or replicator.queue is not q:
+            replicator = self._queues[key] = QueueReplicator(q, self.broker.clock)
+        return replicator
+
+    def _queue_gone(self, q: Queue) -> None:
+        self._queues.pop((q.vhost, q.name), None)

@@ -1,0 +1,31 @@
+"""A backup's queues keep no time of their own; a primary's do.
+
+Message TTL and ``x-expires`` run from ``VirtualHost.tick`` over the vhost's
+``timed_queues``. On a backup the primary's dequeue and delete events are
+authoritative (a backup that expired messages by its own clock would disagree
+with the primary about what a queue holds), so its queues are taken off that
+set; a promoted node puts them back, counting ``x-expires`` from the promotion.
+"""
+
+from __future__ import annotations
+
+from brokerha.broker.broker import Broker
+from brokerha.broker.queue import Queue
+from brokerha.broker.vhost import VirtualHost
+
+
+def hold_timers(vhost: VirtualHost, queue: Queue) -> None:
+    vhost.timed_queues.discard(queue)
+
+
+def hold_all_timers(broker: Broker) -> None:
+    for vhost in broker.vhosts.values():
+        vhost.timed_queues.clear()
+
+
+def resume_timers(broker: Broker, now: float) -> None:
+    for vhost in broker.vhosts.values():
+        for queue in vhost.queues.values():
+            if queue.has_timers and queue not in vhost.timed_queues:
+                queue.last_used = now
+                vhost.timed_queues.add(queue)

@@ -1,0 +1,329 @@
+"""Primary: what the primary node tells its backups, and when a confirm may go.
+
+Sans-I/O. It observes the primary's broker (configuration and queue events),
+numbers every replicated event with the next ``seq`` and queues it for every
+joined backup; the node takes each backup's packets with ``take_outbox`` and
+feeds back ``backup_joined`` / ``backup_acked`` / ``backup_lost`` / ``tick``.
+As a replication barrier of ``Broker.after_durable`` it holds a confirm until
+``replicated()`` (``cluster.quorum.replicated_seq`` over the joined backups)
+reaches the seq of everything done before it.
+
+Positions are the replication ids, so no two primaries may give one id to two
+messages: a primary of ``epoch`` numbers new entries from ``epoch << 40`` up
+(at least; above every id it holds), so what a deposed primary enqueued
+without replicating can never be mistaken, on its return, for something else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from brokerha.backup.timers import resume_timers
+from brokerha.broker.broker import Broker
+from brokerha.broker.exchange import Binding, Exchange
+from brokerha.broker.message import Entry
+from brokerha.broker.observers import ConfigurationObserver, QueueObserver
+from brokerha.broker.queue import Queue
+from brokerha.cluster import replication as R
+from brokerha.cluster.quorum import replicated_seq
+from brokerha.cluster.ranges import RangeSet
+from brokerha.cluster.replication import Events, Join, ReplicationError
+from brokerha.primary import events as ev
+from brokerha.primary.events import Event
+from brokerha.primary.policy import check_default, queue_policy
+from brokerha.primary.queue_guard import QueueGuard
+from brokerha.primary.remote_backup import RemoteBackup
+from brokerha.primary.replicating_subscription import ReplicatingSubscription
+from brokerha.primary.snapshot import configuration
+
+log = logging.getLogger(__name__)
+
+POSITION_EPOCH_SHIFT = 40
+
+
+class Primary(ConfigurationObserver, QueueObserver):
+    is_ha_primary = True  # a Backup refuses a broker that still has one registered
+
+    def __init__(self, broker: Broker, *, me: str, members: int, epoch: int, start_seq: int,
+                 clock: Callable[[], float], backup_timeout: float,
+                 replicate: str = R.REPLICATE_ALL,
+                 on_output: Callable[[], None] | None = None) -> None:
+        self.broker = broker
+        # called when events wait to be sent and none did before: the I/O layer
+        # schedules one flush (take_outbox) per loop iteration from it
+        self.on_output = on_output
+        self.me = me
+        self.members = members
+        self.epoch = epoch
+        self.seq = start_seq
+        self.clock = clock
+        self.backup_timeout = backup_timeout
+        self.default_policy = check_default(replicate)
+        self.sessions: dict[str, RemoteBackup] = {}
+        self._tail: list[tuple[int, Event]] = []  # emitted, not yet in the outboxes
+        self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
+        self._policies: dict[Queue, str] = {}
+        self._acquired: dict[Queue, dict[int, Entry]] = {}
+        self._take_over()
+        # first, so a new queue's x-ha-id is set before the store records it
+        broker.observers.configuration.insert(0, self)
+        broker.observers.add_queue_observer(self)
+        broker.replication_barriers.append(self.barrier)
+
+    def _take_over(self) -> None:
+        """Make the broker a primary's: own timers, epoch-unique ids, queue identities."""
+        resume_timers(self.broker, self.clock())
+        floor = self.epoch << POSITION_EPOCH_SHIFT
+        for vhost in self.broker.vhosts.values():
+            for q in vhost.queues.values():
+                q.next_position = max(q.next_position, floor)
+                if self._policy(q) != R.REPLICATE_NONE and R.HA_ID not in q.arguments:
+                    q.arguments[R.HA_ID] = f"{self.epoch}.{self.seq}.{q.name}"
+                    self.broker.store.queue_declared(q)  # an upsert: the store keeps the id
+
+    def close(self) -> None:
+        """Unregister from the broker; pending confirms are never released."""
+        observers = self.broker.observers
+        if self in observers.configuration:
+            observers.configuration.remove(self)
+        hooks = observers.queue_hooks
+        for name in hooks.EVENTS:
+            methods = getattr(hooks, name)
+            methods[:] = [m for m in methods if getattr(m, "__self__", None) is not self]
+        if self.barrier in self.broker.replication_barriers:
+            self.broker.replication_barriers.remove(self.barrier)
+        self._waiters.clear()
+        self.sessions.clear()
+        self._tail.clear()
+
+    # -- policy ------------------------------------------------------------------------
+
+    def _policy(self, q: Queue) -> str:
+        policy = self._policies.get(q)
+        if policy is None:
+            policy = self._policies[q] = queue_policy(q, self.default_policy)
+        return policy
+
+    def _replicated(self, q: Queue) -> bool:
+        return self._policy(q) != R.REPLICATE_NONE
+
+    def _messages_replicated(self, q: Queue) -> bool:
+        return self._policy(q) == R.REPLICATE_ALL
+
+    # -- the log -----------------------------------------------------------------------
+
+    def _emit(self, event: Event) -> None:
+        self.seq += 1
+        if self.sessions:
+            if not self._tail and self.on_output is not None:
+                self.on_output()
+            self._tail.append((self.seq, event))
+
+    def _flush_tail(self) -> None:
+        if not self._tail:
+            return
+        for session in self.sessions.values():
+            session.outbox.extend(self._tail)
+        self._tail = []
+
+    # -- configuration observer ----------------------------------------------------------
+
+    def exchange_declared(self, exchange: Exchange) -> None:
+        self._emit(ev.exchange_declared(exchange))
+
+    def exchange_deleted(self, exchange: Exchange) -> None:
+        self._emit(ev.exchange_deleted(exchange))
+
+    def queue_declared(self, queue: Queue) -> None:
+        if not self._replicated(queue):
+            return
+        queue.arguments[R.HA_ID] = f"{self.epoch}.{self.seq + 1}"
+        self._emit(ev.queue_declared(queue))
+
+    def queue_deleted(self, queue: Queue) -> None:
+        replicated = self._replicated(queue)
+        self._policies.pop(queue, None)
+        self._acquired.pop(queue, None)
+        if replicated:
+            self._emit(ev.queue_deleted(queue))
+
+    def binding_created(self, binding: Binding) -> None:
+        if self._binding_replicated(binding):
+            self._emit(ev.binding(R.BINDING_CREATED, binding))
+
+    def binding_deleted(self, binding: Binding) -> None:
+        if self._binding_replicated(binding):
+            self._emit(ev.binding(R.BINDING_DELETED, binding))
+
+    def _binding_replicated(self, binding: Binding) -> bool:
+        dest = binding.destination
+        return isinstance(dest, Exchange) or self._replicated(dest)
+
+    # -- queue observer ------------------------------------------------------------------
+
+    def enqueued(self, queue: Queue, entry: Entry) -> None:
+        if self._messages_replicated(queue):
+            now = self.clock() if entry.expires_at is not None else 0.0
+            self._emit(ev.enqueued(queue, entry, now))
+
+    def acquired(self, queue: Queue, entry: Entry) -> None:
+        if self._messages_replicated(queue):
+            self._acquired.setdefault(queue, {})[entry.position] = entry
+
+    def requeued(self, queue: Queue, entry: Entry) -> None:
+        held = self._acquired.get(queue)
+        if held:
+            held.pop(entry.position, None)
+
+    def dequeued(self, queue: Queue, entry: Entry) -> None:
+        held = self._acquired.get(queue)
+        if held:
+            held.pop(entry.position, None)
+        if queue.deleted or not self._messages_replicated(queue):
+            return  # a deleted queue goes as a whole
+        tail = self._tail
+        if tail and tail[-1][0] == self.seq and ev.is_dequeue_of(tail[-1][1], queue):
+            tail[-1][1][3].append(entry.position)  # the last event, not sent yet: one seq
+        else:
+            self._emit(ev.dequeued(queue, [entry.position]))
+
+    # -- backups -------------------------------------------------------------------------
+
+    def backup_joined(self, join: Join) -> None:
+        """Answer a join at once: configuration, per-queue catch-up, the CaughtUp marker.
+
+        Nothing can happen on the broker while this runs, so the answer is the
+        state at ``self.seq`` exactly; live events follow from ``seq + 1``.
+        """
+        if join.epoch != self.epoch:
+            raise ReplicationError(f"join of epoch {join.epoch}; this primary is of {self.epoch}")
+        self._flush_tail()  # those events are in the snapshot: not for the newcomer
+        if self.sessions.pop(join.node, None) is not None:
+            log.info("backup %s joins again: its previous session ends", join.node)
+        now = self.clock()
+        held = {(v, q): (ha_id, ranges) for v, q, ha_id, ranges in join.inventory}
+        out: list[Event] = [[R.CATCH_UP_BEGINS, join.session]]
+        out.extend(configuration(self.broker, self._replicated))
+        out.append([R.SNAPSHOT_DONE])
+        ends: list[tuple[Queue, int]] = []
+        subscriptions = []
+        for vhost in self.broker.vhosts.values():
+            for q in vhost.queues.values():
+                if not self._replicated(q):
+                    continue
+                ha_id, ranges = held.get((q.vhost, q.name), (None, []))
+                if ha_id != q.arguments.get(R.HA_ID):
+                    ranges = []  # another incarnation: the backup replaces it, empty
+                sub = ReplicatingSubscription(q, RangeSet(ranges))
+                out.extend(sub.catch_up(self._entries(q), now, self.broker.store.read_bodies))
+                subscriptions.append(sub)
+                ends.append((q, len(out) - 1))
+        join_seq = self.seq
+        out.append([R.CAUGHT_UP, join_seq])
+        first = join_seq - len(out) + 1
+        session = RemoteBackup(join.node, join_seq, first, now)
+        session.outbox.extend((first + i, event) for i, event in enumerate(out))
+        session.subscriptions = subscriptions
+        session.guards = [QueueGuard(q.vhost, q.name, q.next_position, join_seq, first + end)
+                          for q, end in ends]
+        self.sessions[join.node] = session
+        log.info("backup %s joined at seq %d: catch-up of %d events (%d messages sent, "
+                 "%d skipped, %d dropped)", join.node, join_seq, len(out),
+                 sum(s.sent for s in subscriptions), sum(s.skipped for s in subscriptions),
+                 sum(s.dropped for s in subscriptions))
+
+    def _entries(self, q: Queue) -> list[Entry]:
+        """Everything on the queue: ready, and acquired but not yet acknowledged."""
+        if not self._messages_replicated(q):
+            return []
+        return [*q.ready, *self._acquired.get(q, {}).values()]
+
+    def backup_acked(self, node: str, seq: int) -> None:
+        session = self.sessions.get(node)
+        if session is None:
+            return
+        was_caught_up = session.caught_up
+        if not session.ack(seq, self.clock()):
+            return
+        if session.caught_up and not was_caught_up:
+            log.info("backup %s caught up at seq %d: ready", node, session.join_seq)
+        self._release()
+
+    def backup_lost(self, node: str, reason: str) -> None:
+        if self.sessions.pop(node, None) is not None:
+            log.warning("backup %s lost (%s): confirms no longer wait for it", node, reason)
+            self._release()
+
+    def tick(self, now: float) -> None:
+        """Drop from the guarded set a backup that owes an acknowledgement for too long."""
+        changed = False
+        for node, session in self.sessions.items():
+            silent = session.silent_for(now)
+            if session.guarded and silent > self.backup_timeout:
+                session.timed_out = True
+                changed = True
+                log.warning("backup %s silent for %.1fs (backup_timeout %.1fs): it leaves the "
+                            "guarded set until it joins again", node, silent, self.backup_timeout)
+        if changed:
+            self._release()
+
+    def take_outbox(self, node: str) -> list[Events]:
+        self._flush_tail()
+        session = self.sessions.get(node)
+        if session is None:
+            return []
+        return session.take_outbox(self.epoch, self.clock())
+
+    def ready_backups(self) -> list[str]:
+        return sorted(n for n, s in self.sessions.items() if s.ready)
+
+    # -- the confirm barrier -------------------------------------------------------------
+
+    def replicated(self) -> int:
+        """The highest seq replicated by the quorum rule (``cluster/quorum.py``).
+
+        A backup still catching up holds no consistent copy, so it does not count
+        for the majority; but it is guarded: nothing after its join is confirmed
+        before it has caught up and acknowledged it.
+        """
+        acked = {n: s.acked for n, s in self.sessions.items() if s.acked is not None}
+        guarded = [n for n, s in self.sessions.items() if s.ready]
+        limit = replicated_seq(self.seq, acked, guarded, self.members)
+        for s in self.sessions.values():
+            if s.guarded and not s.caught_up:
+                limit = min(limit, s.join_seq)
+        return limit
+
+    def barrier(self, callback: Callable[[], None]) -> None:
+        """A replication barrier: ``callback`` once everything emitted so far is replicated."""
+        target = self.seq
+        if not self._waiters and target <= self.replicated():
+            callback()
+            return
+        self._waiters.append((target, callback))
+
+    def _release(self) -> None:
+        waiters = self._waiters
+        if not waiters:
+            return
+        done = self.replicated()
+        while waiters and waiters[0][0] <= done:
+            _, callback = waiters.popleft()
+            callback()
+
+    # -- status --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "seq": self.seq,
+            "replicated": self.replicated(),
+            "members": self.members,
+            "replicate": self.default_policy,
+            "waiting_confirms": len(self._waiters),
+            "ready_backups": self.ready_backups(),
+            "backups": {n: s.status(self.seq) for n, s in sorted(self.sessions.items())},
+        }

@@ -1,0 +1,109 @@
+"""RemoteBackup: the primary's view of one joined backup (Qpid's name).
+
+It holds what is still to be sent (the outbox), what the backup acknowledged,
+the QueueGuards and ReplicatingSubscriptions of its join, and whether it has
+gone silent. Acknowledgements below the join's seq only report catch-up
+progress: until the backup acknowledged the CaughtUp marker it holds no
+consistent copy, so it neither counts for a majority nor is ready.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from brokerha.cluster.replication import Events
+from brokerha.primary.events import Event, event_size
+from brokerha.primary.queue_guard import QueueGuard
+from brokerha.primary.replicating_subscription import ReplicatingSubscription
+
+EVENTS_PER_PACKET = 2048
+BYTES_PER_PACKET = 1 << 20
+
+
+class RemoteBackup:
+    def __init__(self, node: str, join_seq: int, first_seq: int, now: float) -> None:
+        self.node = node
+        self.join_seq = join_seq      # the CaughtUp marker's seq
+        self.first_seq = first_seq    # the catch-up's first seq (acks below mean nothing)
+        self.outbox: deque[tuple[int, Event]] = deque()
+        self.sent_seq = first_seq - 1
+        self.progress = first_seq - 1  # highest acknowledged seq, catch-up included
+        self.guards: list[QueueGuard] = []
+        self.subscriptions: list[ReplicatingSubscription] = []
+        self.timed_out = False
+        self.waiting_since: float | None = None  # sent but unacknowledged since
+        self.joined_at = now
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Acknowledged the marker and not timed out: may be promoted, is guarded."""
+        return self.caught_up and not self.timed_out
+
+    @property
+    def caught_up(self) -> bool:
+        return self.progress >= self.join_seq
+
+    @property
+    def acked(self) -> int | None:
+        """The acknowledgement that counts for the quorum (None while catching up)."""
+        return self.progress if self.caught_up else None
+
+    @property
+    def guarded(self) -> bool:
+        return not self.timed_out
+
+    # -- sending -----------------------------------------------------------------------
+
+    def queue(self, seq: int, event: Event) -> None:
+        self.outbox.append((seq, event))
+
+    def take_outbox(self, epoch: int, now: float) -> list[Events]:
+        """The queued events as packets of consecutive seqs, bounded in count and bytes."""
+        packets: list[Events] = []
+        outbox = self.outbox
+        while outbox:
+            first = outbox[0][0]
+            batch: list[Any] = []
+            size = 0
+            while outbox and len(batch) < EVENTS_PER_PACKET and size < BYTES_PER_PACKET:
+                _, event = outbox.popleft()
+                batch.append(event)
+                size += event_size(event)
+            packets.append(Events(epoch, first, batch))
+            self.sent_seq = first + len(batch) - 1
+        if packets and self.waiting_since is None:
+            self.waiting_since = now
+        return packets
+
+    # -- acknowledgements and silence --------------------------------------------------
+
+    def ack(self, seq: int, now: float) -> bool:
+        """Record a cumulative acknowledgement; True if it moved forward."""
+        if seq <= self.progress or seq > self.sent_seq:
+            return False
+        self.progress = seq
+        self.waiting_since = None if seq >= self.sent_seq and not self.outbox else now
+        return True
+
+    def silent_for(self, now: float) -> float:
+        """Seconds it has owed an acknowledgement (0 when it owes none)."""
+        return 0.0 if self.waiting_since is None else now - self.waiting_since
+
+    def status(self, seq: int) -> dict[str, Any]:
+        acked = self.acked
+        return {
+            "ready": self.ready,
+            "caught_up": self.caught_up,
+            "timed_out": self.timed_out,
+            "acked": acked,
+            "lag": None if acked is None else seq - acked,
+            "join_seq": self.join_seq,
+            "queues": len(self.guards),
+            "queues_caught_up": sum(1 for g in self.guards if g.passed(self.progress)),
+            "catch_up": {"sent": sum(s.sent for s in self.subscriptions),
+                         "skipped": sum(s.skipped for s in self.subscriptions),
+                         "dropped": sum(s.dropped for s in self.subscriptions)},
+        }

@@ -1,0 +1,41 @@
+"""The configuration part of a catch-up (BrokerReplicator's input on the backup).
+
+Every vhost, every exchange but the standard ones (every vhost has those),
+every replicated queue and every binding whose destination is replicated. The
+backup deletes whatever of its own the snapshot does not name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from brokerha.broker.broker import Broker
+from brokerha.broker.exchange import Exchange
+from brokerha.broker.queue import Queue
+from brokerha.broker.vhost import STANDARD_EXCHANGES
+from brokerha.cluster import replication as R
+from brokerha.primary import events as ev
+from brokerha.primary.events import Event
+
+STANDARD = frozenset(["", *dict(STANDARD_EXCHANGES)])
+
+
+def is_standard(ex: Exchange) -> bool:
+    return ex.name in STANDARD
+
+
+def configuration(broker: Broker, replicated: Callable[[Queue], bool]) -> Iterator[Event]:
+    for vhost in broker.vhosts.values():
+        yield [R.VHOST, vhost.name]
+    for vhost in broker.vhosts.values():
+        for ex in vhost.exchanges.values():
+            if not is_standard(ex):
+                yield ev.exchange_declared(ex)
+        for q in vhost.queues.values():
+            if replicated(q):
+                yield ev.queue_declared(q)
+        for ex in vhost.exchanges.values():
+            for b in ex.bindings.values():
+                dest = b.destination
+                if isinstance(dest, Exchange) or replicated(dest):
+                    yield ev.binding(R.BINDING_CREATED, b)

@@ -1,0 +1,438 @@
+"""Replication in one datacenter, primary to backups, named by the property checked."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from brokerha.cluster.replication import Events, ReplicationError, StaleEpoch
+from tests.ha.harness import Cluster, consume, contents, publish
+
+
+def declare_world(c: Cluster) -> None:
+    vh = c.broker.vhosts["/"]
+    vh.declare_exchange("x", "topic", durable=True)
+    vh.declare_exchange("h", "headers", arguments={"alternate-exchange": "x"})
+    q = vh.declare_queue("q", owner=None, durable=True, arguments={"x-max-priority": 5})
+    t = vh.declare_queue("t", owner=None)
+    vh.bind("x", q, "a.#")
+    # pamqp decodes a client's byte array as a bytearray, and so does the codec
+    vh.bind("h", t, "", {"x-match": "any", "k": "v", "b": bytearray(b"\x00raw")})
+    vh.bind("x", vh.exchange("h"), "h.*")
+
+
+def same(c: Cluster, *names: str) -> None:
+    expected = contents(c.broker)
+    for name in names or [n for n in c.nodes if n != c.primary.me]:
+        assert contents(c.node(name).broker) == expected, name
+
+
+def test_fresh_backup_ends_with_the_primarys_definitions_and_messages() -> None:
+    c = Cluster(2)
+    declare_world(c)
+    q = c.broker.vhosts["/"].queues["q"]
+    for i in range(5):
+        publish(c.broker, b"m%d" % i, rk="a.b", exchange="x", priority=i % 3)
+    publish(c.broker, b"headers", rk="h.1", exchange="x", headers={"k": "v"})
+    held = q.get()  # acquired, not acknowledged: still on the queue until acked
+    assert held is not None
+    c.follow("n2")
+    c.pump()
+    backup_q = c.node("n2").broker.vhosts["/"].queues["q"]
+    assert sorted(e.position for e in backup_q.ready) == sorted(
+        [held.position] + [e.position for e in q.ready])
+    q.requeue(held)  # back in its place on the primary, where the backup has it already
+    same(c)
+    assert c.node("n2").backup.caught_up  # type: ignore[union-attr]
+    assert c.primary.ready_backups() == ["n2"]
+
+
+def test_live_publish_and_consume_are_replicated() -> None:
+    c = Cluster(2)
+    declare_world(c)
+    c.follow("n2")
+    c.pump()
+    q = c.broker.vhosts["/"].queues["q"]
+    for i in range(10):
+        publish(c.broker, b"live%d" % i, rk="a.x", exchange="x")
+    c.pump()
+    same(c)
+    assert consume(q, 4) == [b"live0", b"live1", b"live2", b"live3"]
+    entry = q.get()
+    assert entry is not None
+    q.requeue(entry)  # back in place: nothing to replicate
+    c.pump()
+    same(c)
+    assert consume(q) == [b"live%d" % i for i in range(4, 10)]
+    c.pump()
+    same(c)
+
+
+def test_dequeues_in_one_flush_travel_as_one_event() -> None:
+    c = Cluster(2)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    c.follow("n2")
+    c.pump()
+    for i in range(100):
+        publish(c.broker, b"%d" % i)
+    c.pump()
+    before = c.sent_events["n2"]
+    c.broker.vhosts["/"].purge_queue("q", None)
+    c.pump()
+    assert c.sent_events["n2"] - before == 1
+    same(c)
+
+
+def test_returning_backup_drops_ids_only_it_has_and_skips_ids_both_have() -> None:
+    c = Cluster(2)
+    c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
+    q = c.broker.vhosts["/"].queues["q"]
+    for i in range(10):
+        publish(c.broker, b"old%d" % i)
+    c.follow("n2")
+    c.pump()
+    c.primary.backup_lost("n2", "link down")
+    assert consume(q, 3) == [b"old0", b"old1", b"old2"]
+    for i in range(4):
+        publish(c.broker, b"new%d" % i)
+    c.join("n2")
+    before = c.sent_events["n2"]
+    c.pump()
+    same(c)
+    status = c.primary.status()["backups"]["n2"]
+    assert status["catch_up"] == {"sent": 4, "skipped": 7, "dropped": 3}
+    assert status["ready"]
+    # b, v, qd, s, one d event, four e events, c: the seven kept messages are not sent
+    assert c.sent_events["n2"] - before == 10
+
+
+def test_confirm_waits_for_the_guarded_backup_then_runs() -> None:
+    c = Cluster(2)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    c.follow("n2")
+    c.pump()
+    publish(c.broker, b"confirm me")
+    confirmed: list[str] = []
+    c.broker.after_durable(lambda: confirmed.append("a"))
+    publish(c.broker, b"and me")
+    c.broker.after_durable(lambda: confirmed.append("b"))
+    assert confirmed == []
+    c.pump()
+    assert confirmed == ["a", "b"]
+    c.broker.after_durable(lambda: confirmed.append("c"))  # nothing new: at once
+    assert confirmed == ["a", "b", "c"]
+
+
+def test_a_silent_backup_leaves_the_guarded_set_after_the_timeout(
+        caplog: pytest.LogCaptureFixture) -> None:
+    c = Cluster(3, timeout=5.0)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    c.follow("n2")
+    c.follow("n3")
+    c.pump()
+    c.no_ack.add("n3")
+    publish(c.broker, b"x")
+    confirmed: list[bool] = []
+    c.broker.after_durable(lambda: confirmed.append(True))
+    c.pump()
+    assert confirmed == []  # n2 and the primary are a majority, but n3 is guarded
+    c.clock.now += 4.0
+    c.primary.tick(c.clock.now)
+    assert confirmed == []
+    c.clock.now += 2.0
+    with caplog.at_level(logging.WARNING, logger="brokerha.primary.primary"):
+        c.primary.tick(c.clock.now)
+    assert confirmed == [True]
+    assert any("n3" in r.getMessage() and "guarded" in r.getMessage() for r in caplog.records)
+    status = c.primary.status()["backups"]["n3"]
+    assert status["timed_out"] and not status["ready"]
+    assert c.primary.ready_backups() == ["n2"]
+
+
+def test_with_three_members_and_both_backups_gone_nothing_is_confirmed() -> None:
+    c = Cluster(3)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    c.follow("n2")
+    c.follow("n3")
+    c.pump()
+    c.primary.backup_lost("n2", "link down")
+    c.primary.backup_lost("n3", "link down")
+    publish(c.broker, b"alone")
+    confirmed: list[bool] = []
+    c.broker.after_durable(lambda: confirmed.append(True))
+    c.clock.now += 100
+    c.primary.tick(c.clock.now)
+    assert confirmed == []
+    c.follow("n2")  # one comes back: primary and n2 are a majority again
+    c.pump()
+    assert confirmed == [True]
+
+
+def test_timed_out_backup_still_counts_for_the_majority() -> None:
+    c = Cluster(3, timeout=1.0)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    c.follow("n2")
+    c.follow("n3")
+    c.pump()
+    c.primary.backup_lost("n2", "link down")
+    c.no_ack.add("n3")
+    publish(c.broker, b"x")
+    confirmed: list[bool] = []
+    c.broker.after_durable(lambda: confirmed.append(True))
+    c.pump()
+    c.clock.now += 2
+    c.primary.tick(c.clock.now)
+    assert confirmed == []  # out of the guarded set, but no majority holds it
+    c.no_ack.discard("n3")
+    c.primary.backup_acked("n3", c.node("n3").backup.ack_message().seq)  # type: ignore[union-attr]
+    assert confirmed == [True]
+
+
+def test_a_backup_is_ready_only_once_it_acknowledged_the_marker() -> None:
+    c = Cluster(2)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    for i in range(3):
+        publish(c.broker, b"%d" % i)
+    c.no_ack.add("n2")
+    backup = c.follow("n2")
+    c.pump()
+    assert backup.caught_up and backup.position == (1, c.primary.seq)
+    assert c.primary.ready_backups() == []
+    assert not c.primary.status()["backups"]["n2"]["ready"]
+    c.primary.backup_acked("n2", backup.applied_seq - 1)  # not yet the marker
+    assert c.primary.ready_backups() == []
+    assert c.primary.status()["backups"]["n2"]["queues_caught_up"] == 1
+    c.primary.backup_acked("n2", backup.applied_seq)
+    assert c.primary.ready_backups() == ["n2"]
+
+
+def test_catching_up_backup_holds_only_confirms_after_its_join() -> None:
+    c = Cluster(2)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    c.follow("n2")
+    c.pump()
+    c.silent.add("n2")
+    publish(c.broker, b"before")
+    early: list[bool] = []
+    c.broker.after_durable(lambda: early.append(True))
+    c.primary.backup_lost("n2", "link down")
+    c.silent.discard("n2")
+    assert early == []  # members=2: the backup's copy is needed
+    c.join("n2")
+    c.no_ack.add("n2")
+    publish(c.broker, b"after")
+    late: list[bool] = []
+    c.broker.after_durable(lambda: late.append(True))
+    c.pump()
+    assert early == late == []
+    c.no_ack.discard("n2")
+    c.primary.backup_acked("n2", c.node("n2").backup.applied_seq)  # type: ignore[union-attr]
+    assert early == late == [True]
+
+
+def test_x_ha_replicate_none_and_configuration() -> None:
+    c = Cluster(2)
+    vh = c.broker.vhosts["/"]
+    vh.declare_exchange("x", "direct")
+    none = vh.declare_queue("none", owner=None, arguments={"x-ha-replicate": "none"})
+    conf = vh.declare_queue("conf", owner=None, arguments={"x-ha-replicate": "configuration"})
+    vh.bind("x", none, "k")
+    vh.bind("x", conf, "k")
+    publish(c.broker, b"m", rk="k", exchange="x")
+    c.follow("n2")
+    c.pump()
+    publish(c.broker, b"m2", rk="k", exchange="x")
+    c.pump()
+    backup = c.node("n2").broker.vhosts["/"]
+    assert "none" not in backup.queues
+    assert backup.queues["conf"].message_count == 0
+    assert [b.destination.name for b in backup.exchanges["x"].bindings.values()] == ["conf"]
+    assert vh.queues["conf"].message_count == 2
+
+
+def test_node_wide_default_policy_applies_without_the_argument() -> None:
+    c = Cluster(2, replicate="configuration")
+    vh = c.broker.vhosts["/"]
+    vh.declare_queue("q", owner=None)
+    vh.declare_queue("all", owner=None, arguments={"x-ha-replicate": "all"})
+    c.follow("n2")
+    publish(c.broker, b"a")
+    publish(c.broker, b"b", rk="all")
+    c.pump()
+    backup = c.node("n2").broker.vhosts["/"]
+    assert backup.queues["q"].message_count == 0
+    assert backup.queues["all"].message_count == 1
+
+
+def test_exclusive_queues_and_their_bindings_are_not_replicated() -> None:
+    c = Cluster(2)
+    vh = c.broker.vhosts["/"]
+    owner = object()
+    ex = vh.declare_queue("excl", owner=owner, exclusive=True)
+    vh.bind("amq.fanout", ex, "")
+    c.follow("n2")
+    publish(c.broker, b"m", exchange="amq.fanout")
+    vh.declare_queue("excl2", owner=owner, exclusive=True)
+    c.pump()
+    backup = c.node("n2").broker.vhosts["/"]
+    assert "excl" not in backup.queues and "excl2" not in backup.queues
+    assert backup.exchanges["amq.fanout"].bindings == {}
+
+
+def test_deleted_queue_exchange_and_binding_are_replicated() -> None:
+    c = Cluster(2)
+    declare_world(c)
+    c.follow("n2")
+    publish(c.broker, b"m", rk="a.b", exchange="x")
+    c.pump()
+    vh = c.broker.vhosts["/"]
+    vh.unbind("x", vh.queues["q"], "a.#")
+    vh.delete_exchange("h")
+    vh.delete_queue("t", owner=None)
+    c.pump()
+    same(c)
+    backup = c.node("n2").broker.vhosts["/"]
+    assert "h" not in backup.exchanges and "t" not in backup.queues
+    assert backup.exchanges["x"].bindings == {}
+    vh.delete_queue("q", owner=None)
+    c.pump()
+    assert "q" not in backup.queues
+    assert c.node("n2").broker.store.messages == {}  # type: ignore[attr-defined]
+
+
+def test_a_returning_backup_deletes_what_the_primary_deleted_meanwhile() -> None:
+    c = Cluster(2)
+    declare_world(c)
+    c.follow("n2")
+    c.pump()
+    c.primary.backup_lost("n2", "link down")
+    vh = c.broker.vhosts["/"]
+    vh.delete_exchange("h")
+    vh.delete_queue("t", owner=None)
+    vh.unbind("x", vh.queues["q"], "a.#")
+    vh.declare_exchange("new", "fanout")
+    c.join("n2")
+    c.pump()
+    same(c)
+
+
+def test_a_queue_declared_again_while_the_backup_was_away_is_replaced() -> None:
+    c = Cluster(2)
+    vh = c.broker.vhosts["/"]
+    vh.declare_queue("q", owner=None)
+    publish(c.broker, b"first life")
+    c.follow("n2")
+    c.pump()
+    c.primary.backup_lost("n2", "link down")
+    vh.delete_queue("q", owner=None)
+    vh.declare_queue("q", owner=None)
+    publish(c.broker, b"second life")  # position 1 again, another message
+    c.join("n2")
+    c.pump()
+    same(c)
+    assert consume(c.node("n2").broker.vhosts["/"].queues["q"]) == [b"second life"]
+
+
+def test_backup_refuses_events_of_an_older_epoch() -> None:
+    c = Cluster(2, epoch=3)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    backup = c.follow("n2")
+    c.pump()
+    with pytest.raises(StaleEpoch):
+        backup.receive(Events(2, backup.applied_seq + 1, [["d", "/", "q", [1]]]))
+    with pytest.raises(ReplicationError):
+        backup.receive(Events(4, backup.applied_seq + 1, [["d", "/", "q", [1]]]))
+
+
+def test_backup_refuses_a_seq_gap_and_ignores_repeats() -> None:
+    c = Cluster(2)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    backup = c.follow("n2")
+    c.pump()
+    publish(c.broker, b"one")
+    (packet,) = c.primary.take_outbox("n2")
+    backup.receive(packet)
+    backup.receive(packet)  # a repeat changes nothing
+    assert c.node("n2").broker.vhosts["/"].queues["q"].message_count == 1
+    publish(c.broker, b"two")
+    publish(c.broker, b"three")
+    (packet,) = c.primary.take_outbox("n2")
+    with pytest.raises(ReplicationError, match="gap"):
+        backup.receive(Events(packet.epoch, packet.first_seq + 1, packet.events[1:]))
+
+
+def test_a_rejoining_backup_applies_only_the_answer_to_its_last_join() -> None:
+    c = Cluster(2)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    publish(c.broker, b"a")
+    backup = c.follow("n2")
+    first_answer = c.primary.take_outbox("n2")
+    c.join("n2")  # joins again before the first answer arrived
+    for packet in first_answer:
+        backup.receive(packet)  # ignored: not the answer to this join
+    assert not backup.caught_up
+    publish(c.broker, b"b")
+    c.pump()
+    same(c)
+    assert backup.caught_up
+
+
+def test_messages_published_during_catch_up_arrive_exactly_once() -> None:
+    c = Cluster(2)
+    vh = c.broker.vhosts["/"]
+    q = vh.declare_queue("q", owner=None)
+    for i in range(5):
+        publish(c.broker, b"before%d" % i)
+    c.follow("n2")  # the catch-up is queued, not delivered yet
+    for i in range(5):
+        publish(c.broker, b"during%d" % i)
+    consume(q, 2)
+    c.pump()
+    same(c)
+    bodies = consume(c.node("n2").broker.vhosts["/"].queues["q"])
+    assert bodies == [b"before2", b"before3", b"before4"] + [b"during%d" % i for i in range(5)]
+
+
+def test_backup_queues_do_not_expire_on_their_own() -> None:
+    c = Cluster(2)
+    vh = c.broker.vhosts["/"]
+    vh.declare_queue("ttl", owner=None, arguments={"x-message-ttl": 1000})
+    vh.declare_queue("unused", owner=None, arguments={"x-expires": 1000})
+    c.follow("n2")
+    publish(c.broker, b"short-lived", rk="ttl")
+    c.pump()
+    backup = c.node("n2").broker
+    c.clock.now += 10
+    backup.tick()
+    assert backup.vhosts["/"].queues["ttl"].message_count == 1
+    assert "unused" in backup.vhosts["/"].queues
+    c.broker.tick()  # the primary decides
+    c.pump()
+    assert backup.vhosts["/"].queues["ttl"].message_count == 0
+    assert "unused" not in backup.vhosts["/"].queues
+
+
+def test_dead_lettering_on_the_primary_reaches_the_backup_and_ttl_travels_as_time_left() -> None:
+    c = Cluster(2)
+    vh = c.broker.vhosts["/"]
+    vh.declare_exchange("dlx", "fanout")
+    dead = vh.declare_queue("dead", owner=None)
+    vh.bind("dlx", dead, "")
+    vh.declare_queue("ttl", owner=None, arguments={"x-message-ttl": 1000,
+                                                   "x-dead-letter-exchange": "dlx"})
+    c.follow("n2")
+    c.pump()
+    publish(c.broker, b"m", rk="ttl")
+    c.pump()
+    c.clock.now += 0.4
+    publish(c.broker, b"m2", rk="ttl")  # expiry travels as time left, not as a clock reading
+    c.pump()
+    first, second = c.node("n2").broker.vhosts["/"].queues["ttl"].ready
+    assert first.expires_at == pytest.approx(c.clock.now + 0.6)
+    assert second.expires_at == pytest.approx(c.clock.now + 1.0)
+    c.clock.now += 1
+    c.broker.tick()
+    c.pump()
+    same(c)
+    assert consume(c.node("n2").broker.vhosts["/"].queues["dead"]) == [b"m", b"m2"]
