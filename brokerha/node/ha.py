@@ -1,0 +1,366 @@
+"""The asyncio layer of HA in one datacenter: links, timers, disk, and the AMQP listener.
+
+The decisions are made by sans-I/O cores — ``cluster.election.Election``
+(who is primary, epochs, leases), ``primary.primary.Primary`` (what to send
+each backup, what is replicated) and ``backup.backup.Backup`` (applying the
+primary's events). This module only carries their inputs and outputs:
+
+- packets from ``cluster.link.ClusterLinks`` go to the core they are for;
+  every election and replication message is checked against our epoch;
+- ``Persist`` actions and backup positions are written to the state file
+  (``cluster.state``) before anything that depends on them is sent;
+- on ``BecomePrimary`` the node runs the verification phase, registers a
+  ``Primary`` with the broker and opens the AMQP listener; on ``BecomeBackup``
+  or ``StopServing`` it closes the listener (clients get 320 and move on to
+  the next URL) and follows the new primary as a ``Backup``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from brokerha.admin.http import HTTPError, Request, Response
+from brokerha.backup.backup import Backup
+from brokerha.cluster import election as el
+from brokerha.cluster.link import ClusterLinks, tls_contexts
+from brokerha.cluster.messages import Error, ErrorCode, Message
+from brokerha.cluster.replication import Ack, Events, Join
+from brokerha.cluster.state import StateFile
+from brokerha.primary.primary import Primary
+
+if TYPE_CHECKING:
+    from brokerha.node.cluster_config import ClusterConfig
+    from brokerha.node.server import Node
+
+log = logging.getLogger("brokerha.ha")
+
+TICK = 0.05
+FAILOVER_HISTORY = 20
+
+
+class HANode:
+    def __init__(self, node: Node, cluster: ClusterConfig) -> None:
+        self.node = node
+        self.broker = node.broker
+        self.cluster = cluster
+        self.me = node.config.name
+        self.member = cluster.member(self.me)
+        self.state = StateFile(node.config.data_dir)
+        st = self.state.state
+        self.election = el.Election(
+            self.me, [m.name for m in cluster.members], epoch=st.epoch,
+            voted_for=st.voted_for, position=el.Position(st.pos_epoch, st.pos_seq),
+            vote_floor=el.Position(st.floor_epoch, st.floor_seq),
+            timing=el.ElectionTiming(cluster.heartbeat_interval, cluster.lease_timeout,
+                                     cluster.election_timeout),
+            rng=random.Random())
+        ssl_server = ssl_client = None
+        if cluster.tls is not None:
+            ssl_server, ssl_client = tls_contexts(cluster.tls.cert, cluster.tls.key, cluster.tls.ca)
+        self.links = ClusterLinks(
+            cluster.name, self.me,
+            {m.name: m.cluster for m in cluster.members if m.name != self.me},
+            self.member.cluster, cluster.secret, self._on_message, self._on_peer_up,
+            self._on_peer_down, ssl_server=ssl_server, ssl_client=ssl_client)
+        self.primary: Primary | None = None
+        self.backup: Backup | None = None
+        self.following: str | None = None  # the primary this backup joined
+        self.phase = "joining"              # joining | backup | verifying | primary
+        self.failovers: list[dict[str, Any]] = []
+        self._ack_pending = False
+        self._flush_scheduled = False
+        self._durable_seq = 0               # the primary's own persisted position
+        self._durable_waiters: list[tuple[int, Any]] = []
+        self._ticker: asyncio.Task[None] | None = None
+        node.admin.route("POST", "/api/promote", self._promote_request, admin=True)
+
+    # -- life cycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.links.start()
+        log.info("cluster %s: node %s, epoch %d, position (%d, %d); peers %s", self.cluster.name,
+                 self.me, self.election.epoch, self.state.state.pos_epoch,
+                 self.state.state.pos_seq, ", ".join(self.links.peers))
+        self._carry_out(self.election.start(self._now()))
+        self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+
+    async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        await self.links.close()
+
+    @staticmethod
+    def _now() -> float:
+        return time.monotonic()
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            try:
+                now = self._now()
+                self._carry_out(self.election.tick(now))
+                if self.primary is not None:
+                    self.primary.tick(now)
+                self._flush()
+            except Exception:  # keep the node's timers alive; the log says what broke
+                log.exception("HA tick failed")
+
+    # -- election actions ----------------------------------------------------------------
+
+    def _carry_out(self, actions: list[Any]) -> None:
+        for action in actions:
+            if isinstance(action, el.Persist):
+                self.state.save(epoch=action.epoch, voted_for=action.voted_for)
+            elif isinstance(action, el.Send):
+                self.links.send(action.to, action.message)
+            elif isinstance(action, el.BecomePrimary):
+                self._become_primary(action.epoch)
+            elif isinstance(action, el.BecomeBackup):
+                self._become_backup(action.epoch, action.primary)
+            elif isinstance(action, el.StopServing):
+                self._stop_serving(action.reason)
+
+    def _record_failover(self, event: str, **details: Any) -> None:
+        self.failovers.append({"at": time.time(), "event": event, **details})
+        del self.failovers[:-FAILOVER_HISTORY]
+
+    def _become_primary(self, epoch: int) -> None:
+        log.warning("node %s elected primary for epoch %d; verifying", self.me, epoch)
+        self._record_failover("elected", node=self.me, epoch=epoch)
+        if self.backup is not None:
+            self.backup.close()
+        self.backup, self.following = None, None
+        self.phase = "verifying"
+        self.state.save(pos_epoch=epoch, pos_seq=0)
+        self._durable_seq = 0
+        self._set_position(el.Position(epoch, 0))
+        self.primary = Primary(self.broker, me=self.me, members=len(self.cluster.members),
+                               epoch=epoch, start_seq=0, clock=self._now,
+                               backup_timeout=self.cluster.backup_timeout,
+                               replicate=self.cluster.replicate,
+                               on_output=self._schedule_flush)
+        self.broker.replication_barriers.append(self._position_barrier)
+        self._spawn(self._verify_and_serve(epoch))
+
+    async def _verify_and_serve(self, epoch: int) -> None:
+        """NEO's VERIFYING: settle what a failover left half done before serving clients.
+
+        TX and DTX replication (issue #6) add the in-doubt transactions; until
+        then nothing is in doubt on a backup, and the phase only makes sure
+        this node still holds the epoch it was elected for.
+        """
+        if self.election.epoch != epoch or self.primary is None:
+            return
+        self.phase = "primary"
+        await self.node.serve_clients(True)
+        log.warning("node %s is primary (epoch %d): serving AMQP clients on %s:%d", self.me,
+                    epoch, *self.member.amqp)
+
+    def _demote(self) -> None:
+        if self.primary is not None:
+            self.primary.close()
+            if self._position_barrier in self.broker.replication_barriers:
+                self.broker.replication_barriers.remove(self._position_barrier)
+            self.primary = None
+            # never released: their clients are disconnected, nothing of it is confirmed
+            self._durable_waiters.clear()
+        self._spawn(self.node.serve_clients(False))
+
+    def _stop_serving(self, reason: str) -> None:
+        log.warning("node %s stops serving clients: %s", self.me, reason)
+        self._record_failover("stepped down", node=self.me, reason=reason)
+        self._demote()
+        self.phase = "joining"
+
+    def _become_backup(self, epoch: int, primary: str) -> None:
+        if self.primary is not None:
+            log.warning("node %s deposed: %s is primary for epoch %d", self.me, primary, epoch)
+            self._record_failover("deposed", node=self.me, by=primary, epoch=epoch)
+            self._demote()
+        if self.following == primary and self.backup is not None and self.backup.epoch == epoch:
+            return
+        if self.backup is not None:
+            self.backup.close()
+        self.phase = "backup"
+        self.following = primary
+        st = self.state.state
+        self.backup = Backup(self.broker, me=self.me, epoch=epoch,
+                             position=el.Position(st.pos_epoch, st.pos_seq))
+        self._send_join()
+
+    def _send_join(self) -> None:
+        if self.backup is None or self.following is None:
+            return
+        if not self.links.connected(self.following):
+            return  # sent when the link comes up
+        # from here until the marker our state is a mix: not a consistent copy
+        self.state.save(pos_epoch=-1, pos_seq=-1)
+        self._set_position(el.Position.INVALID)
+        self.links.send(self.following, self.backup.join_message())
+        log.info("node %s joining primary %s (epoch %d)", self.me, self.following,
+                 self.backup.epoch)
+
+    def _set_position(self, pos: el.Position) -> None:
+        self._carry_out(self.election.set_position(pos))
+
+    # -- the primary's own durable position ----------------------------------------------
+
+    def _position_barrier(self, callback: Any) -> None:
+        """Run ``callback`` once our own position covering everything so far is on disk."""
+        primary = self.primary
+        if primary is None:
+            return
+        seq = primary.seq
+        if seq <= self._durable_seq:
+            callback()
+            return
+        self._durable_waiters.append((seq, callback))
+        if len(self._durable_waiters) == 1:
+            self.broker.store.after_sync(self._persist_primary_position)
+
+    def _persist_primary_position(self) -> None:
+        primary = self.primary
+        if primary is None:
+            return
+        seq = primary.seq
+        self.state.save(pos_epoch=primary.epoch, pos_seq=seq)
+        self._durable_seq = seq
+        self._set_position(el.Position(primary.epoch, seq))
+        ready = [(s, cb) for s, cb in self._durable_waiters if s <= seq]
+        self._durable_waiters = [(s, cb) for s, cb in self._durable_waiters if s > seq]
+        for _, callback in ready:
+            callback()
+        if self._durable_waiters:
+            self.broker.store.after_sync(self._persist_primary_position)
+
+    # -- packets -------------------------------------------------------------------------
+
+    def _on_peer_up(self, peer: str) -> None:
+        if peer == self.following:
+            self._send_join()
+
+    def _on_peer_down(self, peer: str) -> None:
+        if self.primary is not None:
+            self.primary.backup_lost(peer, "link down")
+
+    def _on_message(self, peer: str, msg_id: int, msg: Message) -> None:
+        if isinstance(msg, Error):
+            log.warning("node %s: error from %s: %s %s", self.me, peer, msg.code, msg.message)
+            return
+        epoch = getattr(msg, "epoch", None)
+        if isinstance(msg, (Events, Join, Ack)):
+            if epoch is not None and epoch < self.election.epoch:
+                log.warning("node %s: refused %s from %s of old epoch %d (ours %d)", self.me,
+                            type(msg).__name__, peer, epoch, self.election.epoch)
+                self.links.send(peer, Error(ErrorCode.OLD_EPOCH,
+                                            f"epoch {epoch} is older than {self.election.epoch}"),
+                                msg_id)
+                return
+        if isinstance(msg, Events):
+            self._on_events(peer, msg)
+        elif isinstance(msg, Join):
+            self._on_join(peer, msg_id, msg)
+        elif isinstance(msg, Ack):
+            if self.primary is not None:
+                self.primary.backup_acked(peer, msg.seq)
+        else:
+            self._carry_out(self.election.receive(self._now(), peer, msg))
+        self._flush()
+
+    def _on_join(self, peer: str, msg_id: int, msg: Join) -> None:
+        if self.primary is None or msg.epoch != self.primary.epoch:
+            self.links.send(peer, Error(ErrorCode.NOT_PRIMARY,
+                                        f"{self.me} is not the primary of epoch {msg.epoch}"),
+                            msg_id)
+            return
+        log.info("backup %s joins at position (%d, %d)", peer, msg.pos_epoch, msg.pos_seq)
+        self.primary.backup_joined(msg)
+
+    def _on_events(self, peer: str, msg: Events) -> None:
+        backup = self.backup
+        if backup is None or peer != self.following or msg.epoch != backup.epoch:
+            return
+        was_caught_up = backup.caught_up
+        try:
+            backup.receive(msg)
+        except Exception as exc:
+            log.warning("node %s: replication from %s failed (%s); joining again", self.me,
+                        peer, exc)
+            backup.close()
+            self.backup = Backup(self.broker, me=self.me, epoch=backup.epoch,
+                                 position=el.Position.INVALID)
+            self._send_join()
+            return
+        if backup.caught_up and not was_caught_up:
+            log.warning("node %s caught up with primary %s at seq %d: ready", self.me, peer,
+                        backup.applied_seq)
+        if not self._ack_pending:
+            self._ack_pending = True
+            self.broker.store.after_sync(self._send_ack)
+
+    def _send_ack(self) -> None:
+        """After the store synced what we applied: persist our position, then acknowledge."""
+        self._ack_pending = False
+        backup = self.backup
+        if backup is None or self.following is None:
+            return
+        if backup.caught_up:
+            self.state.save(pos_epoch=backup.epoch, pos_seq=backup.applied_seq)
+            self._set_position(el.Position(backup.epoch, backup.applied_seq))
+        self.links.send(self.following, backup.ack_message())
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        primary = self.primary
+        if primary is None:
+            return
+        for peer in list(primary.sessions):
+            out = primary.take_outbox(peer)
+            if out:
+                self.links.send_many(peer, out)
+
+    def _spawn(self, work: Any) -> None:
+        self.node._spawn(work, lambda exc: exc and log.error("HA task failed: %s", exc))
+
+    def _promote_request(self, request: Request) -> Response:
+        target = str(request.json().get("node", ""))
+        if self.primary is None or self.phase != "primary":
+            raise HTTPError(409, f"{self.me} is not the serving primary; ask the primary")
+        if target == self.me:
+            return Response.json({"message": f"{self.me} is already the primary"})
+        try:
+            actions = self.election.promote(self._now(), target)
+        except ValueError as exc:
+            raise HTTPError(409, str(exc)) from exc
+        log.warning("node %s hands the primary role to %s (operator request)", self.me, target)
+        self._record_failover("promote requested", node=target, by=self.me)
+        self._carry_out(actions)
+        return Response.json({"message": f"{self.me} handed over to {target}; it stands for "
+                                         "election now"})
+
+    # -- status --------------------------------------------------------------------------
+
+    def add_status(self, status: dict[str, Any]) -> None:
+        me = status["node"]
+        st = self.state.state
+        role = self.phase if self.phase in ("primary", "backup", "joining") else "joining"
+        me.update(role=role, epoch=self.election.epoch, primary=self.election.primary,
+                  position=[st.pos_epoch, st.pos_seq],
+                  ready=(self.phase == "primary" or (self.backup is not None
+                                                     and self.backup.caught_up)),
+                  phase=self.phase, peers_up=sorted(self.links.peers_up()))
+        if self.primary is not None:
+            me["replication"] = self.primary.status()
+        status["cluster"] = self.cluster.name
+        status["members"] = [{"name": m.name, "amqp_url": m.amqp_url, "admin_url": m.admin_url}
+                             for m in self.cluster.members]
+        status["failovers"] = list(self.failovers)

@@ -1,0 +1,98 @@
+"""Client loops for failover tests: what an application does with a multi-URL list."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pika
+import pika.exceptions
+
+RETRYABLE = (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError,
+             pika.exceptions.StreamLostError, ConnectionError, OSError)
+
+
+def connect_any(urls: list[str], deadline: float) -> pika.BlockingConnection:
+    """The first URL that accepts a connection (backups refuse), retrying until ``deadline``."""
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        for url in urls:
+            params = pika.URLParameters(url)
+            params.connection_attempts = 1
+            params.socket_timeout = 2
+            params.blocked_connection_timeout = 10
+            try:
+                return pika.BlockingConnection(params)
+            except RETRYABLE as exc:
+                last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"no node accepted a connection: {last}")
+
+
+class ConfirmedPublisher(threading.Thread):
+    """Publishes numbered persistent messages with confirms; resends after a failover.
+
+    ``confirmed`` holds the ids the broker confirmed; a message whose confirm
+    did not arrive is sent again on the next connection (as pika users do),
+    so duplicates are possible unless the queue deduplicates.
+    """
+
+    def __init__(self, urls: list[str], queue: str, *, declare: Callable[[object], None],
+                 limit: int = 10_000, pause: float = 0.0) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.queue, self.declare, self.limit, self.pause = urls, queue, declare, limit, pause
+        self.confirmed: list[int] = []
+        self.reconnects = 0
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.gaps: list[float] = []  # seconds from a lost connection to the next confirm
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # reported to the test
+            self.error = exc
+
+    def _run(self) -> None:
+        n = 0
+        lost_at: float | None = None
+        while not self.stop_event.is_set() and n < self.limit:
+            conn = connect_any(self.urls, time.monotonic() + 30)
+            try:
+                ch = conn.channel()
+                self.declare(ch)
+                ch.confirm_delivery()
+                while not self.stop_event.is_set() and n < self.limit:
+                    ch.basic_publish("", self.queue, str(n).encode(),
+                                     pika.BasicProperties(delivery_mode=2, message_id=str(n)),
+                                     mandatory=False)
+                    self.confirmed.append(n)
+                    if lost_at is not None:
+                        self.gaps.append(time.monotonic() - lost_at)
+                        lost_at = None
+                    n += 1
+                    if self.pause:
+                        time.sleep(self.pause)
+                conn.close()
+            except RETRYABLE:
+                self.reconnects += 1
+                lost_at = lost_at or time.monotonic()
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001 - the connection is gone anyway
+                    pass
+
+
+def drain(urls: list[str], queue: str, timeout: float = 30.0) -> list[int]:
+    """Every message left on ``queue`` (acked), as ids."""
+    conn = connect_any(urls, time.monotonic() + timeout)
+    ch = conn.channel()
+    got: list[int] = []
+    while True:
+        method, _, body = ch.basic_get(queue, auto_ack=True)
+        if method is None:
+            break
+        got.append(int(body))
+    conn.close()
+    return got

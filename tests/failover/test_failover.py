@@ -1,0 +1,128 @@
+"""Three real nodes, real clients, the primary SIGKILLed / SIGSTOPped: nothing confirmed is lost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from brokerha.testing import LocalCluster
+from tests.failover.clients import ConfirmedPublisher, connect_any, drain
+
+# short timeouts keep the tests quick; the defaults are in docs/ha.md
+FAST = {"heartbeat_interval": 0.1, "lease_timeout": 0.6, "election_timeout": 1.0,
+        "backup_timeout": 3.0}
+QUEUE = "ha-orders"
+
+
+def declare(ch: object) -> None:
+    ch.queue_declare(QUEUE, durable=True)  # type: ignore[attr-defined]
+
+
+@pytest.fixture()
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3, options=FAST) as c:
+        yield c
+
+
+def wait_all_ready(cluster: LocalCluster, timeout: float = 30.0) -> str:
+    primary = cluster.wait_primary(timeout)
+    for name in cluster.names:
+        node = cluster.nodes.get(name)
+        if name != primary and node is not None and node.proc and node.proc.poll() is None:
+            cluster.wait_ready(name, timeout)
+    return primary
+
+
+def test_cluster_elects_one_primary_and_ctl_shows_it(cluster: LocalCluster) -> None:
+    primary = wait_all_ready(cluster)
+    done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
+                           cluster.url(cluster.names[0]), "status", "--json"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    roles = {n["name"]: n["role"] for n in status["nodes"]}
+    assert roles[primary] == "primary"
+    assert sorted(r for n, r in roles.items() if n != primary) == ["backup", "backup"]
+    epochs = {n["epoch"] for n in status["nodes"]}
+    assert len(epochs) == 1 and epochs.pop() >= 1
+    assert all(n["ready"] and n["pid"] and n["amqp_url"] for n in status["nodes"])
+    backups = status["replication"]["backups"]
+    assert set(backups) == set(cluster.names) - {primary}
+
+
+def test_backups_refuse_amqp_clients(cluster: LocalCluster) -> None:
+    primary = wait_all_ready(cluster)
+    backup = next(n for n in cluster.names if n != primary)
+    with pytest.raises(TimeoutError):
+        connect_any([cluster.url(backup)], time.monotonic() + 1)
+    connect_any([cluster.url(primary)], time.monotonic() + 5).close()
+
+
+def kill_primary_repeatedly(cluster: LocalCluster, kills: int) -> tuple[ConfirmedPublisher, list[float]]:
+    primary = wait_all_ready(cluster)
+    pub = ConfirmedPublisher(cluster.urls, QUEUE, declare=declare, pause=0.002)
+    pub.start()
+    gaps: list[float] = []
+    for _ in range(kills):
+        before = len(pub.confirmed)
+        deadline = time.monotonic() + 20
+        while len(pub.confirmed) < before + 50 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pub.error is None, pub.error
+        killed_at = time.monotonic()
+        cluster.kill(primary)
+        confirmed_at_kill = len(pub.confirmed)
+        new_primary = cluster.wait_primary(30, other_than=primary)
+        while len(pub.confirmed) <= confirmed_at_kill and time.monotonic() < killed_at + 30:
+            time.sleep(0.01)
+        gaps.append(time.monotonic() - killed_at)
+        cluster.restart(primary)  # comes back as a backup
+        cluster.wait_ready(primary, 30)
+        primary = new_primary
+    pub.stop_event.set()
+    pub.join(30)
+    assert pub.error is None, pub.error
+    return pub, gaps
+
+
+def test_no_confirmed_message_lost_when_the_primary_is_killed(cluster: LocalCluster) -> None:
+    pub, gaps = kill_primary_repeatedly(cluster, kills=2)
+    got = drain(cluster.urls, QUEUE)
+    missing = set(pub.confirmed) - set(got)
+    assert not missing, f"confirmed but lost: {sorted(missing)[:20]} (of {len(missing)})"
+    assert pub.reconnects >= 2
+    assert max(gaps) < 10, gaps
+
+
+def test_paused_primary_is_deposed_and_rejoins_as_backup(cluster: LocalCluster) -> None:
+    primary = wait_all_ready(cluster)
+    cluster.pause(primary)
+    try:
+        new_primary = cluster.wait_primary(30, other_than=primary)
+    finally:
+        cluster.resume(primary)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        st = cluster.status(primary)
+        if st and st["node"]["role"] == "backup" and st["node"]["ready"]:  # type: ignore[index]
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"{primary} did not rejoin as a ready backup: {cluster.status(primary)}")
+    assert cluster.primary() == new_primary
+
+
+@pytest.mark.slow
+def test_soak_many_primary_kills() -> None:
+    with LocalCluster(3, options=FAST) as c:
+        pub, gaps = kill_primary_repeatedly(c, kills=10)
+        got = drain(c.urls, QUEUE)
+        assert not set(pub.confirmed) - set(got)
+        print(f"{len(pub.confirmed)} confirmed, {len(got)} drained "
+              f"({len(got) - len(set(got))} duplicates), {pub.reconnects} reconnects")
+        print(f"failover gaps: p50 {sorted(gaps)[len(gaps) // 2]:.2f} s, max {max(gaps):.2f} s")
