@@ -81,8 +81,8 @@ def cmd_up(args: argparse.Namespace) -> int:
               f"admin http://127.0.0.1:{port + ADMIN_OFFSET}  log {data / name / 'node.log'}",
               flush=True)
     print(f"status: brokerha ctl --node amqp://127.0.0.1:{args.base_port} status\n"
-          f"restart one node alone: {' '.join(node_command(config, 'nI', data, extra)[1:])} "
-          "(python -m ...)", flush=True)
+          f"start node nI alone again: brokerha node --config {config} --name nI "
+          f"--data {data}/nI", flush=True)
     reported: set[str] = set()
     while not stopping:
         time.sleep(0.2)

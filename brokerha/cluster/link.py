@@ -1,0 +1,439 @@
+"""Node-to-node links on asyncio: moves bytes between sockets and ``cluster.protocol``.
+
+One connection per pair of nodes: the node whose name sorts first dials,
+the other accepts, so two nodes never race to open two links. A dialer
+reconnects with capped exponential backoff; an accepted link that is
+identified while one to the same peer exists replaces it (the peer
+restarted and the old socket has not noticed yet). Every rule about what is
+accepted lives in the sans-I/O protocol; this module only logs the outcome
+and closes.
+
+Asyncio Protocols rather than streams: the replication layer sends many
+small packets, and ``data_received -> codec.feed -> on_message`` has no task
+switch per packet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from brokerha.cluster.messages import Error, Message
+from brokerha.cluster.protocol import (
+    MAX_PACKET,
+    Acceptor,
+    Dialer,
+    Established,
+    PacketCodec,
+    Ping,
+    ProtocolError,
+    Refused,
+)
+
+log = logging.getLogger("brokerha.cluster")
+
+BACKOFF_MIN = 0.05
+BACKOFF_MAX = 1.0
+HANDSHAKE_TIMEOUT = 5.0
+PING_INTERVAL = 1.0
+IDLE_TIMEOUT = 5.0
+REPEAT_WARNING_AFTER = 30.0     # the same refusal is logged at WARNING at most this often
+_LINK_CODES = range(1, 10)      # handshake and ping: never handed to on_message
+_MSG_ID_WRAP = 0xFFFFFFFF
+
+OnMessage = Callable[[str, int, Message], None]
+OnPeer = Callable[[str], None]
+
+
+def tls_contexts(cert: Path, key: Path, ca: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) contexts for mutual TLS: each side presents ``cert`` and
+    requires the other's to be signed by ``ca`` (and only by ``ca``)."""
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca))
+    server.verify_mode = ssl.CERT_REQUIRED
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    # No hostname check: peers are configured by address and identified by the
+    # cluster handshake (name + shared secret), not by DNS names in certificates.
+    client.check_hostname = False
+    client.verify_mode = ssl.CERT_REQUIRED
+    for ctx in (server, client):
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(str(cert), str(key))
+    return server, client
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection: handshake first, then packets to ``on_message``."""
+
+    def __init__(self, links: ClusterLinks, handshake: Dialer | Acceptor, remote: str,
+                 tls_server: ssl.SSLContext | None = None) -> None:
+        self.links = links
+        self.handshake = handshake
+        self.remote = remote
+        self.tls_server = tls_server
+        self.transport: asyncio.Transport | None = None
+        self.peer: str | None = None
+        self.codec: PacketCodec | None = None
+        self.closed = False
+        self.established = False
+        self.last_rx = time.monotonic()
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._next_id = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._tls_task: asyncio.Task[None] | None = None
+        self._early: list[bytes] | None = None   # data decrypted before start_tls returned
+
+    # -- set-up ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if not self.remote:
+            peername = transport.get_extra_info("peername")
+            self.remote = f"{peername[0]}:{peername[1]}" if peername else "?"
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.links.handshake_timeout, self._handshake_timed_out)
+        self.links._pending.add(self)
+        if self.tls_server is not None:
+            # TLS by hand (not create_server(ssl=...)) so a refused certificate
+            # is logged here; asyncio only logs it in debug mode.
+            transport.pause_reading()
+            self._early = []
+            self._tls_task = loop.create_task(self._start_tls(self.tls_server))
+        else:
+            transport.write(self.handshake.start())
+
+    async def _start_tls(self, ctx: ssl.SSLContext) -> None:
+        assert self.transport is not None
+        try:
+            tls = await asyncio.get_running_loop().start_tls(
+                self.transport, self, ctx, server_side=True,
+                ssl_handshake_timeout=self.links.handshake_timeout)
+        except Exception as exc:  # ssl.SSLError, ConnectionError, TimeoutError...
+            if not self.links._closing:
+                self.links._warn(f"cluster link from {self.remote}: TLS handshake failed: "
+                                 f"{exc}", key=f"tls {exc}")
+            self.transport.abort()
+            self._cleanup()
+            return
+        early, self._early = self._early or [], None
+        if self.closed or tls is None:
+            return
+        self.transport = tls  # type: ignore[assignment]
+        tls.write(self.handshake.start())
+        for data in early:
+            self.data_received(data)
+
+    def _handshake_timed_out(self) -> None:
+        self.links._warn(f"cluster link {self._label()}: no identification within "
+                         f"{self.links.handshake_timeout:g}s; closing")
+        self.abort()
+
+    # -- bytes in ----------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self._early is not None:
+            # the peer spoke right after the TLS handshake, before start_tls
+            # handed us the TLS transport: answering now would go out in clear
+            self._early.append(data)
+            return
+        self.last_rx = time.monotonic()
+        if self.codec is not None:
+            self._deliver(data)
+            return
+        step = self.handshake.receive(data)
+        assert self.transport is not None
+        if step.out:
+            self.transport.write(step.out)
+        outcome = step.outcome
+        if isinstance(outcome, Refused):
+            self.links._warn(f"cluster link {self._label()} refused: {outcome.reason}",
+                             key=outcome.reason)
+            self.close()
+        elif isinstance(outcome, Established):
+            if self._timer is not None:
+                self._timer.cancel()
+            self.codec = PacketCodec(self.links.max_packet)
+            self.peer = outcome.peer
+            self.established = True
+            self.links._established(self)
+            if outcome.leftover:
+                self._deliver(outcome.leftover)
+
+    def _deliver(self, data: bytes) -> None:
+        assert self.codec is not None and self.peer is not None
+        error: ProtocolError | None = None
+        try:
+            packets = self.codec.feed(data)
+        except ProtocolError as exc:
+            packets, error = exc.decoded, exc
+        on_message = self.links.on_message
+        for msg_id, msg in packets:
+            if self.closed:
+                return
+            if msg.CODE in _LINK_CODES:
+                continue
+            try:
+                on_message(self.peer, msg_id, msg)
+            except Exception:
+                log.exception("cluster link with %s: handling %s failed", self.peer,
+                              type(msg).__name__)
+        if error is not None and not self.closed:
+            self.links._warn(f"cluster link with {self.peer} ({self.remote}): {error.reason}; "
+                             f"closing")
+            self.write_packet(0, Error(error.code, error.reason))
+            self.close()
+
+    # -- bytes out ---------------------------------------------------------------------
+
+    def next_id(self) -> int:
+        self._next_id = self._next_id % _MSG_ID_WRAP + 1  # 1..2**32-1: 0 is falsy
+        return self._next_id
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def write_packet(self, msg_id: int, message: Message) -> None:
+        self.write(self.links._encoder.encode(msg_id, message))
+
+    # -- tear-down ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close after flushing what was written (e.g. an Error packet)."""
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.established and not self.closed and exc is not None:
+            level = logging.WARNING if isinstance(exc, ssl.SSLError) else logging.INFO
+            log.log(level, "cluster link %s lost during identification: %s",
+                    self._label(), exc)
+        self.closed = True
+        self._cleanup()
+        self.links._lost(self, exc)
+
+    def _cleanup(self) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self.links._pending.discard(self)
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def _label(self) -> str:
+        if isinstance(self.handshake, Dialer):
+            return f"to {self.handshake.peer_expected} at {self.remote}"
+        who = self.peer or self.handshake.peer
+        return f"from {who} at {self.remote}" if who else f"from {self.remote}"
+
+
+class ClusterLinks:
+    """The links of one node to all its configured peers."""
+
+    def __init__(self, cluster: str, me: str, peers: dict[str, tuple[str, int]],
+                 listen: tuple[str, int], secret: bytes, on_message: OnMessage,
+                 on_peer_up: OnPeer, on_peer_down: OnPeer,
+                 ssl_server: ssl.SSLContext | None = None,
+                 ssl_client: ssl.SSLContext | None = None, *,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT,
+                 ping_interval: float = PING_INTERVAL, idle_timeout: float = IDLE_TIMEOUT,
+                 max_packet: int = MAX_PACKET) -> None:
+        if me in peers:
+            raise ValueError(f"node {me!r} lists itself as a peer")
+        self.cluster = cluster
+        self.me = me
+        self.peers = dict(peers)
+        self.listen = listen
+        self.secret = secret
+        self.on_message = on_message
+        self.on_peer_up = on_peer_up
+        self.on_peer_down = on_peer_down
+        self.ssl_server = ssl_server
+        self.ssl_client = ssl_client
+        self.handshake_timeout = handshake_timeout
+        self.ping_interval = ping_interval
+        self.idle_timeout = idle_timeout
+        self.max_packet = max_packet
+        self.address: tuple[str, int] | None = None   # bound address, once started
+        self._encoder = PacketCodec(max_packet)
+        self._ping = self._encoder.encode(0, Ping())
+        self._conns: dict[str, _Connection] = {}
+        self._pending: set[_Connection] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._server: asyncio.Server | None = None
+        self._closing = False
+        self._warned: dict[str, float] = {}
+
+    # -- life cycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen, then dial every peer whose name sorts after ours."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accept, self.listen[0], self.listen[1],
+                                                reuse_address=True)
+        self.address = self._server.sockets[0].getsockname()[:2]
+        for peer in sorted(self.peers):
+            if peer > self.me:
+                self._tasks.append(loop.create_task(self._dial_forever(peer)))
+        self._tasks.append(loop.create_task(self._keepalive()))
+
+    async def close(self) -> None:
+        """Stop dialing and listening, close every link; no callbacks from here on."""
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+        conns = [*self._conns.values(), *self._pending]
+        for conn in conns:
+            conn.abort()
+        self._conns.clear()
+        waits = [*self._tasks, *(c.lost for c in conns)]
+        if waits:
+            await asyncio.wait(waits, timeout=1.0)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # -- sending -----------------------------------------------------------------------
+
+    def send(self, peer: str, message: Message, msg_id: int | None = None) -> int | None:
+        """Queue ``message`` for ``peer``; never blocks. Returns the msg_id used (a
+        fresh one unless a response passes its request's), or None if not connected."""
+        conn = self._conns.get(peer)
+        if conn is None or conn.closed:
+            return None
+        if msg_id is None:
+            msg_id = conn.next_id()
+        conn.write(self._encoder.encode(msg_id, message))
+        return msg_id
+
+    def send_many(self, peer: str, messages: Iterable[Message]) -> list[int] | None:
+        """Several messages in one write; their msg_ids, or None if not connected."""
+        conn = self._conns.get(peer)
+        if conn is None or conn.closed:
+            return None
+        packets = [(conn.next_id(), message) for message in messages]
+        if packets:
+            conn.write(self._encoder.encode_many(packets))
+        return [msg_id for msg_id, _ in packets]
+
+    def connected(self, peer: str) -> bool:
+        conn = self._conns.get(peer)
+        return conn is not None and not conn.closed
+
+    def peers_up(self) -> set[str]:
+        return {peer for peer, conn in self._conns.items() if not conn.closed}
+
+    def buffered(self, peer: str) -> int:
+        """Bytes written to ``peer`` that the kernel has not taken yet (backpressure)."""
+        conn = self._conns.get(peer)
+        if conn is None or conn.transport is None:
+            return 0
+        return conn.transport.get_write_buffer_size()
+
+    # -- connections -------------------------------------------------------------------
+
+    def _accept(self) -> _Connection:
+        acceptor = Acceptor(self.cluster, self.me, frozenset(self.peers), self.secret,
+                            max_packet=self.max_packet)
+        return _Connection(self, acceptor, "", tls_server=self.ssl_server)
+
+    async def _dial_forever(self, peer: str) -> None:
+        loop = asyncio.get_running_loop()
+        host, port = self.peers[peer]
+        delay = BACKOFF_MIN
+        while not self._closing:
+            conn = _Connection(self, Dialer(self.cluster, self.me, peer, self.secret,
+                                            max_packet=self.max_packet), f"{host}:{port}")
+            try:
+                await asyncio.wait_for(
+                    loop.create_connection(lambda c=conn: c, host, port, ssl=self.ssl_client),
+                    self.handshake_timeout)
+            except ssl.SSLError as exc:
+                self._warn(f"cluster link to {peer} at {host}:{port}: TLS refused: {exc}")
+            except (TimeoutError, OSError) as exc:
+                log.debug("cluster link to %s at %s:%d: %s", peer, host, port, exc or "timeout")
+            else:
+                await conn.lost
+                if conn.established:
+                    delay = BACKOFF_MIN
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, BACKOFF_MAX)
+
+    async def _keepalive(self) -> None:
+        """Ping every link; close one that has been silent for ``idle_timeout``
+        (a vanished host sends no RST, so TCP alone would notice only much later)."""
+        while True:
+            await asyncio.sleep(self.ping_interval)
+            now = time.monotonic()
+            for peer, conn in list(self._conns.items()):
+                if now - conn.last_rx > self.idle_timeout:
+                    self._warn(f"cluster link with {peer}: silent for "
+                               f"{now - conn.last_rx:.1f}s; closing")
+                    conn.abort()
+                elif not conn.closed:
+                    conn.write(self._ping)
+
+    def _established(self, conn: _Connection) -> None:
+        assert conn.peer is not None
+        self._pending.discard(conn)
+        if self._closing:
+            conn.abort()
+            return
+        peer = conn.peer
+        old = self._conns.get(peer)
+        self._conns[peer] = conn
+        log.info("cluster link %s up", conn._label())
+        if old is not None:
+            log.info("cluster link with %s: the new link replaces the old one", peer)
+            old.abort()
+            self._call(self.on_peer_down, peer)
+        self._call(self.on_peer_up, peer)
+
+    def _lost(self, conn: _Connection, exc: Exception | None) -> None:
+        peer = conn.peer
+        if peer is None or self._conns.get(peer) is not conn:
+            return
+        del self._conns[peer]
+        if self._closing:
+            return
+        log.info("cluster link with %s down%s", peer, f": {exc}" if exc else "")
+        self._call(self.on_peer_down, peer)
+
+    def _call(self, callback: OnPeer, peer: str) -> None:
+        try:
+            callback(peer)
+        except Exception:
+            log.exception("cluster link callback %s(%s) failed", callback, peer)
+
+    def _warn(self, line: str, key: str | None = None) -> None:
+        """WARNING, but the same ``key`` (default: the line) repeated by a retrying
+        peer only every REPEAT_WARNING_AFTER seconds; DEBUG in between."""
+        now = time.monotonic()
+        key = line if key is None else key
+        if now - self._warned.get(key, -REPEAT_WARNING_AFTER) >= REPEAT_WARNING_AFTER:
+            self._warned[key] = now
+            if len(self._warned) > 1000:
+                self._warned.clear()
+            log.warning("%s", line)
+        else:
+            log.debug("%s", line)
