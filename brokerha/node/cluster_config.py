@@ -21,7 +21,7 @@ REPLICATE = ("all", "configuration", "none")
 _CLUSTER_KEYS = {"name", "secret", "secret_file", "nodes", "tls", "heartbeat_interval",
                  "lease_timeout", "election_timeout", "backup_timeout", "replicate",
                  "verification_timeout"}
-_NODE_KEYS = {"name", "amqp", "admin", "cluster"}
+_NODE_KEYS = {"name", "amqp", "admin", "cluster", "cluster_bind"}
 _TLS_KEYS = {"cert", "key", "ca"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -39,6 +39,9 @@ class ClusterMember:
     amqp: tuple[str, int]
     admin: tuple[str, int]
     cluster: tuple[str, int]
+    # where the node listens for peers when that differs from the address they
+    # dial (NAT, a TCP proxy in front of it); None = ``cluster``
+    cluster_bind: tuple[str, int] | None = None
 
     @property
     def amqp_url(self) -> str:
@@ -96,7 +99,8 @@ def _member(entry: dict[str, Any], where: str) -> ClusterMember:
              else offset_address(amqp, ADMIN_OFFSET, f"node '{name}' admin"))
     cluster = (parse_listen(str(entry["cluster"])) if "cluster" in entry
                else offset_address(amqp, CLUSTER_OFFSET, f"node '{name}' cluster"))
-    return ClusterMember(name, amqp, admin, cluster)
+    bind = parse_listen(str(entry["cluster_bind"])) if "cluster_bind" in entry else None
+    return ClusterMember(name, amqp, admin, cluster, bind)
 
 
 def parse_cluster(table: dict[str, Any], where: str, base: Path) -> ClusterConfig:

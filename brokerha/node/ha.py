@@ -64,7 +64,7 @@ class HANode:
         self.links = ClusterLinks(
             cluster.name, self.me,
             {m.name: m.cluster for m in cluster.members if m.name != self.me},
-            self.member.cluster, cluster.secret, self._on_message, self._on_peer_up,
+            self.member.cluster_bind or self.member.cluster, cluster.secret, self._on_message, self._on_peer_up,
             self._on_peer_down, ssl_server=ssl_server, ssl_client=ssl_client)
         self.primary: Primary | None = None
         self.backup: Backup | None = None
