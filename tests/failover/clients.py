@@ -96,3 +96,54 @@ def drain(urls: list[str], queue: str, timeout: float = 30.0) -> list[int]:
         got.append(int(body))
     conn.close()
     return got
+
+
+class AioPikaConsumer(threading.Thread):
+    """An aio-pika consumer (manual acks) that reconnects across the URL list."""
+
+    def __init__(self, urls: list[str], queue: str) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.queue = urls, queue
+        self.consumed: list[int] = []
+        self.reconnects = 0
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        import asyncio
+
+        try:
+            asyncio.run(self._run())
+        except BaseException as exc:  # reported to the test
+            self.error = exc
+
+    async def _run(self) -> None:
+        import asyncio
+
+        import aio_pika
+
+        while not self.stop_event.is_set():
+            conn = None
+            for url in self.urls:
+                try:
+                    conn = await aio_pika.connect(url, timeout=2)
+                    break
+                except (TimeoutError, ConnectionError, OSError, aio_pika.exceptions.AMQPConnectionError):
+                    continue
+            if conn is None:
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                async with conn:
+                    ch = await conn.channel()
+                    await ch.set_qos(prefetch_count=50)
+                    q = await ch.declare_queue(self.queue, durable=True)
+                    async with q.iterator() as it:
+                        async for message in it:
+                            self.consumed.append(int(message.body))
+                            await message.ack()
+                            if self.stop_event.is_set():
+                                break
+            except (TimeoutError, ConnectionError, OSError, asyncio.CancelledError, aio_pika.exceptions.AMQPError, RuntimeError):
+                self.reconnects += 1
+                await asyncio.sleep(0.05)

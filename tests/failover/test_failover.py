@@ -126,3 +126,22 @@ def test_soak_many_primary_kills() -> None:
         print(f"{len(pub.confirmed)} confirmed, {len(got)} drained "
               f"({len(got) - len(set(got))} duplicates), {pub.reconnects} reconnects")
         print(f"failover gaps: p50 {sorted(gaps)[len(gaps) // 2]:.2f} s, max {max(gaps):.2f} s")
+
+
+def test_pika_publisher_and_aio_pika_consumer_through_kills(cluster: LocalCluster) -> None:
+    """Every confirmed message is consumed (or still queued) after two primary kills."""
+    from tests.failover.clients import AioPikaConsumer
+
+    consumer = AioPikaConsumer(cluster.urls, QUEUE)
+    wait_all_ready(cluster)
+    consumer.start()
+    pub, _ = kill_primary_repeatedly(cluster, kills=2)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not set(pub.confirmed) <= set(consumer.consumed):
+        time.sleep(0.1)
+    consumer.stop_event.set()
+    consumer.join(10)
+    left = drain(cluster.urls, QUEUE)
+    missing = set(pub.confirmed) - set(consumer.consumed) - set(left)
+    assert not missing, f"confirmed but never consumed: {sorted(missing)[:20]}"
+    assert consumer.consumed, "the aio-pika consumer consumed nothing"

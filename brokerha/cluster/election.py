@@ -1,0 +1,559 @@
+"""Who is primary: majority vote, epochs and leases, as a sans-I/O state machine.
+
+Inputs are ``start``, ``tick``, ``receive``, ``set_position`` and ``promote``,
+each given the current time ``now`` (seconds, any monotonic origin); outputs
+are actions the caller carries out in order (``Send``, ``Persist``,
+``BecomePrimary``, ``BecomeBackup``, ``StopServing``). A ``Persist`` must be
+durable before any later action of the same list is carried out.
+
+Rules (etcd-raft's election with pre-vote and check-quorum, in the vocabulary
+of docs/ha.md):
+
+- A node's *position* ``(epoch, seq)`` says whose state it holds: the primary
+  of ``epoch``, up to that primary's event ``seq``. It is ``INVALID`` while
+  the node catches up. Its *vote floor* is the highest valid position it ever
+  held; it stays while the node catches up, because the data it acknowledged
+  may be confirmed and the vote is what protects it.
+- A node stands only with a valid position, after an election timeout
+  (randomised in ``[T, 2T)``) without hearing a primary. It first asks for
+  pre-votes (nothing changes on the voters), and only with a majority of them
+  increments its epoch, persists it with its own vote, and asks for votes.
+- A voter grants one vote per epoch (persisted before the reply is sent), only
+  to a valid candidate at least as advanced as its vote floor, and only if it
+  has not heard a live primary for ``election_timeout`` (stickiness: a node
+  that rejoins after a partition cannot depose a healthy primary). A vote
+  request marked ``transfer`` (manual failover, sent after the primary stopped
+  serving) skips the stickiness test. A voter that grants counts the vote as
+  hearing a primary.
+- Every message carries its sender's epoch. A newer epoch is adopted (and
+  persisted) before anything else, and a primary that adopts one stops
+  serving; an older one is never acted on, and a request from an older epoch
+  is answered with ``NewEpoch`` so that its sender learns it is deposed.
+- The primary sends ``Heartbeat(stamp=now)`` every ``heartbeat_interval``;
+  an acknowledgement echoes the stamp. The primary *serves* while a majority
+  (itself included) acknowledged a heartbeat stamped within ``lease_timeout``
+  (votes count as stamped when the vote requests were sent). Once the lease
+  runs out it emits ``StopServing`` and becomes ``joining``.
+
+Why at most one node serves at any instant (ideal clocks). Say P serves at
+time t in epoch e, and Q is elected in a later epoch at time v <= t. P's lease
+at t rests on a majority that acknowledged heartbeats stamped after
+t - lease_timeout; Q's election rests on a majority of votes; the two
+majorities share a node X. X acknowledged P's heartbeat (at time h, after the
+stamp) before it voted for Q at time w <= v: once X adopts Q's newer epoch it
+acknowledges nothing of epoch e. Stickiness made X wait until
+w >= h + election_timeout. So t - lease_timeout < stamp <= h
+<= w - election_timeout <= t - election_timeout, which is impossible as
+lease_timeout < election_timeout. The same argument, with the vote counting
+as a heartbeat, covers a primary whose lease rests on votes. A transfer skips
+stickiness only after the primary it comes from stopped serving. The gap
+``election_timeout - lease_timeout`` is the allowance for clock-rate drift.
+
+Why a confirmed event survives (quorum.py): it is acknowledged by a majority,
+whose vote floors are then at least its position; any later majority holds one
+of them, and that voter refuses a less advanced candidate; a node that voted
+in a newer epoch acknowledges nothing of the older one (the backup refuses
+events from an older epoch).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from brokerha.cluster.messages import Message, packet
+from brokerha.cluster.quorum import majority
+
+ROLES = ("joining", "candidate", "primary", "backup")
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """``(epoch, seq)``: the state of the primary of ``epoch`` up to its event ``seq``."""
+
+    epoch: int
+    seq: int
+
+    INVALID: ClassVar[Position]
+
+    @property
+    def valid(self) -> bool:
+        return self.epoch >= 0
+
+    def __str__(self) -> str:
+        return f"({self.epoch}, {self.seq})" if self.valid else "(catching up)"
+
+
+Position.INVALID = Position(-1, -1)
+
+
+@dataclass(frozen=True)
+class ElectionTiming:
+    heartbeat_interval: float = 0.2
+    lease_timeout: float = 1.0
+    election_timeout: float = 1.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heartbeat_interval < self.lease_timeout:
+            raise ValueError(f"heartbeat_interval ({self.heartbeat_interval}) must be positive and "
+                             f"below lease_timeout ({self.lease_timeout})")
+        if not self.lease_timeout < self.election_timeout:
+            raise ValueError(f"lease_timeout ({self.lease_timeout}) must be below election_timeout "
+                             f"({self.election_timeout}): otherwise two primaries may serve at once")
+
+
+# ---- messages (codes 10-29) -------------------------------------------------------------
+
+
+@packet(10)
+class VoteRequest(Message):
+    """A candidate asks for a vote in ``epoch`` (for a pre-vote: the epoch it would take)."""
+
+    epoch: int
+    candidate: str
+    pos_epoch: int
+    pos_seq: int
+    pre: bool = False
+    transfer: bool = False
+
+
+@packet(11)
+class VoteReply(Message):
+    """The answer; a granted pre-vote carries the pre-vote's epoch, any other the voter's."""
+
+    epoch: int
+    voter: str
+    granted: bool
+    pre: bool
+    pos_epoch: int
+    pos_seq: int
+
+
+@packet(12)
+class Heartbeat(Message):
+    """The primary's lease ping; ``stamp`` is the primary's own clock, echoed back."""
+
+    epoch: int
+    primary: str
+    stamp: float
+
+
+@packet(13)
+class HeartbeatAck(Message):
+    epoch: int
+    node: str
+    stamp: float
+    pos_epoch: int
+    pos_seq: int
+    ready: bool
+
+
+@packet(14)
+class TransferPrimary(Message):
+    """Manual failover: the primary stopped serving; ``target`` stands once it holds ``pos``."""
+
+    epoch: int
+    target: str
+    pos_epoch: int
+    pos_seq: int
+
+
+@packet(15)
+class NewEpoch(Message):
+    """Answer to a request from an older epoch: the sender learns the newer one."""
+
+    epoch: int
+    node: str
+
+
+# ---- actions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Send:
+    to: str
+    message: Message
+
+
+@dataclass(frozen=True)
+class Persist:
+    """Make ``epoch`` and ``voted_for`` durable before carrying out any later action."""
+
+    epoch: int
+    voted_for: str | None
+
+
+@dataclass(frozen=True)
+class BecomePrimary:
+    epoch: int
+
+
+@dataclass(frozen=True)
+class BecomeBackup:
+    epoch: int
+    primary: str
+
+
+@dataclass(frozen=True)
+class StopServing:
+    reason: str
+
+
+Action = Send | Persist | BecomePrimary | BecomeBackup | StopServing
+
+
+class PromoteRefused(ValueError):
+    """``promote`` cannot hand over: not the primary, unknown or not-ready target."""
+
+
+class Election:
+    def __init__(self, me: str, members: Sequence[str], *, epoch: int, voted_for: str | None,
+                 position: Position, timing: ElectionTiming, rng: random.Random,
+                 vote_floor: Position | None = None) -> None:
+        if me not in members:
+            raise ValueError(f"{me} is not one of the members {list(members)}")
+        self.me = me
+        self.members = tuple(dict.fromkeys(members))
+        self.peers = tuple(m for m in self.members if m != me)
+        self.timing = timing
+        self.rng = rng
+        self.voted_for = voted_for
+        self.position = position
+        self.vote_floor = max(position, vote_floor or Position.INVALID)
+        self._epoch = epoch
+        self._majority = majority(len(self.members))
+        self._role = "joining"
+        self._primary: str | None = None
+        self._now = -math.inf
+        self._heard_primary_at = -math.inf
+        self._deadline = math.inf
+        self._votes: set[str] = set()
+        self._pre = False
+        self._campaign_at = -math.inf
+        # primary side
+        self._stamps: dict[str, float] = {}
+        self._peer_pos: dict[str, Position] = {}
+        self._peer_ready: dict[str, tuple[bool, float]] = {}
+        self._next_heartbeat = math.inf
+        self._lease_expiry = -math.inf
+        # a manual failover this node is the target of: (position to reach, give up at)
+        self._transfer: tuple[Position, float] | None = None
+
+    # ---- properties ---------------------------------------------------------------------
+
+    @property
+    def role(self) -> str:
+        return self._role
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def primary(self) -> str | None:
+        return self._primary
+
+    @property
+    def serving(self) -> bool:
+        """A primary holding a valid lease as of the latest input (see ``lease_valid``)."""
+        return self.lease_valid(self._now)
+
+    def lease_valid(self, now: float) -> bool:
+        """Check this before serving a client: a paused primary may not have ticked yet."""
+        return self._role == "primary" and now < self._lease_expiry
+
+    @property
+    def ready(self) -> bool:
+        """Holds a consistent copy of the current primary's state."""
+        return self.position.valid and self.position.epoch == self._epoch
+
+    def wakeup_at(self) -> float:
+        """When ``tick`` next has something to do."""
+        if self._role == "primary":
+            return min(self._next_heartbeat, self._lease_expiry)
+        if self._transfer is not None:
+            return min(self._deadline, self._transfer[1])
+        return self._deadline
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "node": self.me, "role": self._role, "epoch": self._epoch,
+            "primary": self._primary, "voted_for": self.voted_for,
+            "serving": self.serving, "ready": self.ready,
+            "position": [self.position.epoch, self.position.seq],
+            "vote_floor": [self.vote_floor.epoch, self.vote_floor.seq],
+        }
+        if self._role == "primary":
+            remaining = self._lease_expiry - self._now
+            out["lease_remaining"] = None if remaining == math.inf else round(max(0.0, remaining), 3)
+            out["backups"] = {
+                peer: {"position": [p.epoch, p.seq], "ready": self._peer_ready[peer][0],
+                       "last_ack_ago": round(self._now - self._peer_ready[peer][1], 3)}
+                for peer, p in self._peer_pos.items()}
+        return out
+
+    # ---- inputs -------------------------------------------------------------------------
+
+    def start(self, now: float) -> list[Action]:
+        self._now = now
+        self._deadline = now + self._timeout()
+        return []
+
+    def tick(self, now: float) -> list[Action]:
+        self._now = now
+        if self._role == "primary":
+            if now >= self._lease_expiry:
+                return self._stop(now, f"no majority heard within {self.timing.lease_timeout}s")
+            if now >= self._next_heartbeat:
+                return self._heartbeats(now)
+            return []
+        if self._transfer is not None:
+            actions = self._transfer_ready(now)
+            if actions:
+                return actions
+        if now < self._deadline:
+            return []
+        if not self.position.valid:
+            self._deadline = now + self._timeout()  # catching up: never stand
+            return []
+        return self._pre_vote(now)
+
+    def set_position(self, pos: Position) -> list[Action]:
+        """From the replication layer: the state this node now holds (INVALID while catching up).
+
+        Returns the actions of a pending manual failover this position completes.
+        """
+        self.position = pos
+        if pos > self.vote_floor:
+            self.vote_floor = pos
+        if self._transfer is not None:
+            return self._transfer_ready(self._now)
+        return []
+
+    def receive(self, now: float, sender: str, msg: Message) -> list[Action]:
+        self._now = now
+        if sender == self.me or sender not in self.members:
+            return []
+        if isinstance(msg, VoteRequest):
+            return self._on_vote_request(now, sender, msg)
+        if isinstance(msg, VoteReply) and msg.pre and msg.granted:
+            return self._on_pre_vote(now, sender, msg)
+        epoch = getattr(msg, "epoch", None)
+        if not isinstance(epoch, int):
+            return []
+        if epoch < self._epoch:
+            return self._answer_old(sender, msg)
+        actions = self._adopt(now, epoch) if epoch > self._epoch else []
+        if isinstance(msg, Heartbeat):
+            actions += self._on_heartbeat(now, sender, msg)
+        elif isinstance(msg, HeartbeatAck):
+            self._on_heartbeat_ack(now, sender, msg)
+        elif isinstance(msg, VoteReply):
+            actions += self._on_vote(now, sender, msg)
+        elif isinstance(msg, TransferPrimary):
+            actions += self._on_transfer(now, sender, msg)
+        return actions
+
+    def promote(self, now: float, target: str) -> list[Action]:
+        """Manual failover: stop serving and tell a ready ``target`` to stand at once."""
+        self._now = now
+        if self._role != "primary":
+            raise PromoteRefused(f"{self.me} is not the primary (role {self._role}, "
+                                 f"primary {self._primary or 'unknown'})")
+        if target not in self.members:
+            raise PromoteRefused(f"{target!r} is not a member ({', '.join(self.members)})")
+        if target == self.me:
+            raise PromoteRefused(f"{self.me} is already the primary")
+        ready, seen = self._peer_ready.get(target, (False, -math.inf))
+        if not ready or now - seen > self.timing.lease_timeout:
+            raise PromoteRefused(f"{target} is not a ready backup (last heard "
+                                 f"{'never' if seen == -math.inf else f'{now - seen:.1f}s ago'}, "
+                                 f"ready {ready})")
+        actions = self._stop(now, f"handing the primary role over to {target}")
+        pos = self.position
+        actions.append(Send(target, TransferPrimary(self._epoch, target, pos.epoch, pos.seq)))
+        return actions
+
+    # ---- voting -------------------------------------------------------------------------
+
+    def _on_vote_request(self, now: float, sender: str, msg: VoteRequest) -> list[Action]:
+        if msg.candidate != sender:
+            return []
+        cand = Position(msg.pos_epoch, msg.pos_seq)
+        if msg.pre:
+            granted = (msg.epoch > self._epoch and self._may_vote_for(cand)
+                       and not self._heard_primary(now))
+            reply = VoteReply(msg.epoch if granted else self._epoch, self.me, granted, True,
+                              self.position.epoch, self.position.seq)
+            return [Send(sender, reply)]
+        if (msg.epoch > self._epoch and self._heard_primary(now)
+                and not (msg.transfer and self._role != "primary")):
+            return []  # stickiness: a live primary is not deposed (not even its epoch)
+        if msg.epoch < self._epoch:
+            return [Send(sender, VoteReply(self._epoch, self.me, False, False,
+                                           self.position.epoch, self.position.seq))]
+        actions: list[Action] = []
+        persist = False
+        if msg.epoch > self._epoch:
+            actions += self._adopt(now, msg.epoch, persist=False)
+            persist = True
+        granted = self.voted_for in (None, sender) and self._may_vote_for(cand)
+        if granted:
+            persist = persist or self.voted_for is None
+            self.voted_for = sender
+            self._heard_primary_at = now
+            self._deadline = now + self._timeout()
+        if persist:
+            actions.append(Persist(self._epoch, self.voted_for))
+        actions.append(Send(sender, VoteReply(self._epoch, self.me, granted, False,
+                                              self.position.epoch, self.position.seq)))
+        return actions
+
+    def _may_vote_for(self, cand: Position) -> bool:
+        return cand.valid and cand >= self.vote_floor
+
+    def _heard_primary(self, now: float) -> bool:
+        if self._role == "primary":
+            return self.lease_valid(now)
+        return now - self._heard_primary_at < self.timing.election_timeout
+
+    def _pre_vote(self, now: float) -> list[Action]:
+        self._role, self._primary, self._pre = "candidate", None, True
+        self._votes = {self.me}
+        self._deadline = now + self._timeout()
+        if len(self._votes) >= self._majority:
+            return self._campaign(now)
+        pos = self.position
+        request = VoteRequest(self._epoch + 1, self.me, pos.epoch, pos.seq, True, False)
+        return [Send(peer, request) for peer in self.peers]
+
+    def _on_pre_vote(self, now: float, sender: str, msg: VoteReply) -> list[Action]:
+        if self._role != "candidate" or not self._pre or msg.epoch != self._epoch + 1:
+            return []
+        self._votes.add(sender)
+        return self._campaign(now) if len(self._votes) >= self._majority else []
+
+    def _campaign(self, now: float, transfer: bool = False) -> list[Action]:
+        self._epoch += 1
+        self.voted_for = self.me
+        self._transfer = None
+        self._role, self._primary, self._pre = "candidate", None, False
+        self._votes = {self.me}
+        self._campaign_at = now
+        self._deadline = now + self._timeout()
+        actions: list[Action] = [Persist(self._epoch, self.me)]
+        if len(self._votes) >= self._majority:
+            return actions + self._become_primary(now)
+        pos = self.position
+        request = VoteRequest(self._epoch, self.me, pos.epoch, pos.seq, False, transfer)
+        return actions + [Send(peer, request) for peer in self.peers]
+
+    def _on_vote(self, now: float, sender: str, msg: VoteReply) -> list[Action]:
+        if self._role != "candidate" or self._pre or not msg.granted or msg.pre:
+            return []
+        self._votes.add(sender)
+        return self._become_primary(now) if len(self._votes) >= self._majority else []
+
+    # ---- epochs -------------------------------------------------------------------------
+
+    def _adopt(self, now: float, epoch: int, persist: bool = True) -> list[Action]:
+        actions: list[Action] = []
+        if self._role == "primary":
+            actions.append(StopServing(f"deposed: a node is in epoch {epoch}"))
+            self._deadline = now + self._timeout()
+        self._epoch, self.voted_for = epoch, None
+        self._role, self._primary, self._pre = "joining", None, False
+        self._votes = set()
+        self._transfer = None
+        self._lease_expiry = -math.inf
+        if persist:
+            actions.append(Persist(epoch, None))
+        return actions
+
+    def _answer_old(self, sender: str, msg: Message) -> list[Action]:
+        if isinstance(msg, Heartbeat | TransferPrimary):
+            return [Send(sender, NewEpoch(self._epoch, self.me))]
+        return []
+
+    # ---- primary ------------------------------------------------------------------------
+
+    def _become_primary(self, now: float) -> list[Action]:
+        self._role, self._primary = "primary", self.me
+        self._votes.discard(self.me)
+        self._stamps = {voter: self._campaign_at for voter in self._votes}
+        self._peer_pos, self._peer_ready = {}, {}
+        self._update_lease()
+        self.set_position(Position(self._epoch, 0))  # a primary numbers its events from 0
+        return [BecomePrimary(self._epoch), *self._heartbeats(now)]
+
+    def _heartbeats(self, now: float) -> list[Action]:
+        self._next_heartbeat = now + self.timing.heartbeat_interval
+        beat = Heartbeat(self._epoch, self.me, now)
+        return [Send(peer, beat) for peer in self.peers]
+
+    def _on_heartbeat_ack(self, now: float, sender: str, msg: HeartbeatAck) -> None:
+        if self._role != "primary" or msg.node != sender:
+            return
+        if msg.stamp > self._stamps.get(sender, -math.inf):
+            self._stamps[sender] = msg.stamp
+            self._update_lease()
+        self._peer_pos[sender] = Position(msg.pos_epoch, msg.pos_seq)
+        self._peer_ready[sender] = (bool(msg.ready), now)
+
+    def _update_lease(self) -> None:
+        need = self._majority - 1
+        if need <= 0:
+            self._lease_expiry = math.inf
+            return
+        stamps = sorted(self._stamps.values(), reverse=True)
+        self._lease_expiry = (stamps[need - 1] + self.timing.lease_timeout
+                              if len(stamps) >= need else -math.inf)
+
+    def _stop(self, now: float, reason: str) -> list[Action]:
+        self._role, self._primary = "joining", None
+        self._lease_expiry = -math.inf
+        self._next_heartbeat = math.inf
+        self._deadline = now + self._timeout()
+        return [StopServing(reason)]
+
+    # ---- following ----------------------------------------------------------------------
+
+    def _on_heartbeat(self, now: float, sender: str, msg: Heartbeat) -> list[Action]:
+        if self._role == "primary" or msg.primary != sender:
+            return []
+        self._heard_primary_at = now
+        self._deadline = now + self._timeout()
+        actions: list[Action] = []
+        if self._role != "backup" or self._primary != sender:
+            self._role, self._primary, self._pre = "backup", sender, False
+            self._votes = set()
+            actions.append(BecomeBackup(self._epoch, sender))
+        pos = self.position
+        actions.append(Send(sender, HeartbeatAck(self._epoch, self.me, msg.stamp, pos.epoch,
+                                                 pos.seq, self.ready)))
+        return actions
+
+    def _on_transfer(self, now: float, sender: str, msg: TransferPrimary) -> list[Action]:
+        if msg.target != self.me or self._role == "primary" or self._primary not in (None, sender):
+            return []
+        self._transfer = (Position(msg.pos_epoch, msg.pos_seq),
+                          now + self.timing.election_timeout)
+        return self._transfer_ready(now)
+
+    def _transfer_ready(self, now: float) -> list[Action]:
+        assert self._transfer is not None
+        needed, give_up = self._transfer
+        if now >= give_up:
+            self._transfer = None
+            return []
+        if not self.position.valid or self.position < needed:
+            return []
+        self._transfer = None
+        return self._campaign(now, transfer=True)
+
+    def _timeout(self) -> float:
+        t = self.timing.election_timeout
+        return t + self.rng.random() * t

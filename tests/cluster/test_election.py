@@ -1,0 +1,399 @@
+"""The election, one property per test, on a hand-driven in-memory network (etcd-raft style).
+
+Messages are queued until the test delivers them, so every scenario is built
+explicitly: who ticks when, what arrives, who is cut off.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from brokerha.cluster.election import (
+    Action,
+    BecomeBackup,
+    BecomePrimary,
+    Election,
+    ElectionTiming,
+    Heartbeat,
+    HeartbeatAck,
+    NewEpoch,
+    Persist,
+    Position,
+    PromoteRefused,
+    Send,
+    StopServing,
+    TransferPrimary,
+    VoteReply,
+    VoteRequest,
+)
+from brokerha.cluster.messages import REGISTRY, Message
+
+TIMING = ElectionTiming(heartbeat_interval=0.2, lease_timeout=1.0, election_timeout=1.5)
+STEP = 0.05
+
+
+@dataclass
+class Mesh:
+    nodes: dict[str, Election]
+    now: float = 0.0
+    inflight: list[tuple[str, str, Message]] = field(default_factory=list)
+    actions: dict[str, list[Action]] = field(default_factory=dict)
+    cut: set[str] = field(default_factory=set)       # isolated nodes: nothing in or out
+    paused: set[str] = field(default_factory=set)    # neither ticked nor delivered to
+
+    @classmethod
+    def of(cls, n: int = 3, positions: dict[str, Position] | None = None) -> Mesh:
+        names = [f"n{i + 1}" for i in range(n)]
+        positions = positions or {}
+        nodes = {name: Election(name, names, epoch=0, voted_for=None,
+                                position=positions.get(name, Position(0, 0)), timing=TIMING,
+                                rng=random.Random(i)) for i, name in enumerate(names)}
+        mesh = cls(nodes)
+        for name, node in nodes.items():
+            mesh.carry(name, node.start(0.0))
+        return mesh
+
+    def carry(self, name: str, actions: list[Action]) -> list[Action]:
+        self.actions.setdefault(name, []).extend(actions)
+        for action in actions:
+            if isinstance(action, Send):
+                self.inflight.append((name, action.to, action.message))
+        return actions
+
+    def deliver(self) -> None:
+        while self.inflight:
+            src, dst, msg = self.inflight.pop(0)
+            if src in self.cut or dst in self.cut:
+                continue
+            if dst in self.paused:
+                continue
+            self.carry(dst, self.nodes[dst].receive(self.now, src, msg))
+
+    def run(self, until: float) -> None:
+        while self.now < until - 1e-9:
+            self.now = round(self.now + STEP, 6)
+            for name, node in self.nodes.items():
+                if name not in self.paused:
+                    self.carry(name, node.tick(self.now))
+            self.deliver()
+
+    def primaries(self) -> list[str]:
+        return [n for n, e in self.nodes.items() if e.role == "primary"]
+
+    def serving(self) -> list[str]:
+        return [n for n, e in self.nodes.items() if e.lease_valid(self.now)]
+
+    def elect(self, until: float = 6.0) -> str:
+        self.run(until)
+        assert len(self.primaries()) == 1, self.status()
+        return self.primaries()[0]
+
+    def status(self) -> list[dict[str, object]]:
+        return [e.status() for e in self.nodes.values()]
+
+
+def kinds(actions: list[Action]) -> list[str]:
+    return [type(a).__name__ if not isinstance(a, Send) else f"Send:{type(a.message).__name__}"
+            for a in actions]
+
+
+# ---- elections ----------------------------------------------------------------------------
+
+
+def test_first_election_on_a_fresh_cluster_elects_exactly_one_serving_primary() -> None:
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    assert mesh.serving() == [primary]
+    epoch = mesh.nodes[primary].epoch
+    assert epoch == 1
+    for name, node in mesh.nodes.items():
+        assert node.epoch == epoch and node.primary == primary
+        assert node.role == ("primary" if name == primary else "backup")
+    assert [a for a in mesh.actions[primary] if isinstance(a, BecomePrimary)] == [BecomePrimary(1)]
+
+
+def test_a_single_node_cluster_elects_itself() -> None:
+    node = Election("solo", ["solo"], epoch=3, voted_for=None, position=Position(3, 7),
+                    timing=TIMING, rng=random.Random(0))
+    node.start(0.0)
+    actions = node.tick(3.0)
+    assert kinds(actions) == ["Persist", "BecomePrimary"]
+    assert node.epoch == 4 and node.lease_valid(100.0)
+
+
+def test_the_epoch_is_persisted_before_any_vote_request_is_sent() -> None:
+    node = Election("n1", ["n1", "n2", "n3"], epoch=5, voted_for=None, position=Position(5, 9),
+                    timing=TIMING, rng=random.Random(1))
+    node.start(0.0)
+    pre = node.tick(3.0)  # pre-vote: nothing changes, nothing to persist
+    assert kinds(pre) == ["Send:VoteRequest"] * 2 and node.epoch == 5
+    assert all(a.message.pre and a.message.epoch == 6 for a in pre if isinstance(a, Send))
+    actions = node.receive(3.0, "n2", VoteReply(6, "n2", True, True, 5, 9))
+    assert actions[0] == Persist(6, "n1")
+    assert kinds(actions) == ["Persist", "Send:VoteRequest", "Send:VoteRequest"]
+    assert node.epoch == 6 and node.voted_for == "n1" and node.role == "candidate"
+
+
+def test_a_voter_persists_its_vote_before_it_replies() -> None:
+    voter = Election("n2", ["n1", "n2", "n3"], epoch=5, voted_for=None, position=Position(5, 9),
+                     timing=TIMING, rng=random.Random(2))
+    voter.start(0.0)
+    actions = voter.receive(3.0, "n1", VoteRequest(6, "n1", 5, 9))
+    assert actions == [Persist(6, "n1"), Send("n1", VoteReply(6, "n2", True, False, 5, 9))]
+
+
+def test_a_voter_never_grants_twice_in_one_epoch() -> None:
+    voter = Election("n3", ["n1", "n2", "n3"], epoch=1, voted_for=None, position=Position(1, 4),
+                     timing=TIMING, rng=random.Random(3))
+    voter.start(0.0)
+    first = voter.receive(3.0, "n1", VoteRequest(2, "n1", 1, 4))
+    second = voter.receive(3.1, "n2", VoteRequest(2, "n2", 1, 9))
+    again = voter.receive(3.2, "n1", VoteRequest(2, "n1", 1, 4))  # a duplicate: same answer
+    assert first[-1] == Send("n1", VoteReply(2, "n3", True, False, 1, 4))
+    assert second == [Send("n2", VoteReply(2, "n3", False, False, 1, 4))]
+    assert again == [Send("n1", VoteReply(2, "n3", True, False, 1, 4))]
+    # after a restart from what was persisted, the vote is remembered
+    restarted = Election("n3", ["n1", "n2", "n3"], epoch=2, voted_for="n1",
+                         position=Position(1, 4), timing=TIMING, rng=random.Random(3))
+    restarted.start(10.0)
+    assert restarted.receive(10.0, "n2", VoteRequest(2, "n2", 1, 9))[-1].message.granted is False
+
+
+def test_a_less_advanced_candidate_does_not_win() -> None:
+    mesh = Mesh.of(3, {"n1": Position(2, 5), "n2": Position(2, 9), "n3": Position(2, 9)})
+    mesh.nodes["n1"]._deadline = 0.1  # n1 times out first ...
+    mesh.run(1.0)
+    assert mesh.nodes["n1"].role != "primary"  # ... and is refused by both
+    primary = mesh.elect()
+    assert primary in ("n2", "n3")
+
+
+def test_the_most_advanced_reachable_node_wins_even_when_it_asks_last() -> None:
+    mesh = Mesh.of(3, {"n1": Position(1, 3), "n2": Position(1, 3), "n3": Position(1, 8)})
+    mesh.cut = {"n2"}
+    mesh.nodes["n3"]._deadline = 99.0  # n3 would not stand by itself yet
+    mesh.run(8.0)
+    assert mesh.primaries() == []  # n1 stood again and again: n3 refused each time
+    assert mesh.nodes["n1"].epoch == 0  # refused at the pre-vote: no epoch was spent
+    mesh.nodes["n3"]._deadline = mesh.now
+    assert mesh.elect(mesh.now + 1.0) == "n3"
+
+
+def test_a_catching_up_node_never_stands() -> None:
+    node = Election("n1", ["n1", "n2", "n3"], epoch=4, voted_for=None, position=Position.INVALID,
+                    timing=TIMING, rng=random.Random(4))
+    node.start(0.0)
+    for t in range(1, 30):
+        assert node.tick(float(t)) == []
+    assert node.role == "joining" and node.epoch == 4
+
+
+def test_a_catching_up_voter_still_refuses_a_candidate_behind_what_it_acknowledged() -> None:
+    voter = Election("n2", ["n1", "n2", "n3"], epoch=3, voted_for=None, position=Position(3, 10),
+                     timing=TIMING, rng=random.Random(5))
+    voter.start(0.0)
+    voter.set_position(Position.INVALID)  # joining a primary again: catching up
+    behind = voter.receive(5.0, "n1", VoteRequest(4, "n1", 3, 9))
+    assert behind[-1].message.granted is False
+    ahead = voter.receive(5.0, "n3", VoteRequest(5, "n3", 3, 10))
+    assert ahead[-1].message.granted is True
+    # the floor survives a restart when the caller persists it
+    restarted = Election("n2", ["n1", "n2", "n3"], epoch=5, voted_for=None,
+                         position=Position.INVALID, vote_floor=Position(3, 10), timing=TIMING,
+                         rng=random.Random(5))
+    restarted.start(9.0)
+    assert restarted.receive(9.0, "n1", VoteRequest(6, "n1", 3, 9))[-1].message.granted is False
+
+
+# ---- leases and epochs --------------------------------------------------------------------
+
+
+def test_a_primary_without_a_majority_stops_serving_within_lease_timeout() -> None:
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    cut_at = mesh.now
+    mesh.cut = {primary}
+    while mesh.nodes[primary].role == "primary":
+        mesh.run(mesh.now + STEP)
+    assert mesh.now - cut_at <= TIMING.lease_timeout + STEP
+    stops = [a for a in mesh.actions[primary] if isinstance(a, StopServing)]
+    assert len(stops) == 1 and "no majority" in stops[0].reason
+    assert not mesh.nodes[primary].serving
+
+
+def test_at_most_one_node_serves_while_an_isolated_primary_is_replaced() -> None:
+    mesh = Mesh.of(5)
+    old = mesh.elect()
+    mesh.cut = {old}
+    end = mesh.now + 6.0
+    while mesh.now < end:
+        mesh.run(mesh.now + STEP)
+        assert len(mesh.serving()) <= 1, mesh.status()
+    assert mesh.serving() and mesh.serving() != [old]
+
+
+def test_a_paused_primary_finds_itself_deposed_and_follows_the_new_one() -> None:
+    mesh = Mesh.of(3)
+    old = mesh.elect()
+    old_epoch = mesh.nodes[old].epoch
+    mesh.paused = {old}
+    mesh.run(mesh.now + 5.0)
+    new = [n for n in mesh.primaries() if n != old]
+    assert len(new) == 1 and mesh.nodes[new[0]].epoch > old_epoch
+    assert mesh.nodes[old].role == "primary"  # stale view: it has not run since
+    assert not mesh.nodes[old].lease_valid(mesh.now)  # but it may not serve anyone
+    mesh.paused = set()
+    mesh.run(mesh.now + 1.0)
+    node = mesh.nodes[old]
+    assert node.role == "backup" and node.primary == new[0] and node.epoch == mesh.nodes[new[0]].epoch
+    assert any(isinstance(a, StopServing) for a in mesh.actions[old])
+    assert BecomeBackup(node.epoch, new[0]) in mesh.actions[old]
+
+
+def test_a_higher_epoch_deposes_a_primary_which_persists_it_first() -> None:
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    node = mesh.nodes[primary]
+    other = next(n for n in mesh.nodes if n != primary)
+    actions = node.receive(mesh.now, other, NewEpoch(node.epoch + 3, other))
+    assert kinds(actions) == ["StopServing", "Persist"]
+    assert node.role == "joining" and node.epoch == actions[1].epoch
+
+
+def test_a_message_of_an_older_epoch_is_not_acted_on() -> None:
+    mesh = Mesh.of(3)
+    primary = mesh.elect(6.0)
+    backup, third = (n for n in mesh.nodes if n != primary)
+    node = mesh.nodes[backup]
+    epoch = node.epoch
+    stale_beat = node.receive(mesh.now, third, Heartbeat(epoch - 1, third, mesh.now))
+    assert stale_beat == [Send(third, NewEpoch(epoch, backup))]  # only: "you are deposed"
+    assert node.primary == primary and node.role == "backup"
+    assert node.receive(mesh.now, third, VoteReply(epoch - 1, third, True, False, 0, 0)) == []
+    stale_vote = node.receive(mesh.now + 5.0, third, VoteRequest(epoch - 1, third, 9, 9))
+    assert stale_vote == [Send(third, VoteReply(epoch, backup, False, False, 0, 0))]
+    assert node.epoch == epoch and node.voted_for == primary
+    assert mesh.nodes[primary].receive(mesh.now, backup, HeartbeatAck(epoch - 1, backup, mesh.now,
+                                                                      0, 0, True)) == []
+
+
+def test_a_node_that_heard_a_primary_recently_does_not_vote() -> None:
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    backup, other = (n for n in mesh.nodes if n != primary)
+    node = mesh.nodes[backup]
+    epoch = node.epoch
+    assert node.receive(mesh.now, other, VoteRequest(epoch + 1, other, 99, 99)) == []
+    pre = node.receive(mesh.now, other, VoteRequest(epoch + 1, other, 99, 99, True))
+    assert pre == [Send(other, VoteReply(epoch, backup, False, True, 0, 0))]
+    assert node.epoch == epoch and node.voted_for == primary  # not even the epoch was adopted
+    # once the primary has been silent for election_timeout, the same request is granted
+    later = node.receive(mesh.now + TIMING.election_timeout, other,
+                         VoteRequest(epoch + 1, other, 99, 99))
+    assert later[-1] == Send(other, VoteReply(epoch + 1, backup, True, False, 0, 0))
+
+
+def test_a_node_returning_from_a_partition_does_not_depose_a_healthy_primary() -> None:
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    loner = next(n for n in mesh.nodes if n != primary)
+    epoch = mesh.nodes[primary].epoch
+    mesh.cut = {loner}
+    mesh.run(mesh.now + 10.0)  # it times out again and again: pre-votes, never a new epoch
+    assert mesh.nodes[loner].epoch == epoch
+    mesh.cut = set()
+    mesh.run(mesh.now + 3.0)
+    assert mesh.primaries() == [primary] and mesh.nodes[primary].epoch == epoch
+    assert mesh.nodes[loner].role == "backup"
+
+
+# ---- manual failover ----------------------------------------------------------------------
+
+
+def test_promote_hands_the_primary_role_over_to_a_ready_backup() -> None:
+    mesh = Mesh.of(3)
+    old = mesh.elect()
+    epoch = mesh.nodes[old].epoch
+    target = next(n for n in mesh.nodes if n != old)
+    for name, node in mesh.nodes.items():  # the replication layer reports the backups ready
+        if name != old:
+            node.set_position(Position(epoch, 0))
+    mesh.run(mesh.now + 0.5)
+    actions = mesh.carry(old, mesh.nodes[old].promote(mesh.now, target))
+    assert isinstance(actions[0], StopServing) and not mesh.nodes[old].lease_valid(mesh.now)
+    assert actions[-1] == Send(target, TransferPrimary(epoch, target, epoch, 0))
+    mesh.deliver()
+    assert mesh.primaries() == [target] and mesh.nodes[target].epoch == epoch + 1
+    assert mesh.serving() == [target]
+    mesh.run(mesh.now + 1.0)
+    assert all(n.primary == target for n in mesh.nodes.values())
+
+
+def test_a_promoted_target_waits_until_it_holds_what_the_old_primary_held() -> None:
+    mesh = Mesh.of(3)
+    old = mesh.elect()
+    epoch = mesh.nodes[old].epoch
+    target = next(n for n in mesh.nodes if n != old)
+    mesh.nodes[old].set_position(Position(epoch, 5))
+    for name, node in mesh.nodes.items():
+        if name != old:
+            node.set_position(Position(epoch, 3))
+    mesh.run(mesh.now + 0.5)
+    mesh.carry(old, mesh.nodes[old].promote(mesh.now, target))
+    mesh.deliver()
+    assert mesh.primaries() == []  # the target still misses events 4 and 5
+    actions = mesh.carry(target, mesh.nodes[target].set_position(Position(epoch, 5)))
+    assert kinds(actions)[0] == "Persist"
+    assert all(m.transfer for m in (a.message for a in actions if isinstance(a, Send)))
+    mesh.deliver()
+    assert mesh.primaries() == [target]
+
+
+def test_promote_refuses_an_unknown_or_not_ready_target_and_a_non_primary() -> None:
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    node = mesh.nodes[primary]
+    backup = next(n for n in mesh.nodes if n != primary)
+    with pytest.raises(PromoteRefused, match="not a member"):
+        node.promote(mesh.now, "n42")
+    with pytest.raises(PromoteRefused, match="already the primary"):
+        node.promote(mesh.now, primary)
+    with pytest.raises(PromoteRefused, match="not a ready backup"):
+        node.promote(mesh.now, backup)  # its position is of epoch 0: not caught up
+    with pytest.raises(PromoteRefused, match="not the primary"):
+        mesh.nodes[backup].promote(mesh.now, primary)
+    assert node.lease_valid(mesh.now)  # a refused promote changes nothing
+    assert isinstance(PromoteRefused("x"), ValueError)
+
+
+# ---- configuration and wire ---------------------------------------------------------------
+
+
+def test_timing_keeps_the_lease_shorter_than_the_election_timeout() -> None:
+    ElectionTiming(0.1, 0.5, 0.6)
+    with pytest.raises(ValueError, match="lease_timeout"):
+        ElectionTiming(0.2, 1.5, 1.5)
+    with pytest.raises(ValueError, match="heartbeat_interval"):
+        ElectionTiming(1.0, 1.0, 2.0)
+    with pytest.raises(ValueError):
+        Election("n1", ["n2", "n3"], epoch=0, voted_for=None, position=Position(0, 0),
+                 timing=TIMING, rng=random.Random(0))
+
+
+def test_positions_order_by_epoch_then_seq_with_invalid_lowest() -> None:
+    assert Position.INVALID < Position(0, 0) < Position(1, 0) < Position(1, 5) < Position(2, 0)
+    assert not Position.INVALID.valid and Position(0, 0).valid
+
+
+def test_election_messages_round_trip_through_wire_args() -> None:
+    samples: list[Message] = [
+        VoteRequest(3, "n1", 2, 9, True, False), VoteReply(3, "n2", True, True, 2, 8),
+        Heartbeat(3, "n1", 12.5), HeartbeatAck(3, "n2", 12.5, 3, 4, True),
+        TransferPrimary(3, "n2", 3, 4), NewEpoch(4, "n3"),
+    ]
+    for msg in samples:
+        assert 10 <= msg.CODE <= 29 and REGISTRY[msg.CODE] is type(msg)
+        assert type(msg).from_args(msg.to_args()) == msg
