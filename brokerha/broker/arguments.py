@@ -19,6 +19,13 @@ _INT_ARGS = {
 }
 MAX_PRIORITY = 255
 
+# what HA replicates of a queue (brokerha/primary/policy.py applies it)
+HA_REPLICATE = "x-ha-replicate"
+REPLICATE_ALL = "all"
+REPLICATE_CONFIGURATION = "configuration"
+REPLICATE_NONE = "none"
+POLICIES = (REPLICATE_ALL, REPLICATE_CONFIGURATION, REPLICATE_NONE)
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -42,6 +49,9 @@ def validate_queue_arguments(vhost: str, name: str, args: dict[str, Any]) -> Non
         raise bad("x-max-priority", f"{{value_too_large,{args['x-max-priority']},{MAX_PRIORITY}}}")
     if args.get(WINDOW_ARG, 0) > MAX_WINDOW:
         raise bad(WINDOW_ARG, f"{{value_too_large,{args[WINDOW_ARG]},{MAX_WINDOW}}}")
+    replicate = args.get(HA_REPLICATE)
+    if replicate is not None and replicate not in POLICIES:
+        raise bad(HA_REPLICATE, f"{{unacceptable_value,{replicate}}} (one of {', '.join(POLICIES)})")
     overflow = args.get("x-overflow")
     if overflow is not None and overflow not in OVERFLOW_MODES:
         raise bad("x-overflow", f"{{unacceptable_value,{overflow}}}")

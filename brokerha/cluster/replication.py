@@ -56,12 +56,6 @@ CAUGHT_UP = "c"
 # epoch and seq when it was declared): a queue deleted and declared again under
 # the same name is another queue, and its positions mean other messages.
 HA_ID = "x-ha-id"
-# The queue argument choosing what is replicated (docs/ha.md).
-HA_REPLICATE = "x-ha-replicate"
-REPLICATE_ALL = "all"
-REPLICATE_CONFIGURATION = "configuration"
-REPLICATE_NONE = "none"
-POLICIES = (REPLICATE_ALL, REPLICATE_CONFIGURATION, REPLICATE_NONE)
 
 
 @packet(30)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 
-from brokerha.broker.queue import Queue
-from brokerha.cluster.replication import (
+from brokerha.broker.arguments import (
     HA_REPLICATE,
     POLICIES,
     REPLICATE_ALL,
     REPLICATE_NONE,
 )
+from brokerha.broker.queue import Queue
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from brokerha.backup.timers import resume_timers
+from brokerha.broker.arguments import REPLICATE_ALL, REPLICATE_NONE
 from brokerha.broker.broker import Broker
 from brokerha.broker.exchange import Binding, Exchange
 from brokerha.broker.message import Entry
@@ -49,7 +50,7 @@ class Primary(ConfigurationObserver, QueueObserver):
 
     def __init__(self, broker: Broker, *, me: str, members: int, epoch: int, start_seq: int,
                  clock: Callable[[], float], backup_timeout: float,
-                 replicate: str = R.REPLICATE_ALL,
+                 replicate: str = REPLICATE_ALL,
                  on_output: Callable[[], None] | None = None) -> None:
         self.broker = broker
         # called when events wait to be sent and none did before: the I/O layer
@@ -80,7 +81,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         for vhost in self.broker.vhosts.values():
             for q in vhost.queues.values():
                 q.next_position = max(q.next_position, floor)
-                if self._policy(q) != R.REPLICATE_NONE and R.HA_ID not in q.arguments:
+                if self._policy(q) != REPLICATE_NONE and R.HA_ID not in q.arguments:
                     q.arguments[R.HA_ID] = f"{self.epoch}.{self.seq}.{q.name}"
                     self.broker.store.queue_declared(q)  # an upsert: the store keeps the id
 
@@ -108,10 +109,10 @@ class Primary(ConfigurationObserver, QueueObserver):
         return policy
 
     def _replicated(self, q: Queue) -> bool:
-        return self._policy(q) != R.REPLICATE_NONE
+        return self._policy(q) != REPLICATE_NONE
 
     def _messages_replicated(self, q: Queue) -> bool:
-        return self._policy(q) == R.REPLICATE_ALL
+        return self._policy(q) == REPLICATE_ALL
 
     # -- the log -----------------------------------------------------------------------
 

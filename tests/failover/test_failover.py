@@ -145,3 +145,24 @@ def test_pika_publisher_and_aio_pika_consumer_through_kills(cluster: LocalCluste
     missing = set(pub.confirmed) - set(consumer.consumed) - set(left)
     assert not missing, f"confirmed but never consumed: {sorted(missing)[:20]}"
     assert consumer.consumed, "the aio-pika consumer consumed nothing"
+
+
+def test_ctl_promote_hands_over_to_a_ready_backup(cluster: LocalCluster) -> None:
+    primary = wait_all_ready(cluster)
+    target = next(n for n in cluster.names if n != primary)
+
+    def ctl(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
+                               cluster.url(primary), *argv], capture_output=True, text=True,
+                              timeout=30)
+
+    refused = ctl("--password", "wrong", "promote", target)
+    assert refused.returncode == 1 and "401" in refused.stderr
+    unknown = ctl("promote", "n9")
+    assert unknown.returncode == 1 and "n9" in unknown.stderr
+    done = ctl("promote", target)
+    assert done.returncode == 0, done.stderr
+    assert cluster.wait_primary(15, other_than=primary) == target
+    cluster.wait_ready(primary, 30)
+    st = cluster.status(primary)
+    assert st is not None and st["node"]["role"] == "backup"  # type: ignore[index]
