@@ -379,6 +379,9 @@ class Workload:
     confirm: bool = False
     tx_size: int = 0  # 0: no transactions
     durable_queue: bool = True
+    # queue.declare arguments as (key, value) pairs, e.g. (("x-queue-type", "quorum"),)
+    # for a RabbitMQ quorum queue (ha_cluster.py); empty: no arguments
+    queue_arguments: tuple[tuple[str, str], ...] = ()
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -456,8 +459,10 @@ class LoadRun:
         w, s = self.workload, self.settings
         self.pub = pub = await connect(self.address)
         self.cons = cons = await connect(self.address)
-        await pub.rpc(CHANNEL, commands.Queue.Declare(queue=self.queue, durable=w.durable_queue),
-                      commands.Queue.DeclareOk)
+        await pub.rpc(CHANNEL, commands.Queue.Declare(
+            queue=self.queue, durable=w.durable_queue,
+            arguments=dict(w.queue_arguments) if w.queue_arguments else None),
+            commands.Queue.DeclareOk)
         if not w.auto_ack:
             await cons.rpc(CHANNEL, commands.Basic.Qos(prefetch_count=s.prefetch),
                            commands.Basic.QosOk)

@@ -18,10 +18,10 @@ from brokerha.cluster.simulation import (
     run_seed,
 )
 
-CI_SEEDS = 300
+CI_SEEDS = 1000
 
 
-def test_three_hundred_seeds_of_three_nodes_have_no_violation() -> None:
+def test_a_thousand_seeds_of_three_nodes_have_no_violation() -> None:
     results = run_many(range(CI_SEEDS), jobs=2)
     assert [r.summary() for r in results if r.violation] == []
     # the runs did exercise what they claim to: failovers, confirms, bounded unavailability
