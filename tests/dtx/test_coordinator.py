@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
@@ -26,7 +27,8 @@ ROWS = sa.Table("orders", sa.MetaData(), sa.Column("id", sa.Integer, primary_key
 
 
 @pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
+def pg_server() -> Iterator[tuple[Any, str]]:
+    """(the server, a fresh database URL on it); a local server can be crash-restarted."""
     from brokerha.store.testing import create_database, throwaway_server
 
     try:
@@ -35,14 +37,14 @@ def pg_url() -> Iterator[str]:
     except LookupError as exc:
         pytest.skip(str(exc))
     try:
-        yield create_database(url, f"xa_{uuid.uuid4().hex[:8]}")
+        yield url, create_database(url, f"xa_{uuid.uuid4().hex[:8]}")
     finally:
         server.__exit__(None, None, None)
 
 
 @pytest.fixture()
-def engine(pg_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(pg_url)
+def engine(pg_server: tuple[Any, str]) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(pg_server[1])
     ROWS.metadata.drop_all(engine)
     ROWS.metadata.create_all(engine)
     yield engine
@@ -52,9 +54,10 @@ def engine(pg_url: str) -> Iterator[sa.Engine]:
 class Rig:
     """A node, a pika channel with an XA resource, a queue with one order in it."""
 
-    def __init__(self, tmp: Path, engine: sa.Engine) -> None:
+    def __init__(self, tmp: Path, engine: sa.Engine, server: Any) -> None:
         self.data = tmp / "node"
         self.engine = engine
+        self.server = server
         self.log_path = tmp / "tm.log"
         self.queue = "orders-in"
         self.node = NodeProcess("xa", data_dir=self.data).start()
@@ -97,6 +100,17 @@ class Rig:
         depth = self.channel.queue_declare(self.queue, passive=True).method.message_count
         return int(rows), depth
 
+    def crash_database(self) -> None:
+        """pg_ctl -m immediate stop (no checkpoint), then start on the same data dir and port."""
+        if not hasattr(self.server, "restart"):
+            pytest.skip("the PostgreSQL server in use (a container) cannot be crash-restarted")
+        self.server.restart()
+        self.engine.dispose()  # pooled connections died with the server
+
+    def in_doubt_on_db(self) -> list[str]:
+        with self.engine.connect() as c:
+            return [str(x) for x in c.recover_twophase()]
+
     def close(self) -> None:
         if self.conn.is_open:
             self.conn.close()
@@ -104,8 +118,8 @@ class Rig:
 
 
 @pytest.fixture()
-def rig(tmp_path: Path, engine: sa.Engine) -> Iterator[Rig]:
-    r = Rig(tmp_path, engine)
+def rig(tmp_path: Path, engine: sa.Engine, pg_server: tuple[Any, str]) -> Iterator[Rig]:
+    r = Rig(tmp_path, engine, pg_server[0])
     yield r
     r.close()
 
@@ -156,3 +170,24 @@ def test_broker_sigkill_after_prepare_then_rollback(rig: Rig) -> None:
     rig.restart_node()
     assert list(rig.coordinator.recover().values()) == ["rolled back"]
     assert rig.outcome() == (0, 1)
+
+
+def test_db_crash_after_prepare_with_commit_record_commits_both(rig: Rig) -> None:
+    gtrid = rig.prepare_both()
+    rig.coordinator.log.append(gtrid, "commit")
+    rig.crash_database()
+    assert Coordinator.db_xid(gtrid) in rig.in_doubt_on_db()  # came back from the WAL
+    assert Coordinator.xid(gtrid) in rig.xa.recover()
+    assert rig.coordinator.recover() == {gtrid: "committed"}
+    assert rig.outcome() == (1, 0)
+    assert rig.in_doubt_on_db() == [] and rig.xa.recover() == []
+    assert rig.coordinator.recover() == {}
+
+
+def test_db_crash_after_prepare_without_commit_record_rolls_back_both(rig: Rig) -> None:
+    gtrid = rig.prepare_both()
+    rig.crash_database()
+    assert Coordinator.db_xid(gtrid) in rig.in_doubt_on_db()
+    assert rig.coordinator.recover() == {gtrid: "rolled back"}
+    assert rig.outcome() == (0, 1)
+    assert rig.in_doubt_on_db() == [] and rig.xa.recover() == []

@@ -84,6 +84,17 @@ class ConfirmedPublisher(threading.Thread):
                     pass
 
 
+def wait_rejoined(cluster: object, name: str, timeout: float = 30.0) -> None:
+    """Until ``name`` reports itself a ready backup (a deposed primary came back)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = cluster.status(name)  # type: ignore[attr-defined]
+        if st and st["node"]["role"] == "backup" and st["node"]["ready"]:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{name} did not rejoin as a ready backup: {cluster.status(name)}")  # type: ignore[attr-defined]
+
+
 def drain(urls: list[str], queue: str, timeout: float = 30.0) -> list[int]:
     """Every message left on ``queue`` (acked), as ids."""
     conn = connect_any(urls, time.monotonic() + timeout)

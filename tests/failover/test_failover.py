@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from brokerha.testing import LocalCluster
-from tests.failover.clients import ConfirmedPublisher, connect_any, drain
+from tests.failover.clients import ConfirmedPublisher, connect_any, drain, wait_rejoined
 
 # short timeouts keep the tests quick; the defaults are in docs/ha.md
 FAST = {"heartbeat_interval": 0.1, "lease_timeout": 0.6, "election_timeout": 1.0,
@@ -106,14 +106,7 @@ def test_paused_primary_is_deposed_and_rejoins_as_backup(cluster: LocalCluster) 
         new_primary = cluster.wait_primary(30, other_than=primary)
     finally:
         cluster.resume(primary)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        st = cluster.status(primary)
-        if st and st["node"]["role"] == "backup" and st["node"]["ready"]:  # type: ignore[index]
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"{primary} did not rejoin as a ready backup: {cluster.status(primary)}")
+    wait_rejoined(cluster, primary)
     assert cluster.primary() == new_primary
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from brokerha.testing import LocalCluster, free_port
-from tests.failover.clients import ConfirmedPublisher, drain
+from tests.failover.clients import ConfirmedPublisher, drain, wait_rejoined
 from tests.failover.proxy import Partition
 from tests.failover.test_failover import FAST, QUEUE, declare, wait_all_ready
 
@@ -62,14 +62,7 @@ def test_isolated_primary_stops_serving_and_majority_fails_over(
         time.sleep(0.05)
     assert len(pub.confirmed) >= confirmed_at_cut + 100, "publishing did not resume"
     partition.heal()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        st = cluster.status(primary)
-        if st and st["node"]["role"] == "backup" and st["node"]["ready"]:  # type: ignore[index]
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"{primary} did not rejoin after the heal: {cluster.status(primary)}")
+    wait_rejoined(cluster, primary)
     pub.stop_event.set()
     pub.join(30)
     assert pub.error is None, pub.error
