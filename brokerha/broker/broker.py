@@ -73,6 +73,7 @@ class Broker:
         # Replication barriers (the HA primary adds one): each runs a callback once
         # every ready backup holds what was done so far. See ``after_durable``.
         self.replication_barriers: list[Callable[[Callable[[], None]], None]] = []
+        self.durable_requests = 0  # after_durable calls: confirms, commits, DTX (metrics)
 
     def after_durable(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once everything done so far is durable everywhere it must be.
@@ -82,6 +83,7 @@ class Broker:
         (every ready backup acknowledged it) has passed. A slow disk or a slow
         backup delays the callback; nothing makes it run early.
         """
+        self.durable_requests += 1
         barriers = self.replication_barriers
         if not barriers:
             self.store.after_sync(callback)

@@ -196,6 +196,8 @@ class Queue:
         self.page_pending: list[Entry] = []
         self.page_scheduled = False
         self.unacked = 0
+        self.published = 0  # entries added (metrics: messages in)
+        self.delivered = 0  # entries handed to a consumer or basic.get (messages out)
         self.next_position = 1
         self.consumers: list[Consumer] = []
         self._rr = 0
@@ -263,6 +265,7 @@ class Queue:
         """Append an entry whose position was assigned elsewhere (replication, recovery)."""
         if entry.position >= self.next_position:
             self.next_position = entry.position + 1
+        self.published += 1
         if self.dedup is not None:
             self.dedup.remember(entry.message)
         for hook in self.hooks.enqueued:
@@ -392,6 +395,7 @@ class Queue:
 
     def _hand_to(self, consumer: Consumer, entry: Entry) -> None:
         entry.delivery_count += 1
+        self.delivered += 1
         self.unacked += 1
         for hook in self.hooks.acquired:
             hook(self, entry)
@@ -405,6 +409,7 @@ class Queue:
         entry = self._take_head()
         if entry is not None:
             entry.delivery_count += 1
+            self.delivered += 1
             self.unacked += 1
             for hook in self.hooks.acquired:
                 hook(self, entry)

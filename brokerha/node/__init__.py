@@ -95,6 +95,10 @@ def main(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         node = Node(cfg, cluster)
+        if cluster is not None:
+            from brokerha.node.ha import HANode
+
+            node.ha = HANode(node, cluster)
         await node.run_until_stopped()
         return node.exit_code
 

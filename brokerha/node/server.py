@@ -62,11 +62,9 @@ class Node:
         self.admin.route("GET", "/api/status", self._status_page)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
+        # the HA layer (node/ha.py's HANode) attaches itself here for a cluster member;
+        # the node only calls start/stop/add_status on it
         self.ha: Any = None
-        if cluster is not None:
-            from brokerha.node.ha import HANode
-
-            self.ha = HANode(self, cluster)
 
     def _spawn(self, work: Awaitable[Any], on_done: Callable[[BaseException | None], None]) -> None:
         async def runner() -> None:
