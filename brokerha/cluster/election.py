@@ -536,6 +536,27 @@ class Election:
                                                  pos.seq, self.ready)))
         return actions
 
+    def primary_lost(self, now: float, peer: str) -> list[Action]:
+        """The link to our primary closed: its process most likely died (SIGKILL, crash).
+
+        Instead of the randomised ``[T, 2T)`` timeout, stand as soon as the
+        voters may grant: ``election_timeout`` after the primary was last heard
+        (stickiness, so this changes nothing in the safety argument above),
+        plus a small margin for their later heartbeats, staggered by rank among
+        the other members so that two backups do not split the vote. A less
+        advanced backup that stands first is refused (vote floor) and the next
+        one wins a moment later. If the link only broke and the primary lives,
+        the pre-vote is refused while its heartbeats reach a majority.
+        """
+        if self._role != "backup" or peer != self._primary:
+            return []
+        others = sorted(m for m in self.members if m != peer)
+        rank = others.index(self.me)
+        step = self.timing.heartbeat_interval
+        at = self._heard_primary_at + self.timing.election_timeout + step / 4 + rank * step
+        self._deadline = min(self._deadline, max(now, at))
+        return []
+
     def _on_transfer(self, now: float, sender: str, msg: TransferPrimary) -> list[Action]:
         if msg.target != self.me or self._role == "primary" or self._primary not in (None, sender):
             return []

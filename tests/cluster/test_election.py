@@ -397,3 +397,47 @@ def test_election_messages_round_trip_through_wire_args() -> None:
     for msg in samples:
         assert 10 <= msg.CODE <= 29 and REGISTRY[msg.CODE] is type(msg)
         assert type(msg).from_args(msg.to_args()) == msg
+
+
+def _kill_primary_and_time_failover(mesh: Mesh, signal_link_loss: bool) -> float:
+    old = mesh.elect()
+    killed_at = mesh.now
+    mesh.cut = {old}  # the dead primary: nothing in or out
+    if signal_link_loss:
+        for name, node in mesh.nodes.items():
+            if name != old:
+                mesh.carry(name, node.primary_lost(mesh.now, old))
+    while not [n for n in mesh.primaries() if n != old]:
+        mesh.run(mesh.now + STEP)
+        assert len(mesh.serving()) <= 1, mesh.status()
+    return mesh.now - killed_at
+
+
+def test_a_closed_link_to_the_primary_starts_the_election_without_the_random_wait() -> None:
+    fast = [_kill_primary_and_time_failover(Mesh.of(3), True)]
+    slow = [_kill_primary_and_time_failover(Mesh.of(3), False)]
+    # standing at election_timeout (+ margin and stagger) after the last heartbeat
+    limit = TIMING.election_timeout + 2 * TIMING.heartbeat_interval + 3 * STEP
+    assert max(fast) <= limit, (fast, slow)
+    assert max(fast) <= min(slow)
+
+
+def test_primary_lost_for_a_node_that_is_not_our_primary_changes_nothing() -> None:
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    backup = next(n for n in mesh.nodes if n != primary)
+    other = next(n for n in mesh.nodes if n not in (primary, backup))
+    deadline = mesh.nodes[backup]._deadline
+    assert mesh.nodes[backup].primary_lost(mesh.now, other) == []
+    assert mesh.nodes[backup]._deadline == deadline
+
+
+def test_a_live_primary_is_not_deposed_by_a_broken_link_alone() -> None:
+    """Only the link from one backup broke: the primary still reaches the other one."""
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    epoch = mesh.nodes[primary].epoch
+    backup = next(n for n in mesh.nodes if n != primary)
+    mesh.carry(backup, mesh.nodes[backup].primary_lost(mesh.now, primary))
+    mesh.run(mesh.now + 4 * TIMING.election_timeout)
+    assert mesh.primaries() == [primary] and mesh.nodes[primary].epoch == epoch
