@@ -18,6 +18,12 @@ channel's frames are handled in order, a ``start`` followed by publishes and
 acks on the same channel puts them in the branch, exactly as a dtx.select
 would. Verbs that wait (prepare, commit) block the channel until answered.
 See docs/dtx.md.
+
+One more verb is not XA's: ``tx-outcome`` with body ``{"tx_id": "..."}`` asks
+whether the transaction a client named (header ``x-tx-id``) committed; the
+answer's ``outcome`` is ``committed``, ``rolled back`` or ``unknown``. A
+commit of that transaction still under way is waited for. See docs/ha.md
+("Transactions").
 """
 
 from __future__ import annotations
@@ -120,6 +126,14 @@ class Control:
     def verb_get_timeout(self) -> None:
         timeout = self.dtx.get_timeout(parse_xid(self.request.get("xid")))
         self.answer(XA.OK, timeout=timeout)
+
+    def verb_tx_outcome(self) -> None:
+        tx_id = self.request.get("tx_id")
+        if not isinstance(tx_id, str) or not tx_id:
+            raise XAError(XA.ER_INVAL, "tx-outcome needs a tx_id string")
+        self.ch.block()  # answered in order, after a commit under way
+        self.ch.conn.broker.outcomes.when_known(
+            tx_id, lambda outcome: self.answer(XA.OK, outcome=outcome, tx_id=tx_id))
 
     # -- verbs that wait ----------------------------------------------------------------------
 

@@ -21,6 +21,10 @@ A backup's broker has no clients, hence no consumers, and no ``Primary``
 observing it (refused at construction), so applying an event feeds nothing
 back. Its queues keep no timers (``backup.timers``): TTL and ``x-expires``
 act through the primary's dequeue and delete events.
+
+Transactions: the ``t*`` events go to the TransactionReplicator
+(``transaction_replicator.py``); a ``TxVote`` it could not give as an
+acknowledgement waits in ``votes`` for the node to send (``take_votes``).
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ from typing import Any
 from brokerha.backup.broker_replicator import CONFIGURATION_EVENTS, BrokerReplicator
 from brokerha.backup.queue_replicator import QueueReplicator
 from brokerha.backup.timers import hold_all_timers, resume_timers
+from brokerha.backup.transaction_replicator import TransactionReplicator
 from brokerha.broker.broker import Broker
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
 from brokerha.cluster.ranges import to_ranges
-from brokerha.cluster.replication import Ack, Events, Join, ReplicationError, StaleEpoch
+from brokerha.cluster.replication import Ack, Events, Join, ReplicationError, StaleEpoch, TxVote
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +72,7 @@ class Backup:
         self._catching_up = False
         self.config = BrokerReplicator(broker, self._queue_gone)
         self._queues: dict[tuple[str, str], QueueReplicator] = {}
+        self.transactions = TransactionReplicator(broker, self._replicator, me, epoch)
         hold_all_timers(broker)
 
     @property
@@ -87,6 +93,7 @@ class Backup:
         self.session = next(_sessions)
         self.applied_seq = -1
         self.caught_up = self._catching_up = False
+        self.transactions.release_local_branches()
         epoch, seq = self.last_position
         return Join(self.epoch, self.me, epoch, seq, self._inventory(), self.session)
 
@@ -102,6 +109,11 @@ class Backup:
     def ack_message(self) -> Ack:
         """Send only once the store synced what was applied (see the module docstring)."""
         return Ack(self.epoch, self.me, self.applied_seq)
+
+    def take_votes(self) -> list[TxVote]:
+        """No votes to send to the primary (a yes is an Ack)."""
+        votes, self.transactions.votes = self.transactions.votes, []
+        return votes
 
     # -- from the primary --------------------------------------------------------------
 
@@ -132,17 +144,21 @@ class Backup:
             self._replicator(event[1], event[2]).enqueue(*event[3:])
         elif kind == R.DEQUEUED:
             self._replicator(event[1], event[2]).dequeue(event[3])
+        elif kind in R.TX_EVENTS:
+            self.transactions.apply(event)
         elif kind in CONFIGURATION_EVENTS:
             self.config.apply(event)
         elif kind == R.CATCH_UP_BEGINS:
             if event[1] != self.session or self.caught_up:
                 raise ReplicationError(f"catch-up of session {event[1]} not expected")
             self.config.snapshot_begins()
+            self.transactions.catch_up_begins()
         elif kind == R.SNAPSHOT_DONE:
             self.config.snapshot_done()
         elif kind == R.CAUGHT_UP:
             if event[1] != seq:
                 raise ReplicationError(f"CaughtUp marker for {event[1]} at seq {seq}")
+            self.transactions.caught_up()
             self.caught_up, self._catching_up = True, False
         else:
             raise ReplicationError(f"unknown event {kind!r}")

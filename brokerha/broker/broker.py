@@ -18,6 +18,7 @@ from brokerha.broker.paging import Pager
 from brokerha.broker.queue import MemoryMeter
 from brokerha.broker.storage import Definitions, MemoryStore, PreparedBranch, Store, prepared_branch
 from brokerha.broker.transaction import Transaction
+from brokerha.broker.tx_outcomes import TxOutcomes
 from brokerha.broker.vhost import VirtualHost
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,12 @@ class Broker:
                                       self.limits.node_max_memory)
         self._spawn = spawn
         self._tx_ids = itertools.count(1)
+        self.outcomes = TxOutcomes(self.store)
+        # prepared transactions a backup holds for its primary, as the store kept them
+        # (txid -> payload): the HA layer (brokerha.backup.tx_buffer) reads them
+        self.ha_transactions: dict[str, bytes] = {}
         self.dtx = DtxManager(self.observers.transactions, clock)
+        self.dtx.on_outcome = self._record_outcome
         self.attach_store_to_dtx()
         self.memory_blocked = False
         self.alarm_listeners: list[Callable[[bool], None]] = []
@@ -137,6 +143,8 @@ class Broker:
             restored += 1
         for branch in definitions.prepared:
             self._restore_branch(branch)
+        self.ha_transactions.update(definitions.ha_transactions)
+        self.outcomes.restore(definitions.outcomes)
         log.info("restored %d exchanges, %d queues, %d bindings, %d messages, "
                  "%d prepared XA branches", len(definitions.exchanges), len(definitions.queues),
                  len(definitions.bindings), restored, len(definitions.prepared))
@@ -171,7 +179,20 @@ class Broker:
 
     def new_transaction(self) -> Transaction:
         """A TX with a broker-unique id and the registered observers attached."""
-        return Transaction(f"{self.node_name}:tx:{next(self._tx_ids)}", self.observers.transactions)
+        tx = Transaction(f"{self.node_name}:tx:{next(self._tx_ids)}", self.observers.transactions,
+                         on_outcome=self._record_outcome)
+        return tx
+
+    def _record_outcome(self, tx: Transaction, outcome: str) -> None:
+        """A finished transaction's outcome, in the same store batch as its effects."""
+        if outcome == "preparing":
+            if tx.client_id is not None:
+                self.outcomes.preparing(tx.client_id)
+            return
+        txid = tx.replication_id or tx.id
+        if tx.replication_id is None and tx.client_id is None:
+            return  # neither replicated nor named: nobody can ask for it
+        self.outcomes.record(txid, tx.client_id, outcome)
 
     def spawn(self, work: Awaitable[Any], on_done: Callable[[BaseException | None], None]) -> None:
         """Run asynchronous work (a transaction's prepare) and report how it ended."""

@@ -95,9 +95,9 @@ class DtxBranch(Transaction):
     """One XA branch: a Transaction with an xid, a state and a deadline."""
 
     def __init__(self, xid: Xid, factories: list[TransactionObserverFactory], now: float,
-                 timeout: float) -> None:
-        super().__init__(f"dtx:{xid.key}", factories)
-        self.xid = xid
+                 timeout: float, on_outcome: Any = None) -> None:
+        self.xid = xid  # before the observers are created: they name the tx-queue by it
+        super().__init__(f"dtx:{xid.key}", factories, on_outcome=on_outcome)
         self.state = State.ACTIVE
         self.associated: set[object] = set()
         self.started = now
@@ -128,6 +128,7 @@ class DtxManager:
         # store hooks: persist a prepared branch (then call back), forget a finished one
         self.persist_prepared: Persist = lambda branch, done: done()
         self.forget_prepared: Callable[[Xid], None] = lambda xid: None
+        self.on_outcome: Any = None  # Broker._record_outcome
 
     def _branch(self, xid: Xid) -> DtxBranch:
         branch = self.branches.get(xid)
@@ -145,7 +146,8 @@ class DtxManager:
         if not (join or resume):
             if branch is not None:
                 raise XAError(XA.ER_DUPID, f"xid {xid.key} already known")
-            branch = DtxBranch(xid, self.factories, self.clock(), self.default_timeout)
+            branch = DtxBranch(xid, self.factories, self.clock(), self.default_timeout,
+                               self.on_outcome)
             self.branches[xid] = branch
         elif branch is None:
             raise XAError(XA.ER_NOTA, f"unknown xid {xid.key}")
@@ -313,9 +315,12 @@ class DtxManager:
     def restore_prepared(self, xid: Xid, publishes: list[tuple[list[Queue], Any]],
                          accepts: list[tuple[Queue, Entry]]) -> DtxBranch:
         """A branch the store kept across a restart: prepared, holding its entries."""
-        branch = DtxBranch(xid, self.factories, self.clock(), 0.0)
+        branch = DtxBranch(xid, [], self.clock(), 0.0, self.on_outcome)
         branch.publishes.extend(publishes)
         branch.accepts.extend(accepts)
+        branch.prepare_started = True
         branch.state = State.PREPARED
+        branch.observers = [o for f in self.factories
+                            if (o := f.create(branch)) is not None]
         self.branches[xid] = branch
         return branch

@@ -84,6 +84,10 @@ class Definitions:
     # by queue, then position; an iterator when a store streams them (SQLStore.load)
     messages: Iterable[StoredMessage] = field(default_factory=list)
     prepared: list[PreparedBranch] = field(default_factory=list)
+    # transactions a backup prepared for its primary: (txid, payload), brokerha.backup.tx_buffer
+    ha_transactions: list[tuple[str, bytes]] = field(default_factory=list)
+    # (txid, client id, outcome, at): brokerha.broker.tx_outcomes
+    outcomes: list[tuple[str, str | None, str, float]] = field(default_factory=list)
 
 
 def prepared_branch(xid: str, publishes: list[tuple[list[Queue], Any]],
@@ -169,6 +173,21 @@ class Store(ConfigurationObserver, QueueObserver):
         """The branch was committed, rolled back or forgotten: drop its record."""
         raise NotImplementedError
 
+    def ha_tx_prepared(self, txid: str, payload: bytes, done: Callable[[], None]) -> None:
+        """A backup's prepared transaction (an opaque record of the HA layer), then ``done``."""
+        raise NotImplementedError
+
+    def ha_tx_finished(self, txid: str) -> None:
+        """The prepared transaction was committed or rolled back: drop its record."""
+        raise NotImplementedError
+
+    def tx_outcome(self, txid: str, client_id: str | None, outcome: str, at: float) -> None:
+        """Record a transaction's outcome (an upsert)."""
+        raise NotImplementedError
+
+    def tx_outcome_deleted(self, txid: str) -> None:
+        raise NotImplementedError
+
     def close(self) -> None:
         """Flush what is pending and release resources."""
 
@@ -186,6 +205,21 @@ class MemoryStore(Store):
         self.bindings: dict[tuple[str, ...], BindingRecord] = {}
         self.messages: dict[tuple[str, str, int], StoredMessage] = {}
         self.prepared: dict[str, PreparedBranch] = {}
+        self.ha_transactions: dict[str, bytes] = {}
+        self.outcomes: dict[str, tuple[str, str | None, str, float]] = {}
+
+    def ha_tx_prepared(self, txid: str, payload: bytes, done: Callable[[], None]) -> None:
+        self.ha_transactions[txid] = payload
+        done()
+
+    def ha_tx_finished(self, txid: str) -> None:
+        self.ha_transactions.pop(txid, None)
+
+    def tx_outcome(self, txid: str, client_id: str | None, outcome: str, at: float) -> None:
+        self.outcomes[txid] = (txid, client_id, outcome, at)
+
+    def tx_outcome_deleted(self, txid: str) -> None:
+        self.outcomes.pop(txid, None)
 
     def dtx_prepared(self, record: PreparedBranch, done: Callable[[], None]) -> None:
         self.prepared[record.xid] = record
@@ -202,7 +236,8 @@ class MemoryStore(Store):
                            list(self.bindings.values()),
                            sorted(self.messages.values(),
                                   key=lambda m: (m.vhost, m.queue, m.position)),
-                           list(self.prepared.values()))
+                           list(self.prepared.values()), list(self.ha_transactions.items()),
+                           list(self.outcomes.values()))
 
     def exchange_declared(self, exchange: Exchange) -> None:
         if exchange.durable:

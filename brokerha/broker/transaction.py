@@ -5,10 +5,16 @@ commit, or not at all at rollback. Each TransactionObserverFactory registered
 with the broker may attach a TransactionObserver; commit first awaits every
 observer's ``prepare`` (phase one, e.g. every ready backup holds the data) and
 only then applies locally and tells the observers to commit.
+
+A client may name its transaction: the header ``x-tx-id`` on a message
+published in it (the first one wins) becomes ``client_id``, under which the
+outcome is recorded (``brokerha.broker.tx_outcomes``) in the same loop
+callback as the local commit, so in the same store batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -29,7 +35,11 @@ class TransactionObserver(Protocol):
         """Phase one: True when every participant can commit; the broker waits on it."""
         ...
 
-    def commit(self) -> None: ...
+    def applying(self) -> None:
+        """Optional: called right before the local commit applies the transaction."""
+
+    def commit(self) -> None:
+        """After the local commit, in the same loop callback."""
 
     def rollback(self) -> None: ...
 
@@ -44,9 +54,19 @@ class TransactionAborted(Exception):
     """A participant refused to prepare; nothing of the transaction was applied."""
 
 
+TX_ID_HEADER = "x-tx-id"
+
+OutcomeRecorder = Callable[["Transaction", str], None]
+
+
 class Transaction:
-    def __init__(self, tx_id: str, factories: list[TransactionObserverFactory]) -> None:
+    def __init__(self, tx_id: str, factories: list[TransactionObserverFactory], *,
+                 on_outcome: OutcomeRecorder | None = None) -> None:
         self.id = tx_id
+        self.client_id: str | None = None     # x-tx-id of the first message that had one
+        self.replication_id: str | None = None  # the tx-queue's name, set by the HA primary
+        self.on_outcome = on_outcome
+        self.prepare_started = False
         self.publishes: list[tuple[list[Queue], Message]] = []
         self.accepts: list[tuple[Queue, Entry]] = []
         self.rejects: list[tuple[Queue, Entry, bool]] = []
@@ -62,6 +82,11 @@ class Transaction:
 
     def publish(self, queues: list[Queue], message: Message) -> None:
         self.publishes.append((queues, message))
+        if self.client_id is None:
+            named = message.headers.get(TX_ID_HEADER) if message.header else None
+            if named is not None:
+                self.client_id = (named.decode("utf-8", "replace")
+                                  if isinstance(named, bytes | bytearray) else str(named))
         for observer in self.observers:
             for queue in queues:
                 observer.publish(queue, message)
@@ -81,6 +106,8 @@ class Transaction:
 
     async def prepare(self) -> bool:
         """Phase one on every observer; all must say yes."""
+        self.prepare_started = True
+        self._outcome("preparing")
         votes = [await observer.prepare() for observer in self.observers]
         return all(votes)
 
@@ -92,11 +119,20 @@ class Transaction:
         self.commit_prepared()
 
     def commit_prepared(self) -> None:
-        """Phase two: the local commit, then the observers'."""
+        """Phase two: the local commit and its outcome record, then the observers'."""
+        for observer in self.observers:
+            applying = getattr(observer, "applying", None)
+            if applying is not None:
+                applying()
         self.apply()
+        self._outcome("committed")
         for observer in self.observers:
             observer.commit()
         self._clear()
+
+    def _outcome(self, outcome: str) -> None:
+        if self.on_outcome is not None:
+            self.on_outcome(self, outcome)
 
     def apply(self) -> None:
         """The local commit: enqueue, dequeue, requeue, in the order the client asked."""
@@ -116,6 +152,8 @@ class Transaction:
         """Discard publishes; acked entries stay unacknowledged (AMQP 0-9-1 tx.rollback)."""
         for observer in self.observers:
             observer.rollback()
+        if self.prepare_started:
+            self._outcome("rolled back")
         self._clear()
 
     def _clear(self) -> None:

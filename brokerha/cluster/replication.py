@@ -21,7 +21,25 @@ kind     fields after the kind                                           meaning
 ``b``    session (the Join's)                                            catch-up begins
 ``s``    (none)                                                          config snapshot done
 ``c``    seq                                                             caught up
+``tb``   txid, xid (None for TX)                                         tx-queue created
+``te``   txid, vhost, [queues], exchange, routing_key, header, body      tx enqueue
+``td``   txid, vhost, queue, [positions]                                 tx dequeue
+``tp``   txid, client tx id (None)                                       tx prepare
+``tc``   txid, client tx id, ops                                         tx commit
+``tr``   txid, client tx id                                              tx rollback
+``to``   [[txid, client tx id, outcome, at], ...]                        outcomes (catch-up)
 =======  ==============================================================  ==========
+
+Transactions (``brokerha/primary/tx_observer.py``, docs/ha.md "Transactions"):
+``tb``/``te``/``td``/``tp`` are the transaction's tx-queue, buffered by the
+backup (``brokerha/backup/tx_buffer.py``); ``tc`` carries, in one event, the
+whole effect of the local commit: ``ops`` is a list of
+``["r", vhost, queue, position, index, expires_in_ms]`` (enqueue of the
+``index``-th ``te`` message: its content is not sent twice -- the skip set),
+``e`` events (enqueues of content the tx-queue does not hold: dead letters)
+and ``d`` events (dequeues), in the order the primary applied them. A backup
+applies one event in one loop callback, so its store writes a transaction in
+one group commit: no node ever holds a proper subset of one.
 
 ``arguments`` travel as an AMQP field table (bytes, keys sorted), so whatever a
 client can declare survives msgpack and compares byte for byte.
@@ -51,6 +69,16 @@ DEQUEUED = "d"
 CATCH_UP_BEGINS = "b"
 SNAPSHOT_DONE = "s"
 CAUGHT_UP = "c"
+TX_BEGIN = "tb"
+TX_ENQUEUE = "te"
+TX_DEQUEUE = "td"
+TX_PREPARE = "tp"
+TX_COMMIT = "tc"
+TX_ROLLBACK = "tr"
+TX_OUTCOMES = "to"
+TX_EVENTS = frozenset([TX_BEGIN, TX_ENQUEUE, TX_DEQUEUE, TX_PREPARE, TX_COMMIT, TX_ROLLBACK,
+                       TX_OUTCOMES])
+OP_REF = "r"  # a tc op: enqueue of a message the tx-queue carried
 
 # The queue argument holding a replicated queue's identity (the primary's
 # epoch and seq when it was declared): a queue deleted and declared again under
@@ -94,6 +122,39 @@ class Ack(Message):
     epoch: int
     node: str
     seq: int
+
+
+@packet(60)
+class TxVote(Message):
+    """Backup -> primary: its prepare of ``txid`` failed (ok=False: Qpid's cancel).
+
+    A yes vote is the acknowledgement of the ``tp`` event (the backup acks only
+    after its store synced the prepared record), so only a no travels alone.
+    """
+
+    epoch: int
+    node: str
+    txid: str
+    ok: bool
+    reason: str
+
+
+@packet(61)
+class VerifyRequest(Message):
+    """New primary -> backups (verification phase): which of ``txids`` did you commit?"""
+
+    epoch: int
+    txids: list[str]
+
+
+@packet(62)
+class VerifyReply(Message):
+    """Backup -> new primary: its prepared transactions and which of the asked it committed."""
+
+    epoch: int
+    node: str
+    prepared: list[str]
+    committed: list[str]
 
 
 class ReplicationError(Exception):

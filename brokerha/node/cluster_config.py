@@ -20,7 +20,7 @@ REPLICATE = ("all", "configuration", "none")
 
 _CLUSTER_KEYS = {"name", "secret", "secret_file", "nodes", "tls", "heartbeat_interval",
                  "lease_timeout", "election_timeout", "backup_timeout", "replicate",
-                 "verification_timeout"}
+                 "verification_timeout", "tx_prepare_timeout"}
 _NODE_KEYS = {"name", "amqp", "admin", "cluster", "cluster_bind"}
 _TLS_KEYS = {"cert", "key", "ca"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -70,6 +70,7 @@ class ClusterConfig:
     election_timeout: float = 1.5
     backup_timeout: float = 5.0
     verification_timeout: float = 2.0
+    tx_prepare_timeout: float = 5.0  # backups' votes on a transaction's prepare
     replicate: str = "all"
 
     def member(self, name: str) -> ClusterMember:
@@ -134,6 +135,7 @@ def parse_cluster(table: dict[str, Any], where: str, base: Path) -> ClusterConfi
     cfg.backup_timeout = _positive(table, "backup_timeout", cfg.backup_timeout)
     cfg.verification_timeout = _positive(table, "verification_timeout",
                                          cfg.verification_timeout)
+    cfg.tx_prepare_timeout = _positive(table, "tx_prepare_timeout", cfg.tx_prepare_timeout)
     if not cfg.heartbeat_interval < cfg.lease_timeout < cfg.election_timeout:
         raise ConfigError("cluster: need heartbeat_interval < lease_timeout < election_timeout "
                           "(a deposed primary must stop serving before anyone else is elected)")

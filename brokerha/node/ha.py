@@ -28,8 +28,9 @@ from brokerha.backup.backup import Backup
 from brokerha.cluster import election as el
 from brokerha.cluster.link import ClusterLinks, tls_contexts
 from brokerha.cluster.messages import Error, ErrorCode, Message
-from brokerha.cluster.replication import Ack, Events, Join
+from brokerha.cluster.replication import Ack, Events, Join, TxVote, VerifyReply, VerifyRequest
 from brokerha.cluster.state import StateFile
+from brokerha.primary import verification as verify
 from brokerha.primary.primary import Primary
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class HANode:
         self._durable_seq = 0               # the primary's own persisted position
         self._durable_waiters: list[tuple[int, Any]] = []
         self._ticker: asyncio.Task[None] | None = None
+        self._verification: verify.Verification | None = None
+        self._pending_joins: dict[str, tuple[int, Join]] = {}  # held while verifying
         node.admin.route("POST", "/api/promote", self._promote_request, admin=True)
 
     # -- life cycle ----------------------------------------------------------------------
@@ -142,25 +145,54 @@ class HANode:
                                epoch=epoch, start_seq=0, clock=self._now,
                                backup_timeout=self.cluster.backup_timeout,
                                replicate=self.cluster.replicate,
-                               on_output=self._schedule_flush)
+                               on_output=self._schedule_flush,
+                               tx_prepare_timeout=self.cluster.tx_prepare_timeout)
         self.broker.replication_barriers.append(self._position_barrier)
         self._spawn(self._verify_and_serve(epoch))
 
     async def _verify_and_serve(self, epoch: int) -> None:
         """NEO's VERIFYING: settle what a failover left half done before serving clients.
 
-        TX and DTX replication (issue #6) add the in-doubt transactions; until
-        then nothing is in doubt on a backup, and the phase only makes sure
-        this node still holds the epoch it was elected for.
+        Ask every reachable node which of our prepared transactions it
+        committed (``primary.verification``), decide each of them, and only
+        then take the backups' joins (held meanwhile, so their catch-up is
+        the decided state) and open the AMQP listener.
         """
         if self.election.epoch != epoch or self.primary is None:
             return
+        peers = sorted(self.links.peers_up())
+        verification = verify.Verification.start(
+            self.broker, epoch, self.me, peers, self._now(), self.cluster.verification_timeout)
+        self._verification = verification
+        request = verification.request()
+        if request.txids:
+            for peer in peers:
+                self.links.send(peer, request)
+            while not verification.done(self._now()):
+                await asyncio.sleep(TICK / 5)
+                if self.election.epoch != epoch or self.primary is None:
+                    self._verification = None
+                    return
+        else:
+            verification.asked.clear()
+        self._verification = None
+        decisions = verify.carry_out(self.broker, verification)
+        if decisions:
+            log.warning("node %s verified %d transactions with %d of %d nodes: %s", self.me,
+                        len(decisions), len(verification.replies), len(verification.asked),
+                        ", ".join(f"{t} {d}" for t, d in sorted(decisions.items())))
         self.phase = "primary"
+        for peer, (msg_id, join) in sorted(self._pending_joins.items()):
+            self._on_join(peer, msg_id, join)
+        self._pending_joins.clear()
+        self._flush()
         await self.node.serve_clients(True)
         log.warning("node %s is primary (epoch %d): serving AMQP clients on %s:%d", self.me,
                     epoch, *self.member.amqp)
 
     def _demote(self) -> None:
+        self._verification = None
+        self._pending_joins.clear()
         if self.primary is not None:
             self.primary.close()
             if self._position_barrier in self.broker.replication_barriers:
@@ -252,7 +284,7 @@ class HANode:
             log.warning("node %s: error from %s: %s %s", self.me, peer, msg.code, msg.message)
             return
         epoch = getattr(msg, "epoch", None)
-        if isinstance(msg, (Events, Join, Ack)):
+        if isinstance(msg, (Events, Join, Ack, TxVote, VerifyRequest, VerifyReply)):
             if epoch is not None and epoch < self.election.epoch:
                 log.warning("node %s: refused %s from %s of old epoch %d (ours %d)", self.me,
                             type(msg).__name__, peer, epoch, self.election.epoch)
@@ -267,6 +299,14 @@ class HANode:
         elif isinstance(msg, Ack):
             if self.primary is not None:
                 self.primary.backup_acked(peer, msg.seq)
+        elif isinstance(msg, TxVote):
+            if self.primary is not None and msg.epoch == self.primary.epoch:
+                self.primary.tx_vote(peer, msg.txid, msg.ok, msg.reason)
+        elif isinstance(msg, VerifyRequest):
+            self.links.send(peer, verify.answer(self.broker, msg, self.me), msg_id)
+        elif isinstance(msg, VerifyReply):
+            if self._verification is not None:
+                self._verification.receive(msg)
         else:
             self._carry_out(self.election.receive(self._now(), peer, msg))
         self._flush()
@@ -276,6 +316,9 @@ class HANode:
             self.links.send(peer, Error(ErrorCode.NOT_PRIMARY,
                                         f"{self.me} is not the primary of epoch {msg.epoch}"),
                             msg_id)
+            return
+        if self.phase == "verifying":
+            self._pending_joins[peer] = (msg_id, msg)  # answered once verification decided
             return
         log.info("backup %s joins at position (%d, %d)", peer, msg.pos_epoch, msg.pos_seq)
         self.primary.backup_joined(msg)
@@ -298,6 +341,8 @@ class HANode:
         if backup.caught_up and not was_caught_up:
             log.warning("node %s caught up with primary %s at seq %d: ready", self.me, peer,
                         backup.applied_seq)
+        for vote in backup.take_votes():
+            self.links.send(peer, vote)
         if not self._ack_pending:
             self._ack_pending = True
             self.broker.store.after_sync(self._send_ack)
@@ -337,6 +382,10 @@ class HANode:
             raise HTTPError(409, f"{self.me} is not the serving primary; ask the primary")
         if target == self.me:
             return Response.json({"message": f"{self.me} is already the primary"})
+        session = self.primary.sessions.get(target)
+        if session is not None and session.tx_trackers:
+            raise HTTPError(409, f"{target} is blocked by {len(session.tx_trackers)} TxTrackers "
+                                 "(prepared transactions whose outcome has not reached it)")
         try:
             actions = self.election.promote(self._now(), target)
         except ValueError as exc:

@@ -12,6 +12,12 @@ Positions are the replication ids, so no two primaries may give one id to two
 messages: a primary of ``epoch`` numbers new entries from ``epoch << 40`` up
 (at least; above every id it holds), so what a deposed primary enqueued
 without replicating can never be mistaken, on its return, for something else.
+
+Transactions (``tx_observer``, ``tx_queue``, ``tx_tracker``): every TX and DTX
+gets a tx-queue in this log; while the local commit runs (``tx_capture``) the
+queue events it triggers are collected into the one ``tc`` event instead of
+being sent as ``e``/``d`` events (the skip set), so a backup applies a
+transaction whole.
 """
 
 from __future__ import annotations
@@ -39,10 +45,15 @@ from brokerha.primary.queue_guard import QueueGuard
 from brokerha.primary.remote_backup import RemoteBackup
 from brokerha.primary.replicating_subscription import ReplicatingSubscription
 from brokerha.primary.snapshot import configuration
+from brokerha.primary.tx_observer import PrimaryTxObserverFactory
+from brokerha.primary.tx_queue import TxQueue, TxReplicatingSubscription, ack_votes
+from brokerha.primary.tx_tracker import trackers_for
 
 log = logging.getLogger(__name__)
 
 POSITION_EPOCH_SHIFT = 40
+OUTCOMES_PER_EVENT = 4096
+DEFAULT_TX_PREPARE_TIMEOUT = 5.0
 
 
 class Primary(ConfigurationObserver, QueueObserver):
@@ -51,7 +62,8 @@ class Primary(ConfigurationObserver, QueueObserver):
     def __init__(self, broker: Broker, *, me: str, members: int, epoch: int, start_seq: int,
                  clock: Callable[[], float], backup_timeout: float,
                  replicate: str = REPLICATE_ALL,
-                 on_output: Callable[[], None] | None = None) -> None:
+                 on_output: Callable[[], None] | None = None,
+                 tx_prepare_timeout: float = DEFAULT_TX_PREPARE_TIMEOUT) -> None:
         self.broker = broker
         # called when events wait to be sent and none did before: the I/O layer
         # schedules one flush (take_outbox) per loop iteration from it
@@ -68,11 +80,17 @@ class Primary(ConfigurationObserver, QueueObserver):
         self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
         self._policies: dict[Queue, str] = {}
         self._acquired: dict[Queue, dict[int, Entry]] = {}
+        self.tx_prepare_timeout = tx_prepare_timeout
+        self.tx_queues: dict[str, TxQueue] = {}  # unfinished transactions, by txid
+        self._capture: tuple[TxQueue, list[Event]] | None = None  # a local commit running
+        self.closed = False
         self._take_over()
         # first, so a new queue's x-ha-id is set before the store records it
         broker.observers.configuration.insert(0, self)
         broker.observers.add_queue_observer(self)
         broker.replication_barriers.append(self.barrier)
+        self.tx_factory = PrimaryTxObserverFactory(self)
+        broker.observers.add_transaction_observer_factory(self.tx_factory)
 
     def _take_over(self) -> None:
         """Make the broker a primary's: own timers, epoch-unique ids, queue identities."""
@@ -96,6 +114,12 @@ class Primary(ConfigurationObserver, QueueObserver):
             methods[:] = [m for m in methods if getattr(m, "__self__", None) is not self]
         if self.barrier in self.broker.replication_barriers:
             self.broker.replication_barriers.remove(self.barrier)
+        if self.tx_factory in observers.transactions:
+            observers.transactions.remove(self.tx_factory)
+        self.closed = True
+        for txq in list(self.tx_queues.values()):
+            txq.fail("the primary stopped")
+        self.tx_queues.clear()
         self._waiters.clear()
         self.sessions.clear()
         self._tail.clear()
@@ -113,6 +137,8 @@ class Primary(ConfigurationObserver, QueueObserver):
 
     def _messages_replicated(self, q: Queue) -> bool:
         return self._policy(q) == REPLICATE_ALL
+
+    messages_replicated = _messages_replicated
 
     # -- the log -----------------------------------------------------------------------
 
@@ -168,6 +194,9 @@ class Primary(ConfigurationObserver, QueueObserver):
     def enqueued(self, queue: Queue, entry: Entry) -> None:
         if self._messages_replicated(queue):
             now = self.clock() if entry.expires_at is not None else 0.0
+            if self._capture is not None:
+                self._capture_enqueue(queue, entry, now)
+                return
             self._emit(ev.enqueued(queue, entry, now))
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
@@ -185,11 +214,104 @@ class Primary(ConfigurationObserver, QueueObserver):
             held.pop(entry.position, None)
         if queue.deleted or not self._messages_replicated(queue):
             return  # a deleted queue goes as a whole
+        if self._capture is not None:
+            ops = self._capture[1]
+            if ops and ev.is_dequeue_of(ops[-1], queue):
+                ops[-1][3].append(entry.position)
+            else:
+                ops.append(ev.dequeued(queue, [entry.position]))
+            return
         tail = self._tail
         if tail and tail[-1][0] == self.seq and ev.is_dequeue_of(tail[-1][1], queue):
             tail[-1][1][3].append(entry.position)  # the last event, not sent yet: one seq
         else:
             self._emit(ev.dequeued(queue, [entry.position]))
+
+    # -- transactions (tx_observer.py calls these) -----------------------------------------
+
+    def tx_begin(self, name: str, xid: str | None) -> TxQueue:
+        """Create a tx-queue: the backups joined now are in the transaction."""
+        txq = TxQueue(name, xid)
+        self._emit(txq.begin_event())
+        txq.begin_seq = self.seq
+        txq.members = {n: TxReplicatingSubscription(n, s) for n, s in self.sessions.items()}
+        self.tx_queues[name] = txq
+        return txq
+
+    def tx_event(self, txq: TxQueue, event: Event) -> None:
+        txq.events.append(event)
+        self._emit(event)
+
+    def tx_close(self, txq: TxQueue) -> None:
+        """Send the prepare: from here a joining backup is not in the transaction."""
+        self._emit(txq.prepare_event())
+        txq.prepare_seq = self.seq
+
+    def tx_prepare(self, txq: TxQueue, on_prepared: Callable[[bool], None]) -> None:
+        """Close the tx-queue and collect the votes; ``on_prepared(ok)`` completes it."""
+        self.tx_close(txq)
+        txq.on_prepared = on_prepared
+        txq.deadline = self.clock() + self.tx_prepare_timeout
+        for node, member in txq.members.items():
+            session = self.sessions.get(node)
+            if session is not member.session:
+                member.vote, member.reason = False, "left before the prepare"
+            elif session.timed_out:
+                member.vote, member.reason = False, "timed out"
+        txq.settle_votes()
+        if self.closed:
+            txq.fail("the primary stopped")
+
+    def tx_vote(self, node: str, txid: str, ok: bool, reason: str) -> None:
+        """An explicit vote (a no: the backup could not prepare)."""
+        txq = self.tx_queues.get(txid)
+        if txq is not None:
+            log.warning("backup %s refuses to prepare %s: %s", node, txid, reason)
+            txq.vote(node, ok, reason)
+
+    def tx_capture(self, txq: TxQueue) -> None:
+        """The local commit starts: its queue events go into the commit event."""
+        self._capture = (txq, [])
+
+    def _capture_enqueue(self, queue: Queue, entry: Entry, now: float) -> None:
+        assert self._capture is not None
+        txq, ops = self._capture
+        index = txq.message_index.get(entry.message.msg_id)
+        if index is None:  # content the tx-queue does not hold (a dead letter)
+            ops.append(ev.enqueued(queue, entry, now))
+            return
+        expires_in = None
+        if entry.expires_at is not None:
+            expires_in = max(0, int((entry.expires_at - now) * 1000))
+        ops.append([R.OP_REF, queue.vhost, queue.name, entry.position, index, expires_in])
+
+    def tx_commit(self, txq: TxQueue) -> None:
+        """After the local commit: everything it did, as one event."""
+        ops: list[Event] = []
+        if self._capture is not None and self._capture[0] is txq:
+            ops = self._capture[1]
+        self._capture = None
+        self._emit([R.TX_COMMIT, txq.name, txq.client_id, ops])
+        self._tx_finished(txq)
+
+    def tx_rollback(self, txq: TxQueue) -> None:
+        self._emit([R.TX_ROLLBACK, txq.name, txq.client_id])
+        self._tx_finished(txq)
+
+    def _tx_finished(self, txq: TxQueue) -> None:
+        """The outcome is in the log: the tx-queue is gone, its trackers clear on the ack."""
+        self.tx_queues.pop(txq.name, None)
+        txq.on_prepared = None
+        for session in self.sessions.values():
+            for tracker in session.tx_trackers:
+                if tracker.txid == txq.name:
+                    tracker.clear_seq = self.seq
+
+    def _tx_session_ended(self, node: str, session: RemoteBackup, reason: str) -> None:
+        for txq in list(self.tx_queues.values()):
+            member = txq.members.get(node)
+            if member is not None and member.session is session:
+                txq.vote(node, False, reason)
 
     # -- backups -------------------------------------------------------------------------
 
@@ -202,8 +324,10 @@ class Primary(ConfigurationObserver, QueueObserver):
         if join.epoch != self.epoch:
             raise ReplicationError(f"join of epoch {join.epoch}; this primary is of {self.epoch}")
         self._flush_tail()  # those events are in the snapshot: not for the newcomer
-        if self.sessions.pop(join.node, None) is not None:
+        old = self.sessions.pop(join.node, None)
+        if old is not None:
             log.info("backup %s joins again: its previous session ends", join.node)
+            self._tx_session_ended(join.node, old, "joined again")
         now = self.clock()
         held = {(v, q): (ha_id, ranges) for v, q, ha_id, ranges in join.inventory}
         out: list[Event] = [[R.CATCH_UP_BEGINS, join.session]]
@@ -222,6 +346,9 @@ class Primary(ConfigurationObserver, QueueObserver):
                 out.extend(sub.catch_up(self._entries(q), now, self.broker.store.read_bodies))
                 subscriptions.append(sub)
                 ends.append((q, len(out) - 1))
+        out.extend(self._outcome_events())
+        for txq in self.tx_queues.values():
+            out.extend(txq.replay())
         join_seq = self.seq
         out.append([R.CAUGHT_UP, join_seq])
         first = join_seq - len(out) + 1
@@ -230,11 +357,23 @@ class Primary(ConfigurationObserver, QueueObserver):
         session.subscriptions = subscriptions
         session.guards = [QueueGuard(q.vhost, q.name, q.next_position, join_seq, first + end)
                           for q, end in ends]
+        for txq in self.tx_queues.values():
+            if txq.closed:  # prepared without its vote: blocked until the outcome reached it
+                session.tx_trackers.extend(trackers_for(txq.name, txq.events))
+            else:  # it received the tx-queue so far: in the transaction
+                txq.members[join.node] = TxReplicatingSubscription(join.node, session)
         self.sessions[join.node] = session
         log.info("backup %s joined at seq %d: catch-up of %d events (%d messages sent, "
                  "%d skipped, %d dropped)", join.node, join_seq, len(out),
                  sum(s.sent for s in subscriptions), sum(s.skipped for s in subscriptions),
                  sum(s.dropped for s in subscriptions))
+
+    def _outcome_events(self) -> list[Event]:
+        records = [list(r) for r in self.broker.outcomes.snapshot()]
+        if not records:
+            return [[R.TX_OUTCOMES, []]]
+        return [[R.TX_OUTCOMES, records[i:i + OUTCOMES_PER_EVENT]]
+                for i in range(0, len(records), OUTCOMES_PER_EVENT)]
 
     def _entries(self, q: Queue) -> list[Entry]:
         """Everything on the queue: ready, and acquired but not yet acknowledged."""
@@ -250,11 +389,17 @@ class Primary(ConfigurationObserver, QueueObserver):
         if not session.ack(seq, self.clock()):
             return
         if session.caught_up and not was_caught_up:
-            log.info("backup %s caught up at seq %d: ready", node, session.join_seq)
+            log.info("backup %s caught up at seq %d%s", node, session.join_seq,
+                     f" (blocked by {len(session.tx_trackers)} TxTrackers)"
+                     if session.tx_trackers else ": ready")
+        if self.tx_queues:
+            ack_votes(self.tx_queues, node, session, seq)
         self._release()
 
     def backup_lost(self, node: str, reason: str) -> None:
-        if self.sessions.pop(node, None) is not None:
+        session = self.sessions.pop(node, None)
+        if session is not None:
+            self._tx_session_ended(node, session, reason)
             log.warning("backup %s lost (%s): confirms no longer wait for it", node, reason)
             self._release()
 
@@ -268,6 +413,12 @@ class Primary(ConfigurationObserver, QueueObserver):
                 changed = True
                 log.warning("backup %s silent for %.1fs (backup_timeout %.1fs): it leaves the "
                             "guarded set until it joins again", node, silent, self.backup_timeout)
+                self._tx_session_ended(node, session, "timed out")
+        for txq in list(self.tx_queues.values()):
+            if txq.deadline is not None and now >= txq.deadline:
+                log.warning("prepare of %s timed out after %.1fs", txq.name,
+                            self.tx_prepare_timeout)
+                txq.fail(f"no vote within tx_prepare_timeout {self.tx_prepare_timeout}s")
         if changed:
             self._release()
 
@@ -291,7 +442,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         before it has caught up and acknowledged it.
         """
         acked = {n: s.acked for n, s in self.sessions.items() if s.acked is not None}
-        guarded = [n for n, s in self.sessions.items() if s.ready]
+        guarded = [n for n, s in self.sessions.items() if s.holds_copy]
         limit = replicated_seq(self.seq, acked, guarded, self.members)
         for s in self.sessions.values():
             if s.guarded and not s.caught_up:
@@ -325,6 +476,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             "members": self.members,
             "replicate": self.default_policy,
             "waiting_confirms": len(self._waiters),
+            "transactions": len(self.tx_queues),
             "ready_backups": self.ready_backups(),
             "backups": {n: s.status(self.seq) for n, s in sorted(self.sessions.items())},
         }

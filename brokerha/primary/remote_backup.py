@@ -5,6 +5,11 @@ the QueueGuards and ReplicatingSubscriptions of its join, and whether it has
 gone silent. Acknowledgements below the join's seq only report catch-up
 progress: until the backup acknowledged the CaughtUp marker it holds no
 consistent copy, so it neither counts for a majority nor is ready.
+
+A backup that joined while transactions were prepared holds them as
+prepared, not yet their effects: its TxTrackers (``primary.tx_tracker``) keep
+it from being *ready* (promotable) until their outcomes reached it. It is
+guarded and counts for the majority as soon as it caught up.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from brokerha.cluster.replication import Events
 from brokerha.primary.events import Event, event_size
 from brokerha.primary.queue_guard import QueueGuard
 from brokerha.primary.replicating_subscription import ReplicatingSubscription
+from brokerha.primary.tx_tracker import TxTracker
 
 EVENTS_PER_PACKET = 2048
 BYTES_PER_PACKET = 1 << 20
@@ -31,6 +37,7 @@ class RemoteBackup:
         self.progress = first_seq - 1  # highest acknowledged seq, catch-up included
         self.guards: list[QueueGuard] = []
         self.subscriptions: list[ReplicatingSubscription] = []
+        self.tx_trackers: list[TxTracker] = []
         self.timed_out = False
         self.waiting_since: float | None = None  # sent but unacknowledged since
         self.joined_at = now
@@ -39,7 +46,12 @@ class RemoteBackup:
 
     @property
     def ready(self) -> bool:
-        """Acknowledged the marker and not timed out: may be promoted, is guarded."""
+        """Holds a consistent copy, every TxTracker clear: may be promoted."""
+        return self.holds_copy and not self.tx_trackers
+
+    @property
+    def holds_copy(self) -> bool:
+        """Acknowledged the marker and not timed out: guarded, counts for confirms."""
         return self.caught_up and not self.timed_out
 
     @property
@@ -85,6 +97,8 @@ class RemoteBackup:
         if seq <= self.progress or seq > self.sent_seq:
             return False
         self.progress = seq
+        if self.tx_trackers:
+            self.tx_trackers = [t for t in self.tx_trackers if not t.cleared(seq)]
         self.waiting_since = None if seq >= self.sent_seq and not self.outbox else now
         return True
 
@@ -102,6 +116,7 @@ class RemoteBackup:
             "lag": None if acked is None else seq - acked,
             "join_seq": self.join_seq,
             "queues": len(self.guards),
+            "tx_trackers": len(self.tx_trackers),
             "queues_caught_up": sum(1 for g in self.guards if g.passed(self.progress)),
             "catch_up": {"sent": sum(s.sent for s in self.subscriptions),
                          "skipped": sum(s.skipped for s in self.subscriptions),

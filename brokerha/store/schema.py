@@ -22,6 +22,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Float,
     LargeBinary,
     MetaData,
     String,
@@ -103,6 +104,23 @@ dtx_branches = Table(
     Column("xid", Text, primary_key=True),  # the broker's Xid key (format id, gtrid, bqual)
     Column("state", String(16), nullable=False),  # "prepared"
     Column("payload", LargeBinary, nullable=False),  # msgpack: the branch's publishes and acks
+)
+
+# Transactions a backup prepared for its primary (brokerha.backup.tx_buffer): kept
+# until the commit or rollback event, or the verification phase, decides them.
+ha_transactions = Table(
+    "ha_transactions", metadata,
+    Column("txid", Text, primary_key=True),
+    Column("payload", LargeBinary, nullable=False),  # msgpack, brokerha.backup.tx_buffer
+)
+
+# Outcomes of finished transactions (brokerha.broker.tx_outcomes), with retention.
+tx_outcomes = Table(
+    "tx_outcomes", metadata,
+    Column("txid", Text, primary_key=True),
+    Column("client_id", Text, nullable=True),
+    Column("outcome", String(16), nullable=False),
+    Column("at", Float, nullable=False),
 )
 
 
@@ -196,3 +214,7 @@ class Statements:
         self.delete_message = delete_sql(messages, p)
         self.put_dtx_branch = upsert_sql(dtx_branches, p)
         self.delete_dtx_branch = delete_sql(dtx_branches, p)
+        self.put_ha_transaction = upsert_sql(ha_transactions, p)
+        self.delete_ha_transaction = delete_sql(ha_transactions, p)
+        self.put_tx_outcome = upsert_sql(tx_outcomes, p)
+        self.delete_tx_outcome = delete_sql(tx_outcomes, p)

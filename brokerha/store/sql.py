@@ -333,6 +333,21 @@ class SQLStore(Store):
     def dtx_finished(self, xid: str) -> None:
         self._record((STATEMENT, "delete_dtx_branch", (xid,)))
 
+    # -- HA transactions and outcomes ------------------------------------------------------
+
+    def ha_tx_prepared(self, txid: str, payload: bytes, done: Callback) -> None:
+        self._record((STATEMENT, "put_ha_transaction", (txid, payload)))
+        self.after_sync(done)
+
+    def ha_tx_finished(self, txid: str) -> None:
+        self._record((STATEMENT, "delete_ha_transaction", (txid,)))
+
+    def tx_outcome(self, txid: str, client_id: str | None, outcome: str, at: float) -> None:
+        self._record((STATEMENT, "put_tx_outcome", (txid, client_id, outcome, at)))
+
+    def tx_outcome_deleted(self, txid: str) -> None:
+        self._record((STATEMENT, "delete_tx_outcome", (txid,)))
+
     # -- recovery (SQLAlchemy Core) ----------------------------------------------------------
 
     def load(self, stream_messages: bool = False) -> Definitions:
@@ -353,6 +368,10 @@ class SQLStore(Store):
                 messages=(self._stream_messages() if stream_messages
                           else [_message(r) for r in rows(schema.messages)]),
                 prepared=[_branch(r) for r in rows(schema.dtx_branches)],
+                ha_transactions=[(r.txid, bytes(r.payload))
+                                 for r in rows(schema.ha_transactions)],
+                outcomes=[(r.txid, r.client_id, r.outcome, float(r.at))
+                          for r in rows(schema.tx_outcomes)],
             )
 
     def _stream_messages(self) -> Iterator[StoredMessage]:

@@ -36,15 +36,24 @@ def find_pg_bin() -> Path | None:
     return Path(on_path).resolve().parent if on_path else None
 
 
+POSTGRES_IMAGE = "postgres:16-alpine"
+
+
 def docker_available() -> bool:
-    """A Docker engine answers and testcontainers is installed."""
+    """A Docker engine answers, testcontainers is installed and the image is at hand.
+
+    The image must already be in the engine (or a registry reachable): an
+    engine without a registry, as on the project's machines, falls back to a
+    local initdb cluster instead of failing on a pull.
+    """
     if shutil.which("docker") is None:
         return False
     try:
         import testcontainers.postgres  # noqa: F401
     except ImportError:
         return False
-    probe = subprocess.run(["docker", "info"], capture_output=True, timeout=10)
+    probe = subprocess.run(["docker", "image", "inspect", POSTGRES_IMAGE], capture_output=True,
+                           timeout=10)
     return probe.returncode == 0
 
 
@@ -70,7 +79,7 @@ def throwaway_server() -> Iterator[str]:
 def container_server() -> Iterator[str]:
     from testcontainers.postgres import PostgresContainer
 
-    with PostgresContainer("postgres:16-alpine", driver="psycopg") as pg:
+    with PostgresContainer(POSTGRES_IMAGE, driver="psycopg") as pg:
         yield pg.get_connection_url()
 
 

@@ -6,6 +6,7 @@ it), so a field that cannot cross the wire fails here.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgpack
@@ -92,14 +93,26 @@ class Node:
         self.backup: Backup | None = None
 
 
-def carry(primary: Primary, backup: Backup, *, ack: bool = True) -> int:
-    """Move one batch of a backup's packets and (optionally) its acknowledgement back."""
+def carry(primary: Primary, backup: Backup, *, ack: bool = True,
+          check: Any = None) -> int:
+    """Move one batch of a backup's packets and (optionally) its acknowledgement back.
+
+    ``check(backup)``, when given, runs after every single event is applied.
+    """
     packets = primary.take_outbox(backup.me)
     count = 0
     for packet in packets:
         events = wire(packet)
         count += len(events.events)  # type: ignore[attr-defined]
-        backup.receive(events)  # type: ignore[arg-type]
+        if check is None:
+            backup.receive(events)  # type: ignore[arg-type]
+            continue
+        for one in split(events):
+            backup.receive(one)  # type: ignore[arg-type]
+            check(backup)
+    for vote in backup.take_votes():
+        vote = wire(vote)
+        primary.tx_vote(vote.node, vote.txid, vote.ok, vote.reason)  # type: ignore[attr-defined]
     if packets and ack:
         primary.backup_acked(backup.me, wire(backup.ack_message()).seq)  # type: ignore[attr-defined]
     return count
@@ -122,6 +135,7 @@ class Cluster:
         self.silent: set[str] = set()     # receive nothing, acknowledge nothing
         self.no_ack: set[str] = set()     # receive but do not acknowledge
         self.sent_events: dict[str, int] = {}
+        self.check: Any = None            # called with the backup after every event
 
     @property
     def broker(self) -> Broker:
@@ -151,6 +165,41 @@ class Cluster:
                     continue
                 backup = self.nodes[name].backup
                 assert backup is not None
-                count = carry(self.primary, backup, ack=name not in self.no_ack)
+                count = carry(self.primary, backup, ack=name not in self.no_ack,
+                              check=self.check)
                 self.sent_events[name] = self.sent_events.get(name, 0) + count
                 moving = moving or count > 0
+
+
+# -- transactions ------------------------------------------------------------------------
+
+def route(broker: Broker, body: bytes, rk: str = "q", exchange: str = "", vhost: str = "/",
+          **kw: Any) -> tuple[list[Queue], Message]:
+    """A message routed as a channel would, not yet enqueued (for a transaction)."""
+    vh = broker.vhosts[vhost]
+    msg = message(body, rk, exchange, **kw)
+    return vh.route(vh.exchange(exchange), msg), msg
+
+
+async def settle(c: Cluster, work: Any, *, rounds: int = 200, tick: bool = False) -> Any:
+    """Run ``work`` (a coroutine) while the pump carries packets; return its result."""
+    task = asyncio.ensure_future(work)
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+        c.pump()
+        if tick:
+            c.primary.tick(c.clock.now)
+        if task.done():
+            break
+    result = await task
+    c.pump()
+    return result
+
+
+def split(packet: Packet) -> list[Packet]:
+    """One Events packet per event: the finest seq boundaries a crash could cut at."""
+    from brokerha.cluster.replication import Events
+
+    assert isinstance(packet, Events)
+    return [Events(packet.epoch, packet.first_seq + i, [event])
+            for i, event in enumerate(packet.events)]

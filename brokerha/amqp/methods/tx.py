@@ -46,7 +46,7 @@ def commit(ch: Channel, m: commands.Tx.Commit) -> None:
         broker.after_durable(lambda: _reply(ch, commands.Tx.CommitOk()))
         return
     if not tx.observers:
-        tx.apply()
+        tx.commit_prepared()  # applies and records a named transaction's outcome
         committed()
         return
 

@@ -1,0 +1,170 @@
+"""TransactionReplicator (seed 002): the tx-queues of one primary, applied on a backup.
+
+``tb`` creates a TxBuffer (DtxBuffer for an XA branch), ``te``/``td`` fill it,
+``tp`` prepares it durably (a store record, synced before the backup's
+acknowledgement, which is its yes vote) or refuses (a ``TxVote`` no, when the
+backup cannot apply what the transaction dequeues), ``tc`` applies the
+commit's whole effect -- in one event, hence one loop callback, hence one
+store batch, with the outcome record and without the prepared record -- and
+``tr`` drops it.
+
+Open buffers live only in this object: a backup that follows another
+primary, or joins again, starts a new one, so every open transaction of a
+failed primary is aborted. Prepared ones are in the store (and mirrored in
+``broker.ha_transactions``) until an outcome, a new primary's catch-up or the
+verification phase decides them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from brokerha.backup.queue_replicator import QueueReplicator
+from brokerha.backup.tx_buffer import TxBuffer, new_buffer
+from brokerha.broker.broker import Broker
+from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.cluster import replication as R
+from brokerha.cluster.replication import ReplicationError, TxVote
+
+log = logging.getLogger(__name__)
+
+Replicators = Callable[[str, str], QueueReplicator]
+
+
+class TransactionReplicator:
+    def __init__(self, broker: Broker, replicator: Replicators, me: str, epoch: int) -> None:
+        self.broker = broker
+        self.replicator = replicator
+        self.me = me
+        self.epoch = epoch
+        self.buffers: dict[str, TxBuffer] = {}
+        self.votes: list[TxVote] = []  # no votes for the node to send
+        self._refused: set[str] = set()
+        self._outcomes_seen: set[str] | None = None
+
+    # -- events ------------------------------------------------------------------------
+
+    def apply(self, event: list[Any]) -> None:
+        kind = event[0]
+        if kind == R.TX_BEGIN:
+            self.buffers[event[1]] = new_buffer(event[1], event[2])
+        elif kind == R.TX_ENQUEUE:
+            self._buffer(event[1]).enqueue(*event[2:])
+        elif kind == R.TX_DEQUEUE:
+            self._buffer(event[1]).dequeue(*event[2:])
+        elif kind == R.TX_PREPARE:
+            self.prepare(event[1], event[2])
+        elif kind == R.TX_COMMIT:
+            self.commit(event[1], event[2], event[3])
+        elif kind == R.TX_ROLLBACK:
+            self.rollback(event[1], event[2])
+        elif kind == R.TX_OUTCOMES:
+            self.outcomes(event[1])
+
+    def _buffer(self, txid: str) -> TxBuffer:
+        buffer = self.buffers.get(txid)
+        if buffer is None:
+            raise ReplicationError(f"event of unknown transaction {txid}")
+        return buffer
+
+    def prepare(self, txid: str, client_id: str | None) -> None:
+        buffer = self._buffer(txid)
+        buffer.client_id = client_id
+        problem = self._cannot_apply(buffer)
+        if problem is not None:
+            log.warning("cannot prepare %s: %s; voting no", txid, problem)
+            self._refused.add(txid)
+            self.votes.append(TxVote(self.epoch, self.me, txid, False, problem))
+            return
+        buffer.prepared = True
+        payload = buffer.payload()
+        self.broker.ha_transactions[txid] = payload
+        self.broker.store.ha_tx_prepared(txid, payload, lambda: None)
+
+    def _cannot_apply(self, buffer: TxBuffer) -> str | None:
+        """Why the commit could not be applied here, or None."""
+        for vhost_name, name, positions in buffer.dequeues:
+            vhost = self.broker.vhosts.get(vhost_name)
+            q = vhost.queues.get(name) if vhost is not None else None
+            if q is None:
+                return f"no queue '{name}' in vhost '{vhost_name}'"
+            held = {e.position for e in q.ready}
+            missing = [p for p in positions if p not in held]
+            if missing:
+                return f"queue '{name}' lacks positions {missing[:5]}"
+        return None
+
+    def commit(self, txid: str, client_id: str | None, ops: list[Any]) -> None:
+        """The whole effect of the primary's commit, in this one call."""
+        buffer = self.buffers.pop(txid, None)
+        if buffer is None or txid in self._refused:
+            raise ReplicationError(f"commit of transaction {txid} this backup does not hold")
+        for op in ops:
+            kind = op[0]
+            if kind == R.OP_REF:
+                vhost, queue, position, index, expires_in = op[1:]
+                _, _, exchange, routing_key, header, body = buffer.messages[index]
+                self.replicator(vhost, queue).enqueue(position, exchange, routing_key, header,
+                                                      body, expires_in)
+            elif kind == R.ENQUEUED:
+                self.replicator(op[1], op[2]).enqueue(*op[3:])
+            elif kind == R.DEQUEUED:
+                self.replicator(op[1], op[2]).dequeue(op[3])
+            else:
+                raise ReplicationError(f"unknown commit op {kind!r} in {txid}")
+        self._finish(buffer, client_id, COMMITTED)
+
+    def rollback(self, txid: str, client_id: str | None) -> None:
+        buffer = self.buffers.pop(txid, None)
+        self._refused.discard(txid)
+        if buffer is not None and buffer.prepared:
+            self._finish(buffer, client_id, ROLLED_BACK)
+
+    def _finish(self, buffer: TxBuffer, client_id: str | None, outcome: str) -> None:
+        if buffer.prepared:
+            self.broker.ha_transactions.pop(buffer.txid, None)
+            self.broker.store.ha_tx_finished(buffer.txid)
+        self.broker.outcomes.record(buffer.txid, client_id, outcome)
+
+    # -- catch-up ------------------------------------------------------------------------
+
+    def catch_up_begins(self) -> None:
+        """The primary sends every unfinished transaction again: start from nothing."""
+        self.buffers.clear()
+        self._refused.clear()
+        self._outcomes_seen = set()
+
+    def outcomes(self, records: list[Any]) -> None:
+        outcomes = self.broker.outcomes
+        seen = self._outcomes_seen
+        for txid, client_id, outcome, at in records:
+            if seen is not None:
+                seen.add(txid)
+            current = outcomes._records.get(txid)
+            if current is None or current[1:3] != (client_id, outcome):
+                outcomes.record(txid, client_id, outcome, at)
+
+    def caught_up(self) -> None:
+        """Prepared records the primary did not send again are decided: drop them."""
+        for txid in [t for t in self.broker.ha_transactions if t not in self.buffers]:
+            del self.broker.ha_transactions[txid]
+            self.broker.store.ha_tx_finished(txid)
+        if self._outcomes_seen is not None:
+            self.broker.outcomes.keep_only(self._outcomes_seen)
+            self._outcomes_seen = None
+
+    def release_local_branches(self) -> None:
+        """XA branches this node prepared as a primary go: the new primary holds them.
+
+        Their held entries go back on the ready lists before the join's
+        inventory is taken, so the catch-up keeps or drops them like any other.
+        """
+        dtx = self.broker.dtx
+        for xid, branch in list(dtx.branches.items()):
+            del dtx.branches[xid]
+            for queue, entry in branch.accepts:
+                if not queue.deleted:
+                    queue.requeue(entry)
+            self.broker.store.dtx_finished(xid.key)

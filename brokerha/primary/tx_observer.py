@@ -1,0 +1,149 @@
+"""PrimaryTxObserver (seed 002): every TX and DTX transaction, replicated through a tx-queue.
+
+The Primary registers a ``PrimaryTxObserverFactory`` with the broker; each
+transaction gets a ``PrimaryTxObserver`` that pushes its operations onto its
+tx-queue (``brokerha.primary.tx_queue``) as they happen:
+
+- publish: a ``te`` event (one per message, listing its replicated queues);
+- accept: a ``td`` event per queue (positions are replication ids already);
+- prepare (phase one of tx.commit, or dtx prepare): close the tx-queue, send
+  ``tp``, and complete asynchronously with the backups' votes -- the event
+  loop never waits;
+- applying/commit: the Primary captures what the local commit does to the
+  replicated queues (enqueues with their new positions, dequeues, and side
+  effects such as dead letters) instead of sending ``e``/``d`` events (the
+  skip set), and sends it all as one ``tc`` event;
+- rollback: ``tr``.
+
+A transaction that touches no replicated queue creates no tx-queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from brokerha.broker.dtx import State
+from brokerha.cluster import replication as R
+
+if TYPE_CHECKING:
+    from brokerha.broker.message import Entry, Message
+    from brokerha.broker.queue import Queue
+    from brokerha.broker.transaction import Transaction
+    from brokerha.primary.primary import Primary
+    from brokerha.primary.tx_queue import TxQueue
+
+
+class PrimaryTxObserverFactory:
+    def __init__(self, primary: Primary) -> None:
+        self.primary = primary
+        self._numbers = itertools.count(1)
+
+    def create(self, transaction: Transaction) -> PrimaryTxObserver:
+        xid = getattr(transaction, "xid", None)
+        if xid is not None:
+            name = transaction.id  # dtx:<xid key>: the same on every node
+        else:
+            name = f"tx-{self.primary.me}-{self.primary.epoch}-{next(self._numbers)}"
+        observer = PrimaryTxObserver(self.primary, transaction, name,
+                                     None if xid is None else xid.key)
+        if getattr(transaction, "state", None) is State.PREPARED:
+            observer.adopt_prepared()
+        return observer
+
+
+class PrimaryTxObserver:
+    def __init__(self, primary: Primary, transaction: Transaction, name: str,
+                 xid: str | None) -> None:
+        self.primary = primary
+        self.transaction = transaction
+        self.name = name
+        self.xid = xid
+        self.queue: TxQueue | None = None
+        self._last: tuple[Message, list[Any]] | None = None  # the last te, for more queues
+
+    def _tx_queue(self) -> TxQueue:
+        if self.queue is None:
+            self.queue = self.primary.tx_begin(self.name, self.xid)
+            self.transaction.replication_id = self.name
+        return self.queue
+
+    # -- the transaction's operations ------------------------------------------------------
+
+    def publish(self, queue: Queue, message: Message) -> None:
+        if not self.primary.messages_replicated(queue):
+            return
+        last = self._last
+        if last is not None and last[0] is message:
+            last[1][3].append(queue.name)  # the same publish, another queue: not sent yet
+            return
+        txq = self._tx_queue()
+        event = [R.TX_ENQUEUE, self.name, queue.vhost, [queue.name], message.exchange,
+                 message.routing_key, message.header, message.body]
+        txq.message_index[message.msg_id] = txq.messages
+        self._last = (message, event)
+        self.primary.tx_event(txq, event)
+
+    def accept(self, acked: list[tuple[Queue, Entry]], unacked: list[tuple[Queue, Entry]]) -> None:
+        self._last = None
+        by_queue: dict[tuple[str, str], list[int]] = {}
+        for queue, entry in acked:
+            if self.primary.messages_replicated(queue):
+                by_queue.setdefault((queue.vhost, queue.name), []).append(entry.position)
+        for (vhost, name), positions in by_queue.items():
+            self.primary.tx_event(self._tx_queue(),
+                                  [R.TX_DEQUEUE, self.name, vhost, name, positions])
+
+    # -- phases -----------------------------------------------------------------------------
+
+    async def prepare(self) -> bool:
+        self._last = None
+        txq = self.queue
+        if txq is None:
+            return True  # nothing replicated: nothing to vote on
+        txq.client_id = self.transaction.client_id
+        if txq.closed:
+            return True  # prepared before (a branch adopted after a failover)
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def done(ok: bool) -> None:
+            if not future.done():
+                future.set_result(ok)
+
+        self.primary.tx_prepare(txq, done)
+        return await future
+
+    def applying(self) -> None:
+        if self.queue is not None:
+            self.primary.tx_capture(self.queue)
+
+    def commit(self) -> None:
+        if self.queue is not None:
+            self.queue.client_id = self.transaction.client_id
+            self.primary.tx_commit(self.queue)
+
+    def rollback(self) -> None:
+        if self.queue is not None:
+            self.queue.client_id = self.transaction.client_id
+            self.primary.tx_rollback(self.queue)
+
+    # -- a prepared branch this primary takes over ------------------------------------------
+
+    def adopt_prepared(self) -> None:
+        """A DTX branch prepared before this primary's epoch: its tx-queue, closed.
+
+        Its held entries count as acquired, so a joining backup's catch-up
+        includes them; a joining backup receives the tx-queue with its prepare.
+        """
+        tx = self.transaction
+        for queues, message in tx.publishes:
+            for queue in queues:
+                self.publish(queue, message)
+        self._last = None
+        for queue, entry in tx.accepts:
+            self.primary.acquired(queue, entry)
+        self.accept(list(tx.accepts), [])
+        txq = self._tx_queue()
+        txq.client_id = tx.client_id
+        self.primary.tx_close(txq)

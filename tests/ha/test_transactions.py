@@ -1,0 +1,369 @@
+"""Transactional HA in one process: tx-queues, votes, the skip set, TxTrackers, atomicity."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from brokerha.backup.backup import Backup
+from brokerha.broker.broker import Broker
+from brokerha.broker.dtx import Xid
+from brokerha.broker.transaction import Transaction, TransactionAborted
+from brokerha.cluster import replication as R
+from brokerha.cluster.replication import Events
+from tests.ha.harness import Cluster, contents, publish, route, settle, wire
+
+PRIMARY = "n1"
+
+
+def world(c: Cluster, *queues: str) -> None:
+    vh = c.broker.vhosts["/"]
+    for name in queues or ("q1", "q2", "q3"):
+        vh.declare_queue(name, owner=None, durable=True)
+    vh.declare_exchange("fan", "fanout", durable=True)
+    vh.bind("fan", vh.queues[(queues or ("q1",))[0]], "")
+    if len(queues or "xx") > 1:
+        vh.bind("fan", vh.queues[(queues or ("q1", "q2"))[1]], "")
+
+
+def same(c: Cluster, *names: str) -> None:
+    expected = contents(c.broker)
+    for name in names or [n for n in c.nodes if n != c.primary.me]:
+        assert contents(c.node(name).broker) == expected, name
+
+
+def bodies(broker: Broker, queue: str) -> list[bytes]:
+    return [e.message.body for e in broker.vhosts["/"].queues[queue].ready]
+
+
+def tx_work(c: Cluster, tag: str, n: int = 3, take: int = 0) -> Transaction:
+    """A TX publishing ``n`` messages to the fanout (q1 and q2) and accepting ``take`` of q3."""
+    tx = c.broker.new_transaction()
+    for i in range(n):
+        queues, msg = route(c.broker, b"%s-%d" % (tag.encode(), i), rk="", exchange="fan",
+                            persistent=True)
+        tx.publish(queues, msg)
+    q3 = c.broker.vhosts["/"].queues["q3"]
+    held = [q3.get() for _ in range(take)]
+    tx.accept([(q3, e) for e in held if e is not None], [])
+    return tx
+
+
+def whole_or_absent(tags: list[str], n: int) -> Any:
+    """A checker: on every queue, each transaction's messages are all there or none."""
+
+    def check(backup: Backup) -> None:
+        for queue in ("q1", "q2"):
+            vh = backup.broker.vhosts.get("/")
+            q = vh.queues.get(queue) if vh else None
+            if q is None:
+                continue
+            held = {e.message.body for e in q.ready}
+            for tag in tags:
+                mine = {b"%s-%d" % (tag.encode(), i) for i in range(n)}
+                assert held & mine in (set(), mine), (backup.me, queue, tag, sorted(held & mine))
+
+    return check
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# -- commit, atomicity and the skip set --------------------------------------------------------
+
+def test_a_committed_tx_reaches_every_backup_whole_at_every_seq_boundary() -> None:
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        for i in range(4):
+            publish(c.broker, b"old%d" % i, rk="q3", persistent=True)
+        c.follow("n2")
+        c.follow("n3")
+        c.pump()
+        c.check = whole_or_absent(["a", "b"], 3)
+        await settle(c, tx_work(c, "a", take=2).commit())
+        await settle(c, tx_work(c, "b", take=1).commit())
+        same(c)
+        assert bodies(c.node("n2").broker, "q1") == [b"a-0", b"a-1", b"a-2", b"b-0", b"b-1",
+                                                     b"b-2"]
+        assert bodies(c.node("n3").broker, "q3") == [b"old3"]
+        assert c.primary.tx_queues == {}  # gone once the outcome was sent
+
+    run(scenario())
+
+
+def test_a_backup_receives_each_tx_message_body_once() -> None:
+    async def scenario() -> None:
+        c = Cluster(2)
+        world(c)
+        c.follow("n2")
+        c.pump()
+        sent: list[Any] = []
+        take = c.primary.take_outbox
+
+        def spy(node: str) -> list[Any]:
+            packets = take(node)
+            sent.extend(e for p in packets for e in p.events)
+            return packets
+
+        c.primary.take_outbox = spy  # type: ignore[method-assign]
+        await settle(c, tx_work(c, "a", n=5).commit())
+        kinds = [e[0] for e in sent]
+        assert kinds == ["tb"] + ["te"] * 5 + ["tp", "tc"]  # no e events: the skip set
+        commit = sent[-1]
+        assert all(op[0] == R.OP_REF for op in commit[3])  # references, not bodies
+        assert len(commit[3]) == 10  # five messages on two queues each
+        body_bytes = sum(len(e[7]) for e in sent if e[0] == "te")
+        assert body_bytes == sum(len(b"a-%d" % i) for i in range(5))
+        same(c)
+
+    run(scenario())
+
+
+def test_tx_rollback_leaves_nothing_on_any_backup() -> None:
+    async def scenario() -> None:
+        c = Cluster(2)
+        world(c)
+        c.follow("n2")
+        c.pump()
+        tx = tx_work(c, "a")
+        c.pump()
+        assert c.node("n2").backup.transactions.buffers  # type: ignore[union-attr]
+        tx.rollback()
+        c.pump()
+        same(c)
+        assert c.node("n2").backup.transactions.buffers == {}  # type: ignore[union-attr]
+        assert bodies(c.node("n2").broker, "q1") == []
+
+    run(scenario())
+
+
+# -- votes ---------------------------------------------------------------------------------
+
+def nothing_anywhere(c: Cluster) -> None:
+    for node in c.nodes.values():
+        assert bodies(node.broker, "q1") == [], node.name
+        assert bodies(node.broker, "q2") == [], node.name
+
+
+def test_a_backup_that_cannot_prepare_votes_no_and_nothing_is_applied() -> None:
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        publish(c.broker, b"old", rk="q3", persistent=True)
+        c.follow("n2")
+        c.follow("n3")
+        c.pump()
+        tx = tx_work(c, "a", take=1)
+        c.pump()
+        q3 = c.node("n3").broker.vhosts["/"].queues["q3"]
+        q3.settle(q3.get())  # n3 lost the message the transaction consumes
+        with pytest.raises(TransactionAborted):
+            await settle(c, tx.commit())
+        nothing_anywhere(c)
+        assert bodies(c.broker, "q3") == [] and c.broker.vhosts["/"].queues["q3"].unacked == 1
+        assert c.primary.tx_queues == {}
+        assert c.node("n2").broker.ha_transactions == {}
+
+    run(scenario())
+
+
+def test_a_backup_lost_during_the_prepare_aborts_the_transaction() -> None:
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        c.follow("n2")
+        c.follow("n3")
+        c.pump()
+        tx = tx_work(c, "a")
+        c.silent.add("n3")
+        task = asyncio.ensure_future(tx.commit())
+        for _ in range(5):
+            await asyncio.sleep(0)
+            c.pump()
+        assert not task.done()  # n2 voted yes, n3 has not
+        c.primary.backup_lost("n3", "link down")
+        with pytest.raises(TransactionAborted):
+            await task
+        c.pump()
+        nothing_anywhere(c)
+        assert c.node("n2").broker.ha_transactions == {}  # n2 prepared, then rolled back
+
+    run(scenario())
+
+
+def test_a_prepare_without_every_vote_times_out() -> None:
+    async def scenario() -> None:
+        c = Cluster(2)
+        world(c)
+        c.follow("n2")
+        c.pump()
+        c.no_ack.add("n2")
+        tx = tx_work(c, "a")
+        task = asyncio.ensure_future(tx.commit())
+        for _ in range(5):
+            await asyncio.sleep(0)
+            c.pump()
+        assert not task.done()
+        c.clock.now += c.primary.tx_prepare_timeout + 0.1
+        c.primary.tick(c.clock.now)
+        with pytest.raises(TransactionAborted):
+            await task
+        c.pump()
+        nothing_anywhere(c)
+
+    run(scenario())
+
+
+def test_a_backup_that_joins_while_a_tx_is_open_is_in_it_and_votes() -> None:
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        c.follow("n2")
+        c.pump()
+        tx = tx_work(c, "a")
+        c.pump()
+        c.follow("n3")  # the tx-queue is open: n3 receives it and is in the transaction
+        c.pump()
+        txq = next(iter(c.primary.tx_queues.values()))
+        assert set(txq.members) == {"n2", "n3"}
+        c.check = whole_or_absent(["a"], 3)
+        await settle(c, tx.commit())
+        same(c)
+        assert c.primary.ready_backups() == ["n2", "n3"]
+
+    run(scenario())
+
+
+# -- DTX and TxTrackers ----------------------------------------------------------------------
+
+XID = Xid(1, b"gtrid-1", b"b1")
+
+
+async def dtx_prepared(c: Cluster, xid: Xid = XID, tag: str = "x", n: int = 3) -> None:
+    dtx = c.broker.dtx
+    branch = dtx.start(xid, "channel")
+    for i in range(n):
+        queues, msg = route(c.broker, b"%s-%d" % (tag.encode(), i), rk="", exchange="fan",
+                            persistent=True)
+        branch.publish(queues, msg)
+    dtx.end(xid, "channel")
+    assert await settle(c, dtx.prepare(xid)) == 0
+
+
+def test_backup_with_partial_tx_is_not_ready() -> None:
+    """Seed 002's scenario: a backup joins while a transaction A,B,C is prepared.
+
+    It receives the prepared transaction in its catch-up, but not its effects:
+    its TxTrackers keep it from being ready (promotable) until the commit
+    reached it; the commit then arrives as one event, so at no seq boundary
+    does it hold A,B without C.
+    """
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        c.follow("n2")
+        c.pump()
+        await dtx_prepared(c, tag="abc")
+        c.follow("n3")  # expected backup: guarded, joins after the prepare
+        c.pump()
+        n3 = c.primary.sessions["n3"]
+        assert n3.caught_up and n3.holds_copy
+        assert not n3.ready and c.primary.ready_backups() == ["n2"]
+        assert {t.queue: t.enqueues for t in n3.tx_trackers} == {"q1": 3, "q2": 3}
+        assert "n3" not in next(iter(c.primary.tx_queues.values())).members
+        c.check = whole_or_absent(["abc"], 3)
+        await settle(c, c.broker.dtx.commit(XID))
+        assert n3.ready and c.primary.ready_backups() == ["n2", "n3"]
+        same(c)
+
+    run(scenario())
+
+
+def test_trackers_of_several_transactions_on_several_queues_clear_one_by_one() -> None:
+    async def scenario() -> None:
+        c = Cluster(4)
+        world(c)
+        c.follow("n2")
+        c.pump()
+        x1, x2 = Xid(1, b"one"), Xid(1, b"two")
+        await dtx_prepared(c, x1, tag="one")
+        await dtx_prepared(c, x2, tag="two", n=2)
+        c.follow("n3")
+        c.follow("n4")
+        c.pump()
+        for name in ("n3", "n4"):
+            trackers = c.primary.sessions[name].tx_trackers
+            assert sorted((t.txid, t.queue, t.enqueues) for t in trackers) == [
+                (f"dtx:{x1.key}", "q1", 3), (f"dtx:{x1.key}", "q2", 3),
+                (f"dtx:{x2.key}", "q1", 2), (f"dtx:{x2.key}", "q2", 2)]
+        c.check = whole_or_absent(["one", "two"], 3)
+        c.silent.add("n4")
+        await settle(c, c.broker.dtx.commit(x1))
+        assert [t.txid for t in c.primary.sessions["n3"].tx_trackers] == [f"dtx:{x2.key}"] * 2
+        assert len(c.primary.sessions["n4"].tx_trackers) == 4  # it acknowledged nothing
+        assert c.broker.dtx.rollback(x2) == 0
+        c.silent.clear()
+        c.pump()
+        assert c.primary.ready_backups() == ["n2", "n3", "n4"]
+        same(c)
+
+    run(scenario())
+
+
+def test_a_prepared_dtx_survives_a_restart_of_the_backups_store(tmp_path: Any) -> None:
+    from brokerha.store.factory import open_store
+
+    async def scenario() -> None:
+        url = f"sqlite:///{tmp_path / 'n2.db'}"
+        c = Cluster(2, stores={"n2": open_store(url, tmp_path)})
+        world(c)
+        c.follow("n2")
+        c.pump()
+        await dtx_prepared(c)
+        c.node("n2").broker.store.close()
+        store = open_store(url, tmp_path)
+        loaded = store.load()
+        assert [txid for txid, _ in loaded.ha_transactions] == [f"dtx:{XID.key}"]
+        broker = Broker("n2", store=store)
+        broker.restore(loaded)
+        assert list(broker.ha_transactions) == [f"dtx:{XID.key}"]
+        store.close()
+
+    run(scenario())
+
+
+def test_the_outcome_of_a_named_tx_is_recorded_on_every_node() -> None:
+    async def scenario() -> None:
+        c = Cluster(2)
+        world(c)
+        c.follow("n2")
+        c.pump()
+        tx = c.broker.new_transaction()
+        queues, msg = route(c.broker, b"named", rk="q1", headers={"x-tx-id": "order-17"})
+        tx.publish(queues, msg)
+        await settle(c, tx.commit())
+        assert c.broker.outcomes.outcome("order-17") == "committed"
+        assert c.node("n2").broker.outcomes.outcome("order-17") == "committed"
+        assert c.broker.outcomes.outcome("never") == "unknown"
+        # a backup that joins later gets the outcomes in its catch-up
+        c.nodes["n3"] = type(c.node("n2"))("n3", c.clock)
+        c.primary.members = 3
+        c.follow("n3")
+        c.pump()
+        assert c.node("n3").broker.outcomes.outcome("order-17") == "committed"
+
+    run(scenario())
+
+
+def test_events_of_an_older_session_do_not_reach_a_new_tx_buffer() -> None:
+    c = Cluster(2)
+    world(c)
+    backup = c.follow("n2")
+    c.pump()
+    with pytest.raises(R.ReplicationError):
+        backup.receive(wire(Events(1, backup.applied_seq + 1,
+                                   [[R.TX_COMMIT, "tx-unknown", None, []]])))  # type: ignore[arg-type]

@@ -1,0 +1,166 @@
+"""The primary fails during a transaction: the new primary's verification phase decides."""
+
+from __future__ import annotations
+
+import asyncio
+
+from brokerha.broker.dtx import State, Xid
+from brokerha.primary.primary import Primary
+from brokerha.primary.verification import (
+    COMMIT,
+    IN_DOUBT,
+    ROLLBACK,
+    Verification,
+    answer,
+    carry_out,
+)
+from tests.ha.harness import Cluster, contents, publish, settle, wire
+from tests.ha.test_transactions import XID, bodies, dtx_prepared, tx_work, world
+
+
+def promote_verified(c: Cluster, name: str, epoch: int, peers: list[str]) -> dict[str, str]:
+    """The primary is gone; ``name`` is elected, verifies with ``peers``, and they follow it."""
+    c.primary.close()
+    node = c.node(name)
+    assert node.backup is not None
+    node.backup.close()
+    node.backup = None
+    new = Primary(node.broker, me=name, members=len(c.nodes), epoch=epoch, start_seq=0,
+                  clock=c.clock, backup_timeout=5.0)
+    verification = Verification.start(node.broker, epoch, name, peers, c.clock.now, 2.0)
+    request = wire(verification.request())
+    for peer in peers:
+        verification.receive(wire(answer(c.node(peer).broker, request, peer)))  # type: ignore[arg-type]
+    assert verification.done(c.clock.now)
+    decisions = carry_out(node.broker, verification)
+    c.primary, c.primary_node, c.epoch = new, node, epoch
+    c.silent.clear()
+    c.no_ack.clear()
+    for peer in peers:
+        c.follow(peer)
+    c.pump()
+    return decisions
+
+
+def same_everywhere(c: Cluster, *names: str) -> None:
+    expected = contents(c.broker)
+    for name in names:
+        assert contents(c.node(name).broker) == expected, name
+
+
+def test_an_open_tx_is_aborted_when_the_primary_fails() -> None:
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        c.follow("n2")
+        c.follow("n3")
+        c.pump()
+        tx_work(c, "open")
+        c.pump()
+        assert c.node("n2").backup.transactions.buffers  # type: ignore[union-attr]
+        assert promote_verified(c, "n2", 2, ["n3"]) == {}
+        assert bodies(c.broker, "q1") == []
+        assert c.node("n3").backup.transactions.buffers == {}  # type: ignore[union-attr]
+        same_everywhere(c, "n3")
+
+    asyncio.run(scenario())
+
+
+async def prepared_tx(c: Cluster, commit_reaches: set[str]) -> str:
+    """A TX every backup prepared; its commit event reaches only ``commit_reaches``."""
+    world(c)
+    publish(c.broker, b"old", rk="q3", persistent=True)
+    c.follow("n2")
+    c.follow("n3")
+    c.pump()
+    tx = tx_work(c, "t", take=1)
+    c.pump()
+    txid = next(iter(c.primary.tx_queues))
+    task = asyncio.ensure_future(tx.commit())
+    for _ in range(10):
+        await asyncio.sleep(0)
+        if task.done():
+            break
+        c.pump()
+    await task
+    c.silent |= {"n2", "n3"} - commit_reaches
+    c.pump()
+    for name in ("n2", "n3"):
+        assert (txid in c.node(name).broker.ha_transactions) == (name not in commit_reaches)
+    return txid
+
+
+def test_a_prepared_tx_nobody_committed_is_rolled_back_everywhere() -> None:
+    async def scenario() -> None:
+        c = Cluster(3)
+        txid = await prepared_tx(c, commit_reaches=set())
+        assert promote_verified(c, "n2", 2, ["n3"]) == {txid: ROLLBACK}
+        assert bodies(c.broker, "q1") == [] and bodies(c.broker, "q3") == [b"old"]
+        assert c.broker.ha_transactions == {} and c.node("n3").broker.ha_transactions == {}
+        same_everywhere(c, "n3")
+
+    asyncio.run(scenario())
+
+
+def test_a_prepared_tx_another_node_committed_is_committed_by_the_new_primary() -> None:
+    async def scenario() -> None:
+        c = Cluster(3)
+        txid = await prepared_tx(c, commit_reaches={"n3"})
+        assert promote_verified(c, "n2", 2, ["n3"]) == {txid: COMMIT}
+        assert bodies(c.broker, "q1") == [b"t-0", b"t-1", b"t-2"]
+        assert bodies(c.broker, "q3") == []
+        assert c.broker.outcomes.committed(txid)
+        same_everywhere(c, "n3")  # n3's copy, at the old primary's positions, was replaced
+
+    asyncio.run(scenario())
+
+
+def test_a_prepared_dtx_stays_in_doubt_and_the_tm_finishes_it_on_the_new_primary() -> None:
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        c.follow("n2")
+        c.follow("n3")
+        c.pump()
+        await dtx_prepared(c)
+        assert promote_verified(c, "n2", 2, ["n3"]) == {f"dtx:{XID.key}": IN_DOUBT}
+        dtx = c.broker.dtx
+        assert dtx.recover() == [XID]
+        assert dtx.branches[XID].state is State.PREPARED
+        # n3 joined after the adoption: it holds the branch prepared again, not yet ready
+        assert list(c.node("n3").broker.ha_transactions) == [f"dtx:{XID.key}"]
+        assert not c.primary.sessions["n3"].ready
+        assert await settle(c, dtx.commit(XID)) == 0
+        assert bodies(c.broker, "q1") == [b"x-0", b"x-1", b"x-2"]
+        same_everywhere(c, "n3")
+        assert c.node("n3").broker.ha_transactions == {}
+        assert c.primary.ready_backups() == ["n3"]
+
+    asyncio.run(scenario())
+
+
+def test_a_dtx_rolled_back_after_a_failover_gives_back_what_it_consumed() -> None:
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        publish(c.broker, b"held", rk="q3", persistent=True)
+        c.follow("n2")
+        c.follow("n3")
+        c.pump()
+        dtx = c.broker.dtx
+        xid = Xid(7, b"consume")
+        branch = dtx.start(xid, "channel")
+        q3 = c.broker.vhosts["/"].queues["q3"]
+        entry = q3.get()
+        branch.accept([(q3, entry)], [])
+        dtx.end(xid, "channel")
+        assert await settle(c, dtx.prepare(xid)) == 0
+        promote_verified(c, "n3", 2, ["n2"])
+        assert c.broker.dtx.recover() == [xid]
+        assert bodies(c.broker, "q3") == []  # held by the in-doubt branch
+        assert c.broker.dtx.rollback(xid) == 0
+        c.pump()
+        assert bodies(c.broker, "q3") == [b"held"]
+        same_everywhere(c, "n2")
+
+    asyncio.run(scenario())
