@@ -278,6 +278,8 @@ class HANode:
     def _on_peer_down(self, peer: str) -> None:
         if self.primary is not None:
             self.primary.backup_lost(peer, "link down")
+        # our primary's process most likely died: stand without the random wait
+        self._carry_out(self.election.primary_lost(self._now(), peer))
 
     def _on_message(self, peer: str, msg_id: int, msg: Message) -> None:
         if isinstance(msg, Error):
