@@ -188,6 +188,19 @@ class Store(ConfigurationObserver, QueueObserver):
     def tx_outcome_deleted(self, txid: str) -> None:
         raise NotImplementedError
 
+    def put_meta(self, key: str, value: str) -> None:
+        """Record a small named value, written with everything recorded before it.
+
+        It is durable when an ``after_sync`` registered after this call runs:
+        the HA layer keeps its replication position here so that the position
+        and the data it covers become durable in the same commit.
+        """
+        raise NotImplementedError
+
+    def get_meta(self, key: str) -> str | None:
+        """A value written by ``put_meta`` (read at start-up, before ``start``)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Flush what is pending and release resources."""
 
@@ -207,6 +220,13 @@ class MemoryStore(Store):
         self.prepared: dict[str, PreparedBranch] = {}
         self.ha_transactions: dict[str, bytes] = {}
         self.outcomes: dict[str, tuple[str, str | None, str, float]] = {}
+        self.meta: dict[str, str] = {}
+
+    def put_meta(self, key: str, value: str) -> None:
+        self.meta[key] = value
+
+    def get_meta(self, key: str) -> str | None:
+        return self.meta.get(key)
 
     def ha_tx_prepared(self, txid: str, payload: bytes, done: Callable[[], None]) -> None:
         self.ha_transactions[txid] = payload

@@ -18,6 +18,7 @@ primary's events). This module only carries their inputs and outputs:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("brokerha.ha")
 
 TICK = 0.05
+POSITION_KEY = "ha_position"  # [pos_epoch, pos_seq, floor_epoch, floor_seq] in the store
 FAILOVER_HISTORY = 20
 
 
@@ -51,6 +53,7 @@ class HANode:
         self.me = node.config.name
         self.member = cluster.member(self.me)
         self.state = StateFile(node.config.data_dir)
+        self._load_position()
         st = self.state.state
         self.election = el.Election(
             self.me, [m.name for m in cluster.members], epoch=st.epoch,
@@ -74,8 +77,9 @@ class HANode:
         self.failovers: list[dict[str, Any]] = []
         self._ack_pending = False
         self._flush_scheduled = False
-        self._durable_seq = 0               # the primary's own persisted position
-        self._durable_waiters: list[tuple[int, Any]] = []
+        self._durable_seq = 0               # the primary's own durable position
+        self._durable_waiters: list[Any] = []
+        self._position_scheduled = False
         self._ticker: asyncio.Task[None] | None = None
         self._verification: verify.Verification | None = None
         self._pending_joins: dict[str, tuple[int, Join]] = {}  # held while verifying
@@ -138,7 +142,7 @@ class HANode:
             self.backup.close()
         self.backup, self.following = None, None
         self.phase = "verifying"
-        self.state.save(pos_epoch=epoch, pos_seq=0)
+        self._record_position(epoch, 0)
         self._durable_seq = 0
         self._set_position(el.Position(epoch, 0))
         self.primary = Primary(self.broker, me=self.me, members=len(self.cluster.members),
@@ -229,8 +233,9 @@ class HANode:
             return
         if not self.links.connected(self.following):
             return  # sent when the link comes up
-        # from here until the marker our state is a mix: not a consistent copy
-        self.state.save(pos_epoch=-1, pos_seq=-1)
+        # from here until the marker our state is a mix: not a consistent copy (the
+        # store commits in order, so this is durable before any catch-up event is)
+        self._record_position(-1, -1)
         self._set_position(el.Position.INVALID)
         self.links.send(self.following, self.backup.join_message())
         log.info("node %s joining primary %s (epoch %d)", self.me, self.following,
@@ -239,35 +244,63 @@ class HANode:
     def _set_position(self, pos: el.Position) -> None:
         self._carry_out(self.election.set_position(pos))
 
-    # -- the primary's own durable position ----------------------------------------------
+    # -- positions: kept in the store, durable with the data they describe ---------------
+
+    def _load_position(self) -> None:
+        """Our position and vote floor from the store (older nodes: the state file)."""
+        raw = self.broker.store.get_meta(POSITION_KEY)
+        if raw is None:
+            return
+        st = self.state.state
+        st.pos_epoch, st.pos_seq, st.floor_epoch, st.floor_seq = (int(v) for v in json.loads(raw))
+
+    def _record_position(self, epoch: int, seq: int) -> None:
+        """Record our position into the store's next commit (with the floor, never lowered).
+
+        Durable once an ``after_sync`` registered after this call runs; no
+        extra fsync: it commits with the events it describes.
+        """
+        st = self.state.state
+        st.pos_epoch, st.pos_seq = epoch, seq
+        if (epoch, seq) > (st.floor_epoch, st.floor_seq):
+            st.floor_epoch, st.floor_seq = epoch, seq
+        self.broker.store.put_meta(POSITION_KEY, json.dumps(
+            [st.pos_epoch, st.pos_seq, st.floor_epoch, st.floor_seq]))
 
     def _position_barrier(self, callback: Any) -> None:
-        """Run ``callback`` once our own position covering everything so far is on disk."""
-        primary = self.primary
-        if primary is None:
-            return
-        seq = primary.seq
-        if seq <= self._durable_seq:
-            callback()
-            return
-        self._durable_waiters.append((seq, callback))
-        if len(self._durable_waiters) == 1:
-            self.broker.store.after_sync(self._persist_primary_position)
+        """Run ``callback`` once our own position covering everything so far is durable.
 
-    def _persist_primary_position(self) -> None:
+        One position record per loop iteration, however many confirms wait on it.
+        """
         primary = self.primary
         if primary is None:
             return
-        seq = primary.seq
-        self.state.save(pos_epoch=primary.epoch, pos_seq=seq)
-        self._durable_seq = seq
-        self._set_position(el.Position(primary.epoch, seq))
-        ready = [(s, cb) for s, cb in self._durable_waiters if s <= seq]
-        self._durable_waiters = [(s, cb) for s, cb in self._durable_waiters if s > seq]
-        for _, callback in ready:
+        if primary.seq <= self._durable_seq:
             callback()
-        if self._durable_waiters:
-            self.broker.store.after_sync(self._persist_primary_position)
+            return
+        self._durable_waiters.append(callback)
+        if not self._position_scheduled:
+            self._position_scheduled = True
+            asyncio.get_running_loop().call_soon(self._record_primary_position)
+
+    def _record_primary_position(self) -> None:
+        self._position_scheduled = False
+        primary = self.primary
+        if primary is None:
+            return
+        epoch, seq = primary.epoch, primary.seq
+        waiters, self._durable_waiters = self._durable_waiters, []
+        self._record_position(epoch, seq)
+
+        def durable() -> None:
+            if self.primary is not primary:
+                return  # deposed meanwhile: nothing of it is confirmed
+            self._durable_seq = max(self._durable_seq, seq)
+            self._set_position(el.Position(epoch, seq))
+            for callback in waiters:
+                callback()
+
+        self.broker.store.after_sync(durable)
 
     # -- packets -------------------------------------------------------------------------
 
@@ -345,20 +378,33 @@ class HANode:
                         backup.applied_seq)
         for vote in backup.take_votes():
             self.links.send(peer, vote)
-        if not self._ack_pending:
-            self._ack_pending = True
-            self.broker.store.after_sync(self._send_ack)
+        self._schedule_ack()
 
-    def _send_ack(self) -> None:
-        """After the store synced what we applied: persist our position, then acknowledge."""
-        self._ack_pending = False
+    def _schedule_ack(self) -> None:
+        """Acknowledge what is applied now, once the store made it (and our position) durable.
+
+        The seq is taken now: events applied after this call are not covered
+        by the commit the callback waits for, and are acknowledged next time.
+        """
         backup = self.backup
-        if backup is None or self.following is None:
+        if self._ack_pending or backup is None:
             return
-        if backup.caught_up:
-            self.state.save(pos_epoch=backup.epoch, pos_seq=backup.applied_seq)
-            self._set_position(el.Position(backup.epoch, backup.applied_seq))
-        self.links.send(self.following, backup.ack_message())
+        self._ack_pending = True
+        seq, caught_up = backup.applied_seq, backup.caught_up
+        if caught_up:
+            self._record_position(backup.epoch, seq)
+
+        def durable() -> None:
+            self._ack_pending = False
+            if self.backup is not backup or self.following is None:
+                return
+            if caught_up:
+                self._set_position(el.Position(backup.epoch, seq))
+            self.links.send(self.following, Ack(backup.epoch, self.me, seq))
+            if backup.applied_seq > seq:
+                self._schedule_ack()
+
+        self.broker.store.after_sync(durable)
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:

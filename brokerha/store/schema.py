@@ -217,4 +217,5 @@ class Statements:
         self.put_ha_transaction = upsert_sql(ha_transactions, p)
         self.delete_ha_transaction = delete_sql(ha_transactions, p)
         self.put_tx_outcome = upsert_sql(tx_outcomes, p)
+        self.put_meta = upsert_sql(meta, p)
         self.delete_tx_outcome = delete_sql(tx_outcomes, p)

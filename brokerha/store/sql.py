@@ -348,6 +348,15 @@ class SQLStore(Store):
     def tx_outcome_deleted(self, txid: str) -> None:
         self._record((STATEMENT, "delete_tx_outcome", (txid,)))
 
+    def put_meta(self, key: str, value: str) -> None:
+        self._record((STATEMENT, "put_meta", (key, value)))
+
+    def get_meta(self, key: str) -> str | None:
+        with self.engine.connect() as conn:
+            found = conn.execute(select(schema.meta.c.value)
+                                 .where(schema.meta.c.key == key)).scalar()
+        return None if found is None else str(found)
+
     # -- recovery (SQLAlchemy Core) ----------------------------------------------------------
 
     def load(self, stream_messages: bool = False) -> Definitions:

@@ -237,6 +237,25 @@ def test_prepared_branch_round_trip(node: StoreNode) -> None:
     assert node.store.load().prepared == []
 
 
+def test_meta_values_commit_with_the_data_recorded_before_them(node: StoreNode) -> None:
+    """The HA position is a meta value: durable in the same commit as the events it covers."""
+    q = node.queue()
+    gate = block_writer(node)
+    q.enqueue(message(b"covered"))
+    node.store.put_meta("ha_position", "[3, 17, 3, 17]")
+    synced = node.barrier()
+    assert SQLStore(node.url).get_meta("ha_position") is None  # nothing committed yet
+    gate.set()
+    node.wait(synced)
+    other = SQLStore(node.url)
+    assert other.get_meta("ha_position") == "[3, 17, 3, 17]"
+    assert [m.body for m in other.load().messages] == [b"covered"]
+    node.store.put_meta("ha_position", "[4, 0, 4, 0]")  # an upsert
+    node.sync()
+    assert SQLStore(node.url).get_meta("ha_position") == "[4, 0, 4, 0]"
+    assert other.get_meta("missing") is None
+
+
 def test_a_newer_schema_version_is_refused(node: StoreNode) -> None:
     with node.store.engine.begin() as conn:
         conn.execute(text("UPDATE brokerha_meta SET value = '99' WHERE key = 'schema_version'"))
