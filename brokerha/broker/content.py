@@ -44,6 +44,7 @@ class Scanned:
     expiration: str | None = None
     user_id: str | None = None
     headers_at: int = -1  # offset of the headers table in the raw header, -1 if none
+    message_id_at: int = -1  # offset of the message-id short string, -1 if none
 
 
 def scan_properties(header: bytes) -> Scanned:
@@ -80,9 +81,10 @@ def scan_properties(header: bytes) -> Scanned:
             n = header[pos]
             out.expiration = header[pos + 1 : pos + 1 + n].decode("utf-8", "replace")
             pos += 1 + n
+        if flags & F_MESSAGE_ID:
+            out.message_id_at = pos
+            pos += 1 + header[pos]
         if flags & F_USER_ID:
-            if flags & F_MESSAGE_ID:
-                pos += 1 + header[pos]
             if flags & F_TIMESTAMP:
                 pos += 8
             if flags & F_TYPE:
@@ -102,34 +104,14 @@ def read_message_id(header: bytes) -> str | None:
 
     Bytes that are not UTF-8 are kept distinct (surrogateescape).
     """
-    flags = (header[_PREFIX] << 8) | header[_PREFIX + 1]
-    if not flags & F_MESSAGE_ID:
-        return None
-    pos = _PREFIX + 2
-    while header[pos - 1] & 1:
-        pos += 2
     try:
-        if flags & F_CONTENT_TYPE:
-            pos += 1 + header[pos]
-        if flags & F_CONTENT_ENCODING:
-            pos += 1 + header[pos]
-        if flags & F_HEADERS:
-            pos += 4 + _U32.unpack_from(header, pos)[0]
-        if flags & F_DELIVERY_MODE:
-            pos += 1
-        if flags & F_PRIORITY:
-            pos += 1
-        if flags & F_CORRELATION_ID:
-            pos += 1 + header[pos]
-        if flags & F_REPLY_TO:
-            pos += 1 + header[pos]
-        if flags & F_EXPIRATION:
-            pos += 1 + header[pos]
-        n = header[pos]
-    except (IndexError, struct.error):
+        at = scan_properties(header).message_id_at
+    except ValueError:
         return None
-    raw = header[pos + 1 : pos + 1 + n]
-    return raw.decode("utf-8", "surrogateescape") if len(raw) == n else None
+    if at < 0:
+        return None
+    n = header[at]
+    return header[at + 1 : at + 1 + n].decode("utf-8", "surrogateescape")
 
 
 def read_headers(header: bytes, headers_at: int) -> dict[str, Any]:
