@@ -128,6 +128,97 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dump(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=1, sort_keys=True)
+    print()
+
+
+def _serving_node(node: str) -> tuple[str, str]:
+    """(admin URL, name) of the serving primary, or of ``node`` itself when none serves."""
+    try:
+        status = cluster_status(node)
+    except CtlError:
+        return admin_url(node), "?"
+    primary = next((n for n in status["nodes"] if n.get("role") in ("primary", "standalone")),
+                   None)
+    if primary is not None:
+        return primary["admin_url"], primary["name"]
+    return admin_url(node), status["nodes"][0]["name"] if status["nodes"] else "?"
+
+
+def _table(rows: list[list[Any]], header: list[str]) -> None:
+    cells = [header] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    base, name = (admin_url(args.node), None) if args.here else _serving_node(args.node)
+    answer = request(base, "/api/queues")
+    if args.json:
+        _dump(answer)
+        return 0
+    queues = answer.get("queues") or []
+    print(f"queues on {answer.get('node', name)} ({len(queues)}):")
+    _table([[q["vhost"], q["name"], q["messages_ready"], q["messages_unacked"], q["consumers"],
+             q["published"], q["delivered"],
+             ", ".join(f"{b}{'' if ok else ' (catching up)'}"
+                       for b, ok in sorted((q.get("backups_caught_up") or {}).items())) or None]
+            for q in queues],
+           ["vhost", "queue", "ready", "unacked", "consumers", "in", "out", "backups"])
+    return 0
+
+
+def cmd_connections(args: argparse.Namespace) -> int:
+    base, name = (admin_url(args.node), None) if args.here else _serving_node(args.node)
+    answer = request(base, "/api/connections", user=args.user, password=args.password)
+    if args.json:
+        _dump(answer)
+        return 0
+    conns = answer.get("connections") or []
+    print(f"connections on {answer.get('node', name)} ({len(conns)}):")
+    _table([[c["peer"], c["user"], c["vhost"], c["channels"],
+             (c.get("client") or {}).get("product"), f"{c['connected_seconds']:.0f}s"]
+            for c in conns], ["peer", "user", "vhost", "channels", "client", "connected"])
+    return 0
+
+
+def cmd_users(args: argparse.Namespace) -> int:
+    answer = request(admin_url(args.node), "/api/users", user=args.user, password=args.password)
+    if args.json:
+        _dump(answer)
+        return 0
+    _table([[u["name"], ",".join(u["tags"]) or None, "yes" if u["loopback_only"] else "no",
+             ",".join(u["vhosts"]) or None] for u in answer.get("users") or []],
+           ["user", "tags", "loopback only", "vhosts"])
+    return 0
+
+
+def cmd_permissions(args: argparse.Namespace) -> int:
+    answer = request(admin_url(args.node), "/api/permissions", user=args.user,
+                     password=args.password)
+    if args.json:
+        _dump(answer)
+        return 0
+    _table([[p["user"], p["vhost"], p["configure"], p["write"], p["read"]]
+            for p in answer.get("permissions") or []],
+           ["user", "vhost", "configure", "write", "read"])
+    return 0
+
+
+def cmd_txlog_status(args: argparse.Namespace) -> int:
+    answer = request(admin_url(args.node), "/api/txlog")
+    if args.json:
+        _dump(answer)
+        return 0
+    if answer.get("running"):
+        print(f"TxLog running on {answer.get('node')}")
+    else:
+        print(f"TxLog: not running on {answer.get('node')}: {answer.get('reason', '')}")
+    return 0
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", required=True, metavar="URL",
                         help="a node's admin URL (http://HOST:PORT) or AMQP URL")
@@ -141,6 +232,25 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="NODE")
     p.add_argument("--json", action="store_true")
     p.set_defaults(ctl_handler=cmd_promote)
+    for name, handler, text in (
+            ("queues", cmd_queues, "queues on the primary: depth, unacked, consumers, in/out"),
+            ("connections", cmd_connections, "client connections on the primary (administrator)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--here", action="store_true",
+                       help="ask the --node itself instead of the serving primary")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(ctl_handler=handler)
+    p = sub.add_parser("users", help="users and their tags (administrator)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(ctl_handler=cmd_users)
+    p = sub.add_parser("permissions", help="permissions per user and vhost (administrator)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(ctl_handler=cmd_permissions)
+    p = sub.add_parser("txlog", help="the cross-datacenter TxLog")
+    txsub = p.add_subparsers(dest="txlog_command", metavar="COMMAND", required=True)
+    p = txsub.add_parser("status", help="whether the TxLog runs on the node, and its state")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(ctl_handler=cmd_txlog_status)
     parser.set_defaults(handler=main)
 
 

@@ -26,8 +26,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="node name (default: brokerha)")
     parser.add_argument("--listen", metavar="HOST:PORT",
                         help=f"AMQP listen address (default: {DEFAULT_LISTEN})")
-    parser.add_argument("--admin", metavar="HOST:PORT|off",
-                        help="admin HTTP listener for status and brokerha ctl "
+    parser.add_argument("--admin", "--http-listen", metavar="HOST:PORT|off",
+                        help="admin HTTP listener: status page (/), /metrics, /api/... and "
+                             "brokerha ctl "
                              "(default: the AMQP port + 10000 on the same host)")
     parser.add_argument("--data", type=Path, metavar="DIR", help="data directory (created if missing)")
     parser.add_argument("--memory-limit", metavar="SIZE",

@@ -1,0 +1,226 @@
+"""Read-only admin endpoints of a node, and the one call that installs them all.
+
+``install(node)`` (called once by ``Node``) registers, on the admin listener:
+
+| path | credentials | what |
+|---|---|---|
+| ``GET /`` | none | the status page (``status_page.py``) |
+| ``GET /metrics`` | none | Prometheus text format (``metrics.py``) |
+| ``GET /api/cluster`` | none | every member's own ``/api/status``, gathered by this node |
+| ``GET /api/queues`` | none | queues: depth, unacked, consumers, counters, arguments |
+| ``GET /api/connections`` | administrator | client connections: peer, user, vhost, channels |
+| ``GET /api/users`` | administrator | users and their tags (never the password hashes) |
+| ``GET /api/permissions`` | administrator | user × vhost permission patterns |
+| ``GET /api/txlog`` | none | the TxLog's state on this node (not wired yet: ``running: false``) |
+
+Reading status, queues and metrics needs no credentials, as ``/api/status``
+(what a monitoring probe needs); who connects and who may do what is for
+administrators only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from brokerha.admin.http import Request, Response
+
+if TYPE_CHECKING:
+    from brokerha.node.server import Node
+
+PEER_TIMEOUT = 1.5
+TXLOG_NOT_WIRED = ("the TxLog (cross-datacenter transaction ordering) is not wired into "
+                   "nodes yet; this node orders nothing across datacenters")
+
+
+def install(node: Node) -> None:
+    from brokerha.admin import metrics, status_page
+
+    api = AdminAPI(node)
+    node.admin.route("GET", "/api/cluster", api.cluster)
+    node.admin.route("GET", "/api/queues", api.queues)
+    node.admin.route("GET", "/api/connections", api.connections, admin=True)
+    node.admin.route("GET", "/api/users", api.users, admin=True)
+    node.admin.route("GET", "/api/permissions", api.permissions, admin=True)
+    node.admin.route("GET", "/api/txlog", api.txlog)
+    node.metrics = metrics.install(node)  # type: ignore[attr-defined]
+    status_page.install(node)
+
+
+def txlog_status(node: Node) -> dict[str, Any]:
+    return {"running": False, "node": node.config.name, "reason": TXLOG_NOT_WIRED}
+
+
+class AdminAPI:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    # -- the whole datacenter, as seen from here -----------------------------------------
+
+    async def cluster(self, request: Request) -> Response:
+        return Response.json(await cluster_view(self.node))
+
+    # -- listings ------------------------------------------------------------------------
+
+    def queues(self, request: Request) -> Response:
+        return Response.json({"node": self.node.config.name, "queues": queue_list(self.node)})
+
+    def connections(self, request: Request) -> Response:
+        now = self.node.loop.time()
+        out = []
+        for proto in list(self.node.connections):
+            conn = proto.conn
+            if conn is None:
+                continue
+            props = conn.client_properties or {}
+            out.append({
+                "peer": f"{conn.peer[0]}:{conn.peer[1]}" if conn.peer else None,
+                "user": conn.user.name if conn.user else None,
+                "vhost": conn.vhost.name if conn.vhost is not None else None,
+                "channels": len(conn.channels),
+                "state": str(conn.state),
+                "client": {k: _plain(props.get(k)) for k in ("product", "version", "platform",
+                                                               "connection_name")
+                           if props.get(k) is not None},
+                "connected_seconds": round(now - conn.created, 3),
+                "blocked": bool(conn.blocked_notified),
+            })
+        out.sort(key=lambda c: c["peer"] or "")
+        return Response.json({"node": self.node.config.name, "connections": out})
+
+    def users(self, request: Request) -> Response:
+        db = self.node.broker.users
+        out = [{"name": u.name, "tags": list(u.tags),
+                "loopback_only": u.name in db.loopback_users,
+                "vhosts": sorted(u.permissions)} for u in db.users.values()]
+        out.sort(key=lambda u: u["name"])
+        return Response.json({"node": self.node.config.name, "users": out})
+
+    def permissions(self, request: Request) -> Response:
+        out = [{"user": u.name, "vhost": vhost, "configure": p.configure, "write": p.write,
+                "read": p.read}
+               for u in self.node.broker.users.users.values()
+               for vhost, p in u.permissions.items()]
+        out.sort(key=lambda p: (p["user"], p["vhost"]))
+        return Response.json({"node": self.node.config.name, "permissions": out})
+
+    def txlog(self, request: Request) -> Response:
+        return Response.json(txlog_status(self.node))
+
+
+def queue_list(node: Node) -> list[dict[str, Any]]:
+    """Every queue of the node; on a primary, which backups acknowledged its catch-up."""
+    caught: dict[tuple[str, str], dict[str, bool]] = {}
+    primary = getattr(node.ha, "primary", None)
+    for backup, session in sorted((getattr(primary, "sessions", None) or {}).items()):
+        progress = getattr(session, "progress", None)
+        for guard in getattr(session, "guards", []):
+            if progress is not None:
+                caught.setdefault((guard.vhost, guard.queue), {})[backup] = guard.passed(progress)
+    out = []
+    for vhost in list(node.broker.vhosts.values()):
+        for q in list(vhost.queues.values()):
+            out.append({
+                "vhost": q.vhost, "name": q.name, "durable": q.durable,
+                "exclusive": q.exclusive_owner is not None, "auto_delete": q.auto_delete,
+                "messages_ready": q.message_count, "messages_unacked": q.unacked,
+                "ready_bytes": q.ready_bytes, "consumers": q.consumer_count,
+                "published": getattr(q, "published", 0),
+                "delivered": getattr(q, "delivered", 0),
+                "deduplicated": q.dedup_dropped,
+                "arguments": {k: _plain(v) for k, v in sorted(q.arguments.items())},
+            })
+    for entry in out:
+        backups = caught.get((entry["vhost"], entry["name"]))
+        if backups is not None:
+            entry["backups_caught_up"] = backups
+    out.sort(key=lambda q: (q["vhost"], q["name"]))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe: AMQP field values may be bytes, decimals, datetimes."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+async def cluster_view(node: Node) -> dict[str, Any]:
+    """Every member's own status (role ``down`` when it does not answer), asked in parallel."""
+    own = node.status()
+    members = own.get("members") or []
+    me = node.config.name
+
+    async def ask(member: dict[str, Any]) -> dict[str, Any]:
+        if member["name"] == me:
+            return own
+        try:
+            return await fetch_json(member["admin_url"] + "/api/status", PEER_TIMEOUT)
+        except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            return {"node": {"name": member["name"], "role": "down", "epoch": None,
+                             "ready": False, "amqp_url": member.get("amqp_url"),
+                             "error": str(exc) or type(exc).__name__}}
+
+    answers = await asyncio.gather(*(ask(m) for m in members)) if members else [own]
+    nodes = []
+    for member, answer in zip(members or [{"name": me, "admin_url": None}], answers,
+                              strict=True):
+        entry = dict(answer.get("node") or {})
+        entry["admin_url"] = member.get("admin_url")
+        entry["failovers"] = answer.get("failovers") or []
+        nodes.append(entry)
+    primaries = [n for n in nodes if n.get("role") == "primary"]
+    primary = primaries[0] if len(primaries) == 1 else None
+    failovers = sorted(({**f, "seen_by": n["name"]} for n in nodes for f in n.pop("failovers")),
+                       key=lambda f: f.get("at", 0.0), reverse=True)
+    queues: list[dict[str, Any]] | None = None
+    if primary is None or primary["name"] == me:
+        queues = queue_list(node)
+    elif primary.get("admin_url"):
+        try:
+            answer = await fetch_json(primary["admin_url"] + "/api/queues", PEER_TIMEOUT)
+            queues = list(answer.get("queues") or [])
+        except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError):
+            queues = None
+    return {"cluster": own.get("cluster"), "asked": me, "at": time.time(), "nodes": nodes,
+            "primary": primary["name"] if primary else None,
+            "replication": primary.get("replication") if primary else None,
+            "queues": queues, "queues_from": (primary or {"name": me})["name"],
+            "failovers": failovers[:20], "txlog": txlog_status(node)}
+
+
+async def fetch_json(url: str, timeout: float) -> Any:
+    """GET a JSON document over plain HTTP/1.1 (the admin listeners of peers)."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+
+    async def go() -> Any:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                         "Accept: application/json\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            data = await reader.read(4 * 1024 * 1024)
+            while True:
+                more = await reader.read(65536)
+                if not more:
+                    break
+                data += more
+        finally:
+            writer.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        status_line = head.split(b"\r\n", 1)[0].split()
+        if len(status_line) < 2 or status_line[1] != b"200":
+            raise ValueError(f"{url}: {b' '.join(status_line[1:]).decode('latin-1')}")
+        return json.loads(body)
+
+    return await asyncio.wait_for(go(), timeout)

@@ -1,0 +1,243 @@
+"""Prometheus metrics of one node, served at ``GET /metrics`` on the admin listener.
+
+Nothing is instrumented on the message path: a per-node ``CollectorRegistry``
+holds one collector that reads the live objects when Prometheus scrapes —
+the queues (their ``published``/``delivered`` counters and depths), the AMQP
+connections, the HA layer (role, epoch, readiness, failover history) and, on
+the primary, each backup's replication session. Every name is listed with its
+meaning in ``docs/operations.md``.
+
+Not exported because nothing measures it yet (no fake values):
+
+- a commit latency histogram (tx.commit → commit-ok) needs a hook in
+  ``amqp/methods/tx.py``;
+- the TxLog's round latency and queue sizes: the TxLog does not run inside
+  nodes yet, so ``brokerha_txlog_running`` is 0 and nothing else of it is shown.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+
+from brokerha.admin.http import Request, Response
+
+if TYPE_CHECKING:
+    from brokerha.node.server import Node
+
+ROLES = ("standalone", "primary", "backup", "joining")
+FAILOVER_EVENTS = ("elected", "stepped down", "deposed", "promote requested")
+
+
+class TransactionCounter:
+    """A TransactionObserverFactory that counts transactions and observes none of them.
+
+    ``create`` returns None, so no observer is attached and a commit takes
+    exactly the path it takes without it.
+    """
+
+    def __init__(self) -> None:
+        self.tx = 0
+        self.dtx = 0
+
+    def create(self, transaction: Any) -> None:
+        if str(getattr(transaction, "id", "")).startswith("dtx:"):
+            self.dtx += 1
+        else:
+            self.tx += 1
+
+
+class NodeCollector:
+    """Reads a node's live state on each scrape."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.transactions = TransactionCounter()
+        node.broker.observers.add_transaction_observer_factory(self.transactions)
+        # failovers: HANode keeps a bounded history; count each entry once, by time
+        self._failover_counts = dict.fromkeys(FAILOVER_EVENTS, 0)
+        self._failover_seen = 0.0
+
+    def describe(self) -> list[Metric]:
+        return []  # collected on demand; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node
+        name = node.config.name
+        status = node.status()
+        me = status["node"]
+        cluster = status.get("cluster") or ""
+
+        info = GaugeMetricFamily("brokerha_node_info", "This node: name and cluster (always 1)",
+                                 labels=["node", "cluster"])
+        info.add_metric([name, cluster], 1)
+        yield info
+        role = GaugeMetricFamily("brokerha_role", "1 for this node's current role, 0 for the "
+                                 "others", labels=["role"])
+        for r in ROLES:
+            role.add_metric([r], 1 if me.get("role") == r else 0)
+        yield role
+        yield GaugeMetricFamily("brokerha_epoch", "Election epoch this node is in (0 standalone)",
+                                value=me.get("epoch") or 0)
+        yield GaugeMetricFamily("brokerha_ready", "1 when ready: a serving primary, a caught-up "
+                                "backup or a standalone node", value=1 if me.get("ready") else 0)
+        yield GaugeMetricFamily("brokerha_serving", "1 while the AMQP listener is open",
+                                value=1 if me.get("serving") else 0)
+        yield from self._failovers(status)
+        yield from self._replication(me.get("replication"))
+        yield from self._queues()
+        yield from self._connections()
+        broker = node.broker
+        yield CounterMetricFamily(
+            "brokerha_durable_requests", "Durability barriers requested: one per publisher "
+            "confirm, tx.commit and DTX answer (rate = confirms + commits per second)",
+            value=broker.durable_requests)
+        tx = CounterMetricFamily("brokerha_transactions_begun", "Transactions begun (TX "
+                                 "transactions and DTX branches), committed or not",
+                                 labels=["kind"])
+        tx.add_metric(["tx"], self.transactions.tx)
+        tx.add_metric(["dtx"], self.transactions.dtx)
+        yield tx
+        yield GaugeMetricFamily("brokerha_memory_queued_bytes", "Bytes of message content held "
+                                "in memory by queues", value=broker.memory.used)
+        yield GaugeMetricFamily("brokerha_memory_alarm", "1 while publishers are blocked by the "
+                                "memory limit", value=1 if broker.memory_blocked else 0)
+        yield GaugeMetricFamily("brokerha_txlog_running", "1 when this node runs a TxLog master "
+                                "(not wired into nodes yet: always 0)", value=0)
+
+    # -- parts -------------------------------------------------------------------------
+
+    def _failovers(self, status: dict[str, Any]) -> Iterator[Metric]:
+        for event in status.get("failovers") or []:
+            at = float(event.get("at", 0.0))
+            if at > self._failover_seen:
+                kind = str(event.get("event"))
+                self._failover_counts[kind] = self._failover_counts.get(kind, 0) + 1
+        if status.get("failovers"):
+            self._failover_seen = max(float(e.get("at", 0.0)) for e in status["failovers"])
+        family = CounterMetricFamily("brokerha_failovers", "Role changes seen by this node: "
+                                     "elected, stepped down, deposed, promote requested",
+                                     labels=["event"])
+        for kind, count in sorted(self._failover_counts.items()):
+            family.add_metric([kind], count)
+        yield family
+        last = max((float(e.get("at", 0.0)) for e in status.get("failovers") or []), default=0.0)
+        yield GaugeMetricFamily("brokerha_last_failover_timestamp_seconds", "Unix time of the "
+                                "last role change seen by this node (0: none)", value=last)
+
+    def _replication(self, replication: dict[str, Any] | None) -> Iterator[Metric]:
+        if not replication:
+            return
+        yield GaugeMetricFamily("brokerha_replication_seq", "The primary's last replicated-event "
+                                "sequence number in this epoch", value=replication.get("seq", 0))
+        yield GaugeMetricFamily("brokerha_replication_replicated_seq", "Highest seq held by the "
+                                "quorum (confirms up to it may go)",
+                                value=replication.get("replicated", 0))
+        yield GaugeMetricFamily("brokerha_replication_waiting_confirms", "Confirms and commits "
+                                "waiting for backups", value=replication.get("waiting_confirms", 0))
+        backups = replication.get("backups") or {}
+        seq = int(replication.get("seq") or 0)
+        ready = GaugeMetricFamily("brokerha_backup_ready", "1 when the backup is ready (caught "
+                                  "up, not timed out)", labels=["backup"])
+        timed_out = GaugeMetricFamily("brokerha_backup_timed_out", "1 when the backup left the "
+                                      "guarded set (silent past backup_timeout)", labels=["backup"])
+        lag = GaugeMetricFamily("brokerha_backup_lag_events", "Replicated events the backup has "
+                                "not acknowledged yet (the primary's seq minus the backup's "
+                                "acknowledged seq, catch-up included)", labels=["backup"])
+        queues = GaugeMetricFamily("brokerha_backup_queues", "Queues in the backup's catch-up",
+                                   labels=["backup"])
+        caught = GaugeMetricFamily("brokerha_backup_queues_caught_up", "Queues whose catch-up "
+                                   "the backup acknowledged", labels=["backup"])
+        primary = getattr(self.node.ha, "primary", None)
+        sessions: dict[str, Any] = dict(getattr(primary, "sessions", {}) or {})
+        for node, b in sorted(backups.items()):
+            ready.add_metric([node], 1 if b.get("ready") else 0)
+            timed_out.add_metric([node], 1 if b.get("timed_out") else 0)
+            progress = getattr(sessions.get(node), "progress", b.get("acked"))
+            if progress is not None:
+                lag.add_metric([node], max(0, seq - int(progress)))
+            queues.add_metric([node], b.get("queues", 0))
+            caught.add_metric([node], b.get("queues_caught_up", 0))
+        yield from (ready, timed_out, lag, queues, caught)
+        per_queue = GaugeMetricFamily("brokerha_backup_queue_caught_up", "1 when the backup "
+                                      "acknowledged this queue's catch-up",
+                                      labels=["backup", "vhost", "queue"])
+        for node, session in sorted(sessions.items()):
+            progress = getattr(session, "progress", None)
+            for guard in getattr(session, "guards", []):
+                if progress is not None:
+                    per_queue.add_metric([node, guard.vhost, guard.queue],
+                                         1 if guard.passed(progress) else 0)
+        yield per_queue
+
+    def _queues(self) -> Iterator[Metric]:
+        labels = ["vhost", "queue"]
+        ready = GaugeMetricFamily("brokerha_queue_messages_ready", "Messages ready for delivery "
+                                  "(queue depth)", labels=labels)
+        unacked = GaugeMetricFamily("brokerha_queue_messages_unacked", "Messages delivered and "
+                                    "not yet acknowledged", labels=labels)
+        ready_bytes = GaugeMetricFamily("brokerha_queue_ready_bytes", "Bytes of the ready "
+                                        "messages' content", labels=labels)
+        consumers = GaugeMetricFamily("brokerha_queue_consumers", "Consumers on the queue",
+                                      labels=labels)
+        published = CounterMetricFamily("brokerha_queue_messages_published", "Messages put on "
+                                        "the queue (messages in; on a backup: replicated in)",
+                                        labels=labels)
+        delivered = CounterMetricFamily("brokerha_queue_messages_delivered", "Messages handed "
+                                        "to consumers or basic.get (messages out, redeliveries "
+                                        "included)", labels=labels)
+        dedup = CounterMetricFamily("brokerha_queue_messages_deduplicated", "Publishes dropped "
+                                    "as duplicates (x-deduplication-window)", labels=labels)
+        for vhost in list(self.node.broker.vhosts.values()):
+            for q in list(vhost.queues.values()):
+                key = [q.vhost, q.name]
+                ready.add_metric(key, q.message_count)
+                unacked.add_metric(key, q.unacked)
+                ready_bytes.add_metric(key, q.ready_bytes)
+                consumers.add_metric(key, q.consumer_count)
+                published.add_metric(key, getattr(q, "published", 0))
+                delivered.add_metric(key, getattr(q, "delivered", 0))
+                dedup.add_metric(key, q.dedup_dropped)
+        yield from (ready, unacked, ready_bytes, consumers, published, delivered, dedup)
+
+    def _connections(self) -> Iterator[Metric]:
+        conns = [p.conn for p in list(self.node.connections) if p.conn is not None]
+        channels = [ch for c in conns for ch in list(c.channels.values())]
+        yield GaugeMetricFamily("brokerha_connections", "Open AMQP client connections",
+                                value=len(conns))
+        yield GaugeMetricFamily("brokerha_channels", "Open AMQP channels", value=len(channels))
+        yield GaugeMetricFamily(
+            "brokerha_confirms_outstanding", "Publishes in confirm mode not yet confirmed, on "
+            "open channels", value=sum(ch.confirm.waiting for ch in channels
+                                       if getattr(ch, "confirm", None) is not None))
+
+
+class NodeMetrics:
+    """The node's registry and its ``/metrics`` handler."""
+
+    def __init__(self, node: Node) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = NodeCollector(node)
+        self.registry.register(self.collector)
+        try:
+            ProcessCollector(namespace="brokerha", registry=self.registry)
+        except Exception:  # no /proc (not Linux): the process metrics are left out
+            pass
+        self.started = time.time()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def handle(self, request: Request) -> Response:
+        return Response(200, self.render(), CONTENT_TYPE_LATEST)
+
+
+def install(node: Node) -> NodeMetrics:
+    metrics = NodeMetrics(node)
+    node.admin.route("GET", "/metrics", metrics.handle)
+    return metrics
