@@ -1,4 +1,8 @@
-"""``brokerha txlog …``: the deterministic simulation from the command line.
+"""``brokerha txlog …``: the deterministic simulation, a master process, and its ctl.
+
+``brokerha txlog node --config FILE`` runs one TxLog master in the foreground
+(:mod:`brokerha.txlog.node`); ``brokerha txlog ctl --node URL …`` acts on a
+running one (:mod:`brokerha.txlog.ctl`).
 
 ``brokerha txlog simulate --seeds N`` prints exactly one summary line
 ``seeds: N, violations: V`` (then, if V > 0, the first failing seed and its
@@ -9,6 +13,7 @@ seed is reproduced with ``--seeds 1 --start-seed S``.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from brokerha.txlog.config import ConfigError, SplitRecovery
@@ -38,6 +43,31 @@ def register(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--strategy", type=_strategy, help="none|simple|smart (default: all three in turn)")
     sim.add_argument("--profile", choices=sorted(PROFILES), default="mixed", help="fault profile")
     sim.set_defaults(handler=simulate)
+    node = sub.add_parser("node", help="run one TxLog master in the foreground (real processes)")
+    node.add_argument("--config", type=Path, required=True, metavar="FILE", help="TOML file")
+    node.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    node.set_defaults(handler=run_node)
+    from brokerha.txlog import ctl
+
+    ctl.register(sub)
+
+
+def run_node(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from brokerha.txlog import node, settings
+
+    try:
+        master = settings.load(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"brokerha txlog node: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=(args.log_level or master.log_level).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return asyncio.run(node.serve(master))
 
 
 def _strategy(value: str) -> SplitRecovery:

@@ -101,6 +101,14 @@ class SynchronisedQueue:
     def contains(self, tx_id: str) -> bool:
         return tx_id in self._index
 
+    def position(self, tx_id: str) -> int | None:
+        """Absolute position of ``tx_id``, or None if not (or no longer) held."""
+        return self._index.get(tx_id)
+
+    def entry(self, tx_id: str) -> SyncEntry | None:
+        position = self._index.get(tx_id)
+        return None if position is None else self.entries[position - self.offset.length]
+
     def record(self, tx_id: str) -> TxRecord | None:
         position = self._index.get(tx_id)
         if position is None:

@@ -1,0 +1,429 @@
+"""The asyncio driver of one TxLog master: the round engine on a real clock, network and disk.
+
+The engine (:mod:`brokerha.txlog.rounds`) is sans-I/O; this module carries
+out its actions and nothing else:
+
+* every input (a peer's message, a local transaction, a timer, an operator's
+  peer change) is one engine call with the wall clock in milliseconds;
+* the ``Persist`` actions of that call are written to the journal and fsynced
+  (:mod:`brokerha.txlog.journal`) *before* any of its ``Send`` actions leaves
+  the node;
+* ``Send`` goes over the cluster transport (:mod:`brokerha.cluster.link`) as a
+  ``TxLogPacket`` (:mod:`brokerha.txlog.wire`); a message to a peer that is
+  not connected is dropped, which the rounds tolerate like a lost packet;
+* the next ``tick`` is scheduled ``wakeup_after()`` ms after the call;
+* ``Confirm`` resolves the submitter's future; ``Confirm``,
+  ``DeliverOrdered``, ``Backup``, ``Restore`` and ``Event`` also go to the
+  ``on_action`` callback (later: the broker's commit path).
+
+The transport only accepts configured peers of the same group with the shared
+secret; a message whose ``sender`` is not the authenticated peer is refused
+here, and one from an unconfigured sender is refused by the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from brokerha.cluster.link import ClusterLinks
+from brokerha.cluster.messages import Message as ClusterMessage
+from brokerha.txlog.config import Peer, TxLogConfig
+from brokerha.txlog.journal import Journal
+from brokerha.txlog.messages import (
+    Action,
+    Backup,
+    Confirm,
+    DeliverOrdered,
+    Event,
+    Persist,
+    Refused,
+    Restore,
+    Send,
+)
+from brokerha.txlog.records import Operation
+from brokerha.txlog.rounds import RoundEngine
+from brokerha.txlog.settings import MasterSettings, parse_url
+from brokerha.txlog.wire import TxLogPacket, WireError, decode, encode
+
+log = logging.getLogger("brokerha.txlog")
+
+PEERS_FILE = "txlog-peers.json"
+EVENTS_FILE = "txlog-events.jsonl"
+EVENTS_KEPT = 1000
+LATENCY_SAMPLES = 2000
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class TxLogLinks(ClusterLinks):
+    """Cluster links whose peer set changes at runtime (``add-peer`` / ``remove-peer``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._dials: dict[str, asyncio.Task[None]] = {}
+        self._started = False
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accept, self.listen[0], self.listen[1],
+                                                reuse_address=True)
+        self.address = self._server.sockets[0].getsockname()[:2]
+        self._started = True
+        for peer in sorted(self.peers):
+            self._dial(peer)
+        self._tasks.append(loop.create_task(self._keepalive()))
+
+    def _dial(self, peer: str) -> None:
+        if peer > self.me:  # one link per pair: the name that sorts first dials
+            task = asyncio.get_running_loop().create_task(self._dial_forever(peer))
+            self._dials[peer] = task
+            self._tasks.append(task)
+
+    def add_peer(self, peer: str, address: tuple[str, int]) -> None:
+        if peer == self.me or peer in self.peers:
+            raise ValueError(f"peer {peer!r}: already configured")
+        self.peers[peer] = address
+        if self._started:
+            self._dial(peer)
+
+    def remove_peer(self, peer: str) -> None:
+        self.peers.pop(peer, None)
+        task = self._dials.pop(peer, None)
+        if task is not None:
+            task.cancel()
+        conn = self._conns.get(peer)
+        if conn is not None:
+            conn.abort()
+
+
+class TxLogDriver:
+    """One TxLog master: engine + journal + links + timer."""
+
+    def __init__(self, settings: MasterSettings, *,
+                 on_action: Callable[[Action], None] | None = None,
+                 clock: Callable[[], int] = wall_ms, fsync: bool = True) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.on_action = on_action
+        self.data_dir = Path(settings.data_dir)
+        self.journal = Journal(self.data_dir, fsync=fsync)
+        config = self._effective_config(settings.txlog)
+        durable = self.journal.load(config)
+        self.restarted = self.journal.seq > 0
+        self.engine = RoundEngine(config, clock(), durable)
+        self.me = config.node_id
+        self.links = TxLogLinks(
+            settings.group, self.me, _addresses(config.peers), settings.listen, settings.secret,
+            self._on_packet, self._on_peer_up, self._on_peer_down)
+        self.events: deque[dict[str, Any]] = deque(self._read_events(), maxlen=EVENTS_KEPT)
+        self.latency_ms: deque[int] = deque(maxlen=LATENCY_SAMPLES)
+        self.counters = dict.fromkeys(
+            ("sent", "not_connected", "received", "refused", "wire_errors", "delivered",
+             "confirmed"), 0)
+        self._confirm_waiters: dict[str, asyncio.Future[str]] = {}
+        self._sync_waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._own_created: dict[str, int] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    # ---- life cycle --------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.links.start()
+        if self.restarted:
+            self._event("restart", None, {"journal_seq": self.journal.seq,
+                                          "replayed_records": self.journal.records_replayed})
+        self._run([])
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        await self.links.close()
+        self.journal.close()
+        for fut in [*self._confirm_waiters.values(), *self._sync_waiters.values()]:
+            if not fut.done():
+                fut.set_exception(ConnectionError("TxLog master stopped"))
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return self.links.address
+
+    # ---- inputs --------------------------------------------------------------------
+
+    async def submit(self, operations: Iterable[Operation], wait: str = "confirm",
+                     timeout: float = 30.0) -> dict[str, Any]:
+        """A local transaction: answer once confirmed (or, ``wait="synchronised"``, ordered here)."""
+        if wait not in ("confirm", "synchronised"):
+            raise ValueError(f"wait: {wait!r} is not confirm or synchronised")
+        loop = asyncio.get_running_loop()
+        record, actions = self.engine.local_tx(list(operations), self.clock())
+        confirmed: asyncio.Future[str] = loop.create_future()
+        self._confirm_waiters[record.tx_id] = confirmed
+        synced: asyncio.Future[dict[str, Any]] | None = None
+        if wait == "synchronised":
+            synced = self._sync_waiters[record.tx_id] = loop.create_future()
+        self._own_created[record.tx_id] = record.created_ms
+        self._run(actions)
+        result: dict[str, Any] = {"tx_id": record.tx_id, "timestamp": record.timestamp,
+                                  "origin": record.origin, "created_ms": record.created_ms}
+        async with asyncio.timeout(timeout):
+            result["outcome"] = await confirmed
+            if synced is not None:
+                result.update(await synced)
+        return result
+
+    def add_peer(self, node_id: str, url: str) -> None:
+        address = parse_url(url, f"url of peer {node_id}")
+        self._run(self.engine.add_peer(node_id, url, self.clock()))
+        self.links.add_peer(node_id, address)
+        self._save_peers()
+
+    async def remove_peer(self, node_id: str, wait_s: float = 10.0) -> None:
+        """Remove a sync peer; during a recovery vote, wait (up to ``wait_s``) for it to end.
+
+        Removing a peer from one master before the others changes that master's
+        view first, which can itself start a vote (the others still count the
+        peer); the engine refuses a removal while voting, so it waits here.
+        """
+        deadline = time.monotonic() + wait_s
+        while self.engine.voting and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self._run(self.engine.remove_peer(node_id, self.clock()))
+        self.links.remove_peer(node_id)
+        self._save_peers()
+
+    def set_split_recovery(self, value: str) -> None:
+        self._run(self.engine.set_split_recovery(value))
+
+    def _on_packet(self, peer: str, msg_id: int, packet: ClusterMessage) -> None:
+        if self._closed:
+            return
+        if not isinstance(packet, TxLogPacket):
+            log.debug("txlog: ignoring %s from %s", type(packet).__name__, peer)
+            return
+        try:
+            message = decode(packet)
+        except WireError as exc:
+            self.counters["wire_errors"] += 1
+            log.warning("txlog: malformed message from %s dropped: %s", peer, exc)
+            return
+        if message.sender != peer:
+            self._refused(Refused(message.sender, f"sent over the link of {peer}"))
+            return
+        self.counters["received"] += 1
+        self._run(self.engine.received(message, self.clock()))
+
+    def _on_peer_up(self, peer: str) -> None:
+        log.info("txlog: link with %s up", peer)
+
+    def _on_peer_down(self, peer: str) -> None:
+        log.info("txlog: link with %s down", peer)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if not self._closed:
+            self._run(self.engine.tick(self.clock()))
+
+    # ---- outputs -------------------------------------------------------------------
+
+    def _run(self, actions: list[Action]) -> None:
+        """Carry out one engine call's actions: persists first (durable), then the rest in order."""
+        persists = [a for a in actions if isinstance(a, Persist)]
+        self.journal.write(persists, self.engine.durable)
+        encoded: dict[int, TxLogPacket] = {}
+        for action in actions:
+            if isinstance(action, Persist):
+                continue
+            if isinstance(action, Send):
+                pkt = encoded.get(id(action.message))
+                if pkt is None:
+                    pkt = encoded[id(action.message)] = encode(action.message)
+                if self.links.send(action.peer, pkt) is None:
+                    self.counters["not_connected"] += 1
+                else:
+                    self.counters["sent"] += 1
+                continue
+            if isinstance(action, Confirm):
+                self.counters["confirmed"] += 1
+                fut = self._confirm_waiters.pop(action.tx_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(action.outcome)
+            elif isinstance(action, DeliverOrdered):
+                self.counters["delivered"] += 1
+            elif isinstance(action, Event):
+                self._on_event(action)
+            elif isinstance(action, Refused):
+                self._refused(action)
+            elif isinstance(action, Backup | Restore):
+                log.info("txlog: %s at position %d", type(action).__name__.lower(), action.position)
+            if self.on_action is not None:
+                self.on_action(action)
+        self._note_synchronised()
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if self._closed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(self.engine.wakeup_after(), 1) / 1000
+        self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
+
+    def _note_synchronised(self) -> None:
+        """Latency samples for own transactions, and answers to ``wait=synchronised``."""
+        if not self._own_created:
+            return
+        sync = self.engine.sync
+        for tx_id in [t for t in self._own_created if sync.contains(t)]:
+            created = self._own_created.pop(tx_id)
+            position = sync.position(tx_id)
+            entry = sync.entry(tx_id)
+            ordered = entry.ordered_ms if entry is not None else self.clock()
+            self.latency_ms.append(ordered - created)
+            fut = self._sync_waiters.pop(tx_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result({"position": position, "ordered_ms": ordered,
+                                "latency_ms": ordered - created})
+
+    def _on_event(self, event: Event) -> None:
+        if event.kind == "renegotiate":
+            old, new = event.detail["replay_of"], event.detail["tx_id"]
+            for waiters in (self._confirm_waiters, self._sync_waiters):
+                if old in waiters:
+                    waiters[new] = waiters.pop(old)  # type: ignore[assignment]
+            if old in self._own_created:
+                self._own_created[new] = self._own_created.pop(old)
+        self._event(event.kind, event.peer, event.detail)
+
+    def _refused(self, refused: Refused) -> None:
+        self.counters["refused"] += 1
+        log.warning("txlog: refused a message from %s: %s", refused.sender, refused.reason)
+        self._event("refused", refused.sender, {"reason": refused.reason})
+
+    def _event(self, kind: str, peer: str | None, detail: dict[str, Any]) -> None:
+        row = {"at_ms": self.clock(), "kind": kind, "generation": self.engine.generation,
+               "peer": peer, "detail": detail}
+        self.events.append(row)
+        log.info("txlog event %s%s %s", kind, f" {peer}" if peer else "",
+                 json.dumps(detail, sort_keys=True, default=str))
+        try:
+            with open(self.data_dir / EVENTS_FILE, "a") as f:
+                f.write(json.dumps(row, sort_keys=True, default=str) + "\n")
+        except OSError as exc:
+            log.warning("txlog: cannot append to %s: %s", EVENTS_FILE, exc)
+
+    def _read_events(self) -> list[dict[str, Any]]:
+        rows = []
+        try:
+            with open(self.data_dir / EVENTS_FILE) as f:
+                for line in f:
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:
+                        continue  # a torn last line
+        except FileNotFoundError:
+            pass
+        return rows[-EVENTS_KEPT:]
+
+    # ---- runtime peers survive a restart ---------------------------------------------
+
+    def _effective_config(self, config: TxLogConfig) -> TxLogConfig:
+        """The configured peers, unless ``add-peer``/``remove-peer`` changed them at runtime."""
+        path = self.data_dir / PEERS_FILE
+        if not path.exists():
+            return config
+        peers = tuple(Peer(p["id"], p["url"]) for p in json.loads(path.read_text()))
+        if peers != config.peers:
+            log.warning("txlog: sync peers from %s (changed at runtime) replace the config "
+                        "file's: %s", path, ", ".join(p.node_id for p in peers) or "none")
+        return replace(config, peers=peers)
+
+    def _save_peers(self) -> None:
+        path = self.data_dir / PEERS_FILE
+        tmp = path.with_suffix(".tmp")
+        rows = [{"id": p.node_id, "url": p.url} for p in self.engine.config.peers]
+        with open(tmp, "w") as f:
+            json.dump(rows, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    # ---- views -----------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        engine, durable = self.engine, self.engine.durable
+        now_mono = engine.mono
+        peers = []
+        for p in engine.config.peers:
+            heard = engine.last_heard.get(p.node_id)
+            peers.append({"id": p.node_id, "url": p.url, "connected": self.links.connected(p.node_id),
+                          "member": p.node_id in engine.members,
+                          "silent_ms": None if heard is None else now_mono - heard})
+        samples = sorted(self.latency_ms)
+        return {
+            "node_id": self.me,
+            "group": self.settings.group,
+            "generation": engine.generation,
+            "members": sorted(engine.members),
+            "split": engine.split,
+            "split_at": durable.split_at,
+            "voting": engine.voting,
+            "split_recovery": durable.strategy.value,
+            "busy": engine.busy,
+            "peers": peers,
+            "synchronised": {"length": len(engine.sync), "offset": engine.sync.offset.length,
+                             "digest": engine.merge_base().digest},
+            "incoming": len(engine.incoming),
+            "own_unsynchronised": len(durable.own),
+            "applied": durable.model.applied,
+            "journal_seq": self.journal.seq,
+            "counters": dict(self.counters),
+            "latency_ms": {"samples": len(samples), "p50": _pct(samples, 0.5),
+                           "p99": _pct(samples, 0.99)},
+            "events": list(self.events)[-20:],
+        }
+
+    def log_rows(self, start: int = 0) -> list[dict[str, Any]]:
+        sync = self.engine.sync
+        first = max(start, sync.offset.length)
+        return [
+            {"position": first + i, "tx_id": e.record.tx_id, "timestamp": e.record.timestamp,
+             "origin": e.record.origin, "generation": e.generation,
+             "created_ms": e.record.created_ms, "ordered_ms": e.ordered_ms,
+             "outcome": e.outcome, "replay_of": e.record.replay_of}
+            for i, e in enumerate(sync.entries[first - sync.offset.length:])
+        ]
+
+    async def export(self, out_dir: Path | str) -> Path:
+        """Parquet export of this master (docs/txlog-export.md); files written off the loop."""
+        from brokerha.txlog.export import ExportEvent, export, source_for  # pyarrow: lazily
+
+        events = [ExportEvent(e["at_ms"], e["kind"], e["generation"], e["peer"], e["detail"])
+                  for e in self.events]
+        source = source_for(self.engine.durable, self.engine, events, self.me)
+        source.synchronised = [replace(e) for e in source.synchronised]  # a copy, not live entries
+        now = self.clock()
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: export(source, out_dir, exported_ms=now))
+
+
+def _addresses(peers: Iterable[Peer]) -> dict[str, tuple[str, int]]:
+    return {p.node_id: parse_url(p.url, f"url of peer {p.node_id}") for p in peers}
+
+
+def _pct(samples: list[int], q: float) -> int | None:
+    if not samples:
+        return None
+    return samples[min(int(q * len(samples)), len(samples) - 1)]

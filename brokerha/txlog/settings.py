@@ -1,0 +1,125 @@
+"""The configuration file of a TxLog master process (``brokerha txlog node --config FILE``).
+
+A TOML file whose keys are the seed's names: ``peer.1.id = "dc2"`` is TOML
+for the nested table ``peer -> 1 -> id``, flattened back here to the key
+``peer.1.id`` that :meth:`TxLogConfig.from_properties` reads. Beside the
+engine's keys (``node-id``, ``master-url``, ``peer.N.id``, ``peer.N.url``,
+``split-recovery``, ``round-timeout``, ``idle-interval``, ``max-peer-lag``,
+``tx-log-max-size``, ``tx-log-max-depth``) the process needs:
+
+``group``        the TxLog group name: the cluster name of the node-to-node
+                 handshake (a master of another group is refused);
+``secret`` / ``secret-file``  the shared secret of the handshake;
+``listen``       where to accept peers (default: the host and port of ``master-url``);
+``admin``        loopback HOST:PORT of the local HTTP API (status, peers,
+                 export, test transactions), default ``127.0.0.1:0`` (any port);
+``data-dir``     where the TxLog state lives (required).
+
+Unknown keys are refused with the key named. URLs are ``txlog://host:port``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from brokerha.txlog.config import ConfigError, TxLogConfig
+
+ENGINE_KEYS = {"node-id", "master-url", "split-recovery", "round-timeout", "idle-interval",
+               "max-peer-lag", "tx-log-max-size", "tx-log-max-depth"}
+PROCESS_KEYS = {"group", "secret", "secret-file", "listen", "admin", "data-dir", "log-level"}
+
+
+@dataclass(frozen=True)
+class MasterSettings:
+    txlog: TxLogConfig
+    group: str
+    secret: bytes
+    listen: tuple[str, int]
+    admin: tuple[str, int]
+    data_dir: Path
+    log_level: str = "info"
+
+    def peer_addresses(self) -> dict[str, tuple[str, int]]:
+        return {p.node_id: parse_url(p.url, f"peer {p.node_id} url") for p in self.txlog.peers}
+
+
+def parse_url(url: str, key: str) -> tuple[str, int]:
+    """``txlog://host:port`` -> (host, port)."""
+    parts = urlsplit(url)
+    if parts.scheme != "txlog" or not parts.hostname or parts.port is None:
+        raise ConfigError(f"{key}: {url!r} is not txlog://host:port")
+    return parts.hostname, parts.port
+
+
+def parse_address(value: str, key: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"{key}: {value!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, bool):
+            raise ConfigError(f"{name}: booleans are not used by any TxLog key")
+        else:
+            out[name] = str(value)
+    return out
+
+
+def from_properties(props: Mapping[str, str], base_dir: Path = Path(".")) -> MasterSettings:
+    for key in props:
+        if key not in ENGINE_KEYS | PROCESS_KEYS and not key.startswith("peer."):
+            raise ConfigError(f"{key}: unknown TxLog key")
+    config = TxLogConfig.from_properties(props)
+    peer_urls = {p.node_id: p.url for p in config.peers}
+    for node_id, url in peer_urls.items():
+        parse_url(url, f"peer url of {node_id}")
+    group = props.get("group", "").strip()
+    if not group:
+        raise ConfigError("group: required (the TxLog group name all masters share)")
+    if "secret-file" in props:
+        secret = (base_dir / props["secret-file"]).read_bytes().strip()
+    else:
+        secret = props.get("secret", "").encode()
+    if not secret:
+        raise ConfigError("secret (or secret-file): required")
+    if "listen" in props:
+        listen = parse_address(props["listen"], "listen")
+    elif config.master_url:
+        listen = parse_url(config.master_url, "master-url")
+    else:
+        raise ConfigError("listen or master-url: required")
+    admin = parse_address(props.get("admin", "127.0.0.1:0"), "admin")
+    if admin[0] != "localhost" and not _loopback(admin[0]):
+        raise ConfigError(f"admin: {admin[0]} is not a loopback address (the local API "
+                          "has no authentication)")
+    if "data-dir" not in props:
+        raise ConfigError("data-dir: required")
+    return MasterSettings(config, group, secret, listen, admin, base_dir / props["data-dir"],
+                          props.get("log-level", "info"))
+
+
+def load(path: Path) -> MasterSettings:
+    try:
+        doc = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return from_properties(flatten(doc), Path(path).parent)
