@@ -281,6 +281,8 @@ class ClusterLinks:
         self._tasks: list[asyncio.Task[None]] = []
         self._server: asyncio.Server | None = None
         self._closing = False
+        self._started = False
+        self._dials: dict[str, asyncio.Task[None]] = {}
         self._warned: dict[str, float] = {}
 
     # -- life cycle --------------------------------------------------------------------
@@ -291,10 +293,34 @@ class ClusterLinks:
         self._server = await loop.create_server(self._accept, self.listen[0], self.listen[1],
                                                 reuse_address=True)
         self.address = self._server.sockets[0].getsockname()[:2]
+        self._started = True
         for peer in sorted(self.peers):
-            if peer > self.me:
-                self._tasks.append(loop.create_task(self._dial_forever(peer)))
+            self._dial(peer)
         self._tasks.append(loop.create_task(self._keepalive()))
+
+    def _dial(self, peer: str) -> None:
+        if peer > self.me:  # one link per pair: the name that sorts first dials
+            task = asyncio.get_running_loop().create_task(self._dial_forever(peer))
+            self._dials[peer] = task
+            self._tasks.append(task)
+
+    def add_peer(self, peer: str, address: tuple[str, int]) -> None:
+        """Configure a new peer at runtime (dialed at once if we dial it)."""
+        if peer == self.me or peer in self.peers:
+            raise ValueError(f"peer {peer!r}: already configured")
+        self.peers[peer] = address
+        if self._started:
+            self._dial(peer)
+
+    def remove_peer(self, peer: str) -> None:
+        """Forget a peer: stop dialing it and drop its link; it is refused from now on."""
+        self.peers.pop(peer, None)
+        task = self._dials.pop(peer, None)
+        if task is not None:
+            task.cancel()
+        conn = self._conns.get(peer)
+        if conn is not None:
+            conn.abort()
 
     async def close(self) -> None:
         """Stop dialing and listening, close every link; no callbacks from here on."""

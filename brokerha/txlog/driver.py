@@ -66,47 +66,6 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class TxLogLinks(ClusterLinks):
-    """Cluster links whose peer set changes at runtime (``add-peer`` / ``remove-peer``)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._dials: dict[str, asyncio.Task[None]] = {}
-        self._started = False
-
-    async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._accept, self.listen[0], self.listen[1],
-                                                reuse_address=True)
-        self.address = self._server.sockets[0].getsockname()[:2]
-        self._started = True
-        for peer in sorted(self.peers):
-            self._dial(peer)
-        self._tasks.append(loop.create_task(self._keepalive()))
-
-    def _dial(self, peer: str) -> None:
-        if peer > self.me:  # one link per pair: the name that sorts first dials
-            task = asyncio.get_running_loop().create_task(self._dial_forever(peer))
-            self._dials[peer] = task
-            self._tasks.append(task)
-
-    def add_peer(self, peer: str, address: tuple[str, int]) -> None:
-        if peer == self.me or peer in self.peers:
-            raise ValueError(f"peer {peer!r}: already configured")
-        self.peers[peer] = address
-        if self._started:
-            self._dial(peer)
-
-    def remove_peer(self, peer: str) -> None:
-        self.peers.pop(peer, None)
-        task = self._dials.pop(peer, None)
-        if task is not None:
-            task.cancel()
-        conn = self._conns.get(peer)
-        if conn is not None:
-            conn.abort()
-
-
 class TxLogDriver:
     """One TxLog master: engine + journal + links + timer."""
 
@@ -123,7 +82,7 @@ class TxLogDriver:
         self.restarted = self.journal.seq > 0
         self.engine = RoundEngine(config, clock(), durable)
         self.me = config.node_id
-        self.links = TxLogLinks(
+        self.links = ClusterLinks(
             settings.group, self.me, _addresses(config.peers), settings.listen, settings.secret,
             self._on_packet, self._on_peer_up, self._on_peer_down)
         self.events: deque[dict[str, Any]] = deque(self._read_events(), maxlen=EVENTS_KEPT)

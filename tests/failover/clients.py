@@ -158,3 +158,25 @@ class AioPikaConsumer(threading.Thread):
             except (TimeoutError, ConnectionError, OSError, asyncio.CancelledError, aio_pika.exceptions.AMQPError, RuntimeError):
                 self.reconnects += 1
                 await asyncio.sleep(0.05)
+
+
+def stop_all_and_read(cluster: object, queues: list[str]) -> dict[str, dict[str, list[bytes]]]:
+    """Stop every node (backups first, the primary last) and read their SQLite stores.
+
+    Returns {node: {queue: [message body, ...]}} in position order.
+    """
+    from brokerha.store.factory import open_store
+
+    primary = cluster.primary()  # type: ignore[attr-defined]
+    names: list[str] = list(cluster.names)  # type: ignore[attr-defined]
+    for name in [n for n in names if n != primary] + ([primary] if primary else []):
+        cluster.nodes[name].stop()  # type: ignore[attr-defined]
+    found: dict[str, dict[str, list[bytes]]] = {}
+    for name in names:
+        store = open_store(None, cluster.data_dir / name)  # type: ignore[attr-defined]
+        try:
+            rows = list(store.load().messages)
+        finally:
+            store.close()
+        found[name] = {q: [m.body for m in rows if m.queue == q] for q in queues}
+    return found
