@@ -22,7 +22,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.process_collector import ProcessCollector
 
 from brokerha.admin.http import Request, Response
@@ -97,6 +102,15 @@ class NodeCollector:
             "brokerha_durable_requests", "Durability barriers requested: one per publisher "
             "confirm, tx.commit and DTX answer (rate = confirms + commits per second)",
             value=broker.durable_requests)
+        stats = broker.stats
+        yield CounterMetricFamily("brokerha_confirms", "Publisher confirms (basic.ack/nack) "
+                                  "settled", value=stats.confirms)
+        yield CounterMetricFamily("brokerha_commits", "tx.commit-ok sent", value=stats.commits)
+        latency = HistogramMetricFamily(
+            "brokerha_commit_latency_seconds", "tx.commit received to tx.commit-ok sent (the "
+            "store and every ready backup included)")
+        latency.add_metric([], stats.commit_latency.cumulative(), stats.commit_latency.sum)
+        yield latency
         tx = CounterMetricFamily("brokerha_transactions_begun", "Transactions begun (TX "
                                  "transactions and DTX branches), committed or not",
                                  labels=["kind"])

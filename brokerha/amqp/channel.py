@@ -325,6 +325,7 @@ class Channel:
     def settle_confirm(self, tag: int, ok: bool) -> None:
         if self.confirm is not None and self.state == OPEN:
             self.confirm.settle(tag, ok)
+            self.conn.broker.stats.confirms += 1
             self.conn.confirms_pending(self)
 
     def flush_confirms(self) -> None:

@@ -16,6 +16,7 @@ from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import Observers
 from brokerha.broker.paging import Pager
 from brokerha.broker.queue import MemoryMeter
+from brokerha.broker.stats import BrokerStats
 from brokerha.broker.storage import Definitions, MemoryStore, PreparedBranch, Store, prepared_branch
 from brokerha.broker.transaction import Transaction
 from brokerha.broker.tx_outcomes import TxOutcomes
@@ -79,6 +80,7 @@ class Broker:
         # Replication barriers (the HA primary adds one): each runs a callback once
         # every ready backup holds what was done so far. See ``after_durable``.
         self.replication_barriers: list[Callable[[Callable[[], None]], None]] = []
+        self.stats = BrokerStats()
         self.durable_requests = 0  # after_durable calls: confirms, commits, DTX (metrics)
 
     def after_durable(self, callback: Callable[[], None]) -> None:

@@ -76,12 +76,24 @@ def test_metrics_move_with_traffic(cluster: LocalCluster) -> None:
         assert (mid[("brokerha_durable_requests_total", ())]
                 - before[("brokerha_durable_requests_total", ())]) >= 25
         assert mid[("brokerha_replication_seq", ())] > before[("brokerha_replication_seq", ())]
+        assert mid[("brokerha_confirms_total", ())] - before[("brokerha_confirms_total", ())] == 25
         for _ in range(10):
             method, _, _ = ch.basic_get("metrics-q", auto_ack=True)
             assert method is not None
+        tx = conn.channel()
+        tx.tx_select()
+        for _ in range(3):
+            tx.basic_publish("", "metrics-q", b"t", pika.BasicProperties(delivery_mode=2))
+            tx.tx_commit()
+        tx.basic_get("metrics-q")  # keeps the queue at 15 + 3 - 3 after the commits below
         after = scrape(cluster, primary)
-        assert after[("brokerha_queue_messages_delivered_total", queue)] == 10
-        assert after[("brokerha_queue_messages_ready", queue)] == 15
+        assert after[("brokerha_commits_total", ())] - before[("brokerha_commits_total", ())] == 3
+        assert after[("brokerha_commit_latency_seconds_count", ())] == 3
+        assert after[("brokerha_commit_latency_seconds_bucket", (("le", "+Inf"),))] == 3
+        assert after[("brokerha_commit_latency_seconds_sum", ())] > 0
+        assert after[("brokerha_queue_messages_delivered_total", queue)] == 11  # 10 + 1 held
+        assert after[("brokerha_queue_messages_ready", queue)] == 17  # 15 + 3 - 1 held
+        tx.tx_rollback()
     finally:
         conn.close()
     backups = [n for n in cluster.names if n != primary]
@@ -98,7 +110,7 @@ def test_metrics_move_with_traffic(cluster: LocalCluster) -> None:
     b = scrape(cluster, backups[0])
     assert b[("brokerha_role", (("role", "backup"),))] == 1
     assert b[("brokerha_epoch", ())] == epoch
-    assert b[("brokerha_queue_messages_ready", queue)] == 15
+    assert b[("brokerha_queue_messages_ready", queue)] == 18  # the unacked one is still there
     assert b[("brokerha_failovers_total", (("event", "elected"),))] == 0
 
 

@@ -37,13 +37,18 @@ def commit(ch: Channel, m: commands.Tx.Commit) -> None:
     tx, ch.tx = ch.tx, None
     broker = ch.conn.broker
     ch.block()
+    started = broker.clock()
+
+    def commit_ok() -> None:
+        broker.stats.committed(broker.clock() - started)
+        _reply(ch, commands.Tx.CommitOk())
 
     def committed() -> None:
         ch.finish_transaction(True)
-        broker.after_durable(lambda: _reply(ch, commands.Tx.CommitOk()))
+        broker.after_durable(commit_ok)
 
     if tx is None:
-        broker.after_durable(lambda: _reply(ch, commands.Tx.CommitOk()))
+        broker.after_durable(commit_ok)
         return
     if not tx.observers:
         tx.commit_prepared()  # applies and records a named transaction's outcome
