@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerha.node.config import ConfigError, NodeConfig, check_keys, parse_listen
+from brokerha.primary.policy import ReplicationPolicy
 
 ADMIN_OFFSET = 10000    # RabbitMQ's management port is 15672 for AMQP 5672
 CLUSTER_OFFSET = 20000  # and its inter-node port 25672
@@ -20,7 +21,8 @@ REPLICATE = ("all", "configuration", "none")
 
 _CLUSTER_KEYS = {"name", "secret", "secret_file", "nodes", "tls", "heartbeat_interval",
                  "lease_timeout", "election_timeout", "backup_timeout", "replicate",
-                 "verification_timeout", "tx_prepare_timeout"}
+                 "verification_timeout", "tx_prepare_timeout", "policies"}
+_POLICY_KEYS = {"pattern", "replicate", "vhost"}
 _NODE_KEYS = {"name", "amqp", "admin", "cluster", "cluster_bind"}
 _TLS_KEYS = {"cert", "key", "ca"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -72,6 +74,7 @@ class ClusterConfig:
     verification_timeout: float = 2.0
     tx_prepare_timeout: float = 5.0  # backups' votes on a transaction's prepare
     replicate: str = "all"
+    policies: list[ReplicationPolicy] = field(default_factory=list)
 
     def member(self, name: str) -> ClusterMember:
         for m in self.members:
@@ -102,6 +105,22 @@ def _member(entry: dict[str, Any], where: str) -> ClusterMember:
                else offset_address(amqp, CLUSTER_OFFSET, f"node '{name}' cluster"))
     bind = parse_listen(str(entry["cluster_bind"])) if "cluster_bind" in entry else None
     return ClusterMember(name, amqp, admin, cluster, bind)
+
+
+def _policy(entry: dict[str, Any], where: str) -> ReplicationPolicy:
+    check_keys(entry, _POLICY_KEYS, f"{where} [[cluster.policies]]")
+    try:
+        pattern = re.compile(str(entry["pattern"]))
+    except KeyError as exc:
+        raise ConfigError(f"{where} [[cluster.policies]]: 'pattern' is required") from exc
+    except re.error as exc:
+        raise ConfigError(f"{where} [[cluster.policies]]: bad pattern: {exc}") from exc
+    replicate = str(entry.get("replicate", "")).lower()
+    if replicate not in REPLICATE:
+        raise ConfigError(f"{where} [[cluster.policies]] '{pattern.pattern}': replicate must be "
+                          f"one of {', '.join(REPLICATE)}, got {replicate!r}")
+    vhost = entry.get("vhost")
+    return ReplicationPolicy(pattern, replicate, None if vhost is None else str(vhost))
 
 
 def parse_cluster(table: dict[str, Any], where: str, base: Path) -> ClusterConfig:
@@ -144,6 +163,7 @@ def parse_cluster(table: dict[str, Any], where: str, base: Path) -> ClusterConfi
         raise ConfigError(f"cluster.replicate: expected one of {', '.join(REPLICATE)}, "
                           f"got {replicate!r}")
     cfg.replicate = replicate
+    cfg.policies = [_policy(p, where) for p in table.get("policies", [])]
     if "tls" in table:
         tls = table["tls"]
         check_keys(tls, _TLS_KEYS, f"{where} [cluster.tls]")

@@ -149,6 +149,7 @@ class HANode:
                                epoch=epoch, start_seq=0, clock=self._now,
                                backup_timeout=self.cluster.backup_timeout,
                                replicate=self.cluster.replicate,
+                               policies=self.cluster.policies,
                                on_output=self._schedule_flush,
                                tx_prepare_timeout=self.cluster.tx_prepare_timeout)
         self.broker.replication_barriers.append(self._position_barrier)

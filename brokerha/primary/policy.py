@@ -1,4 +1,5 @@
-"""What of a queue is replicated: ``x-ha-replicate`` or the node's ``[ha] replicate``.
+"""What of a queue is replicated: ``x-ha-replicate``, else the first matching policy, else
+the node's default (``[cluster] replicate`` and ``[[cluster.policies]]``, docs/ha.md).
 
 Exclusive queues are never replicated: they die with their connection, and a
 failover closes every connection.
@@ -7,6 +8,9 @@ failover closes every connection.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from brokerha.broker.arguments import (
     HA_REPLICATE,
@@ -19,10 +23,28 @@ from brokerha.broker.queue import Queue
 log = logging.getLogger(__name__)
 
 
-def queue_policy(queue: Queue, default: str) -> str:
+@dataclass(frozen=True)
+class ReplicationPolicy:
+    """Queues whose name matches ``pattern`` (in ``vhost``, or any) replicate ``replicate``."""
+
+    pattern: re.Pattern[str]
+    replicate: str
+    vhost: str | None = None
+
+    def applies_to(self, queue: Queue) -> bool:
+        return ((self.vhost is None or self.vhost == queue.vhost)
+                and self.pattern.search(queue.name) is not None)
+
+
+def queue_policy(queue: Queue, default: str,
+                 policies: Sequence[ReplicationPolicy] = ()) -> str:
     """``all`` | ``configuration`` | ``none`` for ``queue``."""
     if queue.exclusive_owner is not None:
         return REPLICATE_NONE
+    if HA_REPLICATE not in queue.arguments:
+        for policy in policies:
+            if policy.applies_to(queue):
+                return policy.replicate
     value = queue.arguments.get(HA_REPLICATE, default)
     if isinstance(value, bytes | bytearray):
         value = value.decode("utf-8", "replace")

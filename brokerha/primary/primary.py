@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from brokerha.backup.timers import resume_timers
@@ -40,7 +40,7 @@ from brokerha.cluster.ranges import RangeSet
 from brokerha.cluster.replication import Events, Join, ReplicationError
 from brokerha.primary import events as ev
 from brokerha.primary.events import Event
-from brokerha.primary.policy import check_default, queue_policy
+from brokerha.primary.policy import ReplicationPolicy, check_default, queue_policy
 from brokerha.primary.queue_guard import QueueGuard
 from brokerha.primary.remote_backup import RemoteBackup
 from brokerha.primary.replicating_subscription import ReplicatingSubscription
@@ -62,6 +62,7 @@ class Primary(ConfigurationObserver, QueueObserver):
     def __init__(self, broker: Broker, *, me: str, members: int, epoch: int, start_seq: int,
                  clock: Callable[[], float], backup_timeout: float,
                  replicate: str = REPLICATE_ALL,
+                 policies: Sequence[ReplicationPolicy] = (),
                  on_output: Callable[[], None] | None = None,
                  tx_prepare_timeout: float = DEFAULT_TX_PREPARE_TIMEOUT) -> None:
         self.broker = broker
@@ -75,6 +76,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         self.clock = clock
         self.backup_timeout = backup_timeout
         self.default_policy = check_default(replicate)
+        self.policies = tuple(policies)
         self.sessions: dict[str, RemoteBackup] = {}
         self._tail: list[tuple[int, Event]] = []  # emitted, not yet in the outboxes
         self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
@@ -129,7 +131,7 @@ class Primary(ConfigurationObserver, QueueObserver):
     def _policy(self, q: Queue) -> str:
         policy = self._policies.get(q)
         if policy is None:
-            policy = self._policies[q] = queue_policy(q, self.default_policy)
+            policy = self._policies[q] = queue_policy(q, self.default_policy, self.policies)
         return policy
 
     def _replicated(self, q: Queue) -> bool:
@@ -230,11 +232,17 @@ class Primary(ConfigurationObserver, QueueObserver):
     # -- transactions (tx_observer.py calls these) -----------------------------------------
 
     def tx_begin(self, name: str, xid: str | None) -> TxQueue:
-        """Create a tx-queue: the backups joined now are in the transaction."""
+        """Create a tx-queue: the backups joined now are in the transaction.
+
+        A timed-out backup is not: like a confirm, the transaction does not
+        wait for it (it stays timed out until it joins again, and its vote
+        would be a no on every transaction until then).
+        """
         txq = TxQueue(name, xid)
         self._emit(txq.begin_event())
         txq.begin_seq = self.seq
-        txq.members = {n: TxReplicatingSubscription(n, s) for n, s in self.sessions.items()}
+        txq.members = {n: TxReplicatingSubscription(n, s) for n, s in self.sessions.items()
+                       if not s.timed_out}
         self.tx_queues[name] = txq
         return txq
 
