@@ -11,7 +11,8 @@
 | ``GET /api/connections`` | administrator | client connections: peer, user, vhost, channels |
 | ``GET /api/users`` | administrator | users and their tags (never the password hashes) |
 | ``GET /api/permissions`` | administrator | user × vhost permission patterns |
-| ``GET /api/txlog`` | none | the TxLog's state on this node (not wired yet: ``running: false``) |
+| ``GET /api/txlog`` | none | the TxLog master's state on this node (``running: false`` and a reason when it runs none) |
+| ``POST /api/txlog/export`` | administrator | ``{"out": DIR}``: Parquet export of this node's TxLog (docs/txlog-export.md) |
 
 Reading status, queues and metrics needs no credentials, as ``/api/status``
 (what a monitoring probe needs); who connects and who may do what is for
@@ -26,14 +27,14 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from brokerha.admin.http import Request, Response
+from brokerha.admin.http import HTTPError, Request, Response
 
 if TYPE_CHECKING:
     from brokerha.node.server import Node
 
 PEER_TIMEOUT = 1.5
-TXLOG_NOT_WIRED = ("the TxLog (cross-datacenter transaction ordering) is not wired into "
-                   "nodes yet; this node orders nothing across datacenters")
+TXLOG_NOT_CONFIGURED = ("no [txlog] section in this node's configuration: it orders nothing "
+                        "across datacenters")
 
 
 def install(node: Node) -> None:
@@ -46,12 +47,16 @@ def install(node: Node) -> None:
     node.admin.route("GET", "/api/users", api.users, admin=True)
     node.admin.route("GET", "/api/permissions", api.permissions, admin=True)
     node.admin.route("GET", "/api/txlog", api.txlog)
+    node.admin.route("POST", "/api/txlog/export", api.txlog_export, admin=True)
     node.metrics = metrics.install(node)  # type: ignore[attr-defined]
     status_page.install(node)
 
 
 def txlog_status(node: Node) -> dict[str, Any]:
-    return {"running": False, "node": node.config.name, "reason": TXLOG_NOT_WIRED}
+    bridge = getattr(node, "txlog", None)
+    if bridge is None:
+        return {"running": False, "node": node.config.name, "reason": TXLOG_NOT_CONFIGURED}
+    return {**bridge.status(), "node": node.config.name, "master": bridge.node_id}
 
 
 class AdminAPI:
@@ -109,6 +114,18 @@ class AdminAPI:
 
     def txlog(self, request: Request) -> Response:
         return Response.json(txlog_status(self.node))
+
+    async def txlog_export(self, request: Request) -> Response:
+        bridge = getattr(self.node, "txlog", None)
+        driver = bridge.driver if bridge is not None else None
+        if driver is None:
+            raise HTTPError(409, txlog_status(self.node)["reason"])
+        out = request.json().get("out")
+        if not isinstance(out, str) or not out:
+            raise HTTPError(400, "out: a directory on the node's host")
+        folder = await driver.export(out)
+        return Response.json({"folder": str(folder),
+                              "files": sorted(p.name for p in folder.iterdir())})
 
 
 def queue_list(node: Node) -> list[dict[str, Any]]:

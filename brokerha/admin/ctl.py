@@ -212,10 +212,35 @@ def cmd_txlog_status(args: argparse.Namespace) -> int:
     if args.json:
         _dump(answer)
         return 0
-    if answer.get("running"):
-        print(f"TxLog running on {answer.get('node')}")
-    else:
+    if not answer.get("running"):
         print(f"TxLog: not running on {answer.get('node')}: {answer.get('reason', '')}")
+        return 0
+    sync = answer.get("synchronised") or {}
+    latency = answer.get("latency_ms") or {}
+    print(f"TxLog master {answer.get('master')} running on {answer.get('node')} "
+          f"(group {answer.get('group')})")
+    print(f"generation {answer.get('generation')}, members "
+          f"{', '.join(answer.get('members') or [])}, split {answer.get('split')}, "
+          f"voting {answer.get('voting')}, split-recovery {answer.get('split_recovery')}")
+    print(f"synchronised {sync.get('length')}, incoming {answer.get('incoming')}, applied "
+          f"{answer.get('applied')}, agreement p50 {latency.get('p50')} ms / p99 "
+          f"{latency.get('p99')} ms")
+    _table([[p["id"], p["url"], "up" if p.get("connected") else "down",
+             "yes" if p.get("member") else "no", p.get("silent_ms")]
+            for p in answer.get("peers") or []], ["peer", "url", "link", "member", "silent ms"])
+    queues = answer.get("global_queues") or {}
+    if queues:
+        _table([[k, n] for k, n in queues.items()], ["global queue", "messages"])
+    return 0
+
+
+def cmd_txlog_export(args: argparse.Namespace) -> int:
+    answer = request(admin_url(args.node), "/api/txlog/export", body={"out": args.out},
+                     user=args.user, password=args.password, timeout=60.0)
+    if args.json:
+        _dump(answer)
+        return 0
+    print(f"exported to {answer.get('folder')}: {', '.join(answer.get('files') or [])}")
     return 0
 
 
@@ -251,6 +276,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = txsub.add_parser("status", help="whether the TxLog runs on the node, and its state")
     p.add_argument("--json", action="store_true")
     p.set_defaults(ctl_handler=cmd_txlog_status)
+    p = txsub.add_parser("export", help="write the node's TxLog logs to Parquet "
+                         "(docs/txlog-export.md; DIR is on the node's host)")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(ctl_handler=cmd_txlog_export)
     parser.set_defaults(handler=main)
 
 

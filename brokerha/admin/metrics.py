@@ -11,8 +11,8 @@ Not exported because nothing measures it yet (no fake values):
 
 - a commit latency histogram (tx.commit → commit-ok) needs a hook in
   ``amqp/methods/tx.py``;
-- the TxLog's round latency and queue sizes: the TxLog does not run inside
-  nodes yet, so ``brokerha_txlog_running`` is 0 and nothing else of it is shown.
+- the TxLog's round latency (its agreement latency p50/p99 is in
+  ``brokerha ctl txlog status``, not here).
 """
 
 from __future__ import annotations
@@ -121,8 +121,36 @@ class NodeCollector:
                                 "in memory by queues", value=broker.memory.used)
         yield GaugeMetricFamily("brokerha_memory_alarm", "1 while publishers are blocked by the "
                                 "memory limit", value=1 if broker.memory_blocked else 0)
+        yield from self._txlog()
+
+    def _txlog(self) -> Iterator[Metric]:
+        bridge = getattr(self.node, "txlog", None)
+        driver = bridge.driver if bridge is not None else None
         yield GaugeMetricFamily("brokerha_txlog_running", "1 when this node runs a TxLog master "
-                                "(not wired into nodes yet: always 0)", value=0)
+                                "(with [txlog]: a standalone node, or the serving primary)",
+                                value=1 if driver is not None else 0)
+        if driver is None:
+            return
+        engine = driver.engine
+        yield GaugeMetricFamily("brokerha_txlog_synchronised_length", "Transactions in this "
+                                "master's synchronised queue (the agreed order)",
+                                value=len(engine.sync))
+        yield GaugeMetricFamily("brokerha_txlog_incoming", "Acquired transactions not yet "
+                                "ordered", value=len(engine.incoming))
+        yield GaugeMetricFamily("brokerha_txlog_split", "1 during an acknowledged split",
+                                value=1 if engine.split else 0)
+        yield GaugeMetricFamily("brokerha_txlog_members", "Masters in this master's view "
+                                "(itself included)", value=len(engine.members))
+        applied = CounterMetricFamily("brokerha_txlog_applied", "Ordered transactions applied "
+                                      "to this node's global queues, by validation outcome",
+                                      labels=["outcome"])
+        applied.add_metric(["committed"], bridge.counters["applied_committed"])
+        applied.add_metric(["failed"], bridge.counters["applied_failed"])
+        yield applied
+        yield CounterMetricFamily("brokerha_txlog_refused", "Local commits on global queues "
+                                  "refused (TxLog not running, timeout, failed validation)",
+                                  value=bridge.counters["refused"]
+                                  + bridge.counters["validation_failed"])
 
     # -- parts -------------------------------------------------------------------------
 

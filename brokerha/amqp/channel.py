@@ -242,7 +242,10 @@ class Channel:
                            [(d.queue, d.entry) for d in self.unacked.values()])
             return
         for d in deliveries:
-            d.queue.settle(d.entry)
+            if d.queue.is_global:
+                self._settle_ordered(d, "ack")
+            else:
+                d.queue.settle(d.entry)
         self._credit_returned(deliveries)
 
     def reject(self, tag: int, multiple: bool, requeue: bool) -> None:
@@ -259,9 +262,42 @@ class Channel:
         for d in deliveries:
             if requeue:
                 d.queue.requeue(d.entry)
+            elif d.queue.is_global:
+                self._settle_ordered(d, "reject")
             else:
                 d.queue.reject(d.entry)
         self._credit_returned(deliveries)
+
+    def _settle_ordered(self, d: Delivery, kind: str) -> None:
+        """An ack (or reject) on a global queue outside a transaction: a one-dequeue transaction.
+
+        The entry stays acquired until the TxLog ordered the dequeue. If the
+        dequeue fails validation (another datacenter consumed the message first)
+        the ack is void: the message is gone everywhere all the same. If it could
+        not be ordered at all, the message is requeued here (redelivered).
+        """
+        queue, entry = d.queue, d.entry
+        tx = self.conn.broker.new_transaction()
+        if kind == "ack":
+            tx.accept([(queue, entry)], [])
+        else:
+            tx.reject([(queue, entry)], False)
+
+        def done(exc: BaseException | None) -> None:
+            if exc is None:
+                return
+            if queue.withdrawn(entry):
+                log.warning("basic.%s on global queue '%s' void: the message was consumed "
+                            "by an earlier transaction (%s)", kind, queue.name, exc)
+                queue.settle(entry)
+            else:
+                log.warning("basic.%s on global queue '%s' not ordered (%s): requeued", kind,
+                            queue.name, exc)
+                queue.requeue(entry)
+                if queue.consumers:
+                    queue.dispatch()
+
+        self.conn.broker.spawn(tx.commit(), done)
 
     def _credit_returned(self, deliveries: list[Delivery]) -> None:
         """Consumers got credit back: let their queues dispatch again."""

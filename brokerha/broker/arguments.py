@@ -26,6 +26,11 @@ REPLICATE_CONFIGURATION = "configuration"
 REPLICATE_NONE = "none"
 POLICIES = (REPLICATE_ALL, REPLICATE_CONFIGURATION, REPLICATE_NONE)
 
+# a queue whose contents every datacenter orders through the TxLog (docs/txlog.md)
+GLOBAL_ARG = "x-global"
+# what would drop messages in one datacenter only
+LOCAL_ONLY_ARGS = ("x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes")
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -52,6 +57,15 @@ def validate_queue_arguments(vhost: str, name: str, args: dict[str, Any]) -> Non
     replicate = args.get(HA_REPLICATE)
     if replicate is not None and replicate not in POLICIES:
         raise bad(HA_REPLICATE, f"{{unacceptable_value,{replicate}}} (one of {', '.join(POLICIES)})")
+    if GLOBAL_ARG in args:
+        if not isinstance(args[GLOBAL_ARG], bool):
+            raise bad(GLOBAL_ARG, f"{{unacceptable_type,{type(args[GLOBAL_ARG]).__name__}}} "
+                      "(true or false)")
+        if args[GLOBAL_ARG]:
+            for local_only in LOCAL_ONLY_ARGS:
+                if local_only in args:
+                    raise bad(GLOBAL_ARG, f"{{incompatible_with,{local_only}}} (a global queue "
+                              "drops messages only through ordered dequeues)")
     overflow = args.get("x-overflow")
     if overflow is not None and overflow not in OVERFLOW_MODES:
         raise bad("x-overflow", f"{{unacceptable_value,{overflow}}}")

@@ -206,6 +206,10 @@ class Queue:
         self.deleted = False
         self.on_unused: Callable[[Queue], None] | None = None  # auto-delete hook
         self._dispatching = False
+        # a global queue (set by the TxLog bridge, brokerha/txlog/broker_bridge.py): its
+        # enqueues and dequeues are ordered across datacenters, not applied at commit
+        self.is_global = False
+        self._withdrawn: set[int] = set()  # acquired entries already dequeued elsewhere
 
     # -- introspection ---------------------------------------------------------
 
@@ -420,11 +424,16 @@ class Queue:
     def settle(self, entry: Entry) -> None:
         """Acknowledged: the entry leaves the queue for good."""
         self.unacked -= 1
+        if self._withdrawn:
+            self._withdrawn.discard(entry.position)
         for hook in self.hooks.dequeued:
             hook(self, entry)
 
     def requeue(self, entry: Entry) -> None:
         """Back to its original place, marked redelivered."""
+        if entry.position in self._withdrawn:  # dequeued elsewhere meanwhile: drop it
+            self.settle(entry)
+            return
         self.unacked -= 1
         if self.deleted:
             return
@@ -436,8 +445,29 @@ class Queue:
         for hook in self.hooks.requeued:
             hook(self, entry)
 
+    def withdraw(self, position: int) -> bool:
+        """Dequeue by replication id, wherever the entry is (a global queue's ordered dequeue).
+
+        A ready entry leaves now; an acquired one leaves when its holder settles
+        or requeues it (a requeue then drops it). False when no ready entry has
+        that position (acquired entries are marked all the same).
+        """
+        entry = self.take_position(position)
+        if entry is None:
+            self._withdrawn.add(position)
+            return False
+        self.settle(entry)
+        return True
+
+    def withdrawn(self, entry: Entry) -> bool:
+        """An acquired entry that an ordered dequeue already removed elsewhere."""
+        return entry.position in self._withdrawn
+
     def reject(self, entry: Entry) -> None:
         """Rejected without requeue: dead-lettered if the queue has a DLX, else dropped."""
+        if entry.position in self._withdrawn:
+            self.settle(entry)
+            return
         self.unacked -= 1
         self._discard([entry], "rejected")
 

@@ -43,6 +43,9 @@ class TransactionObserver(Protocol):
 
     def rollback(self) -> None: ...
 
+    # Optional: ``refusal`` (str), why ``prepare`` said no; it becomes the text of the
+    # TransactionAborted (and so of the client's 406 on tx.commit).
+
 
 class TransactionObserverFactory(Protocol):
     def create(self, transaction: Transaction) -> TransactionObserver | None:
@@ -114,9 +117,25 @@ class Transaction:
     async def commit(self) -> None:
         """Prepare, then apply everything at once; raises TransactionAborted on a no vote."""
         if self.observers and not await self.prepare():
+            reasons = [r for o in self.observers if (r := getattr(o, "refusal", None))]
             self.rollback()
-            raise TransactionAborted(f"transaction {self.id} could not be prepared on every node")
+            raise TransactionAborted("; ".join(reasons) if reasons else
+                                     f"transaction {self.id} could not be prepared on every node")
         self.commit_prepared()
+
+    def withhold(self, owned: Callable[[Queue], bool]) -> None:
+        """Leave the publishes to ``owned`` queues out of the local commit.
+
+        For an observer that applies them itself, later (the TxLog bridge enqueues
+        on global queues once the datacenters agreed on the order). Acks stay:
+        their entries are settled here as usual.
+        """
+        kept = []
+        for queues, message in self.publishes:
+            local = [q for q in queues if not owned(q)]
+            if local:
+                kept.append((local, message))
+        self.publishes[:] = kept
 
     def commit_prepared(self) -> None:
         """Phase two: the local commit and its outcome record, then the observers'."""

@@ -78,6 +78,15 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
         cfg.store.synchronous = parse_synchronous(args.store_synchronous, "--store-synchronous")
     if args.log_level:
         cfg.log_level = args.log_level
+    if cfg.txlog_table is not None:  # after --data: the TxLog journal lives in the data dir
+        from brokerha.txlog.config import ConfigError as TxLogConfigError
+        from brokerha.txlog.settings import from_node_table
+
+        try:
+            cfg.txlog = from_node_table(cfg.txlog_table, str(args.config), cfg.config_dir,
+                                        cfg.data_dir.resolve())
+        except (TxLogConfigError, OSError) as exc:
+            raise ConfigError(str(exc)) from exc
     return cfg, cluster
 
 

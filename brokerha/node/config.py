@@ -71,6 +71,10 @@ class NodeConfig:
     # node/cluster_config.py validates it (None: a standalone node)
     cluster_table: dict[str, Any] | None = None
     config_dir: Path = Path(".")
+    # the raw [txlog] table (brokerha/txlog/settings.py's from_node_table validates it
+    # once the data directory is final) and its parsed form (a NodeTxLog, or None)
+    txlog_table: dict[str, Any] | None = None
+    txlog: Any = None
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*$", re.IGNORECASE)
@@ -95,7 +99,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 _SECTIONS = {"node", "limits", "security", "store", "vhosts", "users", "permissions",
-             "cluster"}
+             "cluster", "txlog"}
 _NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval", "admin"}
 _LIMIT_KEYS = {"frame_max", "channel_max", "heartbeat", "max_message_size", "memory_limit",
                "memory_resume_ratio", "queue_max_memory", "node_max_memory"}
@@ -164,6 +168,10 @@ def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") 
         parse_admin(str(node["admin"]), cfg)
     if "cluster" in doc:
         cfg.cluster_table = dict(doc["cluster"])
+    if "txlog" in doc:
+        if not isinstance(doc["txlog"], dict):
+            raise ConfigError(f"{where} [txlog]: expected a table")
+        cfg.txlog_table = dict(doc["txlog"])
     limits = doc.get("limits", {})
     check_keys(limits, _LIMIT_KEYS, f"{where} [limits]")
     for key in ("frame_max", "channel_max", "heartbeat"):

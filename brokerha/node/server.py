@@ -67,6 +67,13 @@ class Node:
         # the HA layer (node/ha.py's HANode) attaches itself here for a cluster member;
         # the node only calls start/stop/add_status on it
         self.ha: Any = None
+        # with [txlog]: the TxLog master and global queues (brokerha/txlog/broker_bridge.py),
+        # running exactly while this node serves clients (see serve_clients)
+        self.txlog: Any = None
+        if config.txlog is not None:
+            from brokerha.txlog.broker_bridge import TxLogBridge
+
+            self.txlog = TxLogBridge(self.broker, config.txlog)
 
     def _spawn(self, work: Awaitable[Any], on_done: Callable[[BaseException | None], None]) -> None:
         async def runner() -> None:
@@ -136,9 +143,16 @@ class Node:
         return status
 
     async def serve_clients(self, serve: bool) -> None:
-        """Open the AMQP listener, or close it and every client connection (320)."""
+        """Open the AMQP listener, or close it and every client connection (320).
+
+        With ``[txlog]`` the TxLog master starts first (global queues need it) and
+        stops after the listener: a standalone node runs it from the start, an HA
+        member while it is the verified, serving primary.
+        """
         cfg = self.config
         if serve and self.server is None:
+            if self.txlog is not None:
+                await self.txlog.start()  # OSError (port taken): the HA layer retries
             self.server = await self.loop.create_server(
                 lambda: AMQPProtocol(self.loop, self.broker, self.connections),
                 cfg.listen_host, cfg.listen_port, reuse_address=True)
@@ -146,6 +160,8 @@ class Node:
             self.server.close()
             self.server = None
             self.close_connections(abort=True)
+            if self.txlog is not None:
+                await self.txlog.stop("this node stopped serving clients")
 
     def close_connections(self, *, abort: bool) -> None:
         """Tell every client 320 CONNECTION_FORCED; ``abort`` also drops the sockets now."""
@@ -199,6 +215,8 @@ class Node:
         for proto in list(self.connections):
             if proto.transport is not None:
                 proto.transport.abort()
+        if self.txlog is not None:
+            await self.txlog.stop("node stopping")
         for task in list(self._tasks):
             task.cancel()
         self.broker.store.close()

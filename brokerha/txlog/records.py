@@ -16,11 +16,18 @@ OpKind = Literal["enqueue", "dequeue"]
 
 @dataclass(frozen=True, slots=True)
 class Operation:
-    """One enqueue or dequeue of a global queue (`vhost/queue`) by message id."""
+    """One enqueue or dequeue of a global queue (`vhost/queue`) by message id.
+
+    ``data`` is what a DC needs to apply it besides the id: for a broker's
+    enqueue, the message itself (``brokerha.txlog.broker_bridge`` packs it);
+    empty for dequeues and for the simulation's transactions. It travels with
+    the body, never in rounds, and is not part of validation.
+    """
 
     kind: OpKind
     queue: str
     message_id: str
+    data: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ Unknown keys are refused with the key named. URLs are ``txlog://host:port``.
 from __future__ import annotations
 
 import ipaddress
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -123,3 +124,76 @@ def load(path: Path) -> MasterSettings:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     return from_properties(flatten(doc), Path(path).parent)
+
+
+# ---- the [txlog] section of a broker node's configuration ---------------------------
+
+NODE_ALIASES = {"MaxPeerLag": "max-peer-lag"}  # the seed's spelling
+NODE_PROCESS_KEYS = PROCESS_KEYS - {"admin"}   # the node's own admin API serves the TxLog
+GLOBAL_KEYS = {"pattern", "vhost"}
+
+
+@dataclass(frozen=True)
+class GlobalPolicy:
+    """Queues whose name matches ``pattern`` (``re.search``; in ``vhost``, or any) are global."""
+
+    pattern: re.Pattern[str]
+    vhost: str | None = None
+
+    def matches(self, vhost: str, name: str) -> bool:
+        return (self.vhost is None or self.vhost == vhost) and self.pattern.search(name) is not None
+
+
+@dataclass(frozen=True)
+class NodeTxLog:
+    """A broker node's ``[txlog]``: its master's settings and the global-queue policies."""
+
+    settings: MasterSettings
+    policies: tuple[GlobalPolicy, ...] = ()
+
+
+def _policy(entry: Any, where: str) -> GlobalPolicy:
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where} [[txlog.global]]: expected a table")
+    unknown = sorted(set(entry) - GLOBAL_KEYS)
+    if unknown:
+        raise ConfigError(f"{where} [[txlog.global]]: unknown key(s) {', '.join(unknown)}")
+    if not isinstance(entry.get("pattern"), str) or not entry["pattern"]:
+        raise ConfigError(f"{where} [[txlog.global]]: 'pattern' (a regular expression) is required")
+    try:
+        pattern = re.compile(entry["pattern"])
+    except re.error as exc:
+        raise ConfigError(f"{where} [[txlog.global]]: bad pattern {entry['pattern']!r}: {exc}") from exc
+    vhost = entry.get("vhost")
+    if vhost is not None and not isinstance(vhost, str):
+        raise ConfigError(f"{where} [[txlog.global]] {entry['pattern']!r}: vhost must be a string")
+    return GlobalPolicy(pattern, vhost)
+
+
+def from_node_table(table: Mapping[str, Any], where: str, base_dir: Path,
+                    node_data_dir: Path) -> NodeTxLog:
+    """Parse a node's ``[txlog]`` table with the same keys (and checks) as a master's file.
+
+    ``admin`` is not accepted (the node's admin API serves the TxLog);
+    ``data-dir`` defaults to ``<node data dir>/txlog``; ``MaxPeerLag`` is
+    accepted for ``max-peer-lag``; ``[[txlog.global]]`` entries name global queues.
+    """
+    table = dict(table)
+    policies = table.pop("global", [])
+    if not isinstance(policies, list):
+        raise ConfigError(f"{where} [txlog] global: expected [[txlog.global]] tables")
+    try:
+        props = flatten(table)
+        for alias, key in NODE_ALIASES.items():
+            if alias in props:
+                if key in props:
+                    raise ConfigError(f"{alias} and {key}: the same key twice")
+                props[key] = props.pop(alias)
+        if "admin" in props:
+            raise ConfigError("admin: not a node key (the node's admin API serves the TxLog: "
+                              "brokerha ctl --node URL txlog status)")
+        props.setdefault("data-dir", str(node_data_dir / "txlog"))
+        settings = from_properties(props, base_dir)
+    except ConfigError as exc:
+        raise ConfigError(f"{where} [txlog] {exc}") from exc
+    return NodeTxLog(settings, tuple(_policy(p, where) for p in policies))

@@ -45,7 +45,8 @@ def _record(r: TxRecord) -> list[Any]:
 
 
 def _body(b: TxBody) -> list[Any]:
-    return [b.tx_id, [[op.kind, op.queue, op.message_id] for op in b.operations]]
+    return [b.tx_id, [[op.kind, op.queue, op.message_id, op.data] if op.data
+                      else [op.kind, op.queue, op.message_id] for op in b.operations]]
 
 
 def _base(m: MergeBase) -> list[Any]:
@@ -111,10 +112,15 @@ def _rd_record(v: Any) -> TxRecord:
 
 
 def _rd_op(v: Any) -> Operation:
+    data = b""
+    if isinstance(v, list) and len(v) == 4:  # with the data of a broker's enqueue
+        *v, data = v
+        _check(data, bytes, "data")
     kind, queue, message_id = _fields(v, 3, "operation")
     if kind not in ("enqueue", "dequeue"):
         raise WireError(f"operation kind {kind!r:.20}")
-    return Operation(kind, _check(queue, str, "queue"), _check(message_id, str, "message_id"))
+    return Operation(kind, _check(queue, str, "queue"), _check(message_id, str, "message_id"),
+                     data)
 
 
 def _rd_body(v: Any) -> TxBody:

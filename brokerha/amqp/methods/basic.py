@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,8 @@ from brokerha.broker.message import Message
 
 if TYPE_CHECKING:
     from brokerha.amqp.channel import Channel
+
+log = logging.getLogger(__name__)
 
 
 def message_from_publish(publish: F.Publish, header: bytes, body: bytes) -> Message:
@@ -66,6 +69,10 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
         if confirm is not None:  # accepted into the XA branch (tx mode has no confirms)
             ch.settle_confirm(confirm.issue(), True)
         return
+    for queue in queues:
+        if queue.is_global:
+            _publish_ordered(ch, queues, message)
+            return
     if confirm is None:
         for queue in queues:
             queue.enqueue(message)
@@ -78,6 +85,36 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
         ch.conn.broker.after_durable(lambda: ch.settle_confirm(tag, True))
     else:
         ch.settle_confirm(tag, False)
+
+
+def _publish_ordered(ch: Channel, queues: list, message: Message) -> None:
+    """A publish that reaches a global queue: a one-publish transaction (docs/txlog.md).
+
+    Its commit waits until the TxLog acquired it (enqueue-only: one phase); the
+    confirm (if any) follows, a nack if the TxLog refused it.
+    """
+    broker = ch.conn.broker
+    tag = ch.confirm.issue() if ch.confirm is not None else None
+    tx = broker.new_transaction()
+    tx.publish(queues, message)
+
+    def done(exc: BaseException | None) -> None:
+        if exc is not None:
+            log.warning("publish to a global queue not accepted: %s", exc)
+        if tag is None:
+            return
+        if exc is None:
+            broker.after_durable(lambda: ch.settle_confirm(tag, True))
+        else:
+            ch.settle_confirm(tag, False)
+
+    broker.spawn(tx.commit(), done)
+
+
+def _no_ack_on_global(queue: object, method: str) -> None:
+    if getattr(queue, "is_global", False):
+        raise PreconditionFailed(f"{method} with no-ack on global queue '{queue.name}' "  # type: ignore[attr-defined]
+                                 "(its dequeues are ordered across datacenters: acknowledge)")
 
 
 def qos(ch: Channel, m: commands.Basic.Qos) -> None:
@@ -100,6 +137,8 @@ def consume(ch: Channel, m: commands.Basic.Consume) -> None:
     if tag in ch.consumers:
         raise NotAllowed(f"attempt to reuse consumer tag '{tag}'")
     queue.check_consumer(m.exclusive)
+    if m.no_ack:
+        _no_ack_on_global(queue, "basic.consume")
     consumer = ChannelConsumer(ch, queue, tag, no_ack=m.no_ack, exclusive=m.exclusive,
                                prefetch=ch.prefetch_count, arguments=dict(m.arguments or {}))
     if not m.nowait:
@@ -121,6 +160,8 @@ def get(ch: Channel, m: commands.Basic.Get) -> None:
     name = ch.resolve_queue(m.queue)
     ch.user.check("read", vhost.name, "queue", name)
     queue = vhost.queue_for(name, ch.conn)
+    if m.no_ack:
+        _no_ack_on_global(queue, "basic.get")
     entry = queue.get()
     if entry is None:
         ch.send(commands.Basic.GetEmpty())
