@@ -75,7 +75,7 @@ class HANode:
         self.following: str | None = None  # the primary this backup joined
         self.phase = "joining"              # joining | backup | verifying | primary
         self.failovers: list[dict[str, Any]] = []
-        self._ack_pending = False
+        self._ack_pending: Backup | None = None  # the Backup whose ack waits for the disk
         self._flush_scheduled = False
         self._durable_seq = 0               # the primary's own durable position
         self._durable_waiters: list[Any] = []
@@ -191,9 +191,30 @@ class HANode:
             self._on_join(peer, msg_id, join)
         self._pending_joins.clear()
         self._flush()
-        await self.node.serve_clients(True)
+        if not await self._open_listener(epoch):
+            return
         log.warning("node %s is primary (epoch %d): serving AMQP clients on %s:%d", self.me,
                     epoch, *self.member.amqp)
+
+    async def _open_listener(self, epoch: int) -> bool:
+        """Open the AMQP listener, retrying while we are this epoch's primary.
+
+        The port can be briefly taken (EADDRINUSE: another socket's ephemeral
+        port); giving up would leave a primary that holds its lease and the
+        backups but never serves anyone.
+        """
+        delay = TICK
+        while True:
+            if self.election.epoch != epoch or self.primary is None or self.phase != "primary":
+                return False
+            try:
+                await self.node.serve_clients(True)
+                return True
+            except OSError as exc:
+                log.error("node %s cannot open its AMQP listener on %s:%d (%s); retrying",
+                          self.me, *self.member.amqp, exc)
+            await asyncio.sleep(delay)
+            delay = min(1.0, delay * 2)
 
     def _demote(self) -> None:
         self._verification = None
@@ -388,16 +409,23 @@ class HANode:
         by the commit the callback waits for, and are acknowledged next time.
         """
         backup = self.backup
-        if self._ack_pending or backup is None:
+        if backup is None or self._ack_pending is backup:
             return
-        self._ack_pending = True
-        seq, caught_up = backup.applied_seq, backup.caught_up
+        self._ack_pending = backup  # per Backup: a new one (joined again) schedules its own
+        seq, caught_up, session = backup.applied_seq, backup.caught_up, backup.session
         if caught_up:
             self._record_position(backup.epoch, seq)
 
         def durable() -> None:
-            self._ack_pending = False
+            if self._ack_pending is backup:
+                self._ack_pending = None
             if self.backup is not backup or self.following is None:
+                return
+            if backup.session != session:
+                # joined again meanwhile: that seq and position were the old session's,
+                # and the state is a catch-up in progress (its position INVALID)
+                if backup.applied_seq >= 0:
+                    self._schedule_ack()
                 return
             if caught_up:
                 self._set_position(el.Position(backup.epoch, seq))

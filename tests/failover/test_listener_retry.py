@@ -1,0 +1,38 @@
+"""A new primary whose AMQP port is briefly taken keeps trying to open it.
+
+Regression: the elected primary opened its listener once; an EADDRINUSE (the
+port held a moment by another socket, e.g. an ephemeral port of some client)
+ended the task, and the node stayed primary -- holding its lease and its
+backups, so no other node could stand -- without ever serving a client.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from brokerha.testing import LocalCluster
+from tests.failover.clients import connect_any
+from tests.failover.test_failover import FAST, wait_all_ready
+
+
+def test_new_primary_retries_a_busy_amqp_port() -> None:
+    with LocalCluster(3, options=FAST) as cluster:
+        primary = wait_all_ready(cluster)
+        held = []
+        for name in cluster.names:
+            if name != primary:  # backups' AMQP ports are closed: take them
+                s = socket.socket()
+                s.bind(("127.0.0.1", cluster.port(name)))
+                s.listen()
+                held.append(s)
+        try:
+            cluster.kill(primary)
+            time.sleep(3)  # elected meanwhile; its listener cannot open yet
+            assert cluster.primary() is None
+        finally:
+            for s in held:
+                s.close()
+        new = cluster.wait_primary(10, other_than=primary)
+        connect_any([cluster.url(new)], time.monotonic() + 5).close()
+        assert any("cannot open its AMQP listener" in line for line in cluster.nodes[new].log)

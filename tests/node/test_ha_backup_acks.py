@@ -1,0 +1,101 @@
+"""HANode's acknowledgements as a backup (the glue around ``Backup``), with a fake link."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from brokerha.cluster.replication import Ack, Events, Join
+from brokerha.node.cluster_config import ClusterConfig, ClusterMember
+from brokerha.node.ha import HANode
+from tests.ha.harness import Cluster, wire
+from tests.ha.tx_simulation import DiskStore
+
+
+class FakeLinks:
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def connected(self, peer: str) -> bool:
+        return True
+
+    def send(self, peer: str, message: Any, msg_id: int | None = None) -> int:
+        self.sent.append(wire(message))
+        return 1
+
+
+def test_a_backup_that_joins_again_while_an_ack_waits_for_the_disk_still_acks_its_catch_up(
+        tmp_path: Path) -> None:
+    """Found by the transaction simulation (tests/ha/tx_simulation.py).
+
+    The pending acknowledgement was one flag per node: a Backup replaced (a
+    new primary, or joining again after a replication error) while the old
+    one's ack waited for the store sync had its whole catch-up applied
+    without an ack scheduled, and the old callback returned early; the
+    primary saw it catching up (and its position stayed invalid) until some
+    later event happened to arrive.
+    """
+    store = DiskStore()
+    c = Cluster(2, stores={"n2": store})
+    members = [ClusterMember(n, ("127.0.0.1", 5672 + i), ("127.0.0.1", 15672 + i),
+                             ("127.0.0.1", 25672 + i)) for i, n in enumerate(["n1", "n2"])]
+    node = SimpleNamespace(config=SimpleNamespace(name="n2", data_dir=tmp_path),
+                           broker=c.node("n2").broker,
+                           admin=SimpleNamespace(route=lambda *a, **k: None))
+    ha = HANode(node, ClusterConfig("dc", b"secret", members))  # type: ignore[arg-type]
+    links = ha.links = FakeLinks()  # type: ignore[assignment]
+
+    def answer_join() -> None:
+        join = links.sent.pop()
+        assert isinstance(join, Join)
+        c.primary.backup_joined(join)
+        for packet in c.primary.take_outbox("n2"):
+            ha._on_events("n1", wire(packet))  # type: ignore[arg-type]
+
+    ha._become_backup(1, "n1")
+    answer_join()                       # the catch-up applied; its ack waits for the disk
+    assert links.sent == []
+    backup = ha.backup
+    assert backup is not None and backup.caught_up
+    gap = Events(1, backup.applied_seq + 5, [["d", "/", "q", [1]]])
+    ha._on_events("n1", gap)            # a replication error: a new Backup joins again
+    assert ha.backup is not backup
+    answer_join()                       # the new catch-up, applied while the old ack waits
+    store.sync()
+    acks = [m for m in links.sent if isinstance(m, Ack)]
+    assert acks and acks[-1].seq == c.primary.sessions["n2"].join_seq
+    c.primary.backup_acked("n2", acks[-1].seq)
+    assert c.primary.ready_backups() == ["n2"]
+
+
+def test_an_ack_that_waited_for_the_disk_across_a_new_join_does_not_make_the_position_valid(
+        tmp_path: Path) -> None:
+    """Found by the transaction simulation (tests/ha/tx_simulation.py).
+
+    The link drops while an acknowledgement waits for the disk, and the
+    backup joins again (the same Backup, a new session): from then on its
+    state is a catch-up in progress. The old callback used to set the
+    election position back to the old, valid one (and send the old
+    session's ack), so a node in the middle of a catch-up could stand and
+    win an election.
+    """
+    store = DiskStore()
+    c = Cluster(2, stores={"n2": store})
+    members = [ClusterMember(n, ("127.0.0.1", 5672 + i), ("127.0.0.1", 15672 + i),
+                             ("127.0.0.1", 25672 + i)) for i, n in enumerate(["n1", "n2"])]
+    node = SimpleNamespace(config=SimpleNamespace(name="n2", data_dir=tmp_path),
+                           broker=c.node("n2").broker,
+                           admin=SimpleNamespace(route=lambda *a, **k: None))
+    ha = HANode(node, ClusterConfig("dc", b"secret", members))  # type: ignore[arg-type]
+    links = ha.links = FakeLinks()  # type: ignore[assignment]
+    ha._become_backup(1, "n1")
+    join = links.sent.pop()
+    c.primary.backup_joined(join)
+    for packet in c.primary.take_outbox("n2"):
+        ha._on_events("n1", wire(packet))  # type: ignore[arg-type]
+    ha._send_join()                     # the link came back: join again, same Backup
+    assert isinstance(links.sent.pop(), Join)
+    store.sync()                        # the first session's ack completes now
+    assert not [m for m in links.sent if isinstance(m, Ack)]
+    assert ha.election.position.seq == -1 and ha.election.position.epoch == -1
