@@ -124,7 +124,9 @@ def free_base_port(count: int, offsets: tuple[int, ...] = (0, 10000, 20000)) -> 
 
     rnd = random.Random()
     for _ in range(200):
-        base = rnd.randrange(12000, 45000 - count)
+        # below the kernel's ephemeral range (32768-60999 here) with every offset, so
+        # an outgoing connection's local port cannot take one between check and bind
+        base = rnd.randrange(2000, 12700 - count)
         ports = [base + i + off for i in range(count) for off in offsets]
         try:
             for port in ports:
