@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -138,7 +139,71 @@ def free_base_port(count: int, offsets: tuple[int, ...] = (0, 10000, 20000)) -> 
     raise RuntimeError("no free port range found")
 
 
-class LocalCluster:
+class ClusterView:
+    """Addresses and readiness of a local cluster's nodes, whatever runs them.
+
+    Subclasses set ``names`` and ``base_port`` and provide ``status(name)``
+    (a node's own ``/api/status``, or None) and, optionally, ``is_running``.
+    """
+
+    names: list[str]
+    base_port: int
+    poll_interval = 0.05
+
+    def port(self, name: str) -> int:
+        return self.base_port + self.names.index(name)
+
+    def url(self, name: str) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port(name)}/%2F"
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url(n) for n in self.names]
+
+    def admin_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.port(name) + 10000}"
+
+    def status(self, name: str) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def is_running(self, name: str) -> bool:
+        return True
+
+    def diagnostics(self) -> str:
+        return ""
+
+    def primary(self) -> str | None:
+        """The node that says it is a serving primary, if exactly one does."""
+        found = []
+        for name in self.names:
+            if not self.is_running(name):
+                continue
+            st = self.status(name)
+            if st and st["node"].get("role") == "primary" and st["node"].get("serving"):
+                found.append(name)
+        return found[0] if len(found) == 1 else None
+
+    def wait_primary(self, timeout: float = 20.0, *, other_than: str | None = None) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            name = self.primary()
+            if name is not None and name != other_than:
+                return name
+            time.sleep(self.poll_interval)
+        raise TimeoutError(f"no primary within {timeout} s; statuses: "
+                           f"{ {n: self.status(n) for n in self.names} }\n{self.diagnostics()}")
+
+    def wait_ready(self, name: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.status(name)
+            if st and st["node"].get("ready"):
+                return
+            time.sleep(self.poll_interval)
+        raise TimeoutError(f"{name} not ready within {timeout} s: {self.status(name)}")
+
+
+class LocalCluster(ClusterView):
     """N ``brokerha node`` processes of one datacenter on loopback (what ``cluster up`` runs).
 
     Each node is its own process, so one can be SIGKILLed (``kill``), paused
@@ -166,19 +231,6 @@ class LocalCluster:
         self.names = [f"n{i + 1}" for i in range(nodes)]
         self.extra_args = list(extra_args or [])
         self.nodes: dict[str, NodeProcess] = {}
-
-    def port(self, name: str) -> int:
-        return self.base_port + self.names.index(name)
-
-    def url(self, name: str) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port(name)}/%2F"
-
-    @property
-    def urls(self) -> list[str]:
-        return [self.url(n) for n in self.names]
-
-    def admin_url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.port(name) + 10000}"
 
     def start(self) -> LocalCluster:
         for name in self.names:
@@ -210,7 +262,11 @@ class LocalCluster:
         assert proc is not None
         proc.send_signal(signal.SIGCONT)
 
-    def status(self, name: str) -> dict[str, object] | None:
+    def is_running(self, name: str) -> bool:
+        node = self.nodes.get(name)
+        return node is not None and node.proc is not None and node.proc.poll() is None
+
+    def status(self, name: str) -> dict[str, Any] | None:
         """A node's own /api/status, or None when it does not answer."""
         import json
         import urllib.request
@@ -220,37 +276,6 @@ class LocalCluster:
                 return dict(json.loads(r.read()))
         except (OSError, ValueError):
             return None
-
-    def primary(self) -> str | None:
-        """The node that says it is a serving primary, if exactly one does."""
-        found = []
-        for name in self.names:
-            node = self.nodes.get(name)
-            if node is None or node.proc is None or node.proc.poll() is not None:
-                continue
-            st = self.status(name)
-            if st and st["node"]["role"] == "primary" and st["node"].get("serving"):  # type: ignore[index]
-                found.append(name)
-        return found[0] if len(found) == 1 else None
-
-    def wait_primary(self, timeout: float = 20.0, *, other_than: str | None = None) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            name = self.primary()
-            if name is not None and name != other_than:
-                return name
-            time.sleep(0.05)
-        raise TimeoutError(f"no primary within {timeout} s; statuses: "
-                           f"{ {n: self.status(n) for n in self.names} }")
-
-    def wait_ready(self, name: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            st = self.status(name)
-            if st and st["node"].get("ready"):  # type: ignore[union-attr]
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"{name} not ready within {timeout} s: {self.status(name)}")
 
     def close(self) -> None:
         for node in self.nodes.values():

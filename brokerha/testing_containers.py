@@ -49,7 +49,7 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
 from testcontainers.core.container import DockerContainer  # noqa: E402
 
-from brokerha.testing import free_base_port  # noqa: E402
+from brokerha.testing import ClusterView, free_base_port  # noqa: E402
 
 DEFAULT_IMAGE = "brokerha:dev"
 ADMIN_OFFSET = 10000
@@ -169,7 +169,7 @@ class BrokerhaContainer(DockerContainer):
         self._container = None
 
 
-class BrokerhaClusterContainers:
+class BrokerhaClusterContainers(ClusterView):
     """One datacenter of ``nodes`` brokerha containers (n1..nN), as ``LocalCluster`` does
     with processes: ``wait_primary``, ``wait_ready``, ``kill`` (SIGKILL), ``start_node``.
 
@@ -195,18 +195,7 @@ class BrokerhaClusterContainers:
         self.config.chmod(0o644)
         self.containers: dict[str, BrokerhaContainer] = {}
 
-    def port(self, name: str) -> int:
-        return self.base_port + self.names.index(name)
-
-    def url(self, name: str) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port(name)}/%2F"
-
-    @property
-    def urls(self) -> list[str]:
-        return [self.url(n) for n in self.names]
-
-    def admin_url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.port(name) + ADMIN_OFFSET}"
+    poll_interval = 0.1
 
     def start(self) -> BrokerhaClusterContainers:
         try:
@@ -239,32 +228,8 @@ class BrokerhaClusterContainers:
         container = self.containers.get(name)
         return container.status() if container is not None else None
 
-    def primary(self) -> str | None:
-        found = []
-        for name in self.names:
-            st = self.status(name)
-            if st and st["node"].get("role") == "primary" and st["node"].get("serving"):
-                found.append(name)
-        return found[0] if len(found) == 1 else None
-
-    def wait_primary(self, timeout: float = 30.0, *, other_than: str | None = None) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            name = self.primary()
-            if name is not None and name != other_than:
-                return name
-            time.sleep(0.1)
-        raise TimeoutError(f"no primary within {timeout} s; statuses: "
-                           f"{ {n: self.status(n) for n in self.names} }\n" + self.logs())
-
-    def wait_ready(self, name: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            st = self.status(name)
-            if st and st["node"].get("ready"):
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"{name} not ready within {timeout} s: {self.status(name)}")
+    def diagnostics(self) -> str:
+        return self.logs()
 
     def health(self, name: str) -> str | None:
         """Docker's health status of the container (the image's HEALTHCHECK)."""
