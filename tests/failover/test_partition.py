@@ -16,8 +16,8 @@ import pytest
 
 from brokerha.testing import LocalCluster, free_port
 from tests.failover.clients import ConfirmedPublisher, drain, wait_rejoined
-from tests.failover.proxy import Partition
 from tests.failover.test_failover import FAST, QUEUE, declare, wait_all_ready
+from tests.netfaults import Partition
 
 
 @pytest.fixture()

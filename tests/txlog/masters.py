@@ -15,7 +15,7 @@ from typing import Any
 
 from brokerha.testing import free_port
 from brokerha.txlog.ctl import call
-from tests.txlog.proxy import Wan
+from tests.netfaults import Partition
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"round-timeout": 100, "idle-interval": 200, "max-peer-lag": 2500}
@@ -118,7 +118,7 @@ class Master:
 @dataclass
 class Group:
     masters: dict[str, Master]
-    wan: Wan | None
+    wan: Partition | None
 
     def __getitem__(self, name: str) -> Master:
         return self.masters[name]
@@ -182,7 +182,7 @@ def running_group(tmp: Path, names: list[str], *, wan: bool = False, one_way_ms:
     masters = make_masters(tmp, names, wan or one_way_ms > 0)
     proxy = None
     if wan or one_way_ms > 0:
-        proxy = Wan({m.name: (m.url_port, m.listen_port) for m in masters.values()}, one_way_ms)
+        proxy = Partition({m.name: (m.url_port, m.listen_port) for m in masters.values()}, one_way_ms)
 
     def chosen_peers(name: str) -> list[str]:
         return peers.get(name, []) if peers is not None else [n for n in names if n != name]

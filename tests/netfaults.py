@@ -1,32 +1,35 @@
-"""A fault-injecting TCP proxy in front of each node's cluster port (network partitions).
+"""A fault-injecting TCP proxy in front of each node's peer port: WAN latency and partitions.
 
-Peers dial the proxy (``cluster`` in the configuration); the proxy forwards to
-the node's real port (``cluster_bind``). It reads the dialer's name from the
-``Identify`` packet of the handshake (plain TCP), so it can cut the links
-between chosen pairs of nodes: ``Partition.isolate("n1")`` blocks every link
-of n1 in both directions while the others keep talking; ``heal`` undoes it.
-Runs its own event loop in a daemon thread.
+Used for cluster ports (HA partitions, ``cluster_bind``) and TxLog ports (DC
+splits). Peers dial the proxy of a node (the address in their
+configuration) and the proxy forwards to the node's real port, delaying every
+chunk by a fixed one-way latency in each direction (order preserved; 0 by
+default). It reads the
+dialer's name from the ``Identify`` packet of the cluster handshake, so it can
+cut the links between named masters: ``isolate("dc3")`` cuts every link of
+dc3 both ways, ``heal()`` lets the masters reconnect. Runs its own event loop
+in a daemon thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterable
 
 from brokerha.cluster.protocol import MAGIC, Identify, PacketCodec
 
 
 class TargetProxy:
-    """Listens on one port and forwards to one node; drops links from blocked dialers."""
-
-    def __init__(self, target_name: str, listen_port: int, target_port: int) -> None:
-        self.target = target_name
+    def __init__(self, target: str, listen_port: int, target_port: int, delay_s: float) -> None:
+        self.target = target
         self.listen_port = listen_port
         self.target_port = target_port
-        self.blocked: set[str] = set()  # dialer names whose links to ``target`` are cut
+        self.delay_s = delay_s
+        self.blocked: set[str] = set()
         self.links: list[tuple[str, asyncio.StreamWriter, asyncio.StreamWriter]] = []
-        self.server: asyncio.base_events.Server | None = None
+        self.server: asyncio.Server | None = None
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.listen_port,
@@ -42,51 +45,69 @@ class TargetProxy:
             return
         dialer = "?"
         try:
-            (_, msg), = PacketCodec().feed(length + body)
+            ((_, msg),) = PacketCodec().feed(length + body)
             if isinstance(msg, Identify):
                 dialer = msg.node
-        except Exception:  # noqa: BLE001 - not our handshake: forward it untouched
+        except Exception:  # noqa: BLE001 - not the handshake: forward it untouched
             pass
         if self.cut(dialer):
-            writer.close()
+            writer.transport.abort()
             return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:
-            writer.close()
+            writer.transport.abort()
             return
         up_writer.write(magic + length + body)
         self.links.append((dialer, writer, up_writer))
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer),
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
                              return_exceptions=True)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Forward with a constant delay: a reader task stamps chunks, this one releases them."""
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                while data := await reader.read(65536):
+                    queue.put_nowait((time.monotonic() + self.delay_s, data))
+            finally:
+                queue.put_nowait((0.0, b""))
+
+        task = asyncio.get_running_loop().create_task(read())
+        try:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    break
+                wait = due - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                writer.write(data)
+                await writer.drain()
+        finally:
+            task.cancel()
+            writer.transport.abort()
 
     def cut(self, dialer: str) -> bool:
         return dialer in self.blocked or "*" in self.blocked
 
     def enforce(self) -> None:
-        for dialer, a, b in list(self.links):
+        for link in list(self.links):
+            dialer, a, b = link
             if self.cut(dialer):
                 a.transport.abort()
                 b.transport.abort()
-                self.links.remove((dialer, a, b))
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    finally:
-        writer.transport.abort()
+                self.links.remove(link)
 
 
 class Partition:
-    """One TargetProxy per node; cut and heal links between named nodes."""
+    """One TargetProxy per master; cut and heal links between named masters."""
 
-    def __init__(self, routes: dict[str, tuple[int, int]]) -> None:
-        """``routes``: node -> (proxy port peers dial, the node's real cluster port)."""
+    def __init__(self, routes: dict[str, tuple[int, int]], one_way_ms: float = 0) -> None:
+        """``routes``: master -> (proxy port peers dial, the master's real listen port)."""
         self.loop = asyncio.new_event_loop()
-        self.proxies = {name: TargetProxy(name, listen, target)
+        self.proxies = {name: TargetProxy(name, listen, target, one_way_ms / 1000)
                         for name, (listen, target) in routes.items()}
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self._call(self._start())
@@ -98,9 +119,8 @@ class Partition:
     def _call(self, coro: object) -> None:
         asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)  # type: ignore[arg-type]
 
-    def isolate(self, node: str) -> None:
-        """Cut every link of ``node``: to it, and from it to everyone."""
-        self.cut_between([node], [n for n in self.proxies if n != node])
+    def isolate(self, master: str) -> None:
+        self.cut_between([master], [m for m in self.proxies if m != master])
 
     def cut_between(self, side_a: Iterable[str], side_b: Iterable[str]) -> None:
         side_a, side_b = list(side_a), list(side_b)
