@@ -167,5 +167,6 @@ def _decide_local_branch(broker: Broker, txid: str, decision: str) -> None:
     for xid, branch in list(broker.dtx.branches.items()):
         if branch.id == txid:
             del broker.dtx.branches[xid]
+            branch.replication_id = txid  # a restored branch: its outcome is recorded by it
             branch.commit_prepared()
             broker.dtx.forget_prepared(xid)

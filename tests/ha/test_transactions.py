@@ -367,3 +367,32 @@ def test_events_of_an_older_session_do_not_reach_a_new_tx_buffer() -> None:
     with pytest.raises(R.ReplicationError):
         backup.receive(wire(Events(1, backup.applied_seq + 1,
                                    [[R.TX_COMMIT, "tx-unknown", None, []]])))  # type: ignore[arg-type]
+
+
+def test_a_backup_that_timed_out_once_does_not_refuse_every_later_transaction() -> None:
+    """Found by the simulation (tests/ha/tx_simulation.py).
+
+    A backup silent past ``backup_timeout`` leaves the guarded set and votes no
+    on the transactions it is in; its session stays timed out while its link
+    is up. It must not be in the transactions that begin after that: before
+    the fix every later ``tx.commit`` failed with 406 until its link dropped.
+    """
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        c.follow("n2")
+        c.follow("n3")
+        c.pump()
+        c.no_ack.add("n3")
+        publish(c.broker, b"unacked", rk="q3", persistent=True)
+        c.pump()
+        c.clock.now += c.primary.backup_timeout + 0.1
+        c.primary.tick(c.clock.now)
+        assert c.primary.sessions["n3"].timed_out
+        c.no_ack.clear()
+        c.pump()
+        await settle(c, tx_work(c, "after").commit())
+        assert bodies(c.broker, "q1") == [b"after-0", b"after-1", b"after-2"]
+        same(c)
+
+    run(scenario())

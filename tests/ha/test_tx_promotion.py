@@ -164,3 +164,29 @@ def test_a_dtx_rolled_back_after_a_failover_gives_back_what_it_consumed() -> Non
         same_everywhere(c, "n2")
 
     asyncio.run(scenario())
+
+
+def test_a_local_branch_committed_by_verification_records_its_outcome() -> None:
+    """Found by the simulation (tests/ha/tx_simulation.py).
+
+    A primary that adopted an in-doubt branch (a prepared branch of its own
+    DtxManager, in its store), crashed and was elected again learns from a
+    peer that the branch was committed. The commit was applied, but the
+    restored branch has no tx-queue observer, so no outcome was recorded: the
+    outcome read "unknown" everywhere (every catch-up copies this primary's).
+    """
+    from brokerha.broker.broker import Broker
+    from brokerha.cluster.replication import VerifyReply
+    from tests.ha.harness import message
+
+    broker = Broker("n2")
+    q = broker.add_vhost("/").declare_queue("q1", owner=None, durable=True)
+    xid = Xid(9, b"adopted")
+    txid = f"dtx:{xid.key}"
+    broker.dtx.restore_prepared(xid, [([q], message(b"x", "q1", persistent=True))], [])
+    verification = Verification.start(broker, 3, "n2", ["n1"], 0.0, 2.0)
+    verification.receive(VerifyReply(3, "n1", [], [txid]))
+    assert carry_out(broker, verification) == {txid: COMMIT}
+    assert bodies(broker, "q1") == [b"x"]
+    assert broker.outcomes.committed(txid)
+    assert broker.dtx.recover() == []
