@@ -301,6 +301,15 @@ class HANode:
             callback()
             return
         self._durable_waiters.append(callback)
+        self._schedule_position()
+
+    def _schedule_position(self) -> None:
+        """Record the primary's position once this loop iteration, with the events of it.
+
+        Also without a waiting confirm: a primary that crashes and comes back
+        must not claim less than its backups acknowledged (their vote floors),
+        or no node of a datacenter whose backups were catching up could win.
+        """
         if not self._position_scheduled:
             self._position_scheduled = True
             asyncio.get_running_loop().call_soon(self._record_primary_position)
@@ -436,6 +445,7 @@ class HANode:
         self.broker.store.after_sync(durable)
 
     def _schedule_flush(self) -> None:
+        self._schedule_position()
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)

@@ -50,9 +50,10 @@ and at the end of a run (every node restarted, the TM done, the links
 drained): every node equal to the primary (definitions, positions, bodies and
 outcome records), no prepared record or in-doubt branch left. A run whose
 heal phase can elect nobody is reported *stuck* (liveness, not safety; those
-final checks are skipped): the primary's own recorded position advances only
-when a confirm waits for it, so it can restart behind the vote floors its
-backups acknowledged, and if they were catching up nobody is electable.
+final checks are skipped). It found one: the primary recorded its own position
+only when a confirm waited for it, so it could restart behind the vote floors
+its backups acknowledged, and if they were catching up nobody was electable;
+now (as node/ha.py) the position is recorded with every flush of events.
 
 ``Unsafe`` breaks a rule on purpose; the checker must then report a violation.
 Run: ``python -m tests.ha.tx_simulation --seeds 1000 --jobs 2`` (``--seed N
@@ -495,6 +496,10 @@ class Simulation:
             return
         primary = node.primary
         assert primary is not None
+        if primary.seq > node.durable_seq:
+            # as node/ha.py: the primary's position is recorded with every flush of
+            # events, not only when a confirm waits (the liveness finding, fixed)
+            self.position_barrier(node, primary, lambda: None)
         for name in list(primary.sessions):
             link = self.links.get(name)
             packets = primary.take_outbox(name)
