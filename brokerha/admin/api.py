@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from brokerha.admin.http import HTTPError, Request, Response
 
-if TYPE_CHECKING:
-    from brokerha.node.server import Node
+# The node (brokerha.node.server.Node) these endpoints read. Not imported: the
+# admin package sits below the node, which installs the endpoints on itself.
+Node = Any
 
 PEER_TIMEOUT = 1.5
 TXLOG_NOT_CONFIGURED = ("no [txlog] section in this node's configuration: it orders nothing "

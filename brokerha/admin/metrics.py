@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -32,8 +32,9 @@ from prometheus_client.process_collector import ProcessCollector
 
 from brokerha.admin.http import Request, Response
 
-if TYPE_CHECKING:
-    from brokerha.node.server import Node
+# The node (brokerha.node.server.Node) these endpoints read. Not imported: the
+# admin package sits below the node, which installs the endpoints on itself.
+Node = Any
 
 ROLES = ("standalone", "primary", "backup", "joining")
 FAILOVER_EVENTS = ("elected", "stepped down", "deposed", "promote requested")

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import time
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from brokerha.admin.http import Request, Response
 
-if TYPE_CHECKING:
-    from brokerha.node.server import Node
+# The node (brokerha.node.server.Node) these endpoints read. Not imported: the
+# admin package sits below the node, which installs the endpoints on itself.
+Node = Any
 
 REFRESH_MS = 2000
 

@@ -9,7 +9,6 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from brokerha.admin.api import install as install_admin_api
 from brokerha.admin.http import AdminServer, Request, Response
 from brokerha.broker.broker import Broker
 from brokerha.broker.storage import Store
@@ -61,7 +60,6 @@ class Node:
         self.server: asyncio.base_events.Server | None = None
         self.admin = AdminServer(self.broker.users)
         self.admin.route("GET", "/api/status", self._status_page)
-        install_admin_api(self)  # /, /metrics, /api/queues, ... (brokerha/admin/api.py)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
         # the HA layer (node/ha.py's HANode) attaches itself here for a cluster member;

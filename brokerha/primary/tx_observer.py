@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerha.broker.dtx import State
 from brokerha.cluster import replication as R
@@ -31,8 +32,28 @@ if TYPE_CHECKING:
     from brokerha.broker.message import Entry, Message
     from brokerha.broker.queue import Queue
     from brokerha.broker.transaction import Transaction
-    from brokerha.primary.primary import Primary
+    from brokerha.primary.events import Event
     from brokerha.primary.tx_queue import TxQueue
+
+
+class Primary(Protocol):
+    """What a tx-queue needs of the Primary (primary.py), which creates the factory.
+
+    A Protocol rather than an import: primary.py imports this module.
+    """
+
+    me: str
+    epoch: int
+
+    def acquired(self, queue: Queue, entry: Entry) -> None: ...
+    def messages_replicated(self, queue: Queue) -> bool: ...
+    def tx_begin(self, name: str, xid: str | None) -> TxQueue: ...
+    def tx_event(self, txq: TxQueue, event: Event) -> None: ...
+    def tx_close(self, txq: TxQueue) -> None: ...
+    def tx_prepare(self, txq: TxQueue, on_prepared: Callable[[bool], None]) -> None: ...
+    def tx_capture(self, txq: TxQueue) -> None: ...
+    def tx_commit(self, txq: TxQueue) -> None: ...
+    def tx_rollback(self, txq: TxQueue) -> None: ...
 
 
 class PrimaryTxObserverFactory:
