@@ -1,6 +1,7 @@
-"""Read-only admin endpoints of a node, and the one call that installs them all.
+"""Read-only admin endpoints of a node.
 
-``install(node)`` (called once by ``Node``) registers, on the admin listener:
+``endpoints.install(node)`` (called once when the node is built) registers, on
+the admin listener, these and the status page and metrics:
 
 | path | credentials | what |
 |---|---|---|
@@ -39,8 +40,6 @@ TXLOG_NOT_CONFIGURED = ("no [txlog] section in this node's configuration: it ord
 
 
 def install(node: Node) -> None:
-    from brokerha.admin import metrics, status_page
-
     api = AdminAPI(node)
     node.admin.route("GET", "/api/cluster", api.cluster)
     node.admin.route("GET", "/api/queues", api.queues)
@@ -49,8 +48,6 @@ def install(node: Node) -> None:
     node.admin.route("GET", "/api/permissions", api.permissions, admin=True)
     node.admin.route("GET", "/api/txlog", api.txlog)
     node.admin.route("POST", "/api/txlog/export", api.txlog_export, admin=True)
-    node.metrics = metrics.install(node)  # type: ignore[attr-defined]
-    status_page.install(node)
 
 
 def txlog_status(node: Node) -> dict[str, Any]:

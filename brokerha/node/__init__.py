@@ -100,13 +100,13 @@ def main(args: argparse.Namespace) -> int:
         level=cfg.log_level.upper(), stream=sys.stdout,
         format=f"%(asctime)s %(levelname)s [{cfg.name}] %(name)s: %(message)s",
     )
-    from brokerha.admin.api import install as install_admin_api
+    from brokerha.admin.endpoints import install as install_admin_api
     from brokerha.node.server import Node
     from brokerha.store.sql import StoreError
 
     async def run() -> int:
         node = Node(cfg, cluster)
-        install_admin_api(node)  # /, /metrics, /api/queues, ... (brokerha/admin/api.py)
+        install_admin_api(node)  # /, /metrics, /api/queues, ... (brokerha/admin/)
         if cluster is not None:
             from brokerha.node.ha import HANode
 

@@ -1,0 +1,14 @@
+"""Everything the admin listener serves besides ``/api/status``, installed in one call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from brokerha.admin import api, metrics, status_page
+
+
+def install(node: Any) -> None:
+    """Register the API (api.py), ``/metrics`` (metrics.py) and ``/`` (status_page.py)."""
+    api.install(node)
+    node.metrics = metrics.install(node)
+    status_page.install(node)
