@@ -23,7 +23,11 @@ TIMEOUT = 3.0
 
 
 class CtlError(Exception):
-    pass
+    """A refused or failed request; ``code`` is the exit code (2: the node did not answer)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def admin_url(node: str) -> str:
@@ -54,8 +58,10 @@ def request(base: str, path: str, *, body: Any = None, user: str | None = None,
         except ValueError:
             message = exc.reason
         raise CtlError(f"{base}{path}: {exc.code} {message}") from exc
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise CtlError(f"{base}{path}: {exc}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise CtlError(f"{base}{path}: cannot reach the node: {exc}", 2) from exc
+    except ValueError as exc:
+        raise CtlError(f"{base}{path}: not JSON: {exc}") from exc
 
 
 def cluster_status(node: str) -> dict[str, Any]:

@@ -10,34 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-
-class CtlError(Exception):
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
+from brokerha.admin.ctl import CtlError, request
 
 
 def call(node: str, method: str, path: str, body: Any = None, timeout: float = 30.0) -> Any:
+    """One request to the master's API (``brokerha.admin.ctl.request``: GET, or POST a body)."""
+    if (method == "POST") != (body is not None):
+        raise ValueError(f"{method} {path}: POST carries a body, GET none")
     base = node if "://" in node else f"http://{node}"
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(base.rstrip("/") + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        try:
-            message = json.loads(exc.read()).get("error", exc.reason)
-        except ValueError:
-            message = exc.reason
-        raise CtlError(f"{node}: {message}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise CtlError(f"{node}: cannot reach the TxLog master: {exc}", 2) from None
+    return request(base.rstrip("/"), path, body=body, timeout=timeout)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
