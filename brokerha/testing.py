@@ -67,6 +67,9 @@ class NodeProcess:
         ]
 
     def start(self) -> NodeProcess:
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"node {self.name} is already running (pid {self.proc.pid}); "
+                               "use either start() or the with statement, not both")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
         self.proc = subprocess.Popen(
             self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[NodeProcess]:
-    with NodeProcess("docs-tx").start() as n:
+    with NodeProcess("docs-tx") as n:
         yield n
 
 
