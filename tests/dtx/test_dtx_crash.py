@@ -26,12 +26,12 @@ from pathlib import Path
 import pika
 import pytest
 
-from brokerha.client.dtx import XA_OK, PikaXAResource
-from brokerha.client.dtx.resources import DTX_EXCHANGE, Xid, _request
+from brokerha.client.dtx import XA_OK
+from brokerha.client.dtx.resources import Xid
 from brokerha.testing import NodeProcess
+from tests.dtx.xa_client import OUT, XAClient
 
 SEED = 20261123
-OUT = "xa-out"
 PER_BRANCH = 3
 KILL_POINTS = ("prepare-sent", "prepare-ok", "commit-sent")
 
@@ -40,28 +40,8 @@ def xid_for(i: int) -> Xid:
     return Xid(0x4252, f"crash-{i}-{uuid.uuid4().hex[:8]}".encode(), b"b1")
 
 
-class Client:
-    def __init__(self, node: NodeProcess) -> None:
-        self.conn = pika.BlockingConnection(pika.URLParameters(node.url))
-        self.channel = self.conn.channel()
-        self.xa = PikaXAResource(self.channel)
-        self.plain = self.conn.channel()
-        self.plain.confirm_delivery()
-        self.plain.queue_declare(OUT, durable=True)
-
-    def send_only(self, verb: str, xid: Xid) -> None:
-        """The XA request goes out; its answer is never read."""
-        props = pika.BasicProperties(reply_to=self.xa.reply_queue, correlation_id=uuid.uuid4().hex,
-                                     content_type="application/json")
-        self.channel.basic_publish(DTX_EXCHANGE, verb, _request(xid), props)
-        self.conn.process_data_events(time_limit=0)  # flush the frame to the socket
-
-    def close(self) -> None:
-        try:
-            if self.conn.is_open:
-                self.conn.close()
-        except (pika.exceptions.AMQPError, OSError):
-            pass
+def connect(node: NodeProcess) -> XAClient:
+    return XAClient(pika.BlockingConnection(pika.URLParameters(node.url)))
 
 
 def run(tmp: Path, iterations: int, seed: int) -> None:
@@ -70,7 +50,7 @@ def run(tmp: Path, iterations: int, seed: int) -> None:
     node = NodeProcess("xa-crash", data_dir=data).start()
     expected: dict[int, bool] = {}  # branch -> applied?
     try:
-        client = Client(node)
+        client = connect(node)
         for i in range(iterations):
             point = rnd.choice(KILL_POINTS)
             inq = f"xa-in-{i}"
@@ -98,7 +78,7 @@ def run(tmp: Path, iterations: int, seed: int) -> None:
             node.kill()
             client.close()
             node = NodeProcess("xa-crash", port=node.port, data_dir=data).start()
-            client = Client(node)
+            client = connect(node)
             listed = set(client.xa.recover())
             assert listed <= {xid}, f"branches of earlier rounds still in doubt: {listed}"
             if point == "prepare-ok":

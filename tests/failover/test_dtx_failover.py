@@ -30,14 +30,14 @@ from typing import Any
 import pika
 import pytest
 
-from brokerha.client.dtx import XA_OK, Coordinator, CoordinatorLog, PikaXAResource
-from brokerha.client.dtx.resources import DTX_EXCHANGE, Xid, _request
+from brokerha.client.dtx import XA_OK, Coordinator, CoordinatorLog
+from brokerha.client.dtx.resources import Xid
 from brokerha.store.factory import open_store
 from brokerha.testing import LocalCluster
+from tests.dtx.xa_client import OUT, XAClient
 from tests.failover.clients import connect_any, stop_all_and_read
 from tests.failover.test_failover import FAST, wait_all_ready
 
-OUT = "xa-out"
 PER_BRANCH = 3
 KILL_POINTS = ("prepare-sent", "prepare-ok", "commit-sent")
 pytestmark = pytest.mark.timeout(600)
@@ -47,23 +47,11 @@ def in_queue(i: int) -> str:
     return f"xa-in-{i}"
 
 
-class Client:
+class Client(XAClient):
     """A connection to whichever node serves: an XA channel and a confirming plain channel."""
 
     def __init__(self, cluster: LocalCluster) -> None:
-        self.conn = connect_any(cluster.urls, time.monotonic() + 30)
-        self.channel = self.conn.channel()
-        self.xa = PikaXAResource(self.channel)
-        self.plain = self.conn.channel()
-        self.plain.confirm_delivery()
-        self.plain.queue_declare(OUT, durable=True)
-
-    def send_only(self, verb: str, xid: Xid) -> None:
-        """The XA request goes out; its answer is never read."""
-        props = pika.BasicProperties(reply_to=self.xa.reply_queue, correlation_id=uuid.uuid4().hex,
-                                     content_type="application/json")
-        self.channel.basic_publish(DTX_EXCHANGE, verb, _request(xid), props)
-        self.conn.process_data_events(time_limit=0)  # flush the frame to the socket
+        super().__init__(connect_any(cluster.urls, time.monotonic() + 30))
 
     def input_message(self, i: int) -> None:
         """One confirmed (so replicated) message on branch ``i``'s own input queue."""
@@ -81,14 +69,6 @@ class Client:
         assert method is not None
         self.channel.basic_ack(method.delivery_tag)
         self.xa.end(xid)
-
-    def close(self) -> None:
-        try:
-            if self.conn.is_open:
-                self.conn.close()
-        except (pika.exceptions.AMQPError, OSError):
-            pass
-
 
 def fail_over(cluster: LocalCluster, primary: str) -> str:
     """SIGKILL the primary; the killed node comes back as a ready backup; the new primary."""
