@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from brokerha.testing import free_port
 
@@ -39,6 +40,15 @@ def find_pg_bin() -> Path | None:
 POSTGRES_IMAGE = "postgres:16-alpine"
 
 
+def _postgres_container_class() -> Any:
+    """testcontainers' PostgresContainer (``community`` since 4.x; the old path before)."""
+    try:
+        from testcontainers.community.postgres import PostgresContainer
+    except ImportError:
+        from testcontainers.postgres import PostgresContainer  # type: ignore[no-redef]
+    return PostgresContainer
+
+
 def docker_available() -> bool:
     """A Docker engine answers, testcontainers is installed and the image is at hand.
 
@@ -49,7 +59,7 @@ def docker_available() -> bool:
     if shutil.which("docker") is None:
         return False
     try:
-        import testcontainers.postgres  # noqa: F401
+        _postgres_container_class()
     except ImportError:
         return False
     probe = subprocess.run(["docker", "image", "inspect", POSTGRES_IMAGE], capture_output=True,
@@ -77,7 +87,7 @@ def throwaway_server() -> Iterator[str]:
 
 @contextlib.contextmanager
 def container_server() -> Iterator[str]:
-    from testcontainers.postgres import PostgresContainer
+    PostgresContainer = _postgres_container_class()  # noqa: N806
 
     with PostgresContainer(POSTGRES_IMAGE, driver="psycopg") as pg:
         yield pg.get_connection_url()
