@@ -11,17 +11,14 @@ round timeout.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
+from brokerha.txlog.engine import Engine
 from brokerha.txlog.messages import Bodies, FetchBodies
 from brokerha.txlog.records import TxBody, TxRecord
 
-if TYPE_CHECKING:
-    from brokerha.txlog.rounds import RoundEngine
-
 
 class ExchangeMixin:
-    def _merge(self: RoundEngine, records: Iterable[TxRecord], bodies: Iterable[TxBody], lister: str, now: int) -> None:
+    def _merge(self: Engine, records: Iterable[TxRecord], bodies: Iterable[TxBody], lister: str, now: int) -> None:
         for body in bodies:
             if self._body(body.tx_id) is None:
                 self.foreign_bodies[body.tx_id] = body
@@ -44,13 +41,13 @@ class ExchangeMixin:
         if news:
             self._post_soon(now, news=True)
 
-    def _fetch(self: RoundEngine, peer: str, tx_ids: list[str], now: int) -> None:
+    def _fetch(self: Engine, peer: str, tx_ids: list[str], now: int) -> None:
         if tx_ids:
             for tx_id in tx_ids:
                 self.asked[tx_id] = now
             self._send(peer, FetchBodies(self.me, tuple(tx_ids)))
 
-    def _refetch(self: RoundEngine, now: int) -> None:
+    def _refetch(self: Engine, now: int) -> None:
         """Ask again for bodies not received within a round timeout."""
         due = [t for t, at in self.asked.items() if now - at >= self.config.round_timeout_ms]
         by_peer: dict[str, list[str]] = {}
@@ -63,13 +60,13 @@ class ExchangeMixin:
         for peer, ids in by_peer.items():
             self._fetch(peer, ids, now)
 
-    def _lister_of(self: RoundEngine, tx_id: str) -> str:
+    def _lister_of(self: Engine, tx_id: str) -> str:
         """Who to ask for a synchronised body: the master whose tail carried it, else its origin."""
         record = self.sync.record(tx_id)
         origin = record.origin if record is not None else self.me
         return self.synced_from.get(tx_id, origin)
 
-    def _on_fetchbodies(self: RoundEngine, message: FetchBodies, now: int) -> None:
+    def _on_fetchbodies(self: Engine, message: FetchBodies, now: int) -> None:
         found = [(self._record(t), self._body(t)) for t in message.tx_ids]
         pairs = [(r, b) for r, b in found if r is not None and b is not None]
         if pairs:
@@ -78,10 +75,10 @@ class ExchangeMixin:
                 Bodies(self.me, tuple(r for r, _ in pairs), tuple(b for _, b in pairs)),
             )
 
-    def _record(self: RoundEngine, tx_id: str) -> TxRecord | None:
+    def _record(self: Engine, tx_id: str) -> TxRecord | None:
         return self.incoming.get(tx_id) or self.sync.record(tx_id)
 
-    def _on_bodies(self: RoundEngine, message: Bodies, now: int) -> None:
+    def _on_bodies(self: Engine, message: Bodies, now: int) -> None:
         """Take only bodies still wanted: a late reply must not bring back a record.
 
         After a recovery vote, foreign incoming entries are dropped and a

@@ -10,18 +10,14 @@ it is acknowledged here, with a backup when the strategy asks for one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from brokerha.txlog.config import SplitRecovery
+from brokerha.txlog.engine import Engine
 from brokerha.txlog.messages import Event
-
-if TYPE_CHECKING:
-    from brokerha.txlog.rounds import RoundEngine
 
 
 class MembershipMixin:
 
-    def _view_matches(self: RoundEngine, sender: str, generation: int, members: frozenset[str], now: int) -> bool:
+    def _view_matches(self: Engine, sender: str, generation: int, members: frozenset[str], now: int) -> bool:
         """Accept only my (generation, member set); shrink or vote when they differ."""
         if not self.rules.view:
             if sender not in self.members:
@@ -41,13 +37,13 @@ class MembershipMixin:
             self._start_vote(max(generation, self.generation + 1), now)
         return False
 
-    def _drop_silent(self: RoundEngine, now: int) -> None:
+    def _drop_silent(self: Engine, now: int) -> None:
         lag = self.config.max_peer_lag_ms
         silent = {p for p in self.members - {self.me} if now - self.last_heard[p] > lag}
         if silent:
             self._drop(silent, now, "max-peer-lag")
 
-    def _drop(self: RoundEngine, peers: set[str], now: int, reason: str) -> None:
+    def _drop(self: Engine, peers: set[str], now: int, reason: str) -> None:
         """Continue without ``peers``: an acknowledged split (backup first if the strategy asks)."""
         peers = peers & (self.members - {self.me})
         if not peers:
@@ -64,7 +60,7 @@ class MembershipMixin:
                 self.executor.back_up()
         self._add(timed_out=False, now=now)
 
-    def _readmit(self: RoundEngine, peer: str, now: int) -> None:
+    def _readmit(self: Engine, peer: str, now: int) -> None:
         """Seed's literal rule (view off): a dropped peer is back as soon as it posts."""
         members = self.members | {peer}
         split_at = None if members == self.config.masters else self.durable.split_at

@@ -11,28 +11,24 @@ missed it").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from brokerha.txlog.engine import Engine
 from brokerha.txlog.messages import Ballot, Event, Vote
 from brokerha.txlog.queues import IncomingQueue, SyncEntry
 from brokerha.txlog.records import TxBody, TxRecord
 from brokerha.txlog.recovery import RecoveryPlan, plan
 
-if TYPE_CHECKING:
-    from brokerha.txlog.rounds import RoundEngine
-
 
 class VotingMixin:
-    def _init_voting(self: RoundEngine) -> None:
+    def _init_voting(self: Engine) -> None:
         ballot = self.durable.ballot
         self.votes: dict[str, Ballot] = {ballot.master: ballot} if ballot else {}
         self.vote_sent_at = -(1 << 62)
 
     @property
-    def voting(self: RoundEngine) -> bool:
+    def voting(self: Engine) -> bool:
         return self.durable.ballot is not None
 
-    def _start_vote(self: RoundEngine, generation: int, now: int) -> None:
+    def _start_vote(self: Engine, generation: int, now: int) -> None:
         ballot = self.durable.ballot
         if ballot is not None and ballot.generation >= generation:
             return
@@ -44,7 +40,7 @@ class VotingMixin:
         self.out.append(Event("vote", None, {"generation": generation, "length": len(sync)}))
         self._gossip_votes(now, force=True)
 
-    def _gossip_votes(self: RoundEngine, now: int, force: bool = False) -> None:
+    def _gossip_votes(self: Engine, now: int, force: bool = False) -> None:
         if not force and now < self.vote_sent_at + self.config.round_timeout_ms:
             return
         ballot = self.durable.ballot
@@ -54,14 +50,14 @@ class VotingMixin:
             self._send(peer, vote)
         self.vote_sent_at = now
 
-    def _vote_reply(self: RoundEngine, peer: str, generation: int) -> None:
+    def _vote_reply(self: Engine, peer: str, generation: int) -> None:
         """Help a peer at another generation: my decided ballots, or my open vote."""
         if generation < self.generation and self.durable.decided:
             self._send(peer, Vote(self.me, self.generation, self.durable.decided))
         elif self.voting and generation >= self.durable.ballot.generation:  # type: ignore[union-attr]
             self._send(peer, Vote(self.me, self.durable.ballot.generation, tuple(self.votes.values())))  # type: ignore[union-attr]
 
-    def _on_vote(self: RoundEngine, vote: Vote, now: int) -> None:
+    def _on_vote(self: Engine, vote: Vote, now: int) -> None:
         if vote.generation <= self.generation:
             if vote.generation == self.generation and self.durable.decided:
                 if {b.master for b in vote.ballots} != {b.master for b in self.durable.decided}:
@@ -83,7 +79,7 @@ class VotingMixin:
         elif len(self.votes) > known:
             self._gossip_votes(now, force=True)
 
-    def _decide(self: RoundEngine, now: int) -> None:
+    def _decide(self: Engine, now: int) -> None:
         ballots = tuple(self.votes[m] for m in sorted(self.config.masters))
         generation = ballots[0].generation
         decision = plan(self.me, ballots, self.durable.strategy)
@@ -104,7 +100,7 @@ class VotingMixin:
             self._send(peer, Vote(self.me, generation, ballots))
         self._post_soon(now)
 
-    def _adopt_log(self: RoundEngine, decision: RecoveryPlan, generation: int, now: int) -> None:
+    def _adopt_log(self: Engine, decision: RecoveryPlan, generation: int, now: int) -> None:
         """Cut back to the fork and append the winner's tail; foreign incoming is volatile: drop it."""
         if len(self.sync) > decision.fork:
             self._persist("sync.truncate", decision.fork)
@@ -127,7 +123,7 @@ class VotingMixin:
         if missing and decision.winner != self.me:
             self._fetch(decision.winner, missing, now)
 
-    def _renegotiate(self: RoundEngine, records: tuple[TxRecord, ...], now: int) -> None:
+    def _renegotiate(self: Engine, records: tuple[TxRecord, ...], now: int) -> None:
         """My post-fork transactions the winner lacks come back as new ones (``replay_of``)."""
         for old in records:
             tx_id = self.ids.next(self.wall)
@@ -140,7 +136,7 @@ class VotingMixin:
             self.acquired_ms[tx_id] = self.wall
             self.out.append(Event("renegotiate", None, {"tx_id": tx_id, "replay_of": old.tx_id}))
 
-    def _restart_execution(self: RoundEngine, decision: RecoveryPlan) -> None:
+    def _restart_execution(self: Engine, decision: RecoveryPlan) -> None:
         """Restore the backup (Simple, or Smart on a loser) or rewind in place, then replay."""
         if decision.restore:
             position = self.executor.restore()
