@@ -18,6 +18,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago on ``host``."""
@@ -122,7 +124,8 @@ class NodeProcess:
         self.close()
 
 
-def free_base_port(count: int, offsets: tuple[int, ...] = (0, 10000, 20000)) -> int:
+def free_base_port(count: int,
+                   offsets: tuple[int, ...] = (0, ADMIN_OFFSET, CLUSTER_OFFSET)) -> int:
     """A base port P such that P..P+count-1 plus each offset were all free a moment ago."""
     import random
 
@@ -164,7 +167,7 @@ class ClusterView:
         return [self.url(n) for n in self.names]
 
     def admin_url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.port(name) + 10000}"
+        return f"http://127.0.0.1:{self.port(name) + ADMIN_OFFSET}"
 
     def status(self, name: str) -> dict[str, Any] | None:
         raise NotImplementedError

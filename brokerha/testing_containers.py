@@ -49,11 +49,10 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 
 from testcontainers.core.container import DockerContainer  # noqa: E402
 
+from brokerha.cluster.ports import ADMIN_OFFSET, loopback_nodes_toml  # noqa: E402
 from brokerha.testing import ClusterView, free_base_port  # noqa: E402
 
 DEFAULT_IMAGE = "brokerha:dev"
-ADMIN_OFFSET = 10000
-CLUSTER_OFFSET = 20000
 SECRET_PATH = "/var/lib/brokerha/cluster-secret"
 CONFIG_PATH = "/etc/brokerha/brokerha.toml"
 REPO_DOCKER_DIR = Path(__file__).resolve().parent.parent / "docker"
@@ -261,12 +260,7 @@ def cluster_toml(name: str, nodes: int, base_port: int,
     lines = [f'[cluster]\nname = "{name}"\nsecret_file = "{SECRET_PATH}"\n']
     for key, value in (options or {}).items():
         lines[0] += f"{key} = {json.dumps(value)}\n"
-    for i in range(nodes):
-        port = base_port + i
-        lines.append(f'[[cluster.nodes]]\nname = "n{i + 1}"\namqp = "127.0.0.1:{port}"\n'
-                     f'admin = "127.0.0.1:{port + ADMIN_OFFSET}"\n'
-                     f'cluster = "127.0.0.1:{port + CLUSTER_OFFSET}"\n')
-    return "\n".join(lines)
+    return "\n".join([*lines, *loopback_nodes_toml(nodes, base_port)])
 
 
 # -- the engine and the image, for fixtures ----------------------------------------------

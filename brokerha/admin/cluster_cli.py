@@ -20,8 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ADMIN_OFFSET = 10000
-CLUSTER_OFFSET = 20000
+from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET, loopback_nodes_toml
 
 
 def cluster_file(data: Path, nodes: int, base_port: int, name: str) -> Path:
@@ -38,12 +37,8 @@ def cluster_file(data: Path, nodes: int, base_port: int, name: str) -> Path:
     if not secret.exists():
         secret.write_text(secrets.token_hex(24) + "\n")
         secret.chmod(0o600)
-    lines = [f'[cluster]\nname = "{name}"\nsecret_file = "secret"\n']
-    for i in range(nodes):
-        port = base_port + i
-        lines.append(f'[[cluster.nodes]]\nname = "n{i + 1}"\namqp = "127.0.0.1:{port}"\n'
-                     f'admin = "127.0.0.1:{port + ADMIN_OFFSET}"\n'
-                     f'cluster = "127.0.0.1:{port + CLUSTER_OFFSET}"\n')
+    lines = [f'[cluster]\nname = "{name}"\nsecret_file = "secret"\n',
+             *loopback_nodes_toml(nodes, base_port)]
     path.write_text("\n".join(lines))
     return path
 

@@ -18,7 +18,8 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
-ADMIN_OFFSET = 10000
+from brokerha.cluster.ports import ADMIN_OFFSET
+
 TIMEOUT = 3.0
 
 

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET
 from brokerha.node.config import ConfigError, NodeConfig, check_keys, parse_listen
 from brokerha.primary.policy import ReplicationPolicy
 
-ADMIN_OFFSET = 10000    # RabbitMQ's management port is 15672 for AMQP 5672
-CLUSTER_OFFSET = 20000  # and its inter-node port 25672
 REPLICATE = ("all", "configuration", "none")
 
 _CLUSTER_KEYS = {"name", "secret", "secret_file", "nodes", "tls", "heartbeat_interval",

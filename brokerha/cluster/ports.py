@@ -1,0 +1,21 @@
+"""The port conventions of a node, as RabbitMQ's: admin = AMQP + 10000, cluster = AMQP + 20000.
+
+One place for them: the configuration's defaults, ``brokerha cluster up``,
+``brokerha ctl --node amqp://...`` and the test helpers all read these.
+"""
+
+from __future__ import annotations
+
+ADMIN_OFFSET = 10000    # RabbitMQ's management port is 15672 for AMQP 5672
+CLUSTER_OFFSET = 20000  # and its inter-node port 25672
+
+
+def loopback_nodes_toml(nodes: int, base_port: int) -> list[str]:
+    """``[[cluster.nodes]]`` entries n1..nN on 127.0.0.1, AMQP ports from ``base_port``."""
+    entries = []
+    for i in range(nodes):
+        port = base_port + i
+        entries.append(f'[[cluster.nodes]]\nname = "n{i + 1}"\namqp = "127.0.0.1:{port}"\n'
+                       f'admin = "127.0.0.1:{port + ADMIN_OFFSET}"\n'
+                       f'cluster = "127.0.0.1:{port + CLUSTER_OFFSET}"\n')
+    return entries
