@@ -106,9 +106,10 @@ class Backup:
                                 to_ranges(e.position for e in q.ready)])
         return out
 
-    def ack_message(self) -> Ack:
-        """Send only once the store synced what was applied (see the module docstring)."""
-        return Ack(self.epoch, self.me, self.applied_seq)
+    def ack_message(self, seq: int | None = None) -> Ack:
+        """Acknowledge ``seq`` (default: all applied); send it only once the store synced
+        what it covers (see the module docstring)."""
+        return Ack(self.epoch, self.me, self.applied_seq if seq is None else seq)
 
     def take_votes(self) -> list[TxVote]:
         """No votes to send to the primary (a yes is an Ack)."""

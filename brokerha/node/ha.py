@@ -438,7 +438,7 @@ class HANode:
                 return
             if caught_up:
                 self._set_position(el.Position(backup.epoch, seq))
-            self.links.send(self.following, Ack(backup.epoch, self.me, seq))
+            self.links.send(self.following, backup.ack_message(seq))
             if backup.applied_seq > seq:
                 self._schedule_ack()
 
