@@ -33,6 +33,12 @@ class NodeState:
     floor_epoch: int = 0
     floor_seq: int = 0
 
+    def move_to(self, epoch: int, seq: int) -> None:
+        """A new position; the floor rises with it and never falls."""
+        self.pos_epoch, self.pos_seq = epoch, seq
+        if (epoch, seq) > (self.floor_epoch, self.floor_seq):
+            self.floor_epoch, self.floor_seq = epoch, seq
+
 
 class StateFile:
     def __init__(self, data_dir: Path) -> None:
@@ -59,8 +65,7 @@ class StateFile:
                 raise AttributeError(key)
             setattr(self.state, key, value)
         st = self.state
-        if (st.pos_epoch, st.pos_seq) > (st.floor_epoch, st.floor_seq):
-            st.floor_epoch, st.floor_seq = st.pos_epoch, st.pos_seq
+        st.move_to(st.pos_epoch, st.pos_seq)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as f:

@@ -283,9 +283,7 @@ class HANode:
         extra fsync: it commits with the events it describes.
         """
         st = self.state.state
-        st.pos_epoch, st.pos_seq = epoch, seq
-        if (epoch, seq) > (st.floor_epoch, st.floor_seq):
-            st.floor_epoch, st.floor_seq = epoch, seq
+        st.move_to(epoch, seq)
         self.broker.store.put_meta(POSITION_KEY, json.dumps(
             [st.pos_epoch, st.pos_seq, st.floor_epoch, st.floor_seq]))
 
