@@ -1,7 +1,7 @@
 """TransactionReplicator (seed 002): the tx-queues of one primary, applied on a backup.
 
 ``tb`` creates a TxBuffer (DtxBuffer for an XA branch), ``te``/``td`` fill it,
-``tp`` prepares it durably (a store record, synced before the backup's
+``tp`` (XA branches only: a TX has no vote round) prepares it durably (a store record, synced before the backup's
 acknowledgement, which is its yes vote) or refuses (a ``TxVote`` no, when the
 backup cannot apply what the transaction dequeues), ``tc`` applies the
 commit's whole effect -- in one event, hence one loop callback, hence one
@@ -101,6 +101,10 @@ class TransactionReplicator:
         buffer = self.buffers.pop(txid, None)
         if buffer is None or txid in self._refused:
             raise ReplicationError(f"commit of transaction {txid} this backup does not hold")
+        if not buffer.prepared:  # a TX: no vote round, so check here what tp checks
+            problem = self._cannot_apply(buffer)
+            if problem is not None:  # diverged from the primary: join again (a catch-up)
+                raise ReplicationError(f"cannot commit {txid}: {problem}")
         for op in ops:
             kind = op[0]
             if kind == R.OP_REF:

@@ -71,7 +71,7 @@ class ClusterConfig:
     election_timeout: float = 1.5
     backup_timeout: float = 5.0
     verification_timeout: float = 2.0
-    tx_prepare_timeout: float = 5.0  # backups' votes on a transaction's prepare
+    tx_prepare_timeout: float = 5.0  # backups' votes on an XA branch's prepare (TX has none)
     replicate: str = "all"
     policies: list[ReplicationPolicy] = field(default_factory=list)
 

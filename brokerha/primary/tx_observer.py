@@ -6,9 +6,13 @@ tx-queue (``brokerha.primary.tx_queue``) as they happen:
 
 - publish: a ``te`` event (one per message, listing its replicated queues);
 - accept: a ``td`` event per queue (positions are replication ids already);
-- prepare (phase one of tx.commit, or dtx prepare): close the tx-queue, send
-  ``tp``, and complete asynchronously with the backups' votes -- the event
-  loop never waits;
+- prepare of an XA branch (dtx prepare): close the tx-queue, send ``tp``, and
+  complete asynchronously with the backups' votes -- the event loop never
+  waits. A TX (tx.commit) has no vote round: its ``tc`` below is the whole
+  transaction, applied atomically by each backup, and ``tx.commit-ok`` waits
+  for the same quorum of acknowledgements of it as a confirm does, so one
+  backup round trip per commit is enough (docs/ha.md, "One round trip for
+  TX");
 - applying/commit: the Primary captures what the local commit does to the
   replicated queues (enqueues with their new positions, dequeues, and side
   effects such as dead letters) instead of sending ``e``/``d`` events (the
@@ -126,6 +130,8 @@ class PrimaryTxObserver:
         txq.client_id = self.transaction.client_id
         if txq.closed:
             return True  # prepared before (a branch adopted after a failover)
+        if self.xid is None:
+            return True  # TX: no vote round; the tc and its acknowledgements decide
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
         def done(ok: bool) -> None:

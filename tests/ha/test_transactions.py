@@ -9,13 +9,14 @@ import pytest
 
 from brokerha.backup.backup import Backup
 from brokerha.broker.broker import Broker
-from brokerha.broker.dtx import Xid
-from brokerha.broker.transaction import Transaction, TransactionAborted
+from brokerha.broker.dtx import XA, Xid
+from brokerha.broker.transaction import Transaction
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import Events
 from tests.ha.harness import Cluster, contents, publish, route, settle, wire
 
 PRIMARY = "n1"
+XID = Xid(1, b"gtrid-1", b"b1")
 
 
 def world(c: Cluster, *queues: str) -> None:
@@ -112,7 +113,8 @@ def test_a_backup_receives_each_tx_message_body_once() -> None:
         c.primary.take_outbox = spy  # type: ignore[method-assign]
         await settle(c, tx_work(c, "a", n=5).commit())
         kinds = [e[0] for e in sent]
-        assert kinds == ["tb"] + ["te"] * 5 + ["tp", "tc"]  # no e events: the skip set
+        # no tp (a TX has no vote round), no e events (the skip set)
+        assert kinds == ["tb"] + ["te"] * 5 + ["tc"]
         commit = sent[-1]
         assert all(op[0] == R.OP_REF for op in commit[3])  # references, not bodies
         assert len(commit[3]) == 10  # five messages on two queues each
@@ -141,12 +143,82 @@ def test_tx_rollback_leaves_nothing_on_any_backup() -> None:
     run(scenario())
 
 
-# -- votes ---------------------------------------------------------------------------------
+# -- the commit round trip -------------------------------------------------------------------
 
 def nothing_anywhere(c: Cluster) -> None:
     for node in c.nodes.values():
         assert bodies(node.broker, "q1") == [], node.name
         assert bodies(node.broker, "q2") == [], node.name
+
+
+def test_a_tx_commit_makes_one_backup_round_trip_and_waits_for_every_guarded_backup() -> None:
+    """No vote round for a TX: the commit applies at once, commit-ok waits for the tc's acks.
+
+    A silent backup delays the answer (like a confirm) until ``backup_timeout``
+    takes it out of the guarded set; the transaction is not aborted.
+    """
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        c.follow("n2")
+        c.follow("n3")
+        c.pump()
+        c.no_ack.add("n3")
+        await settle(c, tx_work(c, "a").commit())
+        answered: list[int] = []
+        c.broker.after_durable(lambda: answered.append(1))
+        c.pump()
+        assert answered == []  # n2 acknowledged the tc, n3 (guarded) did not
+        assert bodies(c.node("n2").broker, "q1") == [b"a-0", b"a-1", b"a-2"]
+        c.clock.now += c.primary.backup_timeout + 0.1
+        c.primary.tick(c.clock.now)
+        assert answered == [1]  # the primary and n2: a majority of three
+        c.no_ack.clear()
+        c.pump()
+        same(c)
+
+    run(scenario())
+
+
+def test_a_backup_that_cannot_apply_a_tx_commit_joins_again_and_ends_equal() -> None:
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        publish(c.broker, b"old", rk="q3", persistent=True)
+        c.follow("n2")
+        n3 = c.follow("n3")
+        c.pump()
+        tx = tx_work(c, "a", take=1)
+        c.pump()
+        q3 = c.node("n3").broker.vhosts["/"].queues["q3"]
+        q3.settle(q3.get())  # n3 lost the message the transaction consumes
+        c.silent.add("n3")
+        await settle(c, tx.commit())
+        with pytest.raises(R.ReplicationError, match="lacks positions"):
+            for packet in c.primary.take_outbox("n3"):
+                n3.receive(wire(packet))  # type: ignore[arg-type]
+        c.silent.clear()
+        c.follow("n3", position=n3.position)  # the node joins again (node/ha.py)
+        c.pump()
+        same(c)
+        assert bodies(c.node("n3").broker, "q1") == [b"a-0", b"a-1", b"a-2"]
+
+    run(scenario())
+
+
+# -- XA branches: the vote round -----------------------------------------------------------
+
+def dtx_work(c: Cluster, xid: Xid, take: int = 0) -> None:
+    """An XA branch publishing three messages to the fanout and accepting ``take`` of q3."""
+    dtx = c.broker.dtx
+    branch = dtx.start(xid, "channel")
+    for i in range(3):
+        queues, msg = route(c.broker, b"a-%d" % i, rk="", exchange="fan", persistent=True)
+        branch.publish(queues, msg)
+    q3 = c.broker.vhosts["/"].queues["q3"]
+    held = [q3.get() for _ in range(take)]
+    branch.accept([(q3, e) for e in held if e is not None], [])
+    dtx.end(xid, "channel")
 
 
 def test_a_backup_that_cannot_prepare_votes_no_and_nothing_is_applied() -> None:
@@ -157,37 +229,36 @@ def test_a_backup_that_cannot_prepare_votes_no_and_nothing_is_applied() -> None:
         c.follow("n2")
         c.follow("n3")
         c.pump()
-        tx = tx_work(c, "a", take=1)
+        dtx_work(c, XID, take=1)
         c.pump()
         q3 = c.node("n3").broker.vhosts["/"].queues["q3"]
-        q3.settle(q3.get())  # n3 lost the message the transaction consumes
-        with pytest.raises(TransactionAborted):
-            await settle(c, tx.commit())
+        q3.settle(q3.get())  # n3 lost the message the branch consumes
+        assert await settle(c, c.broker.dtx.prepare(XID)) == XA.RBROLLBACK
+        c.pump()
         nothing_anywhere(c)
-        assert bodies(c.broker, "q3") == [] and c.broker.vhosts["/"].queues["q3"].unacked == 1
+        assert bodies(c.broker, "q3") == [b"old"]
         assert c.primary.tx_queues == {}
         assert c.node("n2").broker.ha_transactions == {}
 
     run(scenario())
 
 
-def test_a_backup_lost_during_the_prepare_aborts_the_transaction() -> None:
+def test_a_backup_lost_during_the_prepare_rolls_the_branch_back() -> None:
     async def scenario() -> None:
         c = Cluster(3)
         world(c)
         c.follow("n2")
         c.follow("n3")
         c.pump()
-        tx = tx_work(c, "a")
+        dtx_work(c, XID)
         c.silent.add("n3")
-        task = asyncio.ensure_future(tx.commit())
+        task = asyncio.ensure_future(c.broker.dtx.prepare(XID))
         for _ in range(5):
             await asyncio.sleep(0)
             c.pump()
         assert not task.done()  # n2 voted yes, n3 has not
         c.primary.backup_lost("n3", "link down")
-        with pytest.raises(TransactionAborted):
-            await task
+        assert await task == XA.RBROLLBACK
         c.pump()
         nothing_anywhere(c)
         assert c.node("n2").broker.ha_transactions == {}  # n2 prepared, then rolled back
@@ -202,23 +273,22 @@ def test_a_prepare_without_every_vote_times_out() -> None:
         c.follow("n2")
         c.pump()
         c.no_ack.add("n2")
-        tx = tx_work(c, "a")
-        task = asyncio.ensure_future(tx.commit())
+        dtx_work(c, XID)
+        task = asyncio.ensure_future(c.broker.dtx.prepare(XID))
         for _ in range(5):
             await asyncio.sleep(0)
             c.pump()
         assert not task.done()
         c.clock.now += c.primary.tx_prepare_timeout + 0.1
         c.primary.tick(c.clock.now)
-        with pytest.raises(TransactionAborted):
-            await task
+        assert await task == XA.RBROLLBACK
         c.pump()
         nothing_anywhere(c)
 
     run(scenario())
 
 
-def test_a_backup_that_joins_while_a_tx_is_open_is_in_it_and_votes() -> None:
+def test_a_backup_that_joins_while_a_tx_is_open_is_in_it() -> None:
     async def scenario() -> None:
         c = Cluster(3)
         world(c)
@@ -240,7 +310,6 @@ def test_a_backup_that_joins_while_a_tx_is_open_is_in_it_and_votes() -> None:
 
 # -- DTX and TxTrackers ----------------------------------------------------------------------
 
-XID = Xid(1, b"gtrid-1", b"b1")
 
 
 async def dtx_prepared(c: Cluster, xid: Xid = XID, tag: str = "x", n: int = 3) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from brokerha.broker.dtx import State, Xid
 from brokerha.primary.primary import Primary
 from brokerha.primary.verification import (
     COMMIT,
     IN_DOUBT,
-    ROLLBACK,
     Verification,
     answer,
     carry_out,
@@ -66,8 +66,22 @@ def test_an_open_tx_is_aborted_when_the_primary_fails() -> None:
     asyncio.run(scenario())
 
 
-async def prepared_tx(c: Cluster, commit_reaches: set[str]) -> str:
-    """A TX every backup prepared; its commit event reaches only ``commit_reaches``."""
+async def commit_reaching(c: Cluster, work: Any, reaches: set[str]) -> list[int]:
+    """Run ``work`` (a commit) with only the backups in ``reaches`` hearing its outcome.
+
+    Returns the durability barrier of its answer (``Broker.after_durable``, what
+    commit-ok and XA_OK wait for): a list that stays empty while not released.
+    """
+    c.silent |= {"n2", "n3"} - reaches
+    await settle(c, work)
+    answered: list[int] = []
+    c.broker.after_durable(lambda: answered.append(1))
+    c.pump()
+    return answered
+
+
+async def tx_committed_on(c: Cluster, reaches: set[str]) -> None:
+    """A TX whose commit (its one ``tc``) reaches only ``reaches``: no commit-ok yet."""
     world(c)
     publish(c.broker, b"old", rk="q3", persistent=True)
     c.follow("n2")
@@ -75,41 +89,50 @@ async def prepared_tx(c: Cluster, commit_reaches: set[str]) -> str:
     c.pump()
     tx = tx_work(c, "t", take=1)
     c.pump()
-    txid = next(iter(c.primary.tx_queues))
-    task = asyncio.ensure_future(tx.commit())
-    for _ in range(10):
-        await asyncio.sleep(0)
-        if task.done():
-            break
-        c.pump()
-    await task
-    c.silent |= {"n2", "n3"} - commit_reaches
-    c.pump()
-    for name in ("n2", "n3"):
-        assert (txid in c.node(name).broker.ha_transactions) == (name not in commit_reaches)
-    return txid
+    # every guarded backup acknowledges the commit before commit-ok
+    assert await commit_reaching(c, tx.commit(), reaches) == []
 
 
-def test_a_prepared_tx_nobody_committed_is_rolled_back_everywhere() -> None:
+def test_a_tx_whose_commit_reached_no_backup_is_gone_after_the_failover() -> None:
     async def scenario() -> None:
         c = Cluster(3)
-        txid = await prepared_tx(c, commit_reaches=set())
-        assert promote_verified(c, "n2", 2, ["n3"]) == {txid: ROLLBACK}
+        await tx_committed_on(c, reaches=set())
+        assert bodies(c.broker, "q1") == [b"t-0", b"t-1", b"t-2"]  # the old primary applied it
+        assert promote_verified(c, "n2", 2, ["n3"]) == {}  # no prepared record: no vote round
         assert bodies(c.broker, "q1") == [] and bodies(c.broker, "q3") == [b"old"]
-        assert c.broker.ha_transactions == {} and c.node("n3").broker.ha_transactions == {}
         same_everywhere(c, "n3")
 
     asyncio.run(scenario())
 
 
-def test_a_prepared_tx_another_node_committed_is_committed_by_the_new_primary() -> None:
+def test_a_tx_whose_commit_reached_the_elected_backup_is_everywhere_after_the_failover() -> None:
     async def scenario() -> None:
         c = Cluster(3)
-        txid = await prepared_tx(c, commit_reaches={"n3"})
-        assert promote_verified(c, "n2", 2, ["n3"]) == {txid: COMMIT}
+        await tx_committed_on(c, reaches={"n3"})
+        assert promote_verified(c, "n3", 2, ["n2"]) == {}
         assert bodies(c.broker, "q1") == [b"t-0", b"t-1", b"t-2"]
         assert bodies(c.broker, "q3") == []
+        same_everywhere(c, "n2")  # n2 never saw the tc: the catch-up brought the whole of it
+
+    asyncio.run(scenario())
+
+
+def test_a_prepared_dtx_another_node_committed_is_committed_by_the_new_primary() -> None:
+    async def scenario() -> None:
+        c = Cluster(3)
+        world(c)
+        c.follow("n2")
+        c.follow("n3")
+        c.pump()
+        await dtx_prepared(c)
+        txid = f"dtx:{XID.key}"
+        assert await commit_reaching(c, c.broker.dtx.commit(XID), {"n3"}) == []
+        assert txid in c.node("n2").broker.ha_transactions
+        assert txid not in c.node("n3").broker.ha_transactions
+        assert promote_verified(c, "n2", 2, ["n3"]) == {txid: COMMIT}
+        assert bodies(c.broker, "q1") == [b"x-0", b"x-1", b"x-2"]
         assert c.broker.outcomes.committed(txid)
+        assert c.broker.dtx.recover() == []
         same_everywhere(c, "n3")  # n3's copy, at the old primary's positions, was replaced
 
     asyncio.run(scenario())

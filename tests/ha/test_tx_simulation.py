@@ -32,16 +32,18 @@ def test_a_thousand_seeds_keep_every_transaction_atomic_agreed_and_durable() -> 
     assert seen["failover"] > CI_SEEDS and seen["crash"] > 3 * CI_SEEDS
     assert seen["link loss"] > 3 * CI_SEEDS
     assert seen["commit-ok"] > 2 * CI_SEEDS and seen["xa committed"] > CI_SEEDS // 2
-    assert seen["verify in doubt"] > 100 and seen["verify rollback"] > 100
-    assert seen["verify commit"] > 0
+    # prepared records are XA branches only (a TX has no vote round, docs/ha.md)
+    # (a verification commit, an XA branch some node committed, is rarer: about 1 in
+    # 300 seeds; the slow run and test_tx_promotion.py cover it)
+    assert seen["verify in doubt"] > 100 and seen["verify rollback"] == 0
 
 
 @pytest.mark.parametrize(("rule", "seed", "says"), [
     # a backup acknowledges (its yes vote included) before its store synced: it
     # crashes, comes back without the transaction, and is elected
-    ("early_ack", 373, "decided committed (commit-ok) is not committed on the primary"),
+    ("early_ack", 83, "decided committed (commit-ok) is not committed on the primary"),
     # no TxTrackers: a backup that joined during the prepare is ready without the commit
-    ("no_tx_trackers", 1, "is reported ready but lacks"),
+    ("no_tx_trackers", 0, "is reported ready but lacks"),
 ])
 def test_the_checker_catches_a_broken_rule(rule: str, seed: int, says: str) -> None:
     result = run_seed(seed, unsafe=Unsafe.of([rule]))
@@ -55,17 +57,17 @@ def test_without_tx_trackers_most_seeds_fail() -> None:
 
 
 def test_a_violation_names_the_seed_and_ends_the_trace() -> None:
-    result = run_seed(373, unsafe=Unsafe(early_ack=True))
-    assert result.violation is not None and result.violation.startswith("seed 373: ")
+    result = run_seed(83, unsafe=Unsafe(early_ack=True))
+    assert result.violation is not None and result.violation.startswith("seed 83: ")
     assert 0 < len(result.trace) <= TRACE_TAIL
     assert "CRASH" in "\n".join(result.trace)
 
 
 def test_a_seed_is_reproduced_by_its_number_in_another_process() -> None:
-    here = run_seed(1493, unsafe=Unsafe(early_ack=True))
+    here = run_seed(120, unsafe=Unsafe(early_ack=True))
     assert here.violation is not None
     env = dict(os.environ, PYTHONHASHSEED="12345")
-    out = subprocess.run([sys.executable, "-m", "tests.ha.tx_simulation", "--seed", "1493",
+    out = subprocess.run([sys.executable, "-m", "tests.ha.tx_simulation", "--seed", "120",
                           "--seeds", "1", "--jobs", "1", "--unsafe", "early_ack", "--trace"],
                          capture_output=True, text=True, env=env, timeout=120, check=False)
     assert out.returncode == 1
