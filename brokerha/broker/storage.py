@@ -162,6 +162,14 @@ class Store(ConfigurationObserver, QueueObserver):
         """Run ``callback`` once everything written so far is durable."""
         raise NotImplementedError
 
+    def before_batch(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` (loop thread) right before each batch of writes is handed over.
+
+        What the hook records joins that batch: the HA primary writes its
+        position there, so a confirm waits for one commit, not two in a row.
+        A store without batches (memory) writes at once and needs no hook.
+        """
+
     def load(self) -> Definitions:
         raise NotImplementedError
 

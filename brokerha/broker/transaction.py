@@ -45,6 +45,9 @@ class TransactionObserver(Protocol):
 
     # Optional: ``refusal`` (str), why ``prepare`` said no; it becomes the text of the
     # TransactionAborted (and so of the client's 406 on tx.commit).
+    # Optional: ``prepare_needed() -> bool``, False when ``prepare`` would say yes at
+    # once; when no observer needs it, tx.commit applies in the same loop callback
+    # (no task, no extra loop iteration). An observer without it is always awaited.
 
 
 class TransactionObserverFactory(Protocol):
@@ -106,6 +109,14 @@ class Transaction:
         if not requeue:
             for observer in self.observers:
                 observer.accept(entries, [])
+
+    def needs_prepare(self) -> bool:
+        """Whether phase one must be awaited (some observer may say no, or later)."""
+        for observer in self.observers:
+            needed = getattr(observer, "prepare_needed", None)
+            if needed is None or needed():
+                return True
+        return False
 
     async def prepare(self) -> bool:
         """Phase one on every observer; all must say yes."""

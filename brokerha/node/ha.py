@@ -80,6 +80,8 @@ class HANode:
         self._durable_seq = 0               # the primary's own durable position
         self._durable_waiters: list[Any] = []
         self._position_scheduled = False
+        # the position goes into the store batch of the events it covers (see _position_due)
+        self.broker.store.before_batch(self._position_due)
         self._ticker: asyncio.Task[None] | None = None
         self._verification: verify.Verification | None = None
         self._pending_joins: dict[str, tuple[int, Join]] = {}  # held while verifying
@@ -310,7 +312,18 @@ class HANode:
         """
         if not self._position_scheduled:
             self._position_scheduled = True
-            asyncio.get_running_loop().call_soon(self._record_primary_position)
+            asyncio.get_running_loop().call_soon(self._position_due)
+
+    def _position_due(self) -> None:
+        """Record the scheduled position: as the store hands its next batch over, or after.
+
+        The store calls this right before it hands a batch to its writer
+        (``Store.before_batch``), so the position commits with the events it
+        covers and a confirm waits for one disk sync; the ``call_soon`` of
+        ``_schedule_position`` covers a loop iteration that wrote nothing.
+        """
+        if self._position_scheduled:
+            self._record_primary_position()
 
     def _record_primary_position(self) -> None:
         self._position_scheduled = False

@@ -122,6 +122,10 @@ class PrimaryTxObserver:
 
     # -- phases -----------------------------------------------------------------------------
 
+    def prepare_needed(self) -> bool:
+        """Only an XA branch's first prepare waits (for the votes); a TX commits at once."""
+        return self.xid is not None and self.queue is not None and not self.queue.closed
+
     async def prepare(self) -> bool:
         self._last = None
         txq = self.queue

@@ -122,6 +122,7 @@ class SQLStore(Store):
         self._closed = False
         self._ops: list[Op] = []
         self._callbacks: list[Callback] = []
+        self._batch_hooks: list[Callable[[], None]] = []  # before_batch
         self._handoff_scheduled = False
         self._inflight = 0  # units handed over and not yet reported durable (loop thread)
         self._reader: Any = None  # connection for read_bodies (loop thread), opened on demand
@@ -234,8 +235,13 @@ class SQLStore(Store):
             self._handoff_scheduled = True
             self._loop.call_soon(self._handoff)
 
+    def before_batch(self, hook: Callable[[], None]) -> None:
+        self._batch_hooks.append(hook)
+
     def _handoff(self) -> None:
         self._handoff_scheduled = False
+        for hook in self._batch_hooks:
+            hook()
         if self.failed is not None:  # nothing will be written again: do not pile up
             self._ops.clear()
             self._callbacks.clear()

@@ -50,7 +50,7 @@ def commit(ch: Channel, m: commands.Tx.Commit) -> None:
     if tx is None:
         broker.after_durable(commit_ok)
         return
-    if not tx.observers:
+    if not tx.needs_prepare():
         tx.commit_prepared()  # applies and records a named transaction's outcome
         committed()
         return
