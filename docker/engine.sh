@@ -9,6 +9,9 @@
 #   docker/engine.sh wheels       build brokerha and its dependencies as wheels on the host
 #                                 (into docker/wheels/; the host's pip has its configuration)
 #   docker/engine.sh build        base-image + wheels + `docker build` of the node image
+#   docker/engine.sh compose ...  Docker Compose with these arguments (`docker compose` if the
+#                                 plugin is there, else `docker-compose`, which it installs
+#                                 with apt if missing: Debian's package, version 1.29)
 #
 # Environment: BROKERHA_IMAGE (default brokerha:dev), BROKERHA_BASE_IMAGE (default
 # brokerha-base:bookworm; set it to e.g. python:3.11-slim where a registry is reachable and
@@ -21,6 +24,7 @@
 # --bridge=none --iptables=false --ip6tables=false. It needs root. Exit codes: 0 done,
 # 1 failure, 2 impossible here (not root, no dockerd and no apt-get) — tests skip on 2.
 set -euo pipefail
+CALLER_DIR=$(pwd)  # compose's -f paths are the caller's
 cd "$(dirname "$0")"
 DOCKER_DIR=$(pwd)
 REPO=$(cd .. && pwd)
@@ -162,6 +166,13 @@ cmd_build() {
     say "built $IMAGE"
 }
 
+cmd_compose() {
+    cd "$CALLER_DIR"
+    if docker compose version >/dev/null 2>&1; then exec docker compose "$@"; fi
+    apt_install docker-compose docker-compose
+    exec docker-compose "$@"
+}
+
 case "${1:-}" in
     start) cmd_start ;;
     stop) cmd_stop ;;
@@ -169,5 +180,6 @@ case "${1:-}" in
     base-image) mkdir -p "$STATE"; cmd_base_image ;;
     wheels) cmd_wheels ;;
     build) cmd_build ;;
-    *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
+    compose) shift; cmd_compose "$@" ;;
+    *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 64 ;;
 esac

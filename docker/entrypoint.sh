@@ -9,6 +9,8 @@
 #   BROKERHA_LOG_LEVEL       debug | info | warning | error
 #   BROKERHA_CLUSTER_SECRET  written to $BROKERHA_DATA/cluster-secret (mode 0600) for a
 #                            configuration with secret_file = "/var/lib/brokerha/cluster-secret"
+#   BROKERHA_TXLOG_SECRET    written to $BROKERHA_DATA/txlog-secret (mode 0600) for a [txlog]
+#                            section with secret-file = "/var/lib/brokerha/txlog-secret"
 #
 # Arguments are passed on to `brokerha node`; a first argument that is not an option
 # (e.g. `brokerha ctl ...`, `sh`) is run instead.
@@ -21,6 +23,9 @@ data=${BROKERHA_DATA:-/var/lib/brokerha}
 mkdir -p "$data"
 if [ -n "${BROKERHA_CLUSTER_SECRET:-}" ]; then
     (umask 077 && printf '%s\n' "$BROKERHA_CLUSTER_SECRET" > "$data/cluster-secret")
+fi
+if [ -n "${BROKERHA_TXLOG_SECRET:-}" ]; then
+    (umask 077 && printf '%s\n' "$BROKERHA_TXLOG_SECRET" > "$data/txlog-secret")
 fi
 config=${BROKERHA_CONFIG:-/etc/brokerha/brokerha.toml}
 if [ -f "$config" ]; then

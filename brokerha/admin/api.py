@@ -14,6 +14,17 @@ the admin listener, these and the status page and metrics:
 | ``GET /api/permissions`` | administrator | user × vhost permission patterns |
 | ``GET /api/txlog`` | none | the TxLog master's state on this node (``running: false`` and a reason when it runs none) |
 | ``POST /api/txlog/export`` | administrator | ``{"out": DIR}``: Parquet export of this node's TxLog (docs/txlog-export.md) |
+| ``POST /api/txlog/peers`` | administrator | ``{"id": DC, "url": "txlog://host:port[, ...]"}``: add a sync peer at runtime |
+| ``POST /api/txlog/peers/remove`` | administrator | ``{"id": DC}``: remove a sync peer at runtime |
+| ``POST /api/txlog/split-recovery`` | administrator | ``{"value": "None"|"Simple"|"Smart"}`` (refused during a split) |
+
+The three TxLog changes are accepted only by the node running the DC's master
+(a standalone node with ``[txlog]``, or the serving primary); another node
+answers 409 naming the primary it knows. Input the master could never accept
+(no id, a bad URL, an unknown strategy) is a 400; a change it refuses now
+(a peer already configured, an unknown peer, during a split or a vote) a 409.
+On an HA primary the answer waits (up to 5 s) for the change to reach the DC's
+quorum and says in ``replicated`` whether it did.
 
 Reading status, queues and metrics needs no credentials, as ``/api/status``
 (what a monitoring probe needs); who connects and who may do what is for
@@ -29,6 +40,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from brokerha.admin.http import HTTPError, Request, Response
+from brokerha.txlog.config import ConfigError, SplitRecovery
+from brokerha.txlog.settings import parse_urls
 
 # The node (brokerha.node.server.Node) these endpoints read. Not imported: the
 # admin package sits below the node, which installs the endpoints on itself.
@@ -48,6 +61,9 @@ def install(node: Node) -> None:
     node.admin.route("GET", "/api/permissions", api.permissions, admin=True)
     node.admin.route("GET", "/api/txlog", api.txlog)
     node.admin.route("POST", "/api/txlog/export", api.txlog_export, admin=True)
+    node.admin.route("POST", "/api/txlog/peers", api.txlog_add_peer, admin=True)
+    node.admin.route("POST", "/api/txlog/peers/remove", api.txlog_remove_peer, admin=True)
+    node.admin.route("POST", "/api/txlog/split-recovery", api.txlog_split_recovery, admin=True)
 
 
 def txlog_status(node: Node) -> dict[str, Any]:
@@ -124,6 +140,100 @@ class AdminAPI:
         folder = await driver.export(out)
         return Response.json({"folder": str(folder),
                               "files": sorted(p.name for p in folder.iterdir())})
+
+
+    # -- TxLog changes at runtime (the node running the DC's master only) ---------------
+
+    async def txlog_add_peer(self, request: Request) -> Response:
+        body = _object(request)
+        node_id, url = body.get("id"), body.get("url")
+        if not isinstance(node_id, str) or not node_id.strip():
+            raise HTTPError(400, 'id: the peer\'s TxLog node id, e.g. {"id": "dc2", "url": ...}')
+        if not isinstance(url, str):
+            raise HTTPError(400, "url: txlog://host:port (an HA datacenter: every node's, "
+                                 "comma-separated)")
+        node_id, url = node_id.strip(), url.strip()
+        try:
+            parse_urls(url, f"url of peer {node_id}")
+        except ConfigError as exc:
+            raise HTTPError(400, str(exc)) from None
+        bridge = _txlog_master(self.node)
+        replicated = await _change(bridge.add_peer(node_id, url))
+        return _changed(self.node, replicated, f"peer {node_id} added ({url})")
+
+    async def txlog_remove_peer(self, request: Request) -> Response:
+        node_id = _object(request).get("id")
+        if not isinstance(node_id, str) or not node_id.strip():
+            raise HTTPError(400, 'id: the peer\'s TxLog node id, e.g. {"id": "dc2"}')
+        bridge = _txlog_master(self.node)
+        replicated = await _change(bridge.remove_peer(node_id.strip()))
+        return _changed(self.node, replicated, f"peer {node_id.strip()} removed")
+
+    async def txlog_split_recovery(self, request: Request) -> Response:
+        value = _object(request).get("value")
+        if not isinstance(value, str):
+            raise HTTPError(400, "value: None, Simple or Smart")
+        try:
+            strategy = SplitRecovery.parse(value)
+        except ConfigError as exc:
+            raise HTTPError(400, str(exc)) from None
+        bridge = _txlog_master(self.node)
+        replicated = await _change(bridge.set_split_recovery(strategy.value))
+        return _changed(self.node, replicated, f"split-recovery {strategy.value}")
+
+
+def _object(request: Request) -> dict[str, Any]:
+    body = request.json()
+    if not isinstance(body, dict):
+        raise HTTPError(400, "body: a JSON object")
+    return body
+
+
+def _txlog_master(node: Node) -> Any:
+    """The bridge of the master running here, or a 409 saying where it runs.
+
+    Only this node's master may change its peers or strategy: a backup's copy
+    is replaced by whatever its primary replicates next.
+    """
+    bridge = getattr(node, "txlog", None)
+    if bridge is not None and bridge.driver is not None:
+        return bridge
+    me = node.config.name
+    if bridge is None:
+        raise HTTPError(409, f"node {me}: {TXLOG_NOT_CONFIGURED}")
+    where = ""
+    ha = getattr(node, "ha", None)
+    if ha is not None:
+        primary = ha.election.primary
+        if primary is None:
+            where = "; no primary is serving (an election is under way, or no majority is up)"
+        elif primary == me:
+            where = "; this node is becoming the primary: retry in a moment"
+        else:
+            url = next((m.admin_url for m in ha.cluster.members if m.name == primary), None)
+            where = (f"; the DC's serving primary is {primary}"
+                     f"{f' ({url})' if url else ''}: send the change there")
+    raise HTTPError(409, f"node {me} does not run the TxLog master {bridge.node_id} "
+                         f"({bridge.reason}){where}")
+
+
+async def _change(work: Any) -> bool:
+    """Run a bridge change; the engine's refusal (``ConfigError``) is a 409."""
+    try:
+        return bool(await work)
+    except ConfigError as exc:
+        raise HTTPError(409, str(exc)) from None
+    except ConnectionError as exc:  # the master stopped meanwhile (demotion, shutdown)
+        raise HTTPError(409, f"{exc}: nothing changed; ask the serving primary") from None
+
+
+def _changed(node: Node, replicated: bool, what: str) -> Response:
+    status = txlog_status(node)
+    message = f"{status['master']} on {status['node']}: {what}"
+    if not replicated:
+        message += ("; NOT yet on the datacenter's quorum (a failover now could undo it; "
+                    "check the backups with 'ctl status')")
+    return Response.json({**status, "replicated": replicated, "message": message})
 
 
 def queue_list(node: Node) -> list[dict[str, Any]]:

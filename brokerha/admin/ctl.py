@@ -238,7 +238,26 @@ def cmd_txlog_status(args: argparse.Namespace) -> int:
     queues = answer.get("global_queues") or {}
     if queues:
         _table([[k, n] for k, n in queues.items()], ["global queue", "messages"])
+    _print_split_recovery(answer)
     return 0
+
+
+def _print_split_recovery(answer: dict[str, Any]) -> None:
+    """The broker state's backup at the last split and its restore + replay at the rejoin."""
+    recovery = answer.get("recovery") or {}
+    counters = answer.get("bridge") or {}
+    backup, restore = recovery.get("last_backup"), recovery.get("last_restore")
+    if backup:
+        print(f"split recovery: backup at position {backup['position']} "
+              f"({backup['messages']} message(s), {backup['missing']} not recoverable)")
+    if restore:
+        print(f"split recovery: restored to position {restore['position']} "
+              f"({restore['removed']} removed, {restore['rebuilt']} rebuilt, "
+              f"{restore['kept_held']} held kept); replayed {counters.get('replayed', 0)} "
+              f"transaction(s)")
+    elif counters.get("replayed"):
+        print(f"split recovery: replayed {counters['replayed']} transaction(s) on the "
+              "current state")
 
 
 def cmd_txlog_export(args: argparse.Namespace) -> int:
@@ -248,6 +267,47 @@ def cmd_txlog_export(args: argparse.Namespace) -> int:
         _dump(answer)
         return 0
     print(f"exported to {answer.get('folder')}: {', '.join(answer.get('files') or [])}")
+    return 0
+
+
+def _txlog_change(args: argparse.Namespace, path: str, body: dict[str, Any]) -> int:
+    """POST one TxLog change to ``--node`` (it must run the master: no redirection).
+
+    The node that runs the master is the one the operator means to change;
+    sending it on to another node could change a master the operator did not
+    name (a DC's primary can move between the status lookup and the POST).
+    """
+    answer = request(admin_url(args.node), path, body=body, user=args.user,
+                     password=args.password, timeout=15.0)
+    if args.json:
+        _dump(answer)
+        return 0
+    print(answer.get("message", ""))
+    print(f"peers: {', '.join(p['id'] for p in answer.get('peers') or []) or 'none'}; "
+          f"split-recovery {answer.get('split_recovery')}")
+    return 0
+
+
+def cmd_txlog_add_peer(args: argparse.Namespace) -> int:
+    return _txlog_change(args, "/api/txlog/peers", {"id": args.peer_id, "url": args.url})
+
+
+def cmd_txlog_remove_peer(args: argparse.Namespace) -> int:
+    return _txlog_change(args, "/api/txlog/peers/remove", {"id": args.peer_id})
+
+
+def cmd_txlog_split_recovery(args: argparse.Namespace) -> int:
+    if args.value is not None:
+        return _txlog_change(args, "/api/txlog/split-recovery", {"value": args.value})
+    answer = request(admin_url(args.node), "/api/txlog")
+    if args.json:
+        _dump({k: answer.get(k) for k in ("node", "master", "running", "reason", "split",
+                                          "split_recovery")})
+        return 0 if answer.get("running") else 1
+    if not answer.get("running"):
+        raise CtlError(f"TxLog: not running on {answer.get('node')}: {answer.get('reason', '')}")
+    print(f"{answer.get('master')} on {answer.get('node')}: split-recovery "
+          f"{answer.get('split_recovery')}{' (split now)' if answer.get('split') else ''}")
     return 0
 
 
@@ -288,6 +348,23 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--json", action="store_true")
     p.set_defaults(ctl_handler=cmd_txlog_export)
+    p = txsub.add_parser("add-peer", help="add a sync peer at runtime (administrator; the "
+                         "node running the master)")
+    p.add_argument("peer_id", metavar="ID")
+    p.add_argument("url", metavar="URL", help="txlog://host:port (an HA datacenter: every "
+                   "node's, comma-separated, quoted)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(ctl_handler=cmd_txlog_add_peer)
+    p = txsub.add_parser("remove-peer", help="remove a sync peer at runtime (administrator)")
+    p.add_argument("peer_id", metavar="ID")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(ctl_handler=cmd_txlog_remove_peer)
+    p = txsub.add_parser("split-recovery", help="show, or set None|Simple|Smart (administrator; "
+                         "refused during a split)")
+    p.add_argument("value", nargs="?", metavar="STRATEGY",
+                   help="None, Simple or Smart (case-insensitive); omitted: show the current one")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(ctl_handler=cmd_txlog_split_recovery)
     parser.set_defaults(handler=main)
 
 

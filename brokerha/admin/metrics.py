@@ -4,15 +4,12 @@ Nothing is instrumented on the message path: a per-node ``CollectorRegistry``
 holds one collector that reads the live objects when Prometheus scrapes —
 the queues (their ``published``/``delivered`` counters and depths), the AMQP
 connections, the HA layer (role, epoch, readiness, failover history) and, on
-the primary, each backup's replication session. Every name is listed with its
-meaning in ``docs/operations.md``.
-
-Not exported because nothing measures it yet (no fake values):
-
-- a commit latency histogram (tx.commit → commit-ok) needs a hook in
-  ``amqp/methods/tx.py``;
-- the TxLog's round latency (its agreement latency p50/p99 is in
-  ``brokerha ctl txlog status``, not here).
+the primary, each backup's replication session, and the TxLog master where
+the node runs one (its queues, view and agreement latency). The latency
+histograms are kept where the time is measured: the broker's
+``stats.commit_latency`` and the TxLog driver's ``latency`` (the samples of
+its ``latency_ms``). Every name is listed with its meaning in
+``docs/operations.md``.
 """
 
 from __future__ import annotations
@@ -142,6 +139,15 @@ class NodeCollector:
                                 value=1 if engine.split else 0)
         yield GaugeMetricFamily("brokerha_txlog_members", "Masters in this master's view "
                                 "(itself included)", value=len(engine.members))
+        yield GaugeMetricFamily("brokerha_txlog_generation", "Generation of this master's "
+                                "view (it moves on every membership change)",
+                                value=engine.generation)
+        agreement = HistogramMetricFamily(
+            "brokerha_txlog_agreement_latency_seconds", "A local transaction on global queues "
+            "from its acquisition by this master to its place in the synchronised order (the "
+            "TxLog rounds with every member), since the master started on this node")
+        agreement.add_metric([], driver.latency.cumulative(), driver.latency.sum)
+        yield agreement
         applied = CounterMetricFamily("brokerha_txlog_applied", "Ordered transactions applied "
                                       "to this node's global queues, by validation outcome",
                                       labels=["outcome"])

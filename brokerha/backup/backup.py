@@ -22,6 +22,10 @@ observing it (refused at construction), so applying an event feeds nothing
 back. Its queues keep no timers (``backup.timers``): TTL and ``x-expires``
 act through the primary's dequeue and delete events.
 
+The TxLog's ``l*`` events go to ``txlog`` (the node's ``TxLogReplica``,
+``brokerha/txlog/replica.py``), which writes them into this node's TxLog
+journal; the node acknowledges only once that journal is synced too.
+
 Transactions: the ``t*`` events go to the TransactionReplicator
 (``transaction_replicator.py``); a ``TxVote`` it could not give as an
 acknowledgement waits in ``votes`` for the node to send (``take_votes``).
@@ -58,7 +62,8 @@ def as_position(position: Any) -> tuple[int, int]:
 
 
 class Backup:
-    def __init__(self, broker: Broker, *, me: str, epoch: int, position: Any) -> None:
+    def __init__(self, broker: Broker, *, me: str, epoch: int, position: Any,
+                 txlog: Any = None) -> None:
         if any(getattr(o, "is_ha_primary", False) for o in broker.observers.configuration):
             raise RuntimeError("a backup's broker must not be observed by a Primary: "
                                "close the Primary first")
@@ -73,6 +78,9 @@ class Backup:
         self.config = BrokerReplicator(broker, self._queue_gone)
         self._queues: dict[tuple[str, str], QueueReplicator] = {}
         self.transactions = TransactionReplicator(broker, self._replicator, me, epoch)
+        # the TxLog's ``l*`` events (brokerha/txlog/replica.py: ``apply(event)``), if any
+        self.txlog = txlog
+        self._txlog_warned = False
         hold_all_timers(broker)
 
     @property
@@ -147,6 +155,13 @@ class Backup:
             self._replicator(event[1], event[2]).dequeue(event[3])
         elif kind in R.TX_EVENTS:
             self.transactions.apply(event)
+        elif kind in R.TXLOG_EVENTS:
+            if self.txlog is not None:
+                self.txlog.apply(event)
+            elif not self._txlog_warned:
+                self._txlog_warned = True
+                log.warning("node %s: the primary replicates a TxLog but this node has no "
+                            "[txlog] section; its TxLog events are ignored", self.me)
         elif kind in CONFIGURATION_EVENTS:
             self.config.apply(event)
         elif kind == R.CATCH_UP_BEGINS:

@@ -9,14 +9,15 @@ accepts, and whose ``prepare`` the broker awaits before it commits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from brokerha.broker.queue import QueueHooks, noop_hook
 from brokerha.broker.transaction import TransactionObserver, TransactionObserverFactory
 
 if TYPE_CHECKING:
     from brokerha.broker.exchange import Binding, Exchange
-    from brokerha.broker.message import Entry
+    from brokerha.broker.message import Entry, Message
     from brokerha.broker.queue import Queue
 
 __all__ = [
@@ -31,6 +32,11 @@ class ConfigurationObserver:
     def exchange_declared(self, exchange: Exchange) -> None: ...
     def exchange_deleted(self, exchange: Exchange) -> None: ...
     def queue_declared(self, queue: Queue) -> None: ...
+
+    def queue_declaring(self, vhost: str, name: str, exclusive: bool, auto_delete: bool,
+                        arguments: dict[str, Any]) -> None:
+        """Before a new queue is created: raise a BrokerError (e.g. 406) to refuse it."""
+
     def queue_deleted(self, queue: Queue) -> None: ...
     def binding_created(self, binding: Binding) -> None: ...
     def binding_deleted(self, binding: Binding) -> None: ...
@@ -61,6 +67,9 @@ class Observers:
         self.configuration: list[ConfigurationObserver] = []
         self.queue_hooks = QueueHooks()
         self.transactions: list[TransactionObserverFactory] = []
+        # enqueues the broker makes itself (dead-lettering) into global queues go through
+        # this instead of Queue.enqueue: the TxLog bridge orders them across datacenters
+        self.ordered_publisher: Callable[[list[Queue], Message], None] | None = None
 
     def add_configuration_observer(self, observer: ConfigurationObserver) -> None:
         self.configuration.append(observer)

@@ -463,6 +463,14 @@ class Queue:
         """An acquired entry that an ordered dequeue already removed elsewhere."""
         return entry.position in self._withdrawn
 
+    def own_withdrawal(self, entry: Entry) -> None:
+        """The ordered dequeue that withdrew this held entry was its holder's own.
+
+        So the holder's settlement is not void: a reject without requeue
+        dead-letters the message here, in the datacenter whose consumer rejected it.
+        """
+        self._withdrawn.discard(entry.position)
+
     def reject(self, entry: Entry) -> None:
         """Rejected without requeue: dead-lettered if the queue has a DLX, else dropped."""
         if entry.position in self._withdrawn:

@@ -184,6 +184,8 @@ class VirtualHost:
             existing.last_used = self.clock()
             return existing
         A.validate_queue_arguments(self.name, name, args)
+        for obs in self.observers.configuration:
+            obs.queue_declaring(self.name, name, exclusive, auto_delete, args)
         q = Queue(self.name, name, durable=durable,
                   exclusive_owner=owner if exclusive else None,
                   auto_delete=auto_delete, arguments=args,
@@ -223,6 +225,12 @@ class VirtualHost:
     def delete_queue(self, name: str, *, owner: object, if_unused: bool = False,
                      if_empty: bool = False) -> int:
         q = self.queue_for(name, owner)
+        if q.is_global and (q.message_count or q.unacked):
+            # the other datacenters keep their copies: deleting one would make them differ
+            raise PreconditionFailed(
+                f"queue '{name}' in vhost '{self.name}' is a global queue and not empty "
+                f"({q.message_count} ready, {q.unacked} unacknowledged): deleting it would drop "
+                "its messages in this datacenter only; consume and acknowledge them first")
         if if_unused and q.consumers:
             raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' in use")
         if if_empty and q.message_count:
@@ -246,7 +254,14 @@ class VirtualHost:
         self.remove_queue(q)
 
     def purge_queue(self, name: str, owner: object) -> int:
-        return self.queue_for(name, owner).purge()
+        q = self.queue_for(name, owner)
+        if q.is_global:
+            # a purge is not an ordered operation: it would empty this datacenter's copy only
+            raise PreconditionFailed(
+                f"queue.purge not supported on global queue '{name}' in vhost '{self.name}' "
+                "(it would drop the messages in this datacenter only; consume and acknowledge "
+                "them: each acknowledgement is ordered across datacenters)")
+        return q.purge()
 
     # -- bindings --------------------------------------------------------------------
 
@@ -333,6 +348,11 @@ class VirtualHost:
             header = _dead_letter_header(message, queue, reason)
             dead = Message(dlx.name, key, header, message.body)
             targets = [q for q in self.route(dlx, dead) if q is not queue or reason != "expired"]
+            ordered = [q for q in targets if q.is_global]
+            if ordered and self.observers.ordered_publisher is not None:
+                # into a global queue: an enqueue ordered across datacenters, like a publish
+                self.observers.ordered_publisher(ordered, dead)
+                targets = [q for q in targets if not q.is_global]
             for target in targets:
                 target.enqueue(dead, deduplicate=False)  # a DLX retry loop must not drop it
 

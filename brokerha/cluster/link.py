@@ -49,6 +49,12 @@ _MSG_ID_WRAP = 0xFFFFFFFF
 
 OnMessage = Callable[[str, int, Message], None]
 OnPeer = Callable[[str], None]
+Address = tuple[str, int]
+
+
+def _addresses(value: Address | list[Address]) -> list[Address]:
+    """A peer's addresses: one, or a list tried in turn (the nodes of an HA datacenter)."""
+    return list(value) if isinstance(value, list) else [value]
 
 
 def tls_contexts(cert: Path, key: Path, ca: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
@@ -249,7 +255,7 @@ class _Connection(asyncio.Protocol):
 class ClusterLinks:
     """The links of one node to all its configured peers."""
 
-    def __init__(self, cluster: str, me: str, peers: dict[str, tuple[str, int]],
+    def __init__(self, cluster: str, me: str, peers: dict[str, Address | list[Address]],
                  listen: tuple[str, int], secret: bytes, on_message: OnMessage,
                  on_peer_up: OnPeer, on_peer_down: OnPeer,
                  ssl_server: ssl.SSLContext | None = None,
@@ -304,7 +310,7 @@ class ClusterLinks:
             self._dials[peer] = task
             self._tasks.append(task)
 
-    def add_peer(self, peer: str, address: tuple[str, int]) -> None:
+    def add_peer(self, peer: str, address: Address | list[Address]) -> None:
         """Configure a new peer at runtime (dialed at once if we dial it)."""
         if peer == self.me or peer in self.peers:
             raise ValueError(f"peer {peer!r}: already configured")
@@ -384,10 +390,20 @@ class ClusterLinks:
         return _Connection(self, acceptor, "", tls_server=self.ssl_server)
 
     async def _dial_forever(self, peer: str) -> None:
+        """Dial ``peer`` until closed; with several addresses, try them in turn.
+
+        A peer given as a list is a datacenter whose serving node is the only
+        one listening (the TxLog master of an HA primary): a refused or lost
+        address moves on to the next one at once, and the backoff grows only
+        after a whole round of them failed. A link that comes up stays on its
+        address until it is lost.
+        """
         loop = asyncio.get_running_loop()
-        host, port = self.peers[peer]
+        addresses = _addresses(self.peers[peer])
+        index = 0
         delay = BACKOFF_MIN
         while not self._closing:
+            host, port = addresses[index]
             conn = _Connection(self, Dialer(self.cluster, self.me, peer, self.secret,
                                             max_packet=self.max_packet), f"{host}:{port}")
             try:
@@ -402,6 +418,10 @@ class ClusterLinks:
                 await conn.lost
                 if conn.established:
                     delay = BACKOFF_MIN
+            index = (index + 1) % len(addresses)
+            if index and len(addresses) > 1:
+                await asyncio.sleep(BACKOFF_MIN / 5)  # the next node of the same round
+                continue
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, BACKOFF_MAX)
 

@@ -28,7 +28,26 @@ kind     fields after the kind                                           meaning
 ``tc``   txid, client tx id, ops                                         tx commit
 ``tr``   txid, client tx id                                              tx rollback
 ``to``   [[txid, client tx id, outcome, at], ...]                        outcomes (catch-up)
+``lr``   journal seq, record body                                        TxLog record
+``ls``   journal seq, part, parts, bytes                                 TxLog snapshot
+``la``   applied (count of synchronised entries)                         TxLog applied
+``lb``   bytes (the global queues backed up at a split)                  TxLog split backup
+``lp``   bytes (the runtime sync peers' JSON) or None (the config's)     TxLog peers
 =======  ==============================================================  ==========
+
+The TxLog (``brokerha/txlog/replica.py``, docs/txlog.md "Global queues in an
+HA datacenter"): ``lr`` is one record of the master's journal (one engine
+call's ``Persist`` changes, the journal's own bytes); ``ls`` the master's whole
+durable state at a journal seq, cut in parts (a catch-up, and the master's
+start on a new primary), installed once the last part arrived; ``la`` how
+many synchronised entries the global queues' contents reflect, after the
+queue events of those entries. A backup writes ``lr``/``ls`` into its own
+journal and acknowledges only after its fsync; the master sends nothing that
+depends on a record before the record is replicated (``quorum.py``). ``lb`` and
+``lp`` are files of the TxLog directory a promoted node needs besides the
+journal (the split backup; the sync peers an operator changed at runtime, which
+replace the configuration's), written atomically on every backup; ``lp`` with
+None removes the file (the configuration's peers apply).
 
 Transactions (``brokerha/primary/tx_observer.py``, docs/ha.md "Transactions"):
 ``tb``/``te``/``td``/``tp`` are the transaction's tx-queue, buffered by the
@@ -79,6 +98,13 @@ TX_OUTCOMES = "to"
 TX_EVENTS = frozenset([TX_BEGIN, TX_ENQUEUE, TX_DEQUEUE, TX_PREPARE, TX_COMMIT, TX_ROLLBACK,
                        TX_OUTCOMES])
 OP_REF = "r"  # a tc op: enqueue of a message the tx-queue carried
+TXLOG_RECORD = "lr"
+TXLOG_SNAPSHOT = "ls"
+TXLOG_APPLIED = "la"
+TXLOG_BROKER_BACKUP = "lb"  # the global queues backed up at a split (txlog/broker_state.py)
+TXLOG_PEERS = "lp"  # the sync peers changed at runtime (txlog/driver.py PEERS_FILE)
+TXLOG_EVENTS = frozenset([TXLOG_RECORD, TXLOG_SNAPSHOT, TXLOG_APPLIED, TXLOG_BROKER_BACKUP,
+                          TXLOG_PEERS])
 
 # The queue argument holding a replicated queue's identity (the primary's
 # epoch and seq when it was declared): a queue deleted and declared again under

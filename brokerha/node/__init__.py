@@ -83,8 +83,11 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
         from brokerha.txlog.settings import from_node_table
 
         try:
+            member = None if cluster is None else cluster.member(cfg.name)
             cfg.txlog = from_node_table(cfg.txlog_table, str(args.config), cfg.config_dir,
-                                        cfg.data_dir.resolve())
+                                        cfg.data_dir.resolve(),
+                                        None if member is None
+                                        else member.cluster_bind or member.cluster)
         except (TxLogConfigError, OSError) as exc:
             raise ConfigError(str(exc)) from exc
     return cfg, cluster

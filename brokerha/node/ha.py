@@ -155,6 +155,8 @@ class HANode:
                                on_output=self._schedule_flush,
                                tx_prepare_timeout=self.cluster.tx_prepare_timeout)
         self.broker.replication_barriers.append(self._position_barrier)
+        if self._txlog is not None:  # the master started later replicates its journal here
+            self._txlog.attach_primary(self.primary)
         self._spawn(self._verify_and_serve(epoch))
 
     async def _verify_and_serve(self, epoch: int) -> None:
@@ -228,6 +230,8 @@ class HANode:
             self.primary = None
             # never released: their clients are disconnected, nothing of it is confirmed
             self._durable_waiters.clear()
+            if self._txlog is not None:
+                self._txlog.detach_primary()
         self._spawn(self.node.serve_clients(False))
 
     def _stop_serving(self, reason: str) -> None:
@@ -249,8 +253,18 @@ class HANode:
         self.following = primary
         st = self.state.state
         self.backup = Backup(self.broker, me=self.me, epoch=epoch,
-                             position=el.Position(st.pos_epoch, st.pos_seq))
+                             position=el.Position(st.pos_epoch, st.pos_seq),
+                             txlog=self._txlog_replica())
         self._send_join()
+
+    @property
+    def _txlog(self) -> Any:
+        """The node's TxLog bridge (``txlog/broker_bridge.py``), with ``[txlog]``."""
+        return getattr(self.node, "txlog", None)
+
+    def _txlog_replica(self) -> Any:
+        """This node's copy of the DC's TxLog master (``txlog/replica.py``), with ``[txlog]``."""
+        return self._txlog.replica if self._txlog is not None else None
 
     def _send_join(self) -> None:
         if self.backup is None or self.following is None:
@@ -412,7 +426,7 @@ class HANode:
                         peer, exc)
             backup.close()
             self.backup = Backup(self.broker, me=self.me, epoch=backup.epoch,
-                                 position=el.Position.INVALID)
+                                 position=el.Position.INVALID, txlog=self._txlog_replica())
             self._send_join()
             return
         if backup.caught_up and not was_caught_up:
@@ -427,14 +441,15 @@ class HANode:
 
         The seq is taken now: events applied after this call are not covered
         by the commit the callback waits for, and are acknowledged next time.
+        With a TxLog the replicated journal is fsynced first (off the loop), and
+        only then is the position recorded: a position never claims TxLog
+        records that a crash could still lose.
         """
         backup = self.backup
         if backup is None or self._ack_pending is backup:
             return
         self._ack_pending = backup  # per Backup: a new one (joined again) schedules its own
         seq, caught_up, session = backup.applied_seq, backup.caught_up, backup.session
-        if caught_up:
-            self._record_position(backup.epoch, seq)
 
         def durable() -> None:
             if self._ack_pending is backup:
@@ -453,7 +468,16 @@ class HANode:
             if backup.applied_seq > seq:
                 self._schedule_ack()
 
-        self.broker.store.after_sync(durable)
+        def journal_synced() -> None:
+            if caught_up and self.backup is backup and backup.session == session:
+                self._record_position(backup.epoch, seq)
+            self.broker.store.after_sync(durable)
+
+        replica = backup.txlog
+        if replica is not None:
+            replica.after_durable(journal_synced)
+        else:
+            journal_synced()
 
     def _schedule_flush(self) -> None:
         self._schedule_position()

@@ -85,6 +85,9 @@ class Primary(ConfigurationObserver, QueueObserver):
         self.tx_prepare_timeout = tx_prepare_timeout
         self.tx_queues: dict[str, TxQueue] = {}  # unfinished transactions, by txid
         self._capture: tuple[TxQueue, list[Event]] | None = None  # a local commit running
+        # other layers' state in a join's catch-up (the TxLog's, brokerha/txlog/replica.py):
+        # each returns events that bring a backup to their state at this seq
+        self.catch_up_providers: list[Callable[[], list[Event]]] = []
         self.closed = False
         self._take_over()
         # first, so a new queue's x-ha-id is set before the store records it
@@ -150,6 +153,15 @@ class Primary(ConfigurationObserver, QueueObserver):
             if not self._tail and self.on_output is not None:
                 self.on_output()
             self._tail.append((self.seq, event))
+
+    def emit(self, event: Event) -> int:
+        """Another layer's event in this log (the TxLog's ``l*``); returns its seq.
+
+        It is ordered with the broker's events, acknowledged with them and
+        confirmed by the same rule: ``barrier`` after it waits for it.
+        """
+        self._emit(event)
+        return self.seq
 
     def _flush_tail(self) -> None:
         if not self._tail:
@@ -357,6 +369,8 @@ class Primary(ConfigurationObserver, QueueObserver):
         out.extend(self._outcome_events())
         for txq in self.tx_queues.values():
             out.extend(txq.replay())
+        for provider in self.catch_up_providers:
+            out.extend(provider())
         join_seq = self.seq
         out.append([R.CAUGHT_UP, join_seq])
         first = join_seq - len(out) + 1

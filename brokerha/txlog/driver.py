@@ -7,7 +7,10 @@ out its actions and nothing else:
   peer change) is one engine call with the wall clock in milliseconds;
 * the ``Persist`` actions of that call are written to the journal and fsynced
   (:mod:`brokerha.txlog.journal`) *before* any of its ``Send`` actions leaves
-  the node;
+  the node; on an HA primary (``replication``, :mod:`brokerha.txlog.replica`)
+  the record also goes to the DC's backups, and the call's other actions are
+  carried out only once the record is on the DC's quorum (the confirm rule,
+  ``cluster/quorum.py``) -- in call order, never blocking the loop;
 * ``Send`` goes over the cluster transport (:mod:`brokerha.cluster.link`) as a
   ``TxLogPacket`` (:mod:`brokerha.txlog.wire`); a message to a peer that is
   not connected is dropped, which the rounds tolerate like a lost packet;
@@ -32,8 +35,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from brokerha.broker.stats import LatencyHistogram
 from brokerha.cluster.link import ClusterLinks
 from brokerha.cluster.messages import Message as ClusterMessage
 from brokerha.txlog.config import Peer, TxLogConfig
@@ -51,7 +55,8 @@ from brokerha.txlog.messages import (
 )
 from brokerha.txlog.records import Operation
 from brokerha.txlog.rounds import RoundEngine
-from brokerha.txlog.settings import MasterSettings, parse_url
+from brokerha.txlog.settings import MasterSettings, parse_urls
+from brokerha.txlog.state import DurableState
 from brokerha.txlog.wire import TxLogPacket, WireError, decode, encode
 
 log = logging.getLogger("brokerha.txlog")
@@ -66,15 +71,31 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class JournalReplication(Protocol):
+    """Where a master's journal is replicated (an HA primary's log: ``txlog.replica``)."""
+
+    def record(self, seq: int, body: bytes) -> None:
+        """One journal record, in journal order."""
+
+    def snapshot(self, seq: int, state: DurableState) -> None:
+        """The whole state as of record ``seq`` (the backups replace theirs with it)."""
+
+    def barrier(self, callback: Callable[[], None]) -> None:
+        """``callback`` once everything handed over so far is on the DC's quorum (FIFO)."""
+
+
 class TxLogDriver:
     """One TxLog master: engine + journal + links + timer."""
 
     def __init__(self, settings: MasterSettings, *,
                  on_action: Callable[[Action], None] | None = None,
-                 clock: Callable[[], int] = wall_ms, fsync: bool = True) -> None:
+                 clock: Callable[[], int] = wall_ms, fsync: bool = True,
+                 replication: JournalReplication | None = None) -> None:
         self.settings = settings
         self.clock = clock
         self.on_action = on_action
+        self.replication = replication
+        self._held = 0  # engine calls whose actions wait for their record's quorum
         self.data_dir = Path(settings.data_dir)
         self.journal = Journal(self.data_dir, fsync=fsync)
         config = self._effective_config(settings.txlog)
@@ -87,9 +108,11 @@ class TxLogDriver:
             self._on_packet, self._on_peer_up, self._on_peer_down)
         self.events: deque[dict[str, Any]] = deque(self._read_events(), maxlen=EVENTS_KEPT)
         self.latency_ms: deque[int] = deque(maxlen=LATENCY_SAMPLES)
+        # every sample since this master started, for /metrics (latency_ms keeps the last few)
+        self.latency = LatencyHistogram()
         self.counters = dict.fromkeys(
             ("sent", "not_connected", "received", "refused", "wire_errors", "delivered",
-             "confirmed"), 0)
+             "confirmed", "held_batches"), 0)
         self._confirm_waiters: dict[str, asyncio.Future[str]] = {}
         self._sync_waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._own_created: dict[str, int] = {}
@@ -105,12 +128,25 @@ class TxLogDriver:
                                           "replayed_records": self.journal.records_replayed})
         self._run([])
 
+    def replicate_state(self) -> None:
+        """Hand the whole durable state to ``replication`` (a master starting on a new primary).
+
+        The DC's backups replace whatever TxLog state they hold (an older
+        term's, or a record the old primary never got onto the quorum) with
+        this one before any record of this master, so no later promotion can
+        bring back a state this master's sends did not come from.
+        """
+        if self.replication is not None:
+            self.replication.snapshot(self.journal.seq, self.engine.durable)
+
     async def close(self) -> None:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
-        await self.links.close()
+        # the journal first (before any await): the node's backup side may open the
+        # same directory as soon as this node follows another primary
         self.journal.close()
+        await self.links.close()
         for fut in [*self._confirm_waiters.values(), *self._sync_waiters.values()]:
             if not fut.done():
                 fut.set_exception(ConnectionError("TxLog master stopped"))
@@ -126,6 +162,8 @@ class TxLogDriver:
         """A local transaction: answer once confirmed (or, ``wait="synchronised"``, ordered here)."""
         if wait not in ("confirm", "synchronised"):
             raise ValueError(f"wait: {wait!r} is not confirm or synchronised")
+        if self._closed:
+            raise ConnectionError("TxLog master stopped")
         loop = asyncio.get_running_loop()
         record, actions = self.engine.local_tx(list(operations), self.clock())
         confirmed: asyncio.Future[str] = loop.create_future()
@@ -144,7 +182,7 @@ class TxLogDriver:
         return result
 
     def add_peer(self, node_id: str, url: str) -> None:
-        address = parse_url(url, f"url of peer {node_id}")
+        address = parse_urls(url, f"url of peer {node_id}")
         self._run(self.engine.add_peer(node_id, url, self.clock()))
         self.links.add_peer(node_id, address)
         self._save_peers()
@@ -159,6 +197,8 @@ class TxLogDriver:
         deadline = time.monotonic() + wait_s
         while self.engine.voting and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        if self._closed:  # stopped while waiting: its peers file is no longer its own
+            raise ConnectionError("TxLog master stopped")
         self._run(self.engine.remove_peer(node_id, self.clock()))
         self.links.remove_peer(node_id)
         self._save_peers()
@@ -198,13 +238,37 @@ class TxLogDriver:
     # ---- outputs -------------------------------------------------------------------
 
     def _run(self, actions: list[Action]) -> None:
-        """Carry out one engine call's actions: persists first (durable), then the rest in order."""
+        """Carry out one engine call's actions: persists first (durable), then the rest in order.
+
+        With ``replication`` the rest waits until the record is on the DC's
+        quorum; a call without a record waits too while an earlier one is
+        held, so actions leave in call order.
+        """
+        if self._closed:
+            return
         persists = [a for a in actions if isinstance(a, Persist)]
-        self.journal.write(persists, self.engine.durable)
+        body = self.journal.write(persists, self.engine.durable)
+        rest = [a for a in actions if not isinstance(a, Persist)]
+        replication = self.replication
+        if replication is None or (body is None and not self._held):
+            self._carry_out(rest)
+        else:
+            if body is not None:
+                replication.record(self.journal.seq, body)
+            self._held += 1
+            self.counters["held_batches"] += 1
+            replication.barrier(lambda: self._release(rest))
+        self._schedule()
+
+    def _release(self, actions: list[Action]) -> None:
+        """The record of these actions' call is replicated: carry them out."""
+        self._held -= 1
+        if not self._closed:
+            self._carry_out(actions)
+
+    def _carry_out(self, actions: list[Action]) -> None:
         encoded: dict[int, TxLogPacket] = {}
         for action in actions:
-            if isinstance(action, Persist):
-                continue
             if isinstance(action, Send):
                 pkt = encoded.get(id(action.message))
                 if pkt is None:
@@ -230,7 +294,6 @@ class TxLogDriver:
             if self.on_action is not None:
                 self.on_action(action)
         self._note_synchronised()
-        self._schedule()
 
     def _schedule(self) -> None:
         if self._closed:
@@ -251,6 +314,7 @@ class TxLogDriver:
             entry = sync.entry(tx_id)
             ordered = entry.ordered_ms if entry is not None else self.clock()
             self.latency_ms.append(ordered - created)
+            self.latency.observe(max(ordered - created, 0) / 1000)
             fut = self._sync_waiters.pop(tx_id, None)
             if fut is not None and not fut.done():
                 fut.set_result({"position": position, "ordered_ms": ordered,
@@ -299,25 +363,24 @@ class TxLogDriver:
     # ---- runtime peers survive a restart ---------------------------------------------
 
     def _effective_config(self, config: TxLogConfig) -> TxLogConfig:
-        """The configured peers, unless ``add-peer``/``remove-peer`` changed them at runtime."""
+        """The configured peers, unless ``add-peer``/``remove-peer`` changed them at runtime.
+
+        On an HA node the file may come from the DC's primary (``lp`` events,
+        ``txlog/replica.py``): a promoted node starts with the peers the
+        operator set on the old primary, not the configuration's.
+        """
         path = self.data_dir / PEERS_FILE
-        if not path.exists():
+        data = read_peers_file(self.data_dir)
+        if data is None:
             return config
-        peers = tuple(Peer(p["id"], p["url"]) for p in json.loads(path.read_text()))
+        peers = decode_peers(data)
         if peers != config.peers:
             log.warning("txlog: sync peers from %s (changed at runtime) replace the config "
                         "file's: %s", path, ", ".join(p.node_id for p in peers) or "none")
         return replace(config, peers=peers)
 
     def _save_peers(self) -> None:
-        path = self.data_dir / PEERS_FILE
-        tmp = path.with_suffix(".tmp")
-        rows = [{"id": p.node_id, "url": p.url} for p in self.engine.config.peers]
-        with open(tmp, "w") as f:
-            json.dump(rows, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_peers_file(self.data_dir, encode_peers(self.engine.config.peers))
 
     # ---- views -----------------------------------------------------------------------
 
@@ -378,8 +441,59 @@ class TxLogDriver:
             None, lambda: export(source, out_dir, exported_ms=now))
 
 
-def _addresses(peers: Iterable[Peer]) -> dict[str, tuple[str, int]]:
-    return {p.node_id: parse_url(p.url, f"url of peer {p.node_id}") for p in peers}
+def encode_peers(peers: Iterable[Peer]) -> bytes:
+    """The bytes of ``PEERS_FILE``: what a backup receives in ``lp`` and writes as is."""
+    return json.dumps([{"id": p.node_id, "url": p.url} for p in peers]).encode()
+
+
+def decode_peers(data: bytes) -> tuple[Peer, ...]:
+    """``PEERS_FILE``'s peers; ``ValueError`` if it is not a list of ``{"id", "url"}``."""
+    rows = json.loads(data)
+    if not isinstance(rows, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("url"), str)
+            for r in rows):
+        raise ValueError(f"{PEERS_FILE}: expected a list of {{\"id\": ..., \"url\": ...}}")
+    return tuple(Peer(r["id"], r["url"]) for r in rows)
+
+
+def read_peers_file(data_dir: Path | str) -> bytes | None:
+    """``PEERS_FILE`` of a TxLog directory, or None (the configuration's peers apply)."""
+    try:
+        return (Path(data_dir) / PEERS_FILE).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def write_peers_file(data_dir: Path | str, data: bytes | None) -> None:
+    """Replace ``PEERS_FILE`` durably (temporary file, fsync, rename, fsync of the directory).
+
+    ``None`` removes it. The master writes it at a runtime peer change; an HA
+    backup writes the copy its primary replicates (``lp``), so a crash
+    leaves the old file or the new one, never a torn one a master would
+    refuse to start on.
+    """
+    directory = Path(data_dir)
+    path = directory / PEERS_FILE
+    directory.mkdir(parents=True, exist_ok=True)
+    if data is None:
+        path.unlink(missing_ok=True)
+    else:
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _addresses(peers: Iterable[Peer]) -> dict[str, list[tuple[str, int]]]:
+    """Each peer's addresses: a list of URLs is the nodes of an HA datacenter, tried in turn."""
+    return {p.node_id: parse_urls(p.url, f"url of peer {p.node_id}") for p in peers}
 
 
 def _pct(samples: list[int], q: float) -> int | None:

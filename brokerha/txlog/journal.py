@@ -19,8 +19,11 @@ Files in the data directory:
   journal's truncation never applies a change twice.
 
 Pickle is used because the values are the engine's own objects (entries,
-ballots, the global-queue model); the files are this node's private state
-and are never read from a peer.
+ballots, the global-queue model). The files are this node's private state;
+in an HA datacenter the same records (and snapshots) also travel to the DC's
+backups over the authenticated cluster link (``brokerha.txlog.replica``), which
+write them into their own journal in this format -- never to or from another
+datacenter's master.
 """
 
 from __future__ import annotations
@@ -51,6 +54,29 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def decode_record(body: bytes) -> tuple[int, list[tuple[str, Any]]]:
+    """A record's (seq, [(key, value), ...])."""
+    seq, changes = pickle.loads(body)
+    return int(seq), changes
+
+
+def apply_record(state: DurableState, changes: list[tuple[str, Any]]) -> None:
+    for key, value in changes:
+        state.apply(Persist(key, value))
+
+
+def encode_snapshot(seq: int, state: DurableState) -> bytes:
+    """The snapshot file's bytes: ``(FORMAT, seq, state)``."""
+    return pickle.dumps((FORMAT, seq, state), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_snapshot(data: bytes) -> tuple[int, DurableState]:
+    fmt, seq, state = pickle.loads(data)
+    if fmt != FORMAT:
+        raise ValueError(f"TxLog snapshot format {fmt}, this version reads {FORMAT}")
+    return int(seq), state
+
+
 class Journal:
     """Loads a master's durable state and makes each later batch of changes durable."""
 
@@ -79,13 +105,12 @@ class Journal:
                 body = data[pos + _HEAD.size: pos + _HEAD.size + size]
                 if len(body) < size or zlib.crc32(body) != crc:
                     break  # torn tail: the batch never finished, so nothing was sent after it
-                seq, changes = pickle.loads(body)
+                seq, changes = decode_record(body)
                 pos += _HEAD.size + size
                 good = pos
                 if seq <= self.seq:
                     continue
-                for key, value in changes:
-                    state.apply(Persist(key, value))
+                apply_record(state, changes)
                 self.seq = seq
                 self.records_replayed += 1
             if good < len(data):
@@ -109,26 +134,53 @@ class Journal:
 
     # ---- running -------------------------------------------------------------------
 
-    def write(self, changes: list[Persist], state: DurableState) -> None:
-        """Make ``changes`` (already applied to ``state``) durable before returning."""
+    def write(self, changes: list[Persist], state: DurableState) -> bytes | None:
+        """Make ``changes`` (already applied to ``state``) durable before returning.
+
+        Returns the record's body (what :meth:`append` writes on a backup), or
+        None when there was nothing to write.
+        """
         if not changes:
-            return
+            return None
         self.seq += 1
         body = pickle.dumps((self.seq, [(c.key, c.value) for c in changes]),
                             protocol=pickle.HIGHEST_PROTOCOL)
-        self._file.write(_HEAD.pack(len(body), zlib.crc32(body)) + body)
-        self._file.flush()
+        self._write_record(body)
         if self.fsync:
             os.fsync(self._file.fileno())
         if self._file.tell() >= self.snapshot_every:
             self.snapshot(state)
+        return body
+
+    def _write_record(self, body: bytes) -> None:
+        self._file.write(_HEAD.pack(len(body), zlib.crc32(body)) + body)
+        self._file.flush()
+
+    # ---- a backup's copy (brokerha.txlog.replica) ----------------------------------
+
+    def append(self, seq: int, body: bytes) -> None:
+        """Write a record the master wrote (its ``seq`` and body), not synced: see :meth:`sync`."""
+        self._write_record(body)
+        self.seq = seq
+
+    def install(self, seq: int, state: DurableState) -> None:
+        """Replace everything with ``state`` as of the master's record ``seq`` (durable on return)."""
+        self.seq = seq
+        self.snapshot(state)
+
+    def fileno(self) -> int:
+        return int(self._file.fileno())
+
+    @property
+    def size(self) -> int:
+        return int(self._file.tell())
 
     def snapshot(self, state: DurableState) -> None:
         """Write the whole state, then start an empty journal."""
         path = self.dir / SNAPSHOT
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
-            pickle.dump((FORMAT, self.seq, state), f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.write(encode_snapshot(self.seq, state))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -137,6 +189,10 @@ class Journal:
         self._file = open(self.dir / JOURNAL, "wb")  # noqa: SIM115
         if self.fsync:
             os.fsync(self._file.fileno())
+
+    @property
+    def closed(self) -> bool:
+        return self._file is None
 
     def close(self) -> None:
         if self._file is not None:

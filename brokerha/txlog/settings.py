@@ -10,12 +10,16 @@ engine's keys (``node-id``, ``master-url``, ``peer.N.id``, ``peer.N.url``,
 ``group``        the TxLog group name: the cluster name of the node-to-node
                  handshake (a master of another group is refused);
 ``secret`` / ``secret-file``  the shared secret of the handshake;
-``listen``       where to accept peers (default: the host and port of ``master-url``);
+``listen``       where to accept peers (default: the host and port of ``master-url``;
+                 in an HA cluster member's ``[txlog]``: the node's cluster address
+                 host and cluster port + 10000, i.e. AMQP + ``TXLOG_OFFSET``);
 ``admin``        loopback HOST:PORT of the local HTTP API (status, peers,
                  export, test transactions), default ``127.0.0.1:0`` (any port);
 ``data-dir``     where the TxLog state lives (required).
 
-Unknown keys are refused with the key named. URLs are ``txlog://host:port``.
+Unknown keys are refused with the key named. URLs are ``txlog://host:port``; a
+``peer.N.url`` may list several, comma-separated: the nodes of an HA
+datacenter, tried in turn (only the one running the master listens).
 """
 
 from __future__ import annotations
@@ -46,8 +50,8 @@ class MasterSettings:
     data_dir: Path
     log_level: str = "info"
 
-    def peer_addresses(self) -> dict[str, tuple[str, int]]:
-        return {p.node_id: parse_url(p.url, f"peer {p.node_id} url") for p in self.txlog.peers}
+    def peer_addresses(self) -> dict[str, list[tuple[str, int]]]:
+        return {p.node_id: parse_urls(p.url, f"peer {p.node_id} url") for p in self.txlog.peers}
 
 
 def parse_url(url: str, key: str) -> tuple[str, int]:
@@ -56,6 +60,17 @@ def parse_url(url: str, key: str) -> tuple[str, int]:
     if parts.scheme != "txlog" or not parts.hostname or parts.port is None:
         raise ConfigError(f"{key}: {url!r} is not txlog://host:port")
     return parts.hostname, parts.port
+
+
+def parse_urls(value: str, key: str) -> list[tuple[str, int]]:
+    """``txlog://h1:p1, txlog://h2:p2`` -> [(h1, p1), (h2, p2)]: one datacenter's nodes."""
+    urls = [u.strip() for u in value.split(",")]
+    if not value.strip() or any(not u for u in urls):
+        raise ConfigError(f"{key}: {value!r} is not a comma-separated list of txlog://host:port")
+    addresses = [parse_url(u, key) for u in urls]
+    if len(set(addresses)) != len(addresses):
+        raise ConfigError(f"{key}: {value!r} names the same address twice")
+    return addresses
 
 
 def parse_address(value: str, key: str) -> tuple[str, int]:
@@ -85,14 +100,19 @@ def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def from_properties(props: Mapping[str, str], base_dir: Path = Path(".")) -> MasterSettings:
+def from_properties(props: Mapping[str, str], base_dir: Path = Path("."),
+                    default_listen: tuple[str, int] | None = None) -> MasterSettings:
+    """``default_listen``: where to listen without a ``listen`` key (an HA member's rule)."""
     for key in props:
         if key not in ENGINE_KEYS | PROCESS_KEYS and not key.startswith("peer."):
             raise ConfigError(f"{key}: unknown TxLog key")
     config = TxLogConfig.from_properties(props)
-    peer_urls = {p.node_id: p.url for p in config.peers}
-    for node_id, url in peer_urls.items():
-        parse_url(url, f"peer url of {node_id}")
+    for key, value in props.items():
+        if key.startswith("peer.") and key.endswith(".url"):
+            parse_urls(value, key)
+    for peer in config.peers:
+        if not peer.url:
+            raise ConfigError(f"peer {peer.node_id}: url required (peer.N.url)")
     group = props.get("group", "").strip()
     if not group:
         raise ConfigError("group: required (the TxLog group name all masters share)")
@@ -104,6 +124,8 @@ def from_properties(props: Mapping[str, str], base_dir: Path = Path(".")) -> Mas
         raise ConfigError("secret (or secret-file): required")
     if "listen" in props:
         listen = parse_address(props["listen"], "listen")
+    elif default_listen is not None:
+        listen = default_listen
     elif config.master_url:
         listen = parse_url(config.master_url, "master-url")
     else:
@@ -170,13 +192,32 @@ def _policy(entry: Any, where: str) -> GlobalPolicy:
     return GlobalPolicy(pattern, vhost)
 
 
+def ha_listen(cluster_address: tuple[str, int]) -> tuple[str, int]:
+    """An HA member's TxLog address without ``listen``: its cluster host, cluster port + 10000.
+
+    With the port conventions (``cluster/ports.py``) that is AMQP + ``TXLOG_OFFSET``.
+    """
+    from brokerha.cluster.ports import CLUSTER_OFFSET, TXLOG_OFFSET
+
+    host, port = cluster_address
+    port += TXLOG_OFFSET - CLUSTER_OFFSET
+    if port > 65535:
+        raise ConfigError(f"listen: the cluster port + {TXLOG_OFFSET - CLUSTER_OFFSET} is not "
+                          "a port; set listen")
+    return host, port
+
+
 def from_node_table(table: Mapping[str, Any], where: str, base_dir: Path,
-                    node_data_dir: Path) -> NodeTxLog:
+                    node_data_dir: Path,
+                    cluster_address: tuple[str, int] | None = None) -> NodeTxLog:
     """Parse a node's ``[txlog]`` table with the same keys (and checks) as a master's file.
 
     ``admin`` is not accepted (the node's admin API serves the TxLog);
     ``data-dir`` defaults to ``<node data dir>/txlog``; ``MaxPeerLag`` is
     accepted for ``max-peer-lag``; ``[[txlog.global]]`` entries name global queues.
+    ``cluster_address``: an HA member's own cluster address (bind address if
+    set); without ``listen`` its master listens at :func:`ha_listen` of it, and
+    ``master-url`` may be omitted (the other DCs list every node's URL).
     """
     table = dict(table)
     policies = table.pop("global", [])
@@ -193,7 +234,8 @@ def from_node_table(table: Mapping[str, Any], where: str, base_dir: Path,
             raise ConfigError("admin: not a node key (the node's admin API serves the TxLog: "
                               "brokerha ctl --node URL txlog status)")
         props.setdefault("data-dir", str(node_data_dir / "txlog"))
-        settings = from_properties(props, base_dir)
+        default_listen = ha_listen(cluster_address) if cluster_address is not None else None
+        settings = from_properties(props, base_dir, default_listen)
     except ConfigError as exc:
         raise ConfigError(f"{where} [txlog] {exc}") from exc
     return NodeTxLog(settings, tuple(_policy(p, where) for p in policies))

@@ -185,7 +185,7 @@ async def test_policy_makes_queues_global_and_the_order_survives_a_restart(tmp_p
     try:
         await asyncio.sleep(0.2)
         assert bodies(g) == [b"a"]
-        assert bridge2.index[queue_key("/", "g.one")] == {"a": g.ready.peek().position}
+        assert bridge2.index[queue_key("/", "g.one")] == {"a": g.ready.peek()}
     finally:
         await bridge2.stop()
 
@@ -230,3 +230,35 @@ def test_the_txlog_section_uses_the_master_keys(tmp_path: Path) -> None:
                       ({"global": [{"vhost": "/"}]}, "pattern")):
         with pytest.raises(ConfigError, match=text):
             from_node_table(table(**bad), "f.toml", tmp_path, tmp_path)
+
+
+@in_loop
+async def test_a_global_queue_that_would_drop_messages_locally_is_refused(tmp_path: Path) -> None:
+    broker, bridge = await started(tmp_path, **{"global": [{"pattern": "^g\\."}]})
+    await bridge.start()
+    try:
+        vhost = broker.vhost("/")
+        with pytest.raises(PreconditionFailed, match="x-message-ttl.*policy"):
+            vhost.declare_queue("g.ttl", owner=None, arguments={"x-message-ttl": 5})
+        with pytest.raises(PreconditionFailed, match="cannot be exclusive"):
+            vhost.declare_queue("x", owner=object(), exclusive=True, arguments={"x-global": True})
+        with pytest.raises(PreconditionFailed, match="cannot be auto-delete"):
+            vhost.declare_queue("g.auto", owner=None, auto_delete=True)
+        vhost.declare_queue("h.ttl", owner=None, arguments={"x-message-ttl": 5})  # not global
+    finally:
+        await bridge.stop()
+
+
+@in_loop
+async def test_a_joining_backups_catch_up_carries_a_splits_broker_backup(tmp_path: Path) -> None:
+    from brokerha.cluster import replication as R
+    from brokerha.txlog.broker_state import BrokerBackup, write_backup_file
+
+    broker, bridge = await started(tmp_path)
+    events = bridge.catch_up_events()  # no split: no backup to pass on
+    assert R.TXLOG_BROKER_BACKUP not in [e[0] for e in events]
+    data = BrokerBackup(3, {"%2F/orders": [("dc1.x", b"m")]}).encode()
+    write_backup_file(bridge.recovery.path.parent, data)
+    events = bridge.catch_up_events()
+    assert [e[1] for e in events if e[0] == R.TXLOG_BROKER_BACKUP] == [data]
+    assert events[-1][0] == R.TXLOG_APPLIED

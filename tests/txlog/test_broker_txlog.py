@@ -235,23 +235,26 @@ def test_operators_see_the_txlog_of_a_node(dcs: dict[str, DC], tmp_path: Path) -
 def test_in_an_ha_datacenter_the_serving_primary_runs_the_master(tmp_path: Path) -> None:
     """dc1 is a 3-node HA cluster, dc2 a standalone node; the dc1 primary is SIGKILLed.
 
-    Only the serving primary runs the master; the new primary starts one from
-    its *own* data dir (the TxLog state is not replicated to backups — the
-    documented gap). In this enqueue-only run it rejoins through a recovery
-    vote, re-applies the log idempotently (the global queue's contents were
-    replicated by HA, enqueues go by global id) and both DCs end equal. That is
-    what this test pins down; it is not a general guarantee (docs/txlog.md).
+    Only the serving primary runs the master (listening at its AMQP port +
+    30000: dc1's section has no ``listen``; dc2 lists dc1's three URLs); the
+    new primary starts it from the journal its backup replicated, so dc1 comes
+    back in generation 0 without a recovery vote and both DCs end equal.
+    (tests/txlog/test_txlog_ha_failover.py: the same under traffic.)
     """
+    from brokerha.cluster.ports import loopback_txlog_urls
     from brokerha.testing import LocalCluster
 
-    ports = {"dc1": free_port(), "dc2": free_port()}
+    cluster = LocalCluster(3, data_dir=tmp_path / "dc1")
+    ports = {"dc2": free_port()}
+    urls = {"dc1": loopback_txlog_urls(3, cluster.base_port),
+            "dc2": f"txlog://127.0.0.1:{ports['dc2']}"}
 
     def section(me: str, other: str) -> str:
-        return (f'\n[txlog]\nnode-id = "{me}"\nmaster-url = "txlog://127.0.0.1:{ports[me]}"\n'
-                f'group = "ha-test"\nsecret = "s"\nidle-interval = 300\nMaxPeerLag = 3000\n'
-                f'peer.1.id = "{other}"\npeer.1.url = "txlog://127.0.0.1:{ports[other]}"\n')
+        listen = f'listen = "127.0.0.1:{ports[me]}"\n' if me in ports else ""
+        return (f'\n[txlog]\nnode-id = "{me}"\n{listen}'
+                f'group = "ha-test"\nsecret = "s"\nidle-interval = 300\nMaxPeerLag = 10000\n'
+                f'peer.1.id = "{other}"\npeer.1.url = "{urls[other]}"\n')
 
-    cluster = LocalCluster(3, data_dir=tmp_path / "dc1")
     cluster.config.write_text(cluster.config.read_text() + section("dc1", "dc2"))
     admin2 = free_port()
     cfg2 = tmp_path / "dc2.toml"
@@ -284,6 +287,103 @@ def test_in_an_ha_datacenter_the_serving_primary_runs_the_master(tmp_path: Path)
         order = wait_for(lambda: same_everywhere(pair, GLOBAL, 4), timeout=20,
                          what="equal after the failover")
         assert sorted(order) == ["a1", "a2", "a3", "b1"]
+        for dc in pair.values():  # the replicated state: no split, no recovery vote
+            assert dc.txlog()["generation"] == 0
     finally:
         cluster.close()
         dc2.close()
+
+
+# ---- local-only operations on global queues (docs/txlog.md, "Operations that would diverge") ----
+
+
+def declare_everywhere(dcs: dict[str, DC], setup: Any) -> None:
+    for dc in dcs.values():
+        with dc.connect() as conn:
+            setup(conn.channel())
+
+
+def closed_by_broker(action: Any) -> tuple[int, str]:
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        action()
+    return info.value.reply_code, info.value.reply_text
+
+
+def test_purge_and_delete_of_a_non_empty_global_queue_are_refused(dcs: dict[str, DC]) -> None:
+    declare_everywhere(dcs, lambda ch: ch.queue_declare("g.purge", durable=True,
+                                                        arguments={"x-global": True}))
+    publish_confirmed(dcs["dc1"], ["keep-1"], queue="g.purge")
+    wait_for(lambda: same_everywhere(dcs, "g.purge", 1), what="keep-1 everywhere")
+    with dcs["dc2"].connect() as conn:
+        code, text = closed_by_broker(lambda: conn.channel().queue_purge("g.purge"))
+        assert code == 406 and "queue.purge not supported on global queue" in text
+        code, text = closed_by_broker(lambda: conn.channel().queue_delete("g.purge"))
+        assert code == 406 and "global queue and not empty" in text
+    assert same_everywhere(dcs, "g.purge", 1) == ["keep-1"]  # nothing dropped anywhere
+    with dcs["dc2"].connect() as conn:  # emptied by an ordered ack, it can be deleted
+        ch = conn.channel()
+        method, _, _ = ch.basic_get("g.purge", auto_ack=False)
+        ch.basic_ack(method.delivery_tag)
+    wait_for(lambda: same_everywhere(dcs, "g.purge", 0) is not None, what="emptied everywhere")
+    for dc in dcs.values():
+        with dc.connect() as conn:
+            conn.channel().queue_delete("g.purge")
+
+
+def test_a_rejected_message_is_dead_lettered_once_by_the_dc_that_rejected_it(
+        dcs: dict[str, DC]) -> None:
+    def setup(ch: Any) -> None:
+        ch.exchange_declare("g.dlx", "fanout", durable=True)
+        ch.queue_declare("g.work", durable=True,
+                         arguments={"x-global": True, "x-dead-letter-exchange": "g.dlx"})
+        ch.queue_declare("g.dead", durable=True, arguments={"x-global": True})
+        ch.queue_declare("dead.local", durable=True)
+        ch.queue_bind("g.dead", "g.dlx")
+        ch.queue_bind("dead.local", "g.dlx")
+
+    declare_everywhere(dcs, setup)
+    publish_confirmed(dcs["dc1"], ["poison"], queue="g.work")
+    wait_for(lambda: same_everywhere(dcs, "g.work", 1), what="poison everywhere")
+    with dcs["dc2"].connect() as conn:
+        ch = conn.channel()
+        method, _, _ = ch.basic_get("g.work", auto_ack=False)
+        ch.basic_reject(method.delivery_tag, requeue=False)  # ordered, like an ack
+        conn.process_data_events(0.5)
+    wait_for(lambda: same_everywhere(dcs, "g.work", 0) is not None, what="rejected everywhere")
+    # the dead letter into a global queue is an ordered enqueue: once, in every DC
+    assert wait_for(lambda: same_everywhere(dcs, "g.dead", 1), what="dead letter") == ["poison"]
+    # into a local queue: in the rejecting DC only, like the consumer's own decision
+    assert [dcs[n].contents("dead.local") for n in DCS] == [[], ["poison"], []]
+    with dcs["dc3"].connect() as conn:
+        _, props, _ = conn.channel().basic_get("g.dead", auto_ack=False)
+        assert props.headers["x-death"][0]["reason"] == "rejected"
+
+
+def test_a_message_expiring_from_a_local_queue_into_a_global_one_is_ordered(
+        dcs: dict[str, DC]) -> None:
+    declare_everywhere(dcs, lambda ch: ch.queue_declare("g.expired", durable=True,
+                                                        arguments={"x-global": True}))
+    with dcs["dc3"].connect() as conn:
+        ch = conn.channel()
+        ch.queue_declare("ttl.local", durable=True, arguments={
+            "x-message-ttl": 200, "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": "g.expired"})
+        ch.basic_publish("", "ttl.local", b"late", pika.BasicProperties(message_id="late-1"))
+    assert wait_for(lambda: same_everywhere(dcs, "g.expired", 1),
+                    what="expired message in every DC") == ["late-1"]
+
+
+def test_a_per_message_ttl_on_a_global_queue_is_refused(dcs: dict[str, DC]) -> None:
+    props = pika.BasicProperties(message_id="ttl-1", expiration="60000")
+    with dcs["dc1"].connect() as conn:
+        ch = conn.channel()
+        ch.tx_select()
+        ch.basic_publish("", GLOBAL, b"x", props)
+        code, text = closed_by_broker(ch.tx_commit)
+        assert code == 406 and "expiration (per-message TTL)" in text
+    with dcs["dc1"].connect() as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.NackError):
+            ch.basic_publish("", GLOBAL, b"x", props)
+    assert "ttl-1" not in dcs["dc2"].contents(GLOBAL)

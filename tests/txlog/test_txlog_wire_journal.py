@@ -103,10 +103,21 @@ def test_settings_use_the_seed_keys_and_refuse_mistakes(tmp_path: Path) -> None:
            "peer": {"1": {"id": "dc2", "url": "txlog://127.0.0.1:7002"}}}
     settings = from_properties(flatten(doc), tmp_path)
     assert settings.txlog.split_recovery is SplitRecovery.SIMPLE
-    assert settings.peer_addresses() == {"dc2": ("127.0.0.1", 7002)}
+    assert settings.peer_addresses() == {"dc2": [("127.0.0.1", 7002)]}
     assert settings.listen == ("127.0.0.1", 7001) and settings.data_dir == tmp_path / "d"
+    # a peer datacenter of several nodes: its URLs, comma-separated, tried in turn
+    listed = {**doc, "peer": {"1": {"id": "dc2", "url": "txlog://127.0.0.1:35672, "
+                                    "txlog://127.0.0.1:35673,txlog://10.0.0.3:35674"}}}
+    assert from_properties(flatten(listed), tmp_path).peer_addresses() == {
+        "dc2": [("127.0.0.1", 35672), ("127.0.0.1", 35673), ("10.0.0.3", 35674)]}
     for bad, key in (({"peer-1-id": "x"}, "unknown"), ({"admin": "10.0.0.1:80"}, "loopback"),
                      ({"peer": {"1": {"id": "dc2", "url": "http://h:1"}}}, "txlog://"),
+                     ({"peer": {"1": {"id": "dc2", "url": "txlog://h:1,"}}}, "peer.1.url"),
+                     ({"peer": {"1": {"id": "dc2", "url": "txlog://h:1, http://h:2"}}},
+                      "peer.1.url"),
+                     ({"peer": {"1": {"id": "dc2", "url": "txlog://h:1, txlog://h:1"}}},
+                      "peer.1.url.*twice"),
+                     ({"peer": {"1": {"id": "dc2"}}}, "url required"),
                      ({"group": ""}, "group")):
         with pytest.raises(ConfigError, match=key):
             from_properties(flatten({**doc, **bad}), tmp_path)
