@@ -38,6 +38,7 @@ from tests.txlog.test_broker_txlog import DC, publish_confirmed, wait_for
 pytestmark = pytest.mark.timeout(90)
 
 DCS = ["dc1", "dc2", "dc3"]
+WAN_ONE_WAY_MS = 15  # injected on every link between the DCs (each direction)
 Q = "orders"
 
 
@@ -47,11 +48,11 @@ def status(dc: DC) -> dict[str, Any]:
 
 
 @contextmanager
-def datacenters(root: Path, strategy: str, max_peer_lag: int = 1500) -> Iterator[
-        tuple[dict[str, DC], Partition]]:
+def datacenters(root: Path, strategy: str, max_peer_lag: int = 1500,
+                wan_ms: float = WAN_ONE_WAY_MS) -> Iterator[tuple[dict[str, DC], Partition]]:
     listen = {n: free_port() for n in DCS}
     dialed = {n: free_port() for n in DCS}  # the proxy in front of each master
-    wan = Partition({n: (dialed[n], listen[n]) for n in DCS})
+    wan = Partition({n: (dialed[n], listen[n]) for n in DCS}, one_way_ms=wan_ms)
     nodes: dict[str, DC] = {}
     try:
         for name in DCS:
