@@ -169,8 +169,37 @@ def render_body(view: dict[str, Any]) -> str:
     txlog = view.get("txlog") or {}
     out.append("<h2>TxLog</h2>")
     if txlog.get("running"):
-        out.append("<p>running</p>")
+        out.extend(_txlog_section(txlog))
     else:
         out.append(f"<p id=txlog>not running on this node <span class=muted>— "
                    f"{escape(str(txlog.get('reason', '')))}</span></p>")
     return "".join(out)
+
+
+def _txlog_section(txlog: dict[str, Any]) -> list[str]:
+    """This DC's master and each sync peer: synchronised position, link, membership, split."""
+    sync = txlog.get("synchronised") or {}
+    split = txlog.get("split")
+    state = ("<span class=down>split</span> since position "
+             f"{escape(str(txlog.get('split_at')))}" if split else "joined")
+    if txlog.get("voting"):
+        state += " — recovery vote under way"
+    latency = txlog.get("latency_ms") or {}
+    out = [f"<p id=txlog>master <b>{escape(str(txlog.get('node_id')))}</b>, generation "
+           f"{escape(str(txlog.get('generation')))}, {state}; split recovery "
+           f"{escape(str(txlog.get('split_recovery')))}; agreement p50/p99 "
+           f"{escape(str(latency.get('p50')))}/{escape(str(latency.get('p99')))} ms</p>",
+           "<table id=txlog-masters><tr><th>master</th><th>synchronised</th><th>link</th>"
+           "<th>member</th><th>silent</th></tr>",
+           f"<tr><td>{escape(str(txlog.get('node_id')))} (this DC)</td>"
+           f"{_cell(sync.get('length'), 'num')}<td>—</td><td>{_yes(True)}</td><td>—</td></tr>"]
+    for peer in txlog.get("peers") or []:
+        silent = peer.get("silent_ms")
+        out.append(f"<tr><td>{escape(str(peer.get('id')))}</td>"
+                   f"{_cell(peer.get('synchronised'), 'num')}"
+                   f"<td>{'up' if peer.get('connected') else '<span class=down>down</span>'}</td>"
+                   f"<td>{_yes(peer.get('member'))}</td>"
+                   f"{_cell(None if silent is None else f'{silent / 1000:.1f} s')}</tr>")
+    out.append(f"</table><p class=muted>incoming {escape(str(txlog.get('incoming')))}, "
+               f"applied {escape(str(txlog.get('applied')))}</p>")
+    return out

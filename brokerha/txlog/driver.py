@@ -390,9 +390,11 @@ class TxLogDriver:
         peers = []
         for p in engine.config.peers:
             heard = engine.last_heard.get(p.node_id)
+            post = engine.posts.get(p.node_id)  # its latest post in our view: its merge base
             peers.append({"id": p.node_id, "url": p.url, "connected": self.links.connected(p.node_id),
                           "member": p.node_id in engine.members,
-                          "silent_ms": None if heard is None else now_mono - heard})
+                          "silent_ms": None if heard is None else now_mono - heard,
+                          "synchronised": None if post is None else post.merge_base.length})
         samples = sorted(self.latency_ms)
         return {
             "node_id": self.me,
