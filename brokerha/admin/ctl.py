@@ -373,4 +373,4 @@ def main(args: argparse.Namespace) -> int:
         return int(args.ctl_handler(args))
     except CtlError as exc:
         print(f"brokerha ctl: {exc}", file=sys.stderr)
-        return 1
+        return exc.code
