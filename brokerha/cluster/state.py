@@ -13,9 +13,10 @@ temporary file, fsync it, rename over the old one, fsync the directory).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from brokerha.files import replace_durably
 
 FILE_NAME = "cluster-state.json"
 
@@ -66,15 +67,4 @@ class StateFile:
             setattr(self.state, key, value)
         st = self.state
         st.move_to(st.pos_epoch, st.pos_seq)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump(asdict(self.state), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_durably(self.path, json.dumps(asdict(self.state)).encode())

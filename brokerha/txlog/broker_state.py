@@ -43,7 +43,6 @@ backup's position on) rebuilds the rest.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -56,6 +55,7 @@ import msgpack
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.paging import PAGED
 from brokerha.broker.queue import Queue
+from brokerha.files import replace_durably
 
 log = logging.getLogger("brokerha.txlog")
 
@@ -115,19 +115,7 @@ def write_backup_file(data_dir: Path, data: bytes) -> None:
     receives (``lb`` events, ``txlog/replica.py``), so a primary elected during
     the split restores it at the rejoin.
     """
-    path = Path(data_dir) / BACKUP_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_durably(Path(data_dir) / BACKUP_FILE, data)
 
 
 class SplitBackups:

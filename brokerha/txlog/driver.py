@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -40,6 +39,7 @@ from typing import Any, Protocol
 from brokerha.broker.stats import LatencyHistogram
 from brokerha.cluster.link import ClusterLinks
 from brokerha.cluster.messages import Message as ClusterMessage
+from brokerha.files import replace_durably
 from brokerha.txlog.config import Peer, TxLogConfig
 from brokerha.txlog.journal import Journal
 from brokerha.txlog.messages import (
@@ -474,23 +474,7 @@ def write_peers_file(data_dir: Path | str, data: bytes | None) -> None:
     leaves the old file or the new one, never a torn one a master would
     refuse to start on.
     """
-    directory = Path(data_dir)
-    path = directory / PEERS_FILE
-    directory.mkdir(parents=True, exist_ok=True)
-    if data is None:
-        path.unlink(missing_ok=True)
-    else:
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_durably(Path(data_dir) / PEERS_FILE, data)
 
 
 def _addresses(peers: Iterable[Peer]) -> dict[str, list[tuple[str, int]]]:

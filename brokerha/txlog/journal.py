@@ -35,6 +35,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from brokerha.files import replace_durably
 from brokerha.txlog.config import TxLogConfig
 from brokerha.txlog.messages import Persist
 from brokerha.txlog.state import DurableState
@@ -44,14 +45,6 @@ JOURNAL = "txlog-journal.bin"
 _HEAD = struct.Struct(">II")
 SNAPSHOT_EVERY_BYTES = 8 * 1024 * 1024
 FORMAT = 1
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def decode_record(body: bytes) -> tuple[int, list[tuple[str, Any]]]:
@@ -177,14 +170,7 @@ class Journal:
 
     def snapshot(self, state: DurableState) -> None:
         """Write the whole state, then start an empty journal."""
-        path = self.dir / SNAPSHOT
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(encode_snapshot(self.seq, state))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(self.dir)
+        replace_durably(self.dir / SNAPSHOT, encode_snapshot(self.seq, state))
         self._file.close()
         self._file = open(self.dir / JOURNAL, "wb")  # noqa: SIM115
         if self.fsync:

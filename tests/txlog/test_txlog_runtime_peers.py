@@ -87,7 +87,7 @@ def test_a_backup_writes_the_peers_its_primary_replicates(tmp_path: Path) -> Non
     replica.apply([R.TXLOG_PEERS, data])
     assert (tmp_path / "n2" / PEERS_FILE).read_bytes() == data
     assert decode_peers(read_peers_file(tmp_path / "n2") or b"")[0].node_id == "dc2"
-    assert not (tmp_path / "n2" / "txlog-peers.tmp").exists()  # written atomically
+    assert not (tmp_path / "n2" / "txlog-peers.json.tmp").exists()  # written atomically
     replica.apply([R.TXLOG_PEERS, None])  # the primary runs on the configuration's peers
     assert read_peers_file(tmp_path / "n2") is None
     with pytest.raises(ReplicationError, match="peers unreadable"):

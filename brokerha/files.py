@@ -1,0 +1,36 @@
+"""Small files replaced durably: the one way brokerha writes a whole file it must not tear.
+
+A crash leaves the old file or the new one, never a mix: the new bytes go to
+a temporary file beside it, which is fsynced, renamed over the old one, and
+the directory is fsynced so the rename itself survives. Used for the HA
+state file, the TxLog snapshot, runtime peers and split backups.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_dir(path: Path | str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_durably(path: Path | str, data: bytes | None) -> None:
+    """Make ``path`` hold ``data`` (``None``: remove it), durably (see the module docstring)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if data is None:
+        path.unlink(missing_ok=True)
+    else:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    fsync_dir(path.parent)
