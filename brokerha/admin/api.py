@@ -40,8 +40,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from brokerha.admin.http import HTTPError, Request, Response
-from brokerha.txlog.config import ConfigError, SplitRecovery
-from brokerha.txlog.settings import parse_urls
 
 # The node (brokerha.node.server.Node) these endpoints read. Not imported: the
 # admin package sits below the node, which installs the endpoints on itself.
@@ -153,10 +151,7 @@ class AdminAPI:
             raise HTTPError(400, "url: txlog://host:port (an HA datacenter: every node's, "
                                  "comma-separated)")
         node_id, url = node_id.strip(), url.strip()
-        try:
-            parse_urls(url, f"url of peer {node_id}")
-        except ConfigError as exc:
-            raise HTTPError(400, str(exc)) from None
+        _bad_input(self.node, lambda bridge: bridge.check_peer_url(node_id, url))
         bridge = _txlog_master(self.node)
         replicated = await _change(bridge.add_peer(node_id, url))
         return _changed(self.node, replicated, f"peer {node_id} added ({url})")
@@ -173,13 +168,10 @@ class AdminAPI:
         value = _object(request).get("value")
         if not isinstance(value, str):
             raise HTTPError(400, "value: None, Simple or Smart")
-        try:
-            strategy = SplitRecovery.parse(value)
-        except ConfigError as exc:
-            raise HTTPError(400, str(exc)) from None
+        strategy = _bad_input(self.node, lambda bridge: bridge.parse_split_recovery(value))
         bridge = _txlog_master(self.node)
-        replicated = await _change(bridge.set_split_recovery(strategy.value))
-        return _changed(self.node, replicated, f"split-recovery {strategy.value}")
+        replicated = await _change(bridge.set_split_recovery(strategy))
+        return _changed(self.node, replicated, f"split-recovery {strategy}")
 
 
 def _object(request: Request) -> dict[str, Any]:
@@ -187,6 +179,22 @@ def _object(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise HTTPError(400, "body: a JSON object")
     return body
+
+
+def _bad_input(node: Node, check: Any) -> Any:
+    """``check(bridge)``'s result; its ValueError (the TxLog's ConfigError) is a 400.
+
+    The bridge validates (the admin package sits below the TxLog and does not
+    import it); without ``[txlog]`` there is nothing to check against, and
+    ``_txlog_master`` answers the 409.
+    """
+    bridge = getattr(node, "txlog", None)
+    if bridge is None:
+        return None
+    try:
+        return check(bridge)
+    except ValueError as exc:
+        raise HTTPError(400, str(exc)) from None
 
 
 def _txlog_master(node: Node) -> Any:
@@ -218,10 +226,10 @@ def _txlog_master(node: Node) -> Any:
 
 
 async def _change(work: Any) -> bool:
-    """Run a bridge change; the engine's refusal (``ConfigError``) is a 409."""
+    """Run a bridge change; the engine's refusal (``ConfigError``, a ValueError) is a 409."""
     try:
         return bool(await work)
-    except ConfigError as exc:
+    except ValueError as exc:
         raise HTTPError(409, str(exc)) from None
     except ConnectionError as exc:  # the master stopped meanwhile (demotion, shutdown)
         raise HTTPError(409, f"{exc}: nothing changed; ask the serving primary") from None

@@ -69,11 +69,12 @@ from brokerha.broker.observers import ConfigurationObserver
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
 from brokerha.txlog.broker_state import SplitBackups
+from brokerha.txlog.config import SplitRecovery
 from brokerha.txlog.driver import TxLogDriver, read_peers_file
 from brokerha.txlog.messages import Action, Backup, DeliverOrdered, Restore
 from brokerha.txlog.records import Operation, TxBody
 from brokerha.txlog.replica import PrimaryJournal, TxLogReplica, snapshot_events
-from brokerha.txlog.settings import NodeTxLog
+from brokerha.txlog.settings import NodeTxLog, parse_urls
 from brokerha.txlog.validation import COMMITTED
 
 log = logging.getLogger("brokerha.txlog")
@@ -242,6 +243,16 @@ class TxLogBridge(ConfigurationObserver):
         return [*events, [R.TXLOG_APPLIED, self.applied]]
 
     # ---- operator changes (admin API: /api/txlog/peers, /api/txlog/split-recovery) -----
+
+    @staticmethod
+    def check_peer_url(node_id: str, url: str) -> None:
+        """``ConfigError`` unless ``url`` is a txlog URL list (before the change is tried)."""
+        parse_urls(url, f"url of peer {node_id}")
+
+    @staticmethod
+    def parse_split_recovery(value: str) -> str:
+        """The strategy's canonical name (``ConfigError``: not None, Simple or Smart)."""
+        return SplitRecovery.parse(value).value
 
     async def add_peer(self, node_id: str, url: str) -> bool:
         """A sync peer added at runtime; True once the change is on the DC's quorum.
