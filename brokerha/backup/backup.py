@@ -45,7 +45,15 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
 from brokerha.cluster.ranges import to_ranges
-from brokerha.cluster.replication import Ack, Events, Join, ReplicationError, StaleEpoch, TxVote
+from brokerha.cluster.replication import (
+    Ack,
+    ConfigurationMismatch,
+    Events,
+    Join,
+    ReplicationError,
+    StaleEpoch,
+    TxVote,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +88,6 @@ class Backup:
         self.transactions = TransactionReplicator(broker, self._replicator, me, epoch)
         # the TxLog's ``l*`` events (brokerha/txlog/replica.py: ``apply(event)``), if any
         self.txlog = txlog
-        self._txlog_warned = False
         hold_all_timers(broker)
 
     @property
@@ -156,12 +163,11 @@ class Backup:
         elif kind in R.TX_EVENTS:
             self.transactions.apply(event)
         elif kind in R.TXLOG_EVENTS:
-            if self.txlog is not None:
-                self.txlog.apply(event)
-            elif not self._txlog_warned:
-                self._txlog_warned = True
-                log.warning("node %s: the primary replicates a TxLog but this node has no "
-                            "[txlog] section; its TxLog events are ignored", self.me)
+            if self.txlog is None:  # its acks would count for a quorum it does not hold
+                raise ConfigurationMismatch(
+                    f"the primary replicates its datacenter's TxLog but node {self.me} has no "
+                    "[txlog] section: every member of an HA datacenter needs the same [txlog]")
+            self.txlog.apply(event)
         elif kind in CONFIGURATION_EVENTS:
             self.config.apply(event)
         elif kind == R.CATCH_UP_BEGINS:

@@ -187,6 +187,14 @@ class ReplicationError(Exception):
     """The stream cannot be applied (gap, unknown event): the backup joins again."""
 
 
+class ConfigurationMismatch(ReplicationError):
+    """This node cannot hold what its primary replicates (e.g. a TxLog without ``[txlog]``).
+
+    Joining again would not help and acknowledging would be a lie (its
+    acknowledgements count for the quorum): the node stops (fail-stop).
+    """
+
+
 class StaleEpoch(ReplicationError):
     """Events of a primary older than the epoch this backup follows: refused."""
 

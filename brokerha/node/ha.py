@@ -29,7 +29,15 @@ from brokerha.backup.backup import Backup
 from brokerha.cluster import election as el
 from brokerha.cluster.link import ClusterLinks, tls_contexts
 from brokerha.cluster.messages import Error, ErrorCode, Message
-from brokerha.cluster.replication import Ack, Events, Join, TxVote, VerifyReply, VerifyRequest
+from brokerha.cluster.replication import (
+    Ack,
+    ConfigurationMismatch,
+    Events,
+    Join,
+    TxVote,
+    VerifyReply,
+    VerifyRequest,
+)
 from brokerha.cluster.state import StateFile
 from brokerha.primary import verification as verify
 from brokerha.primary.primary import Primary
@@ -421,6 +429,12 @@ class HANode:
         was_caught_up = backup.caught_up
         try:
             backup.receive(msg)
+        except ConfigurationMismatch as exc:
+            log.error("node %s: %s; stopping", self.me, exc)
+            backup.close()
+            self.node.exit_code = 1
+            self.node.request_stop()
+            return
         except Exception as exc:
             log.warning("node %s: replication from %s failed (%s); joining again", self.me,
                         peer, exc)

@@ -286,3 +286,16 @@ def test_a_splits_broker_backup_reaches_the_backups_and_a_joiners_catch_up(
     assert BrokerBackup.decode((tmp_path / "n2" / BACKUP_FILE).read_bytes()).position == 9
     write_backup_file(tmp_path / "n1", data)
     assert (tmp_path / "n1" / BACKUP_FILE).read_bytes() == data
+
+
+def test_a_backup_without_a_txlog_section_refuses_the_primarys_txlog() -> None:
+    """Its acknowledgements would count for the quorum of records it never kept: fail-stop."""
+    from brokerha.cluster import replication as R
+    from brokerha.cluster.replication import ConfigurationMismatch
+
+    c = Cluster(2)
+    c.follow("n2")  # a Backup built without ``txlog``: a member with no [txlog] section
+    c.pump()
+    c.primary.emit([R.TXLOG_RECORD, 1, b"record"])
+    with pytest.raises(ConfigurationMismatch, match=r"no \[txlog\] section"):
+        c.pump()
