@@ -20,6 +20,14 @@ def fsync_dir(path: Path | str) -> None:
         os.close(fd)
 
 
+def fsync_and_close(fd: int) -> None:
+    """fsync a descriptor (a duplicate, in a worker thread: off the event loop), then close it."""
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def replace_durably(path: Path | str, data: bytes | None) -> None:
     """Make ``path`` hold ``data`` (``None``: remove it), durably (see the module docstring)."""
     path = Path(path)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -39,7 +40,7 @@ from typing import Any, Protocol
 from brokerha.broker.stats import LatencyHistogram
 from brokerha.cluster.link import ClusterLinks
 from brokerha.cluster.messages import Message as ClusterMessage
-from brokerha.files import replace_durably
+from brokerha.files import fsync_and_close, replace_durably
 from brokerha.txlog.config import Peer, TxLogConfig
 from brokerha.txlog.journal import Journal
 from brokerha.txlog.messages import (
@@ -95,9 +96,14 @@ class TxLogDriver:
         self.clock = clock
         self.on_action = on_action
         self.replication = replication
-        self._held = 0  # engine calls whose actions wait for their record's quorum
+        # engine calls whose actions wait (their record's fsync, its quorum), in call order:
+        # [actions, how many of its barriers have not passed yet]
+        self._pending: deque[list[Any]] = deque()
+        self._fsync_waiters: deque[tuple[int, Callable[[], None]]] = deque()
+        self._fsyncing = False
         self.data_dir = Path(settings.data_dir)
         self.journal = Journal(self.data_dir, fsync=fsync)
+        self._synced_seq = 0  # the last journal record known to be on disk (set at start)
         config = self._effective_config(settings.txlog)
         durable = self.journal.load(config)
         self.restarted = self.journal.seq > 0
@@ -112,7 +118,7 @@ class TxLogDriver:
         self.latency = LatencyHistogram()
         self.counters = dict.fromkeys(
             ("sent", "not_connected", "received", "refused", "wire_errors", "delivered",
-             "confirmed", "held_batches"), 0)
+             "confirmed", "held_batches", "fsyncs", "fsync_errors"), 0)
         self._confirm_waiters: dict[str, asyncio.Future[str]] = {}
         self._sync_waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._own_created: dict[str, int] = {}
@@ -122,6 +128,7 @@ class TxLogDriver:
     # ---- life cycle --------------------------------------------------------------
 
     async def start(self) -> None:
+        self._synced_seq = self.journal.seq  # what was loaded is on disk
         await self.links.start()
         if self.restarted:
             self._event("restart", None, {"journal_seq": self.journal.seq,
@@ -240,31 +247,81 @@ class TxLogDriver:
     def _run(self, actions: list[Action]) -> None:
         """Carry out one engine call's actions: persists first (durable), then the rest in order.
 
-        With ``replication`` the rest waits until the record is on the DC's
-        quorum; a call without a record waits too while an earlier one is
-        held, so actions leave in call order.
+        The record of the persists is written at once and fsynced off the event
+        loop (a broker node's clients must not wait for the TxLog's disk); the
+        rest waits for that fsync and, with ``replication``, for the record to
+        be on the DC's quorum. A call without a record waits too while an
+        earlier one is held, so actions leave in call order.
         """
         if self._closed:
             return
         persists = [a for a in actions if isinstance(a, Persist)]
-        body = self.journal.write(persists, self.engine.durable)
+        body = self.journal.write(persists, self.engine.durable, sync=False)
         rest = [a for a in actions if not isinstance(a, Persist)]
-        replication = self.replication
-        if replication is None or (body is None and not self._held):
+        barriers: list[Callable[[Callable[[], None]], None]] = []
+        if body is not None:
+            barriers.append(self._after_fsync)
+            if self.replication is not None:
+                self.replication.record(self.journal.seq, body)
+                barriers.append(self.replication.barrier)
+        if not barriers and not self._pending:
             self._carry_out(rest)
         else:
-            if body is not None:
-                replication.record(self.journal.seq, body)
-            self._held += 1
+            entry: list[Any] = [rest, len(barriers)]
+            self._pending.append(entry)
             self.counters["held_batches"] += 1
-            replication.barrier(lambda: self._release(rest))
+            for barrier in barriers:
+                barrier(lambda entry=entry: self._passed(entry))
+            self._release()
         self._schedule()
 
-    def _release(self, actions: list[Action]) -> None:
-        """The record of these actions' call is replicated: carry them out."""
-        self._held -= 1
-        if not self._closed:
-            self._carry_out(actions)
+    def _passed(self, entry: list[Any]) -> None:
+        entry[1] -= 1
+        self._release()
+
+    def _release(self) -> None:
+        """Carry out the held calls whose barriers all passed, oldest first."""
+        pending = self._pending
+        while pending and pending[0][1] <= 0:
+            actions = pending.popleft()[0]
+            if not self._closed:
+                self._carry_out(actions)
+
+    # ---- the journal's fsync, off the loop ------------------------------------------------
+
+    def _after_fsync(self, callback: Callable[[], None]) -> None:
+        """``callback`` once every record written so far is on disk."""
+        target = self.journal.seq
+        if target <= self._synced_seq or not self.journal.fsync:
+            callback()
+            return
+        self._fsync_waiters.append((target, callback))
+        self._start_fsync()
+
+    def _start_fsync(self) -> None:
+        if self._fsyncing or self.journal.closed:
+            return
+        self._fsyncing = True
+        target = self.journal.seq
+        fd = os.dup(self.journal.fileno())  # a snapshot or close may replace the file meanwhile
+        future = asyncio.get_running_loop().run_in_executor(None, fsync_and_close, fd)
+        future.add_done_callback(lambda f: self._fsynced(target, f))
+
+    def _fsynced(self, target: int, future: asyncio.Future[None]) -> None:
+        self._fsyncing = False
+        exc = future.exception()
+        if exc is not None:  # never act on what may not be on disk: this master stalls
+            self.counters["fsync_errors"] += 1
+            log.error("txlog: fsync of the journal failed (%s); this master sends nothing "
+                      "more: restart the node", exc)
+            return
+        self.counters["fsyncs"] += 1
+        self._synced_seq = max(self._synced_seq, target)
+        waiters = self._fsync_waiters
+        while waiters and waiters[0][0] <= self._synced_seq:
+            waiters.popleft()[1]()
+        if waiters:
+            self._start_fsync()
 
     def _carry_out(self, actions: list[Action]) -> None:
         encoded: dict[int, TxLogPacket] = {}

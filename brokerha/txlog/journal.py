@@ -127,11 +127,14 @@ class Journal:
 
     # ---- running -------------------------------------------------------------------
 
-    def write(self, changes: list[Persist], state: DurableState) -> bytes | None:
+    def write(self, changes: list[Persist], state: DurableState, *,
+              sync: bool = True) -> bytes | None:
         """Make ``changes`` (already applied to ``state``) durable before returning.
 
         Returns the record's body (what :meth:`append` writes on a backup), or
-        None when there was nothing to write.
+        None when there was nothing to write. With ``sync=False`` the record is
+        written but not fsynced: the caller syncs it (off its event loop, on a
+        duplicate of :meth:`fileno`) before anything that depends on it.
         """
         if not changes:
             return None
@@ -139,7 +142,7 @@ class Journal:
         body = pickle.dumps((self.seq, [(c.key, c.value) for c in changes]),
                             protocol=pickle.HIGHEST_PROTOCOL)
         self._write_record(body)
-        if self.fsync:
+        if self.fsync and sync:
             os.fsync(self._file.fileno())
         if self._file.tell() >= self.snapshot_every:
             self.snapshot(state)

@@ -51,6 +51,7 @@ from typing import Any
 
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import ReplicationError
+from brokerha.files import fsync_and_close
 from brokerha.txlog.broker_state import write_backup_file
 from brokerha.txlog.config import TxLogConfig
 from brokerha.txlog.driver import decode_peers, write_peers_file
@@ -104,14 +105,6 @@ class PrimaryJournal:
     def peers(self, data: bytes | None) -> None:
         """The master's peers file (``driver.PEERS_FILE``), or None when it has none."""
         self.primary.emit([R.TXLOG_PEERS, data])
-
-
-def _fsync_and_close(fd: int, fsync: bool) -> None:
-    try:
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class TxLogReplica:
@@ -277,7 +270,7 @@ class TxLogReplica:
         # a duplicate descriptor: a compaction or snapshot may close the file meanwhile
         fd = os.dup(self.journal.fileno())
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(None, _fsync_and_close, fd, self.fsync)
+        future = loop.run_in_executor(None, fsync_and_close if self.fsync else os.close, fd)
         future.add_done_callback(lambda f: self._synced_to(target, f))
 
     def _synced_to(self, target: int, future: asyncio.Future[None]) -> None:

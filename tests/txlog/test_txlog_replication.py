@@ -299,3 +299,47 @@ def test_a_backup_without_a_txlog_section_refuses_the_primarys_txlog() -> None:
     c.primary.emit([R.TXLOG_RECORD, 1, b"record"])
     with pytest.raises(ConfigurationMismatch, match=r"no \[txlog\] section"):
         c.pump()
+
+
+@in_loop
+async def test_a_masters_sends_wait_for_its_journal_fsync_off_the_loop(tmp_path: Path) -> None:
+    """The journal record is fsynced in a worker thread; the call's sends leave after it.
+
+    So a broker node's clients never wait for the TxLog's disk, and no peer
+    hears of a state a crash could still lose.
+    """
+    import threading
+
+    import brokerha.txlog.driver as driver_module
+    from brokerha.txlog.messages import Send
+
+    gate, done = threading.Event(), threading.Event()
+
+    def slow_fsync(fd: int) -> None:
+        gate.wait(10)
+        os.close(fd)
+        done.set()
+
+    real = driver_module.fsync_and_close, driver_module.encode
+    driver_module.fsync_and_close = slow_fsync  # type: ignore[assignment]
+    driver_module.encode = lambda message: message  # type: ignore[assignment]
+    master = settings("dc1", tmp_path / "dc1", {"dc2": free_port()})
+    driver = TxLogDriver(master, fsync=True)
+    await driver.start()
+    sent: list[Any] = []
+    driver.links.send = lambda peer, packet: sent.append((peer, packet)) or 1  # type: ignore
+    try:
+        driver._run([Persist("counter", 7), Send("dc2", "ping")])  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)  # the loop runs on while the fsync is blocked
+        assert sent == [] and driver.counters["held_batches"] >= 1
+        gate.set()
+        for _ in range(200):
+            if sent:
+                break
+            await asyncio.sleep(0.01)
+        assert done.is_set() and driver.counters["fsyncs"] >= 1
+        assert sent[0] == ("dc2", "ping")  # (the engine's own posts may follow it)
+    finally:
+        gate.set()
+        await driver.close()
+        driver_module.fsync_and_close, driver_module.encode = real  # type: ignore[assignment]
