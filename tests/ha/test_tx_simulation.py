@@ -82,6 +82,7 @@ def test_a_healthy_run_commits_and_ends_with_every_node_equal() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # about 5.5 min on 2 cores
 def test_ten_thousand_seeds_keep_every_transaction_atomic_agreed_and_durable() -> None:
     results = run_many(range(CI_SEEDS, CI_SEEDS + 10_000), jobs=os.cpu_count() or 2)
     assert [r.summary() for r in results if r.violation] == []
