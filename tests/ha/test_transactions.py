@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -27,6 +28,18 @@ def world(c: Cluster, *queues: str) -> None:
     vh.bind("fan", vh.queues[(queues or ("q1",))[0]], "")
     if len(queues or "xx") > 1:
         vh.bind("fan", vh.queues[(queues or ("q1", "q2"))[1]], "")
+
+
+def joined(members: int, *backups: str, old: Sequence[bytes] = ()) -> Cluster:
+    """A cluster with ``world`` declared, ``old`` messages on q3, and ``backups`` caught up."""
+    c = Cluster(members)
+    world(c)
+    for body in old:
+        publish(c.broker, body, rk="q3", persistent=True)
+    for name in backups:
+        c.follow(name)
+    c.pump()
+    return c
 
 
 def same(c: Cluster, *names: str) -> None:
@@ -98,10 +111,7 @@ def test_a_committed_tx_reaches_every_backup_whole_at_every_seq_boundary() -> No
 
 def test_a_backup_receives_each_tx_message_body_once() -> None:
     async def scenario() -> None:
-        c = Cluster(2)
-        world(c)
-        c.follow("n2")
-        c.pump()
+        c = joined(2, "n2")
         sent: list[Any] = []
         take = c.primary.take_outbox
 
@@ -127,10 +137,7 @@ def test_a_backup_receives_each_tx_message_body_once() -> None:
 
 def test_tx_rollback_leaves_nothing_on_any_backup() -> None:
     async def scenario() -> None:
-        c = Cluster(2)
-        world(c)
-        c.follow("n2")
-        c.pump()
+        c = joined(2, "n2")
         tx = tx_work(c, "a")
         c.pump()
         assert c.node("n2").backup.transactions.buffers  # type: ignore[union-attr]
@@ -158,11 +165,7 @@ def test_a_tx_commit_makes_one_backup_round_trip_and_waits_for_every_guarded_bac
     takes it out of the guarded set; the transaction is not aborted.
     """
     async def scenario() -> None:
-        c = Cluster(3)
-        world(c)
-        c.follow("n2")
-        c.follow("n3")
-        c.pump()
+        c = joined(3, "n2", "n3")
         c.no_ack.add("n3")
         await settle(c, tx_work(c, "a").commit())
         answered: list[int] = []
@@ -223,12 +226,7 @@ def dtx_work(c: Cluster, xid: Xid, take: int = 0) -> None:
 
 def test_a_backup_that_cannot_prepare_votes_no_and_nothing_is_applied() -> None:
     async def scenario() -> None:
-        c = Cluster(3)
-        world(c)
-        publish(c.broker, b"old", rk="q3", persistent=True)
-        c.follow("n2")
-        c.follow("n3")
-        c.pump()
+        c = joined(3, "n2", "n3", old=[b"old"])
         dtx_work(c, XID, take=1)
         c.pump()
         q3 = c.node("n3").broker.vhosts["/"].queues["q3"]
@@ -245,11 +243,7 @@ def test_a_backup_that_cannot_prepare_votes_no_and_nothing_is_applied() -> None:
 
 def test_a_backup_lost_during_the_prepare_rolls_the_branch_back() -> None:
     async def scenario() -> None:
-        c = Cluster(3)
-        world(c)
-        c.follow("n2")
-        c.follow("n3")
-        c.pump()
+        c = joined(3, "n2", "n3")
         dtx_work(c, XID)
         c.silent.add("n3")
         task = asyncio.ensure_future(c.broker.dtx.prepare(XID))
@@ -268,10 +262,7 @@ def test_a_backup_lost_during_the_prepare_rolls_the_branch_back() -> None:
 
 def test_a_prepare_without_every_vote_times_out() -> None:
     async def scenario() -> None:
-        c = Cluster(2)
-        world(c)
-        c.follow("n2")
-        c.pump()
+        c = joined(2, "n2")
         c.no_ack.add("n2")
         dtx_work(c, XID)
         task = asyncio.ensure_future(c.broker.dtx.prepare(XID))
@@ -290,10 +281,7 @@ def test_a_prepare_without_every_vote_times_out() -> None:
 
 def test_a_backup_that_joins_while_a_tx_is_open_is_in_it() -> None:
     async def scenario() -> None:
-        c = Cluster(3)
-        world(c)
-        c.follow("n2")
-        c.pump()
+        c = joined(3, "n2")
         tx = tx_work(c, "a")
         c.pump()
         c.follow("n3")  # the tx-queue is open: n3 receives it and is in the transaction
@@ -332,10 +320,7 @@ def test_backup_with_partial_tx_is_not_ready() -> None:
     does it hold A,B without C.
     """
     async def scenario() -> None:
-        c = Cluster(3)
-        world(c)
-        c.follow("n2")
-        c.pump()
+        c = joined(3, "n2")
         await dtx_prepared(c, tag="abc")
         c.follow("n3")  # expected backup: guarded, joins after the prepare
         c.pump()
@@ -354,10 +339,7 @@ def test_backup_with_partial_tx_is_not_ready() -> None:
 
 def test_trackers_of_several_transactions_on_several_queues_clear_one_by_one() -> None:
     async def scenario() -> None:
-        c = Cluster(4)
-        world(c)
-        c.follow("n2")
-        c.pump()
+        c = joined(4, "n2")
         x1, x2 = Xid(1, b"one"), Xid(1, b"two")
         await dtx_prepared(c, x1, tag="one")
         await dtx_prepared(c, x2, tag="two", n=2)
@@ -407,10 +389,7 @@ def test_a_prepared_dtx_survives_a_restart_of_the_backups_store(tmp_path: Any) -
 
 def test_the_outcome_of_a_named_tx_is_recorded_on_every_node() -> None:
     async def scenario() -> None:
-        c = Cluster(2)
-        world(c)
-        c.follow("n2")
-        c.pump()
+        c = joined(2, "n2")
         tx = c.broker.new_transaction()
         queues, msg = route(c.broker, b"named", rk="q1", headers={"x-tx-id": "order-17"})
         tx.publish(queues, msg)
@@ -447,11 +426,7 @@ def test_a_backup_that_timed_out_once_does_not_refuse_every_later_transaction() 
     the fix every later ``tx.commit`` failed with 406 until its link dropped.
     """
     async def scenario() -> None:
-        c = Cluster(3)
-        world(c)
-        c.follow("n2")
-        c.follow("n3")
-        c.pump()
+        c = joined(3, "n2", "n3")
         c.no_ack.add("n3")
         publish(c.broker, b"unacked", rk="q3", persistent=True)
         c.pump()

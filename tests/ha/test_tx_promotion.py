@@ -15,7 +15,7 @@ from brokerha.primary.verification import (
     carry_out,
 )
 from tests.ha.harness import Cluster, contents, publish, settle, wire
-from tests.ha.test_transactions import XID, bodies, dtx_prepared, tx_work, world
+from tests.ha.test_transactions import XID, bodies, dtx_prepared, joined, tx_work, world
 
 
 def promote_verified(c: Cluster, name: str, epoch: int, peers: list[str]) -> dict[str, str]:
@@ -50,11 +50,7 @@ def same_everywhere(c: Cluster, *names: str) -> None:
 
 def test_an_open_tx_is_aborted_when_the_primary_fails() -> None:
     async def scenario() -> None:
-        c = Cluster(3)
-        world(c)
-        c.follow("n2")
-        c.follow("n3")
-        c.pump()
+        c = joined(3, "n2", "n3")
         tx_work(c, "open")
         c.pump()
         assert c.node("n2").backup.transactions.buffers  # type: ignore[union-attr]
@@ -119,11 +115,7 @@ def test_a_tx_whose_commit_reached_the_elected_backup_is_everywhere_after_the_fa
 
 def test_a_prepared_dtx_another_node_committed_is_committed_by_the_new_primary() -> None:
     async def scenario() -> None:
-        c = Cluster(3)
-        world(c)
-        c.follow("n2")
-        c.follow("n3")
-        c.pump()
+        c = joined(3, "n2", "n3")
         await dtx_prepared(c)
         txid = f"dtx:{XID.key}"
         assert await commit_reaching(c, c.broker.dtx.commit(XID), {"n3"}) == []
@@ -140,11 +132,7 @@ def test_a_prepared_dtx_another_node_committed_is_committed_by_the_new_primary()
 
 def test_a_prepared_dtx_stays_in_doubt_and_the_tm_finishes_it_on_the_new_primary() -> None:
     async def scenario() -> None:
-        c = Cluster(3)
-        world(c)
-        c.follow("n2")
-        c.follow("n3")
-        c.pump()
+        c = joined(3, "n2", "n3")
         await dtx_prepared(c)
         assert promote_verified(c, "n2", 2, ["n3"]) == {f"dtx:{XID.key}": IN_DOUBT}
         dtx = c.broker.dtx
@@ -164,12 +152,7 @@ def test_a_prepared_dtx_stays_in_doubt_and_the_tm_finishes_it_on_the_new_primary
 
 def test_a_dtx_rolled_back_after_a_failover_gives_back_what_it_consumed() -> None:
     async def scenario() -> None:
-        c = Cluster(3)
-        world(c)
-        publish(c.broker, b"held", rk="q3", persistent=True)
-        c.follow("n2")
-        c.follow("n3")
-        c.pump()
+        c = joined(3, "n2", "n3", old=[b"held"])
         dtx = c.broker.dtx
         xid = Xid(7, b"consume")
         branch = dtx.start(xid, "channel")
