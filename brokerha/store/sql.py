@@ -239,9 +239,9 @@ class SQLStore(Store):
         self._batch_hooks.append(hook)
 
     def _handoff(self) -> None:
-        self._handoff_scheduled = False
-        for hook in self._batch_hooks:
+        for hook in self._batch_hooks:  # still marked scheduled: what they record joins this batch
             hook()
+        self._handoff_scheduled = False
         if self.failed is not None:  # nothing will be written again: do not pile up
             self._ops.clear()
             self._callbacks.clear()
