@@ -33,7 +33,7 @@ import pytest
 
 from brokerha.testing import NodeProcess, free_port
 from tests.netfaults import Partition
-from tests.txlog.test_broker_txlog import DC, publish_confirmed, wait_for
+from tests.txlog.test_broker_txlog import DC, peer_entries, publish_confirmed, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -57,9 +57,7 @@ def datacenters(root: Path, strategy: str, max_peer_lag: int = 1500,
     try:
         for name in DCS:
             admin = free_port()
-            peers = "".join(
-                f'peer.{i}.id = "{p}"\npeer.{i}.url = "txlog://127.0.0.1:{dialed[p]}"\n'
-                for i, p in enumerate((p for p in DCS if p != name), 1))
+            peers = peer_entries({p: f"txlog://127.0.0.1:{dialed[p]}" for p in DCS if p != name})
             cfg = root / f"{name}.toml"
             cfg.write_text(
                 f'[node]\nadmin = "127.0.0.1:{admin}"\n\n'

@@ -56,6 +56,12 @@ class DC:
             return json.loads(resp.read())
 
 
+def peer_entries(urls: dict[str, str]) -> str:
+    """``peer.N.id`` / ``peer.N.url`` lines of a ``[txlog]`` section, in the given order."""
+    return "".join(f'peer.{i}.id = "{p}"\npeer.{i}.url = "{u}"\n'
+                   for i, (p, u) in enumerate(urls.items(), 1))
+
+
 @pytest.fixture(scope="module")
 def dcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, DC]]:
     root = tmp_path_factory.mktemp("dcs")
@@ -65,9 +71,7 @@ def dcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, DC]]:
     try:
         for name in DCS:
             admin_port = free_port()
-            peers = "".join(
-                f'peer.{i}.id = "{p}"\npeer.{i}.url = "txlog://127.0.0.1:{ports[p]}"\n'
-                for i, p in enumerate((p for p in DCS if p != name), 1))
+            peers = peer_entries({p: f"txlog://127.0.0.1:{ports[p]}" for p in DCS if p != name})
             cfg = root / f"{name}.toml"
             cfg.write_text(
                 f'[node]\nadmin = "127.0.0.1:{admin_port}"\n\n'

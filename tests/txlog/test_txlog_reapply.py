@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,7 +22,7 @@ from brokerha.broker.message import Entry
 from brokerha.broker.storage import MemoryStore
 from brokerha.txlog.broker_bridge import APPLIED_KEY, TxLogBridge
 from brokerha.txlog.driver import TxLogDriver
-from tests.txlog.test_broker_bridge import message, table, wait_until
+from tests.txlog.test_broker_bridge import in_loop, message, table, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -76,13 +75,6 @@ async def history(tmp_path: Path) -> Path:
     assert bridge.applied == 5 and broker.store.get_meta(APPLIED_KEY) == "5"
     await bridge.stop()
     return tmp_path / "journal"
-
-
-def in_loop(test: Any) -> Any:
-    def run(tmp_path: Path) -> None:
-        asyncio.run(test(tmp_path))
-    run.__name__ = test.__name__
-    return run
 
 
 @in_loop

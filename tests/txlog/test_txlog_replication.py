@@ -27,6 +27,7 @@ from brokerha.txlog.replica import PrimaryJournal, TxLogReplica, snapshot_events
 from brokerha.txlog.settings import MasterSettings, flatten, from_properties
 from brokerha.txlog.state import DurableState
 from tests.ha.harness import Cluster
+from tests.txlog.test_broker_bridge import in_loop
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -100,13 +101,6 @@ class DC1:
 
 def enqueue(gid: str) -> list[Operation]:
     return [Operation("enqueue", "%2F/orders", gid, gid.encode())]
-
-
-def in_loop(test: Any) -> Any:
-    def run(tmp_path: Path) -> None:
-        asyncio.run(test(tmp_path))
-    run.__name__ = test.__name__
-    return run
 
 
 @in_loop

@@ -11,7 +11,6 @@ survives the SIGKILL of its primary.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -38,10 +37,11 @@ from brokerha.txlog.driver import (
 )
 from brokerha.txlog.journal import decode_record
 from brokerha.txlog.replica import TxLogReplica
-from tests.txlog.test_broker_bridge import started
+from tests.txlog.test_broker_bridge import in_loop, started
 from tests.txlog.test_broker_txlog import (
     DC,
     GLOBAL,
+    peer_entries,
     publish_confirmed,
     publish_tx,
     same_everywhere,
@@ -52,13 +52,6 @@ from tests.txlog.test_txlog_replication import DC1, settings
 pytestmark = pytest.mark.timeout(60)
 
 DC2_URL = "txlog://127.0.0.1:1"
-
-
-def in_loop(test: Any) -> Any:
-    def run(tmp_path: Path) -> None:
-        asyncio.run(test(tmp_path))
-    run.__name__ = test.__name__
-    return run
 
 
 class FakePrimary:
@@ -267,8 +260,7 @@ def ctl(admin: str, *argv: str, password: str = "guest") -> subprocess.Completed
 
 
 def section(me: str, peers: dict[str, str], listen: int | None) -> str:
-    lines = "".join(f'peer.{i}.id = "{p}"\npeer.{i}.url = "{u}"\n'
-                    for i, (p, u) in enumerate(peers.items(), 1))
+    lines = peer_entries(peers)
     where = f'listen = "127.0.0.1:{listen}"\n' if listen is not None else ""
     return (f'\n[txlog]\nnode-id = "{me}"\n{where}group = "runtime-peers"\nsecret = "s"\n'
             f'split-recovery = "Smart"\nidle-interval = 300\nMaxPeerLag = 15000\n{lines}')
