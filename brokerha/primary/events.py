@@ -64,8 +64,6 @@ def event_size(event: Event) -> int:
         return 64 + len(event[6]) + len(event[7])
     if event[0] == R.DEQUEUED:
         return 32 + 9 * len(event[3])
-    if event[0] in (R.TXLOG_RECORD, R.TXLOG_SNAPSHOT, R.TXLOG_BROKER_BACKUP):
-        return 64 + len(event[-1])
-    if event[0] == R.TXLOG_PEERS:  # None: back to the configuration's peers
-        return 64 + len(event[1] or b"")
+    if event[0] in (R.TXLOG_RECORD, R.TXLOG_SNAPSHOT, R.TXLOG_BROKER_BACKUP, R.TXLOG_PEERS):
+        return 64 + len(event[-1] or b"")  # an lp of None: back to the configured peers
     return 64

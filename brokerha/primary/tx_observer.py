@@ -132,10 +132,10 @@ class PrimaryTxObserver:
         if txq is None:
             return True  # nothing replicated: nothing to vote on
         txq.client_id = self.transaction.client_id
-        if txq.closed:
-            return True  # prepared before (a branch adopted after a failover)
-        if self.xid is None:
-            return True  # TX: no vote round; the tc and its acknowledgements decide
+        if not self.prepare_needed():
+            # a TX (no vote round: the tc and its acknowledgements decide), or a branch
+            # prepared before (adopted after a failover)
+            return True
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
         def done(ok: bool) -> None:
