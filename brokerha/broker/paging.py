@@ -3,7 +3,7 @@
 Only what the store keeps can be paged: persistent messages on durable
 queues. An entry appended while its queue already holds ``queue_limit`` bytes
 of resident content (or the node ``node_limit``) is marked PENDING; once the
-store reports the entry's insert durable (``after_sync``), its message is
+store reports the entry's insert readable (``after_readable``), its message is
 replaced, *for this entry only*, by a ``PagedMessage`` stub that keeps the
 properties and the size but not the body. A message routed to several queues
 is one shared ``Message``: each queue's entry gets its own stub, and Python's
@@ -123,7 +123,7 @@ class Pager:
     def _schedule(self, queue: Queue) -> None:
         queue.page_scheduled = True
         covered = len(queue.page_pending)
-        self.store.after_sync(lambda: self._durable(queue, covered))
+        self.store.after_readable(lambda: self._durable(queue, covered))
 
     def _durable(self, queue: Queue, covered: int) -> None:
         """The inserts of the first ``covered`` pending entries are committed."""

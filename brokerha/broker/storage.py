@@ -162,6 +162,15 @@ class Store(ConfigurationObserver, QueueObserver):
         """Run ``callback`` once everything written so far is durable."""
         raise NotImplementedError
 
+    def after_readable(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once everything written so far can be read back (``read_bodies``).
+
+        The same as ``after_sync`` unless the store makes writes durable in a
+        log first and applies them to what it reads from later (the SQLite
+        store's operation log).
+        """
+        self.after_sync(callback)
+
     def before_batch(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` (loop thread) right before each batch of writes is handed over.
 

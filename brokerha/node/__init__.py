@@ -44,6 +44,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "(default: SQLite in the data directory)")
     parser.add_argument("--store-synchronous", metavar="MODE",
                         help="SQLite fsync policy: full (default) or normal")
+    parser.add_argument("--store-oplog", choices=["on", "off"],
+                        help="SQLite: confirm after an append to the operation log and apply "
+                             "to the database later (on, the default), or commit every batch "
+                             "to the database (off)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(handler=main)
 
@@ -76,6 +80,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
         cfg.store.url = args.store
     if args.store_synchronous:
         cfg.store.synchronous = parse_synchronous(args.store_synchronous, "--store-synchronous")
+    if args.store_oplog:
+        cfg.store.oplog = args.store_oplog == "on"
     if args.log_level:
         cfg.log_level = args.log_level
     if cfg.txlog_table is not None:  # after --data: the TxLog journal lives in the data dir

@@ -44,6 +44,7 @@ class StoreConfig:
 
     url: str | None = None
     synchronous: str = "full"  # SQLite only: "full" (fsync every commit) or "normal"
+    oplog: bool = True  # SQLite only: confirms wait for the operation log (brokerha.store.oplog)
 
 
 STORE_SYNCHRONOUS = ("full", "normal")
@@ -105,7 +106,7 @@ _LIMIT_KEYS = {"frame_max", "channel_max", "heartbeat", "max_message_size", "mem
                "memory_resume_ratio", "queue_max_memory", "node_max_memory"}
 _SIZE_KEYS = ("max_message_size", "memory_limit", "queue_max_memory", "node_max_memory")
 _SECURITY_KEYS = {"default_user", "loopback_users"}
-_STORE_KEYS = {"url", "synchronous"}
+_STORE_KEYS = {"url", "synchronous", "oplog"}
 
 
 def check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -129,6 +130,10 @@ def _apply_store(table: dict[str, Any], cfg: NodeConfig, where: str) -> None:
         cfg.store.url = table["url"]
     if "synchronous" in table:
         cfg.store.synchronous = parse_synchronous(table["synchronous"], "store.synchronous")
+    if "oplog" in table:
+        if not isinstance(table["oplog"], bool):
+            raise ConfigError(f"store.oplog: expected true or false, got {table['oplog']!r}")
+        cfg.store.oplog = table["oplog"]
 
 
 def parse_admin(value: str, cfg: NodeConfig) -> None:

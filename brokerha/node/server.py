@@ -53,7 +53,8 @@ class Node:
         self.config = config
         self.cluster = cluster
         self.loop = asyncio.get_event_loop()
-        self.store = open_store(config.store.url, config.data_dir, config.store.synchronous)
+        self.store = open_store(config.store.url, config.data_dir, config.store.synchronous,
+                                config.store.oplog)
         self.store.on_failure = self._store_failed
         self.broker = build_broker(config, spawn=self._spawn, store=self.store)
         self.exit_code = 0

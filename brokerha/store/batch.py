@@ -1,26 +1,44 @@
 """Folding recorded broker events into the rows of one database transaction.
 
 The event-loop thread only appends small tuples (``Op``); the writer thread
-folds everything that piled up into a ``Batch`` just before it commits. The
-fold keeps one final state per message, so a message enqueued and dequeued
-before its commit (the fast-consumer case) is never written at all, and
-configuration statements keep their order.
+folds everything that piled up into a ``Batch`` before it commits. The fold
+keeps one final state per message, so a message enqueued and dequeued before
+its commit (the fast-consumer case) is never written at all, configuration
+statements keep their order, and of the meta values only the last one per key
+is written. With the operation log (``brokerha.store.oplog``) a batch folds
+everything logged since the previous apply, so the window is much wider.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from brokerha.broker.message import Entry
+
+class Content(Protocol):
+    """What a stored message row needs: a ``Message``, or ``StoredContent`` read back from the log."""
+
+    exchange: str
+    routing_key: str
+    header: bytes
+    body: bytes
+
+
+class StoredContent(NamedTuple):
+    exchange: str
+    routing_key: str
+    header: bytes
+    body: bytes
 
 # Op kinds (first element of each op tuple).
-ENQUEUED = 0  # (ENQUEUED, vhost, queue, entry)
-ACQUIRED = 1  # (ACQUIRED, vhost, queue, entry)
-DEQUEUED = 2  # (DEQUEUED, vhost, queue, entry)
-STATEMENT = 3  # (STATEMENT, statement name, params): exchanges, queues, bindings
+ENQUEUED = 0  # (ENQUEUED, vhost, queue, position, message)
+ACQUIRED = 1  # (ACQUIRED, vhost, queue, position)
+DEQUEUED = 2  # (DEQUEUED, vhost, queue, position)
+STATEMENT = 3  # (STATEMENT, statement name, params): exchanges, queues, bindings, ...
 QUEUE_DELETED = 4  # (QUEUE_DELETED, vhost, queue)
+PUT_META = "put_meta"  # a STATEMENT folded per key: only the last value is written
+APPLIED_KEY = "oplog_applied"  # meta: the newest operation log generation wholly in SQL
 
 Op = tuple[Any, ...]
 Callback = Callable[[], None]
@@ -41,19 +59,59 @@ class Unit:
 
     ops: list[Op]
     callbacks: list[Callback]
+    readable: list[Callback] = field(default_factory=list)  # oplog: after the SQL commit
+    closes: int | None = None  # oplog: the last unit of this log generation
 
 
 @dataclass
 class Batch:
     statements: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
-    # (vhost, queue) -> position -> [state, entry, delivered]
+    meta: dict[str, str] = field(default_factory=dict)  # put_meta, last value per key
+    # (vhost, queue) -> position -> [state, content, delivered]
     messages: dict[tuple[str, str], dict[int, list[Any]]] = field(default_factory=dict)
     callbacks: list[Callback] = field(default_factory=list)
     cancelled: int = 0
+    closes: int | None = None  # the newest log generation this batch completes
+    # An insert and its delete cancel only when the batch holds every op since the
+    # last commit. A replay of the operation log re-reads a file whose first part
+    # may already be in SQL: there a dequeue must delete the row.
+    cancel: bool = True
 
     @property
     def empty(self) -> bool:
-        return not self.statements and not any(self.messages.values())
+        return not self.statements and not self.meta and not any(self.messages.values())
+
+    def add(self, unit: Unit) -> None:
+        """Fold one more unit in (units in submission order)."""
+        messages = self.messages
+        for op in unit.ops:
+            kind = op[0]
+            if kind == STATEMENT:
+                if op[1] == PUT_META:
+                    self.meta[op[2][0]] = op[2][1]
+                else:
+                    self.statements.append((op[1], op[2]))
+                continue
+            if kind == QUEUE_DELETED:
+                _queue_deleted(self, op[1], op[2])
+                continue
+            states = messages.get((op[1], op[2]))
+            if states is None:
+                states = messages[(op[1], op[2])] = {}
+            if kind == ENQUEUED:
+                states[op[3]] = [_INSERT, op[4], False]
+            elif kind == ACQUIRED:
+                _acquired(states, op[3])
+            elif _dequeued(states, op[3], self.cancel):
+                self.cancelled += 1
+        self.callbacks.extend(unit.callbacks)
+        if unit.closes is not None:
+            self.closes = unit.closes
+            self.meta[APPLIED_KEY] = str(unit.closes)
+
+    def statement_rows(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """The statements in order, then one upsert per meta key."""
+        return self.statements + [(PUT_META, item) for item in self.meta.items()]
 
     def rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         """(message rows to insert, delivered-flag updates, keys to delete)."""
@@ -61,9 +119,8 @@ class Batch:
         delivered: list[tuple[Any, ...]] = []
         deletes: list[tuple[Any, ...]] = []
         for (vhost, queue), states in self.messages.items():
-            for position, (state, entry, was_delivered) in states.items():
+            for position, (state, m, was_delivered) in states.items():
                 if state == _INSERT:
-                    m = entry.message
                     inserts.append((vhost, queue, position, m.exchange, m.routing_key,
                                     m.header, m.body, was_delivered))
                 elif state == _MARK_DELIVERED:
@@ -73,51 +130,29 @@ class Batch:
         return inserts, delivered, deletes
 
 
-def _enqueued(states: dict[int, list[Any]], entry: Entry) -> None:
-    states[entry.position] = [_INSERT, entry, False]
-
-
-def _acquired(states: dict[int, list[Any]], entry: Entry) -> None:
-    state = states.get(entry.position)
+def _acquired(states: dict[int, list[Any]], position: int) -> None:
+    state = states.get(position)
     if state is None:
-        states[entry.position] = [_MARK_DELIVERED, entry, True]
+        states[position] = [_MARK_DELIVERED, None, True]
     elif state[0] == _INSERT:
         state[2] = True
 
 
-def _dequeued(states: dict[int, list[Any]], entry: Entry) -> bool:
+def _dequeued(states: dict[int, list[Any]], position: int, cancel: bool) -> bool:
     """True when the dequeue cancelled an insert of the same batch."""
-    state = states.get(entry.position)
-    if state is not None and state[0] == _INSERT:
-        del states[entry.position]
+    state = states.get(position)
+    if cancel and state is not None and state[0] == _INSERT:
+        del states[position]
         return True
-    states[entry.position] = [_DELETE, entry, False]
+    states[position] = [_DELETE, None, False]
     return False
 
 
 def fold(units: Iterable[Unit]) -> Batch:
     """One batch from units in submission order."""
     batch = Batch()
-    messages = batch.messages
     for unit in units:
-        for op in unit.ops:
-            kind = op[0]
-            if kind == STATEMENT:
-                batch.statements.append((op[1], op[2]))
-                continue
-            if kind == QUEUE_DELETED:
-                _queue_deleted(batch, op[1], op[2])
-                continue
-            states = messages.get((op[1], op[2]))
-            if states is None:
-                states = messages[(op[1], op[2])] = {}
-            if kind == ENQUEUED:
-                _enqueued(states, op[3])
-            elif kind == ACQUIRED:
-                _acquired(states, op[3])
-            elif _dequeued(states, op[3]):
-                batch.cancelled += 1
-        batch.callbacks.extend(unit.callbacks)
+        batch.add(unit)
     return batch
 
 

@@ -19,8 +19,13 @@ def default_url(data_dir: Path) -> str:
     return f"sqlite:///{(data_dir / DEFAULT_FILE).absolute()}"
 
 
-def open_store(url: str | None, data_dir: Path, synchronous: str = "full") -> Store:
-    """The store for ``url`` (None: SQLite in ``data_dir``); opens and migrates the schema."""
+def open_store(url: str | None, data_dir: Path, synchronous: str = "full",
+               oplog: bool = True) -> Store:
+    """The store for ``url`` (None: SQLite in ``data_dir``); opens and migrates the schema.
+
+    ``oplog`` puts the operation log in front of an SQLite store (docs/store.md);
+    a PostgreSQL store commits every batch to the database either way.
+    """
     if url == MEMORY:
         return MemoryStore()
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
@@ -29,6 +34,7 @@ def open_store(url: str | None, data_dir: Path, synchronous: str = "full") -> St
 
     target = url or default_url(data_dir)
     try:
-        return SQLStore(target, synchronous=synchronous)
+        return SQLStore(target, synchronous=synchronous,
+                        oplog=oplog and target.startswith("sqlite"))
     except (ArgumentError, SQLAlchemyError, ImportError) as exc:
         raise StoreError(f"cannot open store {target}: {exc}") from exc

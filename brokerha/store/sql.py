@@ -50,14 +50,26 @@ from brokerha.broker.storage import (
 from brokerha.store import schema
 from brokerha.store.batch import (
     ACQUIRED,
+    APPLIED_KEY,
     DEQUEUED,
     ENQUEUED,
+    PUT_META,
     QUEUE_DELETED,
     STATEMENT,
+    Batch,
     Callback,
     Op,
+    Unit,
 )
-from brokerha.store.writer import Checkpointer, NoCheckpoints, SQLiteCheckpoints, Writer
+from brokerha.store.oplog import LogAppender, OpLog, OpLogError
+from brokerha.store.writer import (
+    ApplyPolicy,
+    Checkpointer,
+    NoCheckpoints,
+    SQLiteCheckpoints,
+    Writer,
+    commit_batch,
+)
 
 log = logging.getLogger("brokerha.store")
 
@@ -111,7 +123,8 @@ class SQLStore(Store):
 
     def __init__(self, url: str | URL, *, synchronous: str = "full",
                  wal_limit: int = DEFAULT_WAL_LIMIT, backlog_warning: int = 200_000,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 oplog: bool = False, apply_policy: ApplyPolicy | None = None) -> None:
         self.engine = create_store_engine(url, synchronous, wal_limit)
         self.synchronous = synchronous
         self.on_failure = on_failure
@@ -122,15 +135,95 @@ class SQLStore(Store):
         self._closed = False
         self._ops: list[Op] = []
         self._callbacks: list[Callback] = []
+        self._readable: list[Callback] = []  # after_readable, with an operation log
         self._batch_hooks: list[Callable[[], None]] = []  # before_batch
         self._handoff_scheduled = False
         self._inflight = 0  # units handed over and not yet reported durable (loop thread)
         self._reader: Any = None  # connection for read_bodies (loop thread), opened on demand
+        self._meta: dict[str, str] = {}  # put_meta since start: get_meta sees them at once
+        statements = schema.Statements(_PLACEHOLDERS[self.engine.dialect.driver])
+        self.oplog: OpLog | None = None
+        self._appender: LogAppender | None = None
+        policy: ApplyPolicy | None = None
+        try:
+            if oplog:
+                self.oplog = OpLog(self._database_file(), sync=synchronous == "full")
+                next_generation = self._replay_oplog(statements, self.oplog)
+                policy = apply_policy or ApplyPolicy()
+                policy.on_applied = self._log_applied
+            else:
+                self._replay_leftover_log(statements, synchronous)
+        except BaseException as exc:
+            if self.oplog is not None:
+                self.oplog.release()
+            self.engine.dispose()
+            if isinstance(exc, OpLogError):
+                raise StoreError(str(exc)) from exc
+            raise
         self._writer = Writer(
-            self.engine.raw_connection,
-            schema.Statements(_PLACEHOLDERS[self.engine.dialect.driver]),
-            self._checkpoints(wal_limit), self._report, self._writer_failed,
-            backlog_warning=backlog_warning)
+            self.engine.raw_connection, statements, self._checkpoints(wal_limit),
+            self._report if self.oplog is None else self._report_readable,
+            self._writer_failed, backlog_warning=backlog_warning, policy=policy)
+        if self.oplog is not None:
+            self.oplog.open(next_generation)
+            self._appender = LogAppender(self.oplog, self._writer.submit_units, self._report,
+                                         self._writer_failed)
+
+    def _database_file(self) -> Path:
+        url = self.engine.url
+        if url.get_backend_name() != "sqlite":
+            raise StoreError("the operation log is for SQLite stores (a PostgreSQL store "
+                             "commits every batch to the database)")
+        return Path(str(url.database)).absolute()
+
+    def _log_applied(self, generation: int) -> None:
+        """(writer thread) SQL holds the log up to ``generation``: drop those files, make a spare."""
+        assert self.oplog is not None
+        self.oplog.remove_through(generation)
+        if not self._closed:
+            self.oplog.prepare_spare()
+
+    def _replay_leftover_log(self, statements: schema.Statements, synchronous: str) -> None:
+        """Without the operation log: still apply files a run with it left behind."""
+        if self.engine.url.get_backend_name() != "sqlite":
+            return
+        leftover = OpLog.probe(self._database_file())
+        if leftover is None:
+            return
+        try:
+            self._replay_oplog(statements, leftover)
+        finally:
+            leftover.release()
+
+    def _replay_oplog(self, statements: schema.Statements, oplog: OpLog) -> int:
+        """Apply what the log holds beyond SQL's state (start-up); the next generation to write.
+
+        The replay does not cancel an enqueue against its dequeue: the first part
+        of a file may be in SQL already (applied before the file was complete).
+        """
+        applied = int(self._read_meta(APPLIED_KEY) or 0)
+        generations = oplog.generations()
+        pending = [g for g in generations if g > applied]
+        if pending:
+            batch = Batch(cancel=False)
+            records = 0
+            for g in pending:
+                # without fdatasync (synchronous=normal) any file may end torn after power loss
+                lenient = g == generations[-1] or not oplog.sync_enabled
+                for ops in oplog.read(g, newest=lenient):
+                    batch.add(Unit(ops, []))
+                    records += 1
+            batch.add(Unit([], [], closes=pending[-1]))
+            conn = self.engine.raw_connection()
+            try:
+                rows = commit_batch(conn, statements, batch)
+            finally:
+                conn.close()
+            log.info("store %r: replayed %d operation log records from %d file(s) (%d rows)",
+                     self, records, len(pending), rows)
+        newest = max([applied, *generations])
+        oplog.remove_through(newest)
+        return newest + 1
 
     def _checkpoints(self, wal_limit: int) -> Checkpointer:
         url = self.engine.url
@@ -150,6 +243,8 @@ class SQLStore(Store):
         self._loop = loop
         self._started = True
         self._writer.start()
+        if self._appender is not None:
+            self._appender.start()
         self._handoff()
 
     def close(self) -> None:
@@ -160,10 +255,15 @@ class SQLStore(Store):
             self.start(None)
         self._closed = True
         self._handoff()
+        if self._appender is not None:
+            self._appender.stop()  # it hands the last log file to the writer, then ends
+            self._appender.join(30)
         self._writer.stop()
         self._writer.join(30)
         if self._writer.is_alive():
             log.error("store writer did not finish within 30 s; pending writes are lost")
+        if self.oplog is not None:
+            self.oplog.release()
         if self._reader is not None:
             try:
                 self._reader.close()
@@ -203,8 +303,12 @@ class SQLStore(Store):
 
     def stats(self) -> dict[str, Any]:
         """Counters for logs and benchmarks, including the writer's current backlog."""
-        return dict(self._writer.stats, backlog_ops=self._writer.backlog_ops,
-                    checkpoints=getattr(self._writer.checkpoints, "count", 0))
+        stats = dict(self._writer.stats, backlog_ops=self._writer.backlog_ops,
+                     checkpoints=getattr(self._writer.checkpoints, "count", 0))
+        if self._appender is not None:
+            stats.update(self._appender.stats, backlog_ops=self._appender.backlog_ops,
+                         apply_backlog_ops=self._writer.backlog_ops)
+        return stats
 
     # -- the durability barrier ----------------------------------------------------------
 
@@ -216,6 +320,20 @@ class SQLStore(Store):
             callback()  # nothing written is waiting for a commit
             return
         self._callbacks.append(callback)
+        self._schedule_handoff()
+
+    def after_readable(self, callback: Callback) -> None:
+        """Run ``callback`` once everything written so far can be read back from SQL.
+
+        Without an operation log that is ``after_sync``; with one it waits
+        for the writer to apply the log (which it does soon when someone waits).
+        """
+        if self._appender is None:
+            self.after_sync(callback)
+            return
+        if self.failed is not None:
+            return
+        self._readable.append(callback)
         self._schedule_handoff()
 
     def flush(self) -> None:
@@ -245,21 +363,32 @@ class SQLStore(Store):
         if self.failed is not None:  # nothing will be written again: do not pile up
             self._ops.clear()
             self._callbacks.clear()
+            self._readable.clear()
             return
-        if not (self._ops or self._callbacks) or not self._started:
+        if not (self._ops or self._callbacks or self._readable) or not self._started:
             return
-        ops, callbacks = self._ops, self._callbacks
-        self._ops, self._callbacks = [], []
+        ops, callbacks, readable = self._ops, self._callbacks, self._readable
+        self._ops, self._callbacks, self._readable = [], [], []
         self._inflight += 1
-        self._writer.submit(ops, callbacks)
+        if self._appender is not None:
+            self._appender.submit(ops, callbacks, readable)
+        else:
+            self._writer.submit(ops, callbacks)
 
     # -- reports from the writer thread --------------------------------------------------
 
     def _report(self, units: int, callbacks: list[Callback]) -> None:
         self._on_loop(self._durable, units, callbacks)
 
+    def _report_readable(self, _units: int, callbacks: list[Callback]) -> None:
+        self._on_loop(self._run_callbacks, callbacks)
+
     def _durable(self, units: int, callbacks: list[Callback]) -> None:
         self._inflight -= units
+        self._run_callbacks(callbacks)
+
+    @staticmethod
+    def _run_callbacks(callbacks: list[Callback]) -> None:
         for callback in callbacks:
             try:
                 callback()
@@ -319,15 +448,15 @@ class SQLStore(Store):
 
     def enqueued(self, queue: Queue, entry: Entry) -> None:
         if keeps(queue, entry):
-            self._record((ENQUEUED, queue.vhost, queue.name, entry))
+            self._record((ENQUEUED, queue.vhost, queue.name, entry.position, entry.message))
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
         if keeps(queue, entry):
-            self._record((ACQUIRED, queue.vhost, queue.name, entry))
+            self._record((ACQUIRED, queue.vhost, queue.name, entry.position))
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
         if keeps(queue, entry):
-            self._record((DEQUEUED, queue.vhost, queue.name, entry))
+            self._record((DEQUEUED, queue.vhost, queue.name, entry.position))
 
     # -- prepared XA branches ----------------------------------------------------------------
 
@@ -355,9 +484,16 @@ class SQLStore(Store):
         self._record((STATEMENT, "delete_tx_outcome", (txid,)))
 
     def put_meta(self, key: str, value: str) -> None:
-        self._record((STATEMENT, "put_meta", (key, value)))
+        self._meta[key] = value
+        self._record((STATEMENT, PUT_META, (key, value)))
 
     def get_meta(self, key: str) -> str | None:
+        """The value last put (this process), else the one in the database."""
+        if key in self._meta:
+            return self._meta[key]
+        return self._read_meta(key)
+
+    def _read_meta(self, key: str) -> str | None:
         with self.engine.connect() as conn:
             found = conn.execute(select(schema.meta.c.value)
                                  .where(schema.meta.c.key == key)).scalar()

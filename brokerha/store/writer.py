@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from brokerha.store.batch import Batch, Callback, Op, Unit, fold
+from brokerha.store.batch import Batch, Callback, Op, Unit
 from brokerha.store.schema import Statements
 
 log = logging.getLogger("brokerha.store")
@@ -81,8 +81,31 @@ class SQLiteCheckpoints:
             log.warning("WAL checkpoint (%s) failed: %s", mode, exc)
 
 
+class ApplyPolicy:
+    """When a writer behind the operation log applies its pending batch to SQL.
+
+    Confirms do not wait for these commits (the log made the units durable),
+    so the batch may grow: a message consumed while it is pending is never
+    written. It is applied when a log file is complete (so the file can go),
+    when someone waits to read a row back, when it is ``max_age`` old or holds
+    ``max_ops`` operations, when the writer is idle, and at shutdown.
+    """
+
+    def __init__(self, max_age: float = 1.0, max_ops: int = 50_000,
+                 on_applied: Callable[[int], None] | None = None) -> None:
+        self.max_age = max_age
+        self.max_ops = max_ops
+        self.on_applied = on_applied  # called (writer thread) with each completed generation
+
+
 class Writer(threading.Thread):
-    """Owns the writing connection; the only thread that writes to the database."""
+    """Owns the writing connection; the only thread that writes to the database.
+
+    Without an ``ApplyPolicy`` (no operation log) every take is one commit and
+    its callbacks are the units' ``after_sync`` callbacks. With one, units
+    arrive already durable in the log; they are folded into a pending batch
+    and applied as the policy says, and the callbacks are ``after_readable``.
+    """
 
     def __init__(
         self,
@@ -92,6 +115,7 @@ class Writer(threading.Thread):
         report: Callable[[int, list[Callback]], None],
         fail: Callable[[BaseException], None],
         backlog_warning: int = 200_000,
+        policy: ApplyPolicy | None = None,
     ) -> None:
         super().__init__(name="brokerha-store-writer", daemon=True)
         self._connect = connect
@@ -100,6 +124,7 @@ class Writer(threading.Thread):
         self._report = report
         self._fail = fail
         self.backlog_warning = backlog_warning
+        self.policy = policy
         self._cond = threading.Condition()
         self._units: list[Unit] = []
         self._queued_ops = 0
@@ -111,9 +136,12 @@ class Writer(threading.Thread):
     # -- any thread ----------------------------------------------------------------------
 
     def submit(self, ops: list[Op], callbacks: list[Callback]) -> None:
+        self.submit_units([Unit(ops, callbacks)])
+
+    def submit_units(self, units: list[Unit]) -> None:
         with self._cond:
-            self._units.append(Unit(ops, callbacks))
-            self._queued_ops += len(ops)
+            self._units.extend(units)
+            self._queued_ops += sum(len(unit.ops) for unit in units)
             self._cond.notify()
 
     @property
@@ -141,30 +169,59 @@ class Writer(threading.Thread):
             conn.close()
 
     def _serve(self, conn: Any) -> None:
+        policy = self.policy
+        batch = Batch()
+        started = 0.0  # when the pending batch got its first unit
+        ops = taken = 0
         while True:
-            units = self._take()
-            if units is None:
-                self.checkpoints.idle(conn)
-                return
-            if not units:
-                self.checkpoints.idle(conn)
+            timeout = IDLE_SECONDS
+            if policy is not None and ops:
+                timeout = max(0.0, min(timeout, started + policy.max_age - time.monotonic()))
+            units = self._take(timeout)
+            if units:
+                if not ops:
+                    started = time.monotonic()
+                taken += len(units)
+                for unit in units:
+                    batch.add(unit)
+                    ops += len(unit.ops)
+            if not self._due(batch, ops, started, units):
+                if not units:
+                    self.checkpoints.idle(conn)
                 continue
-            batch = fold(units)
-            self.stats["cancelled"] += batch.cancelled
             try:
                 self._commit(conn, batch)
             except Exception as exc:
                 self._rollback(conn)
                 self._fail(exc)
                 return
-            self._report(len(units), batch.callbacks)
+            self.stats["cancelled"] += batch.cancelled
+            self._report(taken, batch.callbacks)
+            if batch.closes is not None and policy is not None and policy.on_applied:
+                policy.on_applied(batch.closes)
             self.checkpoints.after_commit(conn)
+            if units is None:
+                self.checkpoints.idle(conn)
+                return
+            batch, ops, taken = Batch(), 0, 0
 
-    def _take(self) -> list[Unit] | None:
-        """Everything submitted so far; [] after an idle wait; None once stopped and drained."""
+    def _due(self, batch: Batch, ops: int, started: float, units: list[Unit] | None) -> bool:
+        """Whether to commit the pending batch now."""
+        policy = self.policy
+        if units is None:  # stopped and drained: write what is left
+            return True
+        if policy is None:
+            return bool(units)
+        if not ops and not batch.callbacks and batch.closes is None:
+            return False
+        return (not units or batch.closes is not None or bool(batch.callbacks)
+                or ops >= policy.max_ops or time.monotonic() - started >= policy.max_age)
+
+    def _take(self, timeout: float) -> list[Unit] | None:
+        """Everything submitted so far; [] after a wait of ``timeout``; None once stopped and drained."""
         with self._cond:
-            if not self._units and not self._stopping:
-                self._cond.wait(IDLE_SECONDS)
+            if not self._units and not self._stopping and timeout > 0:
+                self._cond.wait(timeout)
             if not self._units:
                 return None if self._stopping else []
             units, self._units = self._units, []
@@ -190,25 +247,14 @@ class Writer(threading.Thread):
         if batch.empty:
             return
         started = time.monotonic()
-        inserts, delivered, deletes = batch.rows()
-        st = self.statements
-        cur = conn.cursor()
-        for name, params in batch.statements:
-            cur.execute(getattr(st, name), params)
-        if inserts:
-            cur.executemany(st.put_message, inserts)
-        if delivered:
-            cur.executemany(st.set_delivered, delivered)
-        if deletes:
-            cur.executemany(st.delete_message, deletes)
-        conn.commit()
-        self._count(batch, len(inserts) + len(delivered) + len(deletes), started)
+        rows = commit_batch(conn, self.statements, batch)
+        self._count(batch, rows, started)
 
     def _count(self, batch: Batch, rows: int, started: float) -> None:
         elapsed = time.monotonic() - started
         stats = self.stats
         stats["commits"] += 1
-        stats["rows"] += rows + len(batch.statements)
+        stats["rows"] += rows
         stats["max_commit_seconds"] = max(stats["max_commit_seconds"], elapsed)
         if elapsed >= SLOW_COMMIT_SECONDS:
             self._warn("store commit of %d rows took %.2f s", rows, elapsed)
@@ -219,3 +265,21 @@ class Writer(threading.Thread):
             conn.rollback()
         except Exception:  # the connection may be gone; the failure is reported anyway
             log.debug("rollback after a failed commit failed", exc_info=True)
+
+
+def commit_batch(conn: Any, statements: Statements, batch: Batch) -> int:
+    """Write one folded batch in one database transaction; the number of rows touched."""
+    inserts, delivered, deletes = batch.rows()
+    st = statements
+    cur = conn.cursor()
+    rows = batch.statement_rows()
+    for name, params in rows:
+        cur.execute(getattr(st, name), params)
+    if inserts:
+        cur.executemany(st.put_message, inserts)
+    if delivered:
+        cur.executemany(st.set_delivered, delivered)
+    if deletes:
+        cur.executemany(st.delete_message, deletes)
+    conn.commit()
+    return len(rows) + len(inserts) + len(delivered) + len(deletes)
