@@ -81,6 +81,7 @@ class Backup:
         self.last_position = as_position(position)  # the last consistent one, for the Join
         self.session = 0
         self.applied_seq = -1
+        self.ack_due = False  # applied something that needs a prompt acknowledgement
         self.caught_up = False
         self._catching_up = False
         self.config = BrokerReplicator(broker, self._queue_gone)
@@ -153,6 +154,20 @@ class Backup:
                 raise ReplicationError(f"gap: event {seq} after {self.applied_seq}")
             self._apply(seq, event)
             self.applied_seq = seq
+            if event[0] != R.DEQUEUED:
+                self.ack_due = True
+
+    def take_ack_due(self) -> bool:
+        """Whether what was applied since the last call needs a prompt acknowledgement.
+
+        Only replicated dequeues (a consumer's acks) need none: nothing on the
+        primary waits for them -- a confirm, commit or reply waits for an event
+        of its own, and acknowledging that covers the dequeues before it. A
+        backup may then acknowledge them later (``ha.DEQUEUE_ACK_DELAY``), so
+        their store writes need no disk sync of their own.
+        """
+        due, self.ack_due = self.ack_due, False
+        return due
 
     def _apply(self, seq: int, event: list[Any]) -> None:
         kind = event[0]

@@ -48,6 +48,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerha.ha")
 
+# A backup acknowledges replicated dequeues, which nobody waits for, at most this
+# much later (or with the next event that needs a prompt ack); until then their
+# store writes need no disk sync of their own (Backup.take_ack_due).
+DEQUEUE_ACK_DELAY = 0.01
+
 TICK = 0.05
 POSITION_KEY = "ha_position"  # [pos_epoch, pos_seq, floor_epoch, floor_seq] in the store
 FAILOVER_HISTORY = 20
@@ -84,6 +89,7 @@ class HANode:
         self.phase = "joining"              # joining | backup | verifying | primary
         self.failovers: list[dict[str, Any]] = []
         self._ack_pending: Backup | None = None  # the Backup whose ack waits for the disk
+        self._deferred_ack: asyncio.TimerHandle | None = None  # dequeues only (Backup.ack_due)
         self._flush_scheduled = False
         self._durable_seq = 0               # the primary's own durable position
         self._durable_waiters: list[Any] = []
@@ -448,6 +454,14 @@ class HANode:
                         backup.applied_seq)
         for vote in backup.take_votes():
             self.links.send(peer, vote)
+        if backup.take_ack_due():
+            self._schedule_ack()
+        elif self._deferred_ack is None:  # only dequeues: acknowledged later, or with the next
+            self._deferred_ack = asyncio.get_running_loop().call_later(
+                DEQUEUE_ACK_DELAY, self._deferred_ack_due)
+
+    def _deferred_ack_due(self) -> None:
+        self._deferred_ack = None
         self._schedule_ack()
 
     def _schedule_ack(self) -> None:
@@ -459,6 +473,9 @@ class HANode:
         only then is the position recorded: a position never claims TxLog
         records that a crash could still lose.
         """
+        if self._deferred_ack is not None:  # this acknowledgement covers what it waited for
+            self._deferred_ack.cancel()
+            self._deferred_ack = None
         backup = self.backup
         if backup is None or self._ack_pending is backup:
             return

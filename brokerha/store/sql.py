@@ -139,6 +139,7 @@ class SQLStore(Store):
         self._batch_hooks: list[Callable[[], None]] = []  # before_batch
         self._handoff_scheduled = False
         self._inflight = 0  # units handed over and not yet reported durable (loop thread)
+        self._unsynced = False  # the operation log holds appends no sync covered yet
         self._reader: Any = None  # connection for read_bodies (loop thread), opened on demand
         self._meta: dict[str, str] = {}  # put_meta since start: get_meta sees them at once
         statements = schema.Statements(_PLACEHOLDERS[self.engine.dialect.driver])
@@ -166,7 +167,7 @@ class SQLStore(Store):
             self._writer_failed, backlog_warning=backlog_warning, policy=policy)
         if self.oplog is not None:
             self.oplog.open(next_generation)
-            self._appender = LogAppender(self.oplog, self._writer.submit_units, self._report,
+            self._appender = LogAppender(self.oplog, self._writer.submit_units, self._logged,
                                          self._writer_failed)
 
     def _database_file(self) -> Path:
@@ -306,7 +307,7 @@ class SQLStore(Store):
         stats = dict(self._writer.stats, backlog_ops=self._writer.backlog_ops,
                      checkpoints=getattr(self._writer.checkpoints, "count", 0))
         if self._appender is not None:
-            stats.update(self._appender.stats, backlog_ops=self._appender.backlog_ops,
+            stats.update(self._appender.stats, backlog_units=self._appender.backlog_units,
                          apply_backlog_ops=self._writer.backlog_ops)
         return stats
 
@@ -316,8 +317,8 @@ class SQLStore(Store):
         if self.failed is not None:
             return  # fail-stop: never confirm after a failed commit
         if (self._loop is not None and self._inflight == 0
-                and not self._ops and not self._callbacks):
-            callback()  # nothing written is waiting for a commit
+                and not self._ops and not self._callbacks and not self._unsynced):
+            callback()  # nothing written is waiting for a commit or a sync
             return
         self._callbacks.append(callback)
         self._schedule_handoff()
@@ -380,11 +381,15 @@ class SQLStore(Store):
     def _report(self, units: int, callbacks: list[Callback]) -> None:
         self._on_loop(self._durable, units, callbacks)
 
+    def _logged(self, units: int, callbacks: list[Callback], synced: bool) -> None:
+        self._on_loop(self._durable, units, callbacks, synced)
+
     def _report_readable(self, _units: int, callbacks: list[Callback]) -> None:
         self._on_loop(self._run_callbacks, callbacks)
 
-    def _durable(self, units: int, callbacks: list[Callback]) -> None:
+    def _durable(self, units: int, callbacks: list[Callback], synced: bool = True) -> None:
         self._inflight -= units
+        self._unsynced = not synced  # reports come in hand-over order: the last one decides
         self._run_callbacks(callbacks)
 
     @staticmethod

@@ -99,3 +99,71 @@ def test_an_ack_that_waited_for_the_disk_across_a_new_join_does_not_make_the_pos
     store.sync()                        # the first session's ack completes now
     assert not [m for m in links.sent if isinstance(m, Ack)]
     assert ha.election.position.seq == -1 and ha.election.position.epoch == -1
+
+
+def test_a_backup_acknowledges_replicated_dequeues_later_and_everything_else_at_once(
+        tmp_path: Path) -> None:
+    """Dequeues (a consumer's acks) wait for nobody: their ack may come later, or with the next.
+
+    Anything else (here a publish) is acknowledged once the store synced it,
+    and that acknowledgement covers the dequeues applied before it; dequeues
+    alone are acknowledged ``DEQUEUE_ACK_DELAY`` later.
+    """
+    import asyncio
+
+    from brokerha.node import ha as ha_module
+    from tests.ha.harness import consume, publish
+
+    async def scenario() -> None:
+        store = DiskStore()
+        c = Cluster(2, stores={"n2": store})
+        members = [ClusterMember(n, ("127.0.0.1", 5672 + i), ("127.0.0.1", 15672 + i),
+                                 ("127.0.0.1", 25672 + i)) for i, n in enumerate(["n1", "n2"])]
+        node = SimpleNamespace(config=SimpleNamespace(name="n2", data_dir=tmp_path),
+                               broker=c.node("n2").broker,
+                               admin=SimpleNamespace(route=lambda *a, **k: None))
+        ha = HANode(node, ClusterConfig("dc", b"secret", members))  # type: ignore[arg-type]
+        links = ha.links = FakeLinks()  # type: ignore[assignment]
+
+        def deliver() -> None:
+            for packet in c.primary.take_outbox("n2"):
+                ha._on_events("n1", wire(packet))  # type: ignore[arg-type]
+
+        def acks() -> list[int]:
+            found = [m.seq for m in links.sent if isinstance(m, Ack)]
+            links.sent.clear()
+            return found
+
+        q = c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
+        ha._become_backup(1, "n1")
+        c.primary.backup_joined(links.sent.pop())
+        deliver()
+        store.sync()
+        assert acks() == [c.primary.seq]  # the catch-up: acknowledged once synced
+
+        publish(c.broker, b"one")
+        publish(c.broker, b"two")
+        deliver()
+        assert store.waiting, "a publish is acknowledged after a sync"
+        store.sync()
+        assert acks() == [c.primary.seq]
+
+        assert consume(q, 1) == [b"one"]
+        deliver()                          # a dequeue only
+        assert not store.waiting and acks() == []
+        dequeued = c.primary.seq
+        await asyncio.sleep(ha_module.DEQUEUE_ACK_DELAY * 3)
+        store.sync()
+        assert acks() == [dequeued]        # later, on its own
+
+        assert consume(q, 1) == [b"two"]
+        deliver()                          # another dequeue, then a publish before the delay
+        publish(c.broker, b"three")
+        deliver()
+        store.sync()
+        assert acks() == [c.primary.seq]   # one ack covers both
+        await asyncio.sleep(ha_module.DEQUEUE_ACK_DELAY * 3)
+        store.sync()
+        assert acks() == []                # the deferred one was folded into it
+
+    asyncio.run(scenario())

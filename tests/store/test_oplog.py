@@ -683,3 +683,41 @@ def test_a_failed_open_releases_the_log_lock(db: Path) -> None:
     store = SQLStore(url_of(db), oplog=True)
     assert [m.body for m in store.load().messages] == [b"a", b"b"]
     store.close()
+
+
+# -- syncs only for what someone waits for ------------------------------------------------------
+
+@pytest.mark.usefixtures("lazy_writer")
+def test_writes_nobody_waits_for_are_synced_by_the_next_barrier(db: Path) -> None:
+    """A consumer's acks (no after_sync) are appended but not synced; after_sync syncs them.
+
+    Without the ``synced`` flag of the report, ``after_sync`` would take its
+    shortcut (nothing pending, nothing in flight) and call back before the
+    dequeues were on disk.
+    """
+    node = open_node(db, apply_policy=lazy())
+    try:
+        q = node.queue()
+        publish(node, q, [b"a", b"b"])
+        syncs, appends = node.store.stats()["syncs"], node.store.stats()["appends"]
+        assert consume(node, q) == b"a"
+        node.spin(0.05)
+        wait_until(node, lambda: node.store.stats()["appends"] == appends + 1
+                   and not node.store._inflight)
+        assert node.store.stats()["syncs"] == syncs  # appended, not synced
+        assert node.store.oplog is not None and node.store.oplog.dirty
+        seen: list[str] = []
+        node.store.after_sync(lambda: seen.append("synced"))
+        assert seen == []                            # no shortcut past the unsynced append
+        wait_until(node, lambda: seen == ["synced"])
+        assert node.store.stats()["syncs"] == syncs + 1
+        assert not node.store.oplog.dirty
+        node.store.after_sync(lambda: seen.append("again"))
+        assert seen == ["synced", "again"]           # nothing unsynced: at once
+    finally:
+        node.close()
+    node = open_node(db)
+    try:
+        assert [m.body for m in node.store.load().messages] == [b"b"]
+    finally:
+        node.close()
