@@ -23,6 +23,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import cast
 
 from brokerha.cluster.messages import Error, Message
 from brokerha.cluster.protocol import (
@@ -97,8 +98,7 @@ class _Connection(asyncio.Protocol):
     # -- set-up ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

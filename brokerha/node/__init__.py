@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from brokerha.node.cluster_config import ClusterConfig, apply_cluster, parse_cluster
 from brokerha.node.config import (
@@ -15,6 +17,7 @@ from brokerha.node.config import (
     NodeConfig,
     load_file,
     parse_admin,
+    parse_event_loop,
     parse_listen,
     parse_size,
     parse_synchronous,
@@ -49,6 +52,8 @@ def register(parser: argparse.ArgumentParser) -> None:
                              "to the database later (on, the default), or commit every batch "
                              "to the database (off)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
+                        help="auto (default): uvloop if installed, else asyncio's own loop")
     parser.set_defaults(handler=main)
 
 
@@ -82,6 +87,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
         cfg.store.synchronous = parse_synchronous(args.store_synchronous, "--store-synchronous")
     if args.store_oplog:
         cfg.store.oplog = args.store_oplog == "on"
+    if args.event_loop:
+        cfg.event_loop = parse_event_loop(args.event_loop, "--event-loop")
     if args.log_level:
         cfg.log_level = args.log_level
     if cfg.txlog_table is not None:  # after --data: the TxLog journal lives in the data dir
@@ -97,6 +104,28 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
         except (TxLogConfigError, OSError) as exc:
             raise ConfigError(str(exc)) from exc
     return cfg, cluster
+
+
+def run_event_loop(main: Callable[[], Coroutine[Any, Any, int]], choice: str) -> int:
+    """Run ``main()`` on uvloop or asyncio's own loop (``[node] event_loop``).
+
+    uvloop (libuv, transports in Cython) spends about a third less CPU per
+    replicated transaction on every node (docs/benchmarks.md); "auto" uses it
+    when it is installed. The code is the same on both: only the loop differs.
+    """
+    log = logging.getLogger("brokerha.node")
+    if choice in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise ConfigError("node.event_loop = uvloop, but uvloop is not installed "
+                                  "(pip install uvloop)") from None
+        else:
+            log.info("event loop: uvloop %s", uvloop.__version__)
+            return uvloop.run(main())
+    log.info("event loop: asyncio")
+    return asyncio.run(main())
 
 
 def main(args: argparse.Namespace) -> int:
@@ -124,7 +153,10 @@ def main(args: argparse.Namespace) -> int:
         return node.exit_code
 
     try:
-        return asyncio.run(run())
+        return run_event_loop(run, cfg.event_loop)
+    except ConfigError as exc:
+        print(f"brokerha node: configuration error: {exc}", file=sys.stderr)
+        return 2
     except (OSError, StoreError) as exc:
         logging.getLogger("brokerha.node").error("cannot start: %s", exc)
         return 1

@@ -57,6 +57,7 @@ class NodeConfig:
     listen_port: int = 5672
     data_dir: Path = Path("var/brokerha")
     log_level: str = "info"
+    event_loop: str = "auto"  # "auto" (uvloop if installed), "uvloop" or "asyncio"
     limits: Limits = field(default_factory=Limits)
     default_user: bool = True
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
@@ -101,7 +102,8 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 _SECTIONS = {"node", "limits", "security", "store", "vhosts", "users", "permissions",
              "cluster", "txlog"}
-_NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval", "admin"}
+_NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval", "admin", "event_loop"}
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 _LIMIT_KEYS = {"frame_max", "channel_max", "heartbeat", "max_message_size", "memory_limit",
                "memory_resume_ratio", "queue_max_memory", "node_max_memory"}
 _SIZE_KEYS = ("max_message_size", "memory_limit", "queue_max_memory", "node_max_memory")
@@ -113,6 +115,13 @@ def check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+
+
+def parse_event_loop(value: Any, key: str) -> str:
+    choice = str(value).lower()
+    if choice not in EVENT_LOOPS:
+        raise ConfigError(f"{key}: expected one of {', '.join(EVENT_LOOPS)}, got {value!r}")
+    return choice
 
 
 def parse_synchronous(value: Any, key: str) -> str:
@@ -169,6 +178,8 @@ def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") 
         cfg.log_level = str(node["log_level"]).lower()
     if "tick_interval" in node:
         cfg.tick_interval = float(node["tick_interval"])
+    if "event_loop" in node:
+        cfg.event_loop = parse_event_loop(node["event_loop"], "node.event_loop")
     if "admin" in node:
         parse_admin(str(node["admin"]), cfg)
     if "cluster" in doc:

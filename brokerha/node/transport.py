@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 
 from brokerha.amqp.connection import ServerConnection
 from brokerha.broker.broker import Broker
@@ -31,8 +32,7 @@ class AMQPProtocol(asyncio.Protocol):
         self._flush_scheduled = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         peer = transport.get_extra_info("peername")
         conn = ServerConnection(self.broker, peer=(peer[0], peer[1]) if peer else None,

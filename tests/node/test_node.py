@@ -15,8 +15,12 @@ from brokerha.node.config import ConfigError, NodeConfig, apply_document, parse_
 from brokerha.testing import NodeProcess
 
 
-def test_sigterm_closes_clients_with_connection_forced(tmp_path: Path) -> None:
-    with NodeProcess("n1", data_dir=tmp_path / "data") as node:
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+def test_sigterm_closes_clients_with_connection_forced(tmp_path: Path, event_loop: str) -> None:
+    """On both event loops (``[node] event_loop``): serve, then shut down cleanly."""
+    with NodeProcess("n1", data_dir=tmp_path / "data",
+                     extra_args=["--event-loop", event_loop]) as node:
+        assert any(f"event loop: {event_loop}" in line for line in node.log)
         assert (tmp_path / "data").is_dir()
         conn = pika.BlockingConnection(pika.URLParameters(node.url))
         ch = conn.channel()
@@ -67,6 +71,15 @@ def test_bad_config_exits_2_with_a_clear_message(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert "listen: expected HOST:PORT" in proc.stderr
+
+
+def test_event_loop_choice() -> None:
+    cfg = NodeConfig()
+    assert cfg.event_loop == "auto"
+    apply_document({"node": {"event_loop": "asyncio"}}, cfg)
+    assert cfg.event_loop == "asyncio"
+    with pytest.raises(ConfigError, match="event_loop: expected one of auto, uvloop, asyncio"):
+        apply_document({"node": {"event_loop": "trio"}}, NodeConfig())
 
 
 def test_unknown_keys_are_refused() -> None:
