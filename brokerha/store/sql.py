@@ -139,7 +139,7 @@ class SQLStore(Store):
         self._batch_hooks: list[Callable[[], None]] = []  # before_batch
         self._handoff_scheduled = False
         self._inflight = 0  # units handed over and not yet reported durable (loop thread)
-        self._unsynced = False  # the operation log holds appends no sync covered yet
+        self._handed = 0  # units handed to the operation log's thread (loop thread)
         self._reader: Any = None  # connection for read_bodies (loop thread), opened on demand
         self._meta: dict[str, str] = {}  # put_meta since start: get_meta sees them at once
         statements = schema.Statements(_PLACEHOLDERS[self.engine.dialect.driver])
@@ -167,7 +167,8 @@ class SQLStore(Store):
             self._writer_failed, backlog_warning=backlog_warning, policy=policy)
         if self.oplog is not None:
             self.oplog.open(next_generation)
-            self._appender = LogAppender(self.oplog, self._writer.submit_units, self._logged,
+            assert policy is not None
+            self._appender = LogAppender(self.oplog, self._writer, policy, self._logged,
                                          self._writer_failed)
 
     def _database_file(self) -> Path:
@@ -178,11 +179,9 @@ class SQLStore(Store):
         return Path(str(url.database)).absolute()
 
     def _log_applied(self, generation: int) -> None:
-        """(writer thread) SQL holds the log up to ``generation``: drop those files, make a spare."""
+        """(writer thread) SQL holds the log up to ``generation``: drop those files."""
         assert self.oplog is not None
         self.oplog.remove_through(generation)
-        if not self._closed:
-            self.oplog.prepare_spare()
 
     def _replay_leftover_log(self, statements: schema.Statements, synchronous: str) -> None:
         """Without the operation log: still apply files a run with it left behind."""
@@ -316,8 +315,9 @@ class SQLStore(Store):
     def after_sync(self, callback: Callback) -> None:
         if self.failed is not None:
             return  # fail-stop: never confirm after a failed commit
-        if (self._loop is not None and self._inflight == 0
-                and not self._ops and not self._callbacks and not self._unsynced):
+        if (self._loop is not None and not self._ops and not self._callbacks
+                and (self._inflight == 0 if self._appender is None
+                     else self._appender.synced == self._handed)):
             callback()  # nothing written is waiting for a commit or a sync
             return
         self._callbacks.append(callback)
@@ -370,10 +370,11 @@ class SQLStore(Store):
             return
         ops, callbacks, readable = self._ops, self._callbacks, self._readable
         self._ops, self._callbacks, self._readable = [], [], []
-        self._inflight += 1
         if self._appender is not None:
+            self._handed += 1
             self._appender.submit(ops, callbacks, readable)
         else:
+            self._inflight += 1
             self._writer.submit(ops, callbacks)
 
     # -- reports from the writer thread --------------------------------------------------
@@ -381,15 +382,14 @@ class SQLStore(Store):
     def _report(self, units: int, callbacks: list[Callback]) -> None:
         self._on_loop(self._durable, units, callbacks)
 
-    def _logged(self, units: int, callbacks: list[Callback], synced: bool) -> None:
-        self._on_loop(self._durable, units, callbacks, synced)
+    def _logged(self, callbacks: list[Callback]) -> None:
+        self._on_loop(self._run_callbacks, callbacks)
 
     def _report_readable(self, _units: int, callbacks: list[Callback]) -> None:
         self._on_loop(self._run_callbacks, callbacks)
 
-    def _durable(self, units: int, callbacks: list[Callback], synced: bool = True) -> None:
+    def _durable(self, units: int, callbacks: list[Callback]) -> None:
         self._inflight -= units
-        self._unsynced = not synced  # reports come in hand-over order: the last one decides
         self._run_callbacks(callbacks)
 
     @staticmethod

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from brokerha.store.batch import Batch, Callback, Op, Unit
+from brokerha.store.batch import Batch, Callback, Op, Unit, fold
 from brokerha.store.schema import Statements
 
 log = logging.getLogger("brokerha.store")
@@ -82,29 +82,32 @@ class SQLiteCheckpoints:
 
 
 class ApplyPolicy:
-    """When a writer behind the operation log applies its pending batch to SQL.
+    """When the operation log's thread hands its pending batch to the writer for SQL.
 
     Confirms do not wait for these commits (the log made the units durable),
     so the batch may grow: a message consumed while it is pending is never
-    written. It is applied when a log file is complete (so the file can go),
-    when someone waits to read a row back, when it is ``max_age`` old or holds
-    ``max_ops`` operations, when the writer is idle, and at shutdown.
+    written. It is handed over when a log file is complete (so the file can
+    go), when someone waits to read a row back, when it is ``max_age`` old or
+    holds ``max_ops`` operations, after ``idle`` seconds without new work, and
+    at shutdown.
     """
 
-    def __init__(self, max_age: float = 1.0, max_ops: int = 50_000,
+    def __init__(self, max_age: float = 1.0, max_ops: int = 50_000, idle: float = IDLE_SECONDS,
                  on_applied: Callable[[int], None] | None = None) -> None:
         self.max_age = max_age
         self.max_ops = max_ops
+        self.idle = idle
         self.on_applied = on_applied  # called (writer thread) with each completed generation
 
 
 class Writer(threading.Thread):
     """Owns the writing connection; the only thread that writes to the database.
 
-    Without an ``ApplyPolicy`` (no operation log) every take is one commit and
-    its callbacks are the units' ``after_sync`` callbacks. With one, units
-    arrive already durable in the log; they are folded into a pending batch
-    and applied as the policy says, and the callbacks are ``after_readable``.
+    Without an ``ApplyPolicy`` (no operation log) it takes units from the
+    event loop: everything that piled up is one commit, and the callbacks are
+    the units' ``after_sync`` callbacks. With one, the operation log's thread
+    hands it batches already folded (``submit_batch``): each is one commit,
+    and the callbacks are ``after_readable`` ones.
     """
 
     def __init__(
@@ -127,6 +130,7 @@ class Writer(threading.Thread):
         self.policy = policy
         self._cond = threading.Condition()
         self._units: list[Unit] = []
+        self._batches: list[Batch] = []
         self._queued_ops = 0
         self._stopping = False
         self._last_warning = 0.0
@@ -136,12 +140,15 @@ class Writer(threading.Thread):
     # -- any thread ----------------------------------------------------------------------
 
     def submit(self, ops: list[Op], callbacks: list[Callback]) -> None:
-        self.submit_units([Unit(ops, callbacks)])
-
-    def submit_units(self, units: list[Unit]) -> None:
         with self._cond:
-            self._units.extend(units)
-            self._queued_ops += sum(len(unit.ops) for unit in units)
+            self._units.append(Unit(ops, callbacks))
+            self._queued_ops += len(ops)
+            self._cond.notify()
+
+    def submit_batch(self, batch: Batch) -> None:
+        """(with an ApplyPolicy) One folded batch to commit after those before it."""
+        with self._cond:
+            self._batches.append(batch)
             self._cond.notify()
 
     @property
@@ -164,64 +171,61 @@ class Writer(threading.Thread):
             self._fail(exc)
             return
         try:
-            self._serve(conn)
+            if self.policy is None:
+                self._serve(conn)
+            else:
+                self._serve_batches(conn, self.policy)
         finally:
             conn.close()
 
     def _serve(self, conn: Any) -> None:
-        policy = self.policy
-        batch = Batch()
-        started = 0.0  # when the pending batch got its first unit
-        ops = taken = 0
         while True:
-            timeout = IDLE_SECONDS
-            if policy is not None and ops:
-                timeout = max(0.0, min(timeout, started + policy.max_age - time.monotonic()))
-            units = self._take(timeout)
-            if units:
-                if not ops:
-                    started = time.monotonic()
-                taken += len(units)
-                for unit in units:
-                    batch.add(unit)
-                    ops += len(unit.ops)
-            if not self._due(batch, ops, started, units):
-                if not units:
-                    self.checkpoints.idle(conn)
-                continue
-            try:
-                self._commit(conn, batch)
-            except Exception as exc:
-                self._rollback(conn)
-                self._fail(exc)
-                return
-            self.stats["cancelled"] += batch.cancelled
-            self._report(taken, batch.callbacks)
-            if batch.closes is not None and policy is not None and policy.on_applied:
-                policy.on_applied(batch.closes)
-            self.checkpoints.after_commit(conn)
+            units = self._take()
             if units is None:
                 self.checkpoints.idle(conn)
                 return
-            batch, ops, taken = Batch(), 0, 0
+            if not units:
+                self.checkpoints.idle(conn)
+                continue
+            batch = fold(units)
+            if not self._commit_reported(conn, batch, len(units)):
+                return
 
-    def _due(self, batch: Batch, ops: int, started: float, units: list[Unit] | None) -> bool:
-        """Whether to commit the pending batch now."""
-        policy = self.policy
-        if units is None:  # stopped and drained: write what is left
-            return True
-        if policy is None:
-            return bool(units)
-        if not ops and not batch.callbacks and batch.closes is None:
+    def _serve_batches(self, conn: Any, policy: ApplyPolicy) -> None:
+        while True:
+            with self._cond:
+                if not self._batches and not self._stopping:
+                    self._cond.wait(IDLE_SECONDS)
+                batches, self._batches = self._batches, []
+                stopping = self._stopping
+            for batch in batches:
+                if not self._commit_reported(conn, batch, 0):
+                    return
+                if batch.closes is not None and policy.on_applied is not None:
+                    policy.on_applied(batch.closes)
+            if not batches:
+                self.checkpoints.idle(conn)
+                if stopping:
+                    return
+
+    def _commit_reported(self, conn: Any, batch: Batch, units: int) -> bool:
+        """Commit, then report the batch's callbacks; False after a failure (reported)."""
+        try:
+            self._commit(conn, batch)
+        except Exception as exc:
+            self._rollback(conn)
+            self._fail(exc)
             return False
-        return (not units or batch.closes is not None or bool(batch.callbacks)
-                or ops >= policy.max_ops or time.monotonic() - started >= policy.max_age)
+        self.stats["cancelled"] += batch.cancelled
+        self._report(units, batch.callbacks)
+        self.checkpoints.after_commit(conn)
+        return True
 
-    def _take(self, timeout: float) -> list[Unit] | None:
-        """Everything submitted so far; [] after a wait of ``timeout``; None once stopped and drained."""
+    def _take(self) -> list[Unit] | None:
+        """Everything submitted so far; [] after an idle wait; None once stopped and drained."""
         with self._cond:
-            if not self._units and not self._stopping and timeout > 0:
-                self._cond.wait(timeout)
+            if not self._units and not self._stopping:
+                self._cond.wait(IDLE_SECONDS)
             if not self._units:
                 return None if self._stopping else []
             units, self._units = self._units, []

@@ -44,6 +44,7 @@ from brokerha.store.writer import ApplyPolicy
 from tests.store.harness import StoreNode, message
 
 _RECORD = struct.Struct("<II")
+END = 0xFFFFFFFF  # the length field of a file's end record
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -65,7 +66,7 @@ def lazy_writer(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def lazy() -> ApplyPolicy:
     """A fresh policy per store (the store sets its ``on_applied``)."""
-    return ApplyPolicy(max_age=3600.0, max_ops=10**9)
+    return ApplyPolicy(max_age=3600.0, max_ops=10**9, idle=3600.0)
 
 
 def open_node(db: Path, **options: Any) -> StoreNode:
@@ -81,8 +82,17 @@ def freeze(store: SQLStore) -> None:
 
 
 def crash(node: StoreNode) -> None:
-    """Stop the node as a crash would (see the module docstring)."""
+    """Stop the node as a crash would (see the module docstring): no end record either."""
     freeze(node.store)
+    oplog = node.store.oplog
+    assert oplog is not None
+
+    def cut_off() -> int:
+        oplog.sync()
+        oplog.close()
+        return oplog.generation
+
+    oplog.finish = cut_off  # type: ignore[method-assign]
     node.close()
 
 
@@ -130,12 +140,12 @@ def logged_bodies(store: SQLStore) -> list[bytes]:
 
 
 def records(data: bytes) -> list[tuple[int, int]]:
-    """(start, end) of each record of a log file's bytes, up to the zeroed rest."""
+    """(start, end) of each record of a log file's bytes, up to its end record or its end."""
     assert data[:len(MAGIC)] == MAGIC
     found, pos = [], len(MAGIC)
     while pos + _RECORD.size <= len(data):
         size, _crc = _RECORD.unpack_from(data, pos)
-        if size == 0:
+        if size == END or pos + _RECORD.size + size > len(data):
             break
         found.append((pos, pos + _RECORD.size + size))
         pos += _RECORD.size + size
@@ -274,9 +284,9 @@ def test_a_torn_tail_of_the_newest_file_is_dropped(
     data = bytearray(path.read_bytes())
     assert len(records(data)) == 3  # one record per confirmed hand-over
     path.write_bytes(bytes(damage(data)))
-    with caplog.at_level(logging.WARNING, logger="brokerha.store"):
+    with caplog.at_level(logging.INFO, logger="brokerha.store"):
         node = open_node(db)
-    assert "dropped" in caplog.text
+    assert "records end at byte" in caplog.text
     assert [m.body for m in node.store.load().messages] == kept
     assert path not in log_files(db)
     q = node.vhost.queues["q"]
@@ -290,7 +300,6 @@ def _two_generations(db: Path) -> list[Path]:
     node = open_node(db)
     freeze(node.store)  # nothing applied, no file deleted, even when a file completes
     node.store._appender.rotate_bytes = 1  # type: ignore[union-attr]  # a file per append
-    node.store.oplog.preallocate = 0  # type: ignore[union-attr]  # later files grow as written
     publish(node, node.queue(), [b"a", b"b"])
     crash(node)
     files = log_files(db)
@@ -702,8 +711,10 @@ def test_writes_nobody_waits_for_are_synced_by_the_next_barrier(db: Path) -> Non
         syncs, appends = node.store.stats()["syncs"], node.store.stats()["appends"]
         assert consume(node, q) == b"a"
         node.spin(0.05)
+        appender = node.store._appender
+        assert appender is not None
         wait_until(node, lambda: node.store.stats()["appends"] == appends + 1
-                   and not node.store._inflight)
+                   and appender.appended == node.store._handed)
         assert node.store.stats()["syncs"] == syncs  # appended, not synced
         assert node.store.oplog is not None and node.store.oplog.dirty
         seen: list[str] = []
@@ -719,5 +730,34 @@ def test_writes_nobody_waits_for_are_synced_by_the_next_barrier(db: Path) -> Non
     node = open_node(db)
     try:
         assert [m.body for m in node.store.load().messages] == [b"b"]
+    finally:
+        node.close()
+
+
+def test_a_reused_file_replays_only_its_own_generation(db: Path) -> None:
+    """Applied files are written over as later generations; a crash in one of them replays
+    its new records and not the older generations' that follow them on disk."""
+    node = open_node(db)
+    oplog = node.store.oplog
+    appender = node.store._appender
+    assert oplog is not None and appender is not None
+    appender.rotate_bytes = 8 * 1024
+    q = node.queue()
+    expected: list[bytes] = []
+    for i in range(60):
+        body = b"m%03d" % i + b"x" * 1000
+        publish(node, q, [body])
+        expected.append(body)
+        if i % 3 == 0:
+            assert consume(node, q) == expected.pop(0)
+            node.sync()
+        wait_until(node, lambda: oplog.generation - 1 <= int(sql_meta(db, APPLIED_KEY) or 0))
+    assert oplog.reused >= 3
+    crash(node)
+    [newest] = log_files(db)
+    assert len(newest.read_bytes()) > 8 * 1024  # a reused file: older records follow the new
+    node = open_node(db)
+    try:
+        assert [m.body for m in node.store.load().messages] == expected
     finally:
         node.close()
