@@ -306,8 +306,7 @@ class SQLStore(Store):
         stats = dict(self._writer.stats, backlog_ops=self._writer.backlog_ops,
                      checkpoints=getattr(self._writer.checkpoints, "count", 0))
         if self._appender is not None:
-            stats.update(self._appender.stats, backlog_units=self._appender.backlog_units,
-                         apply_backlog_ops=self._writer.backlog_ops)
+            stats.update(self._appender.stats, backlog_units=self._appender.backlog_units)
         return stats
 
     # -- the durability barrier ----------------------------------------------------------

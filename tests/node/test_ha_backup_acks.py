@@ -25,6 +25,21 @@ class FakeLinks:
         return 1
 
 
+def backup_node(tmp_path: Path) -> tuple[DiskStore, Cluster, HANode, FakeLinks]:
+    """An HANode as backup n2 (its links faked) of an in-process primary n1."""
+    store = DiskStore()
+    c = Cluster(2, stores={"n2": store})
+    members = [ClusterMember(n, ("127.0.0.1", 5672 + i), ("127.0.0.1", 15672 + i),
+                             ("127.0.0.1", 25672 + i)) for i, n in enumerate(["n1", "n2"])]
+    node = SimpleNamespace(config=SimpleNamespace(name="n2", data_dir=tmp_path),
+                           broker=c.node("n2").broker,
+                           admin=SimpleNamespace(route=lambda *a, **k: None))
+    ha = HANode(node, ClusterConfig("dc", b"secret", members))  # type: ignore[arg-type]
+    links = FakeLinks()
+    ha.links = links  # type: ignore[assignment]
+    return store, c, ha, links
+
+
 def test_a_backup_that_joins_again_while_an_ack_waits_for_the_disk_still_acks_its_catch_up(
         tmp_path: Path) -> None:
     """Found by the transaction simulation (tests/ha/tx_simulation.py).
@@ -36,15 +51,7 @@ def test_a_backup_that_joins_again_while_an_ack_waits_for_the_disk_still_acks_it
     primary saw it catching up (and its position stayed invalid) until some
     later event happened to arrive.
     """
-    store = DiskStore()
-    c = Cluster(2, stores={"n2": store})
-    members = [ClusterMember(n, ("127.0.0.1", 5672 + i), ("127.0.0.1", 15672 + i),
-                             ("127.0.0.1", 25672 + i)) for i, n in enumerate(["n1", "n2"])]
-    node = SimpleNamespace(config=SimpleNamespace(name="n2", data_dir=tmp_path),
-                           broker=c.node("n2").broker,
-                           admin=SimpleNamespace(route=lambda *a, **k: None))
-    ha = HANode(node, ClusterConfig("dc", b"secret", members))  # type: ignore[arg-type]
-    links = ha.links = FakeLinks()  # type: ignore[assignment]
+    store, c, ha, links = backup_node(tmp_path)
 
     def answer_join() -> None:
         join = links.sent.pop()
@@ -80,15 +87,7 @@ def test_an_ack_that_waited_for_the_disk_across_a_new_join_does_not_make_the_pos
     session's ack), so a node in the middle of a catch-up could stand and
     win an election.
     """
-    store = DiskStore()
-    c = Cluster(2, stores={"n2": store})
-    members = [ClusterMember(n, ("127.0.0.1", 5672 + i), ("127.0.0.1", 15672 + i),
-                             ("127.0.0.1", 25672 + i)) for i, n in enumerate(["n1", "n2"])]
-    node = SimpleNamespace(config=SimpleNamespace(name="n2", data_dir=tmp_path),
-                           broker=c.node("n2").broker,
-                           admin=SimpleNamespace(route=lambda *a, **k: None))
-    ha = HANode(node, ClusterConfig("dc", b"secret", members))  # type: ignore[arg-type]
-    links = ha.links = FakeLinks()  # type: ignore[assignment]
+    store, c, ha, links = backup_node(tmp_path)
     ha._become_backup(1, "n1")
     join = links.sent.pop()
     c.primary.backup_joined(join)
@@ -115,15 +114,7 @@ def test_a_backup_acknowledges_replicated_dequeues_later_and_everything_else_at_
     from tests.ha.harness import consume, publish
 
     async def scenario() -> None:
-        store = DiskStore()
-        c = Cluster(2, stores={"n2": store})
-        members = [ClusterMember(n, ("127.0.0.1", 5672 + i), ("127.0.0.1", 15672 + i),
-                                 ("127.0.0.1", 25672 + i)) for i, n in enumerate(["n1", "n2"])]
-        node = SimpleNamespace(config=SimpleNamespace(name="n2", data_dir=tmp_path),
-                               broker=c.node("n2").broker,
-                               admin=SimpleNamespace(route=lambda *a, **k: None))
-        ha = HANode(node, ClusterConfig("dc", b"secret", members))  # type: ignore[arg-type]
-        links = ha.links = FakeLinks()  # type: ignore[assignment]
+        store, c, ha, links = backup_node(tmp_path)
 
         def deliver() -> None:
             for packet in c.primary.take_outbox("n2"):

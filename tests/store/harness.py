@@ -16,6 +16,20 @@ from brokerha.broker.queue import Queue
 from brokerha.broker.vhost import VirtualHost
 from brokerha.store.sql import SQLStore
 
+# paging tests: a queue limit of 16 bodies of 1000 bytes
+LIMIT = 16 * 1024
+SIZE = 1000
+
+
+def body(i: int) -> bytes:
+    """A numbered body of SIZE bytes."""
+    return (b"%08d" % i) * (SIZE // 8)
+
+
+def resident(q: Queue) -> int:
+    """Bytes of bodies really held by the ready entries."""
+    return sum(len(e.message.body) for e in q.ready if e.message.body is not None)
+
 
 def message(body: bytes, rk: str = "q", persistent: bool = True) -> Message:
     props = commands.Basic.Properties(delivery_mode=2 if persistent else 1)

@@ -41,7 +41,7 @@ from brokerha.store.factory import open_store
 from brokerha.store.oplog import MAGIC
 from brokerha.store.sql import SQLStore, StoreError
 from brokerha.store.writer import ApplyPolicy
-from tests.store.harness import StoreNode, message
+from tests.store.harness import LIMIT, SIZE, StoreNode, body, message, resident
 
 _RECORD = struct.Struct("<II")
 END = 0xFFFFFFFF  # the length field of a file's end record
@@ -477,17 +477,6 @@ def test_log_files_rotate_and_are_applied_and_deleted_while_publishing(db: Path)
 
 
 # -- paging reads what the log applied ------------------------------------------------------------
-
-LIMIT = 16 * 1024
-SIZE = 1000
-
-
-def body(i: int) -> bytes:
-    return (b"%08d" % i) * (SIZE // 8)
-
-
-def resident(q: Queue) -> int:
-    return sum(len(e.message.body) for e in q.ready if e.message.body is not None)
 
 
 def settle_pages(node: StoreNode) -> None:

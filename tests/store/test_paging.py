@@ -15,19 +15,7 @@ from brokerha.broker.queue import Queue
 from brokerha.node import config_from_args, register
 from brokerha.node.config import ConfigError, NodeConfig, apply_document
 from brokerha.testing import NodeProcess
-from tests.store.harness import StoreNode, message
-
-LIMIT = 16 * 1024
-SIZE = 1000
-
-
-def body(i: int) -> bytes:
-    return (b"%08d" % i) * (SIZE // 8)
-
-
-def resident(q: Queue) -> int:
-    """Bytes of bodies really held by the ready entries."""
-    return sum(len(e.message.body) for e in q.ready if e.message.body is not None)
+from tests.store.harness import LIMIT, SIZE, StoreNode, body, message, resident
 
 
 def check_accounting(q: Queue) -> None:
