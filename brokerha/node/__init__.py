@@ -13,14 +13,15 @@ from typing import Any
 from brokerha.node.cluster_config import ClusterConfig, apply_cluster, parse_cluster
 from brokerha.node.config import (
     DEFAULT_LISTEN,
+    EVENT_LOOPS,
+    STORE_SYNCHRONOUS,
     ConfigError,
     NodeConfig,
     load_file,
     parse_admin,
-    parse_event_loop,
+    parse_choice,
     parse_listen,
     parse_size,
-    parse_synchronous,
 )
 
 
@@ -84,11 +85,12 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
     if args.store:
         cfg.store.url = args.store
     if args.store_synchronous:
-        cfg.store.synchronous = parse_synchronous(args.store_synchronous, "--store-synchronous")
+        cfg.store.synchronous = parse_choice(args.store_synchronous, "--store-synchronous",
+                                           STORE_SYNCHRONOUS)
     if args.store_oplog:
         cfg.store.oplog = args.store_oplog == "on"
     if args.event_loop:
-        cfg.event_loop = parse_event_loop(args.event_loop, "--event-loop")
+        cfg.event_loop = parse_choice(args.event_loop, "--event-loop", EVENT_LOOPS)
     if args.log_level:
         cfg.log_level = args.log_level
     if cfg.txlog_table is not None:  # after --data: the TxLog journal lives in the data dir

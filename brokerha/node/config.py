@@ -117,18 +117,12 @@ def check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
 
 
-def parse_event_loop(value: Any, key: str) -> str:
+def parse_choice(value: Any, key: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (case-insensitive), or a ConfigError naming them."""
     choice = str(value).lower()
-    if choice not in EVENT_LOOPS:
-        raise ConfigError(f"{key}: expected one of {', '.join(EVENT_LOOPS)}, got {value!r}")
+    if choice not in choices:
+        raise ConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
     return choice
-
-
-def parse_synchronous(value: Any, key: str) -> str:
-    mode = str(value).lower()
-    if mode not in STORE_SYNCHRONOUS:
-        raise ConfigError(f"{key}: expected one of {', '.join(STORE_SYNCHRONOUS)}, got {value!r}")
-    return mode
 
 
 def _apply_store(table: dict[str, Any], cfg: NodeConfig, where: str) -> None:
@@ -138,7 +132,8 @@ def _apply_store(table: dict[str, Any], cfg: NodeConfig, where: str) -> None:
             raise ConfigError(f"store.url: expected a URL or 'memory', got {table['url']!r}")
         cfg.store.url = table["url"]
     if "synchronous" in table:
-        cfg.store.synchronous = parse_synchronous(table["synchronous"], "store.synchronous")
+        cfg.store.synchronous = parse_choice(table["synchronous"], "store.synchronous",
+                                             STORE_SYNCHRONOUS)
     if "oplog" in table:
         if not isinstance(table["oplog"], bool):
             raise ConfigError(f"store.oplog: expected true or false, got {table['oplog']!r}")
@@ -179,7 +174,7 @@ def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") 
     if "tick_interval" in node:
         cfg.tick_interval = float(node["tick_interval"])
     if "event_loop" in node:
-        cfg.event_loop = parse_event_loop(node["event_loop"], "node.event_loop")
+        cfg.event_loop = parse_choice(node["event_loop"], "node.event_loop", EVENT_LOOPS)
     if "admin" in node:
         parse_admin(str(node["admin"]), cfg)
     if "cluster" in doc:

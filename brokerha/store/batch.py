@@ -13,19 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
-
-
-class Content(Protocol):
-    """What a stored message row needs: a ``Message``, or ``StoredContent`` read back from the log."""
-
-    exchange: str
-    routing_key: str
-    header: bytes
-    body: bytes
+from typing import Any, NamedTuple
 
 
 class StoredContent(NamedTuple):
+    """A message's row fields read back from the operation log (a ``Message`` has the same)."""
+
     exchange: str
     routing_key: str
     header: bytes

@@ -151,9 +151,9 @@ class SQLStore(Store):
                 self.oplog = OpLog(self._database_file(), sync=synchronous == "full")
                 next_generation = self._replay_oplog(statements, self.oplog)
                 policy = apply_policy or ApplyPolicy()
-                policy.on_applied = self._log_applied
+                policy.on_applied = self.oplog.remove_through  # writer thread, after the commit
             else:
-                self._replay_leftover_log(statements, synchronous)
+                self._replay_leftover_log(statements)
         except BaseException as exc:
             if self.oplog is not None:
                 self.oplog.release()
@@ -178,12 +178,7 @@ class SQLStore(Store):
                              "commits every batch to the database)")
         return Path(str(url.database)).absolute()
 
-    def _log_applied(self, generation: int) -> None:
-        """(writer thread) SQL holds the log up to ``generation``: drop those files."""
-        assert self.oplog is not None
-        self.oplog.remove_through(generation)
-
-    def _replay_leftover_log(self, statements: schema.Statements, synchronous: str) -> None:
+    def _replay_leftover_log(self, statements: schema.Statements) -> None:
         """Without the operation log: still apply files a run with it left behind."""
         if self.engine.url.get_backend_name() != "sqlite":
             return
