@@ -38,6 +38,7 @@ import pytest
 from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET, TXLOG_OFFSET
 from brokerha.testing import ClusterView
 from brokerha.testing_containers import ENGINE_SCRIPT, REPO_DOCKER_DIR
+from tests.txlog.test_broker_txlog import peek_ids
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1200)]
 
@@ -83,13 +84,7 @@ class ComposeDC(ClusterView):
     def contents(self, node: str) -> list[str]:
         """The global queue's message ids in order, read without consuming (then requeued)."""
         with pika.BlockingConnection(pika.URLParameters(self.url(node))) as conn:
-            ch = conn.channel()
-            ids = []
-            while True:
-                method, props, _ = ch.basic_get(QUEUE, auto_ack=False)
-                if method is None:
-                    return ids
-                ids.append(props.message_id)
+            return peek_ids(conn.channel(), QUEUE)
 
     def depth(self, node: str) -> int | None:
         for q in self.get(node, "/api/queues")["queues"]:

@@ -33,6 +33,17 @@ GLOBAL = "orders"
 LOCAL = "audit"
 
 
+def peek_ids(ch: Any, queue: str) -> list[str]:
+    """The queue's message ids (else bodies) in order, read without consuming: the gets stay
+    unacked, so they are requeued when the channel closes."""
+    ids = []
+    while True:
+        method, props, body = ch.basic_get(queue, auto_ack=False)
+        if method is None:
+            return ids
+        ids.append(props.message_id or body.decode())
+
+
 class DC:
     def __init__(self, name: str, node: NodeProcess, admin: str) -> None:
         self.name, self.node, self.admin = name, node, admin
@@ -41,15 +52,8 @@ class DC:
         return pika.BlockingConnection(pika.URLParameters(self.node.url))
 
     def contents(self, queue: str) -> list[str]:
-        """The queue's message ids in order, read without consuming (unacked, then requeued)."""
         with self.connect() as conn:
-            ch = conn.channel()
-            ids = []
-            while True:
-                method, props, body = ch.basic_get(queue, auto_ack=False)
-                if method is None:
-                    return ids
-                ids.append(props.message_id or body.decode())
+            return peek_ids(conn.channel(), queue)
 
     def txlog(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.admin}/api/txlog", timeout=5) as resp:

@@ -26,7 +26,7 @@ import pytest
 from brokerha.cluster.ports import loopback_txlog_urls
 from brokerha.testing import LocalCluster, NodeProcess, free_port
 from tests.failover.clients import RETRYABLE, connect_any
-from tests.txlog.test_broker_txlog import DC, wait_for
+from tests.txlog.test_broker_txlog import DC, peek_ids, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -135,17 +135,8 @@ class Client(threading.Thread):
 
 
 def contents(url: str) -> list[str]:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        ch = conn.channel()
-        ids = []
-        while True:
-            method, props, _ = ch.basic_get(QUEUE, auto_ack=False)
-            if method is None:
-                return ids
-            ids.append(props.message_id)
-    finally:
-        conn.close()
+    with pika.BlockingConnection(pika.URLParameters(url)) as conn:
+        return peek_ids(conn.channel(), QUEUE)
 
 
 def test_the_txlog_survives_a_primary_failover_in_its_datacenter(tmp_path: Path) -> None:
