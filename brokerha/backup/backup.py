@@ -185,6 +185,8 @@ class Backup:
             self.txlog.apply(event)
         elif kind in CONFIGURATION_EVENTS:
             self.config.apply(event)
+        elif kind == R.ACK_PROMPTLY:
+            pass  # applying it is what sets ack_due
         elif kind == R.CATCH_UP_BEGINS:
             if event[1] != self.session or self.caught_up:
                 raise ReplicationError(f"catch-up of session {event[1]} not expected")

@@ -21,6 +21,7 @@ kind     fields after the kind                                           meaning
 ``b``    session (the Join's)                                            catch-up begins
 ``s``    (none)                                                          config snapshot done
 ``c``    seq                                                             caught up
+``a``    (none)                                                          acknowledge promptly
 ``tb``   txid, xid (None for TX)                                         tx-queue created
 ``te``   txid, vhost, [queues], exchange, routing_key, header, body      tx enqueue
 ``td``   txid, vhost, queue, [positions]                                 tx dequeue
@@ -63,6 +64,12 @@ one group commit: no node ever holds a proper subset of one.
 ``arguments`` travel as an AMQP field table (bytes, keys sorted), so whatever a
 client can declare survives msgpack and compares byte for byte.
 
+Acknowledgements: a backup may acknowledge a run of ``d`` events late
+(``node/ha.py`` ``DEQUEUE_ACK_DELAY``), since nothing waits for a dequeue. When
+something does (a reply or confirm whose barrier lands right after dequeues:
+an unroutable message's confirm, a declare that changed nothing), the primary
+emits ``a``, which changes nothing on the backup and is acknowledged promptly.
+
 A catch-up (the primary's answer to a ``Join``) is numbered so that its ``c``
 marker lands on the primary's seq at the join: the numbers before it are
 private to that backup, which holds no consistent copy until the marker.
@@ -88,6 +95,7 @@ DEQUEUED = "d"
 CATCH_UP_BEGINS = "b"
 SNAPSHOT_DONE = "s"
 CAUGHT_UP = "c"
+ACK_PROMPTLY = "a"  # no change; acknowledge at once (a barrier waits on dequeues)
 TX_BEGIN = "tb"
 TX_ENQUEUE = "te"
 TX_DEQUEUE = "td"

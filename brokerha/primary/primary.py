@@ -80,6 +80,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         self.sessions: dict[str, RemoteBackup] = {}
         self._tail: list[tuple[int, Event]] = []  # emitted, not yet in the outboxes
         self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
+        self._dequeue_seq = -1  # the seq of the last dequeue event (backups ack those late)
         self._policies: dict[Queue, str] = {}
         self._acquired: dict[Queue, dict[int, Entry]] = {}
         self.tx_prepare_timeout = tx_prepare_timeout
@@ -240,6 +241,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             tail[-1][1][3].append(entry.position)  # the last event, not sent yet: one seq
         else:
             self._emit(ev.dequeued(queue, [entry.position]))
+            self._dequeue_seq = self.seq
 
     # -- transactions (tx_observer.py calls these) -----------------------------------------
 
@@ -472,11 +474,19 @@ class Primary(ConfigurationObserver, QueueObserver):
         return limit
 
     def barrier(self, callback: Callable[[], None]) -> None:
-        """A replication barrier: ``callback`` once everything emitted so far is replicated."""
+        """A replication barrier: ``callback`` once everything emitted so far is replicated.
+
+        If the last event is a dequeue, which backups acknowledge late (a
+        consumer's acks: nobody waits for them), an ``a`` event follows it so
+        that this wait is acknowledged promptly.
+        """
         target = self.seq
         if not self._waiters and target <= self.replicated():
             callback()
             return
+        if target == self._dequeue_seq and self.sessions:
+            self._emit([R.ACK_PROMPTLY])
+            target = self.seq
         self._waiters.append((target, callback))
 
     def _release(self) -> None:

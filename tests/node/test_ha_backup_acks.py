@@ -158,3 +158,51 @@ def test_a_backup_acknowledges_replicated_dequeues_later_and_everything_else_at_
         assert acks() == []                # the deferred one was folded into it
 
     asyncio.run(scenario())
+
+
+def test_a_barrier_right_after_dequeues_is_acknowledged_without_the_delay(
+        tmp_path: Path) -> None:
+    """A reply or confirm that waits on dequeues only does not wait ``DEQUEUE_ACK_DELAY``.
+
+    Here the confirm of an unroutable message: it emits nothing of its own,
+    so its barrier lands on the last event, a consumer's ack. The primary
+    follows it with an ``a`` event, which the backup acknowledges at once.
+    """
+    import asyncio
+
+    from brokerha.cluster import replication as R
+    from tests.ha.harness import consume, publish
+
+    async def scenario() -> None:
+        store, c, ha, links = backup_node(tmp_path)
+        c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
+        q = c.broker.vhosts["/"].queues["q"]
+        ha._become_backup(1, "n1")
+        c.primary.backup_joined(links.sent.pop())
+
+        def deliver() -> list[Any]:
+            events = []
+            for packet in c.primary.take_outbox("n2"):
+                events.extend(packet.events)
+                ha._on_events("n1", wire(packet))  # type: ignore[arg-type]
+            store.sync()
+            acks = [m.seq for m in links.sent if isinstance(m, Ack)]
+            links.sent.clear()
+            if acks:
+                c.primary.backup_acked("n2", acks[-1])
+            return events
+
+        publish(c.broker, b"one")
+        deliver()
+        assert consume(q, 1) == [b"one"]
+        released: list[str] = []
+        c.broker.replication_barriers[0](lambda: released.append("confirm"))  # Primary.barrier
+        events = deliver()
+        assert [e[0] for e in events] == [R.DEQUEUED, R.ACK_PROMPTLY]
+        assert released == ["confirm"], "acknowledged at once, not DEQUEUE_ACK_DELAY later"
+        assert ha._deferred_ack is None
+
+        c.primary.barrier(lambda: released.append("again"))  # nothing new: no marker
+        assert released == ["confirm", "again"] and deliver() == []
+
+    asyncio.run(scenario())
