@@ -18,7 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET
+from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET, TXLOG_OFFSET
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -124,16 +124,30 @@ class NodeProcess:
         self.close()
 
 
+def _ephemeral_low() -> int:
+    """The first port the kernel may give an outgoing connection (Linux: 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_base_port(count: int,
                    offsets: tuple[int, ...] = (0, ADMIN_OFFSET, CLUSTER_OFFSET)) -> int:
-    """A base port P such that P..P+count-1 plus each offset were all free a moment ago."""
+    """A base port P such that P..P+count-1 plus each offset were all free a moment ago.
+
+    Every port lies below the kernel's ephemeral range, so an outgoing
+    connection's local port cannot take one between this check and the bind.
+    """
     import random
 
     rnd = random.Random()
+    high = _ephemeral_low() - max(offsets) - count
+    if high <= 2000:
+        raise ValueError(f"offsets up to {max(offsets)} leave no base port below the ephemeral "
+                         f"range ({_ephemeral_low()})")
     for _ in range(200):
-        # below the kernel's ephemeral range (32768-60999 here) with every offset, so
-        # an outgoing connection's local port cannot take one between check and bind
-        base = rnd.randrange(2000, 12700 - count)
+        base = rnd.randrange(2000, high)
         ports = [base + i + off for i in range(count) for off in offsets]
         try:
             for port in ports:
@@ -228,7 +242,8 @@ class LocalCluster(ClusterView):
             self._tmp = tempfile.TemporaryDirectory(prefix="brokerha-cluster-")
             data_dir = self._tmp.name
         self.data_dir = Path(data_dir)
-        self.base_port = free_base_port(nodes)
+        # any member may run a TxLog master (a test adds [txlog]): its port is free too
+        self.base_port = free_base_port(nodes, (0, ADMIN_OFFSET, CLUSTER_OFFSET, TXLOG_OFFSET))
         self.config = cluster_file(self.data_dir, nodes, self.base_port, name)
         if options:
             text = self.config.read_text()
