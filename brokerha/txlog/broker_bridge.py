@@ -262,7 +262,7 @@ class TxLogBridge(ConfigurationObserver):
         to the configuration's peers. ``ConfigError``: refused by the engine
         (already a peer, this DC's own id, a bad URL), nothing changed.
         """
-        self._master().add_peer(node_id, url)
+        await self._master().add_peer(node_id, url)
         return await self._replicate_peers()
 
     async def remove_peer(self, node_id: str) -> bool:

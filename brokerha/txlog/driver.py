@@ -65,6 +65,7 @@ log = logging.getLogger("brokerha.txlog")
 PEERS_FILE = "txlog-peers.json"
 EVENTS_FILE = "txlog-events.jsonl"
 EVENTS_KEPT = 1000
+PEERS_FSYNC_TIMEOUT = 30.0  # seconds a peer change waits for its journal record's fsync
 LATENCY_SAMPLES = 2000
 
 
@@ -106,6 +107,7 @@ class TxLogDriver:
         self._synced_seq = 0  # the last journal record known to be on disk (set at start)
         config = self._effective_config(settings.txlog)
         durable = self.journal.load(config)
+        config = self._journal_peers(config, durable)
         self.restarted = self.journal.seq > 0
         self.engine = RoundEngine(config, clock(), durable)
         self.me = config.node_id
@@ -188,11 +190,12 @@ class TxLogDriver:
                 result.update(await synced)
         return result
 
-    def add_peer(self, node_id: str, url: str) -> None:
+    async def add_peer(self, node_id: str, url: str) -> None:
+        """Add a sync peer; returns once the change is on disk (its journal record)."""
         address = parse_urls(url, f"url of peer {node_id}")
         self._run(self.engine.add_peer(node_id, url, self.clock()))
         self.links.add_peer(node_id, address)
-        self._save_peers()
+        await self._peers_recorded()
 
     async def remove_peer(self, node_id: str, wait_s: float = 10.0) -> None:
         """Remove a sync peer; during a recovery vote, wait (up to ``wait_s``) for it to end.
@@ -208,7 +211,7 @@ class TxLogDriver:
             raise ConnectionError("TxLog master stopped")
         self._run(self.engine.remove_peer(node_id, self.clock()))
         self.links.remove_peer(node_id)
-        self._save_peers()
+        await self._peers_recorded()
 
     def set_split_recovery(self, value: str) -> None:
         self._run(self.engine.set_split_recovery(value))
@@ -436,7 +439,31 @@ class TxLogDriver:
                         "file's: %s", path, ", ".join(p.node_id for p in peers) or "none")
         return replace(config, peers=peers)
 
-    def _save_peers(self) -> None:
+    def _journal_peers(self, config: TxLogConfig, durable: DurableState) -> TxLogConfig:
+        """The peers of the journal's last ``peers`` record, which win over the file.
+
+        A runtime change is one journal record (the peers with the view change
+        they cause); the file is written after that record is on disk, and a
+        crash between the two leaves the file behind: it is written again here.
+        """
+        if durable.peers is None or durable.peers == config.peers:
+            return config
+        log.warning("txlog: sync peers from the journal's last runtime change replace %s's: %s",
+                    PEERS_FILE, ", ".join(p.node_id for p in durable.peers) or "none")
+        write_peers_file(self.data_dir, encode_peers(durable.peers))
+        return replace(config, peers=durable.peers)
+
+    async def _peers_recorded(self, timeout: float = PEERS_FSYNC_TIMEOUT) -> None:
+        """Once the journal record of a peer change is on disk, write the peers file.
+
+        The file mirrors the journal (which a restart reads first) and never
+        runs ahead of it; a journal that cannot be fsynced stalls the master,
+        so this gives up with ``TimeoutError`` after ``timeout``.
+        """
+        recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._after_fsync(lambda: recorded.done() or recorded.set_result(None))
+        async with asyncio.timeout(timeout):
+            await recorded
         write_peers_file(self.data_dir, encode_peers(self.engine.config.peers))
 
     # ---- views -----------------------------------------------------------------------

@@ -102,21 +102,26 @@ class MasterAPI:
         except TimeoutError:
             raise HTTPError(503, f"not {wait}ed within {timeout}s") from None
 
-    def add_peer(self, request: Request) -> Response:
+    async def add_peer(self, request: Request) -> Response:
         body = request.json()
         node_id, url = body.get("id"), body.get("url")
         if not isinstance(node_id, str) or not isinstance(url, str):
             raise HTTPError(400, "id and url required")
-        return self._change(lambda: self.driver.add_peer(node_id, url))
+        return await self._peer_change(self.driver.add_peer(node_id, url))
 
     async def remove_peer(self, request: Request) -> Response:
         node_id = request.json().get("id")
         if not isinstance(node_id, str):
             raise HTTPError(400, "id required")
+        return await self._peer_change(self.driver.remove_peer(node_id))
+
+    async def _peer_change(self, change: Any) -> Response:
         try:
-            await self.driver.remove_peer(node_id)
+            await change
         except ConfigError as exc:
             raise HTTPError(409, str(exc)) from None
+        except TimeoutError:
+            raise HTTPError(503, "the change is not on disk yet (journal fsync stalled)") from None
         return Response.json(self.driver.status())
 
     def split_recovery(self, request: Request) -> Response:

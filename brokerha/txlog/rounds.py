@@ -169,6 +169,7 @@ class RoundEngine(ExchangeMixin, MembershipMixin, VotingMixin):
         """Configure a new sync peer; it becomes a member through the next vote."""
         now = self._clock(now)
         self.config = self.config.with_peer(Peer(node_id, url))
+        self._persist("peers", self.config.peers)
         self.last_heard[node_id] = now
         self.out.append(Event("peer-added", node_id))
         return self._take()
@@ -179,6 +180,7 @@ class RoundEngine(ExchangeMixin, MembershipMixin, VotingMixin):
         if self.voting:
             raise ConfigError(f"peer {node_id!r}: cannot be removed during a recovery vote")
         self.config = self.config.without_peer(node_id)
+        self._persist("peers", self.config.peers)
         self.last_heard.pop(node_id, None)
         members = self.members - {node_id}
         split_at = None if members == self.config.masters else self.durable.split_at

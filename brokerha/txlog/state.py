@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from brokerha.txlog.config import SplitRecovery
+from brokerha.txlog.config import Peer, SplitRecovery
 from brokerha.txlog.messages import Ballot, Persist
 from brokerha.txlog.queues import SyncEntry, SynchronisedQueue
 from brokerha.txlog.records import TxBody, TxRecord
@@ -37,6 +37,9 @@ class DurableState:
     model: GlobalQueues = field(default_factory=GlobalQueues)
     stable: GlobalQueues = field(default_factory=GlobalQueues)
     backup: GlobalQueues | None = None
+    # the sync peers an operator set at runtime (None: the configuration's), in the same
+    # record as the view change they cause, so a crash never keeps one without the other
+    peers: tuple[Peer, ...] | None = None
 
     @property
     def split(self) -> bool:
@@ -84,6 +87,9 @@ class DurableState:
 
     def _view(self, value: tuple[int, frozenset[str], int | None]) -> None:
         self.generation, self.members, self.split_at = value
+
+    def _peers(self, value: tuple[Peer, ...]) -> None:
+        self.peers = tuple(value)
 
     def _strategy(self, value: SplitRecovery) -> None:
         self.strategy = value

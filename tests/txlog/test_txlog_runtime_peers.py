@@ -123,6 +123,78 @@ async def test_peers_reach_the_backups_and_a_joiners_catch_up_through_the_ha_log
         dc1.driver.journal.close()
 
 
+# ---- in process: a crash between the journal record and the peers file ---------------
+
+
+@in_loop
+async def test_a_crash_before_the_peers_file_is_written_keeps_the_journals_peers(
+        tmp_path: Path) -> None:
+    """The journal record of a runtime change is what counts, not the file beside it.
+
+    A removal persists the new view and the new peers in one record; the
+    file follows once that record is on disk. Here the crash comes between
+    the two (the file is put back as it was): the restarted master takes the
+    peers from the journal, so its view and its peers agree, and the file is
+    written again.
+    """
+    master = settings("dc1", tmp_path, {"dc2": 1, "dc3": 2})
+    driver = TxLogDriver(master, fsync=False)
+    await driver.links.start()
+    try:
+        await driver.add_peer("dc4", "txlog://127.0.0.1:3")
+        before = read_peers_file(tmp_path)
+        assert before is not None and [p.node_id for p in decode_peers(before)] == [
+            "dc2", "dc3", "dc4"]
+        await driver.remove_peer("dc3")
+    finally:
+        await driver.close()
+    (tmp_path / PEERS_FILE).write_bytes(before)  # the crash: the file never caught up
+
+    again = TxLogDriver(master, fsync=False)
+    try:
+        assert [p.node_id for p in again.engine.config.peers] == ["dc2", "dc4"]
+        # dc3 is gone from both (dc4 becomes a member through the next vote)
+        assert again.engine.durable.members == frozenset({"dc1", "dc2"})
+        assert again.engine.durable.members <= again.engine.config.masters
+        assert [p.node_id for p in decode_peers(read_peers_file(tmp_path) or b"")] == [
+            "dc2", "dc4"]
+    finally:
+        again.journal.close()
+
+    (tmp_path / PEERS_FILE).unlink()  # nor does a lost file bring the configuration's back
+    third = TxLogDriver(master, fsync=False)
+    try:
+        assert [p.node_id for p in third.engine.config.peers] == ["dc2", "dc4"]
+    finally:
+        third.journal.close()
+
+
+@in_loop
+async def test_the_peers_file_is_written_only_once_the_journal_record_is_on_disk(
+        tmp_path: Path) -> None:
+    from brokerha.txlog import driver as driver_module
+
+    driver = TxLogDriver(settings("dc1", tmp_path, {"dc2": 1}), fsync=True)
+    await driver.start()
+    record = driver.journal.seq + 1  # the change's record
+    written: list[int] = []
+    write = driver_module.write_peers_file
+
+    def write_peers_file(data_dir: Path, data: bytes | None) -> None:
+        written.append(driver._synced_seq)
+        write(data_dir, data)
+
+    driver_module.write_peers_file = write_peers_file  # type: ignore[assignment]
+    try:
+        await driver.add_peer("dc3", "txlog://127.0.0.1:2")
+        assert written and written[0] >= record, "the file went ahead of its record"
+        assert [p.node_id for p in decode_peers(read_peers_file(tmp_path) or b"")] == [
+            "dc2", "dc3"]
+    finally:
+        driver_module.write_peers_file = write  # type: ignore[assignment]
+        await driver.close()
+
+
 # ---- in process: the bridge (the primary side) ----------------------------------------
 
 
