@@ -39,10 +39,10 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from brokerha import seed_runner
 from brokerha.cluster.election import (
     BecomePrimary,
     Election,
@@ -724,21 +724,9 @@ def run_seed(seed: int, *, nodes: int = 3, duration: float = 60.0,
     return Simulation(seed, nodes=nodes, duration=duration, faults=faults, **kw).run()
 
 
-def _run_chunk(job: tuple[list[int], dict[str, Any]]) -> list[SimResult]:
-    seeds, kw = job
-    return [run_seed(seed, **kw) for seed in seeds]
-
-
 def run_many(seeds: Sequence[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:
     """Run every seed (over ``jobs`` processes); results in seed order, traces kept for failures."""
-    seeds = list(seeds)
-    if jobs <= 1 or len(seeds) < 2 * jobs:
-        results = _run_chunk((seeds, kw))
-    else:
-        chunks = [seeds[i::jobs] for i in range(jobs)]
-        with ProcessPoolExecutor(jobs) as pool:
-            results = [r for part in pool.map(_run_chunk, [(c, kw) for c in chunks]) for r in part]
-        results.sort(key=lambda r: r.seed)
+    results = seed_runner.run_many(run_seed, seeds, jobs=jobs, **kw)
     for result in results:
         if result.violation is None:
             result.trace = []
@@ -765,11 +753,7 @@ def simulate(args: argparse.Namespace) -> int:
     results = run_many(range(args.start_seed, args.start_seed + args.seeds), jobs=args.jobs,
                        nodes=args.nodes, duration=args.duration, faults=faults,
                        unsafe=Unsafe.of(args.unsafe))
-    failing = [r for r in results if r.violation]
-    for result in failing:
-        print(result.summary())
-        if args.trace:
-            print("\n".join(f"    {line}" for line in result.trace))
+    failing = seed_runner.report_failures(results, trace=args.trace)
     elapsed = time.monotonic() - started
     failovers = sum(r.failovers for r in results)
     unserved = sum(r.unserved for r in results) / max(1, len(results))

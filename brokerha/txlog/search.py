@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from brokerha.seed_runner import run_many
 from brokerha.txlog.config import SplitRecovery
 from brokerha.txlog.faults import run_seed
 from brokerha.txlog.rules import Rules
@@ -27,29 +27,22 @@ def params_for(seed: int, masters: int | None, strategy: SplitRecovery | None) -
     )
 
 
-def run_range(
-    seeds: Sequence[int],
+def run_one(
+    seed: int,
     rules: Rules | None = None,
     masters: int | None = None,
     strategy: SplitRecovery | None = None,
     profile: str = "mixed",
-) -> list[Outcome]:
-    rules = rules or Rules()
-    return [
-        Outcome(s, run_seed(s, params_for(s, masters, strategy), rules, profile).violation) for s in seeds
-    ]
+) -> Outcome:
+    params = params_for(seed, masters, strategy)
+    return Outcome(seed, run_seed(seed, params, rules or Rules(), profile).violation)
+
+
+def run_range(seeds: Sequence[int], rules: Rules | None = None, masters: int | None = None,
+              strategy: SplitRecovery | None = None, profile: str = "mixed") -> list[Outcome]:
+    return [run_one(s, rules, masters, strategy, profile) for s in seeds]
 
 
 def run_parallel(seeds: Sequence[int], jobs: int = 2, **kw: object) -> list[Outcome]:
     """Split the seeds over ``jobs`` processes (results in seed order)."""
-    if jobs <= 1:
-        return run_range(seeds, **kw)  # type: ignore[arg-type]
-    chunks = [list(seeds[i::jobs]) for i in range(jobs)]
-    with ProcessPoolExecutor(jobs) as pool:
-        parts = list(pool.map(_run_chunk, [(c, kw) for c in chunks]))
-    return sorted((o for part in parts for o in part), key=lambda o: o.seed)
-
-
-def _run_chunk(job: tuple[list[int], dict[str, object]]) -> list[Outcome]:
-    seeds, kw = job
-    return run_range(seeds, **kw)  # type: ignore[arg-type]
+    return run_many(run_one, seeds, jobs=jobs, **kw)

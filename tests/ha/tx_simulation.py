@@ -72,10 +72,10 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from brokerha import seed_runner
 from brokerha.backup.backup import INVALID, Backup
 from brokerha.broker.broker import Broker
 from brokerha.broker.dtx import XA, XAError, Xid
@@ -1127,21 +1127,8 @@ def run_seed(seed: int, **kw: Any) -> SimResult:
     return asyncio.run(Simulation(seed, **kw).run())
 
 
-def _run_chunk(job: tuple[list[int], dict[str, Any]]) -> list[SimResult]:
-    seeds, kw = job
-    return [run_seed(seed, **kw) for seed in seeds]
-
-
 def run_many(seeds: Sequence[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:
-    seeds = list(seeds)
-    if jobs <= 1 or len(seeds) < 2 * jobs:
-        results = _run_chunk((seeds, kw))
-    else:
-        chunks = [seeds[i::jobs] for i in range(jobs)]
-        with ProcessPoolExecutor(jobs) as pool:
-            results = [r for part in pool.map(_run_chunk, [(c, kw) for c in chunks]) for r in part]
-        results.sort(key=lambda r: r.seed)
-    return results
+    return seed_runner.run_many(run_seed, seeds, jobs=jobs, **kw)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1158,11 +1145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     results = run_many(range(args.seed, args.seed + args.seeds), jobs=args.jobs,
                        steps=args.steps, unsafe=Unsafe.of(args.unsafe))
-    failing = [r for r in results if r.violation]
-    for r in failing:
-        print(r.summary())
-        if args.trace:
-            print("\n".join("    " + line for line in r.trace))
+    failing = seed_runner.report_failures(results, trace=args.trace)
     stuck = [r for r in results if r.stuck]
     for r in stuck:
         print(r.summary())
