@@ -90,8 +90,7 @@ class TransactionReplicator:
             q = vhost.queues.get(name) if vhost is not None else None
             if q is None:
                 return f"no queue '{name}' in vhost '{vhost_name}'"
-            held = {e.position for e in q.ready}
-            missing = [p for p in positions if p not in held]
+            missing = q.missing_positions(positions)
             if missing:
                 return f"queue '{name}' lacks positions {missing[:5]}"
         return None

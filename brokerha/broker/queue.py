@@ -290,6 +290,21 @@ class Queue:
             self.dispatch()
         return entry
 
+    def missing_positions(self, positions: list[int]) -> list[int]:
+        """Which of ``positions`` no ready entry has (a backup checks a dequeue before applying it).
+
+        Scans from the head and stops once all are found: dequeues are of the
+        oldest messages, so this costs their distance from the head, not the
+        queue's depth.
+        """
+        wanted = set(positions)
+        if wanted:
+            for entry in self.ready:
+                wanted.discard(entry.position)
+                if not wanted:
+                    return []
+        return [p for p in positions if p in wanted]
+
     def take_position(self, position: int) -> Entry | None:
         """Remove a ready entry by replication id and hold it as acquired (recovery)."""
         for entry in self.ready:

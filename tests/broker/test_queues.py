@@ -198,3 +198,32 @@ def test_memory_meter_tracks_ready_bytes() -> None:
     assert used >= 100
     drain(q)
     assert broker.memory.used == 0
+
+
+def test_missing_positions_reports_what_no_ready_entry_has_and_stops_at_the_last_found() -> None:
+    broker, _ = broker_with_clock()
+    q = broker.vhosts["/"].declare_queue("q", owner=None, arguments={"x-max-priority": 2})
+    for i in range(1000):
+        q.enqueue(msg(str(i).encode(), priority=i % 3))
+    positions = sorted(e.position for e in q.ready)
+    head = [e.position for e in list(q.ready)[:3]]
+    assert q.missing_positions([]) == []
+    assert q.missing_positions(head) == []
+    assert q.missing_positions([positions[-1], positions[0]]) == []
+    assert q.missing_positions([positions[5], 10**9, 7 * 10**9]) == [10**9, 7 * 10**9]
+    taken = q.get()
+    assert taken is not None
+    assert q.missing_positions([taken.position, head[1]]) == [taken.position]  # acquired
+
+    visited = 0
+
+    class Counting(list):  # how far the scan went
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            nonlocal visited
+            for entry in super().__iter__():
+                visited += 1
+                yield entry
+
+    q.ready = Counting(q.ready)  # type: ignore[assignment]
+    assert q.missing_positions(head[1:3]) == []
+    assert visited == 2, "a dequeue of the oldest messages does not walk the whole queue"
