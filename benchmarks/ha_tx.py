@@ -22,8 +22,18 @@ this order (reversed on odd rounds):
 
 The clusters run with docs/ha.md's default timeouts.
 
+Here all nodes share the machine's cores and disk (docs/benchmarks.md, "Three
+nodes on one machine"). ``--broker LABEL=URL`` measures brokers that already
+run instead, e.g. a cluster with each node on its own machine (the URL of its
+primary) next to a RabbitMQ node on a machine like one of them; a label
+``RabbitMQ classic`` is the reference of the ratios. Nothing is started or
+stopped then, and each run uses its own queues (the load generator's names).
+
     .venv/bin/python benchmarks/ha_tx.py --duration 5 --publishers 1,8
     .venv/bin/python benchmarks/ha_tx.py --no-rabbitmq --rounds 3
+    .venv/bin/python benchmarks/ha_tx.py --rounds 3 \
+        --broker "RabbitMQ classic=amqp://bench:secret@mq1:5672/%2F" \
+        --broker "brokerha 2 backups=amqp://bench:secret@ha1:5672/%2F"
 """
 
 from __future__ import annotations
@@ -129,10 +139,12 @@ async def parallel(url: str, publishers: int, duration: float, warmup: float) ->
 
 
 @contextmanager
-def started(config: str) -> Iterator[str]:
-    """Start one configuration; yield the URL of the node that serves."""
+def started(config: str, external: dict[str, str]) -> Iterator[str]:
+    """Start one configuration (or take a running one of ``external``); yield the serving URL."""
     t0 = time.monotonic()
-    if config == "RabbitMQ classic":
+    if config in external:
+        yield external[config]
+    elif config == "RabbitMQ classic":
         with RabbitMQRef() as url:
             print(f"  ({config}: started in {time.monotonic() - t0:.0f} s)", flush=True)
             yield url
@@ -167,11 +179,12 @@ def wait_backups(cluster: LocalCluster, primary: str, count: int, timeout: float
 
 
 def run_all(configs: Sequence[str], counts: Sequence[int], duration: float, warmup: float,
-            rounds: int) -> dict[tuple[str, int], list[TxResult]]:
+            rounds: int, external: dict[str, str] | None = None,
+            ) -> dict[tuple[str, int], list[TxResult]]:
     table: dict[tuple[str, int], list[TxResult]] = {(c, n): [] for c in configs for n in counts}
     for r in range(rounds):
         for config in (configs if r % 2 == 0 else list(reversed(configs))):
-            with started(config) as url:
+            with started(config, external or {}) as url:
                 for n in counts:
                     res = asyncio.run(parallel(url, n, duration, warmup))
                     table[(config, n)].append(res)
@@ -212,17 +225,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="each configuration started afresh")
     p.add_argument("--no-rabbitmq", action="store_true")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--broker", action="append", default=[], metavar="LABEL=URL",
+                   help="measure this running broker instead of starting local ones (repeat; "
+                        "LABEL 'RabbitMQ classic' is the ratios' reference)")
     args = p.parse_args(argv)
+    external: dict[str, str] = {}
+    for item in args.broker:
+        label, sep, url = item.partition("=")
+        if not sep or not label.strip() or not url.startswith("amqp://"):
+            p.error(f"--broker {item!r}: expected LABEL=amqp://user:password@host:port/vhost")
+        external[label.strip()] = url
     if not 0 < args.duration <= 120 or not 1 <= args.rounds <= 10:
         p.error("keep runs bounded: 0 < --duration <= 120, 1 <= --rounds <= 10")
     counts = [int(n) for n in args.publishers.split(",")]
     loadgen.selftest()
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    rabbit = not args.no_rabbitmq and available()
-    configs = [c for c in CONFIGS if rabbit or not c.startswith("RabbitMQ")]
+    if external:
+        configs = list(external)
+    else:
+        rabbit = not args.no_rabbitmq and available()
+        configs = [c for c in CONFIGS if rabbit or not c.startswith("RabbitMQ")]
     started_at, loads, t0 = datetime.now(UTC), [os.getloadavg()[0]], time.monotonic()
     try:
-        table = run_all(configs, counts, args.duration, args.warmup, args.rounds)
+        table = run_all(configs, counts, args.duration, args.warmup, args.rounds, external)
     except Terminated:
         return 143
     loads.append(os.getloadavg()[0])
