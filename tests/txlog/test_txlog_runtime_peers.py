@@ -195,6 +195,30 @@ async def test_the_peers_file_is_written_only_once_the_journal_record_is_on_disk
         await driver.close()
 
 
+@in_loop
+async def test_a_peer_change_whose_journal_record_never_syncs_answers_503(tmp_path: Path) -> None:
+    """The answer waits for the record's fsync; a stalled journal is a 503, never a silent yes."""
+    from brokerha.admin.api import _change
+    from brokerha.txlog.node import MasterAPI
+
+    driver = TxLogDriver(settings("dc1", tmp_path, {"dc2": 1}), fsync=True)
+    await driver.links.start()
+    driver._after_fsync = lambda callback: None  # type: ignore[method-assign]  # never synced
+    api = MasterAPI(driver)
+    try:
+        with pytest.raises(TimeoutError):
+            await driver._peers_recorded(timeout=0.05)
+        driver._peers_recorded = (  # type: ignore[method-assign]
+            lambda timeout=0.05, recorded=driver._peers_recorded: recorded(timeout))
+        await refused(api.add_peer(post({"id": "dc3", "url": "txlog://127.0.0.1:2"})), 503,
+                      "not on disk yet")
+        await refused(_change(driver.remove_peer("dc3")), 503, "fsync stalled")
+        assert read_peers_file(tmp_path) is None, "no file ahead of its record"
+    finally:
+        api.close()
+        await driver.close()
+
+
 # ---- in process: the bridge (the primary side) ----------------------------------------
 
 
