@@ -258,6 +258,11 @@ def _print_split_recovery(answer: dict[str, Any]) -> None:
     elif counters.get("replayed"):
         print(f"split recovery: replayed {counters['replayed']} transaction(s) on the "
               "current state")
+    undo = recovery.get("undo") or {}
+    if undo.get("shed"):
+        print(f"split recovery: undo records {undo['records']} ({undo['bytes'] >> 20} of "
+              f"{undo['max_bytes'] >> 20} MiB), {undo['shed']} dropped over the bound (read "
+              "from the TxLog's log if a backup needs them)")
 
 
 def cmd_txlog_export(args: argparse.Namespace) -> int:

@@ -676,7 +676,8 @@ class TxLogBridge(ConfigurationObserver):
         status["global_queues"] = {key: len(ids) for key, ids in sorted(self.index.items())}
         status["bridge"] = dict(self.counters)
         status["recovery"] = {"last_backup": self.recovery.last_backup,
-                              "last_restore": self.recovery.last_restore}
+                              "last_restore": self.recovery.last_restore,
+                              "undo": self.recovery.status()}
         return status
 
 

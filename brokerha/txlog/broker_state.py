@@ -19,9 +19,12 @@ position can never be needed again and are dropped, so they cost about one
 round of dequeued messages (more during a split, when the stable position
 stands still).
 
-After a node restart the records are gone; a backup that reaches further back
-than the first transaction applied since the start reads the gap from the
-TxLog's retained log (the bodies of those transactions, and, for a dequeued
+During a split the stable position stands still and the records pile up
+with every dequeued message's content; past ``UNDO_MAX_BYTES`` of content
+the oldest are dropped (down to half of it, with a warning) and a backup
+reaches them as it does after a restart. After a node restart the records
+are gone; a backup that reaches further back than the first transaction
+whose record is kept reads the gap from the TxLog's retained log (the bodies of those transactions, and, for a dequeued
 message, the body of the transaction that enqueued it). A message whose
 enqueue is past the retention cannot be rebuilt and is counted as
 ``backup_missing`` (logged).
@@ -60,6 +63,8 @@ from brokerha.files import replace_durably
 log = logging.getLogger("brokerha.txlog")
 
 BACKUP_FILE = "broker-backup.msgpack"
+# content of dequeued messages the undo records may hold (a long split keeps them all)
+UNDO_MAX_BYTES = 64 * 1024 * 1024
 
 # a global queue's contents: global id -> entry, and how a message travels in a backup
 Index = dict[str, dict[str, Entry]]
@@ -74,6 +79,7 @@ class UndoRecord:
     position: int
     enqueued: list[tuple[str, str]] = field(default_factory=list)  # (queue key, global id)
     dequeued: list[tuple[str, str, Entry]] = field(default_factory=list)
+    size: int = 0  # bytes of the dequeued messages' content
 
 
 @dataclass
@@ -121,13 +127,17 @@ def write_backup_file(data_dir: Path, data: bytes) -> None:
 class SplitBackups:
     """Undo records, backups and restores of one node's global queues (see the module docstring)."""
 
-    def __init__(self, data_dir: Path, pack: Packer, unpack: Unpacker) -> None:
+    def __init__(self, data_dir: Path, pack: Packer, unpack: Unpacker,
+                 undo_max_bytes: int = UNDO_MAX_BYTES) -> None:
         self.path = Path(data_dir) / BACKUP_FILE
         self.pack = pack
         self.unpack = unpack
         self.undo: deque[UndoRecord] = deque()
         self.current: UndoRecord | None = None
         self.covered_from: int | None = None  # first position whose record is here
+        self.undo_bytes = 0  # sum of the records' sizes
+        self.undo_max_bytes = undo_max_bytes
+        self.undo_shed = 0  # records dropped over the bound (a backup reads them from the log)
         self.last_backup: dict[str, Any] | None = None
         self.last_restore: dict[str, Any] | None = None
 
@@ -136,14 +146,33 @@ class SplitBackups:
     def begin(self, position: int, stable: int) -> None:
         """A synchronised transaction at ``position`` is about to be applied."""
         while self.undo and self.undo[-1].position >= position:
-            self.undo.pop()  # re-applied after a rewind: the old records describe another log
+            # re-applied after a rewind: the old records describe another log
+            self.undo_bytes -= self.undo.pop().size
         while self.undo and self.undo[0].position < stable:
-            dropped = self.undo.popleft()
-            self.covered_from = dropped.position + 1
+            self._drop_oldest()
+        if self.undo_bytes > self.undo_max_bytes:
+            self._shed()
         if self.covered_from is None or (not self.undo and position < self.covered_from):
             self.covered_from = position
         self.current = UndoRecord(position)
         self.undo.append(self.current)
+
+    def _drop_oldest(self) -> None:
+        dropped = self.undo.popleft()
+        self.undo_bytes -= dropped.size
+        self.covered_from = dropped.position + 1
+
+    def _shed(self) -> None:
+        """Over the bound (a long split): keep the newest records, half the bound's worth."""
+        shed, start = 0, self.undo[0].position
+        while self.undo and self.undo_bytes > self.undo_max_bytes // 2:
+            self._drop_oldest()
+            shed += 1
+        self.undo_shed += shed
+        log.warning("txlog: undo records over %d MiB (the stable position stands still, as in "
+                    "a split): dropped %d, positions %d-%d; a backup taken there reads them "
+                    "from the TxLog's retained log", self.undo_max_bytes >> 20, shed, start,
+                    (self.covered_from or start) - 1)
 
     def enqueued(self, key: str, gid: str) -> None:
         if self.current is not None:
@@ -152,6 +181,14 @@ class SplitBackups:
     def dequeued(self, key: str, gid: str, entry: Entry) -> None:
         if self.current is not None:
             self.current.dequeued.append((key, gid, entry))
+            self.current.size += entry.message.size
+            self.undo_bytes += entry.message.size
+
+    def status(self) -> dict[str, Any]:
+        """The undo records kept now (``covered_from``: the oldest position they reach)."""
+        return {"records": len(self.undo), "bytes": self.undo_bytes,
+                "max_bytes": self.undo_max_bytes, "covered_from": self.covered_from,
+                "shed": self.undo_shed}
 
     # ---- backup ----------------------------------------------------------------------
 

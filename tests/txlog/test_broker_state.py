@@ -130,3 +130,58 @@ def test_after_a_restart_the_gap_is_read_from_the_txlog_log(tmp_path: Path) -> N
     # a dequeued message whose enqueue is past retention cannot be rebuilt: counted
     _, missing = a.take(2, log_since=log_since)
     assert missing == 1
+
+
+def test_undo_records_stay_under_their_bound_and_a_backup_reads_the_rest_from_the_log(
+        tmp_path: Path) -> None:
+    """A long split: the stable position stands still, so the records would pile up for ever.
+
+    Over the bound the oldest are dropped (down to half of it); a backup that
+    reaches back past them reads those positions from the TxLog's retained
+    log, as after a restart, and comes out the same.
+    """
+    size = message("m0").size
+    a = Applier(tmp_path)
+    a.backups = SplitBackups(tmp_path, pack_message, unpack_message, undo_max_bytes=10 * size)
+    log: dict[int, TxBody] = {}
+    contents: dict[str, bytes] = {}
+    for i in range(40):  # enqueue m0..m39 at positions 0..39
+        gid = f"m{i}"
+        log[a.position] = TxBody(f"t{a.position}", (Operation("enqueue", KEY, gid, b"x"),))
+        contents[gid] = pack_message(message(gid), message(gid).header)
+        a.enqueue(gid)
+    for i in range(30):  # dequeue m0..m29 at positions 40..69
+        log[a.position] = TxBody(f"t{a.position}", (Operation("dequeue", KEY, f"m{i}"),))
+        a.dequeue(f"m{i}")
+    a.backups.begin(a.position, stable=0)  # the next transaction's record checks the bound
+    assert a.backups.undo_bytes <= 10 * size
+    assert a.backups.undo_shed > 0 and a.backups.covered_from is not None
+    assert a.backups.covered_from > 40, "the oldest dequeues' records were dropped"
+    status = a.backups.status()
+    assert status["shed"] == a.backups.undo_shed and status["bytes"] == a.backups.undo_bytes
+
+    def log_since(p: int) -> Iterator[tuple[int, TxBody]]:
+        return iter([(q, b) for q, b in sorted(log.items()) if q >= p])
+
+    def find_enqueue(key: str, gid: str) -> tuple[int, bytes] | None:
+        return int(gid[1:]), contents[gid]
+
+    backup, missing = a.take(35, log_since=log_since, find_enqueue=find_enqueue)
+    assert missing == 0
+    assert [g for g, _ in backup.queues[KEY]] == [f"m{i}" for i in range(35)]
+    backup, missing = a.take(45, log_since=log_since, find_enqueue=find_enqueue)
+    assert missing == 0  # m0..m4 were dequeued before 45; m5..m39 remain
+    assert [g for g, _ in backup.queues[KEY]] == [f"m{i}" for i in range(5, 40)]
+
+
+def test_ctl_txlog_status_says_when_undo_records_were_dropped(capsys: Any) -> None:
+    from brokerha.admin.ctl import _print_split_recovery
+
+    undo = {"records": 12, "bytes": 3 << 20, "max_bytes": 64 << 20, "covered_from": 90,
+            "shed": 0}
+    _print_split_recovery({"recovery": {"undo": undo}})
+    assert capsys.readouterr().out == ""
+    _print_split_recovery({"recovery": {"undo": {**undo, "shed": 7}}})
+    assert capsys.readouterr().out == (
+        "split recovery: undo records 12 (3 of 64 MiB), 7 dropped over the bound (read from "
+        "the TxLog's log if a backup needs them)\n")
