@@ -1,13 +1,18 @@
-"""What a cluster node must remember across a crash: epoch, vote, position.
+"""What a cluster node must remember across a crash: epoch and vote here, position in the store.
 
-The election's ``Persist`` action and the backup's position are written here
-before anything that depends on them leaves the node: a vote is sent only
-after its epoch and candidate are on disk, and a backup acknowledges events
-only after the position that covers them is on disk (otherwise a restarted
-voter could vote twice in an epoch, or claim to hold less than it confirmed).
+The election's ``Persist`` action is written here before anything that
+depends on it leaves the node: a vote is sent only after its epoch and
+candidate are on disk (otherwise a restarted voter could vote twice in an
+epoch). One small JSON file in the data directory, replaced atomically
+(write a temporary file, fsync it, rename over the old one, fsync the
+directory).
 
-One small JSON file in the data directory, replaced atomically (write a
-temporary file, fsync it, rename over the old one, fsync the directory).
+The position and vote floor (``NodeState.pos_*``, ``floor_*``) are kept in
+memory here but made durable only in the broker's store, in the same commit
+as the events they describe (``node/ha.py`` ``POSITION_KEY``): a backup
+acknowledges events only after that commit, so a restarted node never claims
+to hold less than it confirmed. The file keeps no copy of them; one written
+by an older version is read only while the store has no position yet.
 """
 
 from __future__ import annotations
@@ -56,15 +61,7 @@ class StateFile:
                                "forgotten epoch or vote") from exc
         return NodeState(**{k: raw[k] for k in asdict(NodeState()) if k in raw})
 
-    def save(self, **changes: object) -> None:
-        """Apply ``changes`` and make them durable before returning.
-
-        A new position raises the floor with it (never lowers it).
-        """
-        for key, value in changes.items():
-            if not hasattr(self.state, key):
-                raise AttributeError(key)
-            setattr(self.state, key, value)
-        st = self.state
-        st.move_to(st.pos_epoch, st.pos_seq)
-        replace_durably(self.path, json.dumps(asdict(self.state)).encode())
+    def save(self, *, epoch: int, voted_for: str | None) -> None:
+        """Record the election's epoch and vote durably before returning (a ``Persist``)."""
+        self.state.epoch, self.state.voted_for = epoch, voted_for
+        replace_durably(self.path, json.dumps({"epoch": epoch, "voted_for": voted_for}).encode())

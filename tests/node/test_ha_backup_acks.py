@@ -25,9 +25,10 @@ class FakeLinks:
         return 1
 
 
-def backup_node(tmp_path: Path) -> tuple[DiskStore, Cluster, HANode, FakeLinks]:
+def backup_node(tmp_path: Path, store: DiskStore | None = None,
+                ) -> tuple[DiskStore, Cluster, HANode, FakeLinks]:
     """An HANode as backup n2 (its links faked) of an in-process primary n1."""
-    store = DiskStore()
+    store = store or DiskStore()
     c = Cluster(2, stores={"n2": store})
     members = [ClusterMember(n, ("127.0.0.1", 5672 + i), ("127.0.0.1", 15672 + i),
                              ("127.0.0.1", 25672 + i)) for i, n in enumerate(["n1", "n2"])]
