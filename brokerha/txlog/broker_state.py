@@ -24,10 +24,10 @@ with every dequeued message's content; past ``UNDO_MAX_BYTES`` of content
 the oldest are dropped (down to half of it, with a warning) and a backup
 reaches them as it does after a restart. After a node restart the records
 are gone; a backup that reaches further back than the first transaction
-whose record is kept reads the gap from the TxLog's retained log (the bodies of those transactions, and, for a dequeued
-message, the body of the transaction that enqueued it). A message whose
-enqueue is past the retention cannot be rebuilt and is counted as
-``backup_missing`` (logged).
+whose record is kept reads the gap from the TxLog's retained log (the
+bodies of those transactions, and, for a dequeued message, the body of the
+transaction that enqueued it). A message whose enqueue is past the
+retention cannot be rebuilt and is counted as ``backup_missing`` (logged).
 
 **Durable.** A backup is written to ``<txlog data dir>/broker-backup.msgpack``
 (temporary file, fsync, atomic rename, fsync of the directory) before the
