@@ -233,9 +233,8 @@ async def _change(work: Any) -> bool:
         raise HTTPError(409, str(exc)) from None
     except ConnectionError as exc:  # the master stopped meanwhile (demotion, shutdown)
         raise HTTPError(409, f"{exc}: nothing changed; ask the serving primary") from None
-    except TimeoutError:  # a peer change waits for its journal record's fsync (driver.py)
-        raise HTTPError(503, "the change is not on disk yet: the TxLog journal's fsync "
-                             "stalled (see the node's log)") from None
+    except TimeoutError as exc:  # a peer change waits for its journal record's fsync (driver.py)
+        raise HTTPError(503, str(exc)) from None
 
 
 def _changed(node: Node, replicated: bool, what: str) -> Response:

@@ -462,8 +462,12 @@ class TxLogDriver:
         """
         recorded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._after_fsync(lambda: recorded.done() or recorded.set_result(None))
-        async with asyncio.timeout(timeout):
-            await recorded
+        try:
+            async with asyncio.timeout(timeout):
+                await recorded
+        except TimeoutError:
+            raise TimeoutError("the change is not on disk yet: the TxLog journal's fsync "
+                               f"stalled for {timeout:g}s (see the node's log)") from None
         write_peers_file(self.data_dir, encode_peers(self.engine.config.peers))
 
     # ---- views -----------------------------------------------------------------------

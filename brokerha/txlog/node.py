@@ -120,8 +120,8 @@ class MasterAPI:
             await change
         except ConfigError as exc:
             raise HTTPError(409, str(exc)) from None
-        except TimeoutError:
-            raise HTTPError(503, "the change is not on disk yet (journal fsync stalled)") from None
+        except TimeoutError as exc:  # the driver's message says what stalled
+            raise HTTPError(503, str(exc)) from None
         return Response.json(self.driver.status())
 
     def split_recovery(self, request: Request) -> Response:
