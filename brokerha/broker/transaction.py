@@ -22,32 +22,46 @@ if TYPE_CHECKING:
     from brokerha.broker.queue import Queue
 
 
-class TransactionObserver(Protocol):
-    """Follows one transaction (TX or DTX) from its first operation to its outcome."""
+class TransactionObserver:
+    """Follows one transaction (TX or DTX) from its first operation to its outcome.
+
+    A base class, not a Protocol: the optional hooks have their defaults here, so
+    the broker calls them directly instead of probing with ``getattr``.
+    """
+
+    #: why ``prepare`` said no; it becomes the text of the TransactionAborted (and so
+    #: of the client's 406 on tx.commit)
+    refusal: str | None = None
 
     def publish(self, queue: Queue, message: Message) -> None:
         """A message the transaction will enqueue on ``queue``."""
+        raise NotImplementedError
 
     def accept(self, acked: list[tuple[Queue, Entry]], unacked: list[tuple[Queue, Entry]]) -> None:
         """Entries the transaction will dequeue (``acked``) and those it still holds."""
+        raise NotImplementedError
+
+    def prepare_needed(self) -> bool:
+        """False when ``prepare`` would say yes at once.
+
+        When no observer needs it, tx.commit applies in the same loop callback (no
+        task, no extra loop iteration): the "one round trip for TX" of docs/ha.md.
+        The default is the safe answer: always awaited.
+        """
+        return True
 
     async def prepare(self) -> bool:
         """Phase one: True when every participant can commit; the broker waits on it."""
-        ...
+        raise NotImplementedError
 
     def applying(self) -> None:
-        """Optional: called right before the local commit applies the transaction."""
+        """Called right before the local commit applies the transaction."""
 
     def commit(self) -> None:
         """After the local commit, in the same loop callback."""
 
-    def rollback(self) -> None: ...
-
-    # Optional: ``refusal`` (str), why ``prepare`` said no; it becomes the text of the
-    # TransactionAborted (and so of the client's 406 on tx.commit).
-    # Optional: ``prepare_needed() -> bool``, False when ``prepare`` would say yes at
-    # once; when no observer needs it, tx.commit applies in the same loop callback
-    # (no task, no extra loop iteration). An observer without it is always awaited.
+    def rollback(self) -> None:
+        """The transaction was rolled back (or refused); nothing of it was applied."""
 
 
 class TransactionObserverFactory(Protocol):
@@ -112,11 +126,7 @@ class Transaction:
 
     def needs_prepare(self) -> bool:
         """Whether phase one must be awaited (some observer may say no, or later)."""
-        for observer in self.observers:
-            needed = getattr(observer, "prepare_needed", None)
-            if needed is None or needed():
-                return True
-        return False
+        return any(observer.prepare_needed() for observer in self.observers)
 
     async def prepare(self) -> bool:
         """Phase one on every observer; all must say yes."""
@@ -128,7 +138,7 @@ class Transaction:
     async def commit(self) -> None:
         """Prepare, then apply everything at once; raises TransactionAborted on a no vote."""
         if self.observers and not await self.prepare():
-            reasons = [r for o in self.observers if (r := getattr(o, "refusal", None))]
+            reasons = [o.refusal for o in self.observers if o.refusal]
             self.rollback()
             raise TransactionAborted("; ".join(reasons) if reasons else
                                      f"transaction {self.id} could not be prepared on every node")
@@ -151,9 +161,7 @@ class Transaction:
     def commit_prepared(self) -> None:
         """Phase two: the local commit and its outcome record, then the observers'."""
         for observer in self.observers:
-            applying = getattr(observer, "applying", None)
-            if applying is not None:
-                applying()
+            observer.applying()
         self.apply()
         self._outcome("committed")
         for observer in self.observers:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerha.broker.dtx import State
+from brokerha.broker.transaction import TransactionObserver
 from brokerha.cluster import replication as R
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class PrimaryTxObserverFactory:
         return observer
 
 
-class PrimaryTxObserver:
+class PrimaryTxObserver(TransactionObserver):
     def __init__(self, primary: Primary, transaction: Transaction, name: str,
                  xid: str | None) -> None:
         self.primary = primary

@@ -63,10 +63,12 @@ import msgpack
 
 from brokerha.broker.arguments import GLOBAL_ARG, LOCAL_ONLY_ARGS
 from brokerha.broker.content import read_message_id, rewrite_properties
+from brokerha.broker.dtx import DtxBranch
 from brokerha.broker.errors import BrokerError, PreconditionFailed
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import ConfigurationObserver
 from brokerha.broker.queue import Queue
+from brokerha.broker.transaction import Transaction, TransactionObserver
 from brokerha.cluster import replication as R
 from brokerha.txlog.broker_state import SplitBackups
 from brokerha.txlog.config import SplitRecovery
@@ -467,7 +469,7 @@ class TxLogBridge(ConfigurationObserver):
 
     # ---- transactions ----------------------------------------------------------------
 
-    def create(self, transaction: Any) -> GlobalTxObserver | None:
+    def create(self, transaction: Transaction) -> GlobalTxObserver | None:
         return GlobalTxObserver(self, transaction) if self.running else None
 
     def operations(self, enqueues: list[tuple[Queue, Message]],
@@ -681,10 +683,10 @@ class TxLogBridge(ConfigurationObserver):
         return status
 
 
-class GlobalTxObserver:
+class GlobalTxObserver(TransactionObserver):
     """One transaction's operations on global queues; ``prepare`` waits for the TxLog."""
 
-    def __init__(self, bridge: TxLogBridge, transaction: Any) -> None:
+    def __init__(self, bridge: TxLogBridge, transaction: Transaction) -> None:
         self.bridge = bridge
         self.transaction = transaction
         self.enqueues: list[tuple[Queue, Message]] = []
@@ -703,12 +705,19 @@ class GlobalTxObserver:
     def accept(self, acked: list[tuple[Queue, Entry]], unacked: list[tuple[Queue, Entry]]) -> None:
         self.dequeues.extend((q, e) for q, e in acked if q.is_global)
 
+    def prepare_needed(self) -> bool:
+        """Only a transaction that touches a global queue waits for the TxLog.
+
+        The others keep the one-round-trip commit of a node without ``[txlog]``.
+        """
+        return bool(self.enqueues or self.dequeues)
+
     async def prepare(self) -> bool:
-        if not self.enqueues and not self.dequeues:
+        if not self.prepare_needed():
             return True
         if self.refusal is not None:
             return False
-        if hasattr(self.transaction, "xid"):
+        if isinstance(self.transaction, DtxBranch):
             self.refusal = "XA (dtx) transactions on global queues are not supported"
             return False
         try:
@@ -727,15 +736,11 @@ class GlobalTxObserver:
         local reject dead-letters as usual (in this DC only, like the consumer's
         decision; a dead letter into a global queue is ordered in turn).
         """
-        for queue, entry, requeue in getattr(self.transaction, "rejects", ()):
+        for queue, entry, requeue in self.transaction.rejects:
             if not requeue and queue.is_global:
                 queue.own_withdrawal(entry)
         if self.enqueues:
             mine = {id(q) for q, _ in self.enqueues}
             self.transaction.withhold(lambda q: id(q) in mine)
 
-    def commit(self) -> None:
-        pass
 
-    def rollback(self) -> None:
-        pass

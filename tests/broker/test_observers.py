@@ -11,7 +11,7 @@ from brokerha.broker.exchange import Binding, Exchange
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import ConfigurationObserver, QueueObserver
 from brokerha.broker.queue import Queue
-from brokerha.broker.transaction import Transaction
+from brokerha.broker.transaction import Transaction, TransactionObserver
 from tests.amqp.wire import Wire, make_broker
 
 
@@ -50,7 +50,7 @@ class Recorder(ConfigurationObserver, QueueObserver):
         self.events.append(("requeued", (queue.name, entry.position)))
 
 
-class TxObserver:
+class TxObserver(TransactionObserver):
     def __init__(self, log: list[tuple[str, Any]], vote: bool) -> None:
         self.log = log
         self.vote = vote

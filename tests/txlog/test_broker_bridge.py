@@ -121,6 +121,40 @@ async def test_global_publishes_apply_when_ordered_and_acks_dequeue(tmp_path: Pa
 
 
 @in_loop
+async def test_a_transaction_on_local_queues_keeps_the_one_round_trip_commit(
+        tmp_path: Path) -> None:
+    """A [txlog] node awaits phase one only for transactions that touch a global queue."""
+    broker, bridge = await started(tmp_path)
+    vhost = broker.vhost("/")
+    glob = vhost.declare_queue("orders", owner=None, durable=True, arguments={"x-global": True})
+    local = vhost.declare_queue("audit", owner=None, durable=True)
+    await bridge.start()
+    try:
+        tx = broker.new_transaction()
+        assert any(type(o).__name__ == "GlobalTxObserver" for o in tx.observers)
+        tx.publish([local], message(b"m1"))
+        assert not tx.needs_prepare()  # tx.commit applies in the same loop callback
+        await tx.commit()
+        assert bodies(local) == [b"m1"]
+
+        entry = local.get()
+        assert entry is not None
+        ack = broker.new_transaction()
+        ack.accept([(local, entry)], [])
+        assert not ack.needs_prepare()
+        await ack.commit()
+        assert bodies(local) == [] and local.unacked == 0
+
+        both = broker.new_transaction()
+        both.publish([glob, local], message(b"m2"))
+        assert both.needs_prepare()  # the TxLog must order it first
+        await both.commit()
+        await wait_until(lambda: len(glob.ready) == 1)
+    finally:
+        await bridge.stop()
+
+
+@in_loop
 async def test_a_dequeue_another_datacenter_ordered_first_fails_and_drops_the_held_message(
         tmp_path: Path) -> None:
     broker, bridge = await started(tmp_path)
