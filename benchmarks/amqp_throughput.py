@@ -248,7 +248,7 @@ def start_brokers(args: argparse.Namespace, stack: ExitStack) -> list[Broker]:
         if args.brokerha_store:
             store = args.brokerha_store
             if store == "pg":
-                from brokerha.store.testing import create_database, throwaway_server
+                from brokerha.testing_postgres import create_database, throwaway_server
 
                 print("starting a throwaway PostgreSQL server ...", flush=True)
                 server = stack.enter_context(throwaway_server())
@@ -285,7 +285,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-brokerha", action="store_true", help="measure RabbitMQ only")
     p.add_argument("--brokerha-store", metavar="URL",
                    help="run the brokerha node with --store URL; 'pg' starts a throwaway "
-                        "PostgreSQL server (brokerha.store.testing) for it")
+                        "PostgreSQL server (brokerha.testing_postgres) for it")
     p.add_argument("--rabbitmq-url", help="use this RabbitMQ instead of starting one")
     p.add_argument("--rabbitmq-pid", type=int, help="its PID, for CPU per message")
     p.add_argument("--no-rabbitmq", action="store_true")

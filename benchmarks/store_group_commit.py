@@ -37,8 +37,8 @@ import pika
 from brokerha.broker.broker import Broker
 from brokerha.broker.message import Entry
 from brokerha.store.sql import SQLStore
-from brokerha.store.testing import create_database, throwaway_server
 from brokerha.testing import NodeProcess
+from brokerha.testing_postgres import create_database, throwaway_server
 
 BATCH_SIZES = (1, 10, 100, 1000)
 BODY = b"x" * 1024

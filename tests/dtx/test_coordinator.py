@@ -29,7 +29,7 @@ ROWS = sa.Table("orders", sa.MetaData(), sa.Column("id", sa.Integer, primary_key
 @pytest.fixture(scope="module")
 def pg_server() -> Iterator[tuple[Any, str]]:
     """(the server, a fresh database URL on it); a local server can be crash-restarted."""
-    from brokerha.store.testing import create_database, throwaway_server
+    from brokerha.testing_postgres import create_database, throwaway_server
 
     try:
         server = throwaway_server()

@@ -209,7 +209,7 @@ def test_dtx_failover_soak(seed: int) -> None:
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
     pytest.importorskip("psycopg")
-    from brokerha.store.testing import create_database, find_pg_bin, local_server
+    from brokerha.testing_postgres import create_database, find_pg_bin, local_server
 
     bin_dir = find_pg_bin()
     if bin_dir is None:

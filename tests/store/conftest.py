@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerha.store.testing import create_database, throwaway_server
+from brokerha.testing_postgres import create_database, throwaway_server
 
 _databases = itertools.count(1)
 

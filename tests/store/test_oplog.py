@@ -624,7 +624,7 @@ def test_oplog_configuration(tmp_path: Path) -> None:
 
 
 def test_postgresql_has_no_oplog(pg_server: str) -> None:
-    from brokerha.store.testing import create_database
+    from brokerha.testing_postgres import create_database
 
     url = create_database(pg_server, "store_test_oplog")
     with pytest.raises(StoreError, match="SQLite"):
