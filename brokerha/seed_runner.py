@@ -18,14 +18,17 @@ from typing import Any, Protocol, TypeVar
 class Seeded(Protocol):
     """What the runner needs of one seed's result: its seed, to put results in order."""
 
-    seed: int
+    @property
+    def seed(self) -> int: ...
 
 
 class SeedResult(Seeded, Protocol):
     """What the failure report needs besides."""
 
-    violation: str | None
-    trace: list[str]
+    @property
+    def violation(self) -> str | None: ...
+    @property
+    def trace(self) -> list[str]: ...
 
     def summary(self) -> str: ...
 

@@ -388,8 +388,7 @@ class TxLogBridge(ConfigurationObserver):
             if queue is None or held is None:
                 continue
             for gid in [g for g in held if g not in ids]:
-                entry = held.pop(gid)
-                queue.withdraw(entry.position)
+                queue.withdraw(held.pop(gid).position)
                 self.counters["removed_at_start"] += 1
                 log.warning("txlog: message %s removed from global queue %s: the log "
                             "dequeued it", gid, key)

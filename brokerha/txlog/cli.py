@@ -13,6 +13,7 @@ seed is reproduced with ``--seeds 1 --start-seed S``.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -87,8 +88,8 @@ def force_split(sim: Simulation) -> None:
     sim.at(start, lambda: sim.net.cut(pairs))
     sim.at(end, lambda: sim.net.faults.cut.difference_update(pairs))
     for m in ids:
-        sim.at(start + 200, lambda m=m: sim.transaction(m))
-        sim.at(end - 300, lambda m=m: sim.transaction(m))
+        sim.at(start + 200, functools.partial(sim.transaction, m))
+        sim.at(end - 300, functools.partial(sim.transaction, m))
 
 
 def simulate(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ heal, after which convergence is required within a bound.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 
@@ -25,7 +26,7 @@ def schedule_transactions(sim: Simulation, rng: random.Random, until_ms: int, ra
     for m in sim.masters:
         t = rng.expovariate(rate_per_s) * 1000
         while t < until_ms:
-            sim.at(int(t), lambda m=m: sim.transaction(m))
+            sim.at(int(t), functools.partial(sim.transaction, m))
             t += rng.expovariate(rate_per_s) * 1000
 
 
@@ -41,7 +42,10 @@ def schedule_fault(sim: Simulation, rng: random.Random, kind: str, start: int, e
     net = sim.net
 
     def at(when: int, text: str, action: Callable[[], object]) -> None:
-        sim.at(when, lambda: (sim.note(f"fault {kind}: {text}"), action()))
+        def noted() -> None:
+            sim.note(f"fault {kind}: {text}")
+            action()
+        sim.at(when, noted)
 
     a, b = _two_sides(rng, ids)
     if kind in ("partition", "one-way", "link"):
@@ -55,18 +59,23 @@ def schedule_fault(sim: Simulation, rng: random.Random, kind: str, start: int, e
         at(start, f"cut {sorted(pairs)}", lambda: net.cut(pairs))
         at(end, "restored", lambda: net.faults.cut.difference_update(pairs))
     elif kind == "bodies":
-        link = tuple(rng.sample(ids, 2))
+        x, y = rng.sample(ids, 2)
+        link = (x, y)
         at(start, f"exchange down {link}", lambda: net.faults.bodies_cut.add(link))
         at(end, "restored", lambda: net.faults.bodies_cut.discard(link))
     elif kind == "slow":
-        link = tuple(rng.sample(ids, 2))
+        x, y = rng.sample(ids, 2)
+        link = (x, y)
         extra = rng.randint(150, 900)
         at(start, f"{link} +{extra} ms", lambda: net.faults.slow.__setitem__(link, extra))
         at(end, "restored", lambda: net.faults.slow.pop(link, None))
     elif kind == "lossy":
         drop, dup = rng.uniform(0.02, 0.25), rng.uniform(0.0, 0.2)
-        at(start, f"drop {drop:.2f} duplicate {dup:.2f}", lambda: (setattr(net, "drop", drop), setattr(net, "duplicate", dup)))
-        at(end, "restored", lambda: (setattr(net, "drop", 0.0), setattr(net, "duplicate", 0.0)))
+
+        def lossy(drop: float, dup: float) -> None:
+            net.drop, net.duplicate = drop, dup
+        at(start, f"drop {drop:.2f} duplicate {dup:.2f}", functools.partial(lossy, drop, dup))
+        at(end, "restored", functools.partial(lossy, 0.0, 0.0))
     elif kind in ("crash", "failover"):
         m = rng.choice(ids)
         down = rng.randint(20, 300) if kind == "failover" else end - start

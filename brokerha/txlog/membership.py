@@ -43,7 +43,7 @@ class MembershipMixin:
         if silent:
             self._drop(silent, now, "max-peer-lag")
 
-    def _drop(self: Engine, peers: set[str], now: int, reason: str) -> None:
+    def _drop(self: Engine, peers: set[str] | frozenset[str], now: int, reason: str) -> None:
         """Continue without ``peers``: an acknowledged split (backup first if the strategy asks)."""
         peers = peers & (self.members - {self.me})
         if not peers:

@@ -12,6 +12,7 @@ scripted here.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from typing import Any
@@ -60,7 +61,7 @@ def no_fault_divergence(rules: Rules, variant: int | None = None, spread: int = 
 
     def build(sim: Simulation) -> None:
         for at, m in ((85, A), (86, C), (93, A), (196, C)):
-            sim.at(at, lambda m=m: sim.transaction(m))
+            sim.at(at, functools.partial(sim.transaction, m))
 
     return _run(build, rules, heal_at=600, variant=variant, spread=spread)
 
@@ -128,7 +129,7 @@ def kept_both_sides(rules: Rules, variant: int | None = None, spread: int = 0) -
         sim.at(100, lambda: sim.net.cut({(A, B), (B, A)}))
         for at in range(300, 2_400, 150):
             for m in (A, B, C):
-                sim.at(at + {A: 0, B: 40, C: 80}[m], lambda m=m: sim.transaction(m))
+                sim.at(at + {A: 0, B: 40, C: 80}[m], functools.partial(sim.transaction, m))
 
     return _run(build, rules, heal_at=2_600, variant=variant, spread=spread)
 

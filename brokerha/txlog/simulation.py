@@ -12,6 +12,7 @@ are checked; after the heal, convergence (L) within a bound.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import random
@@ -100,7 +101,7 @@ class Simulation:
         self.rng = random.Random(seed)
         self.net = Network(self.rng, params.one_way_ms, params.jitter_ms)
         self.now = 0
-        self._queue: list[tuple[int, int, Callable[[], None]]] = []
+        self._queue: list[tuple[int, int, Callable[[], object]]] = []
         self._seq = itertools.count()
         self._tick_at: dict[str, int] = {}
         self._signatures: dict[str, Any] = {}
@@ -126,7 +127,8 @@ class Simulation:
 
     # ---- scheduling -----------------------------------------------------------
 
-    def at(self, when: int, action: Callable[[], None]) -> None:
+    def at(self, when: int, action: Callable[[], object]) -> None:
+        """Run ``action`` at virtual time ``when`` (its result, if any, is ignored)."""
         heapq.heappush(self._queue, (when, next(self._seq), action))
 
     def local(self, m: str) -> int:
@@ -143,9 +145,10 @@ class Simulation:
         self.at(when, lambda: self._tick(m, when))
 
     def _tick(self, m: str, when: int) -> None:
-        if self._tick_at.get(m) != when or self.masters[m].engine is None:
+        engine = self.masters[m].engine
+        if self._tick_at.get(m) != when or engine is None:
             return
-        self._carry_out(m, self.masters[m].engine.tick(self.local(m)))
+        self._carry_out(m, engine.tick(self.local(m)))
 
     # ---- inputs -----------------------------------------------------------------
 
@@ -199,7 +202,8 @@ class Simulation:
             if isinstance(action, Send):
                 exchange = isinstance(action.message, FetchBodies | Bodies)
                 for delay in self.net.delays(m, action.peer, exchange):
-                    self.at(self.now + delay, lambda a=action: self._deliver(m, a.peer, a.message))
+                    self.at(self.now + delay, functools.partial(
+                        self._deliver, m, action.peer, action.message))
             elif isinstance(action, Event):
                 self._on_event(m, action)
         changed = self._note_sync(m)
