@@ -121,7 +121,7 @@ class BrokerhaContainer(DockerContainer):
         """Until the admin listener answers (a member may still be electing)."""
         deadline = time.monotonic() + (timeout or self.ready_timeout)
         while time.monotonic() < deadline:
-            if self.status() is not None:
+            if self.node_status() is not None:
                 return
             if not self.running():
                 raise RuntimeError(f"container of {self.node_name} exited:\n{self.logs_text()}")
@@ -129,7 +129,7 @@ class BrokerhaContainer(DockerContainer):
         raise TimeoutError(f"{self.node_name} did not answer on {self.admin_url} within "
                            f"{timeout or self.ready_timeout} s:\n{self.logs_text()}")
 
-    def status(self) -> dict[str, Any] | None:
+    def node_status(self) -> dict[str, Any] | None:
         """The node's own /api/status, or None when it does not answer."""
         try:
             return dict(_get_json(self.admin_url + "/api/status"))
@@ -225,7 +225,7 @@ class BrokerhaClusterContainers(ClusterView):
 
     def status(self, name: str) -> dict[str, Any] | None:
         container = self.containers.get(name)
-        return container.status() if container is not None else None
+        return container.node_status() if container is not None else None
 
     def diagnostics(self) -> str:
         return self.logs()

@@ -212,8 +212,12 @@ class DtxManager:
         if not await branch.prepare():
             return self._finish_rollback_only(branch)
         # durable before the TM hears XA_OK: after a crash, recover must list it
-        written = asyncio.get_running_loop().create_future()
-        self.persist_prepared(branch, lambda: written.done() or written.set_result(None))
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def durable() -> None:
+            if not written.done():
+                written.set_result(None)
+        self.persist_prepared(branch, durable)
         await written
         branch.state = State.PREPARED
         return XA.OK

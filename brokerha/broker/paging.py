@@ -49,6 +49,7 @@ class PagedMessage(Message):
     """A message's properties without its body (which the store holds)."""
 
     __slots__ = ("body_size",)
+    body_size: int
 
     @property
     def size(self) -> int:

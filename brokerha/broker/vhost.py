@@ -24,25 +24,40 @@ from brokerha.broker.queue import MemoryMeter, Queue
 
 
 class ExchangeRecordLike(Protocol):
-    name: str
-    type: str
-    auto_delete: bool
-    internal: bool
-    arguments: dict[str, Any]
+    """What restoring reads of a stored record (read-only: the store's are frozen)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def auto_delete(self) -> bool: ...
+    @property
+    def internal(self) -> bool: ...
+    @property
+    def arguments(self) -> dict[str, Any]: ...
 
 
 class QueueRecordLike(Protocol):
-    name: str
-    auto_delete: bool
-    arguments: dict[str, Any]
+    @property
+    def name(self) -> str: ...
+    @property
+    def auto_delete(self) -> bool: ...
+    @property
+    def arguments(self) -> dict[str, Any]: ...
 
 
 class BindingRecordLike(Protocol):
-    source: str
-    destination_kind: str
-    destination: str
-    routing_key: str
-    arguments: dict[str, Any]
+    @property
+    def source(self) -> str: ...
+    @property
+    def destination_kind(self) -> str: ...
+    @property
+    def destination(self) -> str: ...
+    @property
+    def routing_key(self) -> str: ...
+    @property
+    def arguments(self) -> dict[str, Any]: ...
 
 
 STANDARD_EXCHANGES = (

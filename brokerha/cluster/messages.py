@@ -21,7 +21,8 @@ Every election and replication message carries the sender's ``epoch``
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 T = TypeVar("T")
 
@@ -45,7 +46,8 @@ class Message:
         return cls(*args)
 
 
-def packet(code: int) -> Any:
+@dataclass_transform()
+def packet(code: int) -> Callable[[type[T]], type[T]]:
     """Class decorator: make ``cls`` a frozen-free dataclass and register it under ``code``."""
 
     def wrap(cls: type[T]) -> type[T]:

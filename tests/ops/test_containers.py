@@ -86,5 +86,5 @@ def test_a_standalone_container_serves_pika(brokerha_image: str) -> None:
             assert body == b"hello"
         finally:
             conn.close()
-        status = node.status()
+        status = node.node_status()
         assert status is not None and status["node"]["role"] == "standalone"
