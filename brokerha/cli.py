@@ -18,6 +18,7 @@ AREAS: dict[str, tuple[str, str]] = {
     "cluster": ("brokerha.admin.cluster_cli", "a local HA cluster on loopback; HA simulation"),
     "ctl": ("brokerha.admin.ctl", "status and operator actions on running nodes"),
     "txlog": ("brokerha.txlog.cli", "TxLog tools: deterministic simulation, export"),
+    "tls": ("brokerha.certs", "TLS set-up: make a CA and node/client certificates"),
     "pipeline": ("brokerha.pipeline.cli", "PySpark audit, replay-plan, check-history, stats"),
 }
 

@@ -1,8 +1,9 @@
 """``brokerha ctl``: ask nodes what they are doing, tell them what to do.
 
-``--node`` takes a node's admin URL (``http://host:port``) or its AMQP URL
-(``amqp://host:P``, whose admin port is ``P + 10000`` unless configured
-otherwise). ``status`` asks that node for the datacenter's member list, then
+``--node`` takes a node's admin URL (``http://host:port``, or
+``https://host:port`` for its HTTPS listener, checked against ``--ca``) or its
+AMQP URL (``amqp://host:P``, whose admin port is ``P + 10000`` unless
+configured otherwise). ``status`` asks that node for the datacenter's member list, then
 asks every member itself, so the answer does not depend on one node's
 possibly stale view; a member that does not answer is shown as ``down``.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -319,6 +321,9 @@ def cmd_txlog_split_recovery(args: argparse.Namespace) -> int:
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", required=True, metavar="URL",
                         help="a node's admin URL (http://HOST:PORT) or AMQP URL")
+    parser.add_argument("--ca", metavar="FILE",
+                        help="CA certificate(s) an https:// node's certificate is checked "
+                             "against (default: the system's)")
     parser.add_argument("--user", default="guest", help="administrator user for actions")
     parser.add_argument("--password", default="guest")
     sub = parser.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
@@ -375,6 +380,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
+        if args.ca:  # every request of this command (also to the other members) trusts it
+            try:
+                context = ssl.create_default_context(cafile=args.ca)
+            except (OSError, ssl.SSLError) as exc:
+                raise CtlError(f"--ca {args.ca}: {exc}") from exc
+            urllib.request.install_opener(urllib.request.build_opener(
+                urllib.request.HTTPSHandler(context=context)))
         return int(args.ctl_handler(args))
     except CtlError as exc:
         print(f"brokerha ctl: {exc}", file=sys.stderr)

@@ -69,22 +69,34 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"
             413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
+# wraps a listener's protocol factory: node/tls.py's NodeTLS.acceptor (HTTPS)
+Wrapper = Callable[[Callable[[], asyncio.Protocol]], Callable[[], asyncio.Protocol]]
+
+
 class AdminServer:
     def __init__(self, users: UserDatabase) -> None:
         self.users = users
         self.routes: dict[tuple[str, str], tuple[Handler, bool]] = {}
-        self.server: asyncio.base_events.Server | None = None
+        self.servers: list[asyncio.base_events.Server] = []
 
     def route(self, method: str, path: str, handler: Handler, *, admin: bool = False) -> None:
         """Serve ``handler`` at ``path``; ``admin`` requires administrator credentials."""
         self.routes[(method, path)] = (handler, admin)
 
-    async def start(self, host: str, port: int) -> None:
-        self.server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+    async def start(self, host: str, port: int, wrap: Wrapper | None = None) -> None:
+        """Listen on ``host:port``; ``wrap`` (HTTPS) runs the TLS handshake first."""
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> asyncio.Protocol:
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), self._serve,
+                                                loop=loop)
+
+        self.servers.append(await loop.create_server(
+            protocol if wrap is None else wrap(protocol), host, port, reuse_address=True))
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        for server in self.servers:
+            server.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pamqp import commands, decode
@@ -57,6 +58,20 @@ SERVER_CAPABILITIES = {
 }
 
 MECHANISMS = ("PLAIN", "AMQPLAIN")
+EXTERNAL = "EXTERNAL"  # offered on TLS connections only (RabbitMQ's rabbitmq_auth_mechanism_ssl)
+
+
+@dataclass(frozen=True)
+class ExternalIdentity:
+    """What SASL EXTERNAL finds on a TLS connection (the transport reads the certificate).
+
+    ``name``: the user the client certificate names; else ``refusal`` says why
+    there is none, in RabbitMQ's words ("connection peer presented no TLS
+    (x.509) certificate", "no name found", "TLS configuration is unsafe").
+    """
+
+    name: str | None
+    refusal: str | None = None
 
 
 def _parse_plain(response: bytes) -> tuple[str, str]:
@@ -81,9 +96,11 @@ class ServerConnection:
     publish_handler = staticmethod(publish_message)
 
     def __init__(self, broker: Broker, *, peer: tuple[str, int] | None = None,
-                 now: float = 0.0, conn_id: int = 0) -> None:
+                 now: float = 0.0, conn_id: int = 0,
+                 tls: ExternalIdentity | None = None) -> None:
         self.broker = broker
         self.peer = peer
+        self.tls = tls  # None: a plain connection (no EXTERNAL)
         self.conn_id = conn_id
         limits = broker.limits
         self.reader = F.FrameReader(limits.frame_max)
@@ -212,8 +229,11 @@ class ServerConnection:
         self.send_method(0, commands.Connection.Start(
             version_major=0, version_minor=9,
             server_properties=self._server_properties(),
-            mechanisms=" ".join(MECHANISMS), locales="en_US",
+            mechanisms=" ".join(self._mechanisms()), locales="en_US",
         ))
+
+    def _mechanisms(self) -> tuple[str, ...]:
+        return MECHANISMS if self.tls is None else (*MECHANISMS, EXTERNAL)
 
     def _server_properties(self) -> dict[str, Any]:
         return {
@@ -326,19 +346,30 @@ class ServerConnection:
         self.client_properties = dict(m.client_properties or {})
         mechanism = m.mechanism
         self.mechanism = mechanism
-        if mechanism not in MECHANISMS:
-            raise AMQPError(C.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'",
-                            10, 11)
-        response = m.response.encode("latin-1") if isinstance(m.response, str) else m.response
-        try:
-            username, password = (_parse_plain if mechanism == "PLAIN" else _parse_amqplain)(response)
-        except (ValueError, UnicodeDecodeError, struct.error, PAMQPException) as exc:
-            raise AMQPError(C.SYNTAX_ERROR, f"malformed {mechanism} response: {exc}", 10, 11) from exc
+        if mechanism not in self._mechanisms():
+            known = mechanism in (*MECHANISMS, EXTERNAL)
+            raise AMQPError(C.COMMAND_INVALID, f"{'invalid' if known else 'unknown'} "
+                            f"authentication mechanism '{mechanism}'", 10, 11)
         peer_host = self.peer[0] if self.peer else None
         try:
-            self.user = self.broker.users.authenticate(username, password, peer_host)
+            if mechanism == EXTERNAL:
+                assert self.tls is not None
+                if self.tls.name is None:
+                    raise AuthenticationFailed(self.tls.refusal or "no name found")
+                self.user = self.broker.users.authenticate_external(self.tls.name, peer_host)
+            else:
+                response = (m.response.encode("latin-1") if isinstance(m.response, str)
+                            else m.response)
+                try:
+                    username, password = (_parse_plain if mechanism == "PLAIN"
+                                          else _parse_amqplain)(response)
+                except (ValueError, UnicodeDecodeError, struct.error, PAMQPException) as exc:
+                    raise AMQPError(C.SYNTAX_ERROR, f"malformed {mechanism} response: {exc}",
+                                    10, 11) from exc
+                self.user = self.broker.users.authenticate(username, password, peer_host)
         except AuthenticationFailed as exc:
-            log.warning("connection from %s refused: %s", self.name, exc)
+            log.warning("connection from %s refused: %s login refused: %s", self.name,
+                        mechanism, exc)
             text = (f"ACCESS_REFUSED - Login was refused using authentication mechanism "
                     f"{mechanism}. For details see the broker logfile.")
             if self.capability("authentication_failure_close"):

@@ -101,9 +101,19 @@ class UserDatabase:
         user = self.users.get(name)
         if user is None or not check_password(password, user.password_hash):
             raise AuthenticationFailed(f"user '{name}' - invalid credentials")
-        if name in self.loopback_users and not _is_loopback(peer_host):
+        return self._from(user, peer_host)
+
+    def authenticate_external(self, name: str, peer_host: str | None) -> User:
+        """The user a verified client certificate names (SASL EXTERNAL): no password."""
+        user = self.users.get(name)
+        if user is None:
+            raise AuthenticationFailed(f"user '{name}' - invalid credentials")
+        return self._from(user, peer_host)
+
+    def _from(self, user: User, peer_host: str | None) -> User:
+        if user.name in self.loopback_users and not _is_loopback(peer_host):
             raise AuthenticationFailed(
-                f"user '{name}' can only connect via localhost"
+                f"user '{user.name}' can only connect via localhost"
             )
         return user
 

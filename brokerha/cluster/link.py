@@ -23,7 +23,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from brokerha.cluster.messages import Error, Message
 from brokerha.cluster.protocol import (
@@ -36,6 +36,7 @@ from brokerha.cluster.protocol import (
     ProtocolError,
     Refused,
 )
+from brokerha.tls_start import ServerTLSStart
 
 log = logging.getLogger("brokerha.cluster")
 
@@ -74,6 +75,15 @@ def tls_contexts(cert: Path, key: Path, ca: Path) -> tuple[ssl.SSLContext, ssl.S
     return server, client
 
 
+def certificate_names(peercert: dict[str, Any] | None) -> set[str]:
+    """The common names and DNS names of a verified peer certificate (``getpeercert()``)."""
+    if not peercert:
+        return set()
+    names = {value for rdn in peercert.get("subject", ()) for key, value in rdn
+             if key == "commonName"}
+    return names | {value for kind, value in peercert.get("subjectAltName", ()) if kind == "DNS"}
+
+
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection: handshake first, then packets to ``on_message``."""
 
@@ -93,6 +103,7 @@ class _Connection(asyncio.Protocol):
         self._next_id = 0
         self._timer: asyncio.TimerHandle | None = None
         self._tls_task: asyncio.Task[None] | None = None
+        self._tls_start: ServerTLSStart | None = None
         self._early: list[bytes] | None = None   # data decrypted before start_tls returned
 
     # -- set-up ------------------------------------------------------------------------
@@ -112,7 +123,7 @@ class _Connection(asyncio.Protocol):
         if self.tls_server is not None:
             # TLS by hand (not create_server(ssl=...)) so a refused certificate
             # is logged here; asyncio only logs it in debug mode.
-            transport.pause_reading()
+            self._tls_start = ServerTLSStart(transport)
             self._early = []
             self._tls_task = loop.create_task(self._start_tls(self.tls_server))
         else:
@@ -121,9 +132,8 @@ class _Connection(asyncio.Protocol):
     async def _start_tls(self, ctx: ssl.SSLContext) -> None:
         assert self.transport is not None
         try:
-            tls = await asyncio.get_running_loop().start_tls(
-                self.transport, self, ctx, server_side=True,
-                ssl_handshake_timeout=self.links.handshake_timeout)
+            assert self._tls_start is not None
+            tls = await self._tls_start.start(self, ctx, self.links.handshake_timeout)
         except Exception as exc:  # ssl.SSLError, ConnectionError, TimeoutError...
             if not self.links._closing:
                 self.links._warn(f"cluster link from {self.remote}: TLS handshake failed: "
@@ -149,6 +159,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        if self._tls_start is not None and self._tls_start.raw(self, data):
+            return  # the ClientHello, read before start_tls took over: it gets it
         if self._early is not None:
             # the peer spoke right after the TLS handshake, before start_tls
             # handed us the TLS transport: answering now would go out in clear
@@ -168,6 +180,8 @@ class _Connection(asyncio.Protocol):
                              key=outcome.reason)
             self.close()
         elif isinstance(outcome, Established):
+            if self.links.check_peer_name and not self._certificate_names(outcome.peer):
+                return
             if self._timer is not None:
                 self._timer.cancel()
             self.codec = PacketCodec(self.links.max_packet)
@@ -176,6 +190,18 @@ class _Connection(asyncio.Protocol):
             self.links._established(self)
             if outcome.leftover:
                 self._deliver(outcome.leftover)
+
+    def _certificate_names(self, peer: str) -> bool:
+        """Whether the peer's certificate names ``peer``; if not, log, refuse and close."""
+        assert self.transport is not None
+        names = certificate_names(self.transport.get_extra_info("peercert"))
+        if peer in names:
+            return True
+        self.links._warn(f"cluster link {self._label()} refused: its TLS certificate names "
+                         f"{', '.join(sorted(names)) or 'nothing'}, not {peer}",
+                         key=f"names {peer} {sorted(names)}")
+        self.close()
+        return False
 
     def _deliver(self, data: bytes) -> None:
         assert self.codec is not None and self.peer is not None
@@ -260,6 +286,7 @@ class ClusterLinks:
                  on_peer_up: OnPeer, on_peer_down: OnPeer,
                  ssl_server: ssl.SSLContext | None = None,
                  ssl_client: ssl.SSLContext | None = None, *,
+                 check_peer_name: bool = False,
                  handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  ping_interval: float = PING_INTERVAL, idle_timeout: float = IDLE_TIMEOUT,
                  max_packet: int = MAX_PACKET) -> None:
@@ -273,8 +300,11 @@ class ClusterLinks:
         self.on_message = on_message
         self.on_peer_up = on_peer_up
         self.on_peer_down = on_peer_down
+        # each new link uses the contexts set here (a certificate reload replaces them)
         self.ssl_server = ssl_server
         self.ssl_client = ssl_client
+        # with TLS: the peer's certificate must name the peer (CN or DNS name)
+        self.check_peer_name = check_peer_name
         self.handshake_timeout = handshake_timeout
         self.ping_interval = ping_interval
         self.idle_timeout = idle_timeout

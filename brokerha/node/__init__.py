@@ -17,8 +17,10 @@ from brokerha.node.config import (
     STORE_SYNCHRONOUS,
     ConfigError,
     NodeConfig,
+    check_tls,
     load_file,
     parse_admin,
+    parse_amqp_listen,
     parse_choice,
     parse_listen,
     parse_size,
@@ -28,12 +30,29 @@ from brokerha.node.config import (
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="TOML configuration file")
     parser.add_argument("--name", help="node name (default: brokerha)")
-    parser.add_argument("--listen", metavar="HOST:PORT",
-                        help=f"AMQP listen address (default: {DEFAULT_LISTEN})")
+    parser.add_argument("--listen", metavar="HOST:PORT|off",
+                        help=f"AMQP listen address (default: {DEFAULT_LISTEN}); off: amqps only")
     parser.add_argument("--admin", "--http-listen", metavar="HOST:PORT|off",
                         help="admin HTTP listener: status page (/), /metrics, /api/... and "
                              "brokerha ctl "
                              "(default: the AMQP port + 10000 on the same host)")
+    tls = parser.add_argument_group("TLS (docs/operations.md, \"TLS\"; the same keys: [tls])")
+    tls.add_argument("--amqps-listen", metavar="HOST:PORT", help="amqps listener (needs "
+                     "--tls-cert and --tls-key)")
+    tls.add_argument("--https-listen", metavar="HOST:PORT",
+                     help="the admin HTTP listener's routes over HTTPS")
+    tls.add_argument("--tls-cert", type=Path, metavar="FILE", help="the node's certificate (PEM, "
+                     "chain after it)")
+    tls.add_argument("--tls-key", type=Path, metavar="FILE", help="its private key (PEM)")
+    tls.add_argument("--tls-ca", type=Path, metavar="FILE",
+                     help="CA certificates client certificates are checked against")
+    tls.add_argument("--tls-verify-peer", action="store_true", default=None,
+                     help="ask clients for a certificate and check it (SASL EXTERNAL needs it)")
+    tls.add_argument("--tls-fail-if-no-peer-cert", action="store_true", default=None,
+                     help="with --tls-verify-peer: refuse clients without a certificate")
+    tls.add_argument("--tls-login-from", choices=["common_name", "distinguished_name"],
+                     help="SASL EXTERNAL's user name: the certificate's CN (default) or "
+                          "its whole subject DN")
     parser.add_argument("--data", type=Path, metavar="DIR", help="data directory (created if missing)")
     parser.add_argument("--memory-limit", metavar="SIZE",
                         help="queued bytes at which publishers are blocked (e.g. 512MiB; 0 = off)")
@@ -67,11 +86,28 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
     if cfg.cluster_table is not None:
         cluster = parse_cluster(cfg.cluster_table, str(args.config), cfg.config_dir)
         apply_cluster(cfg, cluster)
-        if args.listen and parse_listen(args.listen) != (cfg.listen_host, cfg.listen_port):
-            raise ConfigError(f"--listen {args.listen} contradicts node '{cfg.name}' in "
-                              "[[cluster.nodes]]; the cluster entry decides")
-    elif args.listen:
-        cfg.listen_host, cfg.listen_port = parse_listen(args.listen)
+        for flag, value, own in (("--listen", args.listen, (cfg.listen_host, cfg.listen_port)),
+                                 ("--amqps-listen", args.amqps_listen, cfg.amqps_listen)):
+            if value and value.lower() != "off" and parse_listen(value) != own:
+                raise ConfigError(f"{flag} {value} contradicts node '{cfg.name}' in "
+                                  "[[cluster.nodes]]; the cluster entry decides")
+        if args.listen and args.listen.lower() == "off":
+            cfg.amqp_plain = False
+        if args.amqps_listen and cfg.amqps_listen is None:
+            raise ConfigError(f"--amqps-listen: node '{cfg.name}' has no amqps address in "
+                              "[[cluster.nodes]]; add amqps = \"HOST:PORT\" there")
+    else:
+        if args.listen:
+            parse_amqp_listen(args.listen, cfg)
+        if args.amqps_listen:
+            cfg.amqps_listen = parse_listen(args.amqps_listen)
+    if args.https_listen:
+        cfg.https_listen = parse_listen(args.https_listen)
+    for key in ("cert", "key", "ca", "verify_peer", "fail_if_no_peer_cert", "login_from"):
+        value = getattr(args, f"tls_{key}")
+        if value is not None:
+            setattr(cfg.tls, key, value)
+    check_tls(cfg)
     if args.admin:
         parse_admin(args.admin, cfg)
     if args.data:

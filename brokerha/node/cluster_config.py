@@ -22,7 +22,7 @@ _CLUSTER_KEYS = {"name", "secret", "secret_file", "nodes", "tls", "heartbeat_int
                  "lease_timeout", "election_timeout", "backup_timeout", "replicate",
                  "verification_timeout", "tx_prepare_timeout", "policies"}
 _POLICY_KEYS = {"pattern", "replicate", "vhost"}
-_NODE_KEYS = {"name", "amqp", "admin", "cluster", "cluster_bind"}
+_NODE_KEYS = {"name", "amqp", "amqps", "admin", "cluster", "cluster_bind"}
 _TLS_KEYS = {"cert", "key", "ca"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -43,6 +43,8 @@ class ClusterMember:
     # where the node listens for peers when that differs from the address they
     # dial (NAT, a TCP proxy in front of it); None = ``cluster``
     cluster_bind: tuple[str, int] | None = None
+    # its amqps listener (brokerha/node/tls.py), if it has one
+    amqps: tuple[str, int] | None = None
 
     @property
     def amqp_url(self) -> str:
@@ -103,7 +105,8 @@ def _member(entry: dict[str, Any], where: str) -> ClusterMember:
     cluster = (parse_listen(str(entry["cluster"])) if "cluster" in entry
                else offset_address(amqp, CLUSTER_OFFSET, f"node '{name}' cluster"))
     bind = parse_listen(str(entry["cluster_bind"])) if "cluster_bind" in entry else None
-    return ClusterMember(name, amqp, admin, cluster, bind)
+    amqps = parse_listen(str(entry["amqps"])) if "amqps" in entry else None
+    return ClusterMember(name, amqp, admin, cluster, bind, amqps)
 
 
 def _policy(entry: dict[str, Any], where: str) -> ReplicationPolicy:
@@ -178,3 +181,5 @@ def apply_cluster(cfg: NodeConfig, cluster: ClusterConfig) -> None:
     me = cluster.member(cfg.name)
     cfg.listen_host, cfg.listen_port = me.amqp
     cfg.admin_listen = me.admin
+    if me.amqps is not None:
+        cfg.amqps_listen = me.amqps

@@ -48,6 +48,23 @@ class StoreConfig:
 
 
 STORE_SYNCHRONOUS = ("full", "normal")
+LOGIN_FROM = ("common_name", "distinguished_name")
+
+
+@dataclass
+class TLSConfig:
+    """``[tls]``: the node's certificate for its amqps and HTTPS listeners (brokerha/node/tls.py)."""
+
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None             # CAs whose client certificates are accepted
+    verify_peer: bool = False          # ask clients for a certificate and check it against ca
+    fail_if_no_peer_cert: bool = False  # with verify_peer: refuse clients without one
+    login_from: str = "common_name"    # SASL EXTERNAL's user: the CN, or the whole DN (RFC 4514)
+
+    @property
+    def configured(self) -> bool:
+        return self.cert is not None
 
 
 @dataclass
@@ -69,6 +86,11 @@ class NodeConfig:
     # admin HTTP (status, ctl); None = AMQP port + 10000 when that is a port
     admin_listen: tuple[str, int] | None = None
     admin_enabled: bool = True
+    # plain AMQP on listen_host:listen_port ("listen = off" turns it off), amqps, HTTPS admin
+    amqp_plain: bool = True
+    amqps_listen: tuple[str, int] | None = None
+    https_listen: tuple[str, int] | None = None
+    tls: TLSConfig = field(default_factory=TLSConfig)
     # the raw [cluster] table and the directory its file names are relative to;
     # node/cluster_config.py validates it (None: a standalone node)
     cluster_table: dict[str, Any] | None = None
@@ -101,8 +123,10 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 _SECTIONS = {"node", "limits", "security", "store", "vhosts", "users", "permissions",
-             "cluster", "txlog"}
-_NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval", "admin", "event_loop"}
+             "cluster", "txlog", "tls"}
+_NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval", "admin", "event_loop",
+              "amqps_listen", "https_listen"}
+_TLS_KEYS = {"cert", "key", "ca", "verify_peer", "fail_if_no_peer_cert", "login_from"}
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 _LIMIT_KEYS = {"frame_max", "channel_max", "heartbeat", "max_message_size", "memory_limit",
                "memory_resume_ratio", "queue_max_memory", "node_max_memory"}
@@ -140,6 +164,51 @@ def _apply_store(table: dict[str, Any], cfg: NodeConfig, where: str) -> None:
         cfg.store.oplog = table["oplog"]
 
 
+def _apply_tls(table: dict[str, Any], cfg: NodeConfig, where: str) -> None:
+    check_keys(table, _TLS_KEYS, f"{where} [tls]")
+    for key in ("cert", "key", "ca"):
+        if key in table:
+            if not isinstance(table[key], str) or not table[key]:
+                raise ConfigError(f"tls.{key}: expected a file name, got {table[key]!r}")
+            setattr(cfg.tls, key, cfg.config_dir / table[key])
+    for key in ("verify_peer", "fail_if_no_peer_cert"):
+        if key in table:
+            if not isinstance(table[key], bool):
+                raise ConfigError(f"tls.{key}: expected true or false, got {table[key]!r}")
+            setattr(cfg.tls, key, table[key])
+    if "login_from" in table:
+        cfg.tls.login_from = parse_choice(table["login_from"], "tls.login_from", LOGIN_FROM)
+
+
+def parse_amqp_listen(value: str, cfg: NodeConfig) -> None:
+    """``HOST:PORT`` for the plain AMQP listener, or ``off`` (amqps only)."""
+    if value.lower() == "off":
+        cfg.amqp_plain = False
+    else:
+        cfg.listen_host, cfg.listen_port = parse_listen(value)
+        cfg.amqp_plain = True
+
+
+def check_tls(cfg: NodeConfig) -> None:
+    """The listeners and ``[tls]`` fit together (after the file and the flags)."""
+    tls = cfg.tls
+    wants = [k for k, v in (("amqps_listen", cfg.amqps_listen),
+                            ("https_listen", cfg.https_listen)) if v is not None]
+    if wants and (tls.cert is None or tls.key is None):
+        raise ConfigError(f"{' and '.join(wants)}: need tls.cert and tls.key (--tls-cert, "
+                          "--tls-key)")
+    if (tls.cert is None) != (tls.key is None):
+        raise ConfigError("tls: cert and key go together")
+    if tls.verify_peer and tls.ca is None:
+        raise ConfigError("tls.verify_peer: needs tls.ca (the CA client certificates are "
+                          "checked against)")
+    if tls.fail_if_no_peer_cert and not tls.verify_peer:
+        raise ConfigError("tls.fail_if_no_peer_cert: needs tls.verify_peer = true")
+    if not cfg.amqp_plain and cfg.amqps_listen is None:
+        raise ConfigError("listen = off: needs amqps_listen (a node without any AMQP "
+                          "listener serves nobody)")
+
+
 def parse_admin(value: str, cfg: NodeConfig) -> None:
     """``HOST:PORT`` for the admin HTTP listener, or ``off``."""
     if value.lower() == "off":
@@ -166,7 +235,10 @@ def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") 
     if "name" in node:
         cfg.name = str(node["name"])
     if "listen" in node:
-        cfg.listen_host, cfg.listen_port = parse_listen(str(node["listen"]))
+        parse_amqp_listen(str(node["listen"]), cfg)
+    for key in ("amqps_listen", "https_listen"):
+        if key in node:
+            setattr(cfg, key, parse_listen(str(node[key])))
     if "data" in node:
         cfg.data_dir = Path(node["data"])
     if "log_level" in node:
@@ -205,6 +277,7 @@ def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") 
     if "loopback_users" in security:
         cfg.loopback_users = [str(u) for u in security["loopback_users"]]
     _apply_store(doc.get("store", {}), cfg, where)
+    _apply_tls(doc.get("tls", {}), cfg, where)
     for vh in doc.get("vhosts", []):
         check_keys(vh, {"name"}, f"{where} [[vhosts]]")
         if vh["name"] not in cfg.vhosts:

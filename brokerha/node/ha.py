@@ -39,6 +39,7 @@ from brokerha.cluster.replication import (
     VerifyRequest,
 )
 from brokerha.cluster.state import StateFile
+from brokerha.node.tls import links_reload
 from brokerha.primary import verification as verify
 from brokerha.primary.primary import Primary
 
@@ -83,6 +84,9 @@ class HANode:
             {m.name: m.cluster for m in cluster.members if m.name != self.me},
             self.member.cluster_bind or self.member.cluster, cluster.secret, self._on_message, self._on_peer_up,
             self._on_peer_down, ssl_server=ssl_server, ssl_client=ssl_client)
+        if cluster.tls is not None:
+            node.tls.on_reload("[cluster.tls]", links_reload(
+                cluster.tls.cert, cluster.tls.key, cluster.tls.ca, lambda: self.links))
         self.primary: Primary | None = None
         self.backup: Backup | None = None
         self.following: str | None = None  # the primary this backup joined

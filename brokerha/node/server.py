@@ -15,6 +15,7 @@ from brokerha.broker.storage import Store
 from brokerha.cluster.ports import ADMIN_OFFSET
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
+from brokerha.node.tls import NodeTLS, links_reload
 from brokerha.node.transport import AMQPProtocol
 from brokerha.store.factory import open_store
 
@@ -59,9 +60,13 @@ class Node:
         self.broker = build_broker(config, spawn=self._spawn, store=self.store)
         self.exit_code = 0
         self.connections: set[AMQPProtocol] = set()
-        self.server: asyncio.base_events.Server | None = None
+        self.servers: list[asyncio.base_events.Server] = []  # AMQP and amqps, while serving
+        # [tls]: the amqps/HTTPS contexts; SIGHUP or POST /api/tls/reload reads the files again
+        self.tls = NodeTLS(config.tls)
         self.admin = AdminServer(self.broker.users)
         self.admin.route("GET", "/api/status", self._status_page)
+        self.admin.route("GET", "/api/tls", lambda _request: Response.json(self.tls.status()))
+        self.admin.route("POST", "/api/tls/reload", self._reload_tls, admin=True)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
         # the HA layer (node/ha.py's HANode) attaches itself here for a cluster member;
@@ -74,6 +79,11 @@ class Node:
             from brokerha.txlog.broker_bridge import TxLogBridge
 
             self.txlog = TxLogBridge(self.broker, config.txlog)
+            link_tls = config.txlog.settings.tls
+            if link_tls is not None:
+                self.tls.on_reload("[txlog.tls]", links_reload(
+                    link_tls.cert, link_tls.key, link_tls.ca,
+                    lambda: None if self.txlog.driver is None else self.txlog.driver.links))
 
     def _spawn(self, work: Awaitable[Any], on_done: Callable[[BaseException | None], None]) -> None:
         async def runner() -> None:
@@ -100,15 +110,30 @@ class Node:
         await self._start_admin()
         ticker = self.loop.create_task(self._tick_forever())
         self._tasks.add(ticker)
+        listeners = ", ".join(self._listeners())
         if self.ha is None:
             await self.serve_clients(True)
-            log.info("node %s ready: AMQP 0-9-1 on %s:%d, data in %s, store %r", cfg.name,
-                     cfg.listen_host, cfg.listen_port, cfg.data_dir, self.store)
+            log.info("node %s ready: AMQP 0-9-1 on %s, data in %s, store %r", cfg.name,
+                     listeners, cfg.data_dir, self.store)
         else:
             await self.ha.start()
-            log.info("node %s ready: member of cluster %s, AMQP 0-9-1 on %s:%d while primary, "
+            log.info("node %s ready: member of cluster %s, AMQP 0-9-1 on %s while primary, "
                      "data in %s, store %r", cfg.name, self.cluster.name if self.cluster else "",
-                     cfg.listen_host, cfg.listen_port, cfg.data_dir, self.store)
+                     listeners, cfg.data_dir, self.store)
+
+    def _listeners(self) -> list[str]:
+        cfg = self.config
+        found = [f"{cfg.listen_host}:{cfg.listen_port}"] if cfg.amqp_plain else []
+        if cfg.amqps_listen is not None:
+            found.append(f"amqps {cfg.amqps_listen[0]}:{cfg.amqps_listen[1]}")
+        return found
+
+    def _reload_tls(self, request: Request) -> Response:
+        try:
+            return Response.json(self.tls.reload())
+        except ValueError as exc:
+            log.error("TLS reload failed, the old certificates stay in use: %s", exc)
+            return Response.json({"error": f"reload failed, nothing changed: {exc}"}, 400)
 
     async def _start_admin(self) -> None:
         cfg = self.config
@@ -116,6 +141,10 @@ class Node:
             return
         explicit = cfg.admin_listen is not None
         host, port = cfg.admin_listen or (cfg.listen_host, cfg.listen_port + ADMIN_OFFSET)
+        if cfg.https_listen is not None:
+            await self.admin.start(*cfg.https_listen,
+                                   lambda protocol: self.tls.acceptor(protocol, "HTTPS"))
+            log.info("admin HTTPS on https://%s:%d", *cfg.https_listen)
         if port > 65535:
             log.info("admin HTTP off: AMQP port + %d is not a port (set --admin)", ADMIN_OFFSET)
             return
@@ -136,7 +165,9 @@ class Node:
         cfg = self.config
         me = {"name": cfg.name, "role": "standalone", "epoch": None, "ready": True,
               "pid": os.getpid(), "amqp_url": f"amqp://{cfg.listen_host}:{cfg.listen_port}",
-              "serving": self.server is not None, "connections": len(self.connections)}
+              "amqps_url": (None if cfg.amqps_listen is None
+                            else f"amqps://{cfg.amqps_listen[0]}:{cfg.amqps_listen[1]}"),
+              "serving": bool(self.servers), "connections": len(self.connections)}
         status: dict[str, Any] = {"node": me, "cluster": None, "members": None}
         if self.ha is not None:
             self.ha.add_status(status)
@@ -150,18 +181,33 @@ class Node:
         member while it is the verified, serving primary.
         """
         cfg = self.config
-        if serve and self.server is None:
+        if serve and not self.servers:
             if self.txlog is not None:
                 await self.txlog.start()  # OSError (port taken): the HA layer retries
-            self.server = await self.loop.create_server(
-                lambda: AMQPProtocol(self.loop, self.broker, self.connections),
-                cfg.listen_host, cfg.listen_port, reuse_address=True)
-        elif not serve and self.server is not None:
-            self.server.close()
-            self.server = None
+            try:
+                if cfg.amqp_plain:
+                    self.servers.append(await self.loop.create_server(
+                        lambda: AMQPProtocol(self.loop, self.broker, self.connections),
+                        cfg.listen_host, cfg.listen_port, reuse_address=True))
+                if cfg.amqps_listen is not None:
+                    self.servers.append(await self.loop.create_server(
+                        self.tls.acceptor(lambda: AMQPProtocol(
+                            self.loop, self.broker, self.connections, self.tls.identity),
+                            "amqps"),
+                        *cfg.amqps_listen, reuse_address=True))
+            except OSError:
+                self._close_listeners()
+                raise
+        elif not serve and self.servers:
+            self._close_listeners()
             self.close_connections(abort=True)
             if self.txlog is not None:
                 await self.txlog.stop("this node stopped serving clients")
+
+    def _close_listeners(self) -> None:
+        for server in self.servers:
+            server.close()
+        self.servers = []
 
     def close_connections(self, *, abort: bool) -> None:
         """Tell every client 320 CONNECTION_FORCED; ``abort`` also drops the sockets now."""
@@ -188,12 +234,19 @@ class Node:
         self.exit_code = 1
         self.request_stop()
 
+    def _sighup(self) -> None:
+        try:
+            self.tls.reload()
+        except ValueError as exc:
+            log.error("SIGHUP: TLS reload failed, the old certificates stay in use: %s", exc)
+
     def request_stop(self) -> None:
         self._stopping.set()
 
     async def run_until_stopped(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.request_stop)
+        self.loop.add_signal_handler(signal.SIGHUP, self._sighup)
         await self.start()
         await self._stopping.wait()
         await self.stop()
@@ -203,8 +256,7 @@ class Node:
         log.info("node %s stopping: closing %d connection(s)", self.config.name,
                  len(self.connections))
         self._stopping.set()
-        if self.server is not None:
-            self.server.close()
+        self._close_listeners()
         self.admin.close()
         if self.ha is not None:
             await self.ha.stop()

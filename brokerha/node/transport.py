@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
+from collections.abc import Callable
 from typing import cast
 
-from brokerha.amqp.connection import ServerConnection
+from brokerha.amqp.connection import ExternalIdentity, ServerConnection
 from brokerha.broker.broker import Broker
 
 log = logging.getLogger(__name__)
@@ -23,8 +25,11 @@ class AMQPProtocol(asyncio.Protocol):
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, broker: Broker,
-                 connections: set[AMQPProtocol]) -> None:
+                 connections: set[AMQPProtocol],
+                 identify: Callable[[ssl.SSLObject | None], ExternalIdentity | None]
+                 | None = None) -> None:
         self.loop = loop
+        self.identify = identify  # amqps: the client certificate's user (node/tls.py)
         self.broker = broker
         self.connections = connections  # the node's registry of live connections
         self.transport: asyncio.Transport | None = None
@@ -35,8 +40,10 @@ class AMQPProtocol(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         peer = transport.get_extra_info("peername")
+        tls = (None if self.identify is None
+               else self.identify(transport.get_extra_info("ssl_object")))
         conn = ServerConnection(self.broker, peer=(peer[0], peer[1]) if peer else None,
-                                now=self.loop.time(), conn_id=id(self))
+                                now=self.loop.time(), conn_id=id(self), tls=tls)
         conn.on_output = self._schedule_flush
         conn.on_read_paused = self._read_paused
         self.conn = conn

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from brokerha.broker.stats import LatencyHistogram
-from brokerha.cluster.link import ClusterLinks
+from brokerha.cluster.link import ClusterLinks, tls_contexts
 from brokerha.cluster.messages import Message as ClusterMessage
 from brokerha.files import fsync_and_close, replace_durably
 from brokerha.txlog.config import Peer, TxLogConfig
@@ -111,9 +111,13 @@ class TxLogDriver:
         self.restarted = self.journal.seq > 0
         self.engine = RoundEngine(config, clock(), durable)
         self.me = config.node_id
+        tls = settings.tls  # the files are read each time a master starts
+        ssl_server, ssl_client = (None, None) if tls is None else tls_contexts(
+            tls.cert, tls.key, tls.ca)
         self.links = ClusterLinks(
             settings.group, self.me, _addresses(config.peers), settings.listen, settings.secret,
-            self._on_packet, self._on_peer_up, self._on_peer_down)
+            self._on_packet, self._on_peer_up, self._on_peer_down, ssl_server, ssl_client,
+            check_peer_name=tls is not None and tls.check_peer_name)
         self.events: deque[dict[str, Any]] = deque(self._read_events(), maxlen=EVENTS_KEPT)
         self.latency_ms: deque[int] = deque(maxlen=LATENCY_SAMPLES)
         # every sample since this master started, for /metrics (latency_ms keeps the last few)

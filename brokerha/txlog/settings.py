@@ -15,7 +15,12 @@ engine's keys (``node-id``, ``master-url``, ``peer.N.id``, ``peer.N.url``,
                  host and cluster port + 10000, i.e. AMQP + ``TXLOG_OFFSET``);
 ``admin``        loopback HOST:PORT of the local HTTP API (status, peers,
                  export, test transactions), default ``127.0.0.1:0`` (any port);
-``data-dir``     where the TxLog state lives (required).
+``data-dir``     where the TxLog state lives (required);
+``tls.cert``, ``tls.key``, ``tls.ca``  (a ``[tls]`` table; ``[txlog.tls]`` in a node's
+                 file) TLS on the links to the other masters, as ``[cluster.tls]``:
+                 each side presents its certificate and requires the other's to be
+                 signed by ``ca``; ``tls.check-peer-name = true`` also requires the
+                 peer's certificate to name its ``node-id`` (CN or a DNS name).
 
 Unknown keys are refused with the key named. URLs are ``txlog://host:port``; a
 ``peer.N.url`` may list several, comma-separated: the nodes of an HA
@@ -37,7 +42,20 @@ from brokerha.txlog.config import ConfigError, TxLogConfig
 
 ENGINE_KEYS = {"node-id", "master-url", "split-recovery", "round-timeout", "idle-interval",
                "max-peer-lag", "tx-log-max-size", "tx-log-max-depth"}
-PROCESS_KEYS = {"group", "secret", "secret-file", "listen", "admin", "data-dir", "log-level"}
+PROCESS_KEYS = {"group", "secret", "secret-file", "listen", "admin", "data-dir", "log-level",
+                "tls.cert", "tls.key", "tls.ca", "tls.check-peer-name"}
+_TLS_FILES = ("tls.cert", "tls.key", "tls.ca")
+BOOLEAN_KEYS = {"tls.check-peer-name"}
+
+
+@dataclass(frozen=True)
+class LinkTLS:
+    """TLS on the links between masters (``[tls]``; a node's ``[txlog.tls]``)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    check_peer_name: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,6 +67,7 @@ class MasterSettings:
     admin: tuple[str, int]
     data_dir: Path
     log_level: str = "info"
+    tls: LinkTLS | None = None
 
     def peer_addresses(self) -> dict[str, list[tuple[str, int]]]:
         return {p.node_id: parse_urls(p.url, f"peer {p.node_id} url") for p in self.txlog.peers}
@@ -94,7 +113,9 @@ def flatten(doc: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         if isinstance(value, Mapping):
             out.update(flatten(value, name + "."))
         elif isinstance(value, bool):
-            raise ConfigError(f"{name}: booleans are not used by any TxLog key")
+            if name not in BOOLEAN_KEYS:
+                raise ConfigError(f"{name}: expected a string or a number, not a boolean")
+            out[name] = "true" if value else "false"
         else:
             out[name] = str(value)
     return out
@@ -137,7 +158,25 @@ def from_properties(props: Mapping[str, str], base_dir: Path = Path("."),
     if "data-dir" not in props:
         raise ConfigError("data-dir: required")
     return MasterSettings(config, group, secret, listen, admin, base_dir / props["data-dir"],
-                          props.get("log-level", "info"))
+                          props.get("log-level", "info"), _link_tls(props, base_dir))
+
+
+def _link_tls(props: Mapping[str, str], base_dir: Path) -> LinkTLS | None:
+    given = [k for k in (*_TLS_FILES, "tls.check-peer-name") if k in props]
+    if not given:
+        return None
+    missing = [k for k in _TLS_FILES if k not in props]
+    if missing:
+        raise ConfigError(f"{', '.join(missing)}: required with {', '.join(given)} (TLS on "
+                          "the links needs the certificate, its key and the CA)")
+    check = props.get("tls.check-peer-name", "false")
+    if check not in ("true", "false"):
+        raise ConfigError(f"tls.check-peer-name: expected true or false, got {check!r}")
+    for key in _TLS_FILES:
+        if not (base_dir / props[key]).is_file():
+            raise ConfigError(f"{key}: {base_dir / props[key]} is not a readable file")
+    return LinkTLS(base_dir / props["tls.cert"], base_dir / props["tls.key"],
+                   base_dir / props["tls.ca"], check == "true")
 
 
 def load(path: Path) -> MasterSettings:
