@@ -83,16 +83,20 @@ class AdminServer:
         """Serve ``handler`` at ``path``; ``admin`` requires administrator credentials."""
         self.routes[(method, path)] = (handler, admin)
 
-    async def start(self, host: str, port: int, wrap: Wrapper | None = None) -> None:
-        """Listen on ``host:port``; ``wrap`` (HTTPS) runs the TLS handshake first."""
+    async def start(self, host: str, port: int,
+                    wrap: Wrapper | None = None) -> tuple[str, int]:
+        """Listen on ``host:port`` (several listeners may share the routes); ``wrap``
+        (HTTPS) runs the TLS handshake first. Returns the bound address."""
         loop = asyncio.get_running_loop()
 
         def protocol() -> asyncio.Protocol:
             return asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), self._serve,
                                                 loop=loop)
 
-        self.servers.append(await loop.create_server(
-            protocol if wrap is None else wrap(protocol), host, port, reuse_address=True))
+        server = await loop.create_server(protocol if wrap is None else wrap(protocol), host,
+                                          port, reuse_address=True)
+        self.servers.append(server)
+        return tuple(server.sockets[0].getsockname()[:2])  # type: ignore[return-value]
 
     def close(self) -> None:
         for server in self.servers:

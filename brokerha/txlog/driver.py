@@ -491,6 +491,9 @@ class TxLogDriver:
         return {
             "node_id": self.me,
             "group": self.settings.group,
+            "tls": None if self.settings.tls is None else {
+                "ca": str(self.settings.tls.ca),
+                "check_peer_name": self.settings.tls.check_peer_name},
             "generation": engine.generation,
             "members": sorted(engine.members),
             "split": engine.split,

@@ -73,9 +73,7 @@ class MasterAPI:
             self.server.route(method, path, handler)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        await self.server.start(host, port)
-        assert self.server.server is not None
-        return self.server.server.sockets[0].getsockname()[:2]
+        return await self.server.start(host, port)
 
     def close(self) -> None:
         self.server.close()
@@ -161,9 +159,13 @@ async def serve(settings: MasterSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     assert driver.address is not None
-    log.info("txlog master %s ready: peers on %s:%d, api http://%s:%d, group %s, %d peer(s), "
-             "synchronised length %d", driver.me, *driver.address, host, port,
-             settings.group, len(driver.engine.config.peers), len(driver.engine.sync))
+    tls = settings.tls
+    log.info("txlog master %s ready: peers on %s:%d (%s), api http://%s:%d, group %s, "
+             "%d peer(s), synchronised length %d", driver.me, *driver.address,
+             "plain TCP" if tls is None else
+             f"TLS, CA {tls.ca}{', peer names checked' if tls.check_peer_name else ''}",
+             host, port, settings.group, len(driver.engine.config.peers),
+             len(driver.engine.sync))
     await stop.wait()
     log.info("txlog master %s stopping", driver.me)
     api.close()

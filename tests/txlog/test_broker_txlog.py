@@ -6,6 +6,10 @@ with ``x-global: true`` in every DC is ordered through the TxLog: publishes
 (transactions and confirms) and acks in any DC reach every DC's copy in the
 same order; a message two DCs consume at once is dequeued by exactly one
 commit, the other gets a 406; other queues stay local.
+
+The links between the DCs' masters run with TLS (``[txlog.tls]``: each DC's
+certificate names it, signed by one CA, peer names checked), as a WAN
+deployment would have them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import pika
 import pika.exceptions
 import pytest
 
+from brokerha.certs import issue, make_ca
 from brokerha.testing import NodeProcess, free_port
 
 pytestmark = pytest.mark.timeout(90)
@@ -71,6 +76,7 @@ def dcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, DC]]:
     root = tmp_path_factory.mktemp("dcs")
     ports = {name: free_port() for name in DCS}
     (root / "secret").write_text("dc-secret\n")
+    ca = make_ca(root / "certs")
     nodes: dict[str, DC] = {}
     try:
         for name in DCS:
@@ -82,7 +88,10 @@ def dcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, DC]]:
                 f'[txlog]\nnode-id = "{name}"\nmaster-url = "txlog://127.0.0.1:{ports[name]}"\n'
                 f'group = "test-dcs"\nsecret-file = "secret"\nsplit-recovery = "Smart"\n'
                 f'idle-interval = 300\nMaxPeerLag = 5000\n{peers}\n'
+                f'[txlog.tls]\ncert = "certs/{name}.pem"\nkey = "certs/{name}.key"\n'
+                f'ca = "certs/ca.pem"\ncheck-peer-name = true\n\n'
                 f'[[txlog.global]]\npattern = "^shipments$"\n')
+            issue(ca, root / "certs", name)
             node = NodeProcess(name, data_dir=root / name, extra_args=["--config", str(cfg)])
             nodes[name] = DC(name, node.start(), f"http://127.0.0.1:{admin_port}")
         for dc in nodes.values():
@@ -146,6 +155,7 @@ def test_publishes_in_two_dcs_reach_every_dc_in_the_same_order(dcs: dict[str, DC
     for t in threads:
         t.join(30)
     order = wait_for(lambda: same_everywhere(dcs, GLOBAL, 15), what="equal global queues")
+    assert all(dc.txlog()["tls"]["check_peer_name"] for dc in dcs.values())  # links over TLS
     assert sorted(order) == sorted(ids1 + ids2 + ids3)
     for ids in (ids1, ids2, ids3):  # each publisher's own order is kept
         assert [m for m in order if m in ids] == ids
