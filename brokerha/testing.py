@@ -234,7 +234,8 @@ class LocalCluster(ClusterView):
 
     def __init__(self, nodes: int = 3, *, data_dir: str | os.PathLike[str] | None = None,
                  options: dict[str, float | str] | None = None,
-                 extra_args: list[str] | None = None, name: str = "dc1") -> None:
+                 extra_args: list[str] | None = None, name: str = "dc1",
+                 tls: bool = False) -> None:
         from brokerha.admin.cluster_cli import cluster_file
 
         self._tmp = None
@@ -243,8 +244,11 @@ class LocalCluster(ClusterView):
             data_dir = self._tmp.name
         self.data_dir = Path(data_dir)
         # any member may run a TxLog master (a test adds [txlog]): its port is free too
-        self.base_port = free_base_port(nodes, (0, ADMIN_OFFSET, CLUSTER_OFFSET, TXLOG_OFFSET))
-        self.config = cluster_file(self.data_dir, nodes, self.base_port, name)
+        # with ``tls``: amqps on the ports after the AMQP ones (cluster_file, DIR/tls/)
+        self.base_port = free_base_port(nodes * (2 if tls else 1),
+                                        (0, ADMIN_OFFSET, CLUSTER_OFFSET, TXLOG_OFFSET))
+        self.tls = tls
+        self.config = cluster_file(self.data_dir, nodes, self.base_port, name, tls=tls)
         if options:
             text = self.config.read_text()
             extra = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in options.items())
@@ -252,6 +256,17 @@ class LocalCluster(ClusterView):
         self.names = [f"n{i + 1}" for i in range(nodes)]
         self.extra_args = list(extra_args or [])
         self.nodes: dict[str, NodeProcess] = {}
+
+    def amqps_url(self, name: str) -> str:
+        """A pika URL for a node's amqps listener (``LocalCluster(tls=True)``), trusting
+        the cluster's CA and presenting the guest client certificate."""
+        from urllib.parse import quote
+
+        tls = self.data_dir / "tls"
+        opts = {"ca_certs": str(tls / "ca.pem"), "certfile": str(tls / "client-guest.pem"),
+                "keyfile": str(tls / "client-guest.key"), "server_hostname": "localhost"}
+        port = self.port(name) + len(self.names)
+        return f"amqps://guest:guest@localhost:{port}/%2F?ssl_options={quote(repr(opts))}"
 
     def start(self) -> LocalCluster:
         for name in self.names:

@@ -22,12 +22,34 @@ from pathlib import Path
 
 from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET, loopback_nodes_toml
 
+TLS_TOML = """
+[tls]                      # amqps: client certificates asked for, checked against the CA
+cert = "tls/server.pem"
+key = "tls/server.key"
+ca = "tls/ca.pem"
+verify_peer = true
 
-def cluster_file(data: Path, nodes: int, base_port: int, name: str) -> Path:
-    """DIR/cluster.toml for ``nodes`` nodes on loopback; an existing file is kept."""
+[cluster.tls]              # the node-to-node links
+cert = "tls/server.pem"
+key = "tls/server.key"
+ca = "tls/ca.pem"
+"""
+
+
+def cluster_file(data: Path, nodes: int, base_port: int, name: str, *,
+                 tls: bool = False) -> Path:
+    """DIR/cluster.toml for ``nodes`` nodes on loopback; an existing file is kept.
+
+    ``tls``: certificates in DIR/tls (``brokerha tls make-certs``: a CA, the
+    nodes' ``server`` certificate and a ``guest`` client certificate), an amqps
+    listener per node and TLS on the node-to-node links.
+    """
     data.mkdir(parents=True, exist_ok=True)
     path = data / "cluster.toml"
     if path.exists():
+        if tls and "[tls]" not in path.read_text():
+            raise SystemExit(f"{path} exists without TLS; remove it (and the nodes' data "
+                             "directories if the ports change) to make one with --tls")
         return path
     if base_port + nodes - 1 + CLUSTER_OFFSET > 65535:
         raise SystemExit(f"--base-port {base_port}: ports up to {base_port + nodes - 1} + "
@@ -38,7 +60,13 @@ def cluster_file(data: Path, nodes: int, base_port: int, name: str) -> Path:
         secret.write_text(secrets.token_hex(24) + "\n")
         secret.chmod(0o600)
     lines = [f'[cluster]\nname = "{name}"\nsecret_file = "secret"\n',
-             *loopback_nodes_toml(nodes, base_port)]
+             *loopback_nodes_toml(nodes, base_port, amqps=tls)]
+    if tls:
+        from brokerha.certs import make_certs
+
+        if not (data / "tls" / "server.pem").exists():
+            make_certs(data / "tls", ["server"], ["guest"])
+        lines.append(TLS_TOML)
     path.write_text("\n".join(lines))
     return path
 
@@ -50,7 +78,7 @@ def node_command(config: Path, name: str, data: Path, extra: list[str]) -> list[
 
 def cmd_up(args: argparse.Namespace) -> int:
     data = args.data.resolve()
-    config = cluster_file(data, args.nodes, args.base_port, args.cluster_name)
+    config = cluster_file(data, args.nodes, args.base_port, args.cluster_name, tls=args.tls)
     extra = ["--log-level", args.log_level] if args.log_level else []
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
@@ -72,9 +100,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"cluster {args.cluster_name}: {args.nodes} nodes, configuration {config}", flush=True)
     for i, (name, proc) in enumerate(procs.items()):
         port = args.base_port + i
-        print(f"  {name} pid {proc.pid}  amqp://guest:guest@127.0.0.1:{port}/%2F  "
+        amqps = f"amqps://127.0.0.1:{args.base_port + args.nodes + i}  " if args.tls else ""
+        print(f"  {name} pid {proc.pid}  amqp://guest:guest@127.0.0.1:{port}/%2F  {amqps}"
               f"admin http://127.0.0.1:{port + ADMIN_OFFSET}  log {data / name / 'node.log'}",
               flush=True)
+    if args.tls:
+        print(f"TLS: CA {data / 'tls' / 'ca.pem'}, client certificate for guest (EXTERNAL) "
+              f"{data / 'tls' / 'client-guest.pem'} + .key", flush=True)
     print(f"status: brokerha ctl --node amqp://127.0.0.1:{args.base_port} status\n"
           f"start node nI alone again: brokerha node --config {config} --name nI "
           f"--data {data}/nI", flush=True)
@@ -109,6 +141,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--data", type=Path, default=Path("var/cluster"))
     up.add_argument("--cluster-name", default="dc1")
     up.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    up.add_argument("--tls", action="store_true",
+                    help="certificates in DATA/tls, an amqps listener per node (the ports "
+                         "after the AMQP ones) and TLS on the node-to-node links")
     up.set_defaults(handler=cmd_up)
     sim = sub.add_parser("simulate", help="deterministic simulation of election + replication")
     from brokerha.cluster.simulation import register as register_simulation

@@ -14,13 +14,18 @@ CLUSTER_OFFSET = 20000  # and its inter-node port 25672
 TXLOG_OFFSET = 30000    # the TxLog master of an HA member (cluster port + 10000)
 
 
-def loopback_nodes_toml(nodes: int, base_port: int) -> list[str]:
-    """``[[cluster.nodes]]`` entries n1..nN on 127.0.0.1, AMQP ports from ``base_port``."""
+def loopback_nodes_toml(nodes: int, base_port: int, *, amqps: bool = False) -> list[str]:
+    """``[[cluster.nodes]]`` entries n1..nN on 127.0.0.1, AMQP ports from ``base_port``.
+
+    ``amqps``: each node also gets an amqps listener, on the ports right after
+    the AMQP ones (``base_port + nodes + i``; amqps has no offset convention).
+    """
     entries = []
     for i in range(nodes):
         port = base_port + i
+        tls = f'amqps = "127.0.0.1:{base_port + nodes + i}"\n' if amqps else ""
         entries.append(f'[[cluster.nodes]]\nname = "n{i + 1}"\namqp = "127.0.0.1:{port}"\n'
-                       f'admin = "127.0.0.1:{port + ADMIN_OFFSET}"\n'
+                       f'{tls}admin = "127.0.0.1:{port + ADMIN_OFFSET}"\n'
                        f'cluster = "127.0.0.1:{port + CLUSTER_OFFSET}"\n')
     return entries
 

@@ -1,0 +1,123 @@
+"""amqps against a 3-node HA cluster through a failover: pika, aio-pika, kombu and Celery.
+
+``LocalCluster(tls=True)`` is what ``./scripts/run-local --tls`` starts: the
+certificates of ``brokerha tls make-certs`` in DIR/tls, an amqps listener per
+node (client certificates checked) and TLS on the node-to-node links.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlencode
+
+import kombu
+import pytest
+
+from brokerha.testing import LocalCluster
+from tests.failover.clients import AioPikaConsumer, ConfirmedPublisher, connect_any, drain
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = {"heartbeat_interval": 0.1, "lease_timeout": 0.6, "election_timeout": 1.0,
+        "backup_timeout": 3.0}
+QUEUE = "tls-orders"
+
+
+@pytest.fixture()
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3, options=FAST, tls=True) as c:
+        yield c
+
+
+def amqps_port(cluster: LocalCluster, name: str) -> int:
+    return cluster.port(name) + len(cluster.names)
+
+
+def aio_pika_url(cluster: LocalCluster, name: str) -> str:
+    tls = cluster.data_dir / "tls"
+    query = urlencode({"cafile": tls / "ca.pem", "certfile": tls / "client-guest.pem",
+                       "keyfile": tls / "client-guest.key", "auth": "external"})
+    return f"amqps://localhost:{amqps_port(cluster, name)}/?{query}"
+
+
+def kombu_ssl(cluster: LocalCluster) -> dict[str, object]:
+    tls = cluster.data_dir / "tls"
+    return {"ca_certs": str(tls / "ca.pem"), "cert_reqs": ssl.CERT_REQUIRED,
+            "certfile": str(tls / "client-guest.pem"), "keyfile": str(tls / "client-guest.key"),
+            "server_hostname": "localhost"}
+
+
+def test_amqps_clients_through_a_primary_failover(cluster: LocalCluster) -> None:
+    primary = cluster.wait_primary(30)
+    for name in cluster.names:
+        if name != primary:
+            cluster.wait_ready(name, 30)
+    pika_urls = [cluster.amqps_url(n) for n in cluster.names]
+    # a backup does not serve amqps either (only the primary serves clients)
+    backup = next(n for n in cluster.names if n != primary)
+    with pytest.raises(TimeoutError):
+        connect_any([cluster.amqps_url(backup)], time.monotonic() + 1)
+
+    consumer = AioPikaConsumer([aio_pika_url(cluster, n) for n in cluster.names], QUEUE)
+    consumer.start()
+    pub = ConfirmedPublisher(pika_urls, QUEUE, pause=0.002,
+                             declare=lambda ch: ch.queue_declare(QUEUE, durable=True))  # type: ignore[attr-defined]
+    pub.start()
+    deadline = time.monotonic() + 20
+    while len(pub.confirmed) < 100 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pub.error is None and len(pub.confirmed) >= 100, pub.error
+    cluster.kill(primary)
+    new_primary = cluster.wait_primary(30, other_than=primary)
+    at_kill = len(pub.confirmed)
+    deadline = time.monotonic() + 30
+    while len(pub.confirmed) < at_kill + 100 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pub.stop_event.set()
+    pub.join(30)
+    assert pub.error is None, pub.error
+    assert pub.reconnects >= 1 and len(pub.confirmed) >= at_kill + 100
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not set(pub.confirmed) <= set(consumer.consumed):
+        time.sleep(0.1)
+    consumer.stop_event.set()
+    consumer.join(10)
+    left = drain(pika_urls, QUEUE)
+    missing = set(pub.confirmed) - set(consumer.consumed) - set(left)
+    assert not missing, f"confirmed over amqps but never consumed: {sorted(missing)[:20]}"
+    # the aio-pika consumer came back on the new primary: it got messages sent after the kill
+    assert any(n >= at_kill for n in consumer.consumed)
+
+    # kombu and a Celery worker find the new primary in the amqps URL list
+    urls = [f"amqps://guest:guest@localhost:{amqps_port(cluster, n)}//" for n in cluster.names]
+    with kombu.Connection(";".join(urls), ssl=kombu_ssl(cluster), connect_timeout=3,
+                          failover_strategy="round-robin") as conn:
+        conn.ensure_connection(max_retries=6, interval_start=0.1, interval_step=0.2)
+        assert conn.as_uri().endswith(f":{amqps_port(cluster, new_primary)}//")
+        name = f"kombu-tls-{uuid.uuid4().hex[:8]}"
+        q = conn.SimpleQueue(name)
+        q.put("after failover")
+        msg = q.get(timeout=5)
+        assert msg.payload == "after failover"
+        msg.ack()
+        q.close()
+
+    from celery import Celery
+    from celery.contrib.testing.worker import start_worker
+
+    app = Celery("brokerha_tls_cluster", broker=urls, backend="rpc://", set_as_current=False)
+    app.conf.update(task_default_queue=f"celery-tls-{uuid.uuid4().hex[:8]}",
+                    broker_use_ssl=kombu_ssl(cluster), broker_connection_retry_on_startup=True,
+                    broker_connection_max_retries=6, broker_failover_strategy="round-robin",
+                    worker_hijack_root_logger=False, broker_heartbeat=0, result_expires=60)
+
+    @app.task(name="tls.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False,
+                      shutdown_timeout=10):
+        assert add.delay(20, 22).get(timeout=30) == 42
