@@ -19,6 +19,7 @@ Examples::
     python benchmarks/amqp_throughput.py                      # everything, 5 s per run
     python benchmarks/amqp_throughput.py --workloads pipe --client loadgen --rounds 3
     python benchmarks/amqp_throughput.py --no-brokerha        # RabbitMQ only
+    python benchmarks/amqp_throughput.py --tls --workloads pipe,confirm   # both over amqps
     python benchmarks/amqp_throughput.py --workloads pipe --client loadgen \\
         --no-rabbitmq --py-spy-brokerha /tmp/node-stacks.txt  # where the node's time goes
         (or --cprofile-brokerha /tmp/node.prof)
@@ -39,6 +40,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import amqp_pika_client
 import loadgen
@@ -226,17 +228,40 @@ def _raise_on_sigterm(signum: int, _frame: object) -> None:
     raise Terminated(128 + signum)
 
 
+def amqps_url(port: int, ca: Path) -> str:
+    """guest over amqps on 127.0.0.1:``port``, the certificate checked against ``ca``; pika's
+    ``ssl_options`` query parameter, which ``loadgen`` reads too."""
+    opts = {"ca_certs": str(ca), "server_hostname": "localhost"}
+    return f"amqps://guest:guest@127.0.0.1:{port}/%2F?ssl_options={quote(repr(opts))}"
+
+
+def make_certs(stack: ExitStack) -> Path:
+    """A CA and a ``server`` certificate (localhost, 127.0.0.1) in a temporary directory."""
+    import tempfile
+
+    from brokerha.certs import make_certs as make
+
+    d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="amqps-bench-")))
+    make(d, ["server"], [])
+    return d
+
+
 def start_brokers(args: argparse.Namespace, stack: ExitStack) -> list[Broker]:
     """The brokers to measure; what is started here is stopped when ``stack`` closes."""
     brokers: list[Broker] = []
+    certs = make_certs(stack) if args.tls else None
     if args.rabbitmq_url:
         brokers.append(Broker("RabbitMQ", args.rabbitmq_url, args.rabbitmq_pid))
     elif not args.no_rabbitmq:
         if available():
             print("starting a private RabbitMQ node ...", flush=True)
-            ref = RabbitMQRef()
+            ref = RabbitMQRef(tls=None if certs is None else
+                              (certs / "server.pem", certs / "server.key", certs / "ca.pem"))
             url = stack.enter_context(ref)
             assert ref.server is not None
+            if certs is not None:
+                assert ref.ssl_port is not None
+                url = amqps_url(ref.ssl_port, certs / "ca.pem")
             brokers.append(Broker("RabbitMQ", url, ref.server.pid))
         else:
             print("rabbitmq-server is not installed: brokerha only", flush=True)
@@ -254,9 +279,18 @@ def start_brokers(args: argparse.Namespace, stack: ExitStack) -> list[Broker]:
                 server = stack.enter_context(throwaway_server())
                 store = create_database(server, "amqp_bench")
             node.extra_args += ["--store", store]
+        url = node.url
+        if certs is not None:
+            from brokerha.testing import free_port
+
+            port = free_port()
+            node.extra_args += ["--amqps-listen", f"127.0.0.1:{port}",
+                                "--tls-cert", str(certs / "server.pem"),
+                                "--tls-key", str(certs / "server.key")]
+            url = amqps_url(port, certs / "ca.pem")
         stack.enter_context(node)
         assert node.proc is not None
-        brokers.append(Broker("brokerha", node.url, node.proc.pid))
+        brokers.append(Broker("brokerha", url, node.proc.pid))
     return brokers
 
 
@@ -293,6 +327,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="run the brokerha node under cProfile, write the stats here")
     p.add_argument("--py-spy-brokerha", type=Path, metavar="FILE.txt",
                    help="sample the brokerha node with py-spy, write raw stacks here")
+    p.add_argument("--tls", action="store_true",
+                   help="both brokers over amqps (TLS 1.2+, server certificate only, made "
+                        "by brokerha.certs); the clients connect with TLS")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write all results as JSON")
     args = p.parse_args(argv)
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -324,7 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elapsed = time.monotonic() - t0
     # the brokers are stopped here (the profile is written when the node exits)
     names = [b.name for b in brokers]
-    print(f"\nAMQP throughput, 1 KiB bodies, median of {args.rounds} run(s) of "
+    print(f"\n{'amqps' if args.tls else 'AMQP'} throughput, 1 KiB bodies, median of "
+          f"{args.rounds} run(s) of "
           f"{args.duration:g} s ({elapsed:.0f} s in all); {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}")
     for c in clients:

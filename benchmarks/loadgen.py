@@ -29,8 +29,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import json
+import ssl
 import struct
 import sys
 import time
@@ -38,7 +40,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TypeVar
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from pamqp import commands, frame
 from pamqp.body import ContentBody
@@ -331,19 +333,38 @@ class BrokerAddress:
     user: str
     password: str
     vhost: str
+    # amqps: the CA file and the name the server certificate is checked against
+    tls_ca: str | None = None
+    tls_hostname: str | None = None
 
     @classmethod
     def parse(cls, url: str) -> BrokerAddress:
+        """An amqp:// or amqps:// URL; for amqps pika's ``ssl_options`` query parameter
+        (``{'ca_certs': FILE, 'server_hostname': NAME}``), so one URL serves both clients."""
         u = urlparse(url)
         vhost = unquote(u.path[1:]) if len(u.path) > 1 else "/"
-        return cls(u.hostname or "127.0.0.1", u.port or 5672,
-                   unquote(u.username or "guest"), unquote(u.password or "guest"), vhost)
+        tls_ca = tls_hostname = None
+        if u.scheme == "amqps":
+            opts = ast.literal_eval(parse_qs(u.query).get("ssl_options", ["{}"])[0]) or {}
+            tls_ca = opts.get("ca_certs")
+            tls_hostname = opts.get("server_hostname") or u.hostname
+        return cls(u.hostname or "127.0.0.1", u.port or (5671 if tls_hostname else 5672),
+                   unquote(u.username or "guest"), unquote(u.password or "guest"), vhost,
+                   tls_ca, tls_hostname)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls_hostname is None:
+            return None
+        return ssl.create_default_context(cafile=self.tls_ca)
 
 
 async def connect(address: BrokerAddress, frame_max: int = 131072) -> LoadConnection:
-    """Open a connection (PLAIN, no heartbeats) and channel 1 on it."""
+    """Open a connection (PLAIN, no heartbeats; TLS for amqps) and channel 1 on it."""
     loop = asyncio.get_running_loop()
-    _, conn = await loop.create_connection(LoadConnection, address.host, address.port)
+    ctx = address.ssl_context()
+    _, conn = await loop.create_connection(
+        LoadConnection, address.host, address.port, ssl=ctx,
+        server_hostname=address.tls_hostname if ctx is not None else None)
     try:
         conn.write(frame.marshal(ProtocolHeader(), 0))
         start = await conn.expect(0, commands.Connection.Start)

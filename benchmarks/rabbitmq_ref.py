@@ -49,6 +49,18 @@ loopback_users.guest = true
 log.console = false
 log.file.level = info
 """
+# an amqps listener (``RabbitMQRef(tls=...)``): the server certificate only, no client
+# certificates asked for; TLS 1.3 and 1.2 as brokerha's listener allows
+TLS_CONFIG = """\
+listeners.ssl.default = {ssl_port}
+ssl_options.certfile = {cert}
+ssl_options.keyfile = {key}
+ssl_options.cacertfile = {ca}
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false
+ssl_options.versions.1 = tlsv1.3
+ssl_options.versions.2 = tlsv1.2
+"""
 
 
 def available() -> bool:
@@ -103,8 +115,12 @@ class RabbitMQRef:
         epmd_port: int | None = None,
         startup_timeout: float = 60.0,
         keep_dir: bool = False,
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
         self.port = port or free_port()
+        # (cert, key, ca) PEM files: also an amqps listener on ssl_port
+        self.tls = tls
+        self.ssl_port = free_port() if tls else None
         self.dist_port = dist_port or free_port()
         self.epmd_port = epmd_port or free_port()
         self.startup_timeout = startup_timeout
@@ -150,7 +166,11 @@ class RabbitMQRef:
         self.base = Path(tempfile.mkdtemp(prefix="brokerha-rabbitmq-ref-"))
         for sub in ("home", "mnesia", "log", "plugins-expand"):
             (self.base / sub).mkdir()
-        (self.base / "rabbitmq.conf").write_text(CONFIG.format(port=self.port))
+        config = CONFIG.format(port=self.port)
+        if self.tls is not None:
+            cert, key, ca = self.tls
+            config += TLS_CONFIG.format(ssl_port=self.ssl_port, cert=cert, key=key, ca=ca)
+        (self.base / "rabbitmq.conf").write_text(config)
         (self.base / "advanced.config").write_text("[].\n")
         (self.base / "enabled_plugins").write_text("[].\n")
 

@@ -318,6 +318,30 @@ def cmd_txlog_split_recovery(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tls(args: argparse.Namespace) -> int:
+    """The ``--node``'s certificate (``status``), or read its TLS files again (``reload``)."""
+    base = admin_url(args.node)
+    if args.tls_command == "reload":
+        answer = request(base, "/api/tls/reload", body={}, user=args.user,
+                         password=args.password, timeout=15.0)
+    else:
+        answer = request(base, "/api/tls")
+    if args.json:
+        _dump(answer)
+        return 0
+    cert = answer.get("certificate") or {}
+    if not answer.get("configured"):
+        print("no [tls] certificate configured (amqps and HTTPS are off)")
+    elif "error" in cert:
+        print(f"certificate {cert.get('file')}: {cert['error']}")
+    else:
+        print(f"{cert.get('subject')} (issuer {cert.get('issuer')}, serial {cert.get('serial')}), "
+              f"expires {cert.get('not_after')} (in {cert.get('expires_in_days')} days)")
+    print(f"reloaded {answer.get('reloads')} time(s); links: "
+          f"{', '.join(answer.get('links') or []) or 'none with TLS'}")
+    return 0
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", required=True, metavar="URL",
                         help="a node's admin URL (http://HOST:PORT) or AMQP URL")
@@ -348,6 +372,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("permissions", help="permissions per user and vhost (administrator)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(ctl_handler=cmd_permissions)
+    p = sub.add_parser("tls", help="the node's TLS certificate; reload the files (SIGHUP's "
+                       "equivalent, administrator)")
+    tls_sub = p.add_subparsers(dest="tls_command", metavar="COMMAND", required=True)
+    for name, text in (("status", "subject, issuer, serial, expiry of the node certificate"),
+                       ("reload", "read every certificate, key and CA file again")):
+        tp = tls_sub.add_parser(name, help=text)
+        tp.add_argument("--json", action="store_true")
+        tp.set_defaults(ctl_handler=cmd_tls)
     p = sub.add_parser("txlog", help="the cross-datacenter TxLog")
     txsub = p.add_subparsers(dest="txlog_command", metavar="COMMAND", required=True)
     p = txsub.add_parser("status", help="whether the TxLog runs on the node, and its state")

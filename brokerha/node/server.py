@@ -191,9 +191,7 @@ class Node:
                         cfg.listen_host, cfg.listen_port, reuse_address=True))
                 if cfg.amqps_listen is not None:
                     self.servers.append(await self.loop.create_server(
-                        self.tls.acceptor(lambda: AMQPProtocol(
-                            self.loop, self.broker, self.connections, self.tls.identity),
-                            "amqps"),
+                        self.tls.acceptor(self._amqps_protocol, "amqps"),
                         *cfg.amqps_listen, reuse_address=True))
             except OSError:
                 self._close_listeners()
@@ -203,6 +201,13 @@ class Node:
             self.close_connections(abort=True)
             if self.txlog is not None:
                 await self.txlog.stop("this node stopped serving clients")
+
+    def _amqps_protocol(self) -> AMQPProtocol | None:
+        """An amqps connection whose TLS handshake is done; None if the node stopped
+        serving during the handshake (a deposed primary takes no new clients)."""
+        if not self.servers:
+            return None
+        return AMQPProtocol(self.loop, self.broker, self.connections, self.tls.identity)
 
     def _close_listeners(self) -> None:
         for server in self.servers:

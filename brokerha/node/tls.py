@@ -190,9 +190,12 @@ class NodeTLS:
 
     # -- accepting -----------------------------------------------------------------------
 
-    def acceptor(self, make_protocol: Callable[[], asyncio.Protocol],
+    def acceptor(self, make_protocol: Callable[[], asyncio.Protocol | None],
                  what: str) -> Callable[[], asyncio.Protocol]:
-        """A protocol factory for ``create_server``: TLS with the current context first."""
+        """A protocol factory for ``create_server``: TLS with the current context first.
+
+        ``make_protocol`` is called once the handshake is done; None (the listener
+        was closed meanwhile: the node stopped serving) drops the connection."""
         return lambda: _TLSAccept(self, make_protocol, what)
 
     def warn(self, line: str, key: str) -> None:
@@ -210,7 +213,7 @@ class NodeTLS:
 class _TLSAccept(asyncio.Protocol):
     """One accepted TCP connection until its TLS handshake is done; then the real protocol."""
 
-    def __init__(self, tls: NodeTLS, make_protocol: Callable[[], asyncio.Protocol],
+    def __init__(self, tls: NodeTLS, make_protocol: Callable[[], asyncio.Protocol | None],
                  what: str) -> None:
         self.tls = tls
         self.make_protocol = make_protocol
@@ -242,7 +245,11 @@ class _TLSAccept(asyncio.Protocol):
             return
         if tls is None or tls.is_closing():
             return
-        app = self.app = self.make_protocol()
+        app = self.make_protocol()
+        if app is None:
+            tls.abort()
+            return
+        self.app = app
         tls.set_protocol(app)
         app.connection_made(tls)
         early, self.early = self.early, []

@@ -7,8 +7,11 @@ node (client certificates checked) and TLS on the node-to-node links.
 
 from __future__ import annotations
 
+import json
+import signal
 import ssl
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from urllib.parse import urlencode
@@ -121,3 +124,19 @@ def test_amqps_clients_through_a_primary_failover(cluster: LocalCluster) -> None
     with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False,
                       shutdown_timeout=10):
         assert add.delay(20, 22).get(timeout=30) == 42
+
+    # SIGHUP on the new primary reloads its amqps and [cluster.tls] certificates; the
+    # links and clients carry on
+    node = cluster.nodes[new_primary]
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 5
+    while True:
+        with urllib.request.urlopen(cluster.admin_url(new_primary) + "/api/tls", timeout=2) as r:
+            tls = json.loads(r.read())
+        if tls["reloads"] == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert tls["reloads"] == 1 and tls["links"] == ["[cluster.tls]"]
+    connect_any([cluster.amqps_url(new_primary)], time.monotonic() + 5).close()
+    assert cluster.primary() == new_primary

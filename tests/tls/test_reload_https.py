@@ -119,6 +119,15 @@ def test_sighup_and_the_admin_call_reload_the_certificate(certs: Certs, tmp_path
         assert served_serial(node.amqps_port, ctx) == file_serial(third_cert)
         cert = answer["certificate"]
         assert isinstance(cert, dict) and int(str(cert["serial"]), 16) == file_serial(third_cert)
+        # and brokerha ctl tls reload / status, over HTTPS
+        ctl = [sys.executable, "-m", "brokerha.cli", "ctl", "--ca", str(certs.pem("ca")),
+               "--node", f"https://localhost:{node.https_port}", "tls"]
+        done = subprocess.run([*ctl, "reload"], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert "reloaded 3 time(s)" in done.stdout and "CN=server" in done.stdout
+        done = subprocess.run([*ctl, "status", "--json"], capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 0 and json.loads(done.stdout)["reloads"] == 3
 
 
 def run_node(*args: str) -> subprocess.CompletedProcess[str]:
