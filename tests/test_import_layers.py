@@ -30,7 +30,7 @@ FLOORS: list[set[str]] = [
     {"store"},
     {"broker"},
     {"cluster"},
-    {"files", "seed_runner", "__init__"},
+    {"files", "seed_runner", "certs", "tls_start", "__init__"},
 ]
 
 FLOOR_OF = {unit: depth for depth, units in enumerate(FLOORS) for unit in units}
