@@ -49,14 +49,14 @@ loopback_users.guest = true
 log.console = false
 log.file.level = info
 """
-# an amqps listener (``RabbitMQRef(tls=...)``): the server certificate only, no client
-# certificates asked for; TLS 1.3 and 1.2 as brokerha's listener allows
+# an amqps listener (``RabbitMQRef(tls=...)``): TLS 1.3 and 1.2 as brokerha's listener
+# allows; client certificates asked for and checked only with ``verify_peer=True``
 TLS_CONFIG = """\
 listeners.ssl.default = {ssl_port}
 ssl_options.certfile = {cert}
 ssl_options.keyfile = {key}
 ssl_options.cacertfile = {ca}
-ssl_options.verify = verify_none
+ssl_options.verify = {verify}
 ssl_options.fail_if_no_peer_cert = false
 ssl_options.versions.1 = tlsv1.3
 ssl_options.versions.2 = tlsv1.2
@@ -116,11 +116,17 @@ class RabbitMQRef:
         startup_timeout: float = 60.0,
         keep_dir: bool = False,
         tls: tuple[Path, Path, Path] | None = None,
+        verify_peer: bool = False,
+        plugins: tuple[str, ...] = (),
+        extra_config: str = "",
     ) -> None:
         self.port = port or free_port()
         # (cert, key, ca) PEM files: also an amqps listener on ssl_port
         self.tls = tls
+        self.verify_peer = verify_peer
         self.ssl_port = free_port() if tls else None
+        self.plugins = plugins  # e.g. ("rabbitmq_auth_mechanism_ssl",)
+        self.extra_config = extra_config  # more rabbitmq.conf lines
         self.dist_port = dist_port or free_port()
         self.epmd_port = epmd_port or free_port()
         self.startup_timeout = startup_timeout
@@ -169,10 +175,12 @@ class RabbitMQRef:
         config = CONFIG.format(port=self.port)
         if self.tls is not None:
             cert, key, ca = self.tls
-            config += TLS_CONFIG.format(ssl_port=self.ssl_port, cert=cert, key=key, ca=ca)
-        (self.base / "rabbitmq.conf").write_text(config)
+            config += TLS_CONFIG.format(
+                ssl_port=self.ssl_port, cert=cert, key=key, ca=ca,
+                verify="verify_peer" if self.verify_peer else "verify_none")
+        (self.base / "rabbitmq.conf").write_text(config + self.extra_config)
         (self.base / "advanced.config").write_text("[].\n")
-        (self.base / "enabled_plugins").write_text("[].\n")
+        (self.base / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
 
     # -- lifecycle -----------------------------------------------------------------
 
