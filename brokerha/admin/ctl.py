@@ -332,8 +332,6 @@ def cmd_tls(args: argparse.Namespace) -> int:
     cert = answer.get("certificate") or {}
     if not answer.get("configured"):
         print("no [tls] certificate configured (amqps and HTTPS are off)")
-    elif "error" in cert:
-        print(f"certificate {cert.get('file')}: {cert['error']}")
     else:
         print(f"{cert.get('subject')} (issuer {cert.get('issuer')}, serial {cert.get('serial')}), "
               f"expires {cert.get('not_after')} (in {cert.get('expires_in_days')} days)")

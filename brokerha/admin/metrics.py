@@ -120,6 +120,18 @@ class NodeCollector:
         yield GaugeMetricFamily("brokerha_memory_alarm", "1 while publishers are blocked by the "
                                 "memory limit", value=1 if broker.memory_blocked else 0)
         yield from self._txlog()
+        yield from self._tls()
+
+    def _tls(self) -> Iterator[Metric]:
+        tls = getattr(self.node, "tls", None)
+        cert = tls.certificate if tls is not None else None
+        if cert is None:
+            return
+        yield GaugeMetricFamily("brokerha_tls_certificate_expiry_timestamp_seconds",
+                                "When the node certificate in use (amqps, HTTPS) expires, "
+                                "Unix time", value=cert["not_after_ts"])
+        yield CounterMetricFamily("brokerha_tls_reloads", "Certificate reloads (SIGHUP, POST "
+                                  "/api/tls/reload) that took effect", value=tls.reloads)
 
     def _txlog(self) -> Iterator[Metric]:
         bridge = getattr(self.node, "txlog", None)

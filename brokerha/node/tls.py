@@ -26,7 +26,6 @@ or the reason it cannot, in RabbitMQ's words.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import ssl
 import time
@@ -67,9 +66,7 @@ def certificate_facts(path: Path) -> dict[str, Any]:
     return {"file": str(path), "subject": cert.subject.rfc4514_string(),
             "issuer": cert.issuer.rfc4514_string(), "serial": format(cert.serial_number, "x"),
             "not_after": cert.not_valid_after_utc.isoformat(),
-            "expires_in_days": round((cert.not_valid_after_utc
-                                      - datetime.datetime.now(datetime.UTC)).total_seconds()
-                                     / 86400, 1)}
+            "not_after_ts": cert.not_valid_after_utc.timestamp()}
 
 
 def login_name(der: bytes, login_from: str) -> str | None:
@@ -103,22 +100,24 @@ class NodeTLS:
     def __init__(self, config: TLSConfig) -> None:
         self.config = config
         self.server: ssl.SSLContext | None = None
+        self.certificate: dict[str, Any] | None = None  # facts of the loaded one
         self.loaded_at: float | None = None
         self.reloads = 0
         self._hooks: list[tuple[str, Callable[[], Callable[[], None]]]] = []
         self._warned: dict[str, float] = {}
         if config.configured:
             try:
-                self.server = self._build()
+                self.server, self.certificate = self._build()
             except (OSError, ssl.SSLError, ValueError) as exc:
                 raise ConfigError(f"tls: {exc}") from exc
             self.loaded_at = time.time()
 
-    def _build(self) -> ssl.SSLContext:
+    def _build(self) -> tuple[ssl.SSLContext, dict[str, Any]]:
         cfg = self.config
         assert cfg.cert is not None and cfg.key is not None
-        return server_context(cfg.cert, cfg.key, cfg.ca, verify_peer=cfg.verify_peer,
-                              require_peer_cert=cfg.fail_if_no_peer_cert)
+        return (server_context(cfg.cert, cfg.key, cfg.ca, verify_peer=cfg.verify_peer,
+                               require_peer_cert=cfg.fail_if_no_peer_cert),
+                certificate_facts(cfg.cert))
 
     def on_reload(self, what: str, prepare: Callable[[], Callable[[], None]]) -> None:
         """On every reload call ``prepare()`` (reads files, may raise), then what it returns
@@ -134,7 +133,7 @@ class NodeTLS:
         server = None
         try:
             if self.config.configured:
-                server = self._build()
+                server, facts = self._build()
         except (OSError, ssl.SSLError, ValueError) as exc:
             raise ValueError(f"[tls] (amqps/HTTPS): {exc}") from exc
         for what, prepare in self._hooks:
@@ -143,7 +142,7 @@ class NodeTLS:
             except (OSError, ssl.SSLError, ValueError) as exc:
                 raise ValueError(f"{what}: {exc}") from exc
         if server is not None:
-            self.server = server
+            self.server, self.certificate = server, facts
         for swap in swaps:
             swap()
         self.reloads += 1
@@ -155,14 +154,13 @@ class NodeTLS:
         return status
 
     def status(self) -> dict[str, Any]:
-        """What is loaded: the node certificate's facts, the reload count and time."""
+        """What is in use (not what the files hold now): the node certificate's facts, the
+        reload count and time."""
         cfg = self.config
-        cert: dict[str, Any] | None = None
-        if cfg.cert is not None:
-            try:
-                cert = certificate_facts(cfg.cert)
-            except (OSError, ValueError) as exc:
-                cert = {"file": str(cfg.cert), "error": str(exc)}
+        cert = None
+        if self.certificate is not None:
+            cert = {**self.certificate, "expires_in_days": round(
+                (self.certificate["not_after_ts"] - time.time()) / 86400, 1)}
         return {"configured": cfg.configured, "certificate": cert,
                 "ca": None if cfg.ca is None else str(cfg.ca), "verify_peer": cfg.verify_peer,
                 "fail_if_no_peer_cert": cfg.fail_if_no_peer_cert, "login_from": cfg.login_from,

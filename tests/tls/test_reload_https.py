@@ -57,7 +57,11 @@ def test_https_serves_the_admin_api_and_ctl_connects_with_its_ca(tls_node: TLSNo
     assert status == 200 and answer["node"]["amqps_url"] == f"amqps://127.0.0.1:{tls_node.amqps_port}"
     with urllib.request.urlopen(f"https://localhost:{tls_node.https_port}/metrics", timeout=5,
                                 context=certs.client_context()) as resp:
-        assert b"brokerha_" in resp.read()
+        metrics = resp.read().decode()
+    expiry = next(line for line in metrics.splitlines()
+                  if line.startswith("brokerha_tls_certificate_expiry_timestamp_seconds "))
+    not_after = x509.load_pem_x509_certificate(certs.pem("server").read_bytes()).not_valid_after_utc
+    assert float(expiry.split()[1]) == not_after.timestamp()
     ctl = [sys.executable, "-m", "brokerha.cli", "ctl", "--node",
            f"https://localhost:{tls_node.https_port}"]
     done = subprocess.run([*ctl[:-2], "--ca", str(certs.pem("ca")), *ctl[-2:], "status",
