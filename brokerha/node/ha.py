@@ -567,6 +567,8 @@ class HANode:
         if self.primary is not None:
             me["replication"] = self.primary.status()
         status["cluster"] = self.cluster.name
-        status["members"] = [{"name": m.name, "amqp_url": m.amqp_url, "admin_url": m.admin_url}
+        status["members"] = [{"name": m.name, "amqp_url": m.amqp_url, "admin_url": m.admin_url,
+                              "amqps_url": None if m.amqps is None
+                              else f"amqps://{m.amqps[0]}:{m.amqps[1]}"}
                              for m in self.cluster.members]
         status["failovers"] = list(self.failovers)

@@ -138,5 +138,9 @@ def test_amqps_clients_through_a_primary_failover(cluster: LocalCluster) -> None
             break
         time.sleep(0.05)
     assert tls["reloads"] == 1 and tls["links"] == ["[cluster.tls]"]
+    with urllib.request.urlopen(cluster.admin_url(new_primary) + "/api/status", timeout=2) as r:
+        members = json.loads(r.read())["members"]
+    assert [m["amqps_url"] for m in members] == [
+        f"amqps://127.0.0.1:{amqps_port(cluster, n)}" for n in cluster.names]
     connect_any([cluster.amqps_url(new_primary)], time.monotonic() + 5).close()
     assert cluster.primary() == new_primary
