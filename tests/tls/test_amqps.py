@@ -55,6 +55,17 @@ def test_pika_over_amqps_with_a_password_and_no_client_certificate(tls_node: TLS
         assert round_trip(conn) == b"over tls"
 
 
+def test_tls_1_2_clients_connect_and_1_3_is_the_default(tls_node: TLSNode, certs: Certs) -> None:
+    for version in (ssl.TLSVersion.TLSv1_2, None):
+        ctx = certs.client_context()
+        if version is not None:
+            ctx.maximum_version = version
+        with pika.BlockingConnection(pika_params(tls_node, ctx)) as conn:
+            sock = conn._impl._transport._sock  # type: ignore[attr-defined]
+            assert sock.version() == ("TLSv1.2" if version else "TLSv1.3")
+            assert round_trip(conn) == b"over tls"
+
+
 def test_external_login_with_a_client_certificate(tls_node: TLSNode, certs: Certs) -> None:
     params = pika_params(tls_node, certs.client_context("client-alice"),
                          credentials=pika.credentials.ExternalCredentials())
