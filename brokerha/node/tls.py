@@ -196,14 +196,15 @@ class NodeTLS:
         was closed meanwhile: the node stopped serving) drops the connection."""
         return lambda: _TLSAccept(self, make_protocol, what)
 
-    def warn(self, line: str, key: str) -> None:
-        """WARNING, but the same ``key`` only every REPEAT_WARNING_AFTER s (DEBUG between)."""
+    def warn(self, line: str, key: str, level: int = logging.WARNING) -> None:
+        """Log at ``level``, but the same ``key`` only every REPEAT_WARNING_AFTER s (DEBUG
+        between), so a client retrying a refused handshake does not flood the log."""
         now = time.monotonic()
         if now - self._warned.get(key, -REPEAT_WARNING_AFTER) >= REPEAT_WARNING_AFTER:
             if len(self._warned) > 1000:
                 self._warned.clear()
             self._warned[key] = now
-            log.warning("%s", line)
+            log.log(level, "%s", line)
         else:
             log.debug("%s", line)
 
@@ -237,8 +238,14 @@ class _TLSAccept(asyncio.Protocol):
             tls = await self.start.start(self, ctx, HANDSHAKE_TIMEOUT)
         except Exception as exc:  # ssl.SSLError, ConnectionError, TimeoutError...
             reason = str(exc) or type(exc).__name__
-            self.tls.warn(f"{self.what}: TLS handshake with {where} failed, connection refused: "
-                          f"{reason}", key=f"{self.what} {peer[0] if peer else ''} {reason}")
+            if isinstance(exc, ssl.SSLError):  # refused: certificate, protocol, plain client
+                self.tls.warn(f"{self.what}: TLS handshake with {where} failed, connection "
+                              f"refused: {reason}",
+                              key=f"{self.what} {peer[0] if peer else ''} {reason}")
+            else:  # the client went away or stalled (a port probe, a load balancer's check)
+                self.tls.warn(f"{self.what}: connection from {where} closed during the TLS "
+                              f"handshake: {reason}", key=f"{self.what} {reason}",
+                              level=logging.INFO)
             transport.abort()
             return
         if tls is None or tls.is_closing():
