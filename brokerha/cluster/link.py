@@ -84,6 +84,22 @@ def certificate_names(peercert: dict[str, Any] | None) -> set[str]:
     return names | {value for kind, value in peercert.get("subjectAltName", ()) if kind == "DNS"}
 
 
+def links_reload(cert: Path, key: Path, ca: Path,
+                 links: Callable[[], ClusterLinks | None]) -> Callable[[], Callable[[], None]]:
+    """A certificate reload for links (node/tls.py's ``NodeTLS.on_reload``, a standalone
+    TxLog master's SIGHUP): ``prepare()`` reads the files (and may raise), what it
+    returns gives ``links()`` (the links running now, if any) the new contexts."""
+    def prepare() -> Callable[[], None]:
+        server, client = tls_contexts(cert, key, ca)
+
+        def swap() -> None:
+            current = links()
+            if current is not None:
+                current.ssl_server, current.ssl_client = server, client
+        return swap
+    return prepare
+
+
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection: handshake first, then packets to ``on_message``."""
 

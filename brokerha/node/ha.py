@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from brokerha.admin.http import HTTPError, Request, Response
 from brokerha.backup.backup import Backup
 from brokerha.cluster import election as el
-from brokerha.cluster.link import ClusterLinks, tls_contexts
+from brokerha.cluster.link import ClusterLinks, links_reload, tls_contexts
 from brokerha.cluster.messages import Error, ErrorCode, Message
 from brokerha.cluster.replication import (
     Ack,
@@ -39,7 +39,6 @@ from brokerha.cluster.replication import (
     VerifyRequest,
 )
 from brokerha.cluster.state import StateFile
-from brokerha.node.tls import links_reload
 from brokerha.primary import verification as verify
 from brokerha.primary.primary import Primary
 

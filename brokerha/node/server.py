@@ -12,10 +12,11 @@ from typing import Any
 from brokerha.admin.http import AdminServer, Request, Response
 from brokerha.broker.broker import Broker
 from brokerha.broker.storage import Store
+from brokerha.cluster.link import links_reload
 from brokerha.cluster.ports import ADMIN_OFFSET
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
-from brokerha.node.tls import NodeTLS, links_reload
+from brokerha.node.tls import NodeTLS
 from brokerha.node.transport import AMQPProtocol
 from brokerha.store.factory import open_store
 

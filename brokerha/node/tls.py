@@ -37,7 +37,6 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from brokerha.amqp.connection import ExternalIdentity
-from brokerha.cluster.link import ClusterLinks, tls_contexts
 from brokerha.node.config import ConfigError, TLSConfig
 from brokerha.tls_start import ServerTLSStart
 
@@ -77,21 +76,6 @@ def login_name(der: bytes, login_from: str) -> str | None:
     # several CNs are joined with "," as RabbitMQ does (use the DN to be exact)
     names = [str(a.value) for a in subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
     return ",".join(names) or None
-
-
-def links_reload(cert: Path, key: Path, ca: Path,
-                 links: Callable[[], ClusterLinks | None]) -> Callable[[], Callable[[], None]]:
-    """A :meth:`NodeTLS.on_reload` hook for node-to-node or TxLog links: read the files,
-    then give ``links()`` (the links running now, if any) the new contexts."""
-    def prepare() -> Callable[[], None]:
-        server, client = tls_contexts(cert, key, ca)
-
-        def swap() -> None:
-            current = links()
-            if current is not None:
-                current.ssl_server, current.ssl_client = server, client
-        return swap
-    return prepare
 
 
 class NodeTLS:

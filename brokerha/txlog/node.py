@@ -29,10 +29,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 from pathlib import Path
 from typing import Any, cast
 
 from brokerha.admin.http import AdminServer, HTTPError, Request, Response
+from brokerha.cluster.link import links_reload
 from brokerha.txlog.config import ConfigError
 from brokerha.txlog.driver import TxLogDriver
 from brokerha.txlog.records import Operation
@@ -158,6 +160,19 @@ async def serve(settings: MasterSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if settings.tls is not None:  # SIGHUP: read the link certificate files again
+        tls = settings.tls
+        reload = links_reload(tls.cert, tls.key, tls.ca, lambda: driver.links)
+
+        def on_sighup() -> None:
+            try:
+                reload()()
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                log.error("SIGHUP: TLS reload failed, the old certificates stay in use: %s", exc)
+            else:
+                log.info("SIGHUP: TLS certificates of the links reloaded")
+
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
     assert driver.address is not None
     tls = settings.tls
     log.info("txlog master %s ready: peers on %s:%d (%s), api http://%s:%d, group %s, "

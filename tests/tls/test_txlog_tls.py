@@ -10,6 +10,7 @@ tests/txlog/test_broker_txlog.py (its links run with TLS).
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,19 @@ def test_txlog_links_with_tls_refuse_another_ca_and_a_wrong_name(tmp_path: Path)
         # dc1-dc2 is untouched
         tx = m2.tx("still-fine", wait="synchronised")
         wait_for(lambda: tx["tx_id"] in m1.ids(), 10, "dc1 has dc2's transaction")
+
+        # a certificate naming dc3 put in place of those files, then SIGHUP: no restart,
+        # and dc1's next dial is accepted
+        cert, key = issue(ca, d, "dc3", stem="dc3-fixed")
+        (d / "dc3-named-dc2.pem").write_bytes(cert.read_bytes())
+        (d / "dc3-named-dc2.key").write_bytes(key.read_bytes())
+        assert m3.proc is not None
+        m3.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "TLS certificates of the links reloaded" in m3.log_text(), 10,
+                 "dc3 reloads")
+        wait_for(lambda: next(p for p in m1.status()["peers"] if p["id"] == "dc3")["connected"],
+                 15, "dc1-dc3 link up with dc3's reloaded certificate")
+        assert m3.status()["peers"][0]["connected"]
     finally:
         for m in started:
             m.stop()

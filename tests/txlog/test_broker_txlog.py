@@ -15,6 +15,7 @@ deployment would have them.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -405,3 +406,21 @@ def test_a_per_message_ttl_on_a_global_queue_is_refused(dcs: dict[str, DC]) -> N
         with pytest.raises(pika.exceptions.NackError):
             ch.basic_publish("", GLOBAL, b"x", props)
     assert "ttl-1" not in dcs["dc2"].contents(GLOBAL)
+
+
+def test_sighup_reloads_the_txlog_link_certificates(dcs: dict[str, DC]) -> None:
+    """SIGHUP reads [txlog.tls] again (with the node's own TLS, none here); the links carry on."""
+    proc = dcs["dc3"].node.proc
+    assert proc is not None
+    proc.send_signal(signal.SIGHUP)
+
+    def tls() -> dict[str, Any]:
+        with urllib.request.urlopen(f"{dcs['dc3'].admin}/api/tls", timeout=5) as resp:
+            return dict(json.loads(resp.read()))
+
+    status = wait_for(lambda: (lambda t: t if t["reloads"] == 1 else None)(tls()),
+                      what="dc3 reloaded")
+    assert status["links"] == ["[txlog.tls]"] and not status["configured"]
+    before = len(dcs["dc1"].contents(GLOBAL))
+    publish_confirmed(dcs["dc3"], ["after-sighup"])
+    wait_for(lambda: same_everywhere(dcs, GLOBAL, before + 1), what="ordered after the reload")
