@@ -86,6 +86,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
     if cfg.cluster_table is not None:
         cluster = parse_cluster(cfg.cluster_table, str(args.config), cfg.config_dir)
         apply_cluster(cfg, cluster)
+        if args.amqps_listen and cfg.amqps_listen is None:
+            raise ConfigError(f"--amqps-listen: node '{cfg.name}' has no amqps address in "
+                              "[[cluster.nodes]]; add amqps = \"HOST:PORT\" there")
         for flag, value, own in (("--listen", args.listen, (cfg.listen_host, cfg.listen_port)),
                                  ("--amqps-listen", args.amqps_listen, cfg.amqps_listen)):
             if value and value.lower() != "off" and parse_listen(value) != own:
@@ -93,9 +96,6 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
                                   "[[cluster.nodes]]; the cluster entry decides")
         if args.listen and args.listen.lower() == "off":
             cfg.amqp_plain = False
-        if args.amqps_listen and cfg.amqps_listen is None:
-            raise ConfigError(f"--amqps-listen: node '{cfg.name}' has no amqps address in "
-                              "[[cluster.nodes]]; add amqps = \"HOST:PORT\" there")
     else:
         if args.listen:
             parse_amqp_listen(args.listen, cfg)

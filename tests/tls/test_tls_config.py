@@ -1,0 +1,45 @@
+"""amqps in a cluster member's configuration: its [[cluster.nodes]] entry decides, as for AMQP."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from brokerha.node import config_from_args, register
+from brokerha.node.config import ConfigError
+
+SECRET = "0123456789abcdef0123"
+
+
+def args(tmp_path: Path, *argv: str, n1_amqps: bool = True) -> argparse.Namespace:
+    amqps = 'amqps = "127.0.0.1:5900"\n' if n1_amqps else ""
+    (tmp_path / "c.toml").write_text(
+        f'[cluster]\nname = "dc1"\nsecret = "{SECRET}"\n'
+        f'[[cluster.nodes]]\nname = "n1"\namqp = "127.0.0.1:5800"\n{amqps}'
+        '[[cluster.nodes]]\nname = "n2"\namqp = "127.0.0.1:5801"\n'
+        '[tls]\ncert = "n.pem"\nkey = "n.key"\n')
+    parser = argparse.ArgumentParser()
+    register(parser)
+    return parser.parse_args(["--config", str(tmp_path / "c.toml"), *argv])
+
+
+def test_a_member_takes_its_amqps_address_from_its_entry(tmp_path: Path) -> None:
+    cfg, _ = config_from_args(args(tmp_path, "--name", "n1"))
+    assert cfg.amqps_listen == ("127.0.0.1", 5900) and cfg.amqp_plain
+    assert cfg.tls.cert == tmp_path / "n.pem"  # relative to the file
+    cfg, _ = config_from_args(args(tmp_path, "--name", "n1", "--listen", "off",
+                                   "--amqps-listen", "127.0.0.1:5900"))
+    assert not cfg.amqp_plain and (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 5800)
+    cfg, _ = config_from_args(args(tmp_path, "--name", "n2"))
+    assert cfg.amqps_listen is None
+
+
+def test_amqps_flags_that_contradict_the_entry_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--amqps-listen 127.0.0.1:5999 contradicts"):
+        config_from_args(args(tmp_path, "--name", "n1", "--amqps-listen", "127.0.0.1:5999"))
+    with pytest.raises(ConfigError, match="has no amqps address in"):
+        config_from_args(args(tmp_path, "--name", "n2", "--amqps-listen", "127.0.0.1:5999"))
+    with pytest.raises(ConfigError, match="listen = off: needs amqps_listen"):
+        config_from_args(args(tmp_path, "--name", "n2", "--listen", "off"))
