@@ -346,6 +346,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ca", metavar="FILE",
                         help="CA certificate(s) an https:// node's certificate is checked "
                              "against (default: the system's)")
+    parser.add_argument("--cert", metavar="FILE", help="client certificate (PEM) for an HTTPS "
+                        "listener that requires one ([tls] fail_if_no_peer_cert)")
+    parser.add_argument("--key", metavar="FILE", help="its key (default: in --cert's file)")
     parser.add_argument("--user", default="guest", help="administrator user for actions")
     parser.add_argument("--password", default="guest")
     sub = parser.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
@@ -410,11 +413,13 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        if args.ca:  # every request of this command (also to the other members) trusts it
+        if args.ca or args.cert:  # every request of this command (also to other members)
             try:
                 context = ssl.create_default_context(cafile=args.ca)
+                if args.cert:
+                    context.load_cert_chain(args.cert, args.key)
             except (OSError, ssl.SSLError) as exc:
-                raise CtlError(f"--ca {args.ca}: {exc}") from exc
+                raise CtlError(f"--ca/--cert: {exc}") from exc
             urllib.request.install_opener(urllib.request.build_opener(
                 urllib.request.HTTPSHandler(context=context)))
         return int(args.ctl_handler(args))

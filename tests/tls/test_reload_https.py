@@ -73,6 +73,18 @@ def test_https_serves_the_admin_api_and_ctl_connects_with_its_ca(tls_node: TLSNo
     assert done.returncode == 2 and "CERTIFICATE_VERIFY_FAILED" in done.stderr
 
 
+def test_https_with_required_client_certificates_and_ctl_cert(strict_node: TLSNode,
+                                                              certs: Certs) -> None:
+    ctl = [sys.executable, "-m", "brokerha.cli", "ctl", "--ca", str(certs.pem("ca"))]
+    node = ["--node", f"https://localhost:{strict_node.https_port}", "tls", "status"]
+    done = subprocess.run([*ctl, *node], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stdout  # the listener wants a client certificate
+    done = subprocess.run([*ctl, "--cert", str(certs.pem("client-guest")), "--key",
+                           str(certs.key("client-guest")), *node],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and "CN=server" in done.stdout, done.stderr
+
+
 def replace_server_cert(certs: Certs, target: Path) -> tuple[Path, Path]:
     """A new certificate + key for the node, signed by the same CA, at ``target``."""
     cert, key = issue(certs.ca, target, "server", hosts=("localhost", "127.0.0.1"))
