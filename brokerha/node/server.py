@@ -138,14 +138,14 @@ class Node:
 
     async def _start_admin(self) -> None:
         cfg = self.config
+        if cfg.https_listen is not None:  # also with the plain listener off
+            await self.admin.start(*cfg.https_listen,
+                                   lambda protocol: self.tls.acceptor(protocol, "HTTPS"))
+            log.info("admin HTTPS on https://%s:%d", *cfg.https_listen)
         if not cfg.admin_enabled:
             return
         explicit = cfg.admin_listen is not None
         host, port = cfg.admin_listen or (cfg.listen_host, cfg.listen_port + ADMIN_OFFSET)
-        if cfg.https_listen is not None:
-            await self.admin.start(*cfg.https_listen,
-                                   lambda protocol: self.tls.acceptor(protocol, "HTTPS"))
-            log.info("admin HTTPS on https://%s:%d", *cfg.https_listen)
         if port > 65535:
             log.info("admin HTTP off: AMQP port + %d is not a port (set --admin)", ADMIN_OFFSET)
             return

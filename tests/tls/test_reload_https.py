@@ -85,6 +85,15 @@ def test_https_with_required_client_certificates_and_ctl_cert(strict_node: TLSNo
     assert done.returncode == 0 and "CN=server" in done.stdout, done.stderr
 
 
+def test_https_only_with_the_plain_admin_listener_off(certs: Certs) -> None:
+    with TLSNode(certs, extra=["--http-listen", "off"]) as node:
+        status, answer = https_json(node, "/api/status", certs.client_context())
+        assert status == 200 and answer["node"]["serving"]
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://127.0.0.1:{node.admin_port}/api/status", timeout=2)
+        assert "admin HTTP on" not in node.log_text()
+
+
 def replace_server_cert(certs: Certs, target: Path) -> tuple[Path, Path]:
     """A new certificate + key for the node, signed by the same CA, at ``target``."""
     cert, key = issue(certs.ca, target, "server", hosts=("localhost", "127.0.0.1"))
