@@ -9,14 +9,32 @@ before ``start_tls`` has taken the transport over. :class:`ServerTLSStart`
 keeps those bytes and hands them to the TLS layer once it is in place.
 
 Used by the cluster and TxLog links (``cluster/link.py``) and by the amqps
-and HTTPS listeners (``node/tls.py``).
+and HTTPS listeners (``node/tls.py``), as are :func:`load_chain` and
+:func:`load_ca`, which name the file that does not load (OpenSSL does not).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+from pathlib import Path
 from typing import Any
+
+
+def load_chain(ctx: ssl.SSLContext, cert: Path, key: Path) -> None:
+    """``ctx.load_cert_chain``; ValueError naming the files if they do not load or match."""
+    try:
+        ctx.load_cert_chain(str(cert), str(key))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"certificate {cert} with key {key}: {exc}") from exc
+
+
+def load_ca(ctx: ssl.SSLContext, ca: Path) -> None:
+    """``ctx.load_verify_locations``; ValueError naming the file if it does not load."""
+    try:
+        ctx.load_verify_locations(cafile=str(ca))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"CA file {ca}: {exc}") from exc
 
 
 def _feed(protocol: Any, data: bytes) -> None:

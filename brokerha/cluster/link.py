@@ -36,7 +36,7 @@ from brokerha.cluster.protocol import (
     ProtocolError,
     Refused,
 )
-from brokerha.tls_start import ServerTLSStart
+from brokerha.tls_start import ServerTLSStart, load_ca, load_chain
 
 log = logging.getLogger("brokerha.cluster")
 
@@ -62,16 +62,19 @@ def _addresses(value: Address | list[Address]) -> list[Address]:
 def tls_contexts(cert: Path, key: Path, ca: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """(server, client) contexts for mutual TLS: each side presents ``cert`` and
     requires the other's to be signed by ``ca`` (and only by ``ca``)."""
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca))
+    # SSLContext(...), not create_default_context: that would trust the system's CAs too
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    load_ca(server, ca)
     server.verify_mode = ssl.CERT_REQUIRED
-    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    load_ca(client, ca)
     # No hostname check: peers are configured by address and identified by the
     # cluster handshake (name + shared secret), not by DNS names in certificates.
     client.check_hostname = False
     client.verify_mode = ssl.CERT_REQUIRED
     for ctx in (server, client):
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(str(cert), str(key))
+        load_chain(ctx, cert, key)
     return server, client
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brokerha.cluster.link import tls_contexts
 from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET
 from brokerha.node.config import ConfigError, NodeConfig, check_keys, parse_listen
 from brokerha.primary.policy import ReplicationPolicy
@@ -173,6 +174,10 @@ def parse_cluster(table: dict[str, Any], where: str, base: Path) -> ClusterConfi
         if missing:
             raise ConfigError(f"cluster.tls: missing {', '.join(sorted(missing))}")
         cfg.tls = TLSFiles(*(base / str(tls[k]) for k in ("cert", "key", "ca")))
+        try:  # loads now, so a bad file stops the start-up with its name
+            tls_contexts(cfg.tls.cert, cfg.tls.key, cfg.tls.ca)
+        except ValueError as exc:
+            raise ConfigError(f"cluster.tls: {exc}") from exc
     return cfg
 
 

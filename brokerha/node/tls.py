@@ -38,7 +38,7 @@ from cryptography.x509.oid import NameOID
 
 from brokerha.amqp.connection import ExternalIdentity
 from brokerha.node.config import ConfigError, TLSConfig
-from brokerha.tls_start import ServerTLSStart
+from brokerha.tls_start import ServerTLSStart, load_ca, load_chain
 
 log = logging.getLogger("brokerha.tls")
 
@@ -51,9 +51,9 @@ def server_context(cert: Path, key: Path, ca: Path | None = None, *,
     """A TLS 1.2+ server context; ``verify_peer`` asks for a client certificate signed by ``ca``."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(str(cert), str(key))
+    load_chain(ctx, cert, key)
     if ca is not None:
-        ctx.load_verify_locations(cafile=str(ca))
+        load_ca(ctx, ca)
     if verify_peer:
         ctx.verify_mode = ssl.CERT_REQUIRED if require_peer_cert else ssl.CERT_OPTIONAL
     return ctx

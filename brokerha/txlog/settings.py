@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from brokerha.cluster.link import tls_contexts
 from brokerha.txlog.config import ConfigError, TxLogConfig
 
 ENGINE_KEYS = {"node-id", "master-url", "split-recovery", "round-timeout", "idle-interval",
@@ -175,8 +176,13 @@ def _link_tls(props: Mapping[str, str], base_dir: Path) -> LinkTLS | None:
     for key in _TLS_FILES:
         if not (base_dir / props[key]).is_file():
             raise ConfigError(f"{key}: {base_dir / props[key]} is not a readable file")
-    return LinkTLS(base_dir / props["tls.cert"], base_dir / props["tls.key"],
-                   base_dir / props["tls.ca"], check == "true")
+    tls = LinkTLS(base_dir / props["tls.cert"], base_dir / props["tls.key"],
+                  base_dir / props["tls.ca"], check == "true")
+    try:  # loads now, so a bad file stops the start-up, not the first link
+        tls_contexts(tls.cert, tls.key, tls.ca)
+    except ValueError as exc:
+        raise ConfigError(f"tls: {exc}") from exc
+    return tls
 
 
 def load(path: Path) -> MasterSettings:

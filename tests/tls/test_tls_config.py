@@ -43,3 +43,24 @@ def test_amqps_flags_that_contradict_the_entry_are_refused(tmp_path: Path) -> No
         config_from_args(args(tmp_path, "--name", "n2", "--amqps-listen", "127.0.0.1:5999"))
     with pytest.raises(ConfigError, match="listen = off: needs amqps_listen"):
         config_from_args(args(tmp_path, "--name", "n2", "--listen", "off"))
+
+
+def test_link_tls_files_that_do_not_load_are_refused_at_start_naming_them(
+        tmp_path: Path, certs: object) -> None:
+    from brokerha.node.cluster_config import parse_cluster
+    from brokerha.txlog.config import ConfigError as TxLogConfigError
+    from brokerha.txlog.settings import from_properties
+
+    d = certs.dir  # type: ignore[attr-defined]
+    table = {"name": "dc1", "secret": SECRET, "nodes": [{"name": "n1", "amqp": "127.0.0.1:1"}],
+             "tls": {"cert": str(d / "server.pem"), "key": str(d / "ca.key"),
+                     "ca": str(d / "ca.pem")}}
+    with pytest.raises(ConfigError, match=r"cluster.tls: certificate .*server.pem with key "
+                                          r".*ca.key: .*KEY_VALUES_MISMATCH"):
+        parse_cluster(table, "t", tmp_path)
+    props = {"node-id": "dc1", "master-url": "txlog://127.0.0.1:1", "group": "g",
+             "secret": "s", "data-dir": "data", "peer.1.id": "dc2",
+             "peer.1.url": "txlog://127.0.0.1:2", "tls.cert": str(d / "server.pem"),
+             "tls.key": str(d / "server.key"), "tls.ca": str(d / "server.key")}
+    with pytest.raises(TxLogConfigError, match=r"tls: CA file .*server.key: "):
+        from_properties(props, tmp_path)
