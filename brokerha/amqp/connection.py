@@ -410,9 +410,9 @@ class ServerConnection:
         self.vhost = vhost
         self.state = RUNNING
         self.send_method(0, commands.Connection.OpenOk())
-        self.broker.alarm_listeners.append(self._memory_alarm)
-        if self.broker.memory_blocked:
-            self._memory_alarm(True)
+        self.broker.alarm_listeners.append(self._resource_alarm)
+        if self.broker.publishers_blocked:
+            self._resource_alarm(True)
         log.info("connection %s opened vhost '%s'", self.name, name)
 
     # -- channels ---------------------------------------------------------------------
@@ -513,8 +513,8 @@ class ServerConnection:
         self._release_channels()
         self.channels.clear()
         self.state = CLOSED
-        if self._memory_alarm in self.broker.alarm_listeners:
-            self.broker.alarm_listeners.remove(self._memory_alarm)
+        if self._resource_alarm in self.broker.alarm_listeners:
+            self.broker.alarm_listeners.remove(self._resource_alarm)
         if self.vhost is not None:
             for queue in list(self.exclusive_queues.values()):
                 self.vhost.remove_queue(queue)
@@ -568,13 +568,13 @@ class ServerConnection:
             if ch.state == OPEN:
                 ch.redispatch()
 
-    def _memory_alarm(self, blocked: bool) -> None:
+    def _resource_alarm(self, blocked: bool) -> None:
         if self.state != RUNNING:
             return
         if self.capability("connection.blocked") and blocked != self.blocked_notified:
             self.blocked_notified = blocked
             if blocked:
-                self.send_method(0, commands.Connection.Blocked(reason="low on memory"))
+                self.send_method(0, commands.Connection.Blocked(reason=self.broker.blocked_reason))
             else:
                 self.send_method(0, commands.Connection.Unblocked())
         if not blocked:
@@ -583,7 +583,7 @@ class ServerConnection:
             self._maybe_pause_reading()
 
     def _maybe_pause_reading(self) -> None:
-        if self.broker.memory_blocked and self.has_published:
+        if self.broker.publishers_blocked and self.has_published:
             self._set_reading_paused(True)
 
     def _set_reading_paused(self, paused: bool) -> None:

@@ -75,7 +75,10 @@ class Broker:
         self.dtx = DtxManager(self.observers.transactions, clock)
         self.dtx.on_outcome = self._record_outcome
         self.attach_store_to_dtx()
-        self.memory_blocked = False
+        # resource alarms in force, name -> why: "memory", "disk" (free space under the
+        # limit), "disk:store" (a store write found the disk full), "disk:<node>" (a
+        # ready backup's); while any is, publishers are blocked (connection.blocked)
+        self.alarms: dict[str, str] = {}
         self.alarm_listeners: list[Callable[[bool], None]] = []
         # Replication barriers (the HA primary adds one): each runs a callback once
         # every ready backup holds what was done so far. See ``after_durable``.
@@ -217,14 +220,43 @@ class Broker:
         if not limit:
             return
         used = self.memory.used
-        if not self.memory_blocked and used >= limit:
-            self._set_alarm(True)
-            log.warning("memory alarm set: %d bytes queued, limit %d", used, limit)
-        elif self.memory_blocked and used < limit * self.limits.memory_resume_ratio:
-            self._set_alarm(False)
-            log.warning("memory alarm cleared: %d bytes queued", used)
+        if "memory" not in self.alarms and used >= limit:
+            self.set_alarm("memory", f"{used} bytes queued, limit {limit}")
+        elif "memory" in self.alarms and used < limit * self.limits.memory_resume_ratio:
+            self.set_alarm("memory", None)
 
-    def _set_alarm(self, blocked: bool) -> None:
-        self.memory_blocked = blocked
-        for listener in list(self.alarm_listeners):
-            listener(blocked)
+    @property
+    def memory_blocked(self) -> bool:
+        return "memory" in self.alarms
+
+    @property
+    def publishers_blocked(self) -> bool:
+        """Any resource alarm in force: publishing connections are not read."""
+        return bool(self.alarms)
+
+    @property
+    def blocked_reason(self) -> str:
+        """connection.blocked's reason, as RabbitMQ words it ("low on memory", "low on disk")."""
+        kinds = sorted({name.split(":", 1)[0] for name in self.alarms})
+        return "low on " + " & ".join(kinds) if kinds else ""
+
+    def set_alarm(self, name: str, reason: str | None) -> None:
+        """Raise (``reason`` given) or clear (None) the resource alarm ``name``.
+
+        Connections are told only when publishers go from unblocked to blocked or
+        back; another alarm joining or leaving while blocked changes nothing for them.
+        """
+        was = self.publishers_blocked
+        if reason is None:
+            if self.alarms.pop(name, None) is None:
+                return
+            log.warning("%s alarm cleared", name)
+        else:
+            if self.alarms.get(name) == reason:
+                return
+            if name not in self.alarms:
+                log.warning("%s alarm set: %s", name, reason)
+            self.alarms[name] = reason
+        if self.publishers_blocked != was:
+            for listener in list(self.alarm_listeners):
+                listener(not was)

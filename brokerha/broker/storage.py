@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from brokerha.broker.exchange import Binding, Exchange
@@ -145,6 +146,14 @@ class Store(ConfigurationObserver, QueueObserver):
     # Set by the node: called (on the loop thread) when the store can no longer
     # persist; the node stops rather than keep confirming (fail-stop).
     on_failure: Callable[[BaseException], None] | None = None
+    # Set by the node: called (on the loop thread) with why, when a write found the disk
+    # full (the store retries it; nothing is lost or reordered), and with None once a
+    # retry succeeded. The node raises the disk alarm meanwhile.
+    on_disk_full: Callable[[str | None], None] | None = None
+
+    def local_directories(self) -> list[Path]:
+        """Directories this store writes to on this machine (the disk alarm watches them)."""
+        return []
 
     # Whether bodies of stored messages can be dropped from memory and read
     # back with ``read_bodies`` (brokerha.broker.paging); a MemoryStore cannot.

@@ -158,6 +158,20 @@ class Ack(Message):
     seq: int
 
 
+@packet(33)
+class ResourceAlarm(Message):
+    """Backup -> primary: the backup's disk alarms in force (name -> why; empty: none).
+
+    Sent after each join and whenever they change. A ready backup must store
+    everything the primary confirms, so its disk alarm blocks the primary's
+    publishers as the primary's own would (``primary.backup_alarms``).
+    """
+
+    epoch: int
+    node: str
+    alarms: dict[str, str]
+
+
 @packet(60)
 class TxVote(Message):
     """Backup -> primary: its prepare of ``txid`` failed (ok=False: Qpid's cancel).

@@ -22,6 +22,7 @@ from brokerha.node.config import (
     parse_admin,
     parse_amqp_listen,
     parse_choice,
+    parse_disk_free_limit,
     parse_listen,
     parse_size,
 )
@@ -56,6 +57,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, metavar="DIR", help="data directory (created if missing)")
     parser.add_argument("--memory-limit", metavar="SIZE",
                         help="queued bytes at which publishers are blocked (e.g. 512MiB; 0 = off)")
+    parser.add_argument("--disk-free-limit", metavar="SIZE",
+                        help="free disk space under which publishers are blocked: e.g. 50MB "
+                             "(the default), 1GiB, mem_relative:1.0 (times the machine's "
+                             "memory); 0 = off")
     parser.add_argument("--queue-max-memory", metavar="SIZE",
                         help="bytes of message bodies a durable queue keeps in memory; "
                              "persistent ones past it are read back from the store "
@@ -114,6 +119,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
         cfg.data_dir = args.data
     if args.memory_limit is not None:
         cfg.limits.memory_limit = parse_size(args.memory_limit, "--memory-limit")
+    if args.disk_free_limit is not None:
+        cfg.disk_free_limit = parse_disk_free_limit(args.disk_free_limit, "--disk-free-limit")
     if args.queue_max_memory is not None:
         cfg.limits.queue_max_memory = parse_size(args.queue_max_memory, "--queue-max-memory")
     if args.heartbeat is not None:

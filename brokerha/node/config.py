@@ -6,6 +6,7 @@ there. Unknown keys are errors, so a typo never silently leaves a default.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -67,6 +68,26 @@ class TLSConfig:
         return self.cert is not None
 
 
+DEFAULT_DISK_FREE_LIMIT = 50_000_000  # RabbitMQ's default: 50 MB
+
+
+@dataclass(frozen=True)
+class DiskFreeLimit:
+    """``disk_free_limit``: bytes, or a multiple of the machine's memory (RabbitMQ's mem_relative)."""
+
+    absolute: int | None = DEFAULT_DISK_FREE_LIMIT
+    mem_relative: float | None = None
+
+    def bytes(self) -> int:
+        if self.mem_relative is not None:
+            return int(self.mem_relative * total_memory())
+        return self.absolute or 0
+
+    def __str__(self) -> str:
+        return (f"mem_relative:{self.mem_relative:g}" if self.mem_relative is not None
+                else str(self.absolute))
+
+
 @dataclass
 class NodeConfig:
     name: str = "brokerha"
@@ -82,6 +103,8 @@ class NodeConfig:
     users: list[UserConfig] = field(default_factory=list)
     permissions: list[PermissionConfig] = field(default_factory=list)
     tick_interval: float = 0.1
+    # the disk alarm (node/disk.py): free space under which publishers are blocked
+    disk_free_limit: DiskFreeLimit = field(default_factory=DiskFreeLimit)
     store: StoreConfig = field(default_factory=StoreConfig)
     # admin HTTP (status, ctl); None = AMQP port + 10000 when that is a port
     admin_listen: tuple[str, int] | None = None
@@ -115,6 +138,33 @@ def parse_size(value: Any, key: str) -> int:
     return int(m.group(1)) * _UNITS[(m.group(2) or "b").lower()]
 
 
+def total_memory() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def parse_disk_free_limit(value: Any, key: str) -> DiskFreeLimit:
+    """``50MB``, ``1GiB``, a byte count, ``mem_relative:1.5`` or ``{mem_relative = 1.5}``."""
+    relative: Any = None
+    if isinstance(value, dict):
+        if set(value) != {"mem_relative"}:
+            raise ConfigError(f"{key}: the only table form is {{mem_relative = 1.0}}, got {value!r}")
+        relative = value["mem_relative"]
+    elif isinstance(value, str) and value.strip().lower().startswith("mem_relative"):
+        _, sep, relative = value.partition(":")
+        if not sep:
+            raise ConfigError(f"{key}: expected mem_relative:FACTOR, got {value!r}")
+    if relative is not None:
+        try:
+            factor = float(relative)
+        except (TypeError, ValueError):
+            factor = -1.0
+        if not 0 < factor <= 100:
+            raise ConfigError(f"{key}: mem_relative takes a factor such as 1.0 or 2.5, "
+                             f"got {relative!r}")
+        return DiskFreeLimit(None, factor)
+    return DiskFreeLimit(parse_size(value, key), None)
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
@@ -129,7 +179,7 @@ _NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval", "admin", "
 _TLS_KEYS = {"cert", "key", "ca", "verify_peer", "fail_if_no_peer_cert", "login_from"}
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 _LIMIT_KEYS = {"frame_max", "channel_max", "heartbeat", "max_message_size", "memory_limit",
-               "memory_resume_ratio", "queue_max_memory", "node_max_memory"}
+               "memory_resume_ratio", "queue_max_memory", "node_max_memory", "disk_free_limit"}
 _SIZE_KEYS = ("max_message_size", "memory_limit", "queue_max_memory", "node_max_memory")
 _SECURITY_KEYS = {"default_user", "loopback_users"}
 _STORE_KEYS = {"url", "synchronous", "oplog"}
@@ -270,6 +320,9 @@ def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") 
             setattr(cfg.limits, key, parse_size(limits[key], f"limits.{key}"))
     if "memory_resume_ratio" in limits:
         cfg.limits.memory_resume_ratio = float(limits["memory_resume_ratio"])
+    if "disk_free_limit" in limits:
+        cfg.disk_free_limit = parse_disk_free_limit(limits["disk_free_limit"],
+                                                    "limits.disk_free_limit")
     security = doc.get("security", {})
     check_keys(security, _SECURITY_KEYS, f"{where} [security]")
     if "default_user" in security:

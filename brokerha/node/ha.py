@@ -34,12 +34,14 @@ from brokerha.cluster.replication import (
     ConfigurationMismatch,
     Events,
     Join,
+    ResourceAlarm,
     TxVote,
     VerifyReply,
     VerifyRequest,
 )
 from brokerha.cluster.state import StateFile
 from brokerha.primary import verification as verify
+from brokerha.primary.backup_alarms import BackupAlarms
 from brokerha.primary.primary import Primary
 
 if TYPE_CHECKING:
@@ -102,6 +104,9 @@ class HANode:
         self._ticker: asyncio.Task[None] | None = None
         self._verification: verify.Verification | None = None
         self._pending_joins: dict[str, tuple[int, Join]] = {}  # held while verifying
+        # disk alarms: a primary applies its ready backups'; a backup reports its own
+        self.backup_alarms = BackupAlarms(self.broker.set_alarm)
+        self._alarms_sent: dict[str, str] | None = None  # None: report at the next tick
         node.admin.route("POST", "/api/promote", self._promote_request, admin=True)
 
     # -- life cycle ----------------------------------------------------------------------
@@ -131,6 +136,8 @@ class HANode:
                 self._carry_out(self.election.tick(now))
                 if self.primary is not None:
                     self.primary.tick(now)
+                    self.backup_alarms.apply(self.primary.ready_backups())
+                self._report_alarms()
                 self._flush()
             except Exception:  # keep the node's timers alive; the log says what broke
                 log.exception("HA tick failed")
@@ -240,6 +247,7 @@ class HANode:
     def _demote(self) -> None:
         self._verification = None
         self._pending_joins.clear()
+        self.backup_alarms.clear()
         if self.primary is not None:
             self.primary.close()
             if self._position_barrier in self.broker.replication_barriers:
@@ -293,8 +301,20 @@ class HANode:
         self._record_position(-1, -1)
         self._set_position(el.Position.INVALID)
         self.links.send(self.following, self.backup.join_message())
+        self._alarms_sent = None  # the primary hears them again after the join
         log.info("node %s joining primary %s (epoch %d)", self.me, self.following,
                  self.backup.epoch)
+
+    def _report_alarms(self) -> None:
+        """A backup tells its primary its disk alarms when they change (and after a join)."""
+        if self.backup is None or self.following is None:
+            return
+        alarms = {name: why for name, why in self.broker.alarms.items()
+                  if name.split(":", 1)[0] == "disk"}
+        if alarms == self._alarms_sent or not self.links.connected(self.following):
+            return
+        self.links.send(self.following, ResourceAlarm(self.backup.epoch, self.me, alarms))
+        self._alarms_sent = alarms
 
     def _set_position(self, pos: el.Position) -> None:
         self._carry_out(self.election.set_position(pos))
@@ -384,6 +404,8 @@ class HANode:
     def _on_peer_down(self, peer: str) -> None:
         if self.primary is not None:
             self.primary.backup_lost(peer, "link down")
+            self.backup_alarms.lost(peer)
+            self.backup_alarms.apply(self.primary.ready_backups())
         # our primary's process most likely died: stand without the random wait
         self._carry_out(self.election.primary_lost(self._now(), peer))
 
@@ -415,6 +437,10 @@ class HANode:
         elif isinstance(msg, VerifyReply):
             if self._verification is not None:
                 self._verification.receive(msg)
+        elif isinstance(msg, ResourceAlarm):
+            if self.primary is not None and msg.epoch == self.primary.epoch:
+                self.backup_alarms.report(peer, msg.alarms)
+                self.backup_alarms.apply(self.primary.ready_backups())
         else:
             self._carry_out(self.election.receive(self._now(), peer, msg))
         self._flush()

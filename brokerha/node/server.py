@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from brokerha.admin.http import AdminServer, Request, Response
@@ -16,6 +17,7 @@ from brokerha.cluster.link import links_reload
 from brokerha.cluster.ports import ADMIN_OFFSET
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
+from brokerha.node.disk import DiskMonitor
 from brokerha.node.tls import NodeTLS
 from brokerha.node.transport import AMQPProtocol
 from brokerha.store.factory import open_store
@@ -59,6 +61,10 @@ class Node:
                                 config.store.oplog)
         self.store.on_failure = self._store_failed
         self.broker = build_broker(config, spawn=self._spawn, store=self.store)
+        self.store.on_disk_full = partial(self.broker.set_alarm, "disk:store")
+        # the disk alarm: free space where this node writes, checked on the sweep
+        self.disk = DiskMonitor([config.data_dir, *self.store.local_directories()],
+                                config.disk_free_limit, self.broker.set_alarm)
         self.exit_code = 0
         self.connections: set[AMQPProtocol] = set()
         self.servers: list[asyncio.base_events.Server] = []  # AMQP and amqps, while serving
@@ -168,7 +174,8 @@ class Node:
               "pid": os.getpid(), "amqp_url": f"amqp://{cfg.listen_host}:{cfg.listen_port}",
               "amqps_url": (None if cfg.amqps_listen is None
                             else f"amqps://{cfg.amqps_listen[0]}:{cfg.amqps_listen[1]}"),
-              "serving": bool(self.servers), "connections": len(self.connections)}
+              "serving": bool(self.servers), "connections": len(self.connections),
+              "alarms": dict(self.broker.alarms), "disk": self.disk.status()}
         status: dict[str, Any] = {"node": me, "cluster": None, "members": None}
         if self.ha is not None:
             self.ha.add_status(status)
@@ -229,6 +236,7 @@ class Node:
         while not self._stopping.is_set():
             await asyncio.sleep(interval)
             now = self.loop.time()
+            self.disk.check(now)
             self.broker.tick(now)
             for proto in list(self.connections):
                 proto.tick(now)

@@ -41,6 +41,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ from brokerha.store.batch import (
     StoredContent,
     Unit,
 )
-from brokerha.store.writer import ApplyPolicy, Writer
+from brokerha.store.writer import ApplyPolicy, DiskFull, Writer
 
 log = logging.getLogger("brokerha.store")
 
@@ -252,11 +253,26 @@ class OpLog:
         self.size += len(data)
         self.dirty = True
 
+    def undo_partial(self) -> None:
+        """Cut off what a failed write (the disk full) left past the last whole record.
+
+        ``size`` grows only after a whole write, so the file ends with whole
+        records again and the next append goes where the failed one began.
+        """
+        if self._fd is not None:
+            os.ftruncate(self._fd, self.size)
+            os.lseek(self._fd, self.size, os.SEEK_SET)
+
     def sync(self) -> None:
         """Make every append so far durable (nothing to do when nothing was appended since)."""
         if self.dirty and self._fd is not None:
             if self.sync_enabled:
-                os.fdatasync(self._fd)
+                try:
+                    os.fdatasync(self._fd)
+                except OSError as exc:
+                    # not retried, even for ENOSPC: after a failed sync the kernel may have
+                    # dropped the dirty pages, so a later sync that succeeds proves nothing
+                    raise OpLogError(f"operation log sync failed: {exc}") from exc
             self.dirty = False
 
     def finish(self) -> int:
@@ -323,7 +339,8 @@ class LogAppender(threading.Thread):
 
     def __init__(self, oplog: OpLog, writer: Writer, policy: ApplyPolicy,
                  report: Callable[[list[Callback]], None],
-                 fail: Callable[[BaseException], None], rotate_bytes: int = ROTATE_BYTES) -> None:
+                 fail: Callable[[BaseException], None], rotate_bytes: int = ROTATE_BYTES,
+                 on_disk_full: Callable[[BaseException | None], None] | None = None) -> None:
         super().__init__(name="brokerha-store-oplog", daemon=True)
         self.oplog = oplog
         self.writer = writer
@@ -337,6 +354,10 @@ class LogAppender(threading.Thread):
         self._packer = msgpack.Packer(use_bin_type=True)
         self.appended = 0  # hand-overs written (this thread writes, the loop reads)
         self.synced = 0  # hand-overs a sync covers
+        self._stop_asked = False
+        # a write that finds the disk full is tried again (fdatasync failing is still fatal:
+        # after a failed sync the kernel may have dropped the pages, a retry proves nothing)
+        self.disk = DiskFull(on_disk_full, lambda: self._stop_asked, what="operation log write")
         self._pending = Batch()  # folded since the last hand-over to the writer
         self._pending_ops = 0
         self._pending_since = 0.0
@@ -352,7 +373,21 @@ class LogAppender(threading.Thread):
         return self._inbox.qsize()
 
     def stop(self) -> None:
+        self._stop_asked = True
         self._inbox.put(None)
+
+    def _write(self, write: Callable[[], int]) -> int:
+        """``write()`` on the log, tried again while the disk is full."""
+        while True:
+            try:
+                done = write()
+            except OSError as exc:
+                self.oplog.undo_partial()
+                if not self.disk.wait(exc):
+                    raise
+                continue
+            self.disk.succeeded()
+            return done
 
     def run(self) -> None:
         try:
@@ -392,7 +427,7 @@ class LogAppender(threading.Thread):
             if stopping:
                 break
             if self.oplog.size >= self.rotate_bytes:
-                self._pending.add(Unit([], [], closes=self.oplog.rotate()))
+                self._pending.add(Unit([], [], closes=self._write(self.oplog.rotate)))
                 self.stats["rotations"] += 1
             self._hand_over(idle=not units)
         # everything is logged: finish the last file and let SQL catch up with it
@@ -411,7 +446,8 @@ class LogAppender(threading.Thread):
         """
         ops = [op for unit in units for op in unit.ops]
         if ops:
-            self.stats["log_bytes"] += self.oplog.append(encode_ops(self._packer, ops))
+            payload = encode_ops(self._packer, ops)
+            self.stats["log_bytes"] += self._write(partial(self.oplog.append, payload))
             self.stats["appends"] += 1
         callbacks = [cb for unit in units for cb in unit.callbacks]
         if callbacks:

@@ -129,6 +129,7 @@ class SQLStore(Store):
         self.synchronous = synchronous
         self.on_failure = on_failure
         self.failed: BaseException | None = None
+        self.disk_full: dict[str, str] = {}  # part ("database", "operation log") -> why
         _prepare_schema(self.engine)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
@@ -164,12 +165,14 @@ class SQLStore(Store):
         self._writer = Writer(
             self.engine.raw_connection, statements, self._checkpoints(wal_limit),
             self._report if self.oplog is None else self._report_readable,
-            self._writer_failed, backlog_warning=backlog_warning, policy=policy)
+            self._writer_failed, backlog_warning=backlog_warning, policy=policy,
+            on_disk_full=partial(self._disk_full, "database"))
         if self.oplog is not None:
             self.oplog.open(next_generation)
             assert policy is not None
             self._appender = LogAppender(self.oplog, self._writer, policy, self._logged,
-                                         self._writer_failed)
+                                         self._writer_failed,
+                                         on_disk_full=partial(self._disk_full, "operation log"))
 
     def _database_file(self) -> Path:
         url = self.engine.url
@@ -393,6 +396,25 @@ class SQLStore(Store):
                 callback()
             except Exception:
                 log.exception("after_sync callback failed")
+
+    def local_directories(self) -> list[Path]:
+        url = self.engine.url
+        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+            return []
+        return [Path(str(url.database)).absolute().parent]
+
+    def _disk_full(self, part: str, exc: BaseException | None) -> None:
+        """(writer or log thread) A write found the disk full (exc), or worked again (None)."""
+        self._on_loop(self._disk_changed, part, exc)
+
+    def _disk_changed(self, part: str, exc: BaseException | None) -> None:
+        if exc is None:
+            self.disk_full.pop(part, None)
+        else:
+            self.disk_full[part] = f"{part} write failed for lack of disk space: {exc}"
+        reason = "; ".join(self.disk_full.values()) or None
+        if self.on_disk_full is not None:
+            self._on_loop(self.on_disk_full, reason)
 
     def _writer_failed(self, exc: BaseException) -> None:
         self.failed = exc

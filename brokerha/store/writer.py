@@ -10,8 +10,10 @@ to the store (fail-stop), because a node that cannot persist must not confirm.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -100,6 +102,68 @@ class ApplyPolicy:
         self.on_applied = on_applied  # called (writer thread) with each completed generation
 
 
+DISK_FULL_RETRY_SECONDS = 1.0  # how soon a write that found the disk full is tried again
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """A failure for lack of space, which frees up, not a broken store.
+
+    ENOSPC/EDQUOT from the file system, SQLite's SQLITE_FULL ("database or disk
+    is full"), PostgreSQL's disk_full (SQLSTATE 53100).
+    """
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if isinstance(exc, sqlite3.Error):
+        return (getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+                or "database or disk is full" in str(exc))
+    return getattr(exc, "sqlstate", None) == "53100"  # psycopg's DiskFull
+
+
+class DiskFull:
+    """Retry-after-space for a writing thread: report once, wait, try the same write again.
+
+    The write is retried unchanged, in order, so nothing is lost or reordered:
+    what waits behind it waits too (confirms and commit-oks included). ``report``
+    is called with the error when the disk first refuses, and with None once a
+    retry succeeds. ``stopping()`` ends the wait: the node is shutting down, the
+    write gives up and the error is fatal as before.
+    """
+
+    def __init__(self, report: Callable[[BaseException | None], None] | None,
+                 stopping: Callable[[], bool], retry_seconds: float = DISK_FULL_RETRY_SECONDS,
+                 what: str = "store write") -> None:
+        self.report = report
+        self.stopping = stopping
+        self.retry_seconds = retry_seconds
+        self.what = what
+        self.full = False
+        self.retries = 0
+
+    def wait(self, exc: BaseException) -> bool:
+        """After a failed write: True when it should be tried again (after a pause)."""
+        if not is_disk_full(exc) or self.stopping():
+            return False
+        if not self.full:
+            self.full = True
+            log.error("%s failed for lack of disk space (%s); retrying every %.1f s, "
+                      "publishers are blocked meanwhile", self.what, exc, self.retry_seconds)
+            if self.report is not None:
+                self.report(exc)
+        self.retries += 1
+        deadline = time.monotonic() + self.retry_seconds
+        while time.monotonic() < deadline and not self.stopping():
+            time.sleep(min(0.05, self.retry_seconds))
+        return not self.stopping()
+
+    def succeeded(self) -> None:
+        if self.full:
+            self.full = False
+            log.warning("%s succeeded again after %d retries: disk space is back",
+                        self.what, self.retries)
+            if self.report is not None:
+                self.report(None)
+
+
 class Writer(threading.Thread):
     """Owns the writing connection; the only thread that writes to the database.
 
@@ -119,6 +183,7 @@ class Writer(threading.Thread):
         fail: Callable[[BaseException], None],
         backlog_warning: int = 200_000,
         policy: ApplyPolicy | None = None,
+        on_disk_full: Callable[[BaseException | None], None] | None = None,
     ) -> None:
         super().__init__(name="brokerha-store-writer", daemon=True)
         self._connect = connect
@@ -133,6 +198,7 @@ class Writer(threading.Thread):
         self._batches: list[Batch] = []
         self._queued_ops = 0
         self._stopping = False
+        self.disk = DiskFull(on_disk_full, lambda: self._stopping)
         self._last_warning = 0.0
         self.stats: dict[str, Any] = {"commits": 0, "rows": 0, "cancelled": 0, "units": 0,
                                       "max_backlog_ops": 0, "max_commit_seconds": 0.0}
@@ -210,12 +276,16 @@ class Writer(threading.Thread):
 
     def _commit_reported(self, conn: Any, batch: Batch, units: int) -> bool:
         """Commit, then report the batch's callbacks; False after a failure (reported)."""
-        try:
-            self._commit(conn, batch)
-        except Exception as exc:
-            self._rollback(conn)
-            self._fail(exc)
-            return False
+        while True:
+            try:
+                self._commit(conn, batch)
+                break
+            except Exception as exc:
+                self._rollback(conn)
+                if not self.disk.wait(exc):
+                    self._fail(exc)
+                    return False
+        self.disk.succeeded()
         self.stats["cancelled"] += batch.cancelled
         self._report(units, batch.callbacks)
         self.checkpoints.after_commit(conn)

@@ -255,6 +255,25 @@ def test_memory_alarm_blocks_publishers_and_clears() -> None:
     assert paused == [True, False]
 
 
+def test_disk_and_memory_alarms_block_once_and_unblock_when_both_clear() -> None:
+    broker = make_broker()
+    w = Wire(broker).connected()
+    paused: list[bool] = []
+    w.conn.on_read_paused = paused.append
+    w.method(1, commands.Queue.Declare(queue="q"))
+    w.publish(1, "", "q", b"x")
+    broker.set_alarm("disk", "free 10 MB, limit 50 MB")
+    blocked = w.expect(commands.Connection.Blocked)
+    assert blocked.reason == "low on disk" and paused == [True]
+    broker.set_alarm("memory", "over the limit")  # already blocked: nothing new is sent
+    assert broker.blocked_reason == "low on disk & memory"
+    broker.set_alarm("disk", None)
+    assert not any(isinstance(m, commands.Connection.Unblocked) for m in w.methods())
+    broker.set_alarm("memory", None)
+    w.expect(commands.Connection.Unblocked)
+    assert paused == [True, False] and not broker.publishers_blocked
+
+
 def test_a_peer_that_never_sends_close_ok_is_dropped() -> None:
     w = Wire().connected()
     w.conn.shutdown()
