@@ -66,6 +66,30 @@ class NodeCollector:
         self._failover_counts = dict.fromkeys(FAILOVER_EVENTS, 0)
         self._failover_seen = 0.0
 
+    @staticmethod
+    def _disk(status: dict[str, Any]) -> Iterator[Metric]:
+        """The disk alarm: this node's free space and limit, and every alarm in force."""
+        me = status["node"]
+        disk = me["disk"]
+        yield GaugeMetricFamily("brokerha_disk_free_limit_bytes", "disk_free_limit (0 = off)",
+                                value=disk["disk_free_limit"])
+        free = GaugeMetricFamily("brokerha_disk_free_bytes", "Free space where the node writes",
+                                 labels=["path"])
+        for path, value in disk["free"].items():
+            if value is not None:
+                free.add_metric([path], value)
+        yield free
+        alarms = GaugeMetricFamily(
+            "brokerha_resource_alarm", "1 per resource alarm blocking publishers here: memory, "
+            "disk (free space), disk:store (a write found the disk full), disk:<backup>",
+            labels=["alarm", "reason"])
+        for alarm, reason in sorted(me["alarms"].items()):
+            alarms.add_metric([alarm, reason], 1)
+        yield alarms
+        yield GaugeMetricFamily("brokerha_disk_alarm", "1 while a disk alarm (this node's or a "
+                                "ready backup's) blocks publishers",
+                                value=int(any(a.split(":")[0] == "disk" for a in me["alarms"])))
+
     def describe(self) -> list[Metric]:
         return []  # collected on demand; nothing to check at registration
 
@@ -119,6 +143,7 @@ class NodeCollector:
                                 "in memory by queues", value=broker.memory.used)
         yield GaugeMetricFamily("brokerha_memory_alarm", "1 while publishers are blocked by the "
                                 "memory limit", value=1 if broker.memory_blocked else 0)
+        yield from self._disk(status)
         yield from self._txlog()
         yield from self._tls()
 

@@ -77,6 +77,14 @@ def _cell(value: Any, cls: str = "") -> str:
     return f"<td class={cls}>{text}</td>" if cls else f"<td>{text}</td>"
 
 
+def _alarms(alarms: Any) -> str:
+    """Resource alarms blocking publishers (memory, disk, disk:store, disk:<backup>), why."""
+    if not alarms:
+        return "–"
+    return "<br>".join(f"<span class=down title='{escape(str(why))}'>{escape(str(name))}</span>"
+                       f": {escape(str(why))}" for name, why in sorted(alarms.items()))
+
+
 def _ago(at: float, now: float) -> str:
     seconds = max(0.0, now - at)
     if seconds < 120:
@@ -93,7 +101,7 @@ def render_body(view: dict[str, Any]) -> str:
            f"<b>{escape(str(view.get('primary') or '(none serving)'))}</b></p>"]
     out.append("<h2>Nodes</h2><table id=nodes><tr><th>node</th><th>role</th><th>epoch</th>"
                "<th>ready</th><th>serving</th><th>position</th><th>pid</th><th>AMQP</th>"
-               "<th>admin</th></tr>")
+               "<th>admin</th><th>alarms</th></tr>")
     for n in view.get("nodes") or []:
         role = str(n.get("role") or "?")
         admin = n.get("admin_url")
@@ -105,7 +113,8 @@ def render_body(view: dict[str, Any]) -> str:
                    f"{_cell(n.get('epoch'), 'num')}<td>{_yes(n.get('ready'))}</td>"
                    f"<td>{_yes(n.get('serving'))}</td>"
                    f"{_cell('/'.join(map(str, pos)) if pos else None)}{_cell(n.get('pid'), 'num')}"
-                   f"{_cell(n.get('amqp_url'))}<td>{link}</td></tr>")
+                   f"{_cell(n.get('amqp_url'))}<td>{link}</td>"
+                   f"<td class=alarms>{_alarms(n.get('alarms'))}</td></tr>")
     out.append("</table>")
 
     rep = view.get("replication")
