@@ -285,3 +285,47 @@ def test_a_peer_that_never_sends_close_ok_is_dropped() -> None:
     assert not w.conn.wants_close
     w.conn.tick(13.5)
     assert w.conn.wants_close
+
+
+def external_start_ok(w: Wire) -> None:
+    w.raw(C.PROTOCOL_HEADER)
+    w.frames()
+    w.method(0, commands.Connection.StartOk(
+        client_properties={"capabilities": {"authentication_failure_close": True}},
+        mechanism="EXTERNAL", response="", locale="en_US"))
+
+
+def test_external_is_offered_on_tls_only_and_logs_in_as_the_certificate_user() -> None:
+    from brokerha.amqp.connection import ExternalIdentity
+
+    w = Wire()
+    external_start_ok(w)  # a plain connection: RabbitMQ's text with the plugin enabled
+    close = closed_with(w, C.COMMAND_INVALID)
+    assert close.reply_text == "COMMAND_INVALID - invalid authentication mechanism 'EXTERNAL'"
+    w = Wire()
+    w.conn.tls = ExternalIdentity("guest")
+    w.raw(C.PROTOCOL_HEADER)
+    start = w.expect(commands.Connection.Start)
+    assert start.mechanisms.split() == ["PLAIN", "AMQPLAIN", "EXTERNAL"]
+    w.method(0, commands.Connection.StartOk(client_properties={}, mechanism="EXTERNAL",
+                                            response="", locale="en_US"))
+    w.expect(commands.Connection.Tune)
+    assert w.conn.user is not None and w.conn.user.name == "guest"
+
+
+@pytest.mark.parametrize(("identity", "peer"), [
+    (("nobody", None), "127.0.0.1"),                        # no such user
+    ((None, "TLS configuration is unsafe"), "127.0.0.1"),   # nothing was verified
+    (("guest", None), "10.1.2.3"),                          # the loopback rule still applies
+])
+def test_external_refusals_close_with_403(identity: tuple[str | None, str | None],
+                                          peer: str) -> None:
+    from brokerha.amqp.connection import ExternalIdentity
+
+    w = Wire(peer=peer)
+    w.conn.tls = ExternalIdentity(*identity)
+    external_start_ok(w)
+    close = closed_with(w, C.ACCESS_REFUSED)
+    assert close.reply_text == ("ACCESS_REFUSED - Login was refused using authentication "
+                                "mechanism EXTERNAL. For details see the broker logfile.")
+    assert w.conn.wants_close and w.conn.user is None
