@@ -47,28 +47,37 @@ def register(parser: argparse.ArgumentParser) -> None:
         needs_input = name != "check-history"
         p.add_argument(
             "--input",
-            type=Path,
+            type=str,
             required=needs_input,
             metavar="DIR",
-            help="TxLog export: one <master>/ folder or a directory of them"
+            help="TxLog export: one <master>/ folder or a directory of them "
+            "(a path or any URL Spark reads: file://, hdfs://, s3a://...)"
             + ("" if needs_input else " (optional: classifies lost messages against the logs)"),
         )
         if name == "check-history":
             p.add_argument(
                 "--history",
-                type=Path,
+                type=str,
                 required=True,
                 metavar="PATH",
-                help="client history: .jsonl/.parquet file or a directory of them",
+                help="client history: .jsonl/.parquet file or a directory of them (path or URL)",
             )
         p.add_argument(
             "--out", type=Path, required=True, metavar="OUT", help="report directory (created)"
         )
-        p.add_argument(
+        where = p.add_mutually_exclusive_group()
+        where.add_argument(
             "--master",
             default=None,
             metavar="SPARK_URL",
-            help="Spark master (default local[*]; under spark-submit, the launcher's)",
+            help="Spark master: local[N], spark://host:port, yarn... "
+            "(default local[*]; under spark-submit, the launcher's)",
+        )
+        where.add_argument(
+            "--remote",
+            default=None,
+            metavar="sc://HOST:PORT",
+            help="run on a Spark Connect server instead of starting a local JVM",
         )
         p.add_argument(
             "--conf",
@@ -102,7 +111,9 @@ def run(name: str, module: str, args: argparse.Namespace) -> int:
 
     job = importlib.import_module(module)
     owned = SparkSession.getActiveSession() is None
-    spark = get_session(args.master, app=f"brokerha-pipeline-{name}", conf=dict(args.conf))
+    spark = get_session(
+        args.master, app=f"brokerha-pipeline-{name}", conf=dict(args.conf), remote=args.remote
+    )
     try:
         report: dict[str, Any] = job.main(spark, args)
     except ExportError as exc:

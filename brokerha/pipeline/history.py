@@ -27,6 +27,7 @@ Definitions (also in docs/pipeline.md):
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +66,10 @@ def main(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(
-    spark: SparkSession, history: Path, out: Path, exports: Path | None = None
+    spark: SparkSession,
+    history: str | os.PathLike[str],
+    out: Path,
+    exports: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
@@ -186,8 +190,8 @@ def run(
         "command": "check-history",
         "ok": problems == 0,
         "summary": ", ".join(f"{f['count']} {k.replace('_', ' ')}" for k, f in findings.items()),
-        "history": str(history),
-        "input": str(exports) if exports else None,
+        "history": os.fspath(history),
+        "input": os.fspath(exports) if exports else None,
         "totals": totals,
         "warnings": [
             f"{incomplete} committed transaction(s) whose tx_size differs from the messages recorded"
@@ -209,7 +213,9 @@ def run(
     return report
 
 
-def _classify_lost(spark: SparkSession, lost: DataFrame, exports: Path) -> DataFrame:
+def _classify_lost(
+    spark: SparkSession, lost: DataFrame, exports: str | os.PathLike[str]
+) -> DataFrame:
     """Add ``in_txlog`` to lost messages: what the TxLog bodies say happened.
 
     ``never reached the TxLog`` (no enqueue in any master's operations),
@@ -219,7 +225,7 @@ def _classify_lost(spark: SparkSession, lost: DataFrame, exports: Path) -> DataF
     """
     from pyspark.sql import functions as F
 
-    ops = read_table(spark, discover(exports), "operations").select("kind", "message_id")
+    ops = read_table(spark, discover(spark, exports), "operations").select("kind", "message_id")
     seen = (
         ops.join(F.broadcast(lost.select("message_id")), "message_id", "left_semi")
         .groupBy("message_id")

@@ -7,8 +7,8 @@ view of the export directory.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from brokerha.pipeline.reader import MasterExport, discover, read_table
@@ -20,13 +20,13 @@ if TYPE_CHECKING:
 @dataclass
 class Inputs:
     spark: SparkSession
-    root: Path
+    root: str  # as the user named it (path or URL)
     masters: list[MasterExport]
     _tables: dict[str, DataFrame] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def load(cls, spark: SparkSession, root: Path | str) -> Inputs:
-        return cls(spark, Path(root), discover(root))
+    def load(cls, spark: SparkSession, root: str | os.PathLike[str]) -> Inputs:
+        return cls(spark, os.fspath(root), discover(spark, root))
 
     @property
     def names(self) -> list[str]:

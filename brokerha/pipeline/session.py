@@ -37,16 +37,30 @@ DEFAULT_MASTER = "local[*]"
 
 
 def get_session(
-    master: str | None = None, app: str = "brokerha-pipeline", conf: Mapping[str, str] | None = None
+    master: str | None = None,
+    app: str = "brokerha-pipeline",
+    conf: Mapping[str, str] | None = None,
+    remote: str | None = None,
 ) -> SparkSession:
     """Create (or, in-process, reuse) the session for one command.
 
-    With ``master`` None we use ``local[*]`` -- unless spark-submit launched us
-    (it starts the JVM first and exports PYSPARK_GATEWAY_PORT), in which case
-    the launcher's ``--master`` must win and we set nothing ourselves.
+    With ``remote`` (``sc://host:port``) the session is a Spark Connect
+    client: no JVM starts here, the server runs the jobs (the pipeline uses
+    DataFrame APIs only, never RDDs or the SparkContext, so the same code runs
+    both ways); ``conf`` may then set only runtime SQL settings. With
+    ``master`` None we use ``local[*]`` -- unless spark-submit launched us (it
+    starts the JVM first and exports PYSPARK_GATEWAY_PORT), in which case the
+    launcher's ``--master`` must win and we set nothing ourselves.
     """
     from pyspark.sql import SparkSession
 
+    if remote is not None:
+        if master is not None:
+            raise ValueError("give either a Spark master or a Spark Connect URL, not both")
+        builder = SparkSession.builder.remote(remote)
+        for key, value in {"spark.sql.session.timeZone": "UTC", **(conf or {})}.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
     builder = SparkSession.builder.appName(app)
     active = SparkSession.getActiveSession()
     if active is None:

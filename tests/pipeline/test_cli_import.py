@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from pathlib import Path
 
 from brokerha.pipeline.cli import register
 
@@ -26,7 +25,7 @@ def test_parser_accepts_every_job() -> None:
         args = parser.parse_args(
             [job, "--input", "D", "--out", "O", "--master", "local[2]", "--conf", "a.b=c"]
         )
-        assert args.input == Path("D") and args.master == "local[2]" and args.conf == [("a.b", "c")]
+        assert args.input == "D" and args.master == "local[2]" and args.conf == [("a.b", "c")]
         assert callable(args.handler)
     args = parser.parse_args(["check-history", "--history", "h.jsonl", "--out", "O"])
-    assert args.input is None and args.history == Path("h.jsonl") and args.master is None
+    assert args.input is None and args.history == "h.jsonl" and args.master is None

@@ -306,8 +306,10 @@ def test_audit_and_replay_plan_read_a_real_simulation_export(spark: Any, tmp_pat
     from brokerha.cli import main as cli_main
 
     exports = tmp_path / "exports"
-    assert cli_main(["txlog", "simulate", "--seeds", "2", "--masters", "3",
-                     "--export", str(exports)]) == 0
+    assert (
+        cli_main(["txlog", "simulate", "--seeds", "2", "--masters", "3", "--export", str(exports)])
+        == 0
+    )
     report = _audit(spark, exports, tmp_path / "audit")
     assert report["consistent"] is True
     assert sorted(report["masters"]) == ["dc1", "dc2", "dc3"]
