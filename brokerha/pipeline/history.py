@@ -74,39 +74,67 @@ def run(
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
-    h = read_history(spark, history).cache()
-    published = h.filter(
-        F.col("op").isin("publish-confirmed", "tx-committed") & F.col("message_id").isNotNull()
-    )
+    h = read_history(spark, history)
+    op, tx, has_id = F.col("op"), F.col("tx_id"), F.col("message_id").isNotNull()
+    is_pub = op.isin("publish-confirmed", "tx-committed")
+    delivered, acked = op == "delivered", op == "acked"
     committed = (
-        h.filter((F.col("op") == "tx-committed") & F.col("tx_id").isNotNull())
+        h.filter((op == "tx-committed") & tx.isNotNull())
         .groupBy("client", "tx_id")
         .agg(F.max("tx_size").alias("tx_size"), F.min("at_ms").alias("committed_ms"))
+        .cache()
     )
-    in_tx = published.filter(F.col("tx_id").isNotNull())
-    tx_messages = in_tx.join(committed.select("client", "tx_id"), ["client", "tx_id"], "left_semi")
-    plain = published.filter(F.col("tx_id").isNull() & (F.col("op") == "publish-confirmed"))
-    confirmed = (
-        plain.unionByName(tx_messages)
-        .select("message_id", "queue", "client", "tx_id", F.col("at_ms").alias("published_ms"))
-        .dropDuplicates(["message_id"])
+    # publish rows of client transactions, flagged: did that client commit the transaction?
+    cols = ["message_id", "client", "tx_id", "queue", "at_ms", "op"]
+    tx_pubs = (
+        h.filter(has_id & is_pub & tx.isNotNull())
+        .select(*cols)
+        .join(
+            committed.select("client", "tx_id", F.lit(True).alias("ctx")),
+            ["client", "tx_id"],
+            "left",
+        )
+        .select(*cols, F.coalesce(F.col("ctx"), F.lit(False)).alias("ctx"))
+        .cache()
     )
-    deliveries = h.filter((F.col("op") == "delivered") & F.col("message_id").isNotNull())
-    # reused by four findings: computed once (it is one row per delivered message)
-    delivered_ids = (
-        deliveries.groupBy("message_id").agg(F.count(F.lit(1)).alias("deliveries")).cache()
+    rest = h.filter(has_id & ((is_pub & tx.isNull()) | delivered | acked)).select(
+        *cols, F.lit(False).alias("ctx")
     )
-    acks = h.filter((F.col("op") == "acked") & F.col("message_id").isNotNull())
+    # One shuffle of every message row gives everything per message: the publish that
+    # confirms it (earliest), one uncommitted publish, deliveries, acks, the first ack.
+    confirming = ((op == "publish-confirmed") & tx.isNull()) | F.col("ctx")
+    per_msg = (
+        tx_pubs.unionByName(rest)
+        .groupBy("message_id")
+        .agg(
+            F.min(F.when(confirming, F.struct("at_ms", "client", "queue", "tx_id"))).alias("pub"),
+            F.min(
+                F.when(is_pub & tx.isNotNull() & ~F.col("ctx"), F.struct("client", "tx_id"))
+            ).alias("unc"),
+            F.count(F.when(delivered, 1)).alias("deliveries"),
+            F.count(F.when(acked, 1)).alias("acks"),
+            F.min(F.when(acked, F.col("at_ms"))).alias("first_ack_ms"),
+        )
+        .cache()
+    )
 
-    lost = confirmed.join(delivered_ids, "message_id", "left_anti")
+    lost = per_msg.filter(F.col("pub").isNotNull() & (F.col("deliveries") == 0)).select(
+        "message_id",
+        F.col("pub.queue").alias("queue"),
+        F.col("pub.client").alias("client"),
+        F.col("pub.tx_id").alias("tx_id"),
+        F.col("pub.at_ms").alias("published_ms"),
+    )
     if exports is not None:
         lost = _classify_lost(spark, lost, exports)
 
-    first_ack = acks.groupBy("message_id").agg(F.min("at_ms").alias("first_ack_ms"))
+    # per-delivery and per-ack findings re-read only the messages that can have them
+    multi = _few(per_msg.filter(F.col("deliveries") > 1).select("message_id", "first_ack_ms"))
     order = Window.partitionBy("message_id").orderBy("at_ms", "client")
     duplicates = (
-        deliveries.withColumn("nth", F.row_number().over(order))
-        .join(first_ack, "message_id", "left")
+        h.filter(delivered & has_id)
+        .join(multi, "message_id")
+        .withColumn("nth", F.row_number().over(order))
         .filter(
             (F.col("nth") > 1)
             & (
@@ -127,17 +155,20 @@ def run(
         )
     )
     double = (
-        acks.groupBy("message_id")
+        h.filter(acked & has_id)
+        .join(_few(per_msg.filter(F.col("acks") > 1).select("message_id")), "message_id")
+        .groupBy("message_id")
         .agg(
             F.count(F.lit(1)).alias("acks"), F.sort_array(F.collect_set("client")).alias("clients")
         )
-        .filter(F.col("acks") > 1)
     )
 
+    delivered_n = F.when(F.col("deliveries") > 0, F.col("deliveries")).alias("deliveries")
     per_tx = (
-        tx_messages.select("client", "tx_id", "message_id")
+        tx_pubs.filter(F.col("ctx"))
+        .select("client", "tx_id", "message_id")
         .dropDuplicates(["client", "tx_id", "message_id"])
-        .join(delivered_ids, "message_id", "left")
+        .join(per_msg.select("message_id", delivered_n), "message_id", "left")
         .groupBy("client", "tx_id")
         .agg(
             F.count(F.lit(1)).alias("messages"),
@@ -147,13 +178,14 @@ def run(
             ).alias("never_delivered"),
         )
         .join(committed, ["client", "tx_id"])
+        .cache()
     )
     half = per_tx.filter((F.col("delivered") > 0) & (F.col("delivered") < F.col("messages")))
-    uncommitted = (
-        in_tx.join(committed.select("client", "tx_id"), ["client", "tx_id"], "left_anti")
-        .select("message_id", F.col("client").alias("publisher"), "tx_id")
-        .join(delivered_ids, "message_id")
-        .dropDuplicates(["message_id"])
+    uncommitted = per_msg.filter(F.col("unc").isNotNull() & (F.col("deliveries") > 0)).select(
+        "message_id",
+        F.col("unc.client").alias("publisher"),
+        F.col("unc.tx_id").alias("tx_id"),
+        "deliveries",
     )
 
     frames: dict[str, tuple[DataFrame, list[str]]] = {
@@ -177,13 +209,13 @@ def run(
         .collect()[0]
         .asDict()
     )
-    totals["confirmed_messages"] = confirmed.count()
+    totals["confirmed_messages"] = per_msg.filter(F.col("pub").isNotNull()).count()
     totals["committed_transactions"] = committed.count()
     incomplete = per_tx.filter(
         F.col("tx_size").isNotNull() & (F.col("tx_size") != F.col("messages"))
     ).count()
-    h.unpersist()
-    delivered_ids.unpersist()
+    for cached in (committed, tx_pubs, per_msg, per_tx):
+        cached.unpersist()
 
     problems = sum(f["count"] for f in findings.values())
     report = {
@@ -211,6 +243,18 @@ def run(
         )
     write_html(out, "Client history check", secs)
     return report
+
+
+#: A set of message ids up to this size is broadcast to the join that
+#: re-reads their rows (no shuffle of the whole history); larger sets shuffle.
+BROADCAST_IDS = 1_000_000
+
+
+def _few(ids: DataFrame) -> DataFrame:
+    """``ids`` with a broadcast hint when they are few (counted on the cached aggregate)."""
+    from pyspark.sql import functions as F
+
+    return F.broadcast(ids) if ids.count() <= BROADCAST_IDS else ids
 
 
 def _classify_lost(

@@ -81,19 +81,30 @@ def _consumes(outcome: Column) -> Column:
     return outcome.isNull() | (outcome != "failed")
 
 
-def _dequeues(inputs: Inputs, txs: DataFrame) -> DataFrame:
-    """(tx_id, queue, message_id) of the dequeues of ``txs``; bodies come from
-    any master's operations (each holds the bodies it knows; duplicates dropped)."""
+def _post_fork_dequeues(inputs: Inputs, maj_post: DataFrame, min_post: DataFrame) -> DataFrame:
+    """(side, tx_id, queue, message_id) of the dequeues of both sides' consuming transactions.
+
+    Bodies come from any master's operations (each holds the bodies it
+    knows; duplicates dropped). The operations are read once for both sides
+    (one join on tx_id), not once per side.
+    """
     from pyspark.sql import functions as F
 
+    sides = (
+        maj_post.filter(_consumes(F.col("outcome")))
+        .select("tx_id", F.lit("majority").alias("side"))
+        .unionByName(
+            min_post.filter(_consumes(F.col("outcome"))).select(
+                "tx_id", F.lit("minority").alias("side")
+            )
+        )
+    )
     ops = (
         inputs.table("operations")
         .filter(F.col("kind") == "dequeue")
         .select("tx_id", "queue", "message_id")
     )
-    return ops.join(F.broadcast(txs.select("tx_id")), "tx_id", "left_semi").dropDuplicates(
-        ["tx_id", "message_id"]
-    )
+    return ops.join(sides, "tx_id").dropDuplicates(["side", "tx_id", "message_id"])
 
 
 def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) -> dict[str, Any]:
@@ -126,24 +137,35 @@ def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) ->
     )
     n_reneg, reneg_sample = materialise(renegotiate, base / "renegotiate.parquet", ["position"])
 
-    maj_deq = _dequeues(inputs, maj_post.filter(_consumes(F.col("outcome"))))
-    min_deq = _dequeues(inputs, min_post.filter(_consumes(F.col("outcome"))))
+    deq = _post_fork_dequeues(inputs, maj_post, min_post)
     conflicts = (
-        maj_deq.select("message_id", "queue", F.col("tx_id").alias("majority_tx"))
-        .join(min_deq.select("message_id", F.col("tx_id").alias("minority_tx")), "message_id")
+        deq.filter(F.col("side") == "majority")
+        .select("message_id", "queue", F.col("tx_id").alias("majority_tx"))
+        .join(
+            deq.filter(F.col("side") == "minority").select(
+                "message_id", F.col("tx_id").alias("minority_tx")
+            ),
+            "message_id",
+        )
         .join(renegotiated.withColumnRenamed("tx_id", "minority_tx"), "minority_tx", "left")
     )
     n_conf, conf_sample = materialise(
         conflicts, base / "conflicts.parquet", ["message_id", "minority_tx"]
     )
+    spark = sync.sparkSession
     # a conflicting minority tx, once renegotiated, must fail validation everywhere
     committed_conflicts = (
-        conflicts.filter(F.col("new_outcome") == "committed")
+        spark.read.parquet(str(base / "conflicts.parquet"))
+        .filter(F.col("new_outcome") == "committed")
         .select("minority_tx", "new_tx_id")
         .distinct()
     )
     bad_conflicts = [r.asDict() for r in committed_conflicts.limit(20).collect()]
-    n_renegotiated = renegotiate.filter(F.col("new_tx_id").isNotNull()).count()
+    n_renegotiated = (
+        spark.read.parquet(str(base / "renegotiate.parquet"))
+        .filter(F.col("new_tx_id").isNotNull())
+        .count()
+    )
 
     strategy = inputs.meta(minority).split_recovery
     compare = compare_recorded(inputs, minority, winner, fork, replay, strategy, analysis)
@@ -334,8 +356,12 @@ def check_recorded(inputs: Inputs, analysis: LogAnalysis, out: Path) -> list[dic
     copies = sync.filter((F.col("master") == maj.master) & F.col("replay_of").isNotNull()).select(
         F.col("replay_of").alias("tx_id"), F.col("tx_id").alias("new_tx_id")
     )
-    both = copies.join(
-        sync.filter(F.col("master") == maj.master).select("tx_id"), "tx_id", "left_semi"
+    # few copies, a long log: broadcast the copies, stream the log (no shuffle of it)
+    both = (
+        sync.filter(F.col("master") == maj.master)
+        .select("tx_id")
+        .join(F.broadcast(copies), "tx_id")
+        .dropDuplicates(["tx_id", "new_tx_id"])
     )
     n_both, sample = materialise(both, out / "executed_twice.parquet", ["tx_id"])
     if n_both:

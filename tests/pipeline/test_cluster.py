@@ -85,6 +85,8 @@ def test_standalone_cluster_reports_equal_local(workload: dict[str, Any], tmp_pa
                 "--conf",
                 "spark.driver.host=127.0.0.1",
                 "--conf",
+                "spark.sql.shuffle.partitions=4",
+                "--conf",
                 f"spark.pyspark.python={sys.executable}",
             ],
             cwd=ROOT,
