@@ -167,6 +167,7 @@ class HANode:
         if self.backup is not None:
             self.backup.close()
         self.backup, self.following = None, None
+        self.node.set_relay_target(None)  # our clients: served here once verified
         self.phase = "verifying"
         self._record_position(epoch, 0)
         self._durable_seq = 0
@@ -246,6 +247,7 @@ class HANode:
 
     def _demote(self) -> None:
         self._verification = None
+        self.node.set_relay_target(None)
         self._pending_joins.clear()
         self.backup_alarms.clear()
         if self.primary is not None:
@@ -276,6 +278,7 @@ class HANode:
             self.backup.close()
         self.phase = "backup"
         self.following = primary
+        self.node.set_relay_target(self.cluster.member(primary).amqp)
         st = self.state.state
         self.backup = Backup(self.broker, me=self.me, epoch=epoch,
                              position=el.Position(st.pos_epoch, st.pos_seq),

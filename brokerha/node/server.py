@@ -18,6 +18,7 @@ from brokerha.cluster.ports import ADMIN_OFFSET
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
 from brokerha.node.disk import DiskMonitor
+from brokerha.node.relay import Refuse, RelayProtocol
 from brokerha.node.tls import NodeTLS
 from brokerha.node.transport import AMQPProtocol
 from brokerha.store.factory import open_store
@@ -67,7 +68,14 @@ class Node:
                                 config.disk_free_limit, self.broker.set_alarm)
         self.exit_code = 0
         self.connections: set[AMQPProtocol] = set()
-        self.servers: list[asyncio.base_events.Server] = []  # AMQP and amqps, while serving
+        self.servers: list[asyncio.base_events.Server] = []  # AMQP and amqps listeners
+        # serving: accepted connections are this node's clients (a standalone node, the
+        # verified primary); otherwise a cluster member relays them to ``relay_to``, the
+        # primary's AMQP address, or closes them while it knows none (node/relay.py)
+        self.serving = False
+        self.relay_to: tuple[str, int] | None = None
+        self.relays: set[RelayProtocol] = set()
+        self.relay_secret = cluster.secret if cluster is not None else None
         # [tls]: the amqps/HTTPS contexts; SIGHUP or POST /api/tls/reload reads the files again
         self.tls = NodeTLS(config.tls)
         self.admin = AdminServer(self.broker.users)
@@ -123,6 +131,10 @@ class Node:
             log.info("node %s ready: AMQP 0-9-1 on %s, data in %s, store %r", cfg.name,
                      listeners, cfg.data_dir, self.store)
         else:
+            try:  # open in every role: a backup relays its clients to the primary
+                await self.open_listeners()
+            except OSError as exc:  # the primary's turn retries (HANode._open_listener)
+                log.warning("node %s: AMQP listener not open yet (%s)", cfg.name, exc)
             await self.ha.start()
             log.info("node %s ready: member of cluster %s, AMQP 0-9-1 on %s while primary, "
                      "data in %s, store %r", cfg.name, self.cluster.name if self.cluster else "",
@@ -174,7 +186,8 @@ class Node:
               "pid": os.getpid(), "amqp_url": f"amqp://{cfg.listen_host}:{cfg.listen_port}",
               "amqps_url": (None if cfg.amqps_listen is None
                             else f"amqps://{cfg.amqps_listen[0]}:{cfg.amqps_listen[1]}"),
-              "serving": bool(self.servers), "connections": len(self.connections),
+              "serving": self.serving, "connections": len(self.connections),
+              "relayed_connections": len(self.relays),
               "alarms": dict(self.broker.alarms), "disk": self.disk.status()}
         status: dict[str, Any] = {"node": me, "cluster": None, "members": None}
         if self.ha is not None:
@@ -186,36 +199,68 @@ class Node:
 
         With ``[txlog]`` the TxLog master starts first (global queues need it) and
         stops after the listener: a standalone node runs it from the start, an HA
-        member while it is the verified, serving primary.
+        member while it is the verified, serving primary. A cluster member's listeners stay
+        open when it stops serving: its new connections are relayed (or dropped).
         """
-        cfg = self.config
-        if serve and not self.servers:
+        if serve and not self.serving:
             if self.txlog is not None:
                 await self.txlog.start()  # OSError (port taken): the HA layer retries
-            try:
-                if cfg.amqp_plain:
-                    self.servers.append(await self.loop.create_server(
-                        lambda: AMQPProtocol(self.loop, self.broker, self.connections),
-                        cfg.listen_host, cfg.listen_port, reuse_address=True))
-                if cfg.amqps_listen is not None:
-                    self.servers.append(await self.loop.create_server(
-                        self.tls.acceptor(self._amqps_protocol, "amqps"),
-                        *cfg.amqps_listen, reuse_address=True))
-            except OSError:
+            await self.open_listeners()
+            self.serving = True
+            self.set_relay_target(None)
+        elif not serve and self.serving:
+            self.serving = False
+            if self.ha is None:
                 self._close_listeners()
-                raise
-        elif not serve and self.servers:
-            self._close_listeners()
             self.close_connections(abort=True)
             if self.txlog is not None:
                 await self.txlog.stop("this node stopped serving clients")
 
-    def _amqps_protocol(self) -> AMQPProtocol | None:
-        """An amqps connection whose TLS handshake is done; None if the node stopped
-        serving during the handshake (a deposed primary takes no new clients)."""
-        if not self.servers:
-            return None
-        return AMQPProtocol(self.loop, self.broker, self.connections, self.tls.identity)
+    async def open_listeners(self) -> None:
+        """The AMQP and amqps listeners (a cluster member keeps them open in every role)."""
+        if self.servers:
+            return
+        cfg = self.config
+        try:
+            if cfg.amqp_plain:
+                self.servers.append(await self.loop.create_server(
+                    self._plain_protocol, cfg.listen_host, cfg.listen_port,
+                    reuse_address=True))
+            if cfg.amqps_listen is not None:
+                self.servers.append(await self.loop.create_server(
+                    self.tls.acceptor(self._amqps_protocol, "amqps"),
+                    *cfg.amqps_listen, reuse_address=True))
+        except OSError:
+            self._close_listeners()
+            raise
+
+    def _client_protocol(self, identify: Any = None) -> asyncio.Protocol | None:
+        """Serve the accepted connection here, relay it to the primary, or drop it (None)."""
+        if self.serving:
+            return AMQPProtocol(self.loop, self.broker, self.connections, identify,
+                                relay_secret=self.relay_secret)
+        if self.relay_to is not None and self.relay_secret is not None:
+            return RelayProtocol(self.relay_to, self.relays, self.relay_secret, identify)
+        return None
+
+    def _plain_protocol(self) -> asyncio.Protocol:
+        return self._client_protocol() or Refuse()
+
+    def _amqps_protocol(self) -> asyncio.Protocol | None:
+        """An amqps connection whose TLS handshake is done; None if this node can neither
+        serve nor relay it now (a deposed primary during an election takes no clients)."""
+        return self._client_protocol(self.tls.identity)
+
+    def set_relay_target(self, target: tuple[str, int] | None) -> None:
+        """Relay new connections to ``target`` (the primary changed: end the old relays)."""
+        if target != self.relay_to:
+            if self.relay_to is not None or target is None:
+                for relay in list(self.relays):
+                    relay.close(abort=True)
+            self.relay_to = target
+            if target is not None:
+                log.info("node %s relays AMQP clients to the primary at %s:%d",
+                         self.config.name, *target)
 
     def _close_listeners(self) -> None:
         for server in self.servers:
@@ -271,6 +316,7 @@ class Node:
                  len(self.connections))
         self._stopping.set()
         self._close_listeners()
+        self.set_relay_target(None)
         self.admin.close()
         if self.ha is not None:
             await self.ha.stop()

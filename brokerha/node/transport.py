@@ -10,6 +10,7 @@ from typing import cast
 
 from brokerha.amqp.connection import ExternalIdentity, ServerConnection
 from brokerha.broker.broker import Broker
+from brokerha.node.relay import PreambleError, PreambleReader
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,11 @@ class AMQPProtocol(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop, broker: Broker,
                  connections: set[AMQPProtocol],
                  identify: Callable[[ssl.SSLObject | None], ExternalIdentity | None]
-                 | None = None) -> None:
+                 | None = None, relay_secret: bytes | None = None) -> None:
         self.loop = loop
+        # a cluster member: a backup may relay a client here (node/relay.py), its first
+        # line then says who the client is
+        self._preamble = None if relay_secret is None else PreambleReader(relay_secret)
         self.identify = identify  # amqps: the client certificate's user (node/tls.py)
         self.broker = broker
         self.connections = connections  # the node's registry of live connections
@@ -42,14 +46,35 @@ class AMQPProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         tls = (None if self.identify is None
                else self.identify(transport.get_extra_info("ssl_object")))
-        conn = ServerConnection(self.broker, peer=(peer[0], peer[1]) if peer else None,
-                                now=self.loop.time(), conn_id=id(self), tls=tls)
+        self._open(peer[:2] if peer else None, tls)
+        self.connections.add(self)
+
+    def _open(self, peer: tuple[str, int] | None, tls: ExternalIdentity | None) -> None:
+        conn = ServerConnection(self.broker, peer=peer, now=self.loop.time(), conn_id=id(self),
+                                tls=tls)
         conn.on_output = self._schedule_flush
         conn.on_read_paused = self._read_paused
         self.conn = conn
-        self.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        if self._preamble is not None:
+            try:
+                found = self._preamble.feed(data)
+            except PreambleError as exc:
+                log.warning("connection from %s refused: %s",
+                            self.transport.get_extra_info("peername") if self.transport else "?",
+                            exc)
+                if self.transport is not None:
+                    self.transport.abort()
+                return
+            if found is None:
+                return  # the preamble's line is not complete yet
+            self._preamble = None
+            client, data = found
+            if client is not None:  # relayed by a backup: the client is who it says
+                self._open((client.host, client.port), client.tls)
+            if not data:
+                return
         conn = self.conn
         assert conn is not None
         conn.receive_data(data, self.loop.time())
