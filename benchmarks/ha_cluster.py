@@ -20,6 +20,12 @@ the next kill). The gap is the time from the kill to the first confirm of a
 message published after the kill (on the new primary / leader). At the end
 the queue is drained: every confirmed message must be there.
 
+Part 3 -- the relay's cost (any node is an entry point, docs/ha.md): on one
+3-node brokerha cluster, the ``confirm`` workload and the publish-to-confirm
+latency (pika, one persistent publish in flight) through the primary's own
+address and through a backup's (which relays the connection to the primary),
+alternating, same run; the table gives relayed / direct.
+
 The brokerha cluster of part 2 runs with docs/ha.md's default timeouts
 (heartbeat_interval 0.2, lease_timeout 1.0, election_timeout 1.5), not the
 shortened ones of the tests.
@@ -67,6 +73,7 @@ from amqp_profile import make_node
 from amqp_throughput import tree_cpu_times
 from loadgen import WORKLOADS, Result, Workload
 from rabbitmq_ref import RABBITMQ_SERVER, RabbitMQRef, _port_open, _stop_process, available
+from store_group_commit import confirm_latency_ms
 
 from brokerha.testing import LocalCluster
 
@@ -245,6 +252,46 @@ class RabbitCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# -- part 3: the relay's cost --------------------------------------------------------
+
+RELAY_PATHS = ("direct (primary)", "relayed (backup)")
+
+
+def run_relay(duration: float, warmup: float, rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Confirmed msgs/s and confirm latency through the primary and through a backup."""
+    figures: dict[str, dict[str, list[float]]] = {
+        p: {"msgs_per_s": [], "p50_ms": [], "p99_ms": []} for p in RELAY_PATHS}
+    with LocalCluster(3, options=HA_DEFAULTS) as cluster:
+        primary = wait_all_ready(cluster)
+        backup = next(n for n in cluster.names if n != primary)
+        urls = dict(zip(RELAY_PATHS, (cluster.url(primary), cluster.url(backup)), strict=True))
+        for r in range(rounds):
+            for path in (RELAY_PATHS if r % 2 == 0 else tuple(reversed(RELAY_PATHS))):
+                result = asyncio.run(loadgen.run_workload(urls[path], CONFIRM, duration, warmup))
+                p50, p99 = confirm_latency_ms(urls[path], min(duration, 3.0))
+                for key, value in (("msgs_per_s", result.msgs_per_s), ("p50_ms", p50),
+                                   ("p99_ms", p99)):
+                    figures[path][key].append(value)
+                print(f"  {path:18} {result.msgs_per_s:,.0f} msgs/s, confirm p50 {p50:.2f} ms "
+                      f"p99 {p99:.2f} ms", flush=True)
+    return figures
+
+
+def format_relay(figures: dict[str, dict[str, list[float]]]) -> str:
+    med = {p: {k: statistics.median(v) if v else None for k, v in f.items()}
+           for p, f in figures.items()}
+    direct, relayed = (med[p] for p in RELAY_PATHS)
+    lines = ["| path | confirmed msgs/s | confirm p50 ms | confirm p99 ms |", "|---|---|---|---|"]
+    for path in RELAY_PATHS:
+        m = med[path]
+        lines.append(f"| {path} | {m['msgs_per_s'] or 0:,.0f} | {m['p50_ms'] or 0:.2f} | "
+                     f"{m['p99_ms'] or 0:.2f} |")
+    lines.append(f"| relayed / direct | {_ratio(relayed['msgs_per_s'], direct['msgs_per_s'])} | "
+                 f"{_ratio(relayed['p50_ms'], direct['p50_ms'])} | "
+                 f"{_ratio(relayed['p99_ms'], direct['p99_ms'])} |")
+    return "\n".join(lines)
 
 
 # -- part 1: confirmed throughput ---------------------------------------------------
@@ -693,6 +740,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="skip RabbitMQ's failover-gap measurement")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-failover", action="store_true")
+    p.add_argument("--skip-relay", action="store_true", help="leave out part 3 (relay cost)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write all results as JSON")
     args = p.parse_args(argv)
     if not 0 < args.duration <= 120 or not 1 <= args.rounds <= 10 or not 0 <= args.kills <= 50:
@@ -720,6 +768,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{args.rounds} round(s)", flush=True)
         table = run_throughput(configs, args.duration, args.warmup, args.rounds)
         loads.append(os.getloadavg()[0])
+    relay: dict[str, dict[str, list[float]]] = {}
+    if not args.skip_relay:
+        print(f"\nrelay cost: direct and through a backup, {args.duration:g} s each, "
+              f"{args.rounds} round(s)", flush=True)
+        relay = run_relay(args.duration, args.warmup, args.rounds)
+        loads.append(os.getloadavg()[0])
     if not args.skip_failover and args.kills:
         print(f"\nfailover gap: {args.kills} kills per broker", flush=True)
         runs: list[tuple[str, Callable[[int], Failover]]] = [("brokerha", failover_brokerha)]
@@ -744,6 +798,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for c, m in table.items():
             for e in m.errors:
                 print(f"error: {c}: {e[:500]}")
+    if relay:
+        print(f"\nRelay cost (any node is an entry point): loadgen `confirm` and pika "
+              f"publish-to-confirm latency, one in flight; median of {args.rounds} run(s):\n")
+        print(format_relay(relay))
     if failovers:
         print(f"\nFailover gap: SIGKILL of the node the pika publisher (confirms, one in "
               f"flight) is connected to, {args.kills} times; gap = kill -> first confirm of "
@@ -764,7 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "throughput": {c: {"msgs_per_s": m.median(), "cpu_us_per_msg": m.cpu(),
                                "results": [r.to_dict() for r in m.results], "errors": m.errors}
                            for c, m in table.items()},
-            "failover": [r.summary() for r in failovers]}, indent=2))
+            "failover": [r.summary() for r in failovers], "relay": relay}, indent=2))
     bad = any(m.errors for m in table.values()) or any(r.error or r.lost for r in failovers)
     return 1 if bad else 0
 

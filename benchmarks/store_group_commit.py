@@ -110,9 +110,9 @@ def store_rate(backend: Backend, batch: int, seconds: float, max_rows: int = 60_
 
 # -- through a node ----------------------------------------------------------------------------
 
-def confirm_latency_ms(node: NodeProcess, seconds: float) -> tuple[float, float]:
+def confirm_latency_ms(url: str, seconds: float) -> tuple[float, float]:
     """p50 and p99 of one persistent publish + confirm at a time (pika)."""
-    conn = pika.BlockingConnection(pika.URLParameters(node.url))
+    conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
     ch.confirm_delivery()
     ch.queue_declare("latency", durable=True)
@@ -133,7 +133,7 @@ def node_figures(backend: Backend, duration: float, warmup: float) -> dict[str, 
             NodeProcess("bench", data_dir=data, extra_args=backend.node_args()) as node:
         confirm = asyncio.run(loadgen.run_workload(node.url, "confirm", duration, warmup))
         tx = asyncio.run(loadgen.run_workload(node.url, "tx", duration, warmup))
-        p50, p99 = confirm_latency_ms(node, min(duration, 3.0))
+        p50, p99 = confirm_latency_ms(node.url, min(duration, 3.0))
     return {"confirm_msgs_s": confirm.msgs_per_s, "tx_commits_s": tx.commits_per_s,
             "tx_msgs_s": tx.msgs_per_s, "latency_p50_ms": p50, "latency_p99_ms": p99}
 

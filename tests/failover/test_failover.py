@@ -55,11 +55,18 @@ def test_cluster_elects_one_primary_and_ctl_shows_it(cluster: LocalCluster) -> N
     assert set(backups) == set(cluster.names) - {primary}
 
 
-def test_backups_refuse_amqp_clients(cluster: LocalCluster) -> None:
+def test_backups_relay_amqp_clients_to_the_primary(cluster: LocalCluster) -> None:
     primary = wait_all_ready(cluster)
     backup = next(n for n in cluster.names if n != primary)
-    with pytest.raises(TimeoutError):
-        connect_any([cluster.url(backup)], time.monotonic() + 1)
+    conn = connect_any([cluster.url(backup)], time.monotonic() + 5)
+    try:
+        status = cluster.status(backup)
+        assert status is not None and status["node"]["relayed_connections"] == 1
+        assert status["node"]["role"] == "backup" and not status["node"]["serving"]
+        served = cluster.status(primary)
+        assert served is not None and served["node"]["connections"] >= 1
+    finally:
+        conn.close()
     connect_any([cluster.url(primary)], time.monotonic() + 5).close()
 
 
