@@ -107,6 +107,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.tls:
         print(f"TLS: CA {data / 'tls' / 'ca.pem'}, client certificate for guest (EXTERNAL) "
               f"{data / 'tls' / 'client-guest.pem'} + .key", flush=True)
+    print(f"clients: any node's URL works (a backup relays to the primary), e.g. "
+          f"amqp://guest:guest@127.0.0.1:{args.base_port}/%2F; give clients that take a list "
+          f"all {args.nodes}", flush=True)
     print(f"status: brokerha ctl --node amqp://127.0.0.1:{args.base_port} status\n"
           f"start node nI alone again: brokerha node --config {config} --name nI "
           f"--data {data}/nI", flush=True)

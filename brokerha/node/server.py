@@ -76,6 +76,8 @@ class Node:
         self.relay_to: tuple[str, int] | None = None
         self.relays: set[RelayProtocol] = set()
         self.relay_secret = cluster.secret if cluster is not None else None
+        self._listen_retry_at = 0.0
+        self._listening = asyncio.Lock()
         # [tls]: the amqps/HTTPS contexts; SIGHUP or POST /api/tls/reload reads the files again
         self.tls = NodeTLS(config.tls)
         self.admin = AdminServer(self.broker.users)
@@ -218,21 +220,22 @@ class Node:
 
     async def open_listeners(self) -> None:
         """The AMQP and amqps listeners (a cluster member keeps them open in every role)."""
-        if self.servers:
-            return
-        cfg = self.config
-        try:
-            if cfg.amqp_plain:
-                self.servers.append(await self.loop.create_server(
-                    self._plain_protocol, cfg.listen_host, cfg.listen_port,
-                    reuse_address=True))
-            if cfg.amqps_listen is not None:
-                self.servers.append(await self.loop.create_server(
-                    self.tls.acceptor(self._amqps_protocol, "amqps"),
-                    *cfg.amqps_listen, reuse_address=True))
-        except OSError:
-            self._close_listeners()
-            raise
+        async with self._listening:  # the sweep's retry and the new primary's may overlap
+            if self.servers:
+                return
+            cfg = self.config
+            try:
+                if cfg.amqp_plain:
+                    self.servers.append(await self.loop.create_server(
+                        self._plain_protocol, cfg.listen_host, cfg.listen_port,
+                        reuse_address=True))
+                if cfg.amqps_listen is not None:
+                    self.servers.append(await self.loop.create_server(
+                        self.tls.acceptor(self._amqps_protocol, "amqps"),
+                        *cfg.amqps_listen, reuse_address=True))
+            except OSError:
+                self._close_listeners()
+                raise
 
     def _client_protocol(self, identify: Any = None) -> asyncio.Protocol | None:
         """Serve the accepted connection here, relay it to the primary, or drop it (None)."""
@@ -281,10 +284,23 @@ class Node:
         while not self._stopping.is_set():
             await asyncio.sleep(interval)
             now = self.loop.time()
+            if self.ha is not None and not self.servers and now >= self._listen_retry_at:
+                await self._retry_listeners(now)
             self.disk.check(now)
             self.broker.tick(now)
             for proto in list(self.connections):
                 proto.tick(now)
+
+    async def _retry_listeners(self, now: float) -> None:
+        """A cluster member whose AMQP port was taken at start opens it once it is free."""
+        self._listen_retry_at = now + 1.0
+        try:
+            await self.open_listeners()
+        except OSError as exc:
+            log.debug("node %s: AMQP listener still not open: %s", self.config.name, exc)
+        else:
+            log.info("node %s: AMQP listener open on %s", self.config.name,
+                     ", ".join(self._listeners()))
 
     def _store_failed(self, exc: BaseException) -> None:
         """Fail-stop: a node that cannot persist must not keep confirming."""

@@ -34,7 +34,8 @@ def backup_node(tmp_path: Path, store: DiskStore | None = None,
                              ("127.0.0.1", 25672 + i)) for i, n in enumerate(["n1", "n2"])]
     node = SimpleNamespace(config=SimpleNamespace(name="n2", data_dir=tmp_path),
                            broker=c.node("n2").broker,
-                           admin=SimpleNamespace(route=lambda *a, **k: None))
+                           admin=SimpleNamespace(route=lambda *a, **k: None),
+                           set_relay_target=lambda target: None)
     ha = HANode(node, ClusterConfig("dc", b"secret", members))  # type: ignore[arg-type]
     links = FakeLinks()
     ha.links = links  # type: ignore[assignment]
