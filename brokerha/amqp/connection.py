@@ -152,8 +152,7 @@ class ServerConnection:
             self.on_output()
 
     def send_method(self, channel: int, method: Any) -> None:
-        payload = struct.pack(">I", method.index) + method.marshal()
-        self.write(F.encode_frame(C.FRAME_METHOD, channel, payload))
+        self.write(F.encode_frame(C.FRAME_METHOD, channel, F.marshal_method(method)))
 
     def confirms_pending(self, channel: Channel) -> None:
         if channel.number not in self._confirm_channels:
@@ -421,9 +420,12 @@ class ServerConnection:
         if frame.type == C.FRAME_METHOD:
             index = F.method_index(frame.payload)
             if index == commands.Channel.Open.index:
-                if frame.channel > self.channel_max:
+                # RabbitMQ limits how many channels are open, not their numbers (aiormq
+                # opens channel 65535 after a tune-ok of 2047): any number 1..65535
+                if self.channel_max and len(self.channels) >= self.channel_max:
                     raise AMQPError(C.NOT_ALLOWED,
-                                    f"channel {frame.channel} above channel_max {self.channel_max}",
+                                    f"number of channels opened ({len(self.channels)}) has "
+                                    f"reached the negotiated channel_max ({self.channel_max})",
                                     20, 10)
                 self.channels[frame.channel] = Channel(self, frame.channel)
                 self.send_method(frame.channel, commands.Channel.OpenOk())

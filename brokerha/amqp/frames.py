@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pamqp import base as pamqp_base
+from pamqp import encode
 
 from brokerha.amqp import constants as C
 from brokerha.amqp.errors import FrameError
@@ -99,6 +103,54 @@ class FrameReader:
         if end_octet != C.FRAME_END:
             raise FrameError(f"frame end octet was {end_octet:#04x}, expected 0xce")
         raise FrameError(f"unknown frame type {ftype}")
+
+
+M = TypeVar("M", bound=pamqp_base.Frame)
+
+
+def unchecked(cls: type[M], **fields: Any) -> M:
+    """``cls(**fields)`` without pamqp's ``validate()``; every field must be given.
+
+    RabbitMQ accepts any UTF-8 name up to 255 bytes; pamqp's validate() holds
+    queue and exchange names to an ASCII pattern, so building queue.declare-ok
+    for 'café' raised after the queue existed (a half-applied declare). The
+    names in a reply are the ones the broker took in, already short strings.
+    """
+    method = cls.__new__(cls)
+    for name in cls.__slots__:
+        setattr(method, name, fields.pop(name))
+    if fields:
+        raise TypeError(f"{cls.__name__} has no field(s) {sorted(fields)}")
+    return method
+
+
+def marshal_method(method: pamqp_base.Frame) -> bytes:
+    """The method frame's payload: class and method id, then the arguments.
+
+    pamqp's ``Frame.marshal`` without its ``validate()`` (see ``unchecked``);
+    the arguments are encoded by pamqp's own encoders, in its order.
+    """
+    out = [struct.pack(">I", method.index)]
+    bits = offset = 0
+    in_bits = False
+    for argument in method.__slots__:
+        data_type = method.amqp_type(argument)
+        value = getattr(method, argument)
+        if data_type == "bit":
+            if not in_bits or offset == 8:
+                if in_bits:
+                    out.append(encode.octet(bits))
+                bits, offset, in_bits = 0, 0, True
+            bits = encode.bit(value, bits, offset)
+            offset += 1
+            continue
+        if in_bits:
+            out.append(encode.octet(bits))
+            in_bits = False
+        out.append(encode.by_type(value, data_type))
+    if in_bits:
+        out.append(encode.octet(bits))
+    return b"".join(out)
 
 
 def encode_frame(ftype: int, channel: int, payload: bytes) -> bytes:

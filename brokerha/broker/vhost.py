@@ -150,7 +150,8 @@ class VirtualHost:
         if name == "" or name.startswith("amq.") and name in dict(STANDARD_EXCHANGES):
             raise AccessRefused("operation not permitted on the default exchange"
                                 if name == "" else
-                                f"exchange '{name}' in vhost '{self.name}' is a standard exchange")
+                                f"deletion of system exchange '{name}' in vhost '{self.name}' "
+                                "not allowed")
         ex = self.exchange(name)
         if if_unused and (ex.bindings or self._bound_as_destination(ex)):
             raise PreconditionFailed(f"exchange '{name}' in vhost '{self.name}' in use")
@@ -298,6 +299,11 @@ class VirtualHost:
         if source is None or destination is None:
             return
         source.add_binding(Binding(source, destination, record.routing_key, dict(record.arguments)))
+
+    def has_binding(self, source: Exchange, destination: Queue | Exchange, routing_key: str,
+                    arguments: dict[str, Any] | None = None) -> bool:
+        key = Binding(source, destination, routing_key, dict(arguments or {})).key
+        return key in source.bindings
 
     def unbind(self, source: str, destination: Queue | Exchange, routing_key: str,
                arguments: dict[str, Any] | None = None) -> None:

@@ -217,10 +217,16 @@ def test_handshake_timeout_closes() -> None:
     assert w.conn.wants_close
 
 
-def test_channel_above_channel_max_is_refused() -> None:
-    w = Wire().connected()
+def test_channel_numbers_are_free_but_open_channels_are_limited_by_channel_max() -> None:
+    """As RabbitMQ: aiormq opens channel 65535 after a tune-ok of 2047, and that works."""
+    w = Wire(make_broker(channel_max=2)).connected()
+    w.method(65535, commands.Channel.Open())
+    w.expect(commands.Channel.OpenOk)
     w.method(3000, commands.Channel.Open())
-    closed_with(w, C.NOT_ALLOWED)
+    w.method(7, commands.Channel.Open())
+    close = closed_with(w, C.NOT_ALLOWED)
+    assert close.reply_text == ("NOT_ALLOWED - number of channels opened (2) has reached the "
+                                "negotiated channel_max (2)")
 
 
 def test_oversized_message_is_406_on_the_channel() -> None:

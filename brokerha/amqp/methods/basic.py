@@ -38,6 +38,8 @@ def message_from_publish(publish: F.Publish, header: bytes, body: bytes) -> Mess
 
 
 def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes) -> None:
+    if publish.immediate:  # removed in RabbitMQ 3.0: a connection error, nothing routed
+        raise AMQPError(C.NOT_IMPLEMENTED, "immediate=true", 60, 40)
     vhost = ch.vhost
     name = publish.exchange
     if name not in ch.writable_exchanges:
@@ -60,8 +62,8 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
     ch.conn.has_published = True
     queues = vhost.route(exchange, message)
     if not queues and publish.mandatory:
-        ch.send(commands.Basic.Return(reply_code=C.NO_ROUTE, reply_text="NO_ROUTE",
-                                      exchange=name, routing_key=publish.routing_key))
+        ch.send(F.unchecked(commands.Basic.Return, reply_code=C.NO_ROUTE, reply_text="NO_ROUTE",
+                          exchange=name, routing_key=publish.routing_key))
         ch.send_content(header, body)
     confirm = ch.confirm
     if ch.tx_mode or ch.dtx_branch is not None:

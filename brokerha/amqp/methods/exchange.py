@@ -13,9 +13,9 @@ if TYPE_CHECKING:
 
 
 def declare(ch: Channel, m: commands.Exchange.Declare) -> None:
+    if m.exchange == "":  # passive too, as RabbitMQ answers
+        raise AccessRefused("operation not permitted on the default exchange")
     if not m.passive:
-        if m.exchange == "":
-            raise AccessRefused("operation not permitted on the default exchange")
         ch.user.check("configure", ch.vhost.name, "exchange", m.exchange)
     ch.vhost.declare_exchange(
         m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
@@ -51,8 +51,13 @@ def bind(ch: Channel, m: commands.Exchange.Bind) -> None:
 
 
 def unbind(ch: Channel, m: commands.Exchange.Unbind) -> None:
-    destination, key, args = _bind_args(ch, m)
-    ch.vhost.unbind(m.source, destination, key, args)
+    """Idempotent, as in RabbitMQ: a missing source, destination or binding is unbound."""
+    vhost = ch.vhost
+    ch.user.check("write", vhost.name, "exchange", m.destination)
+    ch.user.check("read", vhost.name, "exchange", m.source)
+    destination = vhost.exchanges.get(m.destination)
+    if destination is not None and m.source in vhost.exchanges:
+        vhost.unbind(m.source, destination, m.routing_key, m.arguments)
     if not m.nowait:
         ch.send(commands.Exchange.UnbindOk())
 

@@ -6,6 +6,9 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands
 
+from brokerha.amqp.frames import unchecked
+from brokerha.broker.errors import AccessRefused
+
 if TYPE_CHECKING:
     from brokerha.amqp.channel import Channel
 
@@ -26,8 +29,9 @@ def declare(ch: Channel, m: commands.Queue.Declare) -> None:
         ch.conn.exclusive_queues[queue.name] = queue
     ch.last_queue = queue.name
     if not m.nowait:
-        ch.send(commands.Queue.DeclareOk(queue=queue.name, message_count=queue.message_count,
-                                         consumer_count=queue.consumer_count))
+        ch.send(unchecked(commands.Queue.DeclareOk, queue=queue.name,
+                          message_count=queue.message_count,
+                          consumer_count=queue.consumer_count))
 
 
 def _binding(ch: Channel, m: commands.Queue.Bind | commands.Queue.Unbind) -> tuple:
@@ -49,8 +53,22 @@ def bind(ch: Channel, m: commands.Queue.Bind) -> None:
 
 
 def unbind(ch: Channel, m: commands.Queue.Unbind) -> None:
-    queue, key, args = _binding(ch, m)
-    ch.vhost.unbind(m.exchange, queue, key, args)
+    """Idempotent, as in RabbitMQ: a missing queue, exchange or binding is unbound.
+
+    (A queue another connection holds exclusively is still 405, the default
+    exchange still 403: those are refusals, not things already gone.)
+    """
+    vhost = ch.vhost
+    name = ch.resolve_queue(m.queue)
+    if m.exchange == "":
+        raise AccessRefused("operation not permitted on the default exchange")
+    ch.user.check("write", vhost.name, "queue", name)
+    ch.user.check("read", vhost.name, "exchange", m.exchange)
+    queue, exchange = vhost.queues.get(name), vhost.exchanges.get(m.exchange)
+    key = m.routing_key if (m.routing_key or m.queue) else name
+    if queue is not None and exchange is not None and \
+            vhost.has_binding(exchange, queue, key, m.arguments):
+        vhost.unbind(m.exchange, vhost.queue_for(name, ch.conn), key, m.arguments)
     ch.send(commands.Queue.UnbindOk())
 
 

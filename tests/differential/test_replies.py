@@ -1,0 +1,207 @@
+"""Differential: the same client calls against RabbitMQ 3.10 and brokerha, replies compared.
+
+Each case runs a few pika calls on a fresh connection and reports how it
+ended: the reply method, or the channel/connection close with its code and
+text (names carry a per-run suffix, removed before comparing). RabbitMQ is the
+reference: where the spec and RabbitMQ differ, clients were written against
+RabbitMQ. Skipped when rabbitmq-server is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(120)]
+
+Call = Callable[[pika.BlockingConnection, Any, str], Any]
+
+
+def outcome(url: str, call: Call, suffix: str) -> str:
+    """How ``call`` ended against ``url``: 'ok <Reply>' or 'channel 404 NOT_FOUND - ...'."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        result = call(conn, ch, suffix)
+        method = getattr(result, "method", result)
+        return f"ok {type(method).__name__}" if method is not None else "ok"
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        return f"channel {exc.reply_code} {exc.reply_text}"
+    except pika.exceptions.ConnectionClosedByBroker as exc:
+        return f"connection {exc.reply_code} {exc.reply_text}"
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def holding_exclusive(url: str, name: str) -> pika.BlockingConnection:
+    holder = pika.BlockingConnection(pika.URLParameters(url))
+    holder.channel().queue_declare(name, exclusive=True)
+    return holder
+
+
+def _declared(ch: Any, name: str, **kw: Any) -> None:
+    ch.queue_declare(name, **kw)
+
+
+CASES: dict[str, Call] = {
+    # idempotent unbinds (the issue's first row)
+    "queue.unbind of a missing queue": lambda c, ch, s: ch.queue_unbind(f"nq{s}", "amq.direct", "k"),
+    "queue.unbind from a missing exchange": lambda c, ch, s: (
+        _declared(ch, f"q1{s}"), ch.queue_unbind(f"q1{s}", f"nx{s}", "k"))[1],
+    "queue.unbind of a missing binding": lambda c, ch, s: (
+        _declared(ch, f"q2{s}"), ch.queue_unbind(f"q2{s}", "amq.direct", "k"))[1],
+    "queue.unbind of an auto-delete queue gone": lambda c, ch, s: (
+        _declared(ch, f"ad{s}", auto_delete=True),
+        ch.basic_cancel(ch.basic_consume(f"ad{s}", lambda *a: None)),
+        ch.queue_unbind(f"ad{s}", "amq.direct", "k"))[2],
+    "exchange.unbind of a missing destination": lambda c, ch, s: ch.exchange_unbind(
+        f"nx{s}", "amq.direct", "k"),
+    "exchange.unbind of a missing source": lambda c, ch, s: ch.exchange_unbind(
+        "amq.fanout", f"nx{s}", "k"),
+    "exchange.unbind of a missing binding": lambda c, ch, s: ch.exchange_unbind(
+        "amq.fanout", "amq.direct", "k"),
+    "queue.unbind from the default exchange": lambda c, ch, s: (
+        _declared(ch, f"q3{s}"), ch.queue_unbind(f"q3{s}", "", "k"))[1],
+    "queue.bind to the default exchange": lambda c, ch, s: (
+        _declared(ch, f"q4{s}"), ch.queue_bind(f"q4{s}", "", "k"))[1],
+    # non-ASCII names
+    "queue.declare café": lambda c, ch, s: ch.queue_declare(f"café ☕{s}"),
+    "exchange.declare éx and bind with a UTF-8 key": lambda c, ch, s: (
+        ch.exchange_declare(f"éx{s}", "direct"), _declared(ch, f"qé{s}"),
+        ch.queue_bind(f"qé{s}", f"éx{s}", "clé"))[2],
+    "a UTF-8 consumer tag": lambda c, ch, s: (
+        _declared(ch, f"qc{s}"),
+        ch.basic_consume(f"qc{s}", lambda *a: None, consumer_tag=f"tâg{s}"))[1] and None,
+    "mandatory publish to no queue via a UTF-8 exchange returns": lambda c, ch, s: (
+        ch.exchange_declare(f"rx{s}", "direct"), ch.confirm_delivery(),
+        _unroutable(ch, f"rx{s}"))[2],
+    # the default exchange and amq.*
+    "exchange.declare '' passive": lambda c, ch, s: ch.exchange_declare("", passive=True),
+    "exchange.declare ''": lambda c, ch, s: ch.exchange_declare("", "direct"),
+    "exchange.declare amq.direct passive": lambda c, ch, s: ch.exchange_declare(
+        "amq.direct", passive=True),
+    "exchange.declare amq.* new": lambda c, ch, s: ch.exchange_declare(f"amq.new{s}", "direct"),
+    "exchange.delete ''": lambda c, ch, s: ch.exchange_delete(""),
+    "exchange.delete amq.direct": lambda c, ch, s: ch.exchange_delete("amq.direct"),
+    "queue.declare amq.*": lambda c, ch, s: ch.queue_declare(f"amq.q{s}"),
+    # missing entities
+    "queue.bind of a missing queue": lambda c, ch, s: ch.queue_bind(f"nq{s}", "amq.direct", "k"),
+    "queue.bind to a missing exchange": lambda c, ch, s: (
+        _declared(ch, f"q5{s}"), ch.queue_bind(f"q5{s}", f"nx{s}", "k"))[1],
+    "exchange.bind of a missing source": lambda c, ch, s: ch.exchange_bind(
+        "amq.fanout", f"nx{s}", "k"),
+    "queue.purge of a missing queue": lambda c, ch, s: ch.queue_purge(f"nq{s}"),
+    "queue.delete of a missing queue": lambda c, ch, s: ch.queue_delete(f"nq{s}"),
+    "exchange.delete of a missing exchange": lambda c, ch, s: ch.exchange_delete(f"nx{s}"),
+    "queue.declare passive of a missing queue": lambda c, ch, s: ch.queue_declare(
+        f"nq{s}", passive=True),
+    "exchange.declare passive of a missing exchange": lambda c, ch, s: ch.exchange_declare(
+        f"nx{s}", passive=True),
+    "basic.consume of a missing queue": lambda c, ch, s: ch.basic_consume(
+        f"nq{s}", lambda *a: None) and None,
+    "basic.get of a missing queue": lambda c, ch, s: ch.basic_get(f"nq{s}"),
+    # arguments
+    "queue.declare with another durability": lambda c, ch, s: (
+        _declared(ch, f"iq{s}"), ch.queue_declare(f"iq{s}", durable=True))[1],
+    "exchange.declare with another type": lambda c, ch, s: (
+        ch.exchange_declare(f"ix{s}", "direct"), ch.exchange_declare(f"ix{s}", "fanout"))[1],
+    "exchange.declare of an unknown type": lambda c, ch, s: ch.exchange_declare(
+        f"ux{s}", "nonesuch"),
+    "queue.delete if-empty of a queue with messages": lambda c, ch, s: (
+        _declared(ch, f"ie{s}"), ch.basic_publish("", f"ie{s}", b"x"),
+        ch.queue_delete(f"ie{s}", if_empty=True))[2],
+    "basic.qos global prefetch": lambda c, ch, s: ch.basic_qos(prefetch_count=5, global_qos=True),
+    "basic.ack of an unknown delivery tag": lambda c, ch, s: (
+        ch.basic_ack(99), _declared(ch, f"ak{s}"))[1],
+    "tx.commit without tx.select": lambda c, ch, s: ch.tx_commit(),
+    "confirm.select after tx.select": lambda c, ch, s: (ch.tx_select(), ch.confirm_delivery())[1],
+}
+
+
+def _unroutable(ch: Any, exchange: str) -> Any:
+    try:
+        ch.basic_publish(exchange, "nowhere", b"x", mandatory=True)
+    except pika.exceptions.UnroutableError:
+        return None
+    raise AssertionError("a mandatory publish to no queue was not returned")
+
+
+EXCLUSIVE_CASES: dict[str, Call] = {
+    "queue.declare (exclusive=False) of another's exclusive queue": lambda c, ch, s: (
+        ch.queue_declare(f"ex{s}", exclusive=False)),
+    "queue.declare passive of another's exclusive queue": lambda c, ch, s: (
+        ch.queue_declare(f"ex{s}", passive=True)),
+    "queue.bind of another's exclusive queue": lambda c, ch, s: ch.queue_bind(
+        f"ex{s}", "amq.direct", "k"),
+    "queue.unbind of another's exclusive queue": lambda c, ch, s: ch.queue_unbind(
+        f"ex{s}", "amq.direct", "k"),
+    "queue.purge of another's exclusive queue": lambda c, ch, s: ch.queue_purge(f"ex{s}"),
+    "queue.delete of another's exclusive queue": lambda c, ch, s: ch.queue_delete(f"ex{s}"),
+    "basic.consume of another's exclusive queue": lambda c, ch, s: ch.basic_consume(
+        f"ex{s}", lambda *a: None) and None,
+    "basic.get of another's exclusive queue": lambda c, ch, s: ch.basic_get(f"ex{s}"),
+}
+
+
+def normalize(text: str, suffix: str) -> str:
+    return re.sub(r"0x[0-9a-f]+", "0x", text.replace(suffix, "<s>"))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_same_reply_as_rabbitmq(case: str, rabbitmq_url: str, brokerha_url: str) -> None:
+    suffix = f"-{uuid.uuid4().hex[:8]}"
+    expected = normalize(outcome(rabbitmq_url, CASES[case], suffix), suffix)
+    got = normalize(outcome(brokerha_url, CASES[case], suffix), suffix)
+    assert got == expected
+
+
+@pytest.mark.parametrize("case", sorted(EXCLUSIVE_CASES))
+def test_same_reply_for_another_connections_exclusive_queue(
+        case: str, rabbitmq_url: str, brokerha_url: str) -> None:
+    suffix = f"-{uuid.uuid4().hex[:8]}"
+    answers = []
+    for url in (rabbitmq_url, brokerha_url):
+        holder = holding_exclusive(url, f"ex{suffix}")
+        try:
+            answers.append(normalize(outcome(url, EXCLUSIVE_CASES[case], suffix), suffix))
+        finally:
+            holder.close()
+    assert answers[1] == answers[0]
+
+
+def aiormq_outcome(url: str, steps: str) -> str:
+    """aiormq's own calls: immediate publish, a channel numbered above channel_max."""
+    import aiormq
+    import aiormq.exceptions
+
+    async def run() -> str:
+        conn = await aiormq.connect(url)
+        try:
+            if steps == "immediate":
+                ch = await conn.channel()
+                await ch.basic_publish(b"x", routing_key="nowhere", immediate=True)
+                await asyncio.wait_for(conn.closing, 5)
+            else:
+                ch = await conn.channel(65535)
+                return f"ok channel {ch.number}"
+        except aiormq.exceptions.AMQPConnectionError as exc:
+            return f"connection {type(exc).__name__} {exc.args[0]}"
+        finally:
+            if not conn.is_closed:
+                await conn.close()
+        return "ok"
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("steps", ["immediate", "channel 65535"])
+def test_same_answer_to_aiormq(steps: str, rabbitmq_url: str, brokerha_url: str) -> None:
+    assert aiormq_outcome(brokerha_url, steps) == aiormq_outcome(rabbitmq_url, steps)
