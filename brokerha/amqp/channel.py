@@ -27,9 +27,11 @@ from brokerha.broker.message import Entry
 
 if TYPE_CHECKING:
     from brokerha.amqp.ports import ConnectionPort
+    from brokerha.broker.auth import User
     from brokerha.broker.dtx import DtxBranch
     from brokerha.broker.queue import Queue
     from brokerha.broker.transaction import Transaction
+    from brokerha.broker.vhost import VirtualHost
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,10 @@ class Channel:
         self.conn = conn
         self.number = number
         self.state = OPEN
-        self.vhost = conn.vhost
-        self.user = conn.user
+        vhost, user = conn.vhost, conn.user
+        assert vhost is not None and user is not None, "a channel opens after connection.open"
+        self.vhost: VirtualHost = vhost
+        self.user: User = user
         self.consumers: dict[str, ChannelConsumer] = {}
         self.unacked: dict[int, Delivery] = {}
         self.next_delivery_tag = 1

@@ -162,7 +162,7 @@ def method_index(payload: bytes) -> int:
     if len(payload) < 4:
         raise FrameError("method frame shorter than its class and method ids")
     cls, meth = _METHOD_ID.unpack_from(payload)
-    return (cls << 16) | meth
+    return int(cls << 16 | meth)
 
 
 # -- strings -----------------------------------------------------------------

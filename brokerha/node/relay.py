@@ -77,7 +77,8 @@ def _sign(secret: bytes, body: bytes) -> str:
 
 def encode_preamble(client: RelayedClient, secret: bytes, now: float | None = None) -> bytes:
     tls = client.tls
-    fields = [client.host, str(client.port), _b64(tls and tls.name), _b64(tls and tls.refusal),
+    fields = [client.host, str(client.port), _b64(tls.name if tls else None),
+              _b64(tls.refusal if tls else None),
               "p" if tls is None else "t", str(int(time.time() if now is None else now))]
     body = MAGIC + " ".join(fields).encode()
     return body + b" " + _sign(secret, body).encode() + b"\r\n"
@@ -188,7 +189,7 @@ class RelayProtocol(asyncio.Protocol):
         if self.closed:
             transport.close()
             return
-        self.upstream = cast(asyncio.Transport, transport)
+        self.upstream = transport
         self.upstream.write(preamble + b"".join(self.pending))
         self.pending.clear()
         if self.client is not None and self.pending_bytes >= BUFFER_LIMIT:
@@ -244,4 +245,4 @@ class Refuse(asyncio.Protocol):
     """A connection this node can neither serve nor relay (no primary known): closed at once."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.abort()
+        cast(asyncio.Transport, transport).abort()

@@ -55,7 +55,7 @@ def dequeued(q: Queue, positions: list[int]) -> Event:
 
 def is_dequeue_of(event: Event, q: Queue) -> bool:
     """Whether ``event`` is a dequeue on ``q`` a further dequeue can join."""
-    return event[0] == R.DEQUEUED and event[2] == q.name and event[1] == q.vhost
+    return bool(event[0] == R.DEQUEUED and event[2] == q.name and event[1] == q.vhost)
 
 
 def event_size(event: Event) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
@@ -150,7 +151,7 @@ def consume(ch: Channel, m: commands.Basic.Consume) -> None:
 
 
 def cancel(ch: Channel, m: commands.Basic.Cancel) -> None:
-    consumer = ch.consumers.pop(m.consumer_tag, None)
+    consumer = ch.consumers.pop(m.consumer_tag or "", None)
     if not m.nowait:
         ch.send(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
     if consumer is not None:
@@ -184,7 +185,7 @@ def ack(ch: Channel, m: commands.Basic.Ack) -> None:
 
 
 def reject(ch: Channel, m: commands.Basic.Reject) -> None:
-    ch.reject(m.delivery_tag, False, m.requeue)
+    ch.reject(m.delivery_tag or 0, False, m.requeue)
 
 
 def nack(ch: Channel, m: commands.Basic.Nack) -> None:
@@ -206,7 +207,7 @@ def recover_async(ch: Channel, m: commands.Basic.RecoverAsync) -> None:
     _recover(ch, m.requeue)
 
 
-HANDLERS = {
+HANDLERS: dict[type, Callable[[Any, Any], None]] = {
     commands.Basic.Qos: qos,
     commands.Basic.Consume: consume,
     commands.Basic.Cancel: cancel,

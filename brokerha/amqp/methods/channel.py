@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
@@ -33,7 +34,7 @@ def flow_ok(ch: Channel, method: commands.Channel.FlowOk) -> None:
     """The server never sends channel.flow, so nothing waits for this."""
 
 
-HANDLERS = {
+HANDLERS: dict[type, Callable[[Any, Any], None]] = {
     commands.Channel.Open: open_again,
     commands.Channel.Close: close,
     commands.Channel.Flow: flow,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
@@ -22,4 +23,4 @@ def select(ch: Channel, m: commands.Confirm.Select) -> None:
         ch.send(commands.Confirm.SelectOk())
 
 
-HANDLERS = {commands.Confirm.Select: select}
+HANDLERS: dict[type, Callable[[Any, Any], None]] = {commands.Confirm.Select: select}

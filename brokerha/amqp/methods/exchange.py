@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
@@ -62,7 +63,7 @@ def unbind(ch: Channel, m: commands.Exchange.Unbind) -> None:
         ch.send(commands.Exchange.UnbindOk())
 
 
-HANDLERS = {
+HANDLERS: dict[type, Callable[[Any, Any], None]] = {
     commands.Exchange.Declare: declare,
     commands.Exchange.Delete: delete,
     commands.Exchange.Bind: bind,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
@@ -93,7 +94,7 @@ def delete(ch: Channel, m: commands.Queue.Delete) -> None:
         ch.send(commands.Queue.DeleteOk(message_count=count))
 
 
-HANDLERS = {
+HANDLERS: dict[type, Callable[[Any, Any], None]] = {
     commands.Queue.Declare: declare,
     commands.Queue.Bind: bind,
     commands.Queue.Unbind: unbind,

@@ -7,7 +7,8 @@ turn), then the local commit, then commit-ok once the store has made it durable.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
@@ -86,7 +87,7 @@ def rollback(ch: Channel, m: commands.Tx.Rollback) -> None:
     ch.send(commands.Tx.RollbackOk())
 
 
-HANDLERS = {
+HANDLERS: dict[type, Callable[[Any, Any], None]] = {
     commands.Tx.Select: select,
     commands.Tx.Commit: commit,
     commands.Tx.Rollback: rollback,
