@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -180,3 +181,33 @@ def stop_all_and_read(cluster: object, queues: list[str]) -> dict[str, dict[str,
             store.close()
         found[name] = {q: [m.body for m in rows if m.queue == q] for q in queues}
     return found
+
+
+def celery_add(name: str, broker: str | list[str], **conf: Any) -> int:
+    """20 + 22 by a Celery task, through ``broker``, run by an in-process worker."""
+    import uuid
+
+    from celery import Celery
+    from celery.contrib.testing.worker import start_worker
+
+    app = Celery(name, broker=broker, backend="rpc://", set_as_current=False)
+    app.conf.update(task_default_queue=f"{name}-{uuid.uuid4().hex[:8]}",
+                    broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
+                    broker_heartbeat=0, result_expires=60, **conf)
+
+    @app.task(name=f"{name}.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False,
+                      shutdown_timeout=10):
+        return int(add.delay(20, 22).get(timeout=30))
+
+
+def wait_count(count: Callable[[], int], target: int, timeout: float,
+               pause: float = 0.05) -> int:
+    """Until ``count()`` reaches ``target`` or ``timeout`` s pass; the last count."""
+    deadline = time.monotonic() + timeout
+    while (n := count()) < target and time.monotonic() < deadline:
+        time.sleep(pause)
+    return n

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -28,7 +27,7 @@ from brokerha.node.relay import (
     encode_preamble,
 )
 from brokerha.testing import LocalCluster
-from tests.failover.clients import ConfirmedPublisher, drain
+from tests.failover.clients import ConfirmedPublisher, celery_add, drain, wait_count
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -120,23 +119,9 @@ def test_each_nodes_url_alone_serves_pika_aio_pika_and_kombu(cluster: LocalClust
 
 
 def test_a_celery_worker_through_a_backups_address(cluster: LocalCluster) -> None:
-    from celery import Celery
-    from celery.contrib.testing.worker import start_worker
 
     backup = next(n for n in cluster.names if n != cluster.primary())
-    app = Celery("brokerha_relay", broker=cluster.url(backup), backend="rpc://",
-                 set_as_current=False)
-    app.conf.update(task_default_queue=f"celery-relay-{uuid.uuid4().hex[:8]}",
-                    broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
-                    broker_heartbeat=0, result_expires=60)
-
-    @app.task(name="relay.add")
-    def add(x: int, y: int) -> int:
-        return x + y
-
-    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False,
-                      shutdown_timeout=10):
-        assert add.delay(20, 22).get(timeout=30) == 42
+    assert celery_add("celery-relay", cluster.url(backup)) == 42
     relayed = cluster.status(backup)
     assert relayed is not None and relayed["node"]["role"] == "backup"
 
@@ -152,15 +137,13 @@ def test_a_publisher_on_a_backups_address_loses_nothing_when_the_primary_dies(
 
     publisher = ConfirmedPublisher([cluster.url(backup)], queue, declare=declare, limit=100_000)
     publisher.start()
-    deadline = time.monotonic() + 20
-    while len(publisher.confirmed) < 200 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(publisher.confirmed) >= 200, publisher.error
+    def confirmed() -> int:
+        return len(publisher.confirmed)
+
+    assert wait_count(confirmed, 200, 20) >= 200, publisher.error
     cluster.kill(primary)
-    at_kill = len(publisher.confirmed)
-    deadline = time.monotonic() + 30
-    while len(publisher.confirmed) < at_kill + 200 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    at_kill = confirmed()
+    wait_count(confirmed, at_kill + 200, 30)
     publisher.stop_event.set()
     publisher.join(30)
     assert publisher.error is None, publisher.error

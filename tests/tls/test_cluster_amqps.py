@@ -20,7 +20,14 @@ import kombu
 import pytest
 
 from brokerha.testing import LocalCluster
-from tests.failover.clients import AioPikaConsumer, ConfirmedPublisher, connect_any, drain
+from tests.failover.clients import (
+    AioPikaConsumer,
+    ConfirmedPublisher,
+    celery_add,
+    connect_any,
+    drain,
+    wait_count,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,9 +85,7 @@ def test_amqps_clients_through_a_primary_failover(cluster: LocalCluster) -> None
     cluster.kill(primary)
     new_primary = cluster.wait_primary(30, other_than=primary)
     at_kill = len(pub.confirmed)
-    deadline = time.monotonic() + 30
-    while len(pub.confirmed) < at_kill + 100 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_count(lambda: len(pub.confirmed), at_kill + 100, 30)
     pub.stop_event.set()
     pub.join(30)
     assert pub.error is None, pub.error
@@ -109,22 +114,10 @@ def test_amqps_clients_through_a_primary_failover(cluster: LocalCluster) -> None
         msg.ack()
         q.close()
 
-    from celery import Celery
-    from celery.contrib.testing.worker import start_worker
 
-    app = Celery("brokerha_tls_cluster", broker=urls, backend="rpc://", set_as_current=False)
-    app.conf.update(task_default_queue=f"celery-tls-{uuid.uuid4().hex[:8]}",
-                    broker_use_ssl=kombu_ssl(cluster), broker_connection_retry_on_startup=True,
-                    broker_connection_max_retries=6, broker_failover_strategy="round-robin",
-                    worker_hijack_root_logger=False, broker_heartbeat=0, result_expires=60)
-
-    @app.task(name="tls.add")
-    def add(x: int, y: int) -> int:
-        return x + y
-
-    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False,
-                      shutdown_timeout=10):
-        assert add.delay(20, 22).get(timeout=30) == 42
+    assert celery_add("celery-tls", urls, broker_use_ssl=kombu_ssl(cluster),
+                      broker_connection_max_retries=6,
+                      broker_failover_strategy="round-robin") == 42
 
     # SIGHUP on the new primary reloads its amqps and [cluster.tls] certificates; the
     # links and clients carry on
