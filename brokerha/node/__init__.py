@@ -99,8 +99,11 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
             if value and value.lower() != "off" and parse_listen(value) != own:
                 raise ConfigError(f"{flag} {value} contradicts node '{cfg.name}' in "
                                   "[[cluster.nodes]]; the cluster entry decides")
-        if args.listen and args.listen.lower() == "off":
-            cfg.amqp_plain = False
+        if (args.listen and args.listen.lower() == "off") or not cfg.amqp_plain:
+            raise ConfigError("listen = off: a cluster member keeps its AMQP listener, the "
+                              "backups relay clients to the primary's (node/relay.py); put its "
+                              "amqp address in [[cluster.nodes]] on a network only the cluster "
+                              "reaches and serve clients on amqps")
     else:
         if args.listen:
             parse_amqp_listen(args.listen, cfg)

@@ -17,8 +17,11 @@ from collections.abc import Iterator
 from urllib.parse import urlencode
 
 import kombu
+import pika
+import pika.exceptions
 import pytest
 
+from brokerha.certs import issue, load_ca
 from brokerha.testing import LocalCluster
 from tests.failover.clients import (
     AioPikaConsumer,
@@ -60,6 +63,38 @@ def kombu_ssl(cluster: LocalCluster) -> dict[str, object]:
             "server_hostname": "localhost"}
 
 
+def external_params(cluster: LocalCluster, name: str, client: str) -> pika.ConnectionParameters:
+    tls = cluster.data_dir / "tls"
+    ctx = ssl.create_default_context(cafile=str(tls / "ca.pem"))
+    ctx.load_cert_chain(str(tls / f"{client}.pem"), str(tls / f"{client}.key"))
+    return pika.ConnectionParameters(port=amqps_port(cluster, name), connection_attempts=1,
+                                     ssl_options=pika.SSLOptions(ctx, "localhost"),
+                                     credentials=pika.credentials.ExternalCredentials())
+
+
+def external_through_a_backup(cluster: LocalCluster, primary: str, backup: str) -> None:
+    """SASL EXTERNAL on a backup's amqps listener: the backup checks the certificate, the
+    relay preamble names its user, the primary logs the client in (or refuses it) as
+    if the client had connected to it."""
+    tls = cluster.data_dir / "tls"
+    ca = load_ca(tls)
+    assert ca is not None
+    issue(ca, tls, "nobody", stem="client-nobody", client_only=True)
+    with pika.BlockingConnection(external_params(cluster, backup, "client-guest")) as conn:
+        conn.channel().queue_declare("", exclusive=True)
+    logged = "\n".join(cluster.nodes[primary].log)
+    assert "(guest) opened vhost '/'" in logged
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError) as info:
+        pika.BlockingConnection(external_params(cluster, backup, "client-nobody"))
+    assert "ACCESS_REFUSED - Login was refused using authentication mechanism EXTERNAL" \
+        in str(info.value)
+    deadline = time.monotonic() + 5
+    while not any("EXTERNAL login refused: user 'nobody' - invalid credentials" in line
+                  for line in cluster.nodes[primary].log):
+        assert time.monotonic() < deadline, "the primary did not log the EXTERNAL refusal"
+        time.sleep(0.05)
+
+
 def test_amqps_clients_through_a_primary_failover(cluster: LocalCluster) -> None:
     primary = cluster.wait_primary(30)
     for name in cluster.names:
@@ -72,6 +107,7 @@ def test_amqps_clients_through_a_primary_failover(cluster: LocalCluster) -> None
     status = cluster.status(backup)
     assert status is not None and status["node"]["relayed_connections"] == 1
     relayed.close()
+    external_through_a_backup(cluster, primary, backup)
 
     consumer = AioPikaConsumer([aio_pika_url(cluster, n) for n in cluster.names], QUEUE)
     consumer.start()

@@ -29,9 +29,11 @@ def test_a_member_takes_its_amqps_address_from_its_entry(tmp_path: Path) -> None
     cfg, _ = config_from_args(args(tmp_path, "--name", "n1"))
     assert cfg.amqps_listen == ("127.0.0.1", 5900) and cfg.amqp_plain
     assert cfg.tls.cert == tmp_path / "n.pem"  # relative to the file
-    cfg, _ = config_from_args(args(tmp_path, "--name", "n1", "--listen", "off",
-                                   "--amqps-listen", "127.0.0.1:5900"))
-    assert not cfg.amqp_plain and (cfg.listen_host, cfg.listen_port) == ("127.0.0.1", 5800)
+    cfg, _ = config_from_args(args(tmp_path, "--name", "n1", "--amqps-listen", "127.0.0.1:5900"))
+    assert cfg.amqps_listen == ("127.0.0.1", 5900)
+    # backups relay to the primary's AMQP listener: a member cannot turn it off
+    with pytest.raises(ConfigError, match="a cluster member keeps its AMQP listener"):
+        config_from_args(args(tmp_path, "--name", "n1", "--listen", "off"))
     cfg, _ = config_from_args(args(tmp_path, "--name", "n2"))
     assert cfg.amqps_listen is None
 
@@ -41,8 +43,6 @@ def test_amqps_flags_that_contradict_the_entry_are_refused(tmp_path: Path) -> No
         config_from_args(args(tmp_path, "--name", "n1", "--amqps-listen", "127.0.0.1:5999"))
     with pytest.raises(ConfigError, match="has no amqps address in"):
         config_from_args(args(tmp_path, "--name", "n2", "--amqps-listen", "127.0.0.1:5999"))
-    with pytest.raises(ConfigError, match="listen = off: needs amqps_listen"):
-        config_from_args(args(tmp_path, "--name", "n2", "--listen", "off"))
 
 
 def test_link_tls_files_that_do_not_load_are_refused_at_start_naming_them(
