@@ -104,10 +104,10 @@ def _scan(spark: Any, exports: str, hist: str | None) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     sync = Inputs.load(spark, exports).sync
-    rows = sync.agg(F.sum(F.xxhash64(*sync.columns))).collect()[0][0]
+    rows = sync.agg(F.bit_xor(F.xxhash64(*sync.columns))).collect()[0][0]
     if hist is not None:
         h = read_history(spark, hist)
-        rows = h.agg(F.sum(F.xxhash64(*h.columns))).collect()[0][0]
+        rows = h.agg(F.bit_xor(F.xxhash64(*h.columns))).collect()[0][0]
     return {"summary": f"checksum {rows}"}
 
 

@@ -32,6 +32,23 @@ def materialise(
     return count, rows
 
 
+#: A key set up to this many rows is broadcast to the join that re-reads its
+#: rows (no shuffle of the big side); larger sets are joined by shuffling.
+BROADCAST_ROWS = 1_000_000
+
+
+def few(keys: DataFrame) -> DataFrame:
+    """``keys`` with a broadcast hint when it is small (counted: keep it cheap to compute).
+
+    Findings are usually few (lost messages, conflicts...) but need not be:
+    a run that did not drain its queues loses millions, and a forced
+    broadcast of millions of ids would exhaust the driver.
+    """
+    from pyspark.sql import functions as F
+
+    return F.broadcast(keys) if keys.count() <= BROADCAST_ROWS else keys
+
+
 def json_field(column: str, field: str, spark_type: str) -> Any:
     """Column expression: one field of a JSON string column (events.detail)."""
     from pyspark.sql import functions as F

@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brokerha.pipeline.frames import json_field, materialise
+from brokerha.pipeline.frames import few, json_field, materialise
 from brokerha.pipeline.inputs import Inputs
 from brokerha.pipeline.logs import LogAnalysis, analyse, fork_position
 from brokerha.pipeline.report import Section, finding_section, rows_table, write_html, write_json
@@ -85,8 +85,8 @@ def _post_fork_dequeues(inputs: Inputs, maj_post: DataFrame, min_post: DataFrame
     """(side, tx_id, queue, message_id) of the dequeues of both sides' consuming transactions.
 
     Bodies come from any master's operations (each holds the bodies it
-    knows; duplicates dropped). The operations are read once for both sides
-    (one join on tx_id), not once per side.
+    knows, so a row may come several times). The operations are read once for
+    both sides (one join on tx_id), not once per side.
     """
     from pyspark.sql import functions as F
 
@@ -104,7 +104,7 @@ def _post_fork_dequeues(inputs: Inputs, maj_post: DataFrame, min_post: DataFrame
         .filter(F.col("kind") == "dequeue")
         .select("tx_id", "queue", "message_id")
     )
-    return ops.join(sides, "tx_id").dropDuplicates(["side", "tx_id", "message_id"])
+    return ops.join(sides, "tx_id")
 
 
 def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) -> dict[str, Any]:
@@ -137,12 +137,23 @@ def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) ->
     )
     n_reneg, reneg_sample = materialise(renegotiate, base / "renegotiate.parquet", ["position"])
 
-    deq = _post_fork_dequeues(inputs, maj_post, min_post)
+    deq = _post_fork_dequeues(inputs, maj_post, min_post).cache()
+    # messages dequeued on both sides: one numeric aggregation, then only their rows
+    both = few(
+        deq.groupBy("message_id")
+        .agg(
+            F.max((F.col("side") == "majority").cast("int")).alias("maj"),
+            F.max((F.col("side") == "minority").cast("int")).alias("min"),
+        )
+        .filter((F.col("maj") == 1) & (F.col("min") == 1))
+        .select("message_id")
+    )
+    mine = deq.join(both, "message_id").dropDuplicates(["side", "tx_id", "message_id"])
     conflicts = (
-        deq.filter(F.col("side") == "majority")
+        mine.filter(F.col("side") == "majority")
         .select("message_id", "queue", F.col("tx_id").alias("majority_tx"))
         .join(
-            deq.filter(F.col("side") == "minority").select(
+            mine.filter(F.col("side") == "minority").select(
                 "message_id", F.col("tx_id").alias("minority_tx")
             ),
             "message_id",
@@ -169,8 +180,8 @@ def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) ->
 
     strategy = inputs.meta(minority).split_recovery
     compare = compare_recorded(inputs, minority, winner, fork, replay, strategy, analysis)
-    maj_post.unpersist()
-    min_post.unpersist()
+    for cached in (maj_post, min_post, deq):
+        cached.unpersist()
     disagreements = compare.pop("disagreements")
     disagreements += [
         {"master": minority, "what": "conflicting transaction renegotiated but committed", **row}

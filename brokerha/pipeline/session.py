@@ -9,7 +9,8 @@ the whole run.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -76,3 +77,24 @@ def get_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+@contextmanager
+def sql_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """Runtime SQL settings for the plans built inside the block (restored after).
+
+    A plan takes the settings current when it is planned: a DataFrame cached
+    (or an action run) inside the block keeps them. Works over Spark Connect
+    too; a key an older Spark does not know is accepted and ignored.
+    """
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
