@@ -31,7 +31,7 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
@@ -207,14 +207,15 @@ class _TLSAccept(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        stream = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         ctx = self.tls.server
         if ctx is None:  # no [tls]: the listener is not opened (a reload cannot remove it)
-            transport.abort()
+            stream.abort()
             return
-        self.start = ServerTLSStart(transport)
-        self.task = asyncio.get_running_loop().create_task(self._handshake(transport, ctx))
+        self.start = ServerTLSStart(stream)
+        self.task = asyncio.get_running_loop().create_task(self._handshake(stream, ctx))
 
-    async def _handshake(self, transport: asyncio.BaseTransport, ctx: ssl.SSLContext) -> None:
+    async def _handshake(self, transport: asyncio.Transport, ctx: ssl.SSLContext) -> None:
         assert self.start is not None
         peer = transport.get_extra_info("peername")
         where = f"{peer[0]}:{peer[1]}" if peer else "?"
