@@ -41,9 +41,10 @@ class TxBuffer:
         self.dequeues.append((vhost, queue, list(positions)))
 
     def payload(self) -> bytes:
-        return msgpack.packb({"xid": self.xid, "client_id": self.client_id,
-                              "messages": self.messages, "dequeues": self.dequeues},
-                             use_bin_type=True)
+        data: bytes = msgpack.packb({"xid": self.xid, "client_id": self.client_id,
+                                     "messages": self.messages, "dequeues": self.dequeues},
+                                    use_bin_type=True)
+        return data
 
     @staticmethod
     def from_payload(txid: str, payload: bytes) -> TxBuffer:

@@ -169,7 +169,7 @@ class PacketCodec:
 
     def encode(self, msg_id: int, message: Message) -> bytes:
         """One packet: a single msgpack call, then the length prefix."""
-        body = self._packer.pack([msg_id, message.CODE, self._args(message)])
+        body: bytes = self._packer.pack([msg_id, message.CODE, self._args(message)])
         if len(body) > self.max_packet:
             raise ValueError(f"{type(message).__name__} of {len(body)} bytes exceeds the "
                              f"packet limit of {self.max_packet}")

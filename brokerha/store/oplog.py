@@ -88,7 +88,8 @@ def encode_ops(packer: msgpack.Packer, ops: list[Op]) -> bytes:
             append((ENQUEUED, op[1], op[2], op[3], m.exchange, m.routing_key, m.header, m.body))
         else:
             append(op)
-    return packer.pack(rows)
+    data: bytes = packer.pack(rows)  # msgpack 1.2's hints say Any
+    return data
 
 
 def decode_ops(payload: bytes) -> list[Op]:
