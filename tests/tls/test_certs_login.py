@@ -5,6 +5,7 @@ from __future__ import annotations
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pika
@@ -83,4 +84,7 @@ vhost = "/"
             credentials=pika.credentials.ExternalCredentials())
         with pika.BlockingConnection(params) as conn:
             conn.channel().queue_declare("", exclusive=True)
-        assert any("(CN=alice,O=brokerha) opened vhost" in line for line in node.log)
+        deadline = time.monotonic() + 5  # the node's log is read by another thread
+        while not any("(CN=alice,O=brokerha) opened vhost" in line for line in node.log):
+            assert time.monotonic() < deadline, "\n".join(node.log)
+            time.sleep(0.05)

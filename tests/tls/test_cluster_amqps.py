@@ -82,16 +82,19 @@ def external_through_a_backup(cluster: LocalCluster, primary: str, backup: str) 
     issue(ca, tls, "nobody", stem="client-nobody", client_only=True)
     with pika.BlockingConnection(external_params(cluster, backup, "client-guest")) as conn:
         conn.channel().queue_declare("", exclusive=True)
-    logged = "\n".join(cluster.nodes[primary].log)
-    assert "(guest) opened vhost '/'" in logged
+    wait_logged(cluster, primary, "(guest) opened vhost '/'")
     with pytest.raises(pika.exceptions.ProbableAuthenticationError) as info:
         pika.BlockingConnection(external_params(cluster, backup, "client-nobody"))
     assert "ACCESS_REFUSED - Login was refused using authentication mechanism EXTERNAL" \
         in str(info.value)
-    deadline = time.monotonic() + 5
-    while not any("EXTERNAL login refused: user 'nobody' - invalid credentials" in line
-                  for line in cluster.nodes[primary].log):
-        assert time.monotonic() < deadline, "the primary did not log the EXTERNAL refusal"
+    wait_logged(cluster, primary, "EXTERNAL login refused: user 'nobody' - invalid credentials")
+
+
+def wait_logged(cluster: LocalCluster, name: str, text: str, timeout: float = 5.0) -> None:
+    """Until ``text`` is in the node's log (read by another thread)."""
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in list(cluster.nodes[name].log)):
+        assert time.monotonic() < deadline, f"{name} did not log {text!r}"
         time.sleep(0.05)
 
 
