@@ -300,7 +300,15 @@ def _two_generations(db: Path) -> list[Path]:
     node = open_node(db)
     freeze(node.store)  # nothing applied, no file deleted, even when a file completes
     node.store._appender.rotate_bytes = 1  # type: ignore[union-attr]  # a file per append
+    oplog = node.store.oplog
+    assert oplog is not None
+    first = oplog.generation
     publish(node, node.queue(), [b"a", b"b"])
+    # the confirm comes before the appender rotates after its append: let it finish the
+    # second file (end record) before the crash, or the crash cuts that rotation short
+    deadline = time.monotonic() + 5
+    while oplog.generation < first + 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
     crash(node)
     files = log_files(db)
     assert [len(records(p.read_bytes())) for p in files] == [1, 1, 0]
