@@ -627,6 +627,9 @@ def failover_brokerha(kills: int) -> Failover:
         pub.start()
         try:
             for i in range(kills):
+                # any node relays to the primary: sit on the primary itself, so the kill
+                # ends the publisher's own connection (as RabbitMQ's leader below)
+                pub.switch_to = cluster.url(primary)
                 pub.wait_confirms_on(cluster.port(primary), 200)
                 killed_at = time.monotonic()
                 cluster.kill(primary)
