@@ -15,6 +15,7 @@ These are the set-ups docs/pipeline.md tells an operator to copy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -101,7 +103,26 @@ def _wait(what: str, ready: object, jvms: _Jvms, timeout: float) -> None:
         time.sleep(0.3)
 
 
-class Standalone:
+class _Deployment:
+    """JVMs started together: stopped (by PID) on exit, or as soon as starting them fails."""
+
+    jvms: _Jvms
+
+    @contextlib.contextmanager
+    def _starting(self) -> Iterator[None]:
+        try:
+            yield
+        except BaseException:
+            self.jvms.stop()
+            raise
+
+    def __exit__(
+        self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+    ) -> None:
+        self.jvms.stop()
+
+
+class Standalone(_Deployment):
     """A standalone master and ``workers`` workers of ``cores`` cores / ``memory`` each."""
 
     def __init__(self, workdir: Path, workers: int = 2, cores: int = 1, memory: str = "1g") -> None:
@@ -131,7 +152,7 @@ class Standalone:
                 str(self.base + 1),
             ],
         )
-        try:
+        with self._starting():
             for i in range(self.workers):
                 port = self.base + 2 + 2 * i
                 self.jvms.start(
@@ -160,18 +181,11 @@ class Standalone:
                 self.jvms,
                 120,
             )
-        except BaseException:
-            self.jvms.stop()
-            raise
         return self
 
-    def __exit__(
-        self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
-    ) -> None:
-        self.jvms.stop()
 
 
-class ConnectServer:
+class ConnectServer(_Deployment):
     """A Spark Connect server on 127.0.0.1 running its jobs on ``master``."""
 
     def __init__(self, workdir: Path, master: str = "local[2]") -> None:
@@ -206,14 +220,7 @@ class ConnectServer:
                 "spark-internal",
             ],
         )
-        try:
+        with self._starting():
             _wait("Spark Connect server", self._answers, self.jvms, 120)
-        except BaseException:
-            self.jvms.stop()
-            raise
         return self
 
-    def __exit__(
-        self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
-    ) -> None:
-        self.jvms.stop()
