@@ -75,12 +75,15 @@ from loadgen import WORKLOADS, Result, Workload
 from rabbitmq_ref import RABBITMQ_SERVER, RabbitMQRef, _port_open, _stop_process, available
 from store_group_commit import confirm_latency_ms
 
+from brokerha.cluster.election import ElectionTiming
+from brokerha.node.cluster_config import ClusterConfig
 from brokerha.testing import LocalCluster
 
 # docs/ha.md's defaults, passed explicitly so the measurement does not follow a changed default
+_TIMING = ElectionTiming()  # docs/ha.md's defaults are these: the nodes run them unchanged
 HA_DEFAULTS: dict[str, float | str] = {
-    "heartbeat_interval": 0.2, "lease_timeout": 1.0, "election_timeout": 1.5,
-    "backup_timeout": 5.0}
+    "heartbeat_interval": _TIMING.heartbeat_interval, "lease_timeout": _TIMING.lease_timeout,
+    "election_timeout": _TIMING.election_timeout, "backup_timeout": ClusterConfig.backup_timeout}
 CONFIRM = WORKLOADS["confirm"]
 CONFIRM_QUORUM = replace(CONFIRM, queue_arguments=(("x-queue-type", "quorum"),))
 BODY = 1024
@@ -616,10 +619,18 @@ def _print_kill(i: int, gap: float, election: float, port: int) -> None:
           f"after {gap:.3f} s (port {port})", flush=True)
 
 
-def failover_brokerha(kills: int) -> Failover:
-    result = Failover("brokerha")
+def failover_brokerha(kills: int, hang: bool = False) -> Failover:
+    """SIGKILL the primary ``kills`` times; with ``hang``, SIGSTOP it instead (no socket closes).
+
+    A stopped primary is resumed once its successor serves: it finds itself
+    deposed and rejoins as a backup. Its clients' sockets stay open, so a
+    client on the hung node notices only by its own heartbeat; the publisher
+    therefore sits on a backup's address (relayed), whose relay ends when the
+    primary changes, and the gap is what a client of any other node sees.
+    """
+    result = Failover("brokerha, SIGSTOP" if hang else "brokerha")
     queue = f"ha-gap-{uuid.uuid4().hex[:8]}"
-    print("brokerha: 3-node LocalCluster with docs/ha.md's default timeouts "
+    print(f"{result.broker}: 3-node LocalCluster with docs/ha.md's default timeouts "
           f"{HA_DEFAULTS} ...", flush=True)
     with LocalCluster(3, options=HA_DEFAULTS) as cluster:
         primary = wait_all_ready(cluster)
@@ -629,20 +640,29 @@ def failover_brokerha(kills: int) -> Failover:
             for i in range(kills):
                 # any node relays to the primary: sit on the primary itself, so the kill
                 # ends the publisher's own connection (as RabbitMQ's leader below)
-                pub.switch_to = cluster.url(primary)
-                pub.wait_confirms_on(cluster.port(primary), 200)
+                seat = next(n for n in cluster.names if n != primary) if hang else primary
+                pub.switch_to = cluster.url(seat)
+                pub.wait_confirms_on(cluster.port(seat), 200)
                 killed_at = time.monotonic()
-                cluster.kill(primary)
-                new = cluster.wait_primary(60, other_than=primary)
-                seen = time.monotonic() - killed_at
-                first = pub.wait_confirm_after(killed_at)
+                if hang:
+                    cluster.pause(primary)
+                else:
+                    cluster.kill(primary)
+                try:
+                    new = cluster.wait_primary(60, other_than=primary)
+                    seen = time.monotonic() - killed_at
+                    first = pub.wait_confirm_after(killed_at)
+                finally:
+                    if hang:
+                        cluster.resume(primary)
                 result.gaps.append(first[0] - killed_at)
                 result.elections.append(seen)
                 _print_kill(i, result.gaps[-1], seen, first[1])
-                if first[1] != cluster.port(new):
+                if not hang and first[1] != cluster.port(new):
                     result.notes.append(f"kill {i + 1}: first confirm on port {first[1]}, "
                                         f"the new primary is {new} ({cluster.port(new)})")
-                cluster.restart(primary)  # comes back as a backup
+                if not hang:
+                    cluster.restart(primary)  # comes back as a backup
                 cluster.wait_ready(primary, 120)
                 primary = new
         except KILL_ERRORS as exc:  # keep the gaps measured so far; still drain and compare
@@ -779,7 +799,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         loads.append(os.getloadavg()[0])
     if not args.skip_failover and args.kills:
         print(f"\nfailover gap: {args.kills} kills per broker", flush=True)
-        runs: list[tuple[str, Callable[[int], Failover]]] = [("brokerha", failover_brokerha)]
+        runs: list[tuple[str, Callable[[int], Failover]]] = [
+            ("brokerha", failover_brokerha),
+            ("brokerha, SIGSTOP", lambda kills: failover_brokerha(kills, hang=True))]
         if rabbit and not args.no_rabbitmq_failover:
             runs.append(("RabbitMQ quorum", failover_rabbitmq))
         for name, run in runs:

@@ -256,6 +256,7 @@ class LocalCluster(ClusterView):
         self.names = [f"n{i + 1}" for i in range(nodes)]
         self.extra_args = list(extra_args or [])
         self.nodes: dict[str, NodeProcess] = {}
+        self.paused: set[str] = set()
 
     def amqps_url(self, name: str) -> str:
         """A pika URL for a node's amqps listener (``LocalCluster(tls=True)``), trusting
@@ -292,15 +293,19 @@ class LocalCluster(ClusterView):
         proc = self.nodes[name].proc
         assert proc is not None
         proc.send_signal(signal.SIGSTOP)
+        self.paused.add(name)
 
     def resume(self, name: str) -> None:
         proc = self.nodes[name].proc
         assert proc is not None
         proc.send_signal(signal.SIGCONT)
+        self.paused.discard(name)
 
     def is_running(self, name: str) -> bool:
+        """Alive and not paused (a paused node's status would only time out)."""
         node = self.nodes.get(name)
-        return node is not None and node.proc is not None and node.proc.poll() is None
+        return (node is not None and node.proc is not None and node.proc.poll() is None
+                and name not in self.paused)
 
     def status(self, name: str) -> dict[str, Any] | None:
         """A node's own /api/status, or None when it does not answer."""

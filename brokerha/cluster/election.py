@@ -15,16 +15,22 @@ of docs/ha.md):
   held; it stays while the node catches up, because the data it acknowledged
   may be confirmed and the vote is what protects it.
 - A node stands only with a valid position, after an election timeout
-  (randomised in ``[T, 2T)``) without hearing a primary. It first asks for
+  (randomised in ``[T, 1.5T)``) without hearing a primary. It first asks for
   pre-votes (nothing changes on the voters), and only with a majority of them
   increments its epoch, persists it with its own vote, and asks for votes.
 - A voter grants one vote per epoch (persisted before the reply is sent), only
   to a valid candidate at least as advanced as its vote floor, and only if it
-  has not heard a live primary for ``election_timeout`` (stickiness: a node
-  that rejoins after a partition cannot depose a healthy primary). A vote
-  request marked ``transfer`` (manual failover, sent after the primary stopped
-  serving) skips the stickiness test. A voter that grants counts the vote as
-  hearing a primary.
+  has no evidence of a live primary (stickiness: a node that rejoins after a
+  partition cannot depose a healthy primary). Evidence is a primary heard
+  within ``election_timeout``, unless the voter's own link to that primary
+  has closed since (``link_down``: the kernel closes a dead process's
+  sockets, so every backup sees it at once). A vote request marked
+  ``transfer`` (manual failover, sent after the primary stopped serving)
+  skips the stickiness test. A voter that grants counts the vote as hearing
+  a primary.
+- A backup whose link to its primary closed stands at once (staggered by
+  rank among the others, and retrying every ``heartbeat_interval`` or so
+  while the link stays down) instead of after the randomised timeout.
 - Every message carries its sender's epoch. A newer epoch is adopted (and
   persisted) before anything else, and a primary that adopts one stops
   serving; an older one is never acted on, and a request from an older epoch
@@ -32,22 +38,28 @@ of docs/ha.md):
 - The primary sends ``Heartbeat(stamp=now)`` every ``heartbeat_interval``;
   an acknowledgement echoes the stamp. The primary *serves* while a majority
   (itself included) acknowledged a heartbeat stamped within ``lease_timeout``
-  (votes count as stamped when the vote requests were sent). Once the lease
-  runs out it emits ``StopServing`` and becomes ``joining``.
+  (votes count as stamped when the vote requests were sent); a backup whose
+  link closes no longer counts. Once the lease runs out it emits
+  ``StopServing`` and becomes ``joining``.
 
-Why at most one node serves at any instant (ideal clocks). Say P serves at
-time t in epoch e, and Q is elected in a later epoch at time v <= t. P's lease
-at t rests on a majority that acknowledged heartbeats stamped after
-t - lease_timeout; Q's election rests on a majority of votes; the two
-majorities share a node X. X acknowledged P's heartbeat (at time h, after the
-stamp) before it voted for Q at time w <= v: once X adopts Q's newer epoch it
-acknowledges nothing of epoch e. Stickiness made X wait until
-w >= h + election_timeout. So t - lease_timeout < stamp <= h
-<= w - election_timeout <= t - election_timeout, which is impossible as
-lease_timeout < election_timeout. The same argument, with the vote counting
-as a heartbeat, covers a primary whose lease rests on votes. A transfer skips
-stickiness only after the primary it comes from stopped serving. The gap
-``election_timeout - lease_timeout`` is the allowance for clock-rate drift.
+What a deposed primary can do, and for how long. Safety does not rest on one
+node serving at a time: nothing a primary does takes hold without a majority
+in its epoch (a confirm or commit-ok needs a majority's acknowledgement,
+quorum.py, and a node that adopted a newer epoch acknowledges nothing of the
+older one). A new primary may therefore serve before the old lease ran out;
+the lease only bounds how long a deposed primary that is still alive keeps
+its clients (deliveries it makes then are duplicates; publishes it takes are
+never confirmed). The bound: say P serves at time t in epoch e and Q was
+elected in a later epoch at time v <= t. P's lease at t rests on a majority
+that acknowledged heartbeats stamped after t - lease_timeout; Q's election on
+a majority of votes; the two share a node X, which acknowledges nothing of
+epoch e once it voted in Q's epoch, at w <= v. So t - lease_timeout < stamp
+<= w <= v: a deposed primary serves at most ``lease_timeout`` after its
+successor's election (the simulation's invariant (b)). Without a closed link
+stickiness still makes X wait ``election_timeout`` after the last heartbeat,
+so on a silent failure (a pause, a partition) the old lease ran out before v,
+and no two nodes serve at once; the gap ``election_timeout - lease_timeout``
+is the allowance for clock-rate drift.
 
 Why a confirmed event survives (quorum.py): it is acknowledged by a majority,
 whose vote floors are then at least its position; any later majority holds one
@@ -92,9 +104,11 @@ Position.INVALID = Position(-1, -1)
 
 @dataclass(frozen=True)
 class ElectionTiming:
-    heartbeat_interval: float = 0.2
-    lease_timeout: float = 1.0
-    election_timeout: float = 1.5
+    # measured in docs/benchmarks.md ("Where the failover gap goes"): a SIGKILL is
+    # detected by the closed links, a hang (SIGSTOP) by the election timeout
+    heartbeat_interval: float = 0.1
+    lease_timeout: float = 0.4
+    election_timeout: float = 0.6
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_interval < self.lease_timeout:
@@ -229,6 +243,7 @@ class Election:
         self._primary: str | None = None
         self._now = -math.inf
         self._heard_primary_at = -math.inf
+        self._primary_link_down = False  # our link to the last primary heard closed since
         self._deadline = math.inf
         self._votes: set[str] = set()
         self._pre = False
@@ -405,6 +420,7 @@ class Election:
             persist = persist or self.voted_for is None
             self.voted_for = sender
             self._heard_primary_at = now
+            self._primary_link_down = False
             self._deadline = now + self._timeout()
         if persist:
             actions.append(Persist(self._epoch, self.voted_for))
@@ -416,8 +432,11 @@ class Election:
         return cand.valid and cand >= self.vote_floor
 
     def _heard_primary(self, now: float) -> bool:
+        """Evidence of a live primary (stickiness): a primary heard lately whose link still stands."""
         if self._role == "primary":
             return self.lease_valid(now)
+        if self._primary_link_down:
+            return False
         return now - self._heard_primary_at < self.timing.election_timeout
 
     def _pre_vote(self, now: float) -> list[Action]:
@@ -482,6 +501,7 @@ class Election:
 
     def _become_primary(self, now: float) -> list[Action]:
         self._role, self._primary = "primary", self.me
+        self._primary_link_down = False
         self._votes.discard(self.me)
         self._stamps = {voter: self._campaign_at for voter in self._votes}
         self._peer_pos, self._peer_ready = {}, {}
@@ -525,6 +545,7 @@ class Election:
         if self._role == "primary" or msg.primary != sender:
             return []
         self._heard_primary_at = now
+        self._primary_link_down = False
         self._deadline = now + self._timeout()
         actions: list[Action] = []
         if self._role != "backup" or self._primary != sender:
@@ -536,25 +557,39 @@ class Election:
                                                  pos.seq, self.ready)))
         return actions
 
-    def primary_lost(self, now: float, peer: str) -> list[Action]:
-        """The link to our primary closed: its process most likely died (SIGKILL, crash).
+    def link_down(self, now: float, peer: str) -> list[Action]:
+        """The cluster link to ``peer`` closed (its process died, or the connection broke).
 
-        Instead of the randomised ``[T, 2T)`` timeout, stand as soon as the
-        voters may grant: ``election_timeout`` after the primary was last heard
-        (stickiness, so this changes nothing in the safety argument above),
-        plus a small margin for their later heartbeats, staggered by rank among
-        the other members so that two backups do not split the vote. A less
-        advanced backup that stands first is refused (vote floor) and the next
-        one wins a moment later. If the link only broke and the primary lives,
-        the pre-vote is refused while its heartbeats reach a majority.
+        On a backup whose primary that is: the primary most likely died
+        (SIGKILL, a crash: the kernel closes its sockets, and every backup
+        sees it at once). The link was the evidence of a live primary, so this
+        node now grants votes without the stickiness wait, and stands itself
+        at once, staggered by rank among the other members (half a heartbeat
+        interval apart) so that two backups do not split the vote. A less
+        advanced backup that stands first is refused (vote floor) and the
+        next one wins a moment later; a pre-vote refused by a voter that has
+        not seen its own link close yet is retried after about a heartbeat
+        interval. If only this link broke and the primary lives, the other
+        voters still hear it and refuse, and its next heartbeat (over the
+        redialled link) makes this node a backup again.
+
+        On the primary: that backup's acknowledgements no longer hold up the
+        lease; a primary whose links to a majority all closed stops serving
+        at once instead of at the end of its lease.
         """
+        if self._role == "primary":
+            if self._stamps.pop(peer, None) is None:
+                return []
+            self._update_lease()
+            if now >= self._lease_expiry:
+                return self._stop(now, "the cluster links to a majority closed")
+            return []
         if self._role != "backup" or peer != self._primary:
             return []
+        self._primary_link_down = True
         others = sorted(m for m in self.members if m != peer)
         rank = others.index(self.me)
-        step = self.timing.heartbeat_interval
-        at = self._heard_primary_at + self.timing.election_timeout + step / 4 + rank * step
-        self._deadline = min(self._deadline, max(now, at))
+        self._deadline = min(self._deadline, now + rank * self.timing.heartbeat_interval / 2)
         return []
 
     def _on_transfer(self, now: float, sender: str, msg: TransferPrimary) -> list[Action]:
@@ -576,5 +611,11 @@ class Election:
         return self._campaign(now, transfer=True)
 
     def _timeout(self) -> float:
-        t = self.timing.election_timeout
-        return t + self.rng.random() * t
+        """The randomised wait before standing (again): ``[T, 1.5T)``.
+
+        ``T`` is ``election_timeout``, or ``heartbeat_interval`` while our link
+        to the last primary is down (a refused pre-vote or a split vote is
+        retried soon: nobody can hear that primary through this node).
+        """
+        t = self.timing.heartbeat_interval if self._primary_link_down else self.timing.election_timeout
+        return t + self.rng.random() * t / 2

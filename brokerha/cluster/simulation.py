@@ -18,9 +18,12 @@ detection delay, the backup joins again); partitions (one node, or a split)
 that heal; crashes (the node keeps only what it persisted) and restarts;
 pauses (SIGSTOP: the node resumes later with a stale view); manual failover.
 
-After every event: (a) at most one primary per epoch, ever; (b) at most one
-node serving at any instant; (c) every confirmed, unconsumed message is held
-by the serving primary (checked at each promotion and each confirm); (d) a
+After every event: (a) at most one primary per epoch, ever; (b) a deposed
+primary serves at most ``lease_timeout`` after a newer one was elected (two
+nodes may serve at once: a backup whose link to the primary closed votes at
+once, election.py); (c) every confirmed, unconsumed message is held by the
+newest serving primary (checked at each promotion and each confirm, wherever
+the client sent it: while two serve, the client uses either); (d) a
 backup whose position is valid under the current primary holds every
 message the primary holds at or below that position; (e) a backup never
 applies an event of an epoch older than its own. A failing seed is replayed
@@ -87,7 +90,6 @@ class Unsafe:
 
     confirm_early: bool = False     # confirm on append, without the quorum rule
     invalid_grants: bool = False    # a catching-up voter forgets its vote floor
-    no_stickiness: bool = False     # vote although a live primary was heard
     no_lease: bool = False          # a primary keeps serving without a majority
     old_epoch_apply: bool = False   # a backup applies events from an older epoch
     skip_catch_up: bool = False     # a joining backup takes the marker without the state
@@ -120,6 +122,8 @@ class SimResult:
     confirmed: int = 0
     consumed: int = 0
     unserved: float = 0.0       # virtual seconds without a serving primary
+    overlap: float = 0.0        # virtual seconds with two serving (a deposed one in its lease)
+    deposed_calls: int = 0      # client calls that went to a deposed primary still serving
     events: int = 0
 
     def summary(self) -> str:
@@ -181,7 +185,7 @@ class SimNode:
 
 
 def _unsafe_election(unsafe: Unsafe) -> type[Election]:
-    if not (unsafe.invalid_grants or unsafe.no_stickiness or unsafe.no_lease):
+    if not (unsafe.invalid_grants or unsafe.no_lease):
         return Election
 
     class UnsafeElection(Election):
@@ -189,9 +193,6 @@ def _unsafe_election(unsafe: Unsafe) -> type[Election]:
             if unsafe.invalid_grants:
                 return cand.valid and cand >= self.position
             return super()._may_vote_for(cand)
-
-        def _heard_primary(self, now: float) -> bool:
-            return False if unsafe.no_stickiness else super()._heard_primary(now)
 
         def _update_lease(self) -> None:
             super()._update_lease()
@@ -231,7 +232,9 @@ class Simulation:
         self.trace: deque[str] = deque(maxlen=TRACE_TAIL)
         self._hash = hashlib.sha256()
         self.result = SimResult(seed, nodes, None, [], "")
-        self._serving: SimNode | None = None
+        self._serving: SimNode | None = None  # the newest serving primary
+        self._overlapping = False  # a deposed primary serves too
+        self._elected_at: dict[int, float] = {}  # epoch -> when its primary was elected
         self._publish_rate, self._consume_rate = publish_rate, consume_rate
 
     # ---- scheduling -------------------------------------------------------------------
@@ -259,6 +262,8 @@ class Simulation:
                 when, _, fn, args = heapq.heappop(queue)
                 if self._serving is None:
                     result.unserved += when - self.now
+                elif self._overlapping:
+                    result.overlap += when - self.now
                 self.now = when
                 fn(*args)
                 result.events += 1
@@ -280,17 +285,23 @@ class Simulation:
     def violate(self, text: str) -> None:
         raise Violation(text)
 
-    def _check_serving(self) -> None:
-        """(b): at most one node serves at this instant; (c) when the server changes."""
-        serving = None
+    def _servers(self) -> list[tuple[SimNode, Election]]:
+        """The nodes serving at this instant (with their elections), newest epoch first."""
         now = self.now
-        for node in self.nodes.values():
-            el = node.election
-            if el is not None and el._role == "primary" and el.lease_valid(now):
-                if serving is not None:
-                    self.violate(f"(b) two nodes serve at once: {serving.name} (epoch "
-                                 f"{serving.election.epoch}) and {node.name} (epoch {el.epoch})")
-                serving = node
+        found = [(node, node.election) for node in self.nodes.values()
+                 if node.election is not None and node.election.lease_valid(now)]
+        return sorted(found, key=lambda pair: -pair[1].epoch)
+
+    def _check_serving(self) -> None:
+        """(b): a deposed primary stops within its lease; (c) when the newest server changes."""
+        servers = self._servers()
+        serving = servers[0][0] if servers else None
+        self._overlapping = len(servers) > 1
+        for old, el in servers[1:]:
+            successor = min(at for epoch, at in self._elected_at.items() if epoch > el.epoch)
+            if self.now - successor > self.timing.lease_timeout:
+                self.violate(f"(b) {old.name} (epoch {el.epoch}) still serves "
+                             f"{self.now - successor:.3f}s after a newer primary was elected")
         if serving is not self._serving:
             self._serving = serving
             self._check_confirmed(serving)
@@ -400,6 +411,7 @@ class Simulation:
         first = self.primaries.setdefault(epoch, node.name)
         if first != node.name:
             self.violate(f"(a) two primaries in epoch {epoch}: {first} and {node.name}")
+        self._elected_at[epoch] = self.now
         self.result.failovers += len(self.primaries) > 1
         self.note(f"{node.name} primary for epoch {epoch} (held {len(node.durable.held)})")
         node.following = None
@@ -460,6 +472,8 @@ class Simulation:
         if (f is not None and f.primary == el.primary and f.epoch == el.epoch
                 and (f.caught_up or self.now - f.joined_at < JOIN_RETRY)):
             return
+        if self.blocked[(node.name, el.primary)] or self.nodes[el.primary].election is None:
+            return  # as the node's link: the join goes out when the link is up again
         gen = self.gen[(node.name, el.primary)]
         node.following = f = Following(el.primary, el.epoch, next(self._nonce), gen, self.now)
         if not self.unsafe.skip_catch_up:
@@ -551,6 +565,8 @@ class Simulation:
         f = node.following
         if f is not None and f.primary == peer:
             node.following = None
+        if node.election is not None:
+            self.carry_out(node, node.election.link_down(self.now, peer))
 
     def _expire_backups(self, node: SimNode) -> None:
         prim = node.prim
@@ -599,8 +615,13 @@ class Simulation:
     # ---- the client ---------------------------------------------------------------------
 
     def _client_target(self) -> SimNode | None:
-        node = self._serving
-        if node is None or node.prim is None or node.paused_until > self.now:
+        """Where the client's next call goes: any serving node (one still deposed, sometimes)."""
+        servers = self._servers()
+        if not servers:
+            return None
+        node = servers[0][0] if len(servers) == 1 else self.rng.choice(servers)[0]
+        self.result.deposed_calls += node is not servers[0][0]
+        if node.prim is None or node.paused_until > self.now:
             return None
         return node
 

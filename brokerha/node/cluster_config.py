@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brokerha.cluster.election import ElectionTiming
 from brokerha.cluster.link import tls_contexts
 from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET
 from brokerha.node.config import ConfigError, NodeConfig, check_keys, parse_listen
@@ -69,9 +70,9 @@ class ClusterConfig:
     secret: bytes
     members: list[ClusterMember] = field(default_factory=list)
     tls: TLSFiles | None = None
-    heartbeat_interval: float = 0.2
-    lease_timeout: float = 1.0
-    election_timeout: float = 1.5
+    heartbeat_interval: float = ElectionTiming.heartbeat_interval
+    lease_timeout: float = ElectionTiming.lease_timeout
+    election_timeout: float = ElectionTiming.election_timeout
     backup_timeout: float = 5.0
     verification_timeout: float = 2.0
     tx_prepare_timeout: float = 5.0  # backups' votes on an XA branch's prepare (TX has none)

@@ -409,8 +409,8 @@ class HANode:
             self.primary.backup_lost(peer, "link down")
             self.backup_alarms.lost(peer)
             self.backup_alarms.apply(self.primary.ready_backups())
-        # our primary's process most likely died: stand without the random wait
-        self._carry_out(self.election.primary_lost(self._now(), peer))
+        # our primary died (stand at once), or a backup left the lease (see Election.link_down)
+        self._carry_out(self.election.link_down(self._now(), peer))
 
     def _on_message(self, peer: str, msg_id: int, msg: Message) -> None:
         if isinstance(msg, Error):

@@ -28,6 +28,20 @@ def test_a_thousand_seeds_of_three_nodes_have_no_violation() -> None:
     assert sum(r.failovers for r in results) > CI_SEEDS
     assert sum(r.confirmed for r in results) > 50 * CI_SEEDS
     assert sum(r.unserved for r in results) / CI_SEEDS < 0.25 * 60.0
+    assert sum(r.overlap for r in results) > 0  # see the next test
+
+
+def test_a_deposed_primary_that_still_serves_loses_nothing_confirmed() -> None:
+    """The case the fast election allows: a successor elected within the old lease.
+
+    Busy clients, so that some calls reach the deposed primary in that moment:
+    what it takes is never confirmed (its backups left its epoch), and (b) bounds
+    how long it serves.
+    """
+    results = run_many(range(500), jobs=2, publish_rate=20.0, consume_rate=16.0)
+    assert [r.summary() for r in results if r.violation] == []
+    assert sum(r.deposed_calls for r in results) > 0
+    assert sum(r.overlap for r in results) < 0.01 * 500 * 60.0
 
 
 def test_a_hundred_seeds_of_five_nodes_have_no_violation() -> None:
@@ -38,7 +52,8 @@ def test_a_hundred_seeds_of_five_nodes_have_no_violation() -> None:
 def test_a_healthy_cluster_elects_once_and_confirms_everything() -> None:
     result = run_seed(7, faults=Faults.none())
     assert result.violation is None and result.failovers == 0
-    assert result.unserved < 2 * 1.5 + 0.5  # the first election only
+    timing = Simulation(7).timing
+    assert result.unserved < 1.5 * timing.election_timeout + 0.5  # the first election only
     assert result.published > 0 and result.confirmed >= result.published - 1
 
 
@@ -55,7 +70,7 @@ def first_failing(unsafe: Unsafe, seeds: range, **kw: object) -> tuple[int, str]
     ("invalid_grants", "(c)", {}),
     ("no_lease", "(b)", {}),
     ("skip_catch_up", "(d)", {}),
-    ("no_stickiness", "(b)", {"publish_rate": 0.0, "consume_rate": 0.0}),
+    ("old_epoch_apply", "(e)", {}),
 ])
 def test_the_checker_catches_a_broken_rule(rule: str, invariant: str, kw: dict[str, float]) -> None:
     found = first_failing(Unsafe.of([rule]), range(400), **kw)
