@@ -363,7 +363,12 @@ def started(config: str) -> Iterator[tuple[str, Workload, Callable[[], float]]]:
             pids = [n.proc.pid for n in cluster.nodes.values() if n.proc is not None]
             print(f"  ({config}: primary {primary}, backups ready in "
                   f"{time.monotonic() - t0:.0f} s)", flush=True)
+            elected = _elections(cluster)
             yield cluster.url(primary), CONFIRM, lambda: sum(sum(tree_cpu_times(p)) for p in pids)
+            extra = _elections(cluster) - elected
+            print(f"  ({config}: {extra} election(s) during the run"
+                  f"{'' if not extra else ': the timeouts are too short for this load'})",
+                  flush=True)
     elif config == "RabbitMQ quorum":
         rabbits = RabbitCluster()
         with rabbits as urls:
@@ -372,6 +377,13 @@ def started(config: str) -> Iterator[tuple[str, Workload, Callable[[], float]]]:
             yield urls[0], CONFIRM_QUORUM, rabbits.cpu
     else:
         raise ValueError(config)
+
+
+def _elections(cluster: LocalCluster) -> int:
+    """Elections the nodes recorded (status ``failovers``): a loaded cluster should add none."""
+    return sum(1 for name in cluster.names
+               for event in (cluster.status(name) or {}).get("failovers", [])
+               if event.get("event") == "elected")
 
 
 def run_throughput(configs: Sequence[str], duration: float, warmup: float,

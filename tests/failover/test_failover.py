@@ -106,6 +106,33 @@ def test_no_confirmed_message_lost_when_the_primary_is_killed(cluster: LocalClus
     assert max(gaps) < 10, gaps
 
 
+def test_a_killed_primary_is_replaced_without_waiting_for_the_election_timeout() -> None:
+    """The backups' links to a SIGKILLed primary close: they elect at once (Election.link_down).
+
+    The timeouts here are long (3 s) so that only that path can elect a successor
+    within half of one; a hang would still wait them out.
+    """
+    slow = {"heartbeat_interval": 0.2, "lease_timeout": 2.0, "election_timeout": 3.0,
+            "backup_timeout": 5.0}
+    with LocalCluster(3, options=slow) as c:
+        primary = wait_all_ready(c, 60)
+        killed_at = time.monotonic()
+        c.kill(primary)
+        new_primary = c.wait_primary(30, other_than=primary)
+        elapsed = time.monotonic() - killed_at
+        assert elapsed < 1.5, f"successor serving after {elapsed:.2f} s"
+        conn = connect_any([c.url(n) for n in c.names if n != primary], time.monotonic() + 30)
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            declare(ch)
+            ch.basic_publish("", QUEUE, b"after the kill")
+        finally:
+            conn.close()
+        events = (c.status(new_primary) or {}).get("failovers", [])
+        assert [e["epoch"] for e in events if e["event"] == "elected"][-1] >= 2
+
+
 def test_paused_primary_is_deposed_and_rejoins_as_backup(cluster: LocalCluster) -> None:
     primary = wait_all_ready(cluster)
     cluster.pause(primary)
