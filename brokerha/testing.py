@@ -229,14 +229,21 @@ class LocalCluster(ClusterView):
     Each node is its own process, so one can be SIGKILLed (``kill``), paused
     (``pause``/``resume``: SIGSTOP/SIGCONT) and started again alone
     (``restart``) on the same data directory. ``options`` adds keys to the
-    ``[cluster]`` table (e.g. shorter timeouts for tests).
+    ``[cluster]`` table (e.g. shorter timeouts for tests). With ``tls``, every
+    node also has amqps and HTTPS listeners; ``https_only`` turns the plain
+    admin listeners off (``--admin off``): the nodes, and ``status`` here, read
+    each other over HTTPS.
     """
 
     def __init__(self, nodes: int = 3, *, data_dir: str | os.PathLike[str] | None = None,
                  options: dict[str, float | str] | None = None,
                  extra_args: list[str] | None = None, name: str = "dc1",
-                 tls: bool = False) -> None:
+                 tls: bool = False, https_only: bool = False) -> None:
         from brokerha.admin.cluster_cli import cluster_file
+
+        if https_only and not tls:
+            raise ValueError("https_only needs tls")
+        self.https_only = https_only
 
         self._tmp = None
         if data_dir is None:
@@ -254,7 +261,7 @@ class LocalCluster(ClusterView):
             extra = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in options.items())
             self.config.write_text(text.replace("[cluster]\n", "[cluster]\n" + extra, 1))
         self.names = [f"n{i + 1}" for i in range(nodes)]
-        self.extra_args = list(extra_args or [])
+        self.extra_args = [*(["--admin", "off"] if https_only else []), *(extra_args or [])]
         self.nodes: dict[str, NodeProcess] = {}
         self.paused: set[str] = set()
 
@@ -268,6 +275,11 @@ class LocalCluster(ClusterView):
                 "keyfile": str(tls / "client-guest.key"), "server_hostname": "localhost"}
         port = self.port(name) + len(self.names)
         return f"amqps://guest:guest@localhost:{port}/%2F?ssl_options={quote(repr(opts))}"
+
+    def admin_url(self, name: str) -> str:
+        if self.https_only:
+            return f"https://127.0.0.1:{self.port(name) + len(self.names) + ADMIN_OFFSET}"
+        return super().admin_url(name)
 
     def start(self) -> LocalCluster:
         for name in self.names:
@@ -312,8 +324,15 @@ class LocalCluster(ClusterView):
         import json
         import urllib.request
 
+        context = None
+        if self.https_only:
+            import ssl
+
+            context = ssl.create_default_context(cafile=str(self.data_dir / "tls" / "ca.pem"))
+            context.check_hostname = False  # the node certificate names localhost
         try:
-            with urllib.request.urlopen(self.admin_url(name) + "/api/status", timeout=1) as r:
+            with urllib.request.urlopen(self.admin_url(name) + "/api/status", timeout=1,
+                                        context=context) as r:
                 return dict(json.loads(r.read()))
         except (OSError, ValueError):
             return None

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -299,7 +300,8 @@ async def cluster_view(node: Node) -> dict[str, Any]:
         if member["name"] == me:
             return own
         try:
-            return await fetch_json(member["admin_url"] + "/api/status", PEER_TIMEOUT)
+            return await fetch_json(member_url(member) + "/api/status", PEER_TIMEOUT,
+                                    node.tls.member_client)
         except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError) as exc:
             return {"node": {"name": member["name"], "role": "down", "epoch": None,
                              "ready": False, "amqp_url": member.get("amqp_url"),
@@ -311,6 +313,7 @@ async def cluster_view(node: Node) -> dict[str, Any]:
                               strict=True):
         entry = dict(answer.get("node") or {})
         entry["admin_url"] = member.get("admin_url")
+        entry["https_url"] = member.get("https_url")
         entry["failovers"] = answer.get("failovers") or []
         nodes.append(entry)
     primaries = [n for n in nodes if n.get("role") == "primary"]
@@ -320,9 +323,10 @@ async def cluster_view(node: Node) -> dict[str, Any]:
     queues: list[dict[str, Any]] | None = None
     if primary is None or primary["name"] == me:
         queues = queue_list(node)
-    elif primary.get("admin_url"):
+    elif primary.get("admin_url") or primary.get("https_url"):
         try:
-            answer = await fetch_json(primary["admin_url"] + "/api/queues", PEER_TIMEOUT)
+            answer = await fetch_json(member_url(primary) + "/api/queues", PEER_TIMEOUT,
+                                      node.tls.member_client)
             queues = list(answer.get("queues") or [])
         except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError):
             queues = None
@@ -333,13 +337,22 @@ async def cluster_view(node: Node) -> dict[str, Any]:
             "failovers": failovers[:20], "txlog": txlog_status(node)}
 
 
-async def fetch_json(url: str, timeout: float) -> Any:
-    """GET a JSON document over plain HTTP/1.1 (the admin listeners of peers)."""
+def member_url(member: dict[str, Any]) -> str:
+    """Where to read another member: its HTTPS listener if it has one, else plain HTTP."""
+    return str(member.get("https_url") or member["admin_url"])
+
+
+async def fetch_json(url: str, timeout: float, tls: ssl.SSLContext | None = None) -> Any:
+    """GET a JSON document over HTTP/1.1 (the admin listeners of peers); ``https://`` URLs
+    over TLS with ``tls`` (the node's member context, node/tls.py)."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    secure = parts.scheme == "https"
+    if secure and tls is None:
+        raise ValueError(f"{url}: HTTPS needs this node's [tls] certificates")
 
     async def go() -> Any:
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, ssl=tls if secure else None)
         try:
             writer.write(f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\n"
                          "Accept: application/json\r\nConnection: close\r\n\r\n".encode())

@@ -75,11 +75,14 @@ def cluster_status(node: str) -> dict[str, Any]:
                                          "amqp_url": first["node"].get("amqp_url")}]
     nodes = []
     for member in members:
-        if member["admin_url"] == base:
+        # asked over HTTPS (--ca/--cert apply) those that have it, when we came that way
+        url = (member.get("https_url") if base.startswith("https:") else None) \
+            or member["admin_url"]
+        if base in (url, member["admin_url"], member.get("https_url")):
             status = first
         else:
             try:
-                status = request(member["admin_url"], "/api/status", timeout=1.5)
+                status = request(url, "/api/status", timeout=1.5)
             except CtlError as exc:
                 nodes.append({"name": member["name"], "role": "down", "epoch": None,
                               "ready": False, "pid": None, "amqp_url": member.get("amqp_url"),

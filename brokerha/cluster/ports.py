@@ -18,12 +18,14 @@ def loopback_nodes_toml(nodes: int, base_port: int, *, amqps: bool = False) -> l
     """``[[cluster.nodes]]`` entries n1..nN on 127.0.0.1, AMQP ports from ``base_port``.
 
     ``amqps``: each node also gets an amqps listener, on the ports right after
-    the AMQP ones (``base_port + nodes + i``; amqps has no offset convention).
+    the AMQP ones (``base_port + nodes + i``; amqps has no offset convention),
+    and an HTTPS admin listener on those ports + ``ADMIN_OFFSET``.
     """
     entries = []
     for i in range(nodes):
         port = base_port + i
-        tls = f'amqps = "127.0.0.1:{base_port + nodes + i}"\n' if amqps else ""
+        tls = (f'amqps = "127.0.0.1:{base_port + nodes + i}"\n'
+               f'https = "127.0.0.1:{base_port + nodes + i + ADMIN_OFFSET}"\n' if amqps else "")
         entries.append(f'[[cluster.nodes]]\nname = "n{i + 1}"\namqp = "127.0.0.1:{port}"\n'
                        f'{tls}admin = "127.0.0.1:{port + ADMIN_OFFSET}"\n'
                        f'cluster = "127.0.0.1:{port + CLUSTER_OFFSET}"\n')

@@ -99,11 +99,13 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
             if value and value.lower() != "off" and parse_listen(value) != own:
                 raise ConfigError(f"{flag} {value} contradicts node '{cfg.name}' in "
                                   "[[cluster.nodes]]; the cluster entry decides")
-        if (args.listen and args.listen.lower() == "off") or not cfg.amqp_plain:
-            raise ConfigError("listen = off: a cluster member keeps its AMQP listener, the "
-                              "backups relay clients to the primary's (node/relay.py); put its "
-                              "amqp address in [[cluster.nodes]] on a network only the cluster "
-                              "reaches and serve clients on amqps")
+        if args.listen and args.listen.lower() == "off":
+            cfg.amqp_plain = False  # clients on amqps only (the entry's amqp stays its address)
+        if not cfg.amqp_plain and cfg.amqps_listen is None:
+            raise ConfigError("listen = off: a cluster member without an amqps address in "
+                              "[[cluster.nodes]] would serve no clients; add amqps = "
+                              "\"HOST:PORT\" to its entry (backups then relay amqps clients "
+                              "to the primary's amqps listener, node/relay.py)")
     else:
         if args.listen:
             parse_amqp_listen(args.listen, cfg)
@@ -118,6 +120,10 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
     check_tls(cfg)
     if args.admin:
         parse_admin(args.admin, cfg)
+    if cluster is not None and not cfg.admin_enabled and cfg.https_listen is None:
+        raise ConfigError("--admin off: a cluster member's status is read by the others; "
+                          "give its [[cluster.nodes]] entry https = \"HOST:PORT\" (read there, "
+                          "with the [tls] certificates) or keep the plain admin listener")
     if args.data:
         cfg.data_dir = args.data
     if args.memory_limit is not None:

@@ -24,7 +24,7 @@ _CLUSTER_KEYS = {"name", "secret", "secret_file", "nodes", "tls", "heartbeat_int
                  "lease_timeout", "election_timeout", "backup_timeout", "replicate",
                  "verification_timeout", "tx_prepare_timeout", "policies"}
 _POLICY_KEYS = {"pattern", "replicate", "vhost"}
-_NODE_KEYS = {"name", "amqp", "amqps", "admin", "cluster", "cluster_bind"}
+_NODE_KEYS = {"name", "amqp", "amqps", "admin", "https", "cluster", "cluster_bind"}
 _TLS_KEYS = {"cert", "key", "ca"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -47,6 +47,8 @@ class ClusterMember:
     cluster_bind: tuple[str, int] | None = None
     # its amqps listener (brokerha/node/tls.py), if it has one
     amqps: tuple[str, int] | None = None
+    # its HTTPS admin listener, if it has one: the other members read its status there
+    https: tuple[str, int] | None = None
 
     @property
     def amqp_url(self) -> str:
@@ -55,6 +57,10 @@ class ClusterMember:
     @property
     def admin_url(self) -> str:
         return f"http://{self.admin[0]}:{self.admin[1]}"
+
+    @property
+    def https_url(self) -> str | None:
+        return None if self.https is None else f"https://{self.https[0]}:{self.https[1]}"
 
 
 @dataclass
@@ -108,7 +114,8 @@ def _member(entry: dict[str, Any], where: str) -> ClusterMember:
                else offset_address(amqp, CLUSTER_OFFSET, f"node '{name}' cluster"))
     bind = parse_listen(str(entry["cluster_bind"])) if "cluster_bind" in entry else None
     amqps = parse_listen(str(entry["amqps"])) if "amqps" in entry else None
-    return ClusterMember(name, amqp, admin, cluster, bind, amqps)
+    https = parse_listen(str(entry["https"])) if "https" in entry else None
+    return ClusterMember(name, amqp, admin, cluster, bind, amqps, https)
 
 
 def _policy(entry: dict[str, Any], where: str) -> ReplicationPolicy:
@@ -189,3 +196,5 @@ def apply_cluster(cfg: NodeConfig, cluster: ClusterConfig) -> None:
     cfg.admin_listen = me.admin
     if me.amqps is not None:
         cfg.amqps_listen = me.amqps
+    if me.https is not None:
+        cfg.https_listen = me.https

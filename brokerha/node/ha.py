@@ -40,6 +40,7 @@ from brokerha.cluster.replication import (
     VerifyRequest,
 )
 from brokerha.cluster.state import StateFile
+from brokerha.node.relay import RelayTarget
 from brokerha.primary import verification as verify
 from brokerha.primary.backup_alarms import BackupAlarms
 from brokerha.primary.primary import Primary
@@ -278,7 +279,8 @@ class HANode:
             self.backup.close()
         self.phase = "backup"
         self.following = primary
-        self.node.set_relay_target(self.cluster.member(primary).amqp)
+        member = self.cluster.member(primary)
+        self.node.set_relay_target(RelayTarget(member.amqp, member.amqps))
         st = self.state.state
         self.backup = Backup(self.broker, me=self.me, epoch=epoch,
                              position=el.Position(st.pos_epoch, st.pos_seq),
@@ -596,6 +598,7 @@ class HANode:
             me["replication"] = self.primary.status()
         status["cluster"] = self.cluster.name
         status["members"] = [{"name": m.name, "amqp_url": m.amqp_url, "admin_url": m.admin_url,
+                              "https_url": m.https_url,
                               "amqps_url": None if m.amqps is None
                               else f"amqps://{m.amqps[0]}:{m.amqps[1]}"}
                              for m in self.cluster.members]

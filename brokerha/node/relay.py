@@ -3,7 +3,9 @@
 A client given one node's address (``amqp://localhost:5672``, a Kubernetes
 Service, a load balancer) reaches the primary whichever role that node has.
 A backup accepts the connection (and, on its amqps listener, the TLS
-handshake), opens a TCP connection to the current primary's AMQP listener,
+handshake), opens a connection to the current primary's AMQP listener (its
+amqps listener, over TLS, for a client that came over amqps, when the
+primary has one: plain AMQP can then be off on every member),
 sends one *relay preamble* line and from then on copies the bytes both ways
 unchanged: the AMQP session (handshake, SASL, heartbeats, every method) is
 the client's with the primary, so every client library works as against the
@@ -34,6 +36,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +51,18 @@ MAX_PREAMBLE = 1024  # bytes, the line included
 PREAMBLE_MAX_AGE = 30.0  # seconds a preamble's timestamp may lag (or lead) the primary's clock
 BUFFER_LIMIT = 1 << 20  # client bytes held while the upstream connects, then reading pauses
 CONNECT_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class RelayTarget:
+    """Where the primary takes clients: its AMQP listener, and its amqps one if it has one."""
+
+    amqp: tuple[str, int]
+    amqps: tuple[str, int] | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.amqp[0]}:{self.amqp[1]}"
+        return text if self.amqps is None else f"{text} (amqps {self.amqps[0]}:{self.amqps[1]})"
 
 
 class PreambleError(ValueError):
@@ -152,11 +167,18 @@ class _Upstream(asyncio.Protocol):
 
 
 class RelayProtocol(asyncio.Protocol):
-    """One client connection accepted by a backup, piped to the primary's AMQP listener."""
+    """One client connection accepted by a backup, piped to the primary's AMQP listener.
+
+    An amqps client is relayed over TLS to the primary's amqps listener when
+    the primary has one (``tls``: the backup's client context), so its bytes
+    are never in clear on the network; a plain client to the plain listener.
+    """
 
     def __init__(self, target: tuple[str, int], registry: set[RelayProtocol], secret: bytes,
-                 identify: Callable[[object], ExternalIdentity | None] | None = None) -> None:
+                 identify: Callable[[object], ExternalIdentity | None] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.target = target
+        self.tls = tls  # the upstream is the primary's amqps listener
         self.registry = registry
         self.secret = secret
         self.identify = identify
@@ -181,7 +203,8 @@ class RelayProtocol(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         try:
             transport, _ = await asyncio.wait_for(
-                loop.create_connection(lambda: _Upstream(self), *self.target), CONNECT_TIMEOUT)
+                loop.create_connection(lambda: _Upstream(self), *self.target, ssl=self.tls),
+                CONNECT_TIMEOUT)
         except (TimeoutError, OSError) as exc:
             log.info("relay to the primary at %s:%d failed: %s", *self.target, exc)
             self.close()

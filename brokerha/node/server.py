@@ -18,7 +18,7 @@ from brokerha.cluster.ports import ADMIN_OFFSET
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
 from brokerha.node.disk import DiskMonitor
-from brokerha.node.relay import Refuse, RelayProtocol
+from brokerha.node.relay import Refuse, RelayProtocol, RelayTarget
 from brokerha.node.tls import NodeTLS
 from brokerha.node.transport import AMQPProtocol
 from brokerha.store.factory import open_store
@@ -73,7 +73,7 @@ class Node:
         # verified primary); otherwise a cluster member relays them to ``relay_to``, the
         # primary's AMQP address, or closes them while it knows none (node/relay.py)
         self.serving = False
-        self.relay_to: tuple[str, int] | None = None
+        self.relay_to: RelayTarget | None = None
         self.relays: set[RelayProtocol] = set()
         self.relay_secret = cluster.secret if cluster is not None else None
         self._listen_retry_at = 0.0
@@ -242,9 +242,13 @@ class Node:
         if self.serving:
             return AMQPProtocol(self.loop, self.broker, self.connections, identify,
                                 relay_secret=self.relay_secret)
-        if self.relay_to is not None and self.relay_secret is not None:
-            return RelayProtocol(self.relay_to, self.relays, self.relay_secret, identify)
-        return None
+        target, secret = self.relay_to, self.relay_secret
+        if target is None or secret is None:
+            return None
+        if identify is not None and target.amqps is not None and self.tls.member_client is not None:
+            return RelayProtocol(target.amqps, self.relays, secret, identify,
+                                 tls=self.tls.member_client)  # amqps stays encrypted
+        return RelayProtocol(target.amqp, self.relays, secret, identify)
 
     def _plain_protocol(self) -> asyncio.Protocol:
         return self._client_protocol() or Refuse()
@@ -254,7 +258,7 @@ class Node:
         serve nor relay it now (a deposed primary during an election takes no clients)."""
         return self._client_protocol(self.tls.identity)
 
-    def set_relay_target(self, target: tuple[str, int] | None) -> None:
+    def set_relay_target(self, target: RelayTarget | None) -> None:
         """Relay new connections to ``target`` (the primary changed: end the old relays)."""
         if target != self.relay_to:
             if self.relay_to is not None or target is None:
@@ -262,8 +266,8 @@ class Node:
                     relay.close(abort=True)
             self.relay_to = target
             if target is not None:
-                log.info("node %s relays AMQP clients to the primary at %s:%d",
-                         self.config.name, *target)
+                log.info("node %s relays AMQP clients to the primary at %s", self.config.name,
+                         target)
 
     def _close_listeners(self) -> None:
         for server in self.servers:

@@ -59,6 +59,29 @@ def server_context(cert: Path, key: Path, ca: Path | None = None, *,
     return ctx
 
 
+def member_client_context(cert: Path, key: Path, ca: Path | None) -> ssl.SSLContext:
+    """A member's client context towards another member's amqps or HTTPS listener.
+
+    Used by a backup relaying an amqps client to the primary, and to read
+    another member's status over HTTPS. It presents the node certificate (a
+    listener that requires client certificates takes it; a relayed client's
+    own identity travels in the relay preamble) and checks the other's
+    against ``ca`` (the system's CAs without one). No hostname check:
+    members are configured by address (and the preamble is authenticated
+    with the cluster secret).
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if ca is not None:
+        load_ca(ctx, ca)
+    else:
+        ctx.load_default_certs()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    load_chain(ctx, cert, key)
+    return ctx
+
+
 def certificate_facts(path: Path) -> dict[str, Any]:
     """Subject, issuer, serial and validity of the first certificate in a PEM file."""
     cert = x509.load_pem_x509_certificate(path.read_bytes())
@@ -84,6 +107,8 @@ class NodeTLS:
     def __init__(self, config: TLSConfig) -> None:
         self.config = config
         self.server: ssl.SSLContext | None = None
+        # towards other members: a backup's relays to the primary's amqps, status over HTTPS
+        self.member_client: ssl.SSLContext | None = None
         self.certificate: dict[str, Any] | None = None  # facts of the loaded one
         self.loaded_at: float | None = None
         self.reloads = 0
@@ -91,16 +116,17 @@ class NodeTLS:
         self._warned: dict[str, float] = {}
         if config.configured:
             try:
-                self.server, self.certificate = self._build()
+                self.server, self.member_client, self.certificate = self._build()
             except (OSError, ssl.SSLError, ValueError) as exc:
                 raise ConfigError(f"tls: {exc}") from exc
             self.loaded_at = time.time()
 
-    def _build(self) -> tuple[ssl.SSLContext, dict[str, Any]]:
+    def _build(self) -> tuple[ssl.SSLContext, ssl.SSLContext, dict[str, Any]]:
         cfg = self.config
         assert cfg.cert is not None and cfg.key is not None
         return (server_context(cfg.cert, cfg.key, cfg.ca, verify_peer=cfg.verify_peer,
                                require_peer_cert=cfg.fail_if_no_peer_cert),
+                member_client_context(cfg.cert, cfg.key, cfg.ca),
                 certificate_facts(cfg.cert))
 
     def on_reload(self, what: str, prepare: Callable[[], Callable[[], None]]) -> None:
@@ -117,7 +143,7 @@ class NodeTLS:
         server = None
         try:
             if self.config.configured:
-                server, facts = self._build()
+                server, member_client, facts = self._build()
         except (OSError, ssl.SSLError, ValueError) as exc:
             raise ValueError(f"[tls] (amqps/HTTPS): {exc}") from exc
         for what, prepare in self._hooks:
@@ -126,7 +152,7 @@ class NodeTLS:
             except (OSError, ssl.SSLError, ValueError) as exc:
                 raise ValueError(f"{what}: {exc}") from exc
         if server is not None:
-            self.server, self.certificate = server, facts
+            self.server, self.member_client, self.certificate = server, member_client, facts
         for swap in swaps:
             swap()
         self.reloads += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import ssl
 import time
 import urllib.request
@@ -177,3 +178,59 @@ def test_amqps_clients_through_a_primary_failover(cluster: LocalCluster) -> None
         f"amqps://127.0.0.1:{amqps_port(cluster, n)}" for n in cluster.names]
     connect_any([cluster.amqps_url(new_primary)], time.monotonic() + 5).close()
     assert cluster.primary() == new_primary
+
+
+def test_with_plain_amqp_off_on_every_member_a_backup_relays_amqps_over_tls() -> None:
+    """No plain listener anywhere: the relay reaches the primary's amqps listener, over TLS."""
+    with LocalCluster(3, options=FAST, tls=True, extra_args=["--listen", "off"]) as cluster:
+        primary = cluster.wait_primary(30)
+        backup = next(n for n in cluster.names if n != primary)
+        cluster.wait_ready(backup, 30)
+        for name in cluster.names:
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", cluster.port(name)), timeout=1).close()
+        conn = connect_any([cluster.amqps_url(backup)], time.monotonic() + 10)
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.queue_declare(QUEUE, durable=True)
+            ch.basic_publish("", QUEUE, b"7")
+            status = cluster.status(backup)
+            assert status is not None and status["node"]["relayed_connections"] == 1
+        finally:
+            conn.close()
+        external_through_a_backup(cluster, primary, backup)
+        assert drain([cluster.amqps_url(primary)], QUEUE) == [7]
+
+
+def test_members_read_each_other_over_https_with_the_plain_admin_listener_off() -> None:
+    """``--admin off``: status, the cluster view and ``ctl status`` go over HTTPS."""
+    import subprocess
+    import sys
+
+    with LocalCluster(3, options=FAST, tls=True, https_only=True) as cluster:
+        primary = cluster.wait_primary(30)
+        for name in cluster.names:
+            if name != primary:
+                cluster.wait_ready(name, 30)
+        for name in cluster.names:  # no plain admin listener anywhere
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", cluster.port(name) + 10000),
+                                         timeout=1).close()
+        backup = next(n for n in cluster.names if n != primary)
+        ctx = ssl.create_default_context(cafile=str(cluster.data_dir / "tls" / "ca.pem"))
+        ctx.check_hostname = False
+        with urllib.request.urlopen(cluster.admin_url(backup) + "/api/cluster", timeout=5,
+                                    context=ctx) as r:
+            view = json.loads(r.read())
+        roles = {n["name"]: n["role"] for n in view["nodes"]}
+        assert roles[primary] == "primary" and sorted(roles.values()) == [
+            "backup", "backup", "primary"], view
+        assert view["queues"] is not None  # read from the primary, over HTTPS too
+        done = subprocess.run(
+            [sys.executable, "-m", "brokerha.cli", "ctl", "--node", cluster.admin_url(backup),
+             "--ca", str(cluster.data_dir / "tls" / "ca.pem"), "status", "--json"],
+            capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        status = json.loads(done.stdout)
+        assert {n["name"]: n["role"] for n in status["nodes"]} == roles

@@ -31,11 +31,14 @@ def test_a_member_takes_its_amqps_address_from_its_entry(tmp_path: Path) -> None
     assert cfg.tls.cert == tmp_path / "n.pem"  # relative to the file
     cfg, _ = config_from_args(args(tmp_path, "--name", "n1", "--amqps-listen", "127.0.0.1:5900"))
     assert cfg.amqps_listen == ("127.0.0.1", 5900)
-    # backups relay to the primary's AMQP listener: a member cannot turn it off
-    with pytest.raises(ConfigError, match="a cluster member keeps its AMQP listener"):
-        config_from_args(args(tmp_path, "--name", "n1", "--listen", "off"))
+    # plain AMQP off: a member with an amqps address serves (and relays) amqps only
+    cfg, _ = config_from_args(args(tmp_path, "--name", "n1", "--listen", "off"))
+    assert not cfg.amqp_plain and cfg.amqps_listen == ("127.0.0.1", 5900)
     cfg, _ = config_from_args(args(tmp_path, "--name", "n2"))
     assert cfg.amqps_listen is None
+    # one without would serve nobody
+    with pytest.raises(ConfigError, match="a cluster member without an amqps address"):
+        config_from_args(args(tmp_path, "--name", "n2", "--listen", "off"))
 
 
 def test_amqps_flags_that_contradict_the_entry_are_refused(tmp_path: Path) -> None:
