@@ -122,8 +122,26 @@ def test_amqps_clients_through_a_primary_failover(cluster: LocalCluster) -> None
     while len(pub.confirmed) < 100 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert pub.error is None and len(pub.confirmed) >= 100, pub.error
+    # kombu connected before the kill, publishing (with confirms) after it: its ensure()
+    # reconnects through the amqps URL list (round-robin) to the new primary
+    urls = [f"amqps://guest:guest@localhost:{amqps_port(cluster, n)}//" for n in cluster.names]
+    kombu_queue = f"kombu-through-{uuid.uuid4().hex[:8]}"
+    through = kombu.Connection(";".join(urls), ssl=kombu_ssl(cluster), connect_timeout=3,
+                               failover_strategy="round-robin",
+                               transport_options={"confirm_publish": True})
+    through.ensure_connection(max_retries=6, interval_start=0.1, interval_step=0.2)
+    producer = through.Producer()
+    publish = through.ensure(producer, producer.publish, max_retries=10, interval_start=0.1,
+                             interval_step=0.2, interval_max=1)
+    kq = kombu.Queue(kombu_queue, durable=True)
+    publish({"n": "before"}, routing_key=kombu_queue, declare=[kq])
     cluster.kill(primary)
     new_primary = cluster.wait_primary(30, other_than=primary)
+    publish({"n": "after"}, routing_key=kombu_queue, declare=[kq])
+    with through.SimpleQueue(kombu_queue) as sq:
+        payloads = [sq.get(timeout=5).payload for _ in range(2)]
+    through.release()
+    assert payloads == [{"n": "before"}, {"n": "after"}]
     at_kill = len(pub.confirmed)
     wait_count(lambda: len(pub.confirmed), at_kill + 100, 30)
     pub.stop_event.set()
@@ -142,7 +160,6 @@ def test_amqps_clients_through_a_primary_failover(cluster: LocalCluster) -> None
     assert any(n >= at_kill for n in consumer.consumed)
 
     # kombu and a Celery worker find the new primary in the amqps URL list
-    urls = [f"amqps://guest:guest@localhost:{amqps_port(cluster, n)}//" for n in cluster.names]
     with kombu.Connection(";".join(urls), ssl=kombu_ssl(cluster), connect_timeout=3,
                           failover_strategy="round-robin") as conn:
         conn.ensure_connection(max_retries=6, interval_start=0.1, interval_step=0.2)
