@@ -163,7 +163,7 @@ class Backup:
         Only replicated dequeues (a consumer's acks) need none: nothing on the
         primary waits for them -- a confirm, commit or reply waits for an event
         of its own, and acknowledging that covers the dequeues before it. A
-        backup may then acknowledge them later (``ha.DEQUEUE_ACK_DELAY``), so
+        backup may then acknowledge them later (``ha.core.DEQUEUE_ACK_DELAY``), so
         their store writes need no disk sync of their own.
         """
         due, self.ack_due = self.ack_due, False

@@ -9,7 +9,7 @@ directory).
 
 The position and vote floor (``NodeState.pos_*``, ``floor_*``) are kept in
 memory here but made durable only in the broker's store, in the same commit
-as the events they describe (``node/ha.py`` ``POSITION_KEY``): a backup
+as the events they describe (``ha/core.py`` ``POSITION_KEY``): a backup
 acknowledges events only after that commit, so a restarted node never claims
 to hold less than it confirmed. The file keeps no copy of them; one written
 by an older version is read only while the store has no position yet.

@@ -19,7 +19,7 @@ def test_the_file_holds_the_epoch_and_vote_only(tmp_path: Path) -> None:
 
 
 def test_an_older_versions_file_still_gives_its_position(tmp_path: Path) -> None:
-    """Read while the store has no position yet (``HANode._load_position`` prefers the store's)."""
+    """Read while the store has no position yet (``ha.core.load_position`` prefers the store's)."""
     (tmp_path / FILE_NAME).write_text(json.dumps(
         {"epoch": 2, "voted_for": "n1", "pos_epoch": 2, "pos_seq": 40, "floor_epoch": 2,
          "floor_seq": 41}))
@@ -28,7 +28,7 @@ def test_an_older_versions_file_still_gives_its_position(tmp_path: Path) -> None
 
 
 def test_the_stores_position_wins_over_an_older_file(tmp_path: Path) -> None:
-    from brokerha.node.ha import POSITION_KEY
+    from brokerha.ha.core import POSITION_KEY
     from tests.ha.tx_simulation import DiskStore
     from tests.node.test_ha_backup_acks import backup_node
 

@@ -2,13 +2,17 @@
 
 Three nodes, each a real ``Broker`` over a ``DiskStore`` (a MemoryStore that
 models a disk: what was recorded before a completed ``after_sync`` survives a
-crash, the rest is lost); the serving node runs a real ``Primary`` (with its
-``PrimaryTxObserverFactory``, tx-queues, votes, TxTrackers), the others a real
-``Backup`` (``TransactionReplicator``, ``TxBuffer``). The glue is what
-``node/ha.py`` does: a backup acknowledges what it applied only from its
-store's ``after_sync``, after recording its position in the same commit; the
-primary's position goes through a replication barrier the same way. Packets
-cross ``tests.ha.harness.wire`` (msgpack).
+crash, the rest is lost), driven through the node's own HA core
+(``brokerha.ha.core.HACore``, as ``node/ha.py`` drives it): the serving node's
+core runs a real ``Primary`` (with its ``PrimaryTxObserverFactory``,
+tx-queues, votes, TxTrackers), the others' a real ``Backup``
+(``TransactionReplicator``, ``TxBuffer``). So the rules checked are the
+product's: a backup acknowledges what it applied only from its store's
+``after_sync``, after recording its position in the same commit; the
+primary's position goes through its replication barrier the same way. The
+simulation supplies the core's effects: links (ordered streams; packets
+cross ``tests.ha.harness.wire``, msgpack), the loop's ``soon`` (run after
+each step, in order) and timers on the virtual clock.
 
 Clients act on the primary's broker model directly, as the channel does: TX
 transactions (``Transaction``: publishes of numbered messages to 1-3 queues,
@@ -84,15 +88,19 @@ from brokerha.broker.queue import Queue
 from brokerha.broker.storage import Definitions, MemoryStore, StoredMessage
 from brokerha.broker.transaction import TransactionAborted
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.cluster.election import Position
+from brokerha.cluster.messages import Message
 from brokerha.cluster.quorum import majority
 from brokerha.cluster.replication import (
     Ack,
     Events,
     Join,
-    ReplicationError,
     TxVote,
     VerifyReply,
 )
+from brokerha.cluster.state import NodeState
+from brokerha.ha.core import POSITION_KEY, HACore, PrimarySettings, load_position
+from brokerha.ha.core import Unsafe as CoreUnsafe
 from brokerha.primary.primary import Primary
 from brokerha.primary.tx_queue import TxQueue
 from brokerha.primary.verification import COMMIT, ROLLBACK, Verification, answer, carry_out
@@ -100,7 +108,6 @@ from tests.ha.harness import contents, message, wire
 
 NODES = ("n1", "n2", "n3")
 QUEUES = ("q1", "q2", "q3")
-POSITION_KEY = "ha_position"
 TRACE_TAIL = 40
 TX_PREPARE_TIMEOUT = 2.0
 BACKUP_TIMEOUT = 3.0
@@ -116,7 +123,7 @@ class Violation(Exception):
 class Unsafe:
     """Rules to break on purpose: each one must make the checker report a violation."""
 
-    early_ack: bool = False      # a backup acknowledges (votes yes) before its store synced
+    early_ack: bool = False      # a backup acknowledges before its store synced (ha.core's rule)
     no_tx_trackers: bool = False  # a backup joining during a prepared transaction is ready at once
 
     @classmethod
@@ -261,7 +268,63 @@ class Link:
     up: deque[Any] = field(default_factory=deque)
 
 
+class Timer:
+    """A ``later`` callback on the virtual clock (ha.core.Cancellable)."""
+
+    def __init__(self, due: float, callback: Callable[[], None]) -> None:
+        self.due, self.callback, self.cancelled = due, callback, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class NodeEffects:
+    """What one node's HA core asks of the simulation (ha.core.Effects)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def send(self, peer: str, message: Message) -> None:
+        node = self.node
+        if not node.up:
+            return
+        if node.primary is not None:  # to a backup, down its link
+            link = node.sim.links.get(peer)
+            if link is not None:
+                link.down.append(message)
+        else:
+            link = node.sim.links.get(node.name)
+            if link is not None:
+                link.up.append(message)
+
+    def send_many(self, peer: str, messages: Sequence[Message]) -> None:
+        for packet in messages:
+            self.send(peer, packet)
+
+    def connected(self, peer: str) -> bool:
+        return self.node.up and self.node.name in self.node.sim.links
+
+    def position(self, pos: Position) -> None:
+        self.node.position = (pos.epoch, pos.seq)
+
+    def soon(self, callback: Callable[[], None]) -> None:
+        self.node.sim.soon.append((self.node, callback))
+
+    def later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        timer = Timer(self.node.sim.clock.now + delay, callback)
+        self.node.sim.timers.append((self.node, timer))
+        return timer
+
+    def replication_failed(self, reason: str) -> None:
+        self.node.sim.violate(f"{self.node.name} cannot follow the primary: {reason}")
+
+    def joined(self, primary: str, epoch: int) -> None:
+        self.node.sim.note(f"{self.node.name} joins {primary} (epoch {epoch})")
+
+
 class Node:
+    """One node: a Broker on a DiskStore and the product's HA core."""
+
     def __init__(self, name: str, sim: Simulation, disk: Image | None = None) -> None:
         self.name = name
         self.sim = sim
@@ -271,24 +334,33 @@ class Node:
             self.broker.restore(self.store.load())
         self.broker.add_vhost("/")
         self.up = True
-        self.primary: SimPrimary | None = None
-        self.backup: Backup | None = None
-        self.position, self.floor = read_position(self.store.meta)
-        self.ack_pending: Backup | None = None  # per Backup, as node/ha.py
-        self.durable_seq = 0
-        self.position_waiters: list[Callable[[], None]] = []
+        state = NodeState()
+        load_position(self.broker, state)
+        self.position: Pos = (state.pos_epoch, state.pos_seq) if POSITION_KEY in self.store.meta \
+            else INVALID
+        self.core = HACore(self.broker, name, state, NodeEffects(self),
+                           PrimarySettings(len(NODES), BACKUP_TIMEOUT,
+                                           tx_prepare_timeout=TX_PREPARE_TIMEOUT),
+                           sim.clock, primary_factory=sim.make_primary,
+                           unsafe=CoreUnsafe(early_ack=sim.unsafe.early_ack))
+
+    @property
+    def primary(self) -> SimPrimary | None:
+        return self.core.primary  # type: ignore[return-value]
+
+    @property
+    def backup(self) -> Backup | None:
+        return self.core.backup
+
+    @property
+    def floor(self) -> Pos:
+        return (self.core.state.floor_epoch, self.core.state.floor_seq)
 
     @property
     def consistent(self) -> bool:
         """Holds a consistent copy in memory: the primary, or a caught-up backup."""
         return self.up and (self.primary is not None
                             or (self.backup is not None and self.backup.caught_up))
-
-    def record_position(self, pos: Pos) -> None:
-        """As node/ha.py: into the store's next commit, with the floor (never lowered)."""
-        self.floor = max(self.floor, pos)
-        self.store.put_meta(POSITION_KEY, json.dumps([*pos, *self.floor]))
-
 
 @dataclass
 class Client:
@@ -321,6 +393,8 @@ class Simulation:
         self.clock = Clock()
         self.nodes: dict[str, Node] = {}
         self.links: dict[str, Link] = {}
+        self.soon: list[tuple[Node, Callable[[], None]]] = []   # the cores' ``soon``, in order
+        self.timers: list[tuple[Node, Timer]] = []             # their ``later``
         self.primary_node: Node | None = None
         self.epoch = 0
         self.trace: deque[str] = deque(maxlen=None if trace else TRACE_TAIL)
@@ -342,6 +416,12 @@ class Simulation:
 
     def violate(self, text: str) -> None:
         raise Violation(f"seed {self.seed}: {text}")
+
+    def make_primary(self, *args: Any, **kw: Any) -> SimPrimary:
+        """The cores' ``primary_factory``: the real Primary, noting commits for the checks."""
+        primary = SimPrimary(*args, **kw)
+        primary.sim = self
+        return primary
 
     def decide(self, txid: str | None, outcome: str, why: str) -> None:
         if txid is None:
@@ -402,23 +482,10 @@ class Simulation:
     # -- roles -----------------------------------------------------------------------------
 
     def become_primary(self, node: Node, epoch: int, verify: bool = True) -> dict[str, str]:
-        if node.backup is not None:
-            node.backup.close()
-            node.backup = None
         self.epoch = epoch
         self.committed_here = []
         self.links = {}
-        node.record_position((epoch, 0))
-        node.position = (epoch, 0)
-        node.durable_seq = 0
-        node.position_waiters = []
-        primary = SimPrimary(node.broker, me=node.name, members=len(NODES), epoch=epoch,
-                             start_seq=0, clock=self.clock, backup_timeout=BACKUP_TIMEOUT,
-                             tx_prepare_timeout=TX_PREPARE_TIMEOUT)
-        primary.sim = self
-        node.primary = primary
-        node.broker.replication_barriers.append(
-            lambda callback, n=node, p=primary: self.position_barrier(n, p, callback))
+        primary = node.core.become_primary(epoch)
         self.primary_node = node
         decisions: dict[str, str] = {}
         if verify:
@@ -449,115 +516,48 @@ class Simulation:
 
             if decisions:
                 node.broker.after_durable(durable)
+        node.core.verified()
         return decisions
-
-    def position_barrier(self, node: Node, primary: Primary, callback: Callable[[], None]) -> None:
-        """node/ha.py's: a confirm waits for the primary's own position to be durable."""
-        if node.primary is not primary:
-            return
-        if primary.seq <= node.durable_seq:
-            callback()
-            return
-        seq = primary.seq
-        node.record_position((primary.epoch, seq))
-
-        def durable() -> None:
-            if node.primary is not primary:
-                return
-            node.durable_seq = max(node.durable_seq, seq)
-            node.position = max(node.position, (primary.epoch, seq))
-            callback()
-
-        node.store.after_sync(durable)
 
     def follow(self, node: Node) -> None:
         """``node`` follows the current primary: a new Backup (position as recorded), a join."""
         assert self.primary_node is not None
-        if node.backup is not None:
-            node.backup.close()
-        position, _ = read_position(node.store.meta)
-        node.backup = Backup(node.broker, me=node.name, epoch=self.epoch, position=position)
-        self.join(node)
+        self.links[node.name] = Link()
+        if not node.core.become_backup(self.epoch, self.primary_node.name):
+            node.core.send_join()
 
-    def join(self, node: Node, new_link: bool = True) -> None:
-        assert node.backup is not None
-        if new_link or node.name not in self.links:
-            self.links[node.name] = Link()
-        link = self.links[node.name]
-        node.record_position(INVALID)
-        node.position = INVALID
-        link.up.append(node.backup.join_message())
+    def join(self, node: Node) -> None:
+        """A new link (the old one broke): the same Backup joins again, as on the node."""
+        self.links[node.name] = Link()
+        node.core.send_join()
 
     # -- packets ---------------------------------------------------------------------------
 
     def flush(self) -> None:
-        node = self.primary_node
-        if node is None:
-            return
-        primary = node.primary
-        assert primary is not None
-        if primary.seq > node.durable_seq:
-            # as node/ha.py: the primary's position is recorded with every flush of
-            # events, not only when a confirm waits (the liveness finding, fixed)
-            self.position_barrier(node, primary, lambda: None)
-        for name in list(primary.sessions):
-            link = self.links.get(name)
-            packets = primary.take_outbox(name)
-            if link is not None:
-                link.down.extend(packets)
+        """Run what the cores asked to run soon (flushes, position records), in order; then
+        the primary's flush, as node/ha.py after every packet and on every tick."""
+        while self.soon:
+            node, callback = self.soon.pop(0)
+            if node.up and self.nodes.get(node.name) is node:
+                callback()
+        if self.primary_node is not None:
+            self.primary_node.core.flush()
+
+    def run_timers(self) -> None:
+        due = [(n, t) for n, t in self.timers if t.due <= self.clock.now]
+        self.timers = [(n, t) for n, t in self.timers if t.due > self.clock.now]
+        for node, timer in due:
+            if not timer.cancelled and node.up and self.nodes.get(node.name) is node:
+                timer.callback()
 
     def deliver_down(self, name: str) -> None:
         link = self.links[name]
         packet = wire(link.down.popleft())
         node = self.nodes[name]
-        backup = node.backup
-        assert isinstance(packet, Events) and backup is not None
+        assert isinstance(packet, Events) and node.backup is not None
         self.note(f"-> {name} events {packet.first_seq}..{packet.first_seq + len(packet.events) - 1}"
                   f" {[e[0] for e in packet.events][:12]}")
-        try:
-            backup.receive(packet)
-        except ReplicationError as exc:
-            self.note(f"{name} replication failed ({exc}); joins again")
-            self.stats["rejoin after error"] += 1
-            backup.close()
-            node.backup = Backup(node.broker, me=name, epoch=backup.epoch, position=INVALID)
-            self.join(node, new_link=False)  # on the same link, as node/ha.py does
-            return
-        for vote in backup.take_votes():
-            link.up.append(vote)
-        self.schedule_ack(node)
-
-    def schedule_ack(self, node: Node) -> None:
-        """node/ha.py's: acknowledge what is applied once the store made it durable."""
-        backup = node.backup
-        if backup is None or node.ack_pending is backup:
-            return
-        seq, caught_up, session = backup.applied_seq, backup.caught_up, backup.session
-        if caught_up:
-            node.record_position((backup.epoch, seq))
-
-        def durable() -> None:
-            if node.ack_pending is backup:
-                node.ack_pending = None
-            if node.backup is not backup or not node.up:
-                return
-            if backup.session != session:  # joined again meanwhile, as node/ha.py
-                if backup.applied_seq >= 0:
-                    self.schedule_ack(node)
-                return
-            if caught_up:
-                node.position = (backup.epoch, seq)
-            link = self.links.get(node.name)
-            if link is not None and self.primary_node is not None:
-                link.up.append(Ack(backup.epoch, node.name, seq))
-            if backup.applied_seq > seq:
-                self.schedule_ack(node)
-
-        node.ack_pending = backup
-        if self.unsafe.early_ack:
-            durable()
-        else:
-            node.store.after_sync(durable)
+        node.core.on_events(self.primary_node.name, packet)  # type: ignore[union-attr]
 
     def deliver_up(self, name: str) -> None:
         link = self.links[name]
@@ -602,12 +602,11 @@ class Simulation:
         node.up = False
         node.store.waiting = []  # never completed: the process is gone
         if node.primary is not None:
-            node.primary.close()
-            node.primary = None
+            node.core.demote()
             self.primary_node = None
             self.links = {}
         else:
-            node.backup = None
+            node.core.backup = None
             self.links.pop(node.name, None)
             primary = self.primary_node.primary if self.primary_node else None
             if primary is not None:
@@ -905,6 +904,7 @@ class Simulation:
     def tick(self) -> None:
         self.clock.now += self.rng.choice((0.2, 0.5, 1.0, 2.5))
         self.note("clock")
+        self.run_timers()
         node = self.primary_node
         if node is not None and node.primary is not None:
             node.primary.tick(self.clock.now)
@@ -1068,6 +1068,10 @@ class Simulation:
                 if node.store.waiting:
                     self.sync(node)
                     moved = True
+            if self.timers:  # a backup's deferred ack of dequeues (DEQUEUE_ACK_DELAY)
+                self.clock.now = max(self.clock.now, min(t.due for _, t in self.timers))
+                self.run_timers()
+                moved = True
             await self.quiesce()
             self.check()
             if not moved:

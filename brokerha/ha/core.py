@@ -1,0 +1,396 @@
+"""The HA core of one node: its role's Primary or Backup, positions, acknowledgements, barriers.
+
+Sans-I/O: the node's asyncio layer (``node/ha.py``) and the transaction
+simulation (``tests/ha/tx_simulation.py``) drive the same object, so the
+durability ordering rules exist once. It owns:
+
+- the role objects: a ``Primary`` (``become_primary``) or a ``Backup``
+  following a primary (``become_backup``, ``send_join``), and ``demote``;
+- the node's **position** ``(epoch, seq)`` and vote floor, recorded in the
+  store's next commit with the events they describe (``record_position``),
+  never in a commit of their own, and reported to the election only once
+  that commit is durable (``Effects.position``);
+- a **backup's acknowledgements** (``schedule_ack``): what is applied is
+  acknowledged only from the store's ``after_sync`` of a commit that holds it
+  and the position covering it (with a TxLog replica, after its journal
+  sync first); dequeue-only batches are acknowledged up to
+  ``DEQUEUE_ACK_DELAY`` later or with the next event that needs a prompt ack;
+- the **primary's position barrier** (``position_barrier``, installed in
+  ``Broker.replication_barriers``): a confirm waits for the primary's own
+  position covering its events to be durable; the position is recorded with
+  every flush of events too (``schedule_flush``), so a primary that restarts
+  never claims less than its backups acknowledged (their vote floors);
+- joins that arrive while a new primary verifies are held (``pending_joins``).
+
+What the core needs from outside is ``Effects`` (sending, timers, reporting
+the position); the store is the broker's. ``Unsafe`` breaks a rule on purpose:
+a simulation must then report a violation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+from brokerha.backup.backup import Backup
+from brokerha.broker.broker import Broker
+from brokerha.cluster.election import Position
+from brokerha.cluster.messages import Message
+from brokerha.cluster.replication import ConfigurationMismatch, Events, Join
+from brokerha.cluster.state import NodeState
+from brokerha.primary.policy import ReplicationPolicy
+from brokerha.primary.primary import Primary
+
+log = logging.getLogger("brokerha.ha")
+
+# A backup acknowledges replicated dequeues, which nobody waits for, at most this
+# much later (or with the next event that needs a prompt ack); until then their
+# store writes need no disk sync of their own (Backup.take_ack_due).
+DEQUEUE_ACK_DELAY = 0.01
+POSITION_KEY = "ha_position"  # [pos_epoch, pos_seq, floor_epoch, floor_seq] in the store
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Effects(Protocol):
+    """What the core asks of the layer that drives it."""
+
+    def send(self, peer: str, message: Message) -> None: ...
+
+    def send_many(self, peer: str, messages: Sequence[Message]) -> None: ...
+
+    def connected(self, peer: str) -> bool: ...
+
+    def position(self, pos: Position) -> None:
+        """The node's position changed (durably): tell the election."""
+
+    def soon(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` after the current input is handled (the loop's next turn)."""
+
+    def later(self, delay: float, callback: Callable[[], None]) -> Cancellable: ...
+
+    def replication_failed(self, reason: str) -> None:
+        """This node cannot follow the primary at all (its configuration differs): stop."""
+
+    def joined(self, primary: str, epoch: int) -> None:
+        """A join went out (the node's own reports to its primary start again)."""
+
+
+@dataclass(frozen=True)
+class Unsafe:
+    """Rules of the core to break on purpose (simulations only): each must be caught."""
+
+    early_ack: bool = False  # a backup acknowledges before its store synced
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+@dataclass(frozen=True)
+class PrimarySettings:
+    """What a new ``Primary`` is built with (the datacenter's configuration)."""
+
+    members: int
+    backup_timeout: float = 5.0
+    replicate: str = "all"
+    policies: tuple[ReplicationPolicy, ...] = ()
+    tx_prepare_timeout: float = 5.0
+
+
+def load_position(broker: Broker, state: NodeState) -> None:
+    """Our position and vote floor from the store (older nodes: the state file's)."""
+    raw = broker.store.get_meta(POSITION_KEY)
+    if raw is None:
+        return
+    state.pos_epoch, state.pos_seq, state.floor_epoch, state.floor_seq = (
+        int(v) for v in json.loads(raw))
+
+
+class HACore:
+    def __init__(self, broker: Broker, me: str, state: NodeState, effects: Effects,
+                 settings: PrimarySettings, clock: Callable[[], float], *,
+                 primary_factory: Callable[..., Primary] = Primary,
+                 unsafe: Unsafe | None = None) -> None:
+        self.broker = broker
+        self.me = me
+        self.state = state  # the position and floor live here (and in the store)
+        self.effects = effects
+        self.settings = settings
+        self.clock = clock
+        self.primary_factory = primary_factory
+        self.unsafe = unsafe or Unsafe()
+        self.primary: Primary | None = None
+        self.backup: Backup | None = None
+        self.following: str | None = None  # the primary this backup joined
+        self.phase = "joining"              # joining | backup | verifying | primary
+        self.pending_joins: dict[str, tuple[int, Join]] = {}  # held while verifying
+        self._ack_pending: Backup | None = None  # the Backup whose ack waits for the disk
+        self._deferred_ack: Cancellable | None = None  # dequeues only (Backup.ack_due)
+        self._flush_scheduled = False
+        self._durable_seq = 0               # the primary's own durable position
+        self._durable_waiters: list[Callable[[], None]] = []
+        self._position_scheduled = False
+        # the position goes into the store batch of the events it covers (see position_due)
+        broker.store.before_batch(self.position_due)
+
+    # -- roles ---------------------------------------------------------------------------
+
+    def become_primary(self, epoch: int) -> Primary:
+        """A Primary numbering its events from 0 in ``epoch``; the node verifies next."""
+        if self.backup is not None:
+            self.backup.close()
+        self.backup, self.following = None, None
+        self.phase = "verifying"
+        self.record_position(epoch, 0)
+        self._durable_seq = 0
+        self.effects.position(Position(epoch, 0))
+        s = self.settings
+        self.primary = self.primary_factory(
+            self.broker, me=self.me, members=s.members, epoch=epoch, start_seq=0,
+            clock=self.clock, backup_timeout=s.backup_timeout, replicate=s.replicate,
+            policies=list(s.policies), on_output=self.schedule_flush,
+            tx_prepare_timeout=s.tx_prepare_timeout)
+        self.broker.replication_barriers.append(self.position_barrier)
+        return self.primary
+
+    def verified(self) -> None:
+        """Verification is done: serve, and take the joins held meanwhile."""
+        self.phase = "primary"
+        held = sorted(self.pending_joins.items())
+        self.pending_joins.clear()
+        for _peer, (_msg_id, join) in held:
+            self.join(join)
+        self.flush()
+
+    def demote(self) -> None:
+        """No longer the primary (deposed, stepped down): nothing of it is confirmed now."""
+        self.pending_joins.clear()
+        if self.primary is not None:
+            self.primary.close()
+            if self.position_barrier in self.broker.replication_barriers:
+                self.broker.replication_barriers.remove(self.position_barrier)
+            self.primary = None
+            self._durable_waiters.clear()  # never released: their clients are disconnected
+        self.phase = "joining"
+
+    def become_backup(self, epoch: int, primary: str, txlog: Any = None) -> bool:
+        """Follow ``primary`` of ``epoch`` (a new Backup and a join); False if we already do."""
+        if self.following == primary and self.backup is not None and self.backup.epoch == epoch:
+            return False
+        if self.backup is not None:
+            self.backup.close()
+        self.phase = "backup"
+        self.following = primary
+        st = self.state
+        self.backup = Backup(self.broker, me=self.me, epoch=epoch,
+                             position=Position(st.pos_epoch, st.pos_seq), txlog=txlog)
+        self.send_join()
+        return True
+
+    def send_join(self) -> bool:
+        """Join our primary (now, or when the link comes up); True if the join went out."""
+        if self.backup is None or self.following is None:
+            return False
+        if not self.effects.connected(self.following):
+            return False  # sent when the link comes up
+        # from here until the marker our state is a mix: not a consistent copy (the
+        # store commits in order, so this is durable before any catch-up event is)
+        self.record_position(-1, -1)
+        self.effects.position(Position.INVALID)
+        self.effects.send(self.following, self.backup.join_message())
+        self.effects.joined(self.following, self.backup.epoch)
+        return True
+
+    # -- the primary's side ----------------------------------------------------------------
+
+    def on_join(self, peer: str, msg_id: int, msg: Join) -> bool:
+        """A backup's join: taken, or held while we verify. False: we are not its primary."""
+        if self.primary is None or msg.epoch != self.primary.epoch:
+            return False
+        if self.phase == "verifying":
+            self.pending_joins[peer] = (msg_id, msg)  # answered once verification decided
+            return True
+        self.join(msg)
+        return True
+
+    def join(self, msg: Join) -> None:
+        assert self.primary is not None
+        log.info("backup %s joins at position (%d, %d)", msg.node, msg.pos_epoch, msg.pos_seq)
+        self.primary.backup_joined(msg)
+
+    def schedule_flush(self) -> None:
+        self.schedule_position()
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.effects.soon(self.flush)
+
+    def flush(self) -> None:
+        """Send every backup what the primary has for it."""
+        self._flush_scheduled = False
+        primary = self.primary
+        if primary is None:
+            return
+        for peer in list(primary.sessions):
+            out = primary.take_outbox(peer)
+            if out:
+                self.effects.send_many(peer, out)
+
+    def position_barrier(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once our own position covering everything so far is durable.
+
+        One position record per loop iteration, however many confirms wait on it.
+        """
+        primary = self.primary
+        if primary is None:
+            return
+        if primary.seq <= self._durable_seq:
+            callback()
+            return
+        self._durable_waiters.append(callback)
+        self.schedule_position()
+
+    def schedule_position(self) -> None:
+        """Record the primary's position once this loop iteration, with the events of it.
+
+        Also without a waiting confirm: a primary that crashes and comes back
+        must not claim less than its backups acknowledged (their vote floors),
+        or no node of a datacenter whose backups were catching up could win.
+        """
+        if not self._position_scheduled:
+            self._position_scheduled = True
+            self.effects.soon(self.position_due)
+
+    def position_due(self) -> None:
+        """Record the scheduled position: as the store hands its next batch over, or after.
+
+        The store calls this right before it hands a batch to its writer
+        (``Store.before_batch``), so the position commits with the events it
+        covers and a confirm waits for one disk sync; the ``soon`` of
+        ``schedule_position`` covers a loop iteration that wrote nothing.
+        """
+        if self._position_scheduled:
+            self._record_primary_position()
+
+    def _record_primary_position(self) -> None:
+        self._position_scheduled = False
+        primary = self.primary
+        if primary is None:
+            return
+        epoch, seq = primary.epoch, primary.seq
+        waiters, self._durable_waiters = self._durable_waiters, []
+        self.record_position(epoch, seq)
+
+        def durable() -> None:
+            if self.primary is not primary:
+                return  # deposed meanwhile: nothing of it is confirmed
+            self._durable_seq = max(self._durable_seq, seq)
+            self.effects.position(Position(epoch, seq))
+            for callback in waiters:
+                callback()
+
+        self.broker.store.after_sync(durable)
+
+    # -- the backup's side -----------------------------------------------------------------
+
+    def on_events(self, peer: str, msg: Events) -> None:
+        """Apply the primary's events; send its transaction votes now, acks once durable."""
+        backup = self.backup
+        if backup is None or peer != self.following or msg.epoch != backup.epoch:
+            return
+        was_caught_up = backup.caught_up
+        try:
+            backup.receive(msg)
+        except ConfigurationMismatch as exc:
+            log.error("node %s: %s; stopping", self.me, exc)
+            backup.close()
+            self.effects.replication_failed(str(exc))
+            return
+        except Exception as exc:
+            log.warning("node %s: replication from %s failed (%s); joining again", self.me,
+                        peer, exc)
+            backup.close()
+            self.backup = Backup(self.broker, me=self.me, epoch=backup.epoch,
+                                 position=Position.INVALID, txlog=backup.txlog)
+            self.send_join()
+            return
+        if backup.caught_up and not was_caught_up:
+            log.warning("node %s caught up with primary %s at seq %d: ready", self.me, peer,
+                        backup.applied_seq)
+        for vote in backup.take_votes():
+            self.effects.send(peer, vote)
+        if backup.take_ack_due():
+            self.schedule_ack()
+        elif self._deferred_ack is None:  # only dequeues: acknowledged later, or with the next
+            self._deferred_ack = self.effects.later(DEQUEUE_ACK_DELAY, self._deferred_ack_due)
+
+    def _deferred_ack_due(self) -> None:
+        self._deferred_ack = None
+        self.schedule_ack()
+
+    def schedule_ack(self) -> None:
+        """Acknowledge what is applied now, once the store made it (and our position) durable.
+
+        The seq is taken now: events applied after this call are not covered
+        by the commit the callback waits for, and are acknowledged next time.
+        With a TxLog the replicated journal is fsynced first (off the loop), and
+        only then is the position recorded: a position never claims TxLog
+        records that a crash could still lose.
+        """
+        if self._deferred_ack is not None:  # this acknowledgement covers what it waited for
+            self._deferred_ack.cancel()
+            self._deferred_ack = None
+        backup = self.backup
+        if backup is None or self._ack_pending is backup:
+            return
+        self._ack_pending = backup  # per Backup: a new one (joined again) schedules its own
+        seq, caught_up, session = backup.applied_seq, backup.caught_up, backup.session
+
+        def durable() -> None:
+            if self._ack_pending is backup:
+                self._ack_pending = None
+            if self.backup is not backup or self.following is None:
+                return
+            if backup.session != session:
+                # joined again meanwhile: that seq and position were the old session's,
+                # and the state is a catch-up in progress (its position INVALID)
+                if backup.applied_seq >= 0:
+                    self.schedule_ack()
+                return
+            if caught_up:
+                self.effects.position(Position(backup.epoch, seq))
+            self.effects.send(self.following, backup.ack_message(seq))
+            if backup.applied_seq > seq:
+                self.schedule_ack()
+
+        def journal_synced() -> None:
+            if caught_up and self.backup is backup and backup.session == session:
+                self.record_position(backup.epoch, seq)
+            if self.unsafe.early_ack:
+                durable()
+            else:
+                self.broker.store.after_sync(durable)
+
+        replica = backup.txlog
+        if replica is not None:
+            replica.after_durable(journal_synced)
+        else:
+            journal_synced()
+
+    # -- positions -------------------------------------------------------------------------
+
+    def record_position(self, epoch: int, seq: int) -> None:
+        """Record our position into the store's next commit (with the floor, never lowered).
+
+        Durable once an ``after_sync`` registered after this call runs; no
+        extra fsync: it commits with the events it describes.
+        """
+        st = self.state
+        st.move_to(epoch, seq)
+        self.broker.store.put_meta(POSITION_KEY, json.dumps(
+            [st.pos_epoch, st.pos_seq, st.floor_epoch, st.floor_seq]))
