@@ -8,10 +8,10 @@ the admin listener, these and the status page and metrics:
 | ``GET /`` | none | the status page (``status_page.py``) |
 | ``GET /metrics`` | none | Prometheus text format (``metrics.py``) |
 | ``GET /api/cluster`` | none | every member's own ``/api/status``, gathered by this node |
-| ``GET /api/queues`` | none | queues: depth, unacked, consumers, counters, arguments |
-| ``GET /api/connections`` | administrator | client connections: peer, user, vhost, channels |
-| ``GET /api/users`` | administrator | users and their tags (never the password hashes) |
-| ``GET /api/permissions`` | administrator | user × vhost permission patterns |
+| ``GET /api/brokerha/queues`` | none | queues: depth, unacked, consumers, counters, arguments, backups caught up |
+| ``GET /api/brokerha/connections`` | administrator | client connections: peer, user, vhost, channels |
+| ``GET /api/brokerha/users`` | administrator | users and their tags (never the password hashes) |
+| ``GET /api/brokerha/permissions`` | administrator | user × vhost permission patterns |
 | ``GET /api/txlog`` | none | the TxLog master's state on this node (``running: false`` and a reason when it runs none) |
 | ``POST /api/txlog/export`` | administrator | ``{"out": DIR}``: Parquet export of this node's TxLog (docs/txlog-export.md) |
 | ``POST /api/txlog/peers`` | administrator | ``{"id": DC, "url": "txlog://host:port[, ...]"}``: add a sync peer at runtime |
@@ -28,7 +28,8 @@ quorum and says in ``replicated`` whether it did.
 
 Reading status, queues and metrics needs no credentials, as ``/api/status``
 (what a monitoring probe needs); who connects and who may do what is for
-administrators only.
+administrators only. RabbitMQ's paths (``/api/queues``, ``/api/overview``, ...)
+are the management API (management.py), which needs credentials.
 """
 
 from __future__ import annotations
@@ -54,10 +55,10 @@ TXLOG_NOT_CONFIGURED = ("no [txlog] section in this node's configuration: it ord
 def install(node: Node) -> None:
     api = AdminAPI(node)
     node.admin.route("GET", "/api/cluster", api.cluster)
-    node.admin.route("GET", "/api/queues", api.queues)
-    node.admin.route("GET", "/api/connections", api.connections, admin=True)
-    node.admin.route("GET", "/api/users", api.users, admin=True)
-    node.admin.route("GET", "/api/permissions", api.permissions, admin=True)
+    node.admin.route("GET", "/api/brokerha/queues", api.queues)
+    node.admin.route("GET", "/api/brokerha/connections", api.connections, admin=True)
+    node.admin.route("GET", "/api/brokerha/users", api.users, admin=True)
+    node.admin.route("GET", "/api/brokerha/permissions", api.permissions, admin=True)
     node.admin.route("GET", "/api/txlog", api.txlog)
     node.admin.route("POST", "/api/txlog/export", api.txlog_export, admin=True)
     node.admin.route("POST", "/api/txlog/peers", api.txlog_add_peer, admin=True)
@@ -325,7 +326,7 @@ async def cluster_view(node: Node) -> dict[str, Any]:
         queues = queue_list(node)
     elif primary.get("admin_url") or primary.get("https_url"):
         try:
-            answer = await fetch_json(member_url(primary) + "/api/queues", PEER_TIMEOUT,
+            answer = await fetch_json(member_url(primary) + "/api/brokerha/queues", PEER_TIMEOUT,
                                       node.tls.member_client)
             queues = list(answer.get("queues") or [])
         except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError):

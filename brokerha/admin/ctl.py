@@ -167,7 +167,7 @@ def _table(rows: list[list[Any]], header: list[str]) -> None:
 
 def cmd_queues(args: argparse.Namespace) -> int:
     base, name = (admin_url(args.node), None) if args.here else _serving_node(args.node)
-    answer = request(base, "/api/queues")
+    answer = request(base, "/api/brokerha/queues")
     if args.json:
         _dump(answer)
         return 0
@@ -184,7 +184,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
 
 def cmd_connections(args: argparse.Namespace) -> int:
     base, name = (admin_url(args.node), None) if args.here else _serving_node(args.node)
-    answer = request(base, "/api/connections", user=args.user, password=args.password)
+    answer = request(base, "/api/brokerha/connections", user=args.user, password=args.password)
     if args.json:
         _dump(answer)
         return 0
@@ -197,7 +197,7 @@ def cmd_connections(args: argparse.Namespace) -> int:
 
 
 def cmd_users(args: argparse.Namespace) -> int:
-    answer = request(admin_url(args.node), "/api/users", user=args.user, password=args.password)
+    answer = request(admin_url(args.node), "/api/brokerha/users", user=args.user, password=args.password)
     if args.json:
         _dump(answer)
         return 0
@@ -208,7 +208,7 @@ def cmd_users(args: argparse.Namespace) -> int:
 
 
 def cmd_permissions(args: argparse.Namespace) -> int:
-    answer = request(admin_url(args.node), "/api/permissions", user=args.user,
+    answer = request(admin_url(args.node), "/api/brokerha/permissions", user=args.user,
                      password=args.password)
     if args.json:
         _dump(answer)

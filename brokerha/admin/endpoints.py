@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from brokerha.admin import api, metrics, status_page
+from brokerha.admin import api, management, metrics, status_page
 
 
 def install(node: Any) -> None:
-    """Register the API (api.py), ``/metrics`` (metrics.py) and ``/`` (status_page.py)."""
+    """Register brokerha's API (api.py), RabbitMQ's management API (management.py),
+    ``/metrics`` (metrics.py) and ``/`` (status_page.py)."""
     api.install(node)
+    node.management = management.install(node)
     node.metrics = metrics.install(node)
     status_page.install(node)

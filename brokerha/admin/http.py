@@ -2,10 +2,12 @@
 
 Deliberately tiny (no web framework): HTTP/1.1 requests with
 ``Connection: close``, a routing table of ``(method, path) -> handler``, JSON
-in and out. Reading needs no credentials (what ``brokerha ctl status``
-shows is what a monitoring probe needs); every action (POST) needs HTTP Basic
-credentials of a configured user with the ``administrator`` tag — the same
-users, hashes and loopback rule as AMQP, so nobody acts who was not configured.
+in and out, and prefix routers of their own (``fallback``: RabbitMQ's
+management API, which authenticates every request itself). brokerha's own
+reads need no credentials (what ``brokerha ctl status`` shows is what a
+monitoring probe needs); every action (POST) needs HTTP Basic credentials of a
+configured user with the ``administrator`` tag — the same users, hashes and
+loopback rule as AMQP, so nobody acts who was not configured.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class HTTPError(Exception):
 
 Handler = Callable[[Request], Awaitable[Response] | Response]
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+_REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
             413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -77,11 +79,19 @@ class AdminServer:
     def __init__(self, users: UserDatabase) -> None:
         self.users = users
         self.routes: dict[tuple[str, str], tuple[Handler, bool]] = {}
+        # path prefix -> a router of its own, asked when no exact route matches
+        # (None: not its path either); it does its own authentication
+        self.fallbacks: list[tuple[str, Callable[[Request], Awaitable[Response | None]]]] = []
         self.servers: list[asyncio.base_events.Server] = []
 
     def route(self, method: str, path: str, handler: Handler, *, admin: bool = False) -> None:
         """Serve ``handler`` at ``path``; ``admin`` requires administrator credentials."""
         self.routes[(method, path)] = (handler, admin)
+
+    def fallback(self, prefix: str,
+                 router: Callable[[Request], Awaitable[Response | None]]) -> None:
+        """Ask ``router`` for paths under ``prefix`` that no exact route serves."""
+        self.fallbacks.append((prefix, router))
 
     async def start(self, host: str, port: int,
                     wrap: Wrapper | None = None) -> tuple[str, int]:
@@ -129,6 +139,11 @@ class AdminServer:
     async def _dispatch(self, request: Request) -> Response:
         entry = self.routes.get((request.method, request.path))
         if entry is None:
+            for prefix, router in self.fallbacks:
+                if request.path.startswith(prefix):
+                    answer = await router(request)
+                    if answer is not None:
+                        return answer
             if any(path == request.path for _, path in self.routes):
                 raise HTTPError(405, f"{request.method} not allowed on {request.path}")
             raise HTTPError(404, f"no such resource: {request.path}")

@@ -66,6 +66,50 @@ class NodeCollector:
         self._failover_counts = dict.fromkeys(FAILOVER_EVENTS, 0)
         self._failover_seen = 0.0
 
+    def _rabbitmq(self, cluster: str) -> Iterator[Metric]:
+        """rabbitmq_prometheus's names (its aggregated ``/metrics``) for what brokerha has,
+        so a RabbitMQ Grafana dashboard shows this node; docs/operations.md lists them."""
+        node, broker = self.node, self.node.broker
+        identity = GaugeMetricFamily("rabbitmq_identity_info", "RabbitMQ node & cluster identity "
+                                     "info", labels=["rabbitmq_node", "rabbitmq_cluster",
+                                                     "rabbitmq_cluster_permanent_id"])
+        identity.add_metric([f"brokerha@{node.config.name}", cluster, cluster], 1)
+        yield identity
+        conns = [p.conn for p in list(node.connections) if p.conn is not None]
+        queues = [q for vh in list(broker.vhosts.values()) for q in list(vh.queues.values())]
+        gauges = (
+            ("rabbitmq_connections", "Connections currently open", len(conns)),
+            ("rabbitmq_channels", "Channels currently open",
+             sum(len(c.channels) for c in conns)),
+            ("rabbitmq_queues", "Queues available", len(queues)),
+            ("rabbitmq_consumers", "Consumers currently connected",
+             sum(q.consumer_count for q in queues)),
+            ("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers",
+             sum(q.message_count for q in queues)),
+            ("rabbitmq_queue_messages_unacked", "Messages delivered to consumers but not yet "
+             "acknowledged", sum(q.unacked for q in queues)),
+            ("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages",
+             sum(q.message_count + q.unacked for q in queues)),
+            ("rabbitmq_process_resident_memory_bytes", "Memory used in bytes",
+             broker.memory.used),
+            ("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes",
+             broker.limits.memory_limit),
+        )
+        for metric, text, value in gauges:
+            yield GaugeMetricFamily(metric, text, value=value)
+        counters = (
+            ("rabbitmq_global_messages_received", "Total number of messages received from "
+             "publishers", sum(q.published for q in queues)),
+            ("rabbitmq_global_messages_confirmed", "Total number of messages confirmed to "
+             "publishers", broker.stats.confirms),
+            ("rabbitmq_global_messages_delivered", "Total number of messages delivered to "
+             "consumers", sum(q.delivered for q in queues)),
+            ("rabbitmq_global_messages_acknowledged", "Total number of messages acknowledged by "
+             "consumers", sum(q.acked for q in queues)),
+        )
+        for metric, text, value in counters:
+            yield CounterMetricFamily(metric, text, value=value)
+
     @staticmethod
     def _disk(status: dict[str, Any]) -> Iterator[Metric]:
         """The disk alarm: this node's free space and limit, and every alarm in force."""
@@ -119,6 +163,7 @@ class NodeCollector:
         yield from self._replication(me.get("replication"))
         yield from self._queues()
         yield from self._connections()
+        yield from self._rabbitmq(cluster or name)
         broker = node.broker
         yield CounterMetricFamily(
             "brokerha_durable_requests", "Durability barriers requested: one per publisher "

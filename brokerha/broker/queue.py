@@ -198,6 +198,7 @@ class Queue:
         self.unacked = 0
         self.published = 0  # entries added (metrics: messages in)
         self.delivered = 0  # entries handed to a consumer or basic.get (messages out)
+        self.acked = 0  # entries settled (acknowledged, or taken without an ack)
         self.next_position = 1
         self.consumers: list[Consumer] = []
         self._rr = 0
@@ -439,6 +440,7 @@ class Queue:
     def settle(self, entry: Entry) -> None:
         """Acknowledged: the entry leaves the queue for good."""
         self.unacked -= 1
+        self.acked += 1
         if self._withdrawn:
             self._withdrawn.discard(entry.position)
         for hook in self.hooks.dequeued:

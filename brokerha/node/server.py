@@ -190,7 +190,9 @@ class Node:
                             else f"amqps://{cfg.amqps_listen[0]}:{cfg.amqps_listen[1]}"),
               "serving": self.serving, "connections": len(self.connections),
               "relayed_connections": len(self.relays),
-              "alarms": dict(self.broker.alarms), "disk": self.disk.status()}
+              "alarms": dict(self.broker.alarms), "disk": self.disk.status(),
+              "memory_used": self.broker.memory.used,
+              "memory_limit": self.broker.limits.memory_limit}
         status: dict[str, Any] = {"node": me, "cluster": None, "members": None}
         if self.ha is not None:
             self.ha.add_status(status)

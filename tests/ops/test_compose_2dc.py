@@ -87,7 +87,7 @@ class ComposeDC(ClusterView):
             return peek_ids(conn.channel(), QUEUE)
 
     def depth(self, node: str) -> int | None:
-        for q in self.get(node, "/api/queues")["queues"]:
+        for q in self.get(node, "/api/brokerha/queues")["queues"]:
             if q["name"] == QUEUE:
                 return int(q["messages_ready"]) + int(q["messages_unacked"])
         return None

@@ -1,0 +1,1124 @@
+"""RabbitMQ's management HTTP API, for the tools that speak it (rabbitmqadmin, Flower, scripts).
+
+Same paths, JSON field names and meanings as RabbitMQ 3.10's ``rabbitmq_management``
+for what brokerha has (docs/operations.md, "RabbitMQ's management API", lists
+what is there and what is not). Every path needs HTTP Basic credentials of a
+user with a management tag, as in RabbitMQ:
+
+- ``administrator``: everything;
+- ``monitoring``: reads everything (every vhost, every connection), changes
+  what its vhost permissions allow;
+- ``management`` (and ``policymaker``): its own connections and channels, the
+  vhosts it has permissions in, changes what those permissions allow.
+
+Other users get 401 ``Not management user``; a monitoring user asking for
+``/api/users`` gets 401 ``Not administrator user``. Changes take the broker's own
+code paths (the vhost's declare/delete/bind/purge and routing, as the AMQP
+methods do), so they are permission-checked with the AMQP rules (configure,
+write, read on the object's name), replicated to the backups, and logged. On
+a cluster member that is not the serving primary, every request is forwarded
+to the primary (its answer is the cluster's), so a tool pointed at any node
+sees the broker.
+
+Rates (``*_details.rate``) come from counters sampled every
+``SAMPLE_INTERVAL`` seconds (RabbitMQ's ``collect_statistics_interval``), over
+the last ``RATE_WINDOW``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote
+
+from pamqp import commands
+
+from brokerha.admin.http import HTTPError, Request, Response
+from brokerha.broker.auth import AuthenticationFailed, User
+from brokerha.broker.content import build_header, decode_header
+from brokerha.broker.errors import BrokerError
+from brokerha.broker.message import Message
+
+log = logging.getLogger("brokerha.management")
+
+# The node (brokerha.node.server.Node). Not imported: admin sits below the node.
+Node = Any
+
+MANAGEMENT_TAGS = frozenset({"administrator", "monitoring", "management", "policymaker"})
+SAMPLE_INTERVAL = 5.0
+RATE_WINDOW = 60.0
+PRODUCT = "brokerha"
+RABBITMQ_VERSION = "3.10.8"  # the API version the tools see (what the differential tests use)
+FORWARD_TIMEOUT = 10.0
+MAX_GET = 1000
+
+
+class ManagementError(Exception):
+    """An answer in RabbitMQ's error shape: ``{"error": ..., "reason": ...}``."""
+
+    def __init__(self, status: int, error: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.error, self.reason = status, error, reason
+
+    def response(self) -> Response:
+        return Response.json({"error": self.error, "reason": self.reason}, self.status)
+
+
+def not_authorised(reason: str) -> ManagementError:
+    return ManagementError(401, "not_authorized", reason)
+
+
+def not_found() -> ManagementError:
+    return ManagementError(404, "Object Not Found", "Not Found")
+
+
+def bad_request(reason: str) -> ManagementError:
+    return ManagementError(400, "bad_request", reason)
+
+
+@dataclass
+class Call:
+    request: Request
+    user: User
+    params: dict[str, str]
+
+    @property
+    def admin(self) -> bool:
+        return "administrator" in self.user.tags
+
+    @property
+    def monitor(self) -> bool:
+        return self.admin or "monitoring" in self.user.tags
+
+    def body(self) -> dict[str, Any]:
+        try:
+            value = self.request.json()
+        except HTTPError as exc:
+            raise bad_request(str(exc)) from None
+        if not isinstance(value, dict):
+            raise bad_request("the body must be a JSON object")
+        return value
+
+
+Handler = Callable[[Call], Any]
+
+
+# -- counters and rates ----------------------------------------------------------------
+
+class Sampler:
+    """Counters sampled over time; ``rate(key)`` is per second over the window."""
+
+    def __init__(self, read: Callable[[], dict[tuple[str, ...], int]]) -> None:
+        self.read = read
+        self.samples: deque[tuple[float, dict[tuple[str, ...], int]]] = deque()
+
+    def sample(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.samples.append((now, self.read()))
+        while self.samples and now - self.samples[0][0] > RATE_WINDOW:
+            self.samples.popleft()
+
+    def fresh(self) -> None:
+        if not self.samples or time.monotonic() - self.samples[-1][0] >= 1.0:
+            self.sample()
+
+    def rate(self, key: tuple[str, ...]) -> float:
+        if len(self.samples) < 2:
+            return 0.0
+        (t0, first), (t1, last) = self.samples[0], self.samples[-1]
+        if t1 <= t0:
+            return 0.0
+        return round(max(0, last.get(key, 0) - first.get(key, 0)) / (t1 - t0), 1)
+
+
+def details(sampler: Sampler, key: tuple[str, ...]) -> dict[str, float]:
+    return {"rate": sampler.rate(key)}
+
+
+# -- the API ---------------------------------------------------------------------------
+
+class ManagementAPI:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.routes: list[tuple[str, tuple[str, ...], Handler]] = []
+        self.sampler = Sampler(self._counters)
+        self._task: asyncio.Task[None] | None = None
+        r = self._route
+        r("GET", "overview", self.overview)
+        r("GET", "nodes", self.nodes)
+        r("GET", "nodes/{node}", self.one_node)
+        r("GET", "connections", self.connections)
+        r("GET", "channels", self.channels)
+        r("GET", "vhosts", self.vhosts)
+        r("GET", "vhosts/{vhost}", self.one_vhost)
+        r("GET", "whoami", self.whoami)
+        r("GET", "users", self.users)
+        r("GET", "users/{user}", self.one_user)
+        r("GET", "permissions", self.permissions)
+        r("GET", "exchanges", self.exchanges)
+        r("GET", "exchanges/{vhost}", self.exchanges)
+        r("GET", "exchanges/{vhost}/{name}", self.one_exchange)
+        r("PUT", "exchanges/{vhost}/{name}", self.declare_exchange)
+        r("DELETE", "exchanges/{vhost}/{name}", self.delete_exchange)
+        r("POST", "exchanges/{vhost}/{name}/publish", self.publish)
+        r("GET", "queues", self.queues)
+        r("GET", "queues/{vhost}", self.queues)
+        r("GET", "queues/{vhost}/{name}", self.one_queue)
+        r("PUT", "queues/{vhost}/{name}", self.declare_queue)
+        r("DELETE", "queues/{vhost}/{name}", self.delete_queue)
+        r("DELETE", "queues/{vhost}/{name}/contents", self.purge)
+        r("POST", "queues/{vhost}/{name}/get", self.get)
+        r("GET", "queues/{vhost}/{name}/bindings", self.queue_bindings)
+        r("GET", "bindings", self.bindings)
+        r("GET", "bindings/{vhost}", self.bindings)
+        for kind in ("q", "e"):
+            r("GET", f"bindings/{{vhost}}/e/{{source}}/{kind}/{{dest}}", self.bindings_between)
+            r("POST", f"bindings/{{vhost}}/e/{{source}}/{kind}/{{dest}}", self.bind)
+            r("GET", f"bindings/{{vhost}}/e/{{source}}/{kind}/{{dest}}/{{props}}",
+              self.one_binding)
+            r("DELETE", f"bindings/{{vhost}}/e/{{source}}/{kind}/{{dest}}/{{props}}",
+              self.unbind)
+        r("GET", "aliveness-test/{vhost}", self.aliveness)
+        r("GET", "health/checks/alarms", self.alarms_check)
+        r("GET", "health/checks/local-alarms", self.local_alarms_check)
+        r("GET", "definitions", self.export_definitions)
+        r("GET", "definitions/{vhost}", self.export_definitions)
+        r("POST", "definitions", self.import_definitions)
+        r("POST", "definitions/{vhost}", self.import_definitions)
+
+    def _route(self, method: str, pattern: str, handler: Handler) -> None:
+        self.routes.append((method, tuple(pattern.split("/")), handler))
+
+    # -- dispatch ----------------------------------------------------------------------
+
+    def match(self, method: str, parts: list[str]) -> tuple[Handler, dict[str, str]] | None:
+        """The handler for ``method`` and the path's segments; raises 405 for another method."""
+        allowed = False
+        for m, pattern, handler in self.routes:
+            if len(pattern) != len(parts):
+                continue
+            params: dict[str, str] = {}
+            for want, got in zip(pattern, parts, strict=True):
+                if want.startswith("{"):
+                    params[want[1:-1]] = got
+                elif want != got:
+                    break
+            else:
+                if m == method:
+                    return handler, params
+                allowed = True
+        if allowed:
+            raise ManagementError(405, "method_not_allowed", "Method Not Allowed")
+        return None
+
+    async def handle(self, request: Request) -> Response | None:
+        """Answer ``/api/...`` if it is a management path; None for another router."""
+        raw = request.path[len("/api/"):].rstrip("/")
+        parts = [unquote(p) for p in raw.split("/")] if raw else []
+        try:
+            found = self.match(request.method, parts)
+            if found is None:
+                return None
+            handler, params = found
+            forwarded = await self._forward(request)
+            if forwarded is not None:
+                return forwarded
+            user = self._authenticate(request)
+            self.start()
+            self.sampler.fresh()
+            result = handler(Call(request, user, params))
+            if asyncio.iscoroutine(result):
+                result = await result
+        except ManagementError as exc:
+            return exc.response()
+        except BrokerError as exc:
+            return _amqp_error(exc).response()
+        if isinstance(result, Response):
+            return result
+        if result is None:
+            return Response(204, b"")
+        return Response.json(_select(result, request))
+
+    def _authenticate(self, request: Request) -> User:
+        header = request.headers.get("authorization", "")
+        if not header.lower().startswith("basic "):
+            raise not_authorised("Not_Authorized")
+        try:
+            name, _, password = base64.b64decode(header[6:]).decode().partition(":")
+        except (ValueError, binascii.Error):
+            raise not_authorised("Not_Authorized") from None
+        try:
+            user = self.node.broker.users.authenticate(name, password, request.peer_host)
+        except AuthenticationFailed as exc:
+            log.warning("management API: refused %s from %s: %s", name, request.peer_host, exc)
+            raise not_authorised("Login failed") from None
+        if not MANAGEMENT_TAGS.intersection(user.tags):
+            raise not_authorised("Not management user")
+        return user
+
+    async def _forward(self, request: Request) -> Response | None:
+        """On a cluster member that is not the serving primary: the primary answers."""
+        ha = getattr(self.node, "ha", None)
+        if ha is None or ha.phase == "primary":
+            return None
+        primary = ha.election.primary
+        member = next((m for m in ha.cluster.members if m.name == primary), None)
+        if member is None or primary == self.node.config.name:
+            raise ManagementError(503, "service_unavailable",
+                                  "no serving primary in this cluster now (an election); retry")
+        base = member.https_url or member.admin_url
+        return await forward(base, request, self.node.tls.member_client)
+
+    # -- sampling ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._sample_forever())
+
+    async def _sample_forever(self) -> None:
+        while True:
+            try:
+                self.sampler.sample()
+            except Exception:  # a sampling bug must not end the sampling
+                log.exception("management statistics sampling failed")
+            await asyncio.sleep(SAMPLE_INTERVAL)
+
+    def _counters(self) -> dict[tuple[str, ...], int]:
+        out: dict[tuple[str, ...], int] = {}
+        totals = {"publish": 0, "deliver_get": 0, "ack": 0, "messages": 0, "ready": 0,
+                  "unacked": 0}
+        for vhost in list(self.node.broker.vhosts.values()):
+            for q in list(vhost.queues.values()):
+                key = (q.vhost, q.name)
+                stats = {"publish": q.published, "deliver_get": q.delivered,
+                         "ack": getattr(q, "acked", 0), "messages": q.message_count + q.unacked,
+                         "ready": q.message_count, "unacked": q.unacked}
+                for name, value in stats.items():
+                    out[("queue", *key, name)] = value
+                    totals[name] += value
+        for name, value in totals.items():
+            out[("total", name)] = value
+        out[("total", "confirm")] = self.node.broker.stats.confirms
+        return out
+
+    # -- visibility --------------------------------------------------------------------
+
+    def _visible_vhosts(self, call: Call) -> list[str]:
+        names = sorted(self.node.broker.vhosts)
+        if call.monitor:
+            return names
+        return [v for v in names if v in call.user.permissions]
+
+    def _vhost(self, call: Call, name: str) -> Any:
+        vhost = self.node.broker.vhosts.get(name)
+        if vhost is None or name not in self._visible_vhosts(call):
+            raise not_found()
+        return vhost
+
+    def _check(self, call: Call, kind: str, vhost: str, resource: str, name: str) -> None:
+        try:
+            call.user.check(kind, vhost, resource, name)
+        except BrokerError as exc:
+            raise not_authorised(str(exc)) from None
+
+    def _connections(self, call: Call) -> list[Any]:
+        out = []
+        for proto in list(self.node.connections):
+            conn = proto.conn
+            if conn is None or conn.user is None:
+                continue
+            if call.monitor or conn.user.name == call.user.name:
+                out.append(conn)
+        return out
+
+    # -- overview, nodes, health -------------------------------------------------------
+
+    def overview(self, call: Call) -> dict[str, Any]:
+        s = self.sampler
+        vhosts = [self.node.broker.vhosts[v] for v in self._visible_vhosts(call)]
+        queues = [q for vh in vhosts for q in vh.queues.values()]
+        ready = sum(q.message_count for q in queues)
+        unacked = sum(q.unacked for q in queues)
+        conns = self._connections(call)
+        cfg = self.node.config
+        listeners = [{"node": self._node_name(), "protocol": "amqp", "ip_address": cfg.listen_host,
+                      "port": cfg.listen_port}] if cfg.amqp_plain else []
+        if cfg.amqps_listen is not None:
+            listeners.append({"node": self._node_name(), "protocol": "amqp/ssl",
+                              "ip_address": cfg.amqps_listen[0], "port": cfg.amqps_listen[1]})
+        return {
+            "management_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
+            "product_name": PRODUCT, "product_version": _version(),
+            "cluster_name": self._cluster_name(), "node": self._node_name(),
+            "erlang_version": "n/a", "statistics_db_event_queue": 0,
+            "message_stats": {
+                "publish": sum(q.published for q in queues),
+                "publish_details": details(s, ("total", "publish")),
+                "deliver_get": sum(q.delivered for q in queues),
+                "deliver_get_details": details(s, ("total", "deliver_get")),
+                "ack": sum(getattr(q, "acked", 0) for q in queues),
+                "ack_details": details(s, ("total", "ack")),
+                "confirm": self.node.broker.stats.confirms,
+                "confirm_details": details(s, ("total", "confirm")),
+            },
+            "queue_totals": {
+                "messages": ready + unacked, "messages_details": details(s, ("total", "messages")),
+                "messages_ready": ready,
+                "messages_ready_details": details(s, ("total", "ready")),
+                "messages_unacknowledged": unacked,
+                "messages_unacknowledged_details": details(s, ("total", "unacked")),
+            },
+            "object_totals": {
+                "connections": len(conns), "channels": sum(len(c.channels) for c in conns),
+                "exchanges": sum(len(vh.exchanges) for vh in vhosts), "queues": len(queues),
+                "consumers": sum(q.consumer_count for q in queues),
+            },
+            "listeners": listeners,
+            "contexts": [{"node": self._node_name(), "description": "brokerha management",
+                          "path": "/", "port": str((cfg.admin_listen or ("", 0))[1])}],
+        }
+
+    def _node_name(self, name: str | None = None) -> str:
+        return f"{PRODUCT}@{name or self.node.config.name}"
+
+    def _cluster_name(self) -> str:
+        ha = getattr(self.node, "ha", None)
+        return ha.cluster.name if ha is not None else self.node.config.name
+
+    async def nodes(self, call: Call) -> list[dict[str, Any]]:
+        ha = getattr(self.node, "ha", None)
+        if ha is None:
+            return [self._node_entry(self.node.status())]
+        from brokerha.admin.api import cluster_view  # one way to ask every member
+
+        view = await cluster_view(self.node)
+        out = []
+        for entry in view["nodes"]:
+            out.append(self._node_entry({"node": entry}))
+        return out
+
+    def _node_entry(self, status: dict[str, Any]) -> dict[str, Any]:
+        me = status["node"]
+        role = me.get("role")
+        alarms = me.get("alarms") or {}
+        entry = {
+            "name": self._node_name(me.get("name")), "type": "disc",
+            "running": role != "down", "os_pid": str(me.get("pid") or ""),
+            "mem_alarm": "memory" in alarms,
+            "disk_free_alarm": any(a.startswith("disk") for a in alarms),
+            "partitions": [], "uptime": 0, "mem_used": me.get("memory_used", 0),
+            "mem_limit": me.get("memory_limit", 0), "fd_used": 0, "sockets_used":
+            me.get("connections", 0), "disk_free": min(
+                [v for v in ((me.get("disk") or {}).get("free") or {}).values() if v] or [0]),
+            # brokerha's own: its HA role, epoch, readiness and each backup's lag
+            "brokerha": {k: me.get(k) for k in ("role", "epoch", "ready", "serving", "primary",
+                                                "position", "phase")},
+        }
+        replication = me.get("replication") or {}
+        if replication.get("backups"):
+            entry["brokerha"]["backups"] = replication["backups"]
+        return entry
+
+    async def one_node(self, call: Call) -> dict[str, Any]:
+        for entry in await self.nodes(call):
+            if entry["name"] in (call.params["node"], self._node_name(call.params["node"])):
+                return entry
+        raise not_found()
+
+    def aliveness(self, call: Call) -> dict[str, Any]:
+        """RabbitMQ's: declare ``aliveness-test``, publish to it, get it back."""
+        vhost = self._vhost(call, call.params["vhost"])
+        self._check(call, "configure", vhost.name, "queue", "aliveness-test")
+        q = vhost.declare_queue("aliveness-test", owner=None, durable=False)
+        q.enqueue(Message("", "aliveness-test", build_header(len(b"test")), b"test"))
+        entry = q.get()
+        if entry is None or entry.message.body != b"test":
+            return {"status": "failed", "reason": "the test message did not come back"}
+        q.settle(entry)
+        return {"status": "ok"}
+
+    def alarms_check(self, call: Call) -> Response:
+        return self._alarms(dict(self.node.broker.alarms))
+
+    def local_alarms_check(self, call: Call) -> Response:
+        return self._alarms({k: v for k, v in self.node.broker.alarms.items()
+                             if ":" not in k or k == "disk:store"})
+
+    def _alarms(self, alarms: dict[str, str]) -> Response:
+        if not alarms:
+            return Response.json({"status": "ok"})
+        listed = [{"node": self._node_name(), "resource": name.split(":", 1)[0],
+                   "reason": reason} for name, reason in sorted(alarms.items())]
+        return Response.json({"status": "failed", "reason": "resource alarm(s) in effect",
+                              "alarms": listed}, 503)
+
+    # -- connections, channels, vhosts, users ------------------------------------------
+
+    def connections(self, call: Call) -> list[dict[str, Any]]:
+        now = self.node.loop.time()
+        out = []
+        for conn in self._connections(call):
+            props = conn.client_properties or {}
+            peer = conn.peer or ("", 0)
+            out.append({
+                "name": f"{peer[0]}:{peer[1]} -> {self._node_name()}", "node": self._node_name(),
+                "user": conn.user.name, "vhost": conn.vhost.name if conn.vhost else None,
+                "peer_host": peer[0], "peer_port": peer[1], "protocol": "AMQP 0-9-1",
+                "channels": len(conn.channels), "state": "blocked" if conn.blocked_notified
+                else "running", "ssl": conn.tls is not None,
+                "connected_at": int((time.time() - (now - conn.created)) * 1000),
+                "client_properties": _plain(props),
+            })
+        return sorted(out, key=lambda c: c["name"])
+
+    def channels(self, call: Call) -> list[dict[str, Any]]:
+        out = []
+        for conn in self._connections(call):
+            peer = conn.peer or ("", 0)
+            for number, ch in sorted(conn.channels.items()):
+                out.append({
+                    "name": f"{peer[0]}:{peer[1]} -> {self._node_name()} ({number})",
+                    "number": number, "node": self._node_name(), "user": conn.user.name,
+                    "vhost": conn.vhost.name if conn.vhost else None,
+                    "consumer_count": len(getattr(ch, "consumers", {})),
+                    "messages_unacknowledged": len(getattr(ch, "unacked", {})),
+                    "prefetch_count": getattr(ch, "prefetch_count", 0),
+                    "confirm": getattr(ch, "confirm", None) is not None,
+                    "transactional": bool(getattr(ch, "tx_mode", False)),
+                    "connection_details": {"name": f"{peer[0]}:{peer[1]} -> {self._node_name()}",
+                                           "peer_host": peer[0], "peer_port": peer[1]},
+                })
+        return out
+
+    def vhosts(self, call: Call) -> list[dict[str, Any]]:
+        return [self._vhost_entry(v) for v in self._visible_vhosts(call)]
+
+    def one_vhost(self, call: Call) -> dict[str, Any]:
+        return self._vhost_entry(self._vhost(call, call.params["vhost"]).name)
+
+    def _vhost_entry(self, name: str) -> dict[str, Any]:
+        vh = self.node.broker.vhosts[name]
+        ready = sum(q.message_count for q in vh.queues.values())
+        unacked = sum(q.unacked for q in vh.queues.values())
+        return {"name": name, "description": "", "tags": [], "tracing": False,
+                "messages": ready + unacked, "messages_ready": ready,
+                "messages_unacknowledged": unacked}
+
+    def whoami(self, call: Call) -> dict[str, Any]:
+        return {"name": call.user.name, "tags": sorted(call.user.tags)}
+
+    def _admin(self, call: Call) -> None:
+        if not call.admin:
+            raise not_authorised("Not administrator user")
+
+    def users(self, call: Call) -> list[dict[str, Any]]:
+        self._admin(call)
+        return [{"name": u.name, "tags": sorted(u.tags), "password_hash": "",
+                 "hashing_algorithm": "rabbit_password_hashing_sha256"}
+                for u in sorted(self.node.broker.users.users.values(), key=lambda u: u.name)]
+
+    def one_user(self, call: Call) -> dict[str, Any]:
+        for entry in self.users(call):
+            if entry["name"] == call.params["user"]:
+                return entry
+        raise not_found()
+
+    def permissions(self, call: Call) -> list[dict[str, Any]]:
+        self._admin(call)
+        return [{"user": u.name, "vhost": vhost, "configure": p.configure, "write": p.write,
+                 "read": p.read}
+                for u in sorted(self.node.broker.users.users.values(), key=lambda u: u.name)
+                for vhost, p in sorted(u.permissions.items())]
+
+    # -- exchanges ---------------------------------------------------------------------
+
+    def exchanges(self, call: Call) -> list[dict[str, Any]]:
+        names = [call.params["vhost"]] if "vhost" in call.params else self._visible_vhosts(call)
+        out = []
+        for name in names:
+            vh = self._vhost(call, name)
+            out += [_exchange_entry(ex) for ex in vh.exchanges.values()]
+        return sorted(out, key=lambda e: (e["vhost"], e["name"]))
+
+    def one_exchange(self, call: Call) -> dict[str, Any]:
+        vh = self._vhost(call, call.params["vhost"])
+        name = _exchange_name(call.params["name"])
+        ex = vh.exchanges.get(name)
+        if ex is None:
+            raise not_found()
+        return _exchange_entry(ex)
+
+    def declare_exchange(self, call: Call) -> Response:
+        vh = self._vhost(call, call.params["vhost"])
+        name = _exchange_name(call.params["name"])
+        existed = name in vh.exchanges
+        body = call.body()
+        self._check(call, "configure", vh.name, "exchange", name)
+        kind = body.get("type")
+        if not isinstance(kind, str) or not kind:
+            raise bad_request("type: the exchange type (direct, fanout, topic, headers)")
+        vh.declare_exchange(name, kind, durable=_bool(body.get("durable"), True),
+                            auto_delete=_bool(body.get("auto_delete"), False),
+                            internal=_bool(body.get("internal"), False),
+                            arguments=_arguments(body))
+        log.info("management API: %s declared exchange '%s' in vhost '%s'", call.user.name,
+                 name, vh.name)
+        return Response(204 if existed else 201, b"")
+
+    def delete_exchange(self, call: Call) -> None:
+        vh = self._vhost(call, call.params["vhost"])
+        name = _exchange_name(call.params["name"])
+        self._check(call, "configure", vh.name, "exchange", name)
+        if name not in vh.exchanges:
+            raise not_found()
+        vh.delete_exchange(name, if_unused=_flag(call.request, "if-unused"))
+        log.info("management API: %s deleted exchange '%s' in vhost '%s'", call.user.name,
+                 name, vh.name)
+
+    def publish(self, call: Call) -> dict[str, Any]:
+        vh = self._vhost(call, call.params["vhost"])
+        name = _exchange_name(call.params["name"])
+        body = call.body()
+        self._check(call, "write", vh.name, "exchange", name)
+        exchange = vh.exchanges.get(name)
+        if exchange is None:
+            raise not_found()
+        if exchange.internal:
+            raise bad_request(f"cannot publish to internal exchange '{name}'")
+        payload = body.get("payload", "")
+        encoding = body.get("payload_encoding", "string")
+        if not isinstance(payload, str):
+            raise bad_request("payload: a string")
+        if encoding == "base64":
+            try:
+                data = base64.b64decode(payload, validate=True)
+            except (ValueError, binascii.Error):
+                raise bad_request("payload is not base64") from None
+        elif encoding == "string":
+            data = payload.encode()
+        else:
+            raise bad_request("payload_encoding: string or base64")
+        routing_key = body.get("routing_key", "")
+        if not isinstance(routing_key, str):
+            raise bad_request("routing_key: a string")
+        props = _properties(body.get("properties") or {})
+        message = Message(name, routing_key, build_header(len(data), props), data)
+        if message.user_id is not None and message.user_id != call.user.name:
+            raise bad_request(f"user_id property set to '{message.user_id}' but authenticated "
+                              f"user was '{call.user.name}'")
+        queues = vh.route(exchange, message)
+        if any(q.is_global for q in queues):  # ordered across datacenters: a transaction
+            tx = self.node.broker.new_transaction()
+            tx.publish(queues, message)
+            self.node.broker.spawn(tx.commit(), lambda exc: exc and log.warning(
+                "management API publish to a global queue not accepted: %s", exc))
+        else:
+            for q in queues:
+                q.enqueue(message)
+        return {"routed": bool(queues)}
+
+    # -- queues ------------------------------------------------------------------------
+
+    def queues(self, call: Call) -> Any:
+        names = [call.params["vhost"]] if "vhost" in call.params else self._visible_vhosts(call)
+        out = []
+        for name in names:
+            vh = self._vhost(call, name)
+            out += [self._queue_entry(q) for q in vh.queues.values()]
+        out.sort(key=lambda q: (q["vhost"], q["name"]))
+        return _page(out, call.request)
+
+    def one_queue(self, call: Call) -> dict[str, Any]:
+        return self._queue_entry(self._queue(call))
+
+    def _queue(self, call: Call) -> Any:
+        vh = self._vhost(call, call.params["vhost"])
+        q = vh.queues.get(call.params["name"])
+        if q is None:
+            raise not_found()
+        return q
+
+    def _queue_entry(self, q: Any) -> dict[str, Any]:
+        s = self.sampler
+        key = ("queue", q.vhost, q.name)
+        ready, unacked = q.message_count, q.unacked
+        return {
+            "name": q.name, "vhost": q.vhost, "type": "classic", "node": self._node_name(),
+            "durable": q.durable, "auto_delete": q.auto_delete,
+            "exclusive": q.exclusive_owner is not None,
+            "arguments": _plain(dict(q.arguments)), "state": "running", "policy": None,
+            "messages": ready + unacked, "messages_details": details(s, (*key, "messages")),
+            "messages_ready": ready, "messages_ready_details": details(s, (*key, "ready")),
+            "messages_unacknowledged": unacked,
+            "messages_unacknowledged_details": details(s, (*key, "unacked")),
+            "message_bytes_ready": q.ready_bytes, "consumers": q.consumer_count,
+            "message_stats": {
+                "publish": q.published, "publish_details": details(s, (*key, "publish")),
+                "deliver_get": q.delivered,
+                "deliver_get_details": details(s, (*key, "deliver_get")),
+                "ack": getattr(q, "acked", 0), "ack_details": details(s, (*key, "ack")),
+            },
+        }
+
+    def declare_queue(self, call: Call) -> Response:
+        vh = self._vhost(call, call.params["vhost"])
+        name = call.params["name"]
+        existed = name in vh.queues
+        body = call.body()
+        self._check(call, "configure", vh.name, "queue", name)
+        if _bool(body.get("exclusive"), False):
+            raise bad_request("exclusive queues belong to an AMQP connection; declare them there")
+        vh.declare_queue(name, owner=None, durable=_bool(body.get("durable"), True),
+                         auto_delete=_bool(body.get("auto_delete"), False),
+                         arguments=_arguments(body))
+        log.info("management API: %s declared queue '%s' in vhost '%s'", call.user.name, name,
+                 vh.name)
+        return Response(204 if existed else 201, b"")
+
+    def delete_queue(self, call: Call) -> None:
+        q = self._queue(call)
+        self._check(call, "configure", q.vhost, "queue", q.name)
+        self.node.broker.vhosts[q.vhost].delete_queue(
+            q.name, owner=None, if_unused=_flag(call.request, "if-unused"),
+            if_empty=_flag(call.request, "if-empty"))
+        log.info("management API: %s deleted queue '%s' in vhost '%s'", call.user.name, q.name,
+                 q.vhost)
+
+    def purge(self, call: Call) -> None:
+        q = self._queue(call)
+        self._check(call, "read", q.vhost, "queue", q.name)
+        count = self.node.broker.vhosts[q.vhost].purge_queue(q.name, None)
+        log.info("management API: %s purged %d messages of queue '%s' in vhost '%s'",
+                 call.user.name, count, q.name, q.vhost)
+
+    def get(self, call: Call) -> list[dict[str, Any]]:
+        """``{"count", "ackmode", "encoding", "truncate"}``; ackmode as RabbitMQ's:
+        ``ack_requeue_true`` / ``reject_requeue_true`` (look: back in place, marked
+        redelivered), ``ack_requeue_false`` / ``reject_requeue_false`` (take them)."""
+        q = self._queue(call)
+        body = call.body()
+        self._check(call, "read", q.vhost, "queue", q.name)
+        try:
+            count = int(body.get("count", 1))
+        except (TypeError, ValueError):
+            raise bad_request("count: a number") from None
+        ackmode = body.get("ackmode", "ack_requeue_true")
+        if ackmode not in ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
+                           "reject_requeue_false"):
+            raise bad_request("ackmode: ack_requeue_true, ack_requeue_false, "
+                              "reject_requeue_true or reject_requeue_false")
+        encoding = body.get("encoding", "auto")
+        if encoding not in ("auto", "base64"):
+            raise bad_request("encoding: auto or base64")
+        truncate = body.get("truncate")
+        if getattr(q, "is_global", False):
+            raise bad_request("get is not offered on a global queue (its dequeues are ordered "
+                              "across datacenters): consume it over AMQP")
+        taken = []
+        for _ in range(max(0, min(count, MAX_GET))):
+            entry = q.get()
+            if entry is None:
+                break
+            taken.append(entry)
+        out = []
+        left = q.message_count
+        for entry in taken:
+            m = entry.message
+            data = m.body if truncate is None else m.body[:int(truncate)]
+            try:
+                text, kind = (data.decode(), "string") if encoding == "auto" else ("", "")
+            except UnicodeDecodeError:
+                text, kind = "", ""
+            if not kind:
+                text, kind = base64.b64encode(data).decode(), "base64"
+            out.append({
+                "payload_bytes": len(m.body), "redelivered": entry.redelivered,
+                "exchange": m.exchange, "routing_key": m.routing_key,
+                "message_count": left, "properties": _props_json(m.header),
+                "payload": text, "payload_encoding": kind,
+            })
+        for entry in reversed(taken):  # back in their places (requeue keeps the order)
+            if ackmode.endswith("requeue_true"):
+                q.requeue(entry)
+            else:
+                q.settle(entry)
+        return out
+
+    # -- bindings ----------------------------------------------------------------------
+
+    def _binding_entries(self, vh: Any) -> list[dict[str, Any]]:
+        out = []
+        for q in vh.queues.values():  # the default exchange's implicit bindings
+            out.append(_binding_entry(vh.name, "", "queue", q.name, q.name, {}))
+        for ex in vh.exchanges.values():
+            for b in ex.bindings.values():
+                kind = "queue" if b.destination.name in vh.queues and \
+                    vh.queues[b.destination.name] is b.destination else "exchange"
+                out.append(_binding_entry(vh.name, ex.name, kind, b.destination.name,
+                                          b.routing_key, b.arguments))
+        return out
+
+    def bindings(self, call: Call) -> list[dict[str, Any]]:
+        names = [call.params["vhost"]] if "vhost" in call.params else self._visible_vhosts(call)
+        out: list[dict[str, Any]] = []
+        for name in names:
+            out += self._binding_entries(self._vhost(call, name))
+        return out
+
+    def queue_bindings(self, call: Call) -> list[dict[str, Any]]:
+        q = self._queue(call)
+        return [b for b in self._binding_entries(self.node.broker.vhosts[q.vhost])
+                if b["destination_type"] == "queue" and b["destination"] == q.name]
+
+    def _endpoints(self, call: Call) -> tuple[Any, Any, Any, str]:
+        vh = self._vhost(call, call.params["vhost"])
+        source = vh.exchanges.get(_exchange_name(call.params["source"]))
+        kind = "queue" if call.request.path.split("/")[-2 if "props" not in call.params
+                                                           else -3] == "q" else "exchange"
+        table = vh.queues if kind == "queue" else vh.exchanges
+        dest = table.get(call.params["dest"])
+        if source is None or dest is None:
+            raise not_found()
+        return vh, source, dest, kind
+
+    def bindings_between(self, call: Call) -> list[dict[str, Any]]:
+        vh, source, dest, kind = self._endpoints(call)
+        return [_binding_entry(vh.name, source.name, kind, dest.name, b.routing_key, b.arguments)
+                for b in source.bindings.values() if b.destination is dest]
+
+    def bind(self, call: Call) -> Response:
+        vh, source, dest, kind = self._endpoints(call)
+        body = call.body()
+        key = body.get("routing_key", "")
+        if not isinstance(key, str):
+            raise bad_request("routing_key: a string")
+        self._check(call, "write", vh.name, kind, dest.name)
+        self._check(call, "read", vh.name, "exchange", source.name)
+        vh.bind(source.name, dest, key, _arguments(body))
+        return Response(201, b"")
+
+    def _binding(self, call: Call) -> tuple[Any, Any, Any, str, Any]:
+        vh, source, dest, kind = self._endpoints(call)
+        for b in source.bindings.values():
+            if b.destination is dest and _props_key(b.routing_key, b.arguments) == \
+                    call.params["props"]:
+                return vh, source, dest, kind, b
+        raise not_found()
+
+    def one_binding(self, call: Call) -> dict[str, Any]:
+        vh, source, dest, kind, b = self._binding(call)
+        return _binding_entry(vh.name, source.name, kind, dest.name, b.routing_key, b.arguments)
+
+    def unbind(self, call: Call) -> None:
+        vh, source, dest, kind, b = self._binding(call)
+        self._check(call, "write", vh.name, kind, dest.name)
+        self._check(call, "read", vh.name, "exchange", source.name)
+        vh.unbind(source.name, dest, b.routing_key, b.arguments)
+
+    # -- definitions -------------------------------------------------------------------
+
+    def export_definitions(self, call: Call) -> dict[str, Any]:
+        self._admin(call)
+        names = [call.params["vhost"]] if "vhost" in call.params else self._visible_vhosts(call)
+        queues, exchanges, bindings = [], [], []
+        for name in names:
+            vh = self._vhost(call, name)
+            for q in sorted(vh.queues.values(), key=lambda q: q.name):
+                if q.exclusive_owner is None:
+                    queues.append({"name": q.name, "vhost": vh.name, "durable": q.durable,
+                                   "auto_delete": q.auto_delete,
+                                   "arguments": _plain(dict(q.arguments))})
+            for ex in sorted(vh.exchanges.values(), key=lambda e: e.name):
+                if ex.name and not ex.name.startswith("amq."):
+                    exchanges.append({k: v for k, v in _exchange_entry(ex).items()
+                                      if k in ("name", "vhost", "type", "durable", "auto_delete",
+                                               "internal", "arguments")})
+            bindings += [{k: v for k, v in b.items() if k != "properties_key"}
+                         for b in self._binding_entries(vh) if b["source"]]
+        out: dict[str, Any] = {"rabbit_version": RABBITMQ_VERSION,
+                               "rabbitmq_version": RABBITMQ_VERSION, "product_name": PRODUCT,
+                               "product_version": _version(), "queues": queues,
+                               "exchanges": exchanges, "bindings": bindings,
+                               "policies": [], "parameters": [], "global_parameters": [],
+                               "topic_permissions": []}
+        if "vhost" not in call.params:
+            out["users"] = [{"name": u["name"], "tags": ",".join(u["tags"]), "password_hash": "",
+                             "hashing_algorithm": u["hashing_algorithm"], "limits": {}}
+                            for u in self.users(call)]
+            out["vhosts"] = [{"name": v, "limits": [], "metadata": {"description": "",
+                                                                     "tags": []}}
+                             for v in names]
+            out["permissions"] = self.permissions(call)
+        return out
+
+    def import_definitions(self, call: Call) -> None:
+        """Exchanges, queues and bindings (the replicated part); users, vhosts and
+        permissions come from the nodes' configuration and are checked, not changed."""
+        self._admin(call)
+        body = call.body()
+        only = call.params.get("vhost")
+        brokers = self.node.broker.vhosts
+        for kind in ("vhosts", "users"):
+            for item in body.get(kind) or []:
+                name = item.get("name") if isinstance(item, dict) else None
+                known = brokers if kind == "vhosts" else self.node.broker.users.users
+                if name not in known:
+                    raise bad_request(f"{kind[:-1]} '{name}' is not in this broker's "
+                                      "configuration (users and vhosts are configured, not "
+                                      "imported)")
+
+        def target(item: dict[str, Any]) -> Any:
+            name = only or item.get("vhost", "/")
+            if name not in brokers:
+                raise bad_request(f"vhost '{name}' is not in this broker's configuration")
+            return brokers[name]
+
+        for item in body.get("exchanges") or []:
+            target(item).declare_exchange(
+                item["name"], item.get("type", "direct"), durable=_bool(item.get("durable"), True),
+                auto_delete=_bool(item.get("auto_delete"), False),
+                internal=_bool(item.get("internal"), False),
+                arguments=dict(item.get("arguments") or {}))
+        for item in body.get("queues") or []:
+            target(item).declare_queue(
+                item["name"], owner=None, durable=_bool(item.get("durable"), True),
+                auto_delete=_bool(item.get("auto_delete"), False),
+                arguments=dict(item.get("arguments") or {}))
+        for item in body.get("bindings") or []:
+            vh = target(item)
+            table = vh.queues if item.get("destination_type", "queue") == "queue" \
+                else vh.exchanges
+            dest = table.get(item.get("destination"))
+            if dest is None:
+                raise bad_request(f"binding to unknown {item.get('destination_type')} "
+                                  f"'{item.get('destination')}'")
+            vh.bind(item["source"], dest, item.get("routing_key", ""),
+                    dict(item.get("arguments") or {}))
+        log.info("management API: %s imported definitions (%d exchanges, %d queues, "
+                 "%d bindings)", call.user.name, len(body.get("exchanges") or []),
+                 len(body.get("queues") or []), len(body.get("bindings") or []))
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("brokerha")
+    except Exception:  # noqa: BLE001 - a source checkout without metadata
+        return "dev"
+
+
+def _exchange_name(name: str) -> str:
+    return "" if name == "amq.default" else name
+
+
+def _exchange_entry(ex: Any) -> dict[str, Any]:
+    return {"name": ex.name, "vhost": ex.vhost, "type": ex.type, "durable": ex.durable,
+            "auto_delete": ex.auto_delete, "internal": ex.internal,
+            "arguments": _plain(dict(ex.arguments)), "user_who_performed_action": "",
+            "policy": None}
+
+
+def _props_key(routing_key: str, arguments: dict[str, Any]) -> str:
+    """RabbitMQ's binding ``properties_key``: the routing key, or it and a hash of the
+    arguments (``~``), URL-quoted."""
+    if not arguments:
+        return quote(routing_key, safe="") or "~"
+    digest = base64.urlsafe_b64encode(
+        repr(sorted(arguments.items())).encode()[:64]).decode().rstrip("=")
+    return f"{quote(routing_key, safe='')}~{digest}"
+
+
+def _binding_entry(vhost: str, source: str, kind: str, dest: str, key: str,
+                   arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"source": source, "vhost": vhost, "destination": dest, "destination_type": kind,
+            "routing_key": key, "arguments": _plain(dict(arguments)),
+            "properties_key": _props_key(key, arguments)}
+
+
+def _bool(value: Any, default: bool) -> bool:
+    """A JSON boolean, or rabbitmqadmin's "true"/"false" strings."""
+    if value is None:
+        return default
+    if isinstance(value, str):
+        if value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise bad_request(f"expected true or false, got {value!r}")
+    return bool(value)
+
+
+def _flag(request: Request, name: str) -> bool:
+    return (request.query.get(name) or ["false"])[0].lower() == "true"
+
+
+def _arguments(body: dict[str, Any]) -> dict[str, Any]:
+    args = body.get("arguments") or {}
+    if not isinstance(args, dict):
+        raise bad_request("arguments: a JSON object")
+    return dict(args)
+
+
+PROPERTY_NAMES = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
+                  "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type",
+                  "user_id", "app_id")
+
+
+def _properties(props: dict[str, Any]) -> commands.Basic.Properties:
+    if not isinstance(props, dict):
+        raise bad_request("properties: a JSON object")
+    unknown = set(props) - set(PROPERTY_NAMES)
+    if unknown:
+        raise bad_request(f"unknown properties: {', '.join(sorted(unknown))}")
+    values = dict(props)
+    if "timestamp" in values:
+        import datetime
+
+        values["timestamp"] = datetime.datetime.fromtimestamp(int(values["timestamp"]),
+                                                               datetime.UTC)
+    try:
+        return commands.Basic.Properties(**values)
+    except (TypeError, ValueError) as exc:
+        raise bad_request(f"properties: {exc}") from None
+
+
+def _props_json(header: bytes) -> dict[str, Any]:
+    props = decode_header(header).properties
+    out = {}
+    for name in PROPERTY_NAMES:
+        value = getattr(props, name, None)
+        if value is not None:
+            out[name] = int(value.timestamp()) if name == "timestamp" else _plain(value)
+    return out
+
+
+def _page(items: list[dict[str, Any]], request: Request) -> Any:
+    """RabbitMQ's pagination (``page``, ``page_size``, ``name``, ``use_regex``) when asked."""
+    q = request.query
+    if "page" not in q:
+        return items
+    try:
+        page = max(1, int(q["page"][0]))
+        size = max(1, min(500, int((q.get("page_size") or ["100"])[0])))
+    except ValueError:
+        raise bad_request("page and page_size: numbers") from None
+    name = (q.get("name") or [""])[0]
+    if name:
+        if (q.get("use_regex") or ["false"])[0] == "true":
+            import re
+
+            try:
+                pattern = re.compile(name)
+            except re.error as exc:
+                raise bad_request(f"name: {exc}") from None
+            items = [i for i in items if pattern.search(i["name"])]
+        else:
+            items = [i for i in items if name in i["name"]]
+    total = len(items)
+    chunk = items[(page - 1) * size: page * size]
+    return {"filtered_count": total, "item_count": len(chunk), "items": chunk, "page": page,
+            "page_count": max(1, -(-total // size)), "page_size": size, "total_count": total}
+
+
+def _select(result: Any, request: Request) -> Any:
+    """``columns=a,b.c`` (rabbitmqadmin's list), ``sort`` and ``sort_reverse``."""
+    items = result["items"] if isinstance(result, dict) and "items" in result else result
+    if isinstance(items, list):
+        sort = (request.query.get("sort") or [""])[0]
+        if sort:
+            items.sort(key=lambda i: str(_dig(i, sort)),
+                       reverse=(request.query.get("sort_reverse") or ["false"])[0] == "true")
+        columns = [c for c in ",".join(request.query.get("columns") or []).split(",") if c]
+        if columns:
+            items[:] = [_columns(i, columns) for i in items]
+    return result
+
+
+def _dig(item: Any, path: str) -> Any:
+    for part in path.split("."):
+        item = item.get(part) if isinstance(item, dict) else None
+    return item
+
+
+def _columns(item: dict[str, Any], columns: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for column in columns:
+        value = _dig(item, column)
+        target = out
+        parts = column.split(".")
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = value
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def _amqp_error(exc: BrokerError) -> ManagementError:
+    code = getattr(exc, "code", 0)
+    text = str(exc)
+    if code == 404:
+        return not_found()
+    if code == 403:
+        return not_authorised(text)
+    return bad_request(text)
+
+
+async def forward(base: str, request: Request, tls: Any) -> Response:
+    """Send ``request`` as it came to ``base`` (another member's admin listener)."""
+    from urllib.parse import urlencode, urlsplit
+
+    parts = urlsplit(base)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    secure = parts.scheme == "https"
+    target = request.path + (f"?{urlencode(request.query, doseq=True)}" if request.query else "")
+    head = [f"{request.method} {target} HTTP/1.1", f"Host: {host}:{port}", "Connection: close",
+            f"Content-Length: {len(request.body)}"]
+    for name in ("authorization", "content-type"):
+        if name in request.headers:
+            head.append(f"{name}: {request.headers[name]}")
+
+    async def go() -> Response:
+        reader, writer = await asyncio.open_connection(host, port, ssl=tls if secure else None)
+        try:
+            writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + request.body)
+            await writer.drain()
+            data = await reader.read()
+        finally:
+            writer.close()
+        top, _, body = data.partition(b"\r\n\r\n")
+        lines = top.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        ctype = next((line.split(":", 1)[1].strip() for line in lines[1:]
+                      if line.lower().startswith("content-type:")), "application/json")
+        return Response(status, body, ctype)
+
+    try:
+        return await asyncio.wait_for(go(), FORWARD_TIMEOUT)
+    except (OSError, TimeoutError, ValueError, IndexError) as exc:
+        raise ManagementError(503, "service_unavailable",
+                              f"the primary at {base} did not answer: {exc}") from None
+
+
+def install(node: Node) -> ManagementAPI:
+    api = ManagementAPI(node)
+    node.admin.fallback("/api/", api.handle)
+    return api
