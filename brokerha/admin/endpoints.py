@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from brokerha.admin import api, management, metrics, status_page
+from brokerha.admin import api, management, metrics, status_page, ui
 
 
 def install(node: Any) -> None:
     """Register brokerha's API (api.py), RabbitMQ's management API (management.py),
-    ``/metrics`` (metrics.py) and ``/`` (status_page.py)."""
+    ``/metrics`` (metrics.py), ``/status`` (status_page.py) and the UI at ``/`` (ui.py)."""
     api.install(node)
     node.management = management.install(node)
     node.metrics = metrics.install(node)
     status_page.install(node)
+    ui.install(node)

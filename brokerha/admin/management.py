@@ -22,7 +22,9 @@ sees the broker.
 
 Rates (``*_details.rate``) come from counters sampled every
 ``SAMPLE_INTERVAL`` seconds (RabbitMQ's ``collect_statistics_interval``), over
-the last ``RATE_WINDOW``.
+the last ``RATE_WINDOW``; ``/api/overview?lengths_age=S&msg_rates_age=S`` adds
+RabbitMQ's ``*_details.samples`` (the last S seconds, up to ``HISTORY``), which
+the management UI (ui.py) charts.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ Node = Any
 
 MANAGEMENT_TAGS = frozenset({"administrator", "monitoring", "management", "policymaker"})
 SAMPLE_INTERVAL = 5.0
-RATE_WINDOW = 60.0
+RATE_WINDOW = 60.0  # rates are over this much of the history
+HISTORY = 600.0     # samples kept (the UI's charts; ``lengths_age``/``msg_rates_age``)
 PRODUCT = "brokerha"
 RABBITMQ_VERSION = "3.10.8"  # the API version the tools see (what the differential tests use)
 FORWARD_TIMEOUT = 10.0
@@ -122,7 +125,7 @@ class Sampler:
     def sample(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         self.samples.append((now, self.read()))
-        while self.samples and now - self.samples[0][0] > RATE_WINDOW:
+        while self.samples and now - self.samples[0][0] > HISTORY:
             self.samples.popleft()
 
     def fresh(self) -> None:
@@ -132,14 +135,27 @@ class Sampler:
     def rate(self, key: tuple[str, ...]) -> float:
         if len(self.samples) < 2:
             return 0.0
-        (t0, first), (t1, last) = self.samples[0], self.samples[-1]
+        t1, last = self.samples[-1]
+        t0, first = next((t, v) for t, v in self.samples if t1 - t <= RATE_WINDOW)
         if t1 <= t0:
             return 0.0
         return round(max(0, last.get(key, 0) - first.get(key, 0)) / (t1 - t0), 1)
 
+    def history(self, key: tuple[str, ...], age: float) -> list[dict[str, int]]:
+        """RabbitMQ's ``samples``: ``{"sample", "timestamp" (ms)}``, newest first."""
+        if not self.samples:
+            return []
+        wall = time.time() - time.monotonic()
+        newest = self.samples[-1][0]
+        return [{"sample": v.get(key, 0), "timestamp": int((t + wall) * 1000)}
+                for t, v in reversed(self.samples) if newest - t <= age]
 
-def details(sampler: Sampler, key: tuple[str, ...]) -> dict[str, float]:
-    return {"rate": sampler.rate(key)}
+
+def details(sampler: Sampler, key: tuple[str, ...], age: float = 0.0) -> dict[str, Any]:
+    out: dict[str, Any] = {"rate": sampler.rate(key)}
+    if age > 0:
+        out["samples"] = sampler.history(key, age)
+    return out
 
 
 # -- the API ---------------------------------------------------------------------------
@@ -342,6 +358,12 @@ class ManagementAPI:
 
     def overview(self, call: Call) -> dict[str, Any]:
         s = self.sampler
+        q = call.request.query
+        try:
+            lengths = min(HISTORY, float((q.get("lengths_age") or ["0"])[0]))
+            rates = min(HISTORY, float((q.get("msg_rates_age") or ["0"])[0]))
+        except ValueError:
+            raise bad_request("lengths_age and msg_rates_age: seconds") from None
         vhosts = [self.node.broker.vhosts[v] for v in self._visible_vhosts(call)]
         queues = [q for vh in vhosts for q in vh.queues.values()]
         ready = sum(q.message_count for q in queues)
@@ -360,20 +382,20 @@ class ManagementAPI:
             "erlang_version": "n/a", "statistics_db_event_queue": 0,
             "message_stats": {
                 "publish": sum(q.published for q in queues),
-                "publish_details": details(s, ("total", "publish")),
+                "publish_details": details(s, ("total", "publish"), rates),
                 "deliver_get": sum(q.delivered for q in queues),
-                "deliver_get_details": details(s, ("total", "deliver_get")),
+                "deliver_get_details": details(s, ("total", "deliver_get"), rates),
                 "ack": sum(getattr(q, "acked", 0) for q in queues),
-                "ack_details": details(s, ("total", "ack")),
+                "ack_details": details(s, ("total", "ack"), rates),
                 "confirm": self.node.broker.stats.confirms,
-                "confirm_details": details(s, ("total", "confirm")),
+                "confirm_details": details(s, ("total", "confirm"), rates),
             },
             "queue_totals": {
-                "messages": ready + unacked, "messages_details": details(s, ("total", "messages")),
+                "messages": ready + unacked, "messages_details": details(s, ("total", "messages"), lengths),
                 "messages_ready": ready,
-                "messages_ready_details": details(s, ("total", "ready")),
+                "messages_ready_details": details(s, ("total", "ready"), lengths),
                 "messages_unacknowledged": unacked,
-                "messages_unacknowledged_details": details(s, ("total", "unacked")),
+                "messages_unacknowledged_details": details(s, ("total", "unacked"), lengths),
             },
             "object_totals": {
                 "connections": len(conns), "channels": sum(len(c.channels) for c in conns),

@@ -1,8 +1,8 @@
-"""The status page at ``GET /`` of every node's admin listener.
+"""The status page at ``GET /status`` of every node's admin listener (the UI is at ``/``).
 
 One small HTML document, no external assets: the node renders it on the
 server from ``api.cluster_view`` (every member's own status, gathered by this
-node), and a few lines of inline script fetch ``/?part=body`` every 2 seconds
+node), and a few lines of inline script fetch ``/status?part=body`` every 2 seconds
 and swap the content in, so the page refreshes on its own (without script,
 reload by hand). It shows the datacenter's nodes (role, epoch, readiness),
 replication per backup and per queue, recent failovers and the TxLog's state.
@@ -33,7 +33,7 @@ text-align:left}th{background:#f0f0f0}.num{text-align:right}.muted{color:#777}
 
 SCRIPT = """
 (function(){var main=document.getElementById('main'),stale=document.getElementById('stale');
-function tick(){fetch('/?part=body',{cache:'no-store'}).then(function(r){
+function tick(){fetch('/status?part=body',{cache:'no-store'}).then(function(r){
 if(!r.ok)throw new Error(r.status);return r.text();}).then(function(t){main.innerHTML=t;
 stale.textContent='';}).catch(function(e){stale.textContent=' (this node does not answer: '+e+
 '; showing the last view)';});}
@@ -43,7 +43,7 @@ setInterval(tick,REFRESH_MS);})();
 
 def install(node: Node) -> None:
     page = StatusPage(node)
-    node.admin.route("GET", "/", page.handle)
+    node.admin.route("GET", "/status", page.handle)
 
 
 class StatusPage:

@@ -22,7 +22,7 @@ from typing import Any
 import pika
 import pytest
 
-from brokerha.testing import LocalCluster, NodeProcess
+from brokerha.testing import LocalCluster, NodeProcess, free_base_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,7 +59,8 @@ vhost = "/"
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     config = tmp_path_factory.mktemp("mgmt") / "node.toml"
     config.write_text(USERS)
-    with NodeProcess("mgmt", extra_args=["--config", str(config)]) as n:
+    # the admin listener is at AMQP port + 10000: both must be free (and valid)
+    with NodeProcess("mgmt", port=free_base_port(1), extra_args=["--config", str(config)]) as n:
         yield n
 
 

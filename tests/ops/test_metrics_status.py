@@ -117,7 +117,7 @@ def test_metrics_move_with_traffic(cluster: LocalCluster) -> None:
 def test_status_page_shows_every_node(cluster: LocalCluster) -> None:
     primary = cluster.wait_primary()
     backup = next(n for n in cluster.names if n != primary)
-    ctype, body = get(cluster.admin_url(backup) + "/")
+    ctype, body = get(cluster.admin_url(backup) + "/status")
     html = body.decode()
     assert ctype.startswith("text/html")
     assert len(body) < 20_000 and "<script>" in html and "http://" not in html.split("<script>")[1]
@@ -126,7 +126,7 @@ def test_status_page_shows_every_node(cluster: LocalCluster) -> None:
     assert "not running on this node" in html          # TxLog section
     assert f"primary: <b>{primary}</b>" in html
     assert "Recent failovers" in html and "elected" in html
-    _, part = get(cluster.admin_url(primary) + "/?part=body")
+    _, part = get(cluster.admin_url(primary) + "/status?part=body")
     assert part.decode().startswith("<p") and "<html" not in part.decode()
     view = json.loads(get(cluster.admin_url(backup) + "/api/cluster")[1])
     assert view["primary"] == primary
@@ -175,5 +175,5 @@ def test_metrics_count_a_failover(cluster: LocalCluster) -> None:
     samples = scrape(cluster, new)
     assert samples[("brokerha_failovers_total", (("event", "elected"),))] == 1
     assert samples[("brokerha_last_failover_timestamp_seconds", ())] > time.time() - 60
-    html = get(cluster.admin_url(new) + "/")[1].decode()
+    html = get(cluster.admin_url(new) + "/status")[1].decode()
     assert f"data-node='{old}'" in html and ">down<" in html

@@ -128,7 +128,7 @@ def test_agreement_latency_histogram_moves_with_global_transactions(
 def test_the_status_page_shows_each_masters_synchronised_position(dcs: dict[str, DC]) -> None:
     """The page's TxLog table: this DC's master and each sync peer, with its position and link."""
     def masters() -> dict[str, tuple[int, str]]:
-        with urllib.request.urlopen(dcs["dc1"].admin + "/?part=body", timeout=5) as resp:
+        with urllib.request.urlopen(dcs["dc1"].admin + "/status?part=body", timeout=5) as resp:
             page = resp.read().decode()
         table = page.split("<table id=txlog-masters>", 1)[1].split("</table>", 1)[0]
         rows = re.findall(r"<tr><td>(dc\d)[^<]*</td><td class=num>(\d+)</td><td>([^<]*)", table)
@@ -145,6 +145,6 @@ def test_the_status_page_shows_each_masters_synchronised_position(dcs: dict[str,
              and seen.get("dc2", (0, ""))[0] >= length, what="both masters' positions")
     seen = masters()
     assert set(seen) == {"dc1", "dc2"} and seen["dc2"][1] == "up"
-    with urllib.request.urlopen(dcs["dc1"].admin + "/?part=body", timeout=5) as resp:
+    with urllib.request.urlopen(dcs["dc1"].admin + "/status?part=body", timeout=5) as resp:
         page = resp.read().decode()
     assert "master <b>dc1</b>" in page and "joined" in page
