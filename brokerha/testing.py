@@ -21,6 +21,28 @@ from typing import Any
 from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET, TXLOG_OFFSET
 
 
+def get(url: str, timeout: float = 1.0, context: Any = None, user: str = "guest",
+        password: str = "guest") -> bytes:
+    """GET from a node's admin listener with HTTP Basic credentials: every route but
+    /metrics needs them (guest, the default user, from loopback)."""
+    import base64
+    import urllib.request
+
+    req = urllib.request.Request(url)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    req.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
+        return bytes(r.read())
+
+
+def get_json(url: str, timeout: float = 1.0, context: Any = None, user: str = "guest",
+             password: str = "guest") -> Any:
+    """``get``, as JSON."""
+    import json
+
+    return json.loads(get(url, timeout, context, user, password))
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago on ``host``."""
     with socket.socket() as s:
@@ -321,9 +343,6 @@ class LocalCluster(ClusterView):
 
     def status(self, name: str) -> dict[str, Any] | None:
         """A node's own /api/status, or None when it does not answer."""
-        import json
-        import urllib.request
-
         context = None
         if self.https_only:
             import ssl
@@ -331,9 +350,7 @@ class LocalCluster(ClusterView):
             context = ssl.create_default_context(cafile=str(self.data_dir / "tls" / "ca.pem"))
             context.check_hostname = False  # the node certificate names localhost
         try:
-            with urllib.request.urlopen(self.admin_url(name) + "/api/status", timeout=1,
-                                        context=context) as r:
-                return dict(json.loads(r.read()))
+            return dict(get_json(self.admin_url(name) + "/api/status", 1, context))
         except (OSError, ValueError):
             return None
 

@@ -41,7 +41,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +49,7 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 from testcontainers.core.container import DockerContainer  # noqa: E402
 
 from brokerha.cluster.ports import ADMIN_OFFSET, loopback_nodes_toml  # noqa: E402
-from brokerha.testing import ClusterView, free_base_port  # noqa: E402
+from brokerha.testing import ClusterView, free_base_port, get_json  # noqa: E402
 
 DEFAULT_IMAGE = "brokerha:dev"
 SECRET_PATH = "/var/lib/brokerha/cluster-secret"
@@ -63,8 +62,7 @@ def default_image() -> str:
 
 
 def _get_json(url: str, timeout: float = 1.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.loads(resp.read())
+    return get_json(url, timeout)  # guest from loopback: the containers use host networking
 
 
 class BrokerhaContainer(DockerContainer):

@@ -8,6 +8,7 @@ node finds it: BROKERHA_HEALTH_URL, else BROKERHA_ADMIN, else this member's
 listen address + 10000.
 """
 
+import base64
 import json
 import os
 import sys
@@ -43,8 +44,14 @@ def admin_address() -> str:
 
 def main() -> int:
     url = admin_address() + "/api/status"
+    # every admin route but /metrics needs credentials: a user with a management tag
+    user = os.environ.get("BROKERHA_HEALTHCHECK_USER", "guest")
+    password = os.environ.get("BROKERHA_HEALTHCHECK_PASSWORD", "guest")
+    req = urllib.request.Request(url)
+    req.add_header("Authorization", "Basic " + base64.b64encode(
+        f"{user}:{password}".encode()).decode())
     try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
+        with urllib.request.urlopen(req, timeout=2) as resp:
             me = json.load(resp)["node"]
     except Exception as exc:  # noqa: BLE001 - any failure is "not healthy"
         print(f"not ready: {url}: {exc}")

@@ -38,10 +38,11 @@ import asyncio
 import json
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from brokerha.admin.http import HTTPError, Request, Response
+from brokerha.admin.http import HTTPError, Request, Response, json_safe, member_token
 
 # The node (brokerha.node.server.Node) these endpoints read. Not imported: the
 # admin package sits below the node, which installs the endpoints on itself.
@@ -101,7 +102,7 @@ class AdminAPI:
                 "vhost": conn.vhost.name if conn.vhost is not None else None,
                 "channels": len(conn.channels),
                 "state": str(conn.state),
-                "client": {k: _plain(props.get(k)) for k in ("product", "version", "platform",
+                "client": {k: json_safe(props.get(k)) for k in ("product", "version", "platform",
                                                                "connection_name")
                            if props.get(k) is not None},
                 "connected_seconds": round(now - conn.created, 3),
@@ -268,7 +269,7 @@ def queue_list(node: Node) -> list[dict[str, Any]]:
                 "published": getattr(q, "published", 0),
                 "delivered": getattr(q, "delivered", 0),
                 "deduplicated": q.dedup_dropped,
-                "arguments": {k: _plain(v) for k, v in sorted(q.arguments.items())},
+                "arguments": {k: json_safe(v) for k, v in sorted(q.arguments.items())},
             })
     for entry in out:
         backups = caught.get((entry["vhost"], entry["name"]))
@@ -276,19 +277,6 @@ def queue_list(node: Node) -> list[dict[str, Any]]:
             entry["backups_caught_up"] = backups
     out.sort(key=lambda q: (q["vhost"], q["name"]))
     return out
-
-
-def _plain(value: Any) -> Any:
-    """JSON-safe: AMQP field values may be bytes, decimals, datetimes."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return str(value)
 
 
 async def cluster_view(node: Node) -> dict[str, Any]:
@@ -302,7 +290,7 @@ async def cluster_view(node: Node) -> dict[str, Any]:
             return own
         try:
             return await fetch_json(member_url(member) + "/api/status", PEER_TIMEOUT,
-                                    node.tls.member_client)
+                                    node.tls.member_client, _signer(node))
         except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError) as exc:
             return {"node": {"name": member["name"], "role": "down", "epoch": None,
                              "ready": False, "amqp_url": member.get("amqp_url"),
@@ -327,7 +315,7 @@ async def cluster_view(node: Node) -> dict[str, Any]:
     elif primary.get("admin_url") or primary.get("https_url"):
         try:
             answer = await fetch_json(member_url(primary) + "/api/brokerha/queues", PEER_TIMEOUT,
-                                      node.tls.member_client)
+                                      node.tls.member_client, _signer(node))
             queues = list(answer.get("queues") or [])
         except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError):
             queues = None
@@ -343,9 +331,23 @@ def member_url(member: dict[str, Any]) -> str:
     return str(member.get("https_url") or member["admin_url"])
 
 
-async def fetch_json(url: str, timeout: float, tls: ssl.SSLContext | None = None) -> Any:
+Signer = Callable[[str, str], str]
+
+
+def _signer(node: Node) -> Signer | None:
+    """How this node signs its reads of another member (http.member_token), if a member."""
+    secret = node.admin.member_secret
+    if secret is None:
+        return None
+    name = node.config.name
+    return lambda method, path: member_token(secret, name, method, path)
+
+
+async def fetch_json(url: str, timeout: float, tls: ssl.SSLContext | None = None,
+                     sign: Signer | None = None) -> Any:
     """GET a JSON document over HTTP/1.1 (the admin listeners of peers); ``https://`` URLs
-    over TLS with ``tls`` (the node's member context, node/tls.py)."""
+    over TLS with ``tls`` (the node's member context, node/tls.py); ``sign`` (a
+    member's) adds its ``X-Brokerha-Member`` header."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     secure = parts.scheme == "https"
@@ -355,7 +357,9 @@ async def fetch_json(url: str, timeout: float, tls: ssl.SSLContext | None = None
     async def go() -> Any:
         reader, writer = await asyncio.open_connection(host, port, ssl=tls if secure else None)
         try:
-            writer.write(f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            path = parts.path or "/"
+            member = f"X-Brokerha-Member: {sign('GET', path)}\r\n" if sign else ""
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{member}"
                          "Accept: application/json\r\nConnection: close\r\n\r\n".encode())
             await writer.drain()
             data = await reader.read(4 * 1024 * 1024)

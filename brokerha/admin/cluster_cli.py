@@ -110,7 +110,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"clients: any node's URL works (a backup relays to the primary), e.g. "
           f"amqp://guest:guest@127.0.0.1:{args.base_port}/%2F; give clients that take a list "
           f"all {args.nodes}", flush=True)
-    print(f"status: brokerha ctl --node amqp://127.0.0.1:{args.base_port} status\n"
+    print(f"status: brokerha ctl --node amqp://127.0.0.1:{args.base_port} status; management "
+          f"UI and API http://127.0.0.1:{args.base_port + ADMIN_OFFSET}/ (guest/guest; "
+          f"rabbitmqadmin -P {args.base_port + ADMIN_OFFSET})\n"
           f"start node nI alone again: brokerha node --config {config} --name nI "
           f"--data {data}/nI", flush=True)
     reported: set[str] = set()

@@ -44,11 +44,18 @@ def admin_url(node: str) -> str:
     raise CtlError(f"--node: expected http://HOST:PORT or amqp://HOST:PORT, got {node!r}")
 
 
+# every request of a command carries --user/--password (main sets them): the node
+# answers nothing without credentials, reads included (as RabbitMQ's management API)
+CREDENTIALS: dict[str, str] = {"user": "guest", "password": "guest"}
+
+
 def request(base: str, path: str, *, body: Any = None, user: str | None = None,
             password: str | None = None, timeout: float = TIMEOUT) -> Any:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(base + path, data=data, method="GET" if data is None else "POST")
     req.add_header("Content-Type", "application/json")
+    if user is None:
+        user, password = CREDENTIALS["user"], CREDENTIALS["password"]
     if user is not None:
         token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
         req.add_header("Authorization", f"Basic {token}")
@@ -352,7 +359,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cert", metavar="FILE", help="client certificate (PEM) for an HTTPS "
                         "listener that requires one ([tls] fail_if_no_peer_cert)")
     parser.add_argument("--key", metavar="FILE", help="its key (default: in --cert's file)")
-    parser.add_argument("--user", default="guest", help="administrator user for actions")
+    parser.add_argument("--user", default="guest",
+                        help="a user with a management tag (reads); an administrator (actions)")
     parser.add_argument("--password", default="guest")
     sub = parser.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
     p = sub.add_parser("status", help="roles, epoch, readiness and lag of every node")
@@ -415,6 +423,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    CREDENTIALS.update(user=args.user, password=args.password)
     try:
         if args.ca or args.cert:  # every request of this command (also to other members)
             try:

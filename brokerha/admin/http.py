@@ -3,19 +3,25 @@
 Deliberately tiny (no web framework): HTTP/1.1 requests with
 ``Connection: close``, a routing table of ``(method, path) -> handler``, JSON
 in and out, and prefix routers of their own (``fallback``: RabbitMQ's
-management API, which authenticates every request itself). brokerha's own
-reads need no credentials (what ``brokerha ctl status`` shows is what a
-monitoring probe needs); every action (POST) needs HTTP Basic credentials of a
-configured user with the ``administrator`` tag — the same users, hashes and
-loopback rule as AMQP, so nobody acts who was not configured.
+management API, which authenticates every request itself). As in RabbitMQ,
+every route needs HTTP Basic credentials — the same users, hashes and loopback
+rule as AMQP, so nobody gets in who was not configured — except those
+installed ``public`` (``/metrics``, the UI's page and script, which hold no
+data): reads need a user with a management tag (administrator, monitoring,
+management, policymaker), actions an ``administrator``. A cluster member
+reading another (``api.fetch_json``) signs its request with the cluster
+secret instead (``member_token``: name, time and path under HMAC-SHA256).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +33,9 @@ log = logging.getLogger("brokerha.admin")
 
 MAX_REQUEST = 64 * 1024
 READ_TIMEOUT = 5.0
+READ_TAGS = frozenset({"administrator", "monitoring", "management", "policymaker"})
+MEMBER_HEADER = "x-brokerha-member"
+MEMBER_TOKEN_AGE = 30.0  # seconds a member token's time may lag or lead ours
 
 
 @dataclass
@@ -52,6 +61,7 @@ class Response:
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: dict[str, str] | None = None
 
     @classmethod
     def json(cls, value: Any, status: int = 200) -> Response:
@@ -62,6 +72,37 @@ class HTTPError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def json_safe(value: Any) -> Any:
+    """JSON-safe: AMQP field values may be bytes, decimals, datetimes."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return str(value)
+
+
+def member_token(secret: bytes, member: str, method: str, path: str,
+                 now: float | None = None) -> str:
+    """The ``X-Brokerha-Member`` value a cluster member signs a request with."""
+    stamp = str(int(time.time() if now is None else now))
+    mac = hmac.new(secret, f"{member} {stamp} {method} {path}".encode(), hashlib.sha256)
+    return f"{member} {stamp} {mac.hexdigest()}"
+
+
+def member_token_valid(secret: bytes, value: str, method: str, path: str) -> bool:
+    try:
+        member, stamp, digest = value.split(" ")
+        age = abs(time.time() - int(stamp))
+    except ValueError:
+        return False
+    expected = member_token(secret, member, method, path, float(stamp)).split(" ")[2]
+    return age <= MEMBER_TOKEN_AGE and hmac.compare_digest(expected, digest)
 
 
 Handler = Callable[[Request], Awaitable[Response] | Response]
@@ -76,17 +117,21 @@ Wrapper = Callable[[Callable[[], asyncio.Protocol]], Callable[[], asyncio.Protoc
 
 
 class AdminServer:
-    def __init__(self, users: UserDatabase) -> None:
+    def __init__(self, users: UserDatabase | None, member_secret: bytes | None = None) -> None:
         self.users = users
-        self.routes: dict[tuple[str, str], tuple[Handler, bool]] = {}
+        self.member_secret = member_secret  # a cluster member's: its peers may read
+        self.routes: dict[tuple[str, str], tuple[Handler, str]] = {}
         # path prefix -> a router of its own, asked when no exact route matches
         # (None: not its path either); it does its own authentication
         self.fallbacks: list[tuple[str, Callable[[Request], Awaitable[Response | None]]]] = []
         self.servers: list[asyncio.base_events.Server] = []
 
-    def route(self, method: str, path: str, handler: Handler, *, admin: bool = False) -> None:
-        """Serve ``handler`` at ``path``; ``admin`` requires administrator credentials."""
-        self.routes[(method, path)] = (handler, admin)
+    def route(self, method: str, path: str, handler: Handler, *, admin: bool = False,
+              public: bool = False) -> None:
+        """Serve ``handler`` at ``path``: to a user with a management tag, to an
+        ``administrator`` only (``admin``), or to anyone (``public``: no data)."""
+        self.routes[(method, path)] = (handler, "public" if public else
+                                       "admin" if admin else "read")
 
     def fallback(self, prefix: str,
                  router: Callable[[Request], Awaitable[Response | None]]) -> None:
@@ -114,9 +159,11 @@ class AdminServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
+        page = False  # a page a browser shows (not /api/...): a 401 makes it ask for a login
         try:
             try:
                 request = await asyncio.wait_for(_read_request(reader, peer), READ_TIMEOUT)
+                page = not request.path.startswith("/api/")
                 response = await self._dispatch(request)
             except HTTPError as exc:
                 response = Response.json({"error": str(exc)}, exc.status)
@@ -125,8 +172,12 @@ class AdminServer:
             except Exception:  # a bug in a handler must not take the node down
                 log.exception("admin request failed")
                 response = Response.json({"error": "internal error (see the node's log)"}, 500)
+            extra = dict(response.headers or {})
+            if response.status == 401 and page:  # the browser asks (the status page)
+                extra.setdefault("WWW-Authenticate", 'Basic realm="brokerha"')
             head = (f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Error')}\r\n"
                     f"Content-Type: {response.content_type}\r\n"
+                    + "".join(f"{k}: {v}\r\n" for k, v in extra.items()) +
                     f"Content-Length: {len(response.body)}\r\n"
                     "Cache-Control: no-store\r\nConnection: close\r\n\r\n")
             writer.write(head.encode() + response.body)
@@ -146,19 +197,29 @@ class AdminServer:
                         return answer
             if any(path == request.path for _, path in self.routes):
                 raise HTTPError(405, f"{request.method} not allowed on {request.path}")
+            if request.path.startswith("/api/"):  # as RabbitMQ's management API answers
+                return Response.json({"error": "Object Not Found", "reason": "Not Found"}, 404)
             raise HTTPError(404, f"no such resource: {request.path}")
-        handler, admin = entry
-        if admin:
-            self._authorize(request)
+        handler, access = entry
+        if access != "public":
+            self._authorize(request, access == "admin")
         result = handler(request)
         if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
             result = await result
         return result
 
-    def _authorize(self, request: Request) -> None:
+    def _authorize(self, request: Request, admin: bool) -> None:
+        token = request.headers.get(MEMBER_HEADER)
+        if (token is not None and not admin and self.member_secret is not None
+                and member_token_valid(self.member_secret, token, request.method,
+                                       request.path)):
+            return
+        if self.users is None:  # a server without users (a TxLog master's): public routes only
+            raise HTTPError(401, "no users on this listener")
         auth = request.headers.get("authorization", "")
         if not auth.lower().startswith("basic "):
-            raise HTTPError(401, "credentials required (HTTP Basic, an administrator user)")
+            raise HTTPError(401, "credentials required (HTTP Basic: a user with a management "
+                            "tag; an administrator for actions)")
         try:
             name, _, password = base64.b64decode(auth[6:]).decode().partition(":")
         except ValueError as exc:
@@ -168,8 +229,11 @@ class AdminServer:
         except AuthenticationFailed as exc:
             log.warning("admin: refused %s from %s: %s", name, request.peer_host, exc)
             raise HTTPError(401, str(exc)) from exc
-        if "administrator" not in user.tags:
+        if admin and "administrator" not in user.tags:
             raise HTTPError(403, f"user '{name}' is not an administrator")
+        if not READ_TAGS.intersection(user.tags):
+            raise HTTPError(403, f"user '{name}' has no management tag (administrator, "
+                            "monitoring, management)")
 
 
 async def _read_request(reader: asyncio.StreamReader, peer: Any) -> Request:

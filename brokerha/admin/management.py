@@ -42,7 +42,7 @@ from urllib.parse import quote, unquote
 
 from pamqp import commands
 
-from brokerha.admin.http import HTTPError, Request, Response
+from brokerha.admin.http import HTTPError, Request, Response, json_safe
 from brokerha.broker.auth import AuthenticationFailed, User
 from brokerha.broker.content import build_header, decode_header
 from brokerha.broker.errors import BrokerError
@@ -71,11 +71,17 @@ class ManagementError(Exception):
         self.status, self.error, self.reason = status, error, reason
 
     def response(self) -> Response:
+        if not self.error:
+            return Response(self.status, b"")
         return Response.json({"error": self.error, "reason": self.reason}, self.status)
 
 
 def not_authorised(reason: str) -> ManagementError:
-    return ManagementError(401, "not_authorized", reason)
+    """RabbitMQ's 401 (spelt ``not_authorised``; a failed login says ``not_authorized``)."""
+    return ManagementError(401, "not_authorised", reason)
+
+
+ACCESS_REFUSED = "Access refused."  # RabbitMQ's reason for a vhost permission refused
 
 
 def not_found() -> ManagementError:
@@ -231,7 +237,7 @@ class ManagementAPI:
                     return handler, params
                 allowed = True
         if allowed:
-            raise ManagementError(405, "method_not_allowed", "Method Not Allowed")
+            raise ManagementError(405, "", "")
         return None
 
     async def handle(self, request: Request) -> Response | None:
@@ -265,16 +271,16 @@ class ManagementAPI:
     def _authenticate(self, request: Request) -> User:
         header = request.headers.get("authorization", "")
         if not header.lower().startswith("basic "):
-            raise not_authorised("Not_Authorized")
+            raise ManagementError(401, "", "")  # RabbitMQ: 401 without a body
         try:
             name, _, password = base64.b64decode(header[6:]).decode().partition(":")
         except (ValueError, binascii.Error):
-            raise not_authorised("Not_Authorized") from None
+            raise ManagementError(401, "", "") from None
         try:
             user = self.node.broker.users.authenticate(name, password, request.peer_host)
         except AuthenticationFailed as exc:
             log.warning("management API: refused %s from %s: %s", name, request.peer_host, exc)
-            raise not_authorised("Login failed") from None
+            raise ManagementError(401, "not_authorized", "Login failed") from None
         if not MANAGEMENT_TAGS.intersection(user.tags):
             raise not_authorised("Not management user")
         return user
@@ -342,7 +348,8 @@ class ManagementAPI:
         try:
             call.user.check(kind, vhost, resource, name)
         except BrokerError as exc:
-            raise not_authorised(str(exc)) from None
+            log.info("management API: %s", exc)
+            raise not_authorised(ACCESS_REFUSED) from None
 
     def _connections(self, call: Call) -> list[Any]:
         out = []
@@ -496,7 +503,7 @@ class ManagementAPI:
                 "channels": len(conn.channels), "state": "blocked" if conn.blocked_notified
                 else "running", "ssl": conn.tls is not None,
                 "connected_at": int((time.time() - (now - conn.created)) * 1000),
-                "client_properties": _plain(props),
+                "client_properties": json_safe(props),
             })
         return sorted(out, key=lambda c: c["name"])
 
@@ -610,8 +617,8 @@ class ManagementAPI:
         body = call.body()
         self._check(call, "write", vh.name, "exchange", name)
         exchange = vh.exchanges.get(name)
-        if exchange is None:
-            raise not_found()
+        if exchange is None:  # as RabbitMQ: its internal channel's error, as a 400
+            raise bad_request(f"404 NOT_FOUND - no exchange '{name}' in vhost '{vh.name}'")
         if exchange.internal:
             raise bad_request(f"cannot publish to internal exchange '{name}'")
         payload = body.get("payload", "")
@@ -675,7 +682,7 @@ class ManagementAPI:
             "name": q.name, "vhost": q.vhost, "type": "classic", "node": self._node_name(),
             "durable": q.durable, "auto_delete": q.auto_delete,
             "exclusive": q.exclusive_owner is not None,
-            "arguments": _plain(dict(q.arguments)), "state": "running", "policy": None,
+            "arguments": json_safe(dict(q.arguments)), "state": "running", "policy": None,
             "messages": ready + unacked, "messages_details": details(s, (*key, "messages")),
             "messages_ready": ready, "messages_ready_details": details(s, (*key, "ready")),
             "messages_unacknowledged": unacked,
@@ -856,7 +863,7 @@ class ManagementAPI:
                 if q.exclusive_owner is None:
                     queues.append({"name": q.name, "vhost": vh.name, "durable": q.durable,
                                    "auto_delete": q.auto_delete,
-                                   "arguments": _plain(dict(q.arguments))})
+                                   "arguments": json_safe(dict(q.arguments))})
             for ex in sorted(vh.exchanges.values(), key=lambda e: e.name):
                 if ex.name and not ex.name.startswith("amq."):
                     exchanges.append({k: v for k, v in _exchange_entry(ex).items()
@@ -946,7 +953,7 @@ def _exchange_name(name: str) -> str:
 def _exchange_entry(ex: Any) -> dict[str, Any]:
     return {"name": ex.name, "vhost": ex.vhost, "type": ex.type, "durable": ex.durable,
             "auto_delete": ex.auto_delete, "internal": ex.internal,
-            "arguments": _plain(dict(ex.arguments)), "user_who_performed_action": "",
+            "arguments": json_safe(dict(ex.arguments)), "user_who_performed_action": "",
             "policy": None}
 
 
@@ -963,7 +970,7 @@ def _props_key(routing_key: str, arguments: dict[str, Any]) -> str:
 def _binding_entry(vhost: str, source: str, kind: str, dest: str, key: str,
                    arguments: dict[str, Any]) -> dict[str, Any]:
     return {"source": source, "vhost": vhost, "destination": dest, "destination_type": kind,
-            "routing_key": key, "arguments": _plain(dict(arguments)),
+            "routing_key": key, "arguments": json_safe(dict(arguments)),
             "properties_key": _props_key(key, arguments)}
 
 
@@ -1018,7 +1025,7 @@ def _props_json(header: bytes) -> dict[str, Any]:
     for name in PROPERTY_NAMES:
         value = getattr(props, name, None)
         if value is not None:
-            out[name] = int(value.timestamp()) if name == "timestamp" else _plain(value)
+            out[name] = int(value.timestamp()) if name == "timestamp" else json_safe(value)
     return out
 
 
@@ -1032,6 +1039,7 @@ def _page(items: list[dict[str, Any]], request: Request) -> Any:
         size = max(1, min(500, int((q.get("page_size") or ["100"])[0])))
     except ValueError:
         raise bad_request("page and page_size: numbers") from None
+    total = len(items)
     name = (q.get("name") or [""])[0]
     if name:
         if (q.get("use_regex") or ["false"])[0] == "true":
@@ -1044,10 +1052,10 @@ def _page(items: list[dict[str, Any]], request: Request) -> Any:
             items = [i for i in items if pattern.search(i["name"])]
         else:
             items = [i for i in items if name in i["name"]]
-    total = len(items)
+    filtered = len(items)
     chunk = items[(page - 1) * size: page * size]
-    return {"filtered_count": total, "item_count": len(chunk), "items": chunk, "page": page,
-            "page_count": max(1, -(-total // size)), "page_size": size, "total_count": total}
+    return {"filtered_count": filtered, "item_count": len(chunk), "items": chunk, "page": page,
+            "page_count": -(-filtered // size), "page_size": size, "total_count": total}
 
 
 def _select(result: Any, request: Request) -> Any:
@@ -1082,25 +1090,14 @@ def _columns(item: dict[str, Any], columns: list[str]) -> dict[str, Any]:
     return out
 
 
-def _plain(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return str(value)
-
-
 def _amqp_error(exc: BrokerError) -> ManagementError:
     code = getattr(exc, "code", 0)
     text = str(exc)
     if code == 404:
         return not_found()
     if code == 403:
-        return not_authorised(text)
+        log.info("management API: %s", text)
+        return not_authorised(ACCESS_REFUSED)
     return bad_request(text)
 
 

@@ -370,5 +370,5 @@ class NodeMetrics:
 
 def install(node: Node) -> NodeMetrics:
     metrics = NodeMetrics(node)
-    node.admin.route("GET", "/metrics", metrics.handle)
+    node.admin.route("GET", "/metrics", metrics.handle, public=True)  # as rabbitmq_prometheus
     return metrics

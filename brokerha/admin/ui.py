@@ -44,6 +44,6 @@ def install(node: Node) -> None:
             return Response(200, cache[name], TYPES[suffix])
         return handler
 
-    node.admin.route("GET", "/", serve("index.html"))
+    node.admin.route("GET", "/", serve("index.html"), public=True)  # no data in them
     for name in FILES:
-        node.admin.route("GET", f"/static/{name}", serve(name))
+        node.admin.route("GET", f"/static/{name}", serve(name), public=True)

@@ -80,7 +80,8 @@ class Node:
         self._listening = asyncio.Lock()
         # [tls]: the amqps/HTTPS contexts; SIGHUP or POST /api/tls/reload reads the files again
         self.tls = NodeTLS(config.tls)
-        self.admin = AdminServer(self.broker.users)
+        self.admin = AdminServer(self.broker.users,
+                                 cluster.secret if cluster is not None else None)
         self.admin.route("GET", "/api/status", self._status_page)
         self.admin.route("GET", "/api/tls", lambda _request: Response.json(self.tls.status()))
         self.admin.route("POST", "/api/tls/reload", self._reload_tls, admin=True)

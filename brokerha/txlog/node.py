@@ -31,7 +31,7 @@ import logging
 import signal
 import ssl
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from brokerha.admin.http import AdminServer, HTTPError, Request, Response
 from brokerha.cluster.link import links_reload
@@ -62,7 +62,7 @@ class MasterAPI:
 
     def __init__(self, driver: TxLogDriver) -> None:
         self.driver = driver
-        self.server = AdminServer(cast(Any, None))  # no route needs credentials (loopback only)
+        self.server = AdminServer(None)  # no users: its routes are loopback-only and public
         for method, path, handler in (
             ("GET", "/api/status", self.status),
             ("GET", "/api/log", self.log),
@@ -72,7 +72,7 @@ class MasterAPI:
             ("POST", "/api/split-recovery", self.split_recovery),
             ("POST", "/api/export", self.export),
         ):
-            self.server.route(method, path, handler)
+            self.server.route(method, path, handler, public=True)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         return await self.server.start(host, port)

@@ -10,7 +10,6 @@ primary's publishers.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import threading
@@ -26,7 +25,7 @@ import pytest
 
 from brokerha.cluster.ports import ADMIN_OFFSET
 from brokerha.node.disk import free_bytes
-from brokerha.testing import LocalCluster, NodeProcess, free_port
+from brokerha.testing import LocalCluster, NodeProcess, free_port, get_json
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,8 +88,7 @@ def admin_url(port: int) -> str:
 
 
 def node_status(port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(admin_url(port) + "/api/status", timeout=2) as r:
-        return dict(json.load(r))
+    return dict(get_json(admin_url(port) + "/api/status", 2))
 
 
 def alarms(port: int) -> dict[str, str]:

@@ -36,7 +36,7 @@ import pika.exceptions
 import pytest
 
 from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET, TXLOG_OFFSET
-from brokerha.testing import ClusterView
+from brokerha.testing import ClusterView, get_json
 from brokerha.testing_containers import ENGINE_SCRIPT, REPO_DOCKER_DIR
 from tests.txlog.test_broker_txlog import peek_ids
 
@@ -72,8 +72,7 @@ class ComposeDC(ClusterView):
         return f"brokerha-{self.name}-{node}"
 
     def get(self, node: str, path: str) -> Any:
-        with urllib.request.urlopen(self.admin_url(node) + path, timeout=3) as resp:
-            return json.loads(resp.read())
+        return get_json(self.admin_url(node) + path, 3)
 
     def status(self, name: str) -> dict[str, Any] | None:
         try:

@@ -15,53 +15,22 @@ import shutil
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
 
-from brokerha.testing import LocalCluster, NodeProcess, free_base_port
+from brokerha.testing import LocalCluster, NodeProcess, get, get_json
 
 pytestmark = pytest.mark.timeout(120)
 
 RABBITMQADMIN = shutil.which("rabbitmqadmin")
-USERS = """
-[[vhosts]]
-name = "orders"
-
-[[users]]
-name = "watcher"
-password = "w-secret"
-tags = ["monitoring"]
-
-[[users]]
-name = "alice"
-password = "a-secret"
-tags = ["management"]
-
-[[users]]
-name = "app"
-password = "p-secret"
-
-[[permissions]]
-user = "alice"
-vhost = "orders"
-
-[[permissions]]
-user = "watcher"
-vhost = "/"
-"""
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    config = tmp_path_factory.mktemp("mgmt") / "node.toml"
-    config.write_text(USERS)
-    # the admin listener is at AMQP port + 10000: both must be free (and valid)
-    with NodeProcess("mgmt", port=free_base_port(1), extra_args=["--config", str(config)]) as n:
-        yield n
+@pytest.fixture()
+def node(managed_node: NodeProcess) -> NodeProcess:
+    return managed_node
 
 
 def api(node: NodeProcess, method: str, path: str, user: str | None = "guest",
@@ -146,14 +115,36 @@ def test_rabbitmqadmin_lists_connections_channels_nodes_and_the_overview(
     assert nodes[0]["name"] == "brokerha@mgmt" and nodes[0]["brokerha"]["role"] == "standalone"
 
 
+def test_brokerhas_own_routes_need_credentials_too_but_metrics(node: NodeProcess) -> None:
+    """As RabbitMQ: nothing but the Prometheus endpoint (and the UI's page, no data) is open."""
+    admin = f"http://127.0.0.1:{node.port + 10000}"
+    for path in ("/api/status", "/api/cluster", "/api/brokerha/queues", "/api/txlog",
+                 "/api/tls", "/status"):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(admin + path, timeout=5)
+        assert info.value.code == 401, path
+        # a user without a management tag is refused as well
+        with pytest.raises(urllib.error.HTTPError) as info:
+            get_json(admin + path, 5, user="app", password="p-secret")
+        assert info.value.code == 403, path
+        assert get(admin + path, 5, user="watcher", password="w-secret")
+    # a browser is asked for a login on the status page
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(admin + "/status", timeout=5)
+    assert info.value.headers["WWW-Authenticate"] == 'Basic realm="brokerha"'
+    with urllib.request.urlopen(admin + "/metrics", timeout=5) as r:
+        assert b"rabbitmq_identity_info" in r.read()
+    with urllib.request.urlopen(admin + "/", timeout=5) as r:
+        assert b"<title>brokerha</title>" in r.read()
+
+
 def test_credentials_are_required_and_tags_decide_as_in_rabbitmq(node: NodeProcess) -> None:
-    assert api(node, "GET", "overview", user=None) == (
-        401, {"error": "not_authorized", "reason": "Not_Authorized"})
+    assert api(node, "GET", "overview", user=None) == (401, None)  # RabbitMQ: no body
     assert api(node, "GET", "queues", password="wrong")[0] == 401
     assert api(node, "GET", "queues", user="app", password="p-secret") == (
-        401, {"error": "not_authorized", "reason": "Not management user"})
+        401, {"error": "not_authorised", "reason": "Not management user"})
     status, users = api(node, "GET", "users", user="watcher", password="w-secret")
-    assert (status, users) == (401, {"error": "not_authorized",
+    assert (status, users) == (401, {"error": "not_authorised",
                                      "reason": "Not administrator user"})
     assert api(node, "GET", "queues", user="watcher", password="w-secret")[0] == 200
     assert api(node, "GET", "whoami", user="watcher", password="w-secret") == (
@@ -210,9 +201,8 @@ def test_a_backup_answers_for_the_cluster_and_changes_reach_every_node() -> None
         roles = sorted(n["brokerha"]["role"] for n in nodes)
         assert status == 200 and roles == ["backup", "backup", "primary"]
         # replicated: the backup holds the queue itself (its own brokerha listing)
-        with urllib.request.urlopen(cluster.admin_url(backup) + "/api/brokerha/queues",
-                                    timeout=5) as r:
-            assert "via-backup" in {q["name"] for q in json.loads(r.read())["queues"]}
+        held = get_json(cluster.admin_url(backup) + "/api/brokerha/queues", 5)["queues"]
+        assert "via-backup" in {q["name"] for q in held}
 
 
 def test_metrics_carry_rabbitmq_prometheus_names_beside_brokerhas(node: NodeProcess) -> None:

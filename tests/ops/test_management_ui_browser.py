@@ -19,8 +19,8 @@ from typing import Any
 import pika
 import pytest
 
-from brokerha.testing import NodeProcess, free_base_port
-from tests.ops.test_management_api import USERS, api
+from brokerha.testing import NodeProcess
+from tests.ops.test_management_api import api
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -32,12 +32,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    config = tmp_path_factory.mktemp("ui") / "node.toml"
-    config.write_text(USERS)
-    with NodeProcess("ui", port=free_base_port(1), extra_args=["--config", str(config)]) as n:
-        yield n
+@pytest.fixture()
+def node(managed_node: NodeProcess) -> NodeProcess:
+    return managed_node
 
 
 @pytest.fixture()
@@ -144,7 +141,7 @@ def test_overview_shows_the_apis_numbers_charts_and_nodes(browser: Any, node: No
         assert css(browser, '[data-value="connections"]').text == str(
             overview["object_totals"]["connections"])
         assert len(all_css(browser, ".uplot canvas")) == 2  # queued messages, message rates
-        row = css(browser, '[data-node="brokerha@ui"] [data-role]')
+        row = css(browser, '[data-node="brokerha@mgmt"] [data-role]')
         assert row.text == "standalone"
         assert wait(browser, lambda: css(browser, "[data-txlog]").get_attribute("data-txlog")) \
             == "off"
@@ -241,4 +238,4 @@ def test_users_page_for_an_administrator_and_refused_to_monitoring(
     denied = wait(browser, lambda: css(browser, '[data-denied="users"]').text)
     assert "Not administrator user" in denied
     assert json.dumps(api(node, "GET", "users", "watcher", "w-secret")[1]) == json.dumps(
-        {"error": "not_authorized", "reason": "Not administrator user"})
+        {"error": "not_authorised", "reason": "Not administrator user"})

@@ -41,7 +41,9 @@ def test_status_page_renders_and_shows_a_failover(cluster: LocalCluster, tmp_pat
         if name != primary:
             cluster.wait_ready(name, 30)
     watcher = next(n for n in cluster.names if n != primary)
-    url = cluster.admin_url(watcher) + "/status"
+    # Basic credentials in the URL: every page but /metrics needs them (the browser keeps
+    # them for the page's own refreshes)
+    url = cluster.admin_url(watcher).replace("http://", "http://guest:guest@") + "/status"
     dom = browse(url, "--dump-dom")
     for name in cluster.names:
         assert f'data-node="{name}"' in dom

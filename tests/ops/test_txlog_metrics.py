@@ -8,7 +8,6 @@ synchronised length of both.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import urllib.request
@@ -19,7 +18,7 @@ import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from brokerha.testing import NodeProcess, free_port
+from brokerha.testing import NodeProcess, free_port, get, get_json
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -128,8 +127,7 @@ def test_agreement_latency_histogram_moves_with_global_transactions(
 def test_the_status_page_shows_each_masters_synchronised_position(dcs: dict[str, DC]) -> None:
     """The page's TxLog table: this DC's master and each sync peer, with its position and link."""
     def masters() -> dict[str, tuple[int, str]]:
-        with urllib.request.urlopen(dcs["dc1"].admin + "/status?part=body", timeout=5) as resp:
-            page = resp.read().decode()
+        page = get(dcs["dc1"].admin + "/status?part=body", 5).decode()
         table = page.split("<table id=txlog-masters>", 1)[1].split("</table>", 1)[0]
         rows = re.findall(r"<tr><td>(dc\d)[^<]*</td><td class=num>(\d+)</td><td>([^<]*)", table)
         return {name: (int(length), link) for name, length, link in rows}
@@ -138,13 +136,11 @@ def test_the_status_page_shows_each_masters_synchronised_position(dcs: dict[str,
         ch = conn.channel()
         ch.confirm_delivery()
         ch.basic_publish("", QUEUE, b"z", pika.BasicProperties(message_id="page-1"))
-    with urllib.request.urlopen(dcs["dc1"].admin + "/api/txlog", timeout=5) as resp:
-        length = json.loads(resp.read())["synchronised"]["length"]
+    length = get_json(dcs["dc1"].admin + "/api/txlog", 5)["synchronised"]["length"]
     # both rows reach dc1's own length: dc2's from its latest post
     wait_for(lambda: (seen := masters()).get("dc1", (0, ""))[0] >= length
              and seen.get("dc2", (0, ""))[0] >= length, what="both masters' positions")
     seen = masters()
     assert set(seen) == {"dc1", "dc2"} and seen["dc2"][1] == "up"
-    with urllib.request.urlopen(dcs["dc1"].admin + "/status?part=body", timeout=5) as resp:
-        page = resp.read().decode()
+    page = get(dcs["dc1"].admin + "/status?part=body", 5).decode()
     assert "master <b>dc1</b>" in page and "joined" in page

@@ -12,7 +12,6 @@ import signal
 import socket
 import ssl
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from urllib.parse import urlencode
@@ -23,7 +22,7 @@ import pika.exceptions
 import pytest
 
 from brokerha.certs import issue, load_ca
-from brokerha.testing import LocalCluster
+from brokerha.testing import LocalCluster, get_json
 from tests.failover.clients import (
     AioPikaConsumer,
     ConfirmedPublisher,
@@ -183,14 +182,12 @@ def test_amqps_clients_through_a_primary_failover(cluster: LocalCluster) -> None
     node.proc.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 5
     while True:
-        with urllib.request.urlopen(cluster.admin_url(new_primary) + "/api/tls", timeout=2) as r:
-            tls = json.loads(r.read())
+        tls = get_json(cluster.admin_url(new_primary) + "/api/tls", 2)
         if tls["reloads"] == 1 or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     assert tls["reloads"] == 1 and tls["links"] == ["[cluster.tls]"]
-    with urllib.request.urlopen(cluster.admin_url(new_primary) + "/api/status", timeout=2) as r:
-        members = json.loads(r.read())["members"]
+    members = get_json(cluster.admin_url(new_primary) + "/api/status", 2)["members"]
     assert [m["amqps_url"] for m in members] == [
         f"amqps://127.0.0.1:{amqps_port(cluster, n)}" for n in cluster.names]
     connect_any([cluster.amqps_url(new_primary)], time.monotonic() + 5).close()
@@ -237,9 +234,7 @@ def test_members_read_each_other_over_https_with_the_plain_admin_listener_off() 
         backup = next(n for n in cluster.names if n != primary)
         ctx = ssl.create_default_context(cafile=str(cluster.data_dir / "tls" / "ca.pem"))
         ctx.check_hostname = False
-        with urllib.request.urlopen(cluster.admin_url(backup) + "/api/cluster", timeout=5,
-                                    context=ctx) as r:
-            view = json.loads(r.read())
+        view = get_json(cluster.admin_url(backup) + "/api/cluster", 5, ctx)
         roles = {n["name"]: n["role"] for n in view["nodes"]}
         assert roles[primary] == "primary" and sorted(roles.values()) == [
             "backup", "backup", "primary"], view

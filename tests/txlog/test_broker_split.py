@@ -18,12 +18,10 @@ is the minority), and the split heals:
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from brokerha.testing import NodeProcess, free_port
+from brokerha.testing import NodeProcess, free_port, get_json
 from tests.netfaults import Partition
 from tests.txlog.test_broker_txlog import DC, peer_entries, publish_confirmed, wait_for
 
@@ -43,8 +41,7 @@ Q = "orders"
 
 
 def status(dc: DC) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{dc.admin}/api/txlog", timeout=5) as resp:
-        return json.loads(resp.read())
+    return dict(get_json(f"{dc.admin}/api/txlog", 5))
 
 
 @contextmanager

@@ -14,7 +14,6 @@ deployment would have them.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import pika.exceptions
 import pytest
 
 from brokerha.certs import issue, make_ca
-from brokerha.testing import NodeProcess, free_port
+from brokerha.testing import NodeProcess, free_port, get_json
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -62,8 +61,7 @@ class DC:
             return peek_ids(conn.channel(), queue)
 
     def txlog(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.admin}/api/txlog", timeout=5) as resp:
-            return json.loads(resp.read())
+        return dict(get_json(f"{self.admin}/api/txlog", 5))
 
 
 def peer_entries(urls: dict[str, str]) -> str:
@@ -415,8 +413,7 @@ def test_sighup_reloads_the_txlog_link_certificates(dcs: dict[str, DC]) -> None:
     proc.send_signal(signal.SIGHUP)
 
     def tls() -> dict[str, Any]:
-        with urllib.request.urlopen(f"{dcs['dc3'].admin}/api/tls", timeout=5) as resp:
-            return dict(json.loads(resp.read()))
+        return dict(get_json(f"{dcs['dc3'].admin}/api/tls", 5))
 
     status = wait_for(lambda: (lambda t: t if t["reloads"] == 1 else None)(tls()),
                       what="dc3 reloaded")
