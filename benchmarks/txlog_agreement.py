@@ -1,7 +1,7 @@
 """Agreement latency and ordering throughput: TxLog vs a fixed sequencer vs Skeen/TOA.
 
 Three DCs, 40 ms one way (80 ms RTT), the same simulated network
-(:class:`brokerha.txlog.network.Network`, seeded jitter) and the same Poisson
+(:class:`brokerha.txlog.simulation.network.Network`, seeded jitter) and the same Poisson
 arrivals for all three orderings, in one run.  Agreement latency is the time
 from a transaction's creation to the moment it is in the agreed order at
 *every* DC, in round trips.  "virtual tx/s" is what each ordering sustained at
@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from brokerha.txlog.network import Network
-from brokerha.txlog.simulation import SimParams, Simulation
+from brokerha.txlog.simulation.network import Network
+from brokerha.txlog.simulation.simulation import SimParams, Simulation
 
 DCS = ("dc1", "dc2", "dc3")
 ONE_WAY = 40

@@ -37,7 +37,7 @@ FLOOR_OF = {unit: depth for depth, units in enumerate(FLOORS) for unit in units}
 
 
 def unit_of(module: str) -> str:
-    """``brokerha.txlog.rounds`` -> ``txlog``; ``brokerha`` -> ``__init__``."""
+    """``brokerha.txlog.engine.rounds`` -> ``txlog``; ``brokerha`` -> ``__init__``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -87,11 +87,11 @@ def test_every_package_is_on_a_floor() -> None:
     assert units == set(FLOOR_OF)
 
 
-# Known, to be removed: the standalone TxLog master (txlog/node.py, txlog/ctl.py) serves
+# Known, to be removed: the standalone TxLog master (txlog/master/node.py, txlog/master/ctl.py) serves
 # and calls its HTTP API with admin's generic HTTP server and client (issue 19).
 KNOWN = {
-    "brokerha/txlog/ctl.py imports brokerha.admin.ctl",
-    "brokerha/txlog/node.py imports brokerha.admin.http",
+    "brokerha/txlog/master/ctl.py imports brokerha.admin.ctl",
+    "brokerha/txlog/master/node.py imports brokerha.admin.http",
 }
 
 
@@ -122,3 +122,37 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
         "brokerha/broker/queue.py:2 imports brokerha.primary.primary: primary is on a floor up "
         "from broker",
     ]
+
+
+# Inside txlog/, by role, top first: its command, the broker integration, the master process
+# and the simulation (beside each other), the sans-I/O round engine at the bottom.
+TXLOG_ROLES: list[set[str]] = [{"cli"}, {"bridge"}, {"master", "simulation"}, {"engine"}]
+TXLOG_ROLE_OF = {role: depth for depth, roles in enumerate(TXLOG_ROLES) for role in roles}
+
+
+def txlog_role_violations(root: Path = ROOT) -> list[str]:
+    found = []
+    for path in sorted((root / "txlog").rglob("*.py")):
+        rel = path.relative_to(root / "txlog")
+        source = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        if source == "__init__":
+            continue
+        for line, module in imports(path, root):
+            parts = module.split(".")
+            if parts[:2] != ["brokerha", "txlog"] or len(parts) < 3:
+                continue
+            target = parts[2]
+            if target == source:
+                continue
+            where = f"brokerha/txlog/{rel}:{line} imports {module}"
+            if source not in TXLOG_ROLE_OF or target not in TXLOG_ROLE_OF:
+                found.append(f"{where}: a txlog module outside the roles (add it to TXLOG_ROLES)")
+            elif TXLOG_ROLE_OF[target] <= TXLOG_ROLE_OF[source]:
+                found.append(f"{where}: {target} is not below {source}")
+    return found
+
+
+def test_txlog_is_arranged_by_role_and_imports_run_down() -> None:
+    roles = {p.name for p in (ROOT / "txlog").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert roles | {"cli"} == set(TXLOG_ROLE_OF)
+    assert txlog_role_violations() == []

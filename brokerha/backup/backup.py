@@ -23,7 +23,7 @@ back. Its queues keep no timers (``backup.timers``): TTL and ``x-expires``
 act through the primary's dequeue and delete events.
 
 The TxLog's ``l*`` events go to ``txlog`` (the node's ``TxLogReplica``,
-``brokerha/txlog/replica.py``), which writes them into this node's TxLog
+``brokerha/txlog/bridge/replica.py``), which writes them into this node's TxLog
 journal; the node acknowledges only once that journal is synced too.
 
 Transactions: the ``t*`` events go to the TransactionReplicator
@@ -87,7 +87,7 @@ class Backup:
         self.config = BrokerReplicator(broker, self._queue_gone)
         self._queues: dict[tuple[str, str], QueueReplicator] = {}
         self.transactions = TransactionReplicator(broker, self._replicator, me, epoch)
-        # the TxLog's ``l*`` events (brokerha/txlog/replica.py: ``apply(event)``), if any
+        # the TxLog's ``l*`` events (brokerha/txlog/bridge/replica.py: ``apply(event)``), if any
         self.txlog = txlog
         hold_all_timers(broker)
 

@@ -207,7 +207,7 @@ class Queue:
         self.deleted = False
         self.on_unused: Callable[[Queue], None] | None = None  # auto-delete hook
         self._dispatching = False
-        # a global queue (set by the TxLog bridge, brokerha/txlog/broker_bridge.py): its
+        # a global queue (set by the TxLog bridge, brokerha/txlog/bridge/broker_bridge.py): its
         # enqueues and dequeues are ordered across datacenters, not applied at commit
         self.is_global = False
         self._withdrawn: set[int] = set()  # acquired entries already dequeued elsewhere

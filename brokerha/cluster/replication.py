@@ -36,7 +36,7 @@ kind     fields after the kind                                           meaning
 ``lp``   bytes (the runtime sync peers' JSON) or None (the config's)     TxLog peers
 =======  ==============================================================  ==========
 
-The TxLog (``brokerha/txlog/replica.py``, docs/txlog.md "Global queues in an
+The TxLog (``brokerha/txlog/bridge/replica.py``, docs/txlog.md "Global queues in an
 HA datacenter"): ``lr`` is one record of the master's journal (one engine
 call's ``Persist`` changes, the journal's own bytes); ``ls`` the master's whole
 durable state at a journal seq, cut in parts (a catch-up, and the master's
@@ -109,8 +109,8 @@ OP_REF = "r"  # a tc op: enqueue of a message the tx-queue carried
 TXLOG_RECORD = "lr"
 TXLOG_SNAPSHOT = "ls"
 TXLOG_APPLIED = "la"
-TXLOG_BROKER_BACKUP = "lb"  # the global queues backed up at a split (txlog/broker_state.py)
-TXLOG_PEERS = "lp"  # the sync peers changed at runtime (txlog/driver.py PEERS_FILE)
+TXLOG_BROKER_BACKUP = "lb"  # the global queues backed up at a split (txlog/bridge/broker_state.py)
+TXLOG_PEERS = "lp"  # the sync peers changed at runtime (txlog/master/driver.py PEERS_FILE)
 TXLOG_EVENTS = frozenset([TXLOG_RECORD, TXLOG_SNAPSHOT, TXLOG_APPLIED, TXLOG_BROKER_BACKUP,
                           TXLOG_PEERS])
 

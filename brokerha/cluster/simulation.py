@@ -780,7 +780,8 @@ def simulate(args: argparse.Namespace) -> int:
     unserved = sum(r.unserved for r in results) / max(1, len(results))
     print(f"seeds {len(results)}, violations {len(failing)}, failovers {failovers}, "
           f"confirmed {sum(r.confirmed for r in results)}, unserved {unserved:.1f}s/seed, "
-          f"elapsed {elapsed:.1f}s")
+          f"elapsed {elapsed:.1f}s ({len(results) / max(elapsed, 1e-9):.0f} seeds/s over "
+          f"{args.jobs} processes)")
     return 1 if failing else 0
 
 

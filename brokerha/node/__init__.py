@@ -146,8 +146,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
     if args.log_level:
         cfg.log_level = args.log_level
     if cfg.txlog_table is not None:  # after --data: the TxLog journal lives in the data dir
-        from brokerha.txlog.config import ConfigError as TxLogConfigError
-        from brokerha.txlog.settings import from_node_table
+        from brokerha.txlog.engine.config import ConfigError as TxLogConfigError
+        from brokerha.txlog.master.settings import from_node_table
 
         try:
             member = None if cluster is None else cluster.member(cfg.name)

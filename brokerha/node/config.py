@@ -118,7 +118,7 @@ class NodeConfig:
     # node/cluster_config.py validates it (None: a standalone node)
     cluster_table: dict[str, Any] | None = None
     config_dir: Path = Path(".")
-    # the raw [txlog] table (brokerha/txlog/settings.py's from_node_table validates it
+    # the raw [txlog] table (brokerha/txlog/master/settings.py's from_node_table validates it
     # once the data directory is final) and its parsed form (a NodeTxLog, or None)
     txlog_table: dict[str, Any] | None = None
     txlog: Any = None

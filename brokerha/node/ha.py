@@ -283,11 +283,11 @@ class HANode:
 
     @property
     def _txlog(self) -> Any:
-        """The node's TxLog bridge (``txlog/broker_bridge.py``), with ``[txlog]``."""
+        """The node's TxLog bridge (``txlog/bridge/broker_bridge.py``), with ``[txlog]``."""
         return getattr(self.node, "txlog", None)
 
     def _txlog_replica(self) -> Any:
-        """This node's copy of the DC's TxLog master (``txlog/replica.py``), with ``[txlog]``."""
+        """This node's copy of the DC's TxLog master (``txlog/bridge/replica.py``), with ``[txlog]``."""
         return self._txlog.replica if self._txlog is not None else None
 
     def joined(self, primary: str, epoch: int) -> None:

@@ -90,11 +90,11 @@ class Node:
         # the HA layer (node/ha.py's HANode) attaches itself here for a cluster member;
         # the node only calls start/stop/add_status on it
         self.ha: Any = None
-        # with [txlog]: the TxLog master and global queues (brokerha/txlog/broker_bridge.py),
+        # with [txlog]: the TxLog master and global queues (brokerha/txlog/bridge/broker_bridge.py),
         # running exactly while this node serves clients (see serve_clients)
         self.txlog: Any = None
         if config.txlog is not None:
-            from brokerha.txlog.broker_bridge import TxLogBridge
+            from brokerha.txlog.bridge.broker_bridge import TxLogBridge
 
             self.txlog = TxLogBridge(self.broker, config.txlog)
             link_tls = config.txlog.settings.tls

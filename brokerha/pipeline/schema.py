@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from brokerha.txlog.export_schema import (  # the export contract, re-exported here
+from brokerha.txlog.master.export_schema import (  # the export contract, re-exported here
     EVENTS,
     INCOMING,
     OPERATIONS,

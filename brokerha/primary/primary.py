@@ -86,7 +86,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         self.tx_prepare_timeout = tx_prepare_timeout
         self.tx_queues: dict[str, TxQueue] = {}  # unfinished transactions, by txid
         self._capture: tuple[TxQueue, list[Event]] | None = None  # a local commit running
-        # other layers' state in a join's catch-up (the TxLog's, brokerha/txlog/replica.py):
+        # other layers' state in a join's catch-up (the TxLog's, brokerha/txlog/bridge/replica.py):
         # each returns events that bring a backup to their state at this seq
         self.catch_up_providers: list[Callable[[], list[Event]]] = []
         self.closed = False

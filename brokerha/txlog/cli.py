@@ -1,8 +1,8 @@
 """``brokerha txlog …``: the deterministic simulation, a master process, and its ctl.
 
 ``brokerha txlog node --config FILE`` runs one TxLog master in the foreground
-(:mod:`brokerha.txlog.node`); ``brokerha txlog ctl --node URL …`` acts on a
-running one (:mod:`brokerha.txlog.ctl`).
+(:mod:`brokerha.txlog.master.node`); ``brokerha txlog ctl --node URL …`` acts on a
+running one (:mod:`brokerha.txlog.master.ctl`).
 
 ``brokerha txlog simulate --seeds N`` prints exactly one summary line
 ``seeds: N, violations: V`` (then, if V > 0, the first failing seed and its
@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
+import time
 from pathlib import Path
 
-from brokerha.txlog.config import ConfigError, SplitRecovery
-from brokerha.txlog.export import export, source_for
-from brokerha.txlog.faults import PROFILES, run_seed
-from brokerha.txlog.rules import RULE_NAMES, Rules
-from brokerha.txlog.search import params_for
-from brokerha.txlog.simulation import SimResult, Simulation
+from brokerha.txlog.engine.config import ConfigError, SplitRecovery
+from brokerha.txlog.engine.rules import RULE_NAMES, Rules
+from brokerha.txlog.master.export import export, source_for
+from brokerha.txlog.simulation.faults import PROFILES, run_seed
+from brokerha.txlog.simulation.search import params_for, run_parallel
+from brokerha.txlog.simulation.simulation import SimResult, Simulation
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +32,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     sim = sub.add_parser("simulate", help="run the deterministic TxLog simulation over many seeds")
     sim.add_argument("--seeds", type=int, required=True, help="number of seeds to run")
     sim.add_argument("--start-seed", type=int, default=0, help="first seed (default 0)")
+    sim.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                     help="processes to spread the seeds over (default: every core)")
     sim.add_argument("--masters", type=int, choices=(3, 4, 5), help="masters per seed (default: 3-5 by seed)")
     sim.add_argument("--export", type=Path, metavar="DIR", help="write the last seed's Parquet exports here")
     sim.add_argument(
@@ -48,7 +52,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     node.add_argument("--config", type=Path, required=True, metavar="FILE", help="TOML file")
     node.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     node.set_defaults(handler=run_node)
-    from brokerha.txlog import ctl
+    from brokerha.txlog.master import ctl
 
     ctl.register(sub)
 
@@ -57,7 +61,7 @@ def run_node(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from brokerha.txlog import node, settings
+    from brokerha.txlog.master import node, settings
 
     try:
         master = settings.load(args.config)
@@ -94,21 +98,31 @@ def force_split(sim: Simulation) -> None:
 
 def simulate(args: argparse.Namespace) -> int:
     rules = Rules.without(args.unsafe)
-    violations: list[SimResult] = []
-    last: SimResult | None = None
     seeds = range(args.start_seed, args.start_seed + args.seeds)
-    for seed in seeds:
-        setup = force_split if args.export and seed == seeds[-1] else None
-        last = run_seed(seed, params_for(seed, args.masters, args.strategy), rules, args.profile, setup)
+    started = time.monotonic()
+    # every seed over the cores; the exported one (the last, with a forced split) here
+    spread = seeds[:-1] if args.export else seeds
+    outcomes = run_parallel(spread, jobs=args.jobs, rules=rules, masters=args.masters,
+                            strategy=args.strategy, profile=args.profile)
+    failing = [o.seed for o in outcomes if o.violation]
+    last: SimResult | None = None
+    if args.export:
+        last = run_seed(seeds[-1], params_for(seeds[-1], args.masters, args.strategy), rules,
+                        args.profile, force_split)
         if last.violation:
-            violations.append(last)
-    print(f"seeds: {args.seeds}, violations: {len(violations)}")
-    if violations:
-        first = violations[0]
+            failing.append(last.seed)
+    elapsed = time.monotonic() - started
+    print(f"seeds: {args.seeds}, violations: {len(failing)}, {elapsed:.1f}s "
+          f"({args.seeds / max(elapsed, 1e-9):.0f} seeds/s over {args.jobs} processes)")
+    if failing:  # its trace, from a run here (the workers return outcomes only)
+        seed = failing[0]
+        first = run_seed(seed, params_for(seed, args.masters, args.strategy), rules,
+                         args.profile, force_split if last is not None and seed == last.seed
+                         else None)
         print(f"first failing seed: {first.seed} ({first.violation})")
         print("\n".join(first.trace[-60:]))
     if args.export and last is not None:
         for name, master in last.masters.items():
             source = source_for(master.durable, master.engine, master.events, name)
             export(source, args.export, exported_ms=last.ended_ms + master.offset_ms)
-    return 1 if violations else 0
+    return 1 if failing else 0

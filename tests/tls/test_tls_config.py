@@ -51,8 +51,8 @@ def test_amqps_flags_that_contradict_the_entry_are_refused(tmp_path: Path) -> No
 def test_link_tls_files_that_do_not_load_are_refused_at_start_naming_them(
         tmp_path: Path, certs: object) -> None:
     from brokerha.node.cluster_config import parse_cluster
-    from brokerha.txlog.config import ConfigError as TxLogConfigError
-    from brokerha.txlog.settings import from_properties
+    from brokerha.txlog.engine.config import ConfigError as TxLogConfigError
+    from brokerha.txlog.master.settings import from_properties
 
     d = certs.dir  # type: ignore[attr-defined]
     table = {"name": "dc1", "secret": SECRET, "nodes": [{"name": "n1", "amqp": "127.0.0.1:1"}],

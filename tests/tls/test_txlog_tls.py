@@ -84,8 +84,8 @@ def test_txlog_links_with_tls_refuse_another_ca_and_a_wrong_name(tmp_path: Path)
 
 
 def test_txlog_tls_keys_are_checked(tmp_path: Path) -> None:
-    from brokerha.txlog.config import ConfigError
-    from brokerha.txlog.settings import from_properties
+    from brokerha.txlog.engine.config import ConfigError
+    from brokerha.txlog.master.settings import from_properties
 
     base = {"node-id": "dc1", "master-url": "txlog://127.0.0.1:1", "group": "g",
             "secret": "s", "data-dir": "data", "peer.1.id": "dc2",

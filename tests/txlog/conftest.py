@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from brokerha.txlog.config import Peer, SplitRecovery, TxLogConfig
-from brokerha.txlog.messages import Action, Message, Send
-from brokerha.txlog.records import Operation
-from brokerha.txlog.rounds import RoundEngine
-from brokerha.txlog.rules import Rules
+from brokerha.txlog.engine.config import Peer, SplitRecovery, TxLogConfig
+from brokerha.txlog.engine.messages import Action, Message, Send
+from brokerha.txlog.engine.records import Operation
+from brokerha.txlog.engine.rounds import RoundEngine
+from brokerha.txlog.engine.rules import Rules
 
 
 def make_config(me: str, ids: list[str], **kw: object) -> TxLogConfig:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerha.testing import free_port
-from brokerha.txlog.ctl import call
+from brokerha.txlog.master.ctl import call
 from tests.netfaults import Partition
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,11 +21,11 @@ from brokerha.broker.errors import PreconditionFailed
 from brokerha.broker.message import Message
 from brokerha.broker.transaction import TransactionAborted
 from brokerha.testing import free_port
-from brokerha.txlog.broker_bridge import TxLogBridge, pack_message, queue_key, unpack_message
-from brokerha.txlog.config import ConfigError
-from brokerha.txlog.driver import TxLogDriver
-from brokerha.txlog.records import Operation
-from brokerha.txlog.settings import from_node_table
+from brokerha.txlog.bridge.broker_bridge import TxLogBridge, pack_message, queue_key, unpack_message
+from brokerha.txlog.engine.config import ConfigError
+from brokerha.txlog.engine.records import Operation
+from brokerha.txlog.master.driver import TxLogDriver
+from brokerha.txlog.master.settings import from_node_table
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -286,7 +286,7 @@ async def test_a_global_queue_that_would_drop_messages_locally_is_refused(tmp_pa
 @in_loop
 async def test_a_joining_backups_catch_up_carries_a_splits_broker_backup(tmp_path: Path) -> None:
     from brokerha.cluster import replication as R
-    from brokerha.txlog.broker_state import BrokerBackup, write_backup_file
+    from brokerha.txlog.bridge.broker_state import BrokerBackup, write_backup_file
 
     broker, bridge = await started(tmp_path)
     events = bridge.catch_up_events()  # no split: no backup to pass on

@@ -1,4 +1,4 @@
-"""Split recovery of a broker node's global queues (brokerha/txlog/broker_state.py), in process.
+"""Split recovery of a broker node's global queues (brokerha/txlog/bridge/broker_state.py), in process.
 
 The queues are a real broker's; the "ordered transactions" are applied by
 hand the way the bridge applies them (undo record first, then the queue
@@ -16,9 +16,9 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.content import build_header, read_message_id
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.queue import Queue
-from brokerha.txlog.broker_bridge import pack_message, unpack_message
-from brokerha.txlog.broker_state import BrokerBackup, SplitBackups
-from brokerha.txlog.records import Operation, TxBody
+from brokerha.txlog.bridge.broker_bridge import pack_message, unpack_message
+from brokerha.txlog.bridge.broker_state import BrokerBackup, SplitBackups
+from brokerha.txlog.engine.records import Operation, TxBody
 
 KEY = "%2F/orders"
 

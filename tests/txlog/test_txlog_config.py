@@ -1,9 +1,9 @@
 import pytest
 
-from brokerha.txlog.config import ConfigError, Peer, SplitRecovery, TxLogConfig
-from brokerha.txlog.messages import Post, Refused
-from brokerha.txlog.queues import GENESIS
-from brokerha.txlog.rounds import RoundEngine
+from brokerha.txlog.engine.config import ConfigError, Peer, SplitRecovery, TxLogConfig
+from brokerha.txlog.engine.messages import Post, Refused
+from brokerha.txlog.engine.queues import GENESIS
+from brokerha.txlog.engine.rounds import RoundEngine
 
 PROPS = {
     "node-id": "dc1",

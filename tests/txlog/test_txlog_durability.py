@@ -1,9 +1,9 @@
 """Retention, delayed execution and what survives a restart, at engine level."""
 
-from brokerha.txlog.config import SplitRecovery
-from brokerha.txlog.messages import CatchUp, DeliverOrdered, Persist, Post, Vote
-from brokerha.txlog.records import Operation, TxBody, TxRecord
-from brokerha.txlog.rounds import RoundEngine
+from brokerha.txlog.engine.config import SplitRecovery
+from brokerha.txlog.engine.messages import CatchUp, DeliverOrdered, Persist, Post, Vote
+from brokerha.txlog.engine.records import Operation, TxBody, TxRecord
+from brokerha.txlog.engine.rounds import RoundEngine
 
 
 def test_retention_prunes_what_every_master_holds_and_keeps_agreeing(mesh_factory) -> None:

@@ -7,11 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from brokerha.txlog.cli import force_split
-from brokerha.txlog.export import ExportEvent, ExportSource, export, source_for
-from brokerha.txlog.faults import run_seed
-from brokerha.txlog.queues import SyncEntry
-from brokerha.txlog.records import Operation, TxBody, TxRecord
-from brokerha.txlog.simulation import SimParams
+from brokerha.txlog.engine.queues import SyncEntry
+from brokerha.txlog.engine.records import Operation, TxBody, TxRecord
+from brokerha.txlog.master.export import ExportEvent, ExportSource, export, source_for
+from brokerha.txlog.simulation.faults import run_seed
+from brokerha.txlog.simulation.simulation import SimParams
 
 CONTRACT = {
     "synchronised.parquet": [

@@ -1,11 +1,11 @@
-from brokerha.txlog.queues import (
+from brokerha.txlog.engine.queues import (
     GENESIS,
     IncomingQueue,
     SyncEntry,
     SynchronisedQueue,
     agreed_prefix,
 )
-from brokerha.txlog.records import TxRecord
+from brokerha.txlog.engine.records import TxRecord
 
 
 def rec(tx_id: str, ts: int, origin: str = "dc1") -> TxRecord:

@@ -20,15 +20,15 @@ import pytest
 from brokerha.broker.broker import Broker
 from brokerha.broker.message import Entry
 from brokerha.broker.storage import MemoryStore
-from brokerha.txlog.broker_bridge import APPLIED_KEY, TxLogBridge
-from brokerha.txlog.driver import TxLogDriver
+from brokerha.txlog.bridge.broker_bridge import APPLIED_KEY, TxLogBridge
+from brokerha.txlog.master.driver import TxLogDriver
 from tests.txlog.test_broker_bridge import in_loop, message, table, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def bridge_on(broker: Broker, tmp_path: Path, data: Path) -> TxLogBridge:
-    from brokerha.txlog.settings import from_node_table
+    from brokerha.txlog.master.settings import from_node_table
 
     config = from_node_table({**table(), "data-dir": str(data)}, "test", tmp_path, tmp_path)
     return TxLogBridge(broker, config, commit_timeout=5.0,

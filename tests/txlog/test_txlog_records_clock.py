@@ -1,5 +1,5 @@
-from brokerha.txlog.clock import HybridCounter
-from brokerha.txlog.records import Operation, TxBody, TxIdGenerator, TxRecord
+from brokerha.txlog.engine.clock import HybridCounter
+from brokerha.txlog.engine.records import Operation, TxBody, TxIdGenerator, TxRecord
 
 
 def test_tx_ids_are_strictly_increasing_even_when_the_clock_steps_back() -> None:

@@ -1,13 +1,13 @@
 import pytest
 
 from brokerha.txlog.cli import force_split
-from brokerha.txlog.config import SplitRecovery
-from brokerha.txlog.faults import run_seed
-from brokerha.txlog.messages import Ballot
-from brokerha.txlog.queues import GENESIS
-from brokerha.txlog.records import TxRecord
-from brokerha.txlog.recovery import choose_winner, plan
-from brokerha.txlog.simulation import SimParams
+from brokerha.txlog.engine.config import SplitRecovery
+from brokerha.txlog.engine.messages import Ballot
+from brokerha.txlog.engine.queues import GENESIS
+from brokerha.txlog.engine.records import TxRecord
+from brokerha.txlog.engine.recovery import choose_winner, plan
+from brokerha.txlog.simulation.faults import run_seed
+from brokerha.txlog.simulation.simulation import SimParams
 
 
 def ballot(master: str, *ids: str) -> Ballot:

@@ -1,4 +1,4 @@
-"""The TxLog master's journal replicated to its HA datacenter's backups (txlog/replica.py).
+"""The TxLog master's journal replicated to its HA datacenter's backups (txlog/bridge/replica.py).
 
 In process: an HA ``Primary`` and its ``Backup``s joined by the test harness's
 pump (every packet through msgpack, tests/ha/harness.py), a real
@@ -19,13 +19,13 @@ import pytest
 
 from brokerha.backup.backup import Backup
 from brokerha.testing import free_port
-from brokerha.txlog.driver import TxLogDriver
-from brokerha.txlog.journal import JOURNAL, Journal
-from brokerha.txlog.messages import Persist
-from brokerha.txlog.records import Operation
-from brokerha.txlog.replica import PrimaryJournal, TxLogReplica, snapshot_events
-from brokerha.txlog.settings import MasterSettings, flatten, from_properties
-from brokerha.txlog.state import DurableState
+from brokerha.txlog.bridge.replica import PrimaryJournal, TxLogReplica, snapshot_events
+from brokerha.txlog.engine.messages import Persist
+from brokerha.txlog.engine.records import Operation
+from brokerha.txlog.engine.state import DurableState
+from brokerha.txlog.master.driver import TxLogDriver
+from brokerha.txlog.master.journal import JOURNAL, Journal
+from brokerha.txlog.master.settings import MasterSettings, flatten, from_properties
 from tests.ha.harness import Cluster
 from tests.txlog.test_broker_bridge import in_loop
 
@@ -264,7 +264,7 @@ def test_a_splits_broker_backup_reaches_the_backups_and_a_joiners_catch_up(
     for a restore (before, only the primary that took it had the file).
     """
     from brokerha.cluster import replication as R
-    from brokerha.txlog.broker_state import BACKUP_FILE, BrokerBackup, write_backup_file
+    from brokerha.txlog.bridge.broker_state import BACKUP_FILE, BrokerBackup, write_backup_file
 
     backup = BrokerBackup(7, {"%2F/global.q": [("dc1.a", b"m-a"), ("dc2.b", b"m-b")]})
     data = backup.encode()
@@ -304,8 +304,8 @@ async def test_a_masters_sends_wait_for_its_journal_fsync_off_the_loop(tmp_path:
     """
     import threading
 
-    import brokerha.txlog.driver as driver_module
-    from brokerha.txlog.messages import Send
+    import brokerha.txlog.master.driver as driver_module
+    from brokerha.txlog.engine.messages import Send
 
     gate, done = threading.Event(), threading.Event()
 

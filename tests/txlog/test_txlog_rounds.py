@@ -1,7 +1,7 @@
 """Round engine scenarios, driven by hand through the Mesh of conftest.py."""
 
-from brokerha.txlog.config import SplitRecovery
-from brokerha.txlog.messages import (
+from brokerha.txlog.engine.config import SplitRecovery
+from brokerha.txlog.engine.messages import (
     Backup,
     Bodies,
     CatchUp,
@@ -11,10 +11,10 @@ from brokerha.txlog.messages import (
     Post,
     Send,
 )
-from brokerha.txlog.queues import SyncEntry
-from brokerha.txlog.records import TxRecord
-from brokerha.txlog.rules import Rules
-from brokerha.txlog.state import DurableState
+from brokerha.txlog.engine.queues import SyncEntry
+from brokerha.txlog.engine.records import TxRecord
+from brokerha.txlog.engine.rules import Rules
+from brokerha.txlog.engine.state import DurableState
 
 
 def test_three_masters_agree_on_one_order(mesh_factory) -> None:

@@ -27,16 +27,16 @@ from brokerha.cluster import replication as R
 from brokerha.cluster.replication import ReplicationError
 from brokerha.primary.events import event_size
 from brokerha.testing import NodeProcess, free_port
-from brokerha.txlog.config import ConfigError, Peer, SplitRecovery
-from brokerha.txlog.driver import (
+from brokerha.txlog.bridge.replica import TxLogReplica
+from brokerha.txlog.engine.config import ConfigError, Peer, SplitRecovery
+from brokerha.txlog.master.driver import (
     PEERS_FILE,
     TxLogDriver,
     decode_peers,
     encode_peers,
     read_peers_file,
 )
-from brokerha.txlog.journal import decode_record
-from brokerha.txlog.replica import TxLogReplica
+from brokerha.txlog.master.journal import decode_record
 from tests.txlog.test_broker_bridge import in_loop, started
 from tests.txlog.test_broker_txlog import (
     DC,
@@ -172,7 +172,7 @@ async def test_a_crash_before_the_peers_file_is_written_keeps_the_journals_peers
 @in_loop
 async def test_the_peers_file_is_written_only_once_the_journal_record_is_on_disk(
         tmp_path: Path) -> None:
-    from brokerha.txlog import driver as driver_module
+    from brokerha.txlog.master import driver as driver_module
 
     driver = TxLogDriver(settings("dc1", tmp_path, {"dc2": 1}), fsync=True)
     await driver.start()
@@ -199,7 +199,7 @@ async def test_the_peers_file_is_written_only_once_the_journal_record_is_on_disk
 async def test_a_peer_change_whose_journal_record_never_syncs_answers_503(tmp_path: Path) -> None:
     """The answer waits for the record's fsync; a stalled journal is a 503, never a silent yes."""
     from brokerha.admin.api import _change
-    from brokerha.txlog.node import MasterAPI
+    from brokerha.txlog.master.node import MasterAPI
 
     driver = TxLogDriver(settings("dc1", tmp_path, {"dc2": 1}), fsync=True)
     await driver.links.start()

@@ -2,8 +2,8 @@
 
 import pytest
 
-from brokerha.txlog.rules import Rules
-from brokerha.txlog.scenarios import (
+from brokerha.txlog.engine.rules import Rules
+from brokerha.txlog.simulation.scenarios import (
     clock_step_back,
     kept_both_sides,
     no_fault_divergence,

@@ -4,13 +4,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brokerha.txlog.config import SplitRecovery
-from brokerha.txlog.faults import run_seed
-from brokerha.txlog.queues import SyncEntry
-from brokerha.txlog.records import TxRecord
-from brokerha.txlog.rules import Rules
-from brokerha.txlog.search import params_for, run_parallel, run_range
-from brokerha.txlog.simulation import SimParams, Simulation, Violation
+from brokerha.txlog.engine.config import SplitRecovery
+from brokerha.txlog.engine.queues import SyncEntry
+from brokerha.txlog.engine.records import TxRecord
+from brokerha.txlog.engine.rules import Rules
+from brokerha.txlog.simulation.faults import run_seed
+from brokerha.txlog.simulation.search import params_for, run_parallel, run_range
+from brokerha.txlog.simulation.simulation import SimParams, Simulation, Violation
 
 CI_SEEDS = 1_000
 

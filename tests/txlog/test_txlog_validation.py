@@ -1,6 +1,6 @@
-from brokerha.txlog.messages import Confirm, DeliverOrdered
-from brokerha.txlog.records import Operation, TxBody
-from brokerha.txlog.validation import COMMITTED, FAILED, GlobalQueues, confirmable_on_acquire
+from brokerha.txlog.engine.messages import Confirm, DeliverOrdered
+from brokerha.txlog.engine.records import Operation, TxBody
+from brokerha.txlog.engine.validation import COMMITTED, FAILED, GlobalQueues, confirmable_on_acquire
 
 ENQ = Operation("enqueue", "/orders", "m1")
 DEQ = Operation("dequeue", "/orders", "m1")

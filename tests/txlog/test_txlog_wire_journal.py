@@ -9,15 +9,15 @@ import msgpack
 import pytest
 
 from brokerha.cluster.messages import REGISTRY
-from brokerha.txlog.config import ConfigError, SplitRecovery
-from brokerha.txlog.driver import TxLogDriver
-from brokerha.txlog.journal import JOURNAL, Journal
-from brokerha.txlog.messages import Ballot, Bodies, CatchUp, FetchBodies, Persist, Post, Vote
-from brokerha.txlog.queues import GENESIS, MergeBase
-from brokerha.txlog.records import Operation, TxBody, TxRecord
-from brokerha.txlog.rounds import RoundEngine
-from brokerha.txlog.settings import flatten, from_properties
-from brokerha.txlog.wire import TxLogPacket, WireError, decode, encode
+from brokerha.txlog.engine.config import ConfigError, SplitRecovery
+from brokerha.txlog.engine.messages import Ballot, Bodies, CatchUp, FetchBodies, Persist, Post, Vote
+from brokerha.txlog.engine.queues import GENESIS, MergeBase
+from brokerha.txlog.engine.records import Operation, TxBody, TxRecord
+from brokerha.txlog.engine.rounds import RoundEngine
+from brokerha.txlog.master.driver import TxLogDriver
+from brokerha.txlog.master.journal import JOURNAL, Journal
+from brokerha.txlog.master.settings import flatten, from_properties
+from brokerha.txlog.master.wire import TxLogPacket, WireError, decode, encode
 from tests.txlog.conftest import make_config
 
 REC = TxRecord("0001.dc1", 17, "dc1", 1_700_000_000_000, None)

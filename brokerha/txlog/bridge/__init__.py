@@ -1,0 +1,1 @@
+"""The TxLog on a broker node: global queues, the bridge to the master, its HA replica."""

@@ -1,0 +1,1 @@
+"""A TxLog master as a process: the asyncio driver, journal, wire, HTTP API, export, ctl."""
