@@ -287,7 +287,7 @@ class ManagementAPI:
 
     async def _forward(self, request: Request) -> Response | None:
         """On a cluster member that is not the serving primary: the primary answers."""
-        ha = getattr(self.node, "ha", None)
+        ha = self.node.ha
         if ha is None or ha.phase == "primary":
             return None
         primary = ha.election.primary
@@ -320,7 +320,7 @@ class ManagementAPI:
             for q in list(vhost.queues.values()):
                 key = (q.vhost, q.name)
                 stats = {"publish": q.published, "deliver_get": q.delivered,
-                         "ack": getattr(q, "acked", 0), "messages": q.message_count + q.unacked,
+                         "ack": q.acked, "messages": q.message_count + q.unacked,
                          "ready": q.message_count, "unacked": q.unacked}
                 for name, value in stats.items():
                     out[("queue", *key, name)] = value
@@ -392,7 +392,7 @@ class ManagementAPI:
                 "publish_details": details(s, ("total", "publish"), rates),
                 "deliver_get": sum(q.delivered for q in queues),
                 "deliver_get_details": details(s, ("total", "deliver_get"), rates),
-                "ack": sum(getattr(q, "acked", 0) for q in queues),
+                "ack": sum(q.acked for q in queues),
                 "ack_details": details(s, ("total", "ack"), rates),
                 "confirm": self.node.broker.stats.confirms,
                 "confirm_details": details(s, ("total", "confirm"), rates),
@@ -418,11 +418,11 @@ class ManagementAPI:
         return f"{PRODUCT}@{name or self.node.config.name}"
 
     def _cluster_name(self) -> str:
-        ha = getattr(self.node, "ha", None)
+        ha = self.node.ha
         return ha.cluster.name if ha is not None else self.node.config.name
 
     async def nodes(self, call: Call) -> list[dict[str, Any]]:
-        ha = getattr(self.node, "ha", None)
+        ha = self.node.ha
         if ha is None:
             return [self._node_entry(self.node.status())]
         from brokerha.admin.api import cluster_view  # one way to ask every member
@@ -516,11 +516,11 @@ class ManagementAPI:
                     "name": f"{peer[0]}:{peer[1]} -> {self._node_name()} ({number})",
                     "number": number, "node": self._node_name(), "user": conn.user.name,
                     "vhost": conn.vhost.name if conn.vhost else None,
-                    "consumer_count": len(getattr(ch, "consumers", {})),
-                    "messages_unacknowledged": len(getattr(ch, "unacked", {})),
-                    "prefetch_count": getattr(ch, "prefetch_count", 0),
-                    "confirm": getattr(ch, "confirm", None) is not None,
-                    "transactional": bool(getattr(ch, "tx_mode", False)),
+                    "consumer_count": len(ch.consumers),
+                    "messages_unacknowledged": len(ch.unacked),
+                    "prefetch_count": ch.prefetch_count,
+                    "confirm": ch.confirm is not None,
+                    "transactional": bool(ch.tx_mode),
                     "connection_details": {"name": f"{peer[0]}:{peer[1]} -> {self._node_name()}",
                                            "peer_host": peer[0], "peer_port": peer[1]},
                 })
@@ -692,7 +692,7 @@ class ManagementAPI:
                 "publish": q.published, "publish_details": details(s, (*key, "publish")),
                 "deliver_get": q.delivered,
                 "deliver_get_details": details(s, (*key, "deliver_get")),
-                "ack": getattr(q, "acked", 0), "ack_details": details(s, (*key, "ack")),
+                "ack": q.acked, "ack_details": details(s, (*key, "ack")),
             },
         }
 
@@ -747,7 +747,7 @@ class ManagementAPI:
         if encoding not in ("auto", "base64"):
             raise bad_request("encoding: auto or base64")
         truncate = body.get("truncate")
-        if getattr(q, "is_global", False):
+        if q.is_global:
             raise bad_request("get is not offered on a global queue (its dequeues are ordered "
                               "across datacenters): consume it over AMQP")
         taken = []
@@ -1091,7 +1091,7 @@ def _columns(item: dict[str, Any], columns: list[str]) -> dict[str, Any]:
 
 
 def _amqp_error(exc: BrokerError) -> ManagementError:
-    code = getattr(exc, "code", 0)
+    code = exc.code
     text = str(exc)
     if code == 404:
         return not_found()
