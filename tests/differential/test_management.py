@@ -7,11 +7,8 @@ or names of the node). Skipped when rabbitmq-server is not installed.
 
 from __future__ import annotations
 
-import base64
 import json
 import sys
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,26 +17,13 @@ from typing import Any
 import pytest
 
 from brokerha.testing import NodeProcess, free_base_port, free_port
+from tests.management_http import USERS, call
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from rabbitmq_ref import RabbitMQRef, available  # noqa: E402
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(180)]
 
-USERS = """
-[[users]]
-name = "watcher"
-password = "w-secret"
-tags = ["monitoring"]
-
-[[users]]
-name = "app"
-password = "p-secret"
-
-[[permissions]]
-user = "watcher"
-vhost = "/"
-"""
 
 
 @pytest.fixture(scope="module")
@@ -67,27 +51,6 @@ def brokerha_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with NodeProcess("diff-mgmt", port=free_base_port(1),
                      extra_args=["--config", str(config)]) as node:
         yield f"http://127.0.0.1:{node.port + 10000}/api"
-
-
-def call(base: str, method: str, path: str, user: str | None = "guest",
-         password: str = "guest", body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, method=method)
-    if user is not None:
-        req.add_header("Authorization", "Basic " + base64.b64encode(
-            f"{user}:{password}".encode()).decode())
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            raw = r.read()
-            return r.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        try:
-            return exc.code, json.loads(raw) if raw else None
-        except ValueError:
-            return exc.code, raw.decode("latin-1")[:200]
 
 
 CASES: dict[str, tuple[str, str, dict[str, Any]]] = {

@@ -11,35 +11,7 @@ from brokerha.testing_containers import (  # noqa: F401 - pytest finds fixtures 
     brokerha_docker,
     brokerha_image,
 )
-
-# a monitoring user, a management user with permissions in "orders" only, a user without a
-# management tag; guest (the default) is the administrator
-USERS = """
-[[vhosts]]
-name = "orders"
-
-[[users]]
-name = "watcher"
-password = "w-secret"
-tags = ["monitoring"]
-
-[[users]]
-name = "alice"
-password = "a-secret"
-tags = ["management"]
-
-[[users]]
-name = "app"
-password = "p-secret"
-
-[[permissions]]
-user = "alice"
-vhost = "orders"
-
-[[permissions]]
-user = "watcher"
-vhost = "/"
-"""
+from tests.management_http import USERS
 
 
 @pytest.fixture(scope="module")

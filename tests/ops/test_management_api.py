@@ -9,7 +9,6 @@ needs a user with a management tag, some an administrator).
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ import pika
 import pytest
 
 from brokerha.testing import LocalCluster, NodeProcess, get, get_json
+from tests.management_http import call
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,21 +35,7 @@ def node(managed_node: NodeProcess) -> NodeProcess:
 
 def api(node: NodeProcess, method: str, path: str, user: str | None = "guest",
         password: str = "guest", body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{node.port + 10000}/api/{path}", data=data,
-                                 method=method)
-    if user is not None:
-        token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        req.add_header("Authorization", f"Basic {token}")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            raw = r.read()
-            return r.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        return exc.code, json.loads(raw) if raw else None
+    return call(f"http://127.0.0.1:{node.port + 10000}/api/", method, path, user, password, body)
 
 
 def rabbitmqadmin(node: NodeProcess, *args: str, user: str = "guest",
