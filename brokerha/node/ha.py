@@ -50,11 +50,17 @@ from brokerha.primary.primary import Primary
 if TYPE_CHECKING:
     from brokerha.node.cluster_config import ClusterConfig
     from brokerha.node.server import Node
+    from brokerha.txlog.bridge.broker_bridge import TxLogBridge
 
 log = logging.getLogger("brokerha.ha")
 
 TICK = 0.05
 FAILOVER_HISTORY = 20
+
+
+def _log_failure(exc: BaseException | None) -> None:
+    if exc is not None:
+        log.error("HA task failed: %s", exc)
 
 
 class HANode:
@@ -282,9 +288,9 @@ class HANode:
         self.core.become_backup(epoch, primary, self._txlog_replica())
 
     @property
-    def _txlog(self) -> Any:
+    def _txlog(self) -> TxLogBridge | None:
         """The node's TxLog bridge (``txlog/bridge/broker_bridge.py``), with ``[txlog]``."""
-        return getattr(self.node, "txlog", None)
+        return self.node.txlog
 
     def _txlog_replica(self) -> Any:
         """This node's copy of the DC's TxLog master (``txlog/bridge/replica.py``), with ``[txlog]``."""
@@ -363,7 +369,7 @@ class HANode:
                             msg_id)
 
     def _spawn(self, work: Any) -> None:
-        self.node._spawn(work, lambda exc: exc and log.error("HA task failed: %s", exc))
+        self.node._spawn(work, _log_failure)
 
     def _promote_request(self, request: Request) -> Response:
         target = str(request.json().get("node", ""))

@@ -8,7 +8,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from brokerha.admin.http import AdminServer, Request, Response
 from brokerha.broker.broker import Broker
@@ -22,6 +22,9 @@ from brokerha.node.relay import Refuse, RelayProtocol, RelayTarget
 from brokerha.node.tls import NodeTLS
 from brokerha.node.transport import AMQPProtocol
 from brokerha.store.factory import open_store
+
+if TYPE_CHECKING:
+    from brokerha.txlog.bridge.broker_bridge import TxLogBridge
 
 log = logging.getLogger("brokerha.node")
 
@@ -92,16 +95,16 @@ class Node:
         self.ha: Any = None
         # with [txlog]: the TxLog master and global queues (brokerha/txlog/bridge/broker_bridge.py),
         # running exactly while this node serves clients (see serve_clients)
-        self.txlog: Any = None
+        self.txlog: TxLogBridge | None = None
         if config.txlog is not None:
             from brokerha.txlog.bridge.broker_bridge import TxLogBridge
 
-            self.txlog = TxLogBridge(self.broker, config.txlog)
+            bridge = self.txlog = TxLogBridge(self.broker, config.txlog)
             link_tls = config.txlog.settings.tls
             if link_tls is not None:
                 self.tls.on_reload("[txlog.tls]", links_reload(
                     link_tls.cert, link_tls.key, link_tls.ca,
-                    lambda: None if self.txlog.driver is None else self.txlog.driver.links))
+                    lambda: None if bridge.driver is None else bridge.driver.links))
 
     def _spawn(self, work: Awaitable[Any], on_done: Callable[[BaseException | None], None]) -> None:
         async def runner() -> None:

@@ -35,7 +35,7 @@ def backup_node(tmp_path: Path, store: DiskStore | None = None,
     node = SimpleNamespace(config=SimpleNamespace(name="n2", data_dir=tmp_path),
                            broker=c.node("n2").broker,
                            admin=SimpleNamespace(route=lambda *a, **k: None),
-                           set_relay_target=lambda target: None)
+                           set_relay_target=lambda target: None, txlog=None)
     ha = HANode(node, ClusterConfig("dc", b"secret", members))  # type: ignore[arg-type]
     links = FakeLinks()
     ha.links = links  # type: ignore[assignment]

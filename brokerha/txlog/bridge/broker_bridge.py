@@ -315,8 +315,7 @@ class TxLogBridge(ConfigurationObserver):
         return True
 
     def _load_applied(self) -> int:
-        get_meta = getattr(self.broker.store, "get_meta", None)
-        raw = get_meta(APPLIED_KEY) if get_meta is not None else None
+        raw = self.broker.store.get_meta(APPLIED_KEY)
         try:
             return int(raw) if raw is not None else 0
         except ValueError:
@@ -337,18 +336,14 @@ class TxLogBridge(ConfigurationObserver):
 
     def _flush_applied(self) -> None:
         self._applied_scheduled = False
-        put_meta = getattr(self.broker.store, "put_meta", None)
-        if put_meta is not None:
-            put_meta(APPLIED_KEY, str(self.applied))
+        self.broker.store.put_meta(APPLIED_KEY, str(self.applied))
         if self.journal_stream is not None:
             self.journal_stream.applied(self.applied)
 
     def _replicated_applied(self, count: int) -> None:
         """An ``la`` from the primary (this node is a backup): durable with the events before it."""
         self.applied = count
-        put_meta = getattr(self.broker.store, "put_meta", None)
-        if put_meta is not None:
-            put_meta(APPLIED_KEY, str(count))
+        self.broker.store.put_meta(APPLIED_KEY, str(count))
 
     def _bring_to_log(self, driver: TxLogDriver) -> None:
         """Make the global queues exactly the state of the synchronised log the master loaded.
