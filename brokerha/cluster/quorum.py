@@ -15,6 +15,15 @@ A backup that stays silent past the backup timeout leaves the guarded set
 (logged, shown in status); it cannot leave the majority count, so a primary
 that lost its majority confirms nothing.
 
+Nothing is replicated, not even seq 0, before a majority acknowledged
+something of this primary: its state at seq 0 is what it inherited, which it
+may hold alone (it was elected ahead of voters that lack its last events). A
+new primary therefore answers nothing that rests on that state (an XA
+recover, an outcome, a declare-ok) until its backups caught up, as a Raft
+leader commits an entry of its own term before serving (found by the
+transaction simulation: a TM read a commit only the new primary held, and the
+next election lost it).
+
 The primary and the deterministic simulation both call ``replicated_seq``.
 """
 
@@ -44,5 +53,5 @@ def replicated_seq(primary_seq: int, acked: Mapping[str, int], guarded: Collecti
         return limit
     copies = sorted((min(seq, primary_seq) for seq in acked.values()), reverse=True)
     if len(copies) < need:
-        return min(limit, 0)
+        return -1  # not even the inherited state (seq 0) is on a majority yet
     return min(limit, copies[need - 1])

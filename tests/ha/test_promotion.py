@@ -101,3 +101,25 @@ def test_a_backup_refuses_a_broker_a_primary_still_observes() -> None:
                    for name in ("enqueued", "acquired", "dequeued", "requeued")
                    for m in getattr(c.broker.observers.queue_hooks, name))
     Backup(c.broker, me="n1", epoch=2, position=(1, 0))
+
+
+def test_a_new_primary_answers_nothing_from_its_inherited_state_before_a_majority_holds_it() -> None:
+    """Found by the transaction simulation (seed 1001 of the slow run).
+
+    A primary is elected ahead of voters that lack its last events; at seq 0 of
+    its epoch its state is what it inherited, held by it alone. A barrier (an XA
+    recover, an outcome, a declare-ok) must wait until a majority acknowledged
+    it, or a TM reads an outcome that the next election loses.
+    """
+    from brokerha.cluster.quorum import replicated_seq
+
+    assert replicated_seq(0, {}, [], 3) == -1
+    assert replicated_seq(0, {"n2": 0}, ["n2"], 3) == 0
+    c = Cluster(3)  # a fresh primary, no backup joined yet
+    c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
+    released: list[str] = []
+    c.primary.barrier(lambda: released.append("answer"))
+    assert released == []
+    c.follow("n2")
+    c.pump()  # n2 catches up and acknowledges: a majority (n1, n2) holds the state
+    assert released == ["answer"]
