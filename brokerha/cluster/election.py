@@ -244,6 +244,7 @@ class Election:
         self._now = -math.inf
         self._heard_primary_at = -math.inf
         self._primary_link_down = False  # our link to the last primary heard closed since
+        self._fast_rounds = 0  # pre-vote rounds stood since then (each waits twice as long)
         self._deadline = math.inf
         self._votes: set[str] = set()
         self._pre = False
@@ -443,6 +444,8 @@ class Election:
         self._role, self._primary, self._pre = "candidate", None, True
         self._votes = {self.me}
         self._deadline = now + self._timeout()
+        if self._primary_link_down:
+            self._fast_rounds += 1
         if len(self._votes) >= self._majority:
             return self._campaign(now)
         pos = self.position
@@ -587,6 +590,7 @@ class Election:
         if self._role != "backup" or peer != self._primary:
             return []
         self._primary_link_down = True
+        self._fast_rounds = 0
         others = sorted(m for m in self.members if m != peer)
         rank = others.index(self.me)
         self._deadline = min(self._deadline, now + rank * self.timing.heartbeat_interval / 2)
@@ -613,9 +617,13 @@ class Election:
     def _timeout(self) -> float:
         """The randomised wait before standing (again): ``[T, 1.5T)``.
 
-        ``T`` is ``election_timeout``, or ``heartbeat_interval`` while our link
-        to the last primary is down (a refused pre-vote or a split vote is
-        retried soon: nobody can hear that primary through this node).
+        ``T`` is ``election_timeout``; while our link to the last primary is
+        down, ``heartbeat_interval`` doubled for each pre-vote round stood since
+        (up to ``election_timeout``): a refused pre-vote or a split vote is
+        retried soon, and a backup cut off from a healthy primary (the others
+        refuse it) soon asks no more often than it would anyway.
         """
-        t = self.timing.heartbeat_interval if self._primary_link_down else self.timing.election_timeout
+        t = self.timing.election_timeout
+        if self._primary_link_down:
+            t = min(t, self.timing.heartbeat_interval * 2 ** min(self._fast_rounds, 16))
         return t + self.rng.random() * t / 2

@@ -493,3 +493,24 @@ def test_a_deposed_primary_that_still_runs_serves_at_most_lease_timeout_after_it
     while old in mesh.serving():
         mesh.run(mesh.now + STEP)
     assert mesh.now - elected_at <= TIMING.lease_timeout + STEP
+
+
+def test_a_backup_cut_off_from_a_healthy_primary_backs_off_its_pre_votes() -> None:
+    """Its link stays down (the others still hear the primary): its refused pre-vote rounds
+    come ever less often, up to the election timeout, instead of every heartbeat interval."""
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    cut = next(n for n in mesh.nodes if n != primary)
+    mesh.carry(cut, mesh.nodes[cut].link_down(mesh.now, primary))
+    mesh.cut = {cut}  # its link stays down: no heartbeat reaches it, its pre-votes go nowhere
+    started = mesh.now
+    sent_before = len([a for a in mesh.actions[cut] if isinstance(a, Send)
+                       and isinstance(a.message, VoteRequest) and a.message.pre])
+    mesh.run(started + 10.0)
+    rounds = len([a for a in mesh.actions[cut] if isinstance(a, Send)
+                  and isinstance(a.message, VoteRequest) and a.message.pre]) - sent_before
+    rounds //= len(mesh.nodes) - 1
+    # without the back-off: about 10 s / 0.25 s = 40 rounds; with it, at most
+    # log2(T / hb) fast ones and then one per election timeout
+    assert 1 <= rounds <= 12, rounds
+    assert mesh.primaries() == [primary]
