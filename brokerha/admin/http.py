@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import hashlib
 import hmac
 import json
@@ -85,6 +86,21 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return str(value)
+
+
+def basic_credentials(request: Request) -> tuple[str, str] | None:
+    """``(user, password)`` of an HTTP Basic ``Authorization`` header; None without one.
+
+    Raises ValueError when the header is there but does not decode.
+    """
+    auth = request.headers.get("authorization", "")
+    if not auth.lower().startswith("basic "):
+        return None
+    try:
+        name, _, password = base64.b64decode(auth[6:]).decode().partition(":")
+    except (ValueError, binascii.Error) as exc:
+        raise ValueError("malformed Basic credentials") from exc
+    return name, password
 
 
 def member_token(secret: bytes, member: str, method: str, path: str,
@@ -216,14 +232,14 @@ class AdminServer:
             return
         if self.users is None:  # a server without users (a TxLog master's): public routes only
             raise HTTPError(401, "no users on this listener")
-        auth = request.headers.get("authorization", "")
-        if not auth.lower().startswith("basic "):
+        try:
+            credentials = basic_credentials(request)
+        except ValueError as exc:
+            raise HTTPError(401, str(exc)) from exc
+        if credentials is None:
             raise HTTPError(401, "credentials required (HTTP Basic: a user with a management "
                             "tag; an administrator for actions)")
-        try:
-            name, _, password = base64.b64decode(auth[6:]).decode().partition(":")
-        except ValueError as exc:
-            raise HTTPError(401, "malformed Basic credentials") from exc
+        name, password = credentials
         try:
             user = self.users.authenticate(name, password, request.peer_host)
         except AuthenticationFailed as exc:

@@ -42,7 +42,14 @@ from urllib.parse import quote, unquote
 
 from pamqp import commands
 
-from brokerha.admin.http import HTTPError, Request, Response, json_safe
+from brokerha.admin.http import (
+    READ_TAGS,
+    HTTPError,
+    Request,
+    Response,
+    basic_credentials,
+    json_safe,
+)
 from brokerha.broker.auth import AuthenticationFailed, User
 from brokerha.broker.content import build_header, decode_header
 from brokerha.broker.errors import BrokerError
@@ -53,7 +60,6 @@ log = logging.getLogger("brokerha.management")
 # The node (brokerha.node.server.Node). Not imported: admin sits below the node.
 Node = Any
 
-MANAGEMENT_TAGS = frozenset({"administrator", "monitoring", "management", "policymaker"})
 SAMPLE_INTERVAL = 5.0
 RATE_WINDOW = 60.0  # rates are over this much of the history
 HISTORY = 600.0     # samples kept (the UI's charts; ``lengths_age``/``msg_rates_age``)
@@ -269,19 +275,19 @@ class ManagementAPI:
         return Response.json(_select(result, request))
 
     def _authenticate(self, request: Request) -> User:
-        header = request.headers.get("authorization", "")
-        if not header.lower().startswith("basic "):
-            raise ManagementError(401, "", "")  # RabbitMQ: 401 without a body
         try:
-            name, _, password = base64.b64decode(header[6:]).decode().partition(":")
-        except (ValueError, binascii.Error):
-            raise ManagementError(401, "", "") from None
+            credentials = basic_credentials(request)
+        except ValueError:
+            credentials = None
+        if credentials is None:
+            raise ManagementError(401, "", "")  # RabbitMQ: 401 without a body
+        name, password = credentials
         try:
             user = self.node.broker.users.authenticate(name, password, request.peer_host)
         except AuthenticationFailed as exc:
             log.warning("management API: refused %s from %s: %s", name, request.peer_host, exc)
             raise ManagementError(401, "not_authorized", "Login failed") from None
-        if not MANAGEMENT_TAGS.intersection(user.tags):
+        if not READ_TAGS.intersection(user.tags):
             raise not_authorised("Not management user")
         return user
 
