@@ -42,7 +42,15 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from brokerha.admin.http import HTTPError, Request, Response, json_safe, member_token
+from brokerha.admin.http import (
+    REASONS,
+    HTTPError,
+    Request,
+    Response,
+    exchange,
+    json_safe,
+    member_token,
+)
 
 # The node (brokerha.node.server.Node) these endpoints read. Not imported: the
 # admin package sits below the node, which installs the endpoints on itself.
@@ -349,31 +357,16 @@ async def fetch_json(url: str, timeout: float, tls: ssl.SSLContext | None = None
     over TLS with ``tls`` (the node's member context, node/tls.py); ``sign`` (a
     member's) adds its ``X-Brokerha-Member`` header."""
     parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    secure = parts.scheme == "https"
-    if secure and tls is None:
+    if parts.scheme == "https" and tls is None:
         raise ValueError(f"{url}: HTTPS needs this node's [tls] certificates")
-
-    async def go() -> Any:
-        reader, writer = await asyncio.open_connection(host, port, ssl=tls if secure else None)
-        try:
-            path = parts.path or "/"
-            member = f"X-Brokerha-Member: {sign('GET', path)}\r\n" if sign else ""
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{member}"
-                         "Accept: application/json\r\nConnection: close\r\n\r\n".encode())
-            await writer.drain()
-            data = await reader.read(4 * 1024 * 1024)
-            while True:
-                more = await reader.read(65536)
-                if not more:
-                    break
-                data += more
-        finally:
-            writer.close()
-        head, _, body = data.partition(b"\r\n\r\n")
-        status_line = head.split(b"\r\n", 1)[0].split()
-        if len(status_line) < 2 or status_line[1] != b"200":
-            raise ValueError(f"{url}: {b' '.join(status_line[1:]).decode('latin-1')}")
-        return json.loads(body)
-
-    return await asyncio.wait_for(go(), timeout)
+    path = parts.path or "/"
+    headers = {"Accept": "application/json"}
+    if sign is not None:
+        headers["X-Brokerha-Member"] = sign("GET", path)
+    try:
+        answer = await asyncio.wait_for(exchange(url, "GET", path, headers, tls=tls), timeout)
+    except IndexError:
+        raise ValueError(f"{url}: not an HTTP answer") from None
+    if answer.status != 200:
+        raise ValueError(f"{url}: {answer.status} {REASONS.get(answer.status, 'Error')}")
+    return json.loads(answer.body)

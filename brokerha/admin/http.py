@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import json
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -88,6 +89,31 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
+async def exchange(url: str, method: str, target: str, headers: dict[str, str],
+                   body: bytes = b"", tls: ssl.SSLContext | None = None) -> Response:
+    """One HTTP/1.1 request to another node's admin listener (``https://`` over ``tls``):
+    ``target`` is the path and query; the answer as a Response. Raises OSError,
+    ValueError (no answer, or a garbled one) or IndexError."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    head = [f"{method} {target} HTTP/1.1", f"Host: {host}:{port}", "Connection: close",
+            f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in headers.items())]
+    reader, writer = await asyncio.open_connection(
+        host, port, ssl=tls if parts.scheme == "https" else None)
+    try:
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        await writer.drain()
+        data = await reader.read()
+    finally:
+        writer.close()
+    top, _, content = data.partition(b"\r\n\r\n")
+    lines = top.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    ctype = next((line.split(":", 1)[1].strip() for line in lines[1:]
+                  if line.lower().startswith("content-type:")), "application/json")
+    return Response(status, content, ctype)
+
+
 def basic_credentials(request: Request) -> tuple[str, str] | None:
     """``(user, password)`` of an HTTP Basic ``Authorization`` header; None without one.
 
@@ -123,7 +149,7 @@ def member_token_valid(secret: bytes, value: str, method: str, path: str) -> boo
 
 Handler = Callable[[Request], Awaitable[Response] | Response]
 
-_REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
             413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
 
@@ -191,7 +217,7 @@ class AdminServer:
             extra = dict(response.headers or {})
             if response.status == 401 and page:  # the browser asks (the status page)
                 extra.setdefault("WWW-Authenticate", 'Basic realm="brokerha"')
-            head = (f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Error')}\r\n"
+            head = (f"HTTP/1.1 {response.status} {REASONS.get(response.status, 'Error')}\r\n"
                     f"Content-Type: {response.content_type}\r\n"
                     + "".join(f"{k}: {v}\r\n" for k, v in extra.items()) +
                     f"Content-Length: {len(response.body)}\r\n"

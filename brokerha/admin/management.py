@@ -48,6 +48,7 @@ from brokerha.admin.http import (
     Request,
     Response,
     basic_credentials,
+    exchange,
     json_safe,
 )
 from brokerha.broker.auth import AuthenticationFailed, User
@@ -1109,35 +1110,14 @@ def _amqp_error(exc: BrokerError) -> ManagementError:
 
 async def forward(base: str, request: Request, tls: Any) -> Response:
     """Send ``request`` as it came to ``base`` (another member's admin listener)."""
-    from urllib.parse import urlencode, urlsplit
+    from urllib.parse import urlencode
 
-    parts = urlsplit(base)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    secure = parts.scheme == "https"
     target = request.path + (f"?{urlencode(request.query, doseq=True)}" if request.query else "")
-    head = [f"{request.method} {target} HTTP/1.1", f"Host: {host}:{port}", "Connection: close",
-            f"Content-Length: {len(request.body)}"]
-    for name in ("authorization", "content-type"):
-        if name in request.headers:
-            head.append(f"{name}: {request.headers[name]}")
-
-    async def go() -> Response:
-        reader, writer = await asyncio.open_connection(host, port, ssl=tls if secure else None)
-        try:
-            writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + request.body)
-            await writer.drain()
-            data = await reader.read()
-        finally:
-            writer.close()
-        top, _, body = data.partition(b"\r\n\r\n")
-        lines = top.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        ctype = next((line.split(":", 1)[1].strip() for line in lines[1:]
-                      if line.lower().startswith("content-type:")), "application/json")
-        return Response(status, body, ctype)
-
+    headers = {name: request.headers[name] for name in ("authorization", "content-type")
+               if name in request.headers}
     try:
-        return await asyncio.wait_for(go(), FORWARD_TIMEOUT)
+        return await asyncio.wait_for(
+            exchange(base, request.method, target, headers, request.body, tls), FORWARD_TIMEOUT)
     except (OSError, TimeoutError, ValueError, IndexError) as exc:
         raise ManagementError(503, "service_unavailable",
                               f"the primary at {base} did not answer: {exc}") from None
