@@ -281,10 +281,8 @@ class HANode:
             log.warning("node %s deposed: %s is primary for epoch %d", self.me, primary, epoch)
             self._record_failover("deposed", node=self.me, by=primary, epoch=epoch)
             self._demote()
-        if self.core.following != primary or self.core.backup is None \
-                or self.core.backup.epoch != epoch:
-            member = self.cluster.member(primary)
-            self.node.set_relay_target(RelayTarget(member.amqp, member.amqps))
+        member = self.cluster.member(primary)  # unchanged: a no-op (set_relay_target)
+        self.node.set_relay_target(RelayTarget(member.amqp, member.amqps))
         self.core.become_backup(epoch, primary, self._txlog_replica())
 
     @property

@@ -336,8 +336,7 @@ class Node:
         self.up = True
         state = NodeState()
         load_position(self.broker, state)
-        self.position: Pos = (state.pos_epoch, state.pos_seq) if POSITION_KEY in self.store.meta \
-            else INVALID
+        self.position, _ = read_position(self.store.meta)
         self.core = HACore(self.broker, name, state, NodeEffects(self),
                            PrimarySettings(len(NODES), BACKUP_TIMEOUT,
                                            tx_prepare_timeout=TX_PREPARE_TIMEOUT),
