@@ -210,3 +210,22 @@ def test_metrics_carry_rabbitmq_prometheus_names_beside_brokerhas(node: NodeProc
     assert values["rabbitmq_global_messages_received_total"] >= 3
     assert values["rabbitmq_global_messages_confirmed_total"] >= 3
     assert "brokerha_role" in text  # brokerha's own series stay
+
+
+def test_bad_input_gets_rabbitmqs_error_shape_and_changes_nothing(node: NodeProcess) -> None:
+    api(node, "PUT", "queues/%2F/bad-in", body={"durable": True})
+    assert api(node, "POST", "queues/%2F/bad-in/get", body={"count": 1, "ackmode": "nope"}) == (
+        400, {"error": "bad_request", "reason": "ackmode: ack_requeue_true, ack_requeue_false, "
+                                                  "reject_requeue_true or reject_requeue_false"})
+    assert api(node, "POST", "exchanges/%2F/amq.default/publish",
+               body={"routing_key": "bad-in", "payload": "x", "payload_encoding": "rot13"}) == (
+        400, {"error": "bad_request", "reason": "payload_encoding: string or base64"})
+    assert api(node, "POST", "exchanges/%2F/amq.default/publish",
+               body={"routing_key": "bad-in", "payload": "%%%", "payload_encoding": "base64"}) == (
+        400, {"error": "bad_request", "reason": "payload is not base64"})
+    assert api(node, "PUT", "queues/%2F/bad-in", body=["not", "an", "object"]) == (
+        400, {"error": "bad_request", "reason": "the body must be a JSON object"})
+    assert api(node, "PUT", "exchanges/%2F/bad-x", body={"type": "direct", "durable": "maybe"}) == (
+        400, {"error": "bad_request", "reason": "expected true or false, got 'maybe'"})
+    assert api(node, "GET", "exchanges/%2F/bad-x")[0] == 404  # nothing declared
+    assert api(node, "GET", "queues/%2F/bad-in")[1]["messages"] == 0  # nothing published
