@@ -73,7 +73,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from brokerha.cluster.messages import Message, packet
@@ -219,6 +219,18 @@ class StopServing:
 Action = Send | Persist | BecomePrimary | BecomeBackup | StopServing
 
 
+@dataclass(frozen=True)
+class Unsafe:
+    """Rules of the election to break on purpose (simulations only): each must be caught."""
+
+    invalid_grants: bool = False  # a voter forgets its vote floor (grants by its position)
+    no_lease: bool = False        # a primary keeps serving without a majority
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
 class PromoteRefused(ValueError):
     """``promote`` cannot hand over: not the primary, unknown or not-ready target."""
 
@@ -226,7 +238,7 @@ class PromoteRefused(ValueError):
 class Election:
     def __init__(self, me: str, members: Sequence[str], *, epoch: int, voted_for: str | None,
                  position: Position, timing: ElectionTiming, rng: random.Random,
-                 vote_floor: Position | None = None) -> None:
+                 vote_floor: Position | None = None, unsafe: Unsafe | None = None) -> None:
         if me not in members:
             raise ValueError(f"{me} is not one of the members {list(members)}")
         self.me = me
@@ -234,6 +246,7 @@ class Election:
         self.peers = tuple(m for m in self.members if m != me)
         self.timing = timing
         self.rng = rng
+        self.unsafe = unsafe or Unsafe()
         self.voted_for = voted_for
         self.position = position
         self.vote_floor = max(position, vote_floor or Position.INVALID)
@@ -430,6 +443,8 @@ class Election:
         return actions
 
     def _may_vote_for(self, cand: Position) -> bool:
+        if self.unsafe.invalid_grants:
+            return cand.valid and cand >= self.position
         return cand.valid and cand >= self.vote_floor
 
     def _heard_primary(self, now: float) -> bool:
@@ -528,7 +543,7 @@ class Election:
 
     def _update_lease(self) -> None:
         need = self._majority - 1
-        if need <= 0:
+        if need <= 0 or self.unsafe.no_lease:
             self._lease_expiry = math.inf
             return
         stamps = sorted(self._stamps.values(), reverse=True)

@@ -85,7 +85,9 @@ class Effects(Protocol):
 class Unsafe:
     """Rules of the core to break on purpose (simulations only): each must be caught."""
 
-    early_ack: bool = False  # a backup acknowledges before its store synced
+    early_ack: bool = False      # a backup acknowledges before its store synced
+    confirm_early: bool = False  # the primary confirms once its own disk has it (no quorum)
+    skip_catch_up: bool = False  # a joining backup keeps its old position while it catches up
 
     @classmethod
     def names(cls) -> list[str]:
@@ -156,7 +158,10 @@ class HACore:
             clock=self.clock, backup_timeout=s.backup_timeout, replicate=s.replicate,
             policies=list(s.policies), on_output=self.schedule_flush,
             tx_prepare_timeout=s.tx_prepare_timeout)
-        self.broker.replication_barriers.append(self.position_barrier)
+        if self.unsafe.confirm_early:
+            self.broker.replication_barriers.remove(self.primary.barrier)
+        else:
+            self.broker.replication_barriers.append(self.position_barrier)
         return self.primary
 
     def verified(self) -> None:
@@ -201,8 +206,9 @@ class HACore:
             return False  # sent when the link comes up
         # from here until the marker our state is a mix: not a consistent copy (the
         # store commits in order, so this is durable before any catch-up event is)
-        self.record_position(-1, -1)
-        self.effects.position(Position.INVALID)
+        if not self.unsafe.skip_catch_up:
+            self.record_position(-1, -1)
+            self.effects.position(Position.INVALID)
         self.effects.send(self.following, self.backup.join_message())
         self.effects.joined(self.following, self.backup.epoch)
         return True

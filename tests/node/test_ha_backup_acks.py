@@ -62,7 +62,7 @@ def test_a_backup_that_joins_again_while_an_ack_waits_for_the_disk_still_acks_it
         for packet in c.primary.take_outbox("n2"):
             ha.core.on_events("n1", wire(packet))  # type: ignore[arg-type]
 
-    ha._become_backup(1, "n1")
+    ha.ha._become_backup(1, "n1")
     answer_join()                       # the catch-up applied; its ack waits for the disk
     assert links.sent == []
     backup = ha.backup
@@ -90,7 +90,7 @@ def test_an_ack_that_waited_for_the_disk_across_a_new_join_does_not_make_the_pos
     win an election.
     """
     store, c, ha, links = backup_node(tmp_path)
-    ha._become_backup(1, "n1")
+    ha.ha._become_backup(1, "n1")
     join = links.sent.pop()
     c.primary.backup_joined(join)
     for packet in c.primary.take_outbox("n2"):
@@ -128,7 +128,7 @@ def test_a_backup_acknowledges_replicated_dequeues_later_and_everything_else_at_
             return found
 
         q = c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
-        ha._become_backup(1, "n1")
+        ha.ha._become_backup(1, "n1")
         c.primary.backup_joined(links.sent.pop())
         deliver()
         store.sync()
@@ -179,7 +179,7 @@ def test_a_barrier_right_after_dequeues_is_acknowledged_without_the_delay(
         store, c, ha, links = backup_node(tmp_path)
         c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
         q = c.broker.vhosts["/"].queues["q"]
-        ha._become_backup(1, "n1")
+        ha.ha._become_backup(1, "n1")
         c.primary.backup_joined(links.sent.pop())
 
         def deliver() -> list[Any]:

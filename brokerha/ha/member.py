@@ -1,0 +1,274 @@
+"""One member of a datacenter's HA cluster, sans-I/O: its election, HA core and verification.
+
+``HAMember`` is everything ``node/ha.py`` decides about HA, with the I/O
+left to the layer that drives it (``MemberEffects``): the node's asyncio
+shell (links, the state file, the AMQP listener) and the simulation
+(``ha/simulation``: simulated links, a disk image, a virtual clock) drive
+the same object. It owns:
+
+- the ``Election`` (``cluster/election.py``) and carries out its actions:
+  ``Persist`` before anything sent after it, ``BecomePrimary``,
+  ``BecomeBackup``, ``StopServing``;
+- the ``HACore`` (``ha/core.py``): the role's Primary or Backup, positions,
+  acknowledgements after durability, the confirm barrier;
+- the **verification phase** of a new primary (``primary/verification.py``,
+  NEO's VERIFYING): the request to every reachable node, the replies, the
+  timeout on ``tick``, the decisions; only then does the primary take the
+  joins it held and serve clients (``MemberEffects.serving``);
+- the dispatch of every cluster message: replication messages of an epoch
+  older than ours are refused (``Error`` OLD_EPOCH), the rest go to the
+  election or the role object they are for.
+
+``Unsafe`` breaks a rule of this module on purpose (simulations only).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+from brokerha.backup.backup import Backup
+from brokerha.broker.broker import Broker
+from brokerha.cluster import election as el
+from brokerha.cluster.messages import Error, ErrorCode, Message
+from brokerha.cluster.replication import (
+    Ack,
+    Events,
+    Join,
+    TxVote,
+    VerifyReply,
+    VerifyRequest,
+)
+from brokerha.cluster.state import NodeState
+from brokerha.ha.core import Effects, HACore, PrimarySettings
+from brokerha.ha.core import Unsafe as CoreUnsafe
+from brokerha.primary import verification as verify
+from brokerha.primary.primary import Primary
+
+log = logging.getLogger("brokerha.ha")
+
+# what only a primary's role objects take; anything of an older epoch is refused
+REPLICATION = (Events, Join, Ack, TxVote, VerifyRequest, VerifyReply)
+
+
+class MemberEffects(Effects, Protocol):
+    """What the member asks of its driver, beyond the core's ``Effects``."""
+
+    def persist(self, epoch: int, voted_for: str | None) -> None:
+        """Make the election's vote durable now (before anything sent after it)."""
+
+    def reply(self, peer: str, msg_id: int, message: Message) -> None:
+        """Answer message ``msg_id`` of ``peer``."""
+
+    def peers_up(self) -> list[str]:
+        """The peers whose links are up now."""
+
+    def elected(self, epoch: int, primary: Primary) -> None:
+        """We won ``epoch``: a Primary exists and verifies; no client is served yet."""
+
+    def serving(self, epoch: int) -> None:
+        """Verification is done: serve clients as the primary of ``epoch``."""
+
+    def demoted(self, reason: str) -> None:
+        """We stop being the primary (stepped down or deposed): stop serving clients."""
+
+    def follow(self, primary: str, epoch: int) -> Any:
+        """We follow ``primary``; returns this node's TxLog replica, or None."""
+
+
+@dataclass(frozen=True)
+class Unsafe:
+    """Rules of the member to break on purpose (simulations only): each must be caught."""
+
+    old_epoch_apply: bool = False  # take replication messages of an epoch older than ours
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+class HAMember:
+    def __init__(self, broker: Broker, me: str, members: list[str], state: NodeState,
+                 effects: MemberEffects, settings: PrimarySettings, clock: Callable[[], float],
+                 *, timing: el.ElectionTiming, verification_timeout: float,
+                 rng: random.Random | None = None,
+                 primary_factory: Callable[..., Primary] = Primary,
+                 unsafe: Unsafe | None = None, core_unsafe: CoreUnsafe | None = None,
+                 election_unsafe: el.Unsafe | None = None) -> None:
+        self.broker = broker
+        self.me = me
+        self.effects = effects
+        self.clock = clock
+        self.verification_timeout = verification_timeout
+        self.unsafe = unsafe or Unsafe()
+        self.election = el.Election(
+            me, members, epoch=state.epoch, voted_for=state.voted_for,
+            position=el.Position(state.pos_epoch, state.pos_seq),
+            vote_floor=el.Position(state.floor_epoch, state.floor_seq),
+            timing=timing, rng=rng or random.Random(), unsafe=election_unsafe)
+        self.core = HACore(broker, me, state, effects, settings, clock,
+                           primary_factory=primary_factory, unsafe=core_unsafe)
+        self.verification: verify.Verification | None = None
+
+    # -- the role, as the core holds it ---------------------------------------------------
+
+    @property
+    def primary(self) -> Primary | None:
+        return self.core.primary
+
+    @property
+    def backup(self) -> Backup | None:
+        return self.core.backup
+
+    @property
+    def phase(self) -> str:
+        return self.core.phase
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.carry_out(self.election.start(self.clock()))
+
+    def tick(self) -> None:
+        """The driver's periodic tick: election timers, backup timeouts, verification, sends."""
+        now = self.clock()
+        self.carry_out(self.election.tick(now))
+        if self.primary is not None:
+            self.primary.tick(now)
+        self._verification_due()
+        self.core.flush()
+
+    def wakeup_at(self) -> float:
+        """When ``tick`` next has something to do for the election or the verification."""
+        when = self.election.wakeup_at()
+        if self.verification is not None:
+            when = min(when, self.verification.deadline)
+        return when
+
+    def peer_up(self, peer: str) -> None:
+        if peer == self.core.following:
+            self.core.send_join()
+
+    def peer_down(self, peer: str) -> None:
+        if self.primary is not None:
+            self.primary.backup_lost(peer, "link down")
+        # our primary died (stand at once), or a backup left the lease (Election.link_down)
+        self.carry_out(self.election.link_down(self.clock(), peer))
+
+    def on_message(self, peer: str, msg_id: int, msg: Message) -> None:
+        """A cluster message from ``peer``, to the election or the role object it is for."""
+        if isinstance(msg, Error):
+            log.warning("node %s: error from %s: %s %s", self.me, peer, msg.code, msg.message)
+            return
+        if isinstance(msg, REPLICATION) and not self.unsafe.old_epoch_apply:
+            epoch = msg.epoch
+            if epoch < self.election.epoch:
+                log.warning("node %s: refused %s from %s of old epoch %d (ours %d)", self.me,
+                            type(msg).__name__, peer, epoch, self.election.epoch)
+                self.effects.reply(peer, msg_id, Error(
+                    ErrorCode.OLD_EPOCH, f"epoch {epoch} is older than {self.election.epoch}"))
+                return
+        if isinstance(msg, Events):
+            self.core.on_events(peer, msg)
+        elif isinstance(msg, Join):
+            if not self.core.on_join(peer, msg_id, msg):
+                self.effects.reply(peer, msg_id, Error(
+                    ErrorCode.NOT_PRIMARY, f"{self.me} is not the primary of epoch {msg.epoch}"))
+        elif isinstance(msg, Ack):
+            if self.primary is not None:
+                self.primary.backup_acked(peer, msg.seq)
+        elif isinstance(msg, TxVote):
+            if self.primary is not None and msg.epoch == self.primary.epoch:
+                self.primary.tx_vote(peer, msg.txid, msg.ok, msg.reason)
+        elif isinstance(msg, VerifyRequest):
+            self.effects.reply(peer, msg_id, verify.answer(self.broker, msg, self.me))
+        elif isinstance(msg, VerifyReply):
+            if self.verification is not None:
+                self.verification.receive(msg)
+                self._verification_due()
+        else:
+            self.carry_out(self.election.receive(self.clock(), peer, msg))
+        self.core.flush()
+
+    def promote(self, target: str) -> None:
+        """Manual failover to ``target``; ``el.PromoteRefused`` says why it cannot be done."""
+        primary = self.primary
+        if primary is None or self.phase != "primary":
+            raise el.PromoteRefused(f"{self.me} is not the serving primary; ask the primary")
+        session = primary.sessions.get(target)
+        if session is not None and session.tx_trackers:
+            raise el.PromoteRefused(
+                f"{target} is blocked by {len(session.tx_trackers)} TxTrackers (prepared "
+                "transactions whose outcome has not reached it)")
+        self.carry_out(self.election.promote(self.clock(), target))
+
+    # -- the election's actions ------------------------------------------------------------
+
+    def carry_out(self, actions: list[el.Action]) -> None:
+        for action in actions:
+            if isinstance(action, el.Persist):
+                self.effects.persist(action.epoch, action.voted_for)
+            elif isinstance(action, el.Send):
+                self.effects.send(action.to, action.message)
+            elif isinstance(action, el.BecomePrimary):
+                self._become_primary(action.epoch)
+            elif isinstance(action, el.BecomeBackup):
+                self._become_backup(action.epoch, action.primary)
+            elif isinstance(action, el.StopServing):
+                log.warning("node %s stops serving clients: %s", self.me, action.reason)
+                self._demote(action.reason)
+
+    def _become_primary(self, epoch: int) -> None:
+        log.warning("node %s elected primary for epoch %d; verifying", self.me, epoch)
+        primary = self.core.become_primary(epoch)
+        self.effects.elected(epoch, primary)
+        self._verify(epoch)
+
+    def _demote(self, reason: str) -> None:
+        self.verification = None
+        self.effects.demoted(reason)
+        self.core.demote()
+
+    def _become_backup(self, epoch: int, primary: str) -> None:
+        if self.primary is not None:
+            log.warning("node %s deposed: %s is primary for epoch %d", self.me, primary, epoch)
+            self._demote(f"deposed by {primary} (epoch {epoch})")
+        txlog = self.effects.follow(primary, epoch)
+        self.core.become_backup(epoch, primary, txlog)
+
+    # -- verification ----------------------------------------------------------------------
+
+    def _verify(self, epoch: int) -> None:
+        """Ask every reachable node which of our prepared transactions it committed.
+
+        With nothing prepared, the decisions are made at once (none).
+        """
+        peers = sorted(self.effects.peers_up())
+        verification = verify.Verification.start(self.broker, epoch, self.me, peers,
+                                                 self.clock(), self.verification_timeout)
+        request = verification.request()
+        if not request.txids:
+            verification.asked.clear()
+        self.verification = verification
+        for peer in sorted(verification.asked):
+            self.effects.send(peer, request)
+        self._verification_due()
+
+    def _verification_due(self) -> None:
+        """Decide, take the held joins and serve once every reply is in or the time is up."""
+        verification = self.verification
+        if verification is None or not verification.done(self.clock()):
+            return
+        self.verification = None
+        if self.primary is None or self.election.epoch != verification.epoch:
+            return
+        decisions = verify.carry_out(self.broker, verification)
+        if decisions:
+            log.warning("node %s verified %d transactions with %d of %d nodes: %s", self.me,
+                        len(decisions), len(verification.replies), len(verification.asked),
+                        ", ".join(f"{t} {d}" for t, d in sorted(decisions.items())))
+        self.core.verified()
+        self.effects.serving(verification.epoch)
