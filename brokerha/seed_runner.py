@@ -1,6 +1,6 @@
 """Running a deterministic simulation over many seeds, in parallel when asked.
 
-Shared by the simulations (``brokerha.cluster.simulation``, ``brokerha.txlog.simulation.search``,
+Shared by the simulations (``brokerha.ha.simulation.confirms``, ``brokerha.txlog.simulation.search``,
 ``tests.ha.tx_simulation``).
 Standard library only: the simulations import this module, never the other way round.
 The per-seed function handed to :func:`run_many` must be a module-level function, so that

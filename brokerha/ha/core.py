@@ -43,6 +43,7 @@ from brokerha.cluster.replication import ConfigurationMismatch, Events, Join
 from brokerha.cluster.state import NodeState
 from brokerha.primary.policy import ReplicationPolicy
 from brokerha.primary.primary import Primary
+from brokerha.primary.remote_backup import EVENTS_PER_PACKET
 
 log = logging.getLogger("brokerha.ha")
 
@@ -87,7 +88,6 @@ class Unsafe:
 
     early_ack: bool = False      # a backup acknowledges before its store synced
     confirm_early: bool = False  # the primary confirms once its own disk has it (no quorum)
-    skip_catch_up: bool = False  # a joining backup keeps its old position while it catches up
 
     @classmethod
     def names(cls) -> list[str]:
@@ -103,6 +103,7 @@ class PrimarySettings:
     replicate: str = "all"
     policies: tuple[ReplicationPolicy, ...] = ()
     tx_prepare_timeout: float = 5.0
+    events_per_packet: int = EVENTS_PER_PACKET  # smaller in simulations: catch-ups span packets
 
 
 def load_position(broker: Broker, state: NodeState) -> None:
@@ -157,7 +158,7 @@ class HACore:
             self.broker, me=self.me, members=s.members, epoch=epoch, start_seq=0,
             clock=self.clock, backup_timeout=s.backup_timeout, replicate=s.replicate,
             policies=list(s.policies), on_output=self.schedule_flush,
-            tx_prepare_timeout=s.tx_prepare_timeout)
+            tx_prepare_timeout=s.tx_prepare_timeout, events_per_packet=s.events_per_packet)
         if self.unsafe.confirm_early:
             self.broker.replication_barriers.remove(self.primary.barrier)
         else:
@@ -206,9 +207,8 @@ class HACore:
             return False  # sent when the link comes up
         # from here until the marker our state is a mix: not a consistent copy (the
         # store commits in order, so this is durable before any catch-up event is)
-        if not self.unsafe.skip_catch_up:
-            self.record_position(-1, -1)
-            self.effects.position(Position.INVALID)
+        self.record_position(-1, -1)
+        self.effects.position(Position.INVALID)
         self.effects.send(self.following, self.backup.join_message())
         self.effects.joined(self.following, self.backup.epoch)
         return True

@@ -50,6 +50,8 @@ from brokerha.primary.primary import Primary
 
 log = logging.getLogger("brokerha.ha")
 
+TICK = 0.05  # how often the driver calls ``tick`` (election timers, backup timeouts)
+
 # what only a primary's role objects take; anything of an older epoch is refused
 REPLICATION = (Events, Join, Ack, TxVote, VerifyRequest, VerifyReply)
 

@@ -31,7 +31,7 @@ from brokerha.cluster.messages import Message
 from brokerha.cluster.replication import ResourceAlarm
 from brokerha.cluster.state import StateFile
 from brokerha.ha.core import Cancellable, PrimarySettings, load_position
-from brokerha.ha.member import HAMember
+from brokerha.ha.member import TICK, HAMember
 from brokerha.node.relay import RelayTarget
 from brokerha.primary.backup_alarms import BackupAlarms
 from brokerha.primary.primary import Primary
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerha.ha")
 
-TICK = 0.05
 FAILOVER_HISTORY = 20
 
 

@@ -42,7 +42,7 @@ from brokerha.primary import events as ev
 from brokerha.primary.events import Event
 from brokerha.primary.policy import ReplicationPolicy, check_default, queue_policy
 from brokerha.primary.queue_guard import QueueGuard
-from brokerha.primary.remote_backup import RemoteBackup
+from brokerha.primary.remote_backup import EVENTS_PER_PACKET, RemoteBackup
 from brokerha.primary.replicating_subscription import ReplicatingSubscription
 from brokerha.primary.snapshot import configuration
 from brokerha.primary.tx_observer import PrimaryTxObserverFactory
@@ -64,8 +64,10 @@ class Primary(ConfigurationObserver, QueueObserver):
                  replicate: str = REPLICATE_ALL,
                  policies: Sequence[ReplicationPolicy] = (),
                  on_output: Callable[[], None] | None = None,
-                 tx_prepare_timeout: float = DEFAULT_TX_PREPARE_TIMEOUT) -> None:
+                 tx_prepare_timeout: float = DEFAULT_TX_PREPARE_TIMEOUT,
+                 events_per_packet: int = EVENTS_PER_PACKET) -> None:
         self.broker = broker
+        self.events_per_packet = events_per_packet  # a replication packet's bound (and bytes)
         # called when events wait to be sent and none did before: the I/O layer
         # schedules one flush (take_outbox) per loop iteration from it
         self.on_output = on_output
@@ -376,7 +378,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         join_seq = self.seq
         out.append([R.CAUGHT_UP, join_seq])
         first = join_seq - len(out) + 1
-        session = RemoteBackup(join.node, join_seq, first, now)
+        session = RemoteBackup(join.node, join_seq, first, now, self.events_per_packet)
         session.outbox.extend((first + i, event) for i, event in enumerate(out))
         session.subscriptions = subscriptions
         session.guards = [QueueGuard(q.vhost, q.name, q.next_position, join_seq, first + end)

@@ -28,8 +28,10 @@ BYTES_PER_PACKET = 1 << 20
 
 
 class RemoteBackup:
-    def __init__(self, node: str, join_seq: int, first_seq: int, now: float) -> None:
+    def __init__(self, node: str, join_seq: int, first_seq: int, now: float,
+                 events_per_packet: int = EVENTS_PER_PACKET) -> None:
         self.node = node
+        self.events_per_packet = events_per_packet
         self.join_seq = join_seq      # the CaughtUp marker's seq
         self.first_seq = first_seq    # the catch-up's first seq (acks below mean nothing)
         self.outbox: deque[tuple[int, Event]] = deque()
@@ -80,7 +82,7 @@ class RemoteBackup:
             first = outbox[0][0]
             batch: list[Any] = []
             size = 0
-            while outbox and len(batch) < EVENTS_PER_PACKET and size < BYTES_PER_PACKET:
+            while outbox and len(batch) < self.events_per_packet and size < BYTES_PER_PACKET:
                 _, event = outbox.popleft()
                 batch.append(event)
                 size += event_size(event)

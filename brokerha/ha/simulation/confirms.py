@@ -1,0 +1,263 @@
+"""The election and replication simulation: a client publishing with confirms through failovers.
+
+The datacenter of ``world.py`` (the product's ``HAMember`` per node, its
+``Broker`` on a simulated disk) with one client: it publishes persistent
+messages to a durable queue on whichever node serves (now and then a
+deposed primary still within its lease) and waits for each confirm, which
+the broker gives from ``Broker.after_durable`` as the channel does; it
+consumes (basic.get + ack) from the head of the queue. The client declares
+the queue on every primary it meets, as a client does when it connects.
+
+Checked after every event, beside the world's (a), (b) and (e):
+(c) the serving primary holds every confirmed message not consumed since
+(checked when a primary starts serving, when the newest server changes and
+at each confirm); (d) a ready backup holds every message its position
+covers: when a backup reports a valid position ``(epoch, seq)``, every
+message the primary of that epoch held at ``seq`` and that no event the
+backup applied took away is in its queue.
+
+A failing seed is replayed by its number (``brokerha cluster simulate
+--seeds 1 --start-seed N --trace``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from brokerha import seed_runner
+from brokerha.broker.queue import Queue
+from brokerha.cluster.election import Position
+from brokerha.ha.simulation.world import Faults, SimNode, Unsafe, Violation, World, message
+
+QUEUE = "q"
+
+__all__ = ["ConfirmSimulation", "Faults", "SimResult", "Unsafe", "Violation", "run_many",
+           "run_seed"]
+
+
+@dataclass
+class SimResult:
+    seed: int
+    nodes: int
+    violation: str | None
+    trace: list[str]
+    trace_hash: str
+    failovers: int = 0
+    published: int = 0
+    confirmed: int = 0
+    consumed: int = 0
+    unserved: float = 0.0       # virtual seconds without a serving primary
+    overlap: float = 0.0        # virtual seconds with two serving (a deposed one in its lease)
+    deposed_calls: int = 0      # client calls that went to a deposed primary still serving
+    events: int = 0
+
+    def summary(self) -> str:
+        head = f"seed {self.seed} ({self.nodes} nodes): "
+        if self.violation:
+            return head + f"VIOLATION {self.violation}"
+        return head + (f"ok, {self.failovers} failovers, {self.confirmed}/{self.published} "
+                       f"confirmed, {self.unserved:.1f}s unserved")
+
+
+def held(node: SimNode) -> set[int]:
+    """The message ids on the node's queue (the client's gets are acknowledged at once)."""
+    vhost = node.broker.vhosts.get("/")
+    q = vhost.queues.get(QUEUE) if vhost is not None else None
+    if q is None:
+        return set()
+    return {int(e.message.body) for e in q.ready}
+
+
+class ConfirmSimulation(World):
+    def __init__(self, seed: int, *, publish_rate: float = 2.0, consume_rate: float = 1.6,
+                 **kw: Any) -> None:
+        super().__init__(seed, **kw)
+        self.publish_rate, self.consume_rate = publish_rate, consume_rate
+        self.confirmed_live: set[int] = set()
+        self.consumed: set[int] = set()
+        self.next_id = 0
+        # per epoch, for (d): the primary's seq when it took each message in and gave it away
+        self.held_at: dict[int, dict[int, int]] = {}
+        self.gone_at: dict[int, dict[int, int]] = {}
+        self.result = SimResult(seed, len(self.names), None, [], "")
+
+    def run(self) -> SimResult:
+        result = self.result
+        try:
+            self.start()
+            if self.publish_rate > 0:
+                self.after(self.rng.expovariate(self.publish_rate), self._publish)
+            if self.consume_rate > 0:
+                self.after(self.rng.expovariate(self.consume_rate), self._consume)
+            self.run_until(self.duration)
+            self._check_confirmed(self.serving_now)
+        except Violation as exc:
+            result.violation = str(exc)
+            self.note(f"VIOLATION {exc}")
+        stats = self.stats
+        result.failovers, result.unserved, result.overlap, result.events = (
+            stats.failovers, stats.unserved, stats.overlap, stats.events)
+        result.trace = list(self.trace)
+        self._hash.update(f"{result.published} {result.confirmed} {result.consumed}".encode())
+        result.trace_hash = self.trace_hash()
+        return result
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    def on_elected(self, node: SimNode, epoch: int) -> None:
+        super().on_elected(node, epoch)
+        self.held_at[epoch] = dict.fromkeys(held(node), 0)  # its state at seq 0 of the epoch
+        self.gone_at[epoch] = {}
+
+    def on_serving(self, node: SimNode, epoch: int) -> None:
+        self._check_confirmed(node)
+
+    def on_new_server(self, node: SimNode | None) -> None:
+        self._check_confirmed(node)
+
+    def _check_confirmed(self, node: SimNode | None) -> None:
+        """(c): the serving primary holds every confirmed message not consumed since."""
+        if node is None:
+            return
+        missing = self.confirmed_live.difference(held(node))
+        if missing:
+            self.violate(f"(c) confirmed messages {sorted(missing)[:5]} lost: not held by "
+                         f"{node.name}, primary of epoch {node.election.epoch}")
+
+    def on_position(self, node: SimNode, pos: Position) -> None:
+        """(d): a backup valid at ``pos`` under its primary misses nothing that covers."""
+        backup = node.ha.backup
+        if not pos.valid or backup is None or pos.epoch not in self.held_at:
+            return
+        gone = self.gone_at[pos.epoch]
+        have = held(node)
+        for mid, seq in self.held_at[pos.epoch].items():
+            if seq <= pos.seq and mid not in have and gone.get(mid, pos.seq + 1) > backup.applied_seq:
+                self.violate(f"(d) backup {node.name} ready at {pos} but misses message {mid} "
+                             f"(seq {seq}) of the primary of epoch {pos.epoch}")
+
+    # -- the client -----------------------------------------------------------------------------
+
+    def _target(self) -> SimNode | None:
+        """Where the client's next call goes: any serving node (one still deposed, sometimes)."""
+        servers = self.servers()
+        if not servers:
+            return None
+        node = servers[0] if len(servers) == 1 else self.rng.choice(servers)
+        self.result.deposed_calls += node is not servers[0]
+        return node
+
+    def _client_queue(self, node: SimNode) -> Queue:
+        vhost = node.broker.vhosts["/"]
+        q = vhost.queues.get(QUEUE)
+        if q is None:  # the client declares its queue on each primary it meets
+            q = vhost.declare_queue(QUEUE, owner=None, durable=True)
+        return q
+
+    def _publish(self) -> None:
+        self.after(self.rng.expovariate(self.publish_rate), self._publish)
+        node = self._target()
+        if node is None:
+            return
+        primary = node.primary
+        assert primary is not None
+        self.next_id += 1
+        mid = self.next_id
+        self.result.published += 1
+        self._client_queue(node).enqueue(message(b"%d" % mid, QUEUE, persistent=True))
+        self.held_at[primary.epoch][mid] = primary.seq
+
+        def confirmed() -> None:
+            if node.primary is not primary or not node.alive:
+                return  # its connection closed with the primary role: never confirmed
+            self.result.confirmed += 1
+            if mid not in self.consumed:
+                self.confirmed_live.add(mid)
+                if self.serving_now is not None and mid not in held(self.serving_now):
+                    self._check_confirmed(self.serving_now)
+
+        node.broker.after_durable(confirmed)
+
+    def _consume(self) -> None:
+        self.after(self.rng.expovariate(self.consume_rate), self._consume)
+        node = self._target()
+        if node is None:
+            return
+        q = self._client_queue(node)
+        entry = q.get()
+        if entry is None:
+            return
+        q.settle(entry)
+        mid = int(entry.message.body)
+        self.result.consumed += 1
+        self.consumed.add(mid)
+        self.confirmed_live.discard(mid)
+        primary = node.primary
+        assert primary is not None
+        self.gone_at[primary.epoch][mid] = primary.seq
+
+
+# ---- running many seeds ---------------------------------------------------------------------
+
+
+def run_seed(seed: int, *, nodes: int = 3, duration: float = 60.0,
+             faults: Faults | None = None, **kw: Any) -> SimResult:
+    """One seed; the result names the first violation (and the trace tail leading to it)."""
+    logging.disable(logging.WARNING)  # the nodes' warnings: the trace says what happened
+    try:
+        return ConfirmSimulation(seed, nodes=nodes, duration=duration, faults=faults, **kw).run()
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def run_many(seeds: Sequence[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:
+    """Run every seed (over ``jobs`` processes); results in seed order, traces kept for failures."""
+    results = seed_runner.run_many(run_seed, seeds, jobs=jobs, **kw)
+    for result in results:
+        if result.violation is None:
+            result.trace = []
+    return results
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeds", type=int, default=1000, help="number of seeds (default 1000)")
+    parser.add_argument("--start-seed", type=int, default=0, help="first seed (default 0)")
+    parser.add_argument("--nodes", type=int, default=3, help="nodes per datacenter (default 3)")
+    parser.add_argument("--duration", type=float, default=60.0, help="virtual seconds per seed")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
+    parser.add_argument("--no-faults", action="store_true", help="no network faults or crashes")
+    parser.add_argument("--unsafe", nargs="+", action="extend", default=[],
+                        choices=Unsafe.names(), metavar="RULE",
+                        help=f"break a rule on purpose ({', '.join(Unsafe.names())})")
+    parser.add_argument("--trace", action="store_true", help="print the trace tail of failing seeds")
+    parser.set_defaults(handler=simulate)
+
+
+def simulate(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    faults = Faults.none() if args.no_faults else Faults()
+    results = run_many(range(args.start_seed, args.start_seed + args.seeds), jobs=args.jobs,
+                       nodes=args.nodes, duration=args.duration, faults=faults,
+                       unsafe=Unsafe.of(args.unsafe))
+    failing = seed_runner.report_failures(results, trace=args.trace)
+    elapsed = time.monotonic() - started
+    failovers = sum(r.failovers for r in results)
+    unserved = sum(r.unserved for r in results) / max(1, len(results))
+    print(f"seeds {len(results)}, violations {len(failing)}, failovers {failovers}, "
+          f"confirmed {sum(r.confirmed for r in results)}, unserved {unserved:.1f}s/seed, "
+          f"elapsed {elapsed:.1f}s ({len(results) / max(elapsed, 1e-9):.0f} seeds/s over "
+          f"{args.jobs} processes)")
+    return 1 if failing else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="brokerha cluster simulate",
+                                     description=__doc__.splitlines()[0])
+    register(parser)
+    return simulate(parser.parse_args(argv))

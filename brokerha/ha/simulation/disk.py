@@ -1,0 +1,97 @@
+"""The disk of a simulated node: a store whose writes survive a crash only once synced.
+
+A ``DiskStore`` is the broker's ``MemoryStore`` with a disk image beside it:
+``sync()`` is one group commit (the ``before_batch`` hooks first, as a real
+store runs them before it hands a batch to its writer, then everything
+recorded so far becomes the image, then the ``after_sync`` callbacks run);
+a crash keeps the image only. The simulation decides when a sync happens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from brokerha.broker.storage import Definitions, MemoryStore, StoredMessage
+
+
+@dataclass
+class Image:
+    """What a DiskStore holds on disk: its records as of the last completed sync."""
+
+    exchanges: dict[Any, Any] = field(default_factory=dict)
+    queues: dict[Any, Any] = field(default_factory=dict)
+    bindings: dict[Any, Any] = field(default_factory=dict)
+    messages: dict[Any, StoredMessage] = field(default_factory=dict)
+    prepared: dict[str, Any] = field(default_factory=dict)
+    ha_transactions: dict[str, bytes] = field(default_factory=dict)
+    outcomes: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
+
+    def copy(self) -> Image:
+        # records are shared, not copied: only ``delivered`` ever changes in one (the
+        # redelivered flag after a restart), which no check reads
+        return Image(dict(self.exchanges), dict(self.queues), dict(self.bindings),
+                     dict(self.messages), dict(self.prepared), dict(self.ha_transactions), dict(self.outcomes),
+                     dict(self.meta))
+
+
+class DiskStore(MemoryStore):
+    """A MemoryStore whose ``after_sync`` completes only when the simulation syncs it.
+
+    ``sync()`` makes everything recorded so far durable (one group commit) and
+    then runs the callbacks waiting for it; a crash keeps ``disk`` only.
+    """
+
+    def __init__(self, disk: Image | None = None,
+                 on_wait: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self.disk = disk or Image()
+        self._apply(self.disk.copy())
+        self.waiting: list[Callable[[], None]] = []
+        self.hooks: list[Callable[[], None]] = []
+        self.on_wait = on_wait  # a callback now waits: the simulation schedules a sync
+
+    def _apply(self, image: Image) -> None:
+        self.exchanges, self.queues, self.bindings = image.exchanges, image.queues, image.bindings
+        self.messages, self.prepared = image.messages, image.prepared
+        self.ha_transactions, self.outcomes, self.meta = (image.ha_transactions, image.outcomes,
+                                                          image.meta)
+
+    def image(self) -> Image:
+        return Image(self.exchanges, self.queues, self.bindings, self.messages, self.prepared,
+                     self.ha_transactions, self.outcomes, self.meta).copy()
+
+    def after_sync(self, callback: Callable[[], None]) -> None:
+        self.waiting.append(callback)
+        if self.on_wait is not None:
+            self.on_wait()
+
+    def before_batch(self, hook: Callable[[], None]) -> None:
+        self.hooks.append(hook)
+
+    def ha_tx_prepared(self, txid: str, payload: bytes, done: Callable[[], None]) -> None:
+        self.ha_transactions[txid] = payload
+        self.after_sync(done)
+
+    def dtx_prepared(self, record: Any, done: Callable[[], None]) -> None:
+        self.prepared[record.xid] = record
+        self.after_sync(done)
+
+    def sync(self) -> None:
+        for hook in self.hooks:
+            hook()
+        self.disk = self.image()
+        callbacks, self.waiting = self.waiting, []
+        for callback in callbacks:
+            callback()
+
+    def load(self) -> Definitions:
+        disk = self.disk
+        return Definitions(list(disk.exchanges.values()), list(disk.queues.values()),
+                           list(disk.bindings.values()),
+                           sorted(disk.messages.values(),
+                                  key=lambda m: (m.vhost, m.queue, m.position)),
+                           list(disk.prepared.values()), list(disk.ha_transactions.items()),
+                           list(disk.outcomes.values()))

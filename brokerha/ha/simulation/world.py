@@ -1,0 +1,636 @@
+"""One datacenter on a virtual clock: the product's HA members on simulated disks and links.
+
+Every node is what a broker process runs: a ``Broker`` on a ``DiskStore``
+(``disk.py``: only what a completed sync wrote survives a crash) and an
+``HAMember`` (``ha/member.py``: the real ``Election``, ``HACore``, ``Primary``
+or ``Backup``, verification), driven the way ``node/ha.py`` drives it: a tick
+every ``TICK``, packets of its cluster links, links up and down, ``soon``
+callbacks after each input, timers. The world supplies what the asyncio
+shell supplies, and nothing else: no rule of the protocol lives here, so a
+violation found is a defect of the product.
+
+- **Links** are one ordered stream per pair of nodes, as ``ClusterLinks``
+  (TCP): a message crosses the codec (``wire``: msgpack, as the link frames
+  it) and arrives after a random delay, in order. A link fails (a fault, a
+  crash, a partition): what is in flight is lost, each end notices after its
+  own detection delay (``peer_down``), and once both did, the link is
+  redialled (``peer_up``) unless a partition blocks it.
+- **Disks**: a store sync is scheduled whenever a callback waits for one and
+  completes after a random fsync latency.
+- **Faults** drawn from the seed: crashes (the process is gone, its disk
+  image stays; it restarts later from that image and its vote record),
+  pauses (SIGSTOP: nothing runs, input waits, TCP stays up), link failures,
+  partitions that heal, and manual failovers (``HAMember.promote``).
+
+Checked after every event, whatever the workload: (a) at most one primary
+per epoch and one vote per node and epoch; (b) a deposed primary serves at
+most ``lease_timeout`` after a newer one was elected; (e) a node never
+applies replication events of an epoch older than its own. The workloads
+(``confirms.py``, the transaction simulation in ``tests/ha``) add theirs.
+``Unsafe`` switches off a rule in the product module that holds it (the
+election's, the member's, the HA core's); the checker must then report a
+violation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import random
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+from functools import partial
+from typing import Any
+
+import msgpack
+from pamqp import commands
+
+from brokerha.broker.broker import Broker
+from brokerha.broker.content import build_header
+from brokerha.broker.message import Message
+from brokerha.cluster import election as el
+from brokerha.cluster.messages import REGISTRY
+from brokerha.cluster.messages import Message as Packet
+from brokerha.cluster.replication import Events
+from brokerha.cluster.state import NodeState
+from brokerha.ha import core, member
+from brokerha.ha.core import PrimarySettings, load_position
+from brokerha.ha.member import TICK, HAMember
+from brokerha.ha.simulation.disk import DiskStore, Image
+from brokerha.primary.primary import Primary
+
+TRACE_TAIL = 60
+# small replication packets: a join's catch-up spans several, as a big queue's does
+EVENTS_PER_PACKET = 4
+
+
+def wire(packet: Packet) -> Packet:
+    """The packet after a trip through the cluster link's msgpack framing."""
+    data = msgpack.packb([0, packet.CODE, packet.to_args()], use_bin_type=True)
+    _, code, args = msgpack.unpackb(data, raw=False)
+    return REGISTRY[code].from_args(args)
+
+
+def message(body: bytes, rk: str = "q", exchange: str = "", persistent: bool = False,
+            **props: Any) -> Message:
+    """An AMQP message as the channel builds it from a basic.publish."""
+    properties = commands.Basic.Properties(delivery_mode=2 if persistent else 1, **props)
+    return Message(exchange, rk, build_header(len(body), properties), body)
+
+
+@dataclass(frozen=True)
+class Faults:
+    delay: tuple[float, float] = (0.0005, 0.005)  # one-way message delay
+    spike_p: float = 0.02        # chance a message is slow (congestion, GC) ...
+    spike_max: float = 0.6       # ... by up to this much
+    rate: float = 0.15           # faults per virtual second
+    crash: float = 2.0           # relative weights of the fault kinds
+    pause: float = 2.0
+    partition: float = 2.0
+    link: float = 2.0
+    promote: float = 1.0
+    outage: tuple[float, float] = (0.3, 6.0)   # crash downtime, pause, partition length
+    detect: tuple[float, float] = (0.05, 2.0)  # a broken link is noticed after this
+    redial: tuple[float, float] = (0.05, 0.5)  # a link comes back this long after both noticed
+    fsync: tuple[float, float] = (0.0005, 0.01)  # a store sync takes this long
+
+    @classmethod
+    def none(cls) -> Faults:
+        return cls(spike_p=0.0, rate=0.0)
+
+
+@dataclass(frozen=True)
+class Unsafe:
+    """Rules to break on purpose, each in the product module that holds it.
+
+    ``invalid_grants`` and ``no_lease``: ``cluster.election.Unsafe``;
+    ``old_epoch_apply``: ``ha.member.Unsafe``; ``early_ack`` and
+    ``confirm_early``: ``ha.core.Unsafe``.
+    """
+
+    confirm_early: bool = False     # the primary confirms on its own disk, without the quorum
+    invalid_grants: bool = False    # a voter forgets its vote floor
+    no_lease: bool = False          # a primary keeps serving without a majority
+    old_epoch_apply: bool = False   # a backup applies events of an older epoch
+    early_ack: bool = False         # a backup acknowledges before its store synced
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> Unsafe:
+        return cls(**{name: True for name in names})
+
+    def _part(self, kind: type[Any]) -> Any:
+        return kind(**{name: getattr(self, name) for name in kind.names()})
+
+    def election(self) -> el.Unsafe:
+        return self._part(el.Unsafe)  # type: ignore[no-any-return]
+
+    def member(self) -> member.Unsafe:
+        return self._part(member.Unsafe)  # type: ignore[no-any-return]
+
+    def core(self) -> core.Unsafe:
+        return self._part(core.Unsafe)  # type: ignore[no-any-return]
+
+
+class Violation(Exception):
+    pass
+
+
+@dataclass
+class Votes:
+    """What the state file keeps: the election's last ``Persist``."""
+
+    epoch: int = 0
+    voted_for: str | None = None
+
+
+@dataclass
+class Link:
+    """The cluster link between two nodes (one TCP connection)."""
+
+    gen: int = 0          # bumped by every failure: what was in flight is lost
+    up: bool = False
+    blocked: int = 0      # partitions cutting it (it cannot be redialled meanwhile)
+
+
+class Timer:
+    """A ``later`` callback on the virtual clock (ha.core.Cancellable)."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class SimNode:
+    """One process of a node: its broker on its disk, its HA member, and the member's effects."""
+
+    def __init__(self, world: World, name: str, incarnation: int, disk: Image | None,
+                 votes: Votes) -> None:
+        self.world = world
+        self.name = name
+        self.incarnation = incarnation
+        self.up = True
+        self.paused_until = 0.0
+        self.inbox: list[Callable[[], None]] = []  # input that waits for a paused node
+        self.sync_pending = False
+        self.store = DiskStore(disk, on_wait=self._sync_wanted)
+        self.broker = Broker(name, clock=world.clock, store=self.store)
+        if disk is not None:
+            self.broker.restore(self.store.load())
+        self.broker.add_vhost("/")
+        state = NodeState(epoch=votes.epoch, voted_for=votes.voted_for)
+        load_position(self.broker, state)
+        unsafe = world.unsafe
+        self.ha = HAMember(
+            self.broker, name, world.names, state, self,
+            PrimarySettings(len(world.names), world.backup_timeout,
+                            tx_prepare_timeout=world.tx_prepare_timeout,
+                            events_per_packet=world.events_per_packet),
+            world.clock, timing=world.timing, verification_timeout=world.verification_timeout,
+            rng=random.Random(f"{world.seed}/{name}/{incarnation}"),
+            primary_factory=world.make_primary, unsafe=unsafe.member(),
+            core_unsafe=unsafe.core(), election_unsafe=unsafe.election())
+
+    @property
+    def election(self) -> el.Election:
+        return self.ha.election
+
+    @property
+    def primary(self) -> Primary | None:
+        return self.ha.primary
+
+    @property
+    def alive(self) -> bool:
+        return self.up and self.world.nodes[self.name] is self
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_until > self.world.now
+
+    def serves_clients(self) -> bool:
+        """Serving AMQP clients at this instant: a verified primary within its lease."""
+        return (self.alive and not self.paused and self.ha.phase == "primary"
+                and self.election.lease_valid(self.world.now))
+
+    def run(self, work: Callable[[], None]) -> None:
+        """Input for this process: now, or when a pause ends; never after it died."""
+        if not self.alive:
+            return
+        if self.paused:
+            self.inbox.append(work)
+            return
+        work()
+
+    def _sync_wanted(self) -> None:
+        if not self.sync_pending:
+            self.sync_pending = True
+            self.world.after(self.world.fsync_delay(), self._sync)
+
+    def _sync(self) -> None:
+        self.sync_pending = False
+        self.run(self.store.sync)
+
+    # -- ha.member.MemberEffects ------------------------------------------------------------
+
+    def send(self, peer: str, message: Packet) -> None:
+        self.world.send(self.name, peer, 0, message)
+
+    def send_many(self, peer: str, messages: Sequence[Packet]) -> None:
+        for packet in messages:
+            self.world.send(self.name, peer, 0, packet)
+
+    def reply(self, peer: str, msg_id: int, message: Packet) -> None:
+        self.world.send(self.name, peer, msg_id, message)
+
+    def connected(self, peer: str) -> bool:
+        return self.world.connected(self.name, peer)
+
+    def peers_up(self) -> list[str]:
+        return [peer for peer in self.world.names if peer != self.name and self.connected(peer)]
+
+    def persist(self, epoch: int, voted_for: str | None) -> None:
+        votes = self.world.votes[self.name]
+        if epoch < votes.epoch:
+            self.world.violate(f"{self.name} persisted epoch {epoch} after {votes.epoch}")
+        if epoch == votes.epoch and votes.voted_for not in (None, voted_for):
+            self.world.violate(f"(a) {self.name} voted for {votes.voted_for} and {voted_for} "
+                               f"in epoch {epoch}")
+        votes.epoch, votes.voted_for = epoch, voted_for
+
+    def position(self, pos: el.Position) -> None:
+        self.ha.carry_out(self.election.set_position(pos))
+        self.world.on_position(self, pos)
+
+    def soon(self, callback: Callable[[], None]) -> None:
+        self.world.soon.append((self, callback))
+
+    def later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        timer = Timer()
+
+        def due() -> None:
+            if not timer.cancelled:
+                self.run(callback)
+
+        self.world.after(delay, due)
+        return timer
+
+    def replication_failed(self, reason: str) -> None:
+        self.world.violate(f"{self.name} cannot follow the primary: {reason}")
+
+    def elected(self, epoch: int, primary: Primary) -> None:
+        self.world.on_elected(self, epoch)
+
+    def serving(self, epoch: int) -> None:
+        self.world.note(f"{self.name} serves clients (epoch {epoch})")
+        self.world.on_serving(self, epoch)
+
+    def demoted(self, reason: str) -> None:
+        self.world.note(f"{self.name} stops serving: {reason}")
+
+    def follow(self, primary: str, epoch: int) -> Any:
+        return None
+
+    def joined(self, primary: str, epoch: int) -> None:
+        self.world.note(f"{self.name} joins {primary} (epoch {epoch})")
+
+
+@dataclass
+class WorldStats:
+    failovers: int = 0
+    unserved: float = 0.0       # virtual seconds without a serving primary
+    overlap: float = 0.0        # virtual seconds with two serving (a deposed one in its lease)
+    events: int = 0
+
+
+class World:
+    """The nodes, their links and disks, the clock and the faults; subclasses add a workload."""
+
+    def __init__(self, seed: int, *, nodes: int = 3, duration: float = 60.0,
+                 faults: Faults | None = None, unsafe: Unsafe | None = None,
+                 timing: el.ElectionTiming | None = None, backup_timeout: float = 5.0,
+                 tx_prepare_timeout: float = 5.0, verification_timeout: float = 2.0,
+                 events_per_packet: int = EVENTS_PER_PACKET,
+                 trace_tail: int | None = TRACE_TAIL) -> None:
+        self.seed = seed
+        self.duration = duration
+        self.faults = faults or Faults()
+        self.unsafe = unsafe or Unsafe()
+        self.timing = timing or el.ElectionTiming()
+        self.backup_timeout = backup_timeout
+        self.tx_prepare_timeout = tx_prepare_timeout
+        self.verification_timeout = verification_timeout
+        self.events_per_packet = events_per_packet
+        self.rng = random.Random(seed)
+        self.names = [f"n{i + 1}" for i in range(nodes)]
+        self.now = 0.0
+        self._queue: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self.soon: list[tuple[SimNode, Callable[[], None]]] = []
+        self.votes = {name: Votes() for name in self.names}
+        self.disks: dict[str, Image | None] = dict.fromkeys(self.names)
+        self.incarnations = dict.fromkeys(self.names, 0)
+        self.nodes: dict[str, SimNode] = {}
+        self.links = {frozenset(p): Link() for p in itertools.combinations(self.names, 2)}
+        self.seen: dict[tuple[str, str], int | None] = {}   # (me, peer) -> link gen I use
+        self.last_at: dict[tuple[str, str], float] = {}     # in-order delivery per direction
+        self.primaries: dict[int, str] = {}
+        self.elected_at: dict[int, float] = {}
+        self.trace: deque[str] = deque(maxlen=trace_tail)
+        self._hash = hashlib.sha256()
+        self.stats = WorldStats()
+        self.serving_now: SimNode | None = None   # the newest serving primary
+        self._overlapping = False
+
+    # -- the clock and the event queue -------------------------------------------------------
+
+    def clock(self) -> float:
+        return self.now
+
+    def after(self, delay: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._queue, (self.now + delay, next(self._order), fn))
+
+    def note(self, text: str) -> None:
+        line = f"{self.now:9.4f} {text}"
+        self.trace.append(line)
+        self._hash.update(line.encode())
+
+    def trace_hash(self) -> str:
+        return self._hash.hexdigest()[:16]
+
+    def violate(self, text: str) -> None:
+        raise Violation(text)
+
+    def fsync_delay(self) -> float:
+        lo, hi = self.faults.fsync
+        return lo + (hi - lo) * self.rng.random()
+
+    def start(self) -> None:
+        for name in self.names:
+            self.restart(name)
+        if self.faults.rate > 0:
+            self.after(self.rng.expovariate(self.faults.rate), self._fault)
+
+    def run_until(self, end: float) -> None:
+        """Run every event due up to ``end``; the invariants after each one."""
+        queue, stats = self._queue, self.stats
+        while queue and queue[0][0] <= end:
+            when, _, fn = heapq.heappop(queue)
+            if self.serving_now is None:
+                stats.unserved += when - self.now
+            elif self._overlapping:
+                stats.overlap += when - self.now
+            self.now = when
+            fn()
+            self.run_soon()
+            stats.events += 1
+            self.check_serving()
+        if self.serving_now is None:
+            stats.unserved += max(0.0, end - self.now)
+        self.now = max(self.now, end)
+
+    def run_soon(self) -> None:
+        """The loop's ``call_soon`` callbacks, in order, until none is left."""
+        soon = self.soon
+        while soon:
+            node, callback = soon.pop(0)
+            node.run(callback)
+
+    # -- the workload's hooks (a subclass overrides what it checks) ------------------------------
+
+    def make_primary(self, *args: Any, **kw: Any) -> Primary:
+        return Primary(*args, **kw)
+
+    def on_elected(self, node: SimNode, epoch: int) -> None:
+        first = self.primaries.setdefault(epoch, node.name)
+        if first != node.name:
+            self.violate(f"(a) two primaries in epoch {epoch}: {first} and {node.name}")
+        self.elected_at[epoch] = self.now
+        self.stats.failovers += len(self.primaries) > 1
+        self.note(f"{node.name} elected for epoch {epoch}")
+
+    def on_serving(self, node: SimNode, epoch: int) -> None:
+        pass
+
+    def on_position(self, node: SimNode, pos: el.Position) -> None:
+        pass
+
+    def on_new_server(self, node: SimNode | None) -> None:
+        pass
+
+    # -- invariants --------------------------------------------------------------------------
+
+    def servers(self) -> list[SimNode]:
+        """The nodes serving at this instant, newest epoch first."""
+        found = [n for n in self.nodes.values() if n.serves_clients()]
+        return sorted(found, key=lambda n: -n.election.epoch)
+
+    def check_serving(self) -> None:
+        """(b): a deposed primary stops within its lease."""
+        servers = self.servers()
+        serving = servers[0] if servers else None
+        self._overlapping = len(servers) > 1
+        for old in servers[1:]:
+            epoch = old.election.epoch
+            successor = min(at for e, at in self.elected_at.items() if e > epoch)
+            if self.now - successor > self.timing.lease_timeout:
+                self.violate(f"(b) {old.name} (epoch {epoch}) still serves "
+                             f"{self.now - successor:.3f}s after a newer primary was elected")
+        if serving is not self.serving_now:
+            self.serving_now = serving
+            self.on_new_server(serving)
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def restart(self, name: str) -> None:
+        self.incarnations[name] += 1
+        node = SimNode(self, name, self.incarnations[name], self.disks[name], self.votes[name])
+        self.nodes[name] = node
+        if self.now:
+            st = node.ha.core.state
+            self.note(f"restart {name} at epoch {node.election.epoch}, position "
+                      f"({st.pos_epoch}, {st.pos_seq}), floor ({st.floor_epoch}, {st.floor_seq})")
+        for peer in self.names:
+            if peer != name:
+                self.seen[(name, peer)] = None
+                self._maybe_redial(name, peer)
+        node.ha.start()
+        phase = self.rng.random() * TICK
+        self.after(phase, lambda: self._tick(node))
+
+    def _tick(self, node: SimNode) -> None:
+        if not node.alive:
+            return
+        self.after(TICK, lambda: self._tick(node))
+        if not node.paused:
+            node.ha.tick()
+
+    def crash(self, node: SimNode, downtime: float) -> None:
+        self.note(f"crash {node.name} for {downtime:.2f}s"
+                  + (" (primary)" if node.primary is not None else ""))
+        node.up = False
+        self.disks[node.name] = node.store.disk
+        for peer in self.names:
+            if peer != node.name:
+                self.seen[(node.name, peer)] = None
+                self._fail_link(node.name, peer)
+        self.after(downtime, lambda: self.restart(node.name))
+
+    def pause(self, node: SimNode, length: float) -> None:
+        node.paused_until = self.now + length
+        self.note(f"pause {node.name} for {length:.2f}s")
+        self.after(length, lambda: self._resume(node))
+
+    def _resume(self, node: SimNode) -> None:
+        if not node.alive or node.paused:
+            return
+        self.note(f"resume {node.name} ({node.election.role}, epoch {node.election.epoch})")
+        node.ha.tick()
+        inbox, node.inbox = node.inbox, []
+        for work in inbox:
+            node.run(work)
+            self.run_soon()
+
+    # -- links -------------------------------------------------------------------------------
+
+    def connected(self, me: str, peer: str) -> bool:
+        gen = self.seen.get((me, peer))
+        return gen is not None and gen == self.links[frozenset((me, peer))].gen
+
+    def send(self, src: str, dst: str, msg_id: int, packet: Packet) -> None:
+        gen = self.seen.get((src, dst))
+        if gen is None or gen != self.links[frozenset((src, dst))].gen:
+            return  # not connected, or the link failed and this end has not noticed yet
+        f, rng = self.faults, self.rng
+        delay = f.delay[0] + (f.delay[1] - f.delay[0]) * rng.random()
+        if f.spike_p and rng.random() < f.spike_p:
+            delay += f.spike_max * rng.random()
+        key = (src, dst)
+        when = max(self.now + delay, self.last_at.get(key, 0.0))
+        self.last_at[key] = when
+        packet = wire(packet)
+        self.after(when - self.now, lambda: self._deliver(src, dst, gen, msg_id, packet))
+
+    def _deliver(self, src: str, dst: str, gen: int, msg_id: int, packet: Packet) -> None:
+        if self.links[frozenset((src, dst))].gen != gen:
+            return
+        node = self.nodes[dst]
+        node.run(lambda: self._receive(node, src, gen, msg_id, packet))
+
+    def _receive(self, node: SimNode, src: str, gen: int, msg_id: int, packet: Packet) -> None:
+        if self.links[frozenset((src, node.name))].gen != gen:
+            return  # the link failed while the node was paused
+        if type(packet) is Events:
+            backup = node.ha.backup
+            before = backup.applied_seq if backup is not None else None
+            older = packet.epoch < node.election.epoch
+            node.ha.on_message(src, msg_id, packet)
+            if older and backup is not None and node.ha.backup is backup \
+                    and backup.applied_seq != before:
+                self.violate(f"(e) {node.name} applied events of epoch {packet.epoch} after "
+                             f"adopting epoch {node.election.epoch}")
+            return
+        node.ha.on_message(src, msg_id, packet)
+
+    def fail_link(self, a: str, b: str) -> None:
+        self.note(f"link {a}-{b} fails")
+        self._fail_link(a, b)
+
+    def _fail_link(self, a: str, b: str) -> None:
+        link = self.links[frozenset((a, b))]
+        link.gen += 1
+        link.up = False
+        lo, hi = self.faults.detect
+        for me, peer in ((a, b), (b, a)):
+            self.after(lo + (hi - lo) * self.rng.random(),
+                       partial(self._notice_down, me, peer, link.gen))
+
+    def _notice_down(self, me: str, peer: str, gen: int) -> None:
+        link = self.links[frozenset((me, peer))]
+        if link.gen != gen:
+            return  # failed again since: that failure's notice comes
+        if self.seen.get((me, peer)) is not None:
+            self.seen[(me, peer)] = None
+            node = self.nodes[me]
+            node.run(lambda: node.ha.peer_down(peer))
+        self._maybe_redial(me, peer)
+
+    def _maybe_redial(self, a: str, b: str) -> None:
+        """Redial once both ends know the link is gone (and are alive)."""
+        if self.seen.get((a, b)) is not None or self.seen.get((b, a)) is not None:
+            return
+        lo, hi = self.faults.redial
+        link = self.links[frozenset((a, b))]
+        self.after(lo + (hi - lo) * self.rng.random(), partial(self._redial, a, b, link.gen))
+
+    def _redial(self, a: str, b: str, gen: int) -> None:
+        link = self.links[frozenset((a, b))]
+        if link.gen != gen or link.up:
+            return
+        if not (self.nodes[a].alive and self.nodes[b].alive):
+            return  # the restart redials
+        if self.seen.get((a, b)) is not None or self.seen.get((b, a)) is not None:
+            return
+        if link.blocked:
+            lo, hi = self.faults.redial
+            self.after(lo + (hi - lo) * self.rng.random(), lambda: self._redial(a, b, gen))
+            return
+        link.up = True
+        for me, peer in ((a, b), (b, a)):
+            self.seen[(me, peer)] = link.gen
+            node = self.nodes[me]
+            node.run(partial(node.ha.peer_up, peer))
+
+    def partition(self, length: float) -> None:
+        names = self.names[:]
+        self.rng.shuffle(names)
+        cut = 1 if self.rng.random() < 0.5 else self.rng.randint(1, len(names) - 1)
+        side = set(names[:cut])
+        crossing = [(a, b) for a in sorted(side) for b in self.names if b not in side]
+        self.note(f"partition {sorted(side)} | {sorted(set(self.names) - side)} for {length:.2f}s")
+        for a, b in crossing:
+            self.links[frozenset((a, b))].blocked += 1
+            self._fail_link(a, b)
+
+        def heal() -> None:
+            self.note("heal " + " ".join(f"{a}-{b}" for a, b in crossing))
+            for a, b in crossing:
+                self.links[frozenset((a, b))].blocked -= 1
+
+        self.after(length, heal)
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def _fault(self) -> None:
+        f, rng = self.faults, self.rng
+        self.after(rng.expovariate(f.rate), self._fault)
+        kinds = ("crash", "pause", "partition", "link", "promote")
+        kind = rng.choices(kinds, weights=[getattr(f, k) for k in kinds])[0]
+        outage = f.outage[0] + (f.outage[1] - f.outage[0]) * rng.random()
+        up = [n for n in self.nodes.values() if n.alive and not n.paused]
+        if kind == "crash" and up:
+            self.crash(rng.choice(up), outage)
+        elif kind == "pause" and up:
+            self.pause(rng.choice(up), outage)
+        elif kind == "partition":
+            self.partition(outage)
+        elif kind == "link":
+            a, b = rng.sample(self.names, 2)
+            self.fail_link(a, b)
+        elif kind == "promote" and self.serving_now is not None:
+            self.promote(self.serving_now,
+                         rng.choice([n for n in self.names if n != self.serving_now.name]))
+
+    def promote(self, node: SimNode, target: str) -> None:
+        try:
+            node.ha.promote(target)
+        except el.PromoteRefused as exc:
+            self.note(f"promote {target} refused: {exc}")
+            return
+        self.note(f"promote {target} (from {node.name})")
