@@ -88,6 +88,7 @@ class Unsafe:
 
     early_ack: bool = False      # a backup acknowledges before its store synced
     confirm_early: bool = False  # the primary confirms once its own disk has it (no quorum)
+    no_tx_trackers: bool = False  # a backup joining during a prepared transaction is ready at once
 
     @classmethod
     def names(cls) -> list[str]:
@@ -229,6 +230,8 @@ class HACore:
         assert self.primary is not None
         log.info("backup %s joins at position (%d, %d)", msg.node, msg.pos_epoch, msg.pos_seq)
         self.primary.backup_joined(msg)
+        if self.unsafe.no_tx_trackers and msg.node in self.primary.sessions:
+            self.primary.sessions[msg.node].tx_trackers.clear()
 
     def schedule_flush(self) -> None:
         self.schedule_position()

@@ -9,17 +9,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import msgpack
-from pamqp import commands
-
 from brokerha.backup.backup import Backup
 from brokerha.broker.broker import Broker
-from brokerha.broker.content import build_header
 from brokerha.broker.message import Message
 from brokerha.broker.queue import Queue
 from brokerha.broker.storage import MemoryStore, Store
-from brokerha.cluster.messages import REGISTRY
 from brokerha.cluster.messages import Message as Packet
+from brokerha.ha.simulation.world import message, wire
 from brokerha.primary.primary import Primary
 
 
@@ -29,19 +25,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def wire(packet: Packet) -> Packet:
-    """The packet after a trip through the codec's msgpack framing."""
-    data = msgpack.packb([0, packet.CODE, packet.to_args()], use_bin_type=True)
-    _, code, args = msgpack.unpackb(data, raw=False)
-    return REGISTRY[code].from_args(args)
-
-
-def message(body: bytes, rk: str = "q", exchange: str = "", persistent: bool = False,
-            **props: Any) -> Message:
-    properties = commands.Basic.Properties(delivery_mode=2 if persistent else 1, **props)
-    return Message(exchange, rk, build_header(len(body), properties), body)
 
 
 def publish(broker: Broker, body: bytes, rk: str = "q", exchange: str = "", vhost: str = "/",

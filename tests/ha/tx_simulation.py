@@ -85,7 +85,6 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.dtx import XA, XAError, Xid
 from brokerha.broker.message import Entry
 from brokerha.broker.queue import Queue
-from brokerha.broker.storage import Definitions, MemoryStore, StoredMessage
 from brokerha.broker.transaction import TransactionAborted
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
 from brokerha.cluster.election import Position
@@ -101,6 +100,7 @@ from brokerha.cluster.replication import (
 from brokerha.cluster.state import NodeState
 from brokerha.ha.core import POSITION_KEY, HACore, PrimarySettings, load_position
 from brokerha.ha.core import Unsafe as CoreUnsafe
+from brokerha.ha.simulation.disk import DiskStore, Image
 from brokerha.primary.primary import Primary
 from brokerha.primary.tx_queue import TxQueue
 from brokerha.primary.verification import COMMIT, ROLLBACK, Verification, answer, carry_out
@@ -123,8 +123,9 @@ class Violation(Exception):
 class Unsafe:
     """Rules to break on purpose: each one must make the checker report a violation."""
 
-    early_ack: bool = False      # a backup acknowledges before its store synced (ha.core's rule)
-    no_tx_trackers: bool = False  # a backup joining during a prepared transaction is ready at once
+    early_ack: bool = False       # a backup acknowledges before its store synced (ha.core's rule)
+    no_tx_trackers: bool = False  # a backup joining during a prepared transaction is ready at
+                                  # once (ha.core's rule)
 
     @classmethod
     def names(cls) -> list[str]:
@@ -148,79 +149,6 @@ class Weights:
     crash_primary: float = 0.8
     restart: float = 4.0
     elect: float = 6.0
-
-
-# -- the disk -------------------------------------------------------------------------------
-
-@dataclass
-class Image:
-    """What a DiskStore holds on disk: its records as of the last completed sync."""
-
-    exchanges: dict[Any, Any] = field(default_factory=dict)
-    queues: dict[Any, Any] = field(default_factory=dict)
-    bindings: dict[Any, Any] = field(default_factory=dict)
-    messages: dict[Any, StoredMessage] = field(default_factory=dict)
-    prepared: dict[str, Any] = field(default_factory=dict)
-    ha_transactions: dict[str, bytes] = field(default_factory=dict)
-    outcomes: dict[str, Any] = field(default_factory=dict)
-    meta: dict[str, str] = field(default_factory=dict)
-
-    def copy(self) -> Image:
-        # records are shared, not copied: only ``delivered`` ever changes in one (the
-        # redelivered flag after a restart), which no check reads
-        return Image(dict(self.exchanges), dict(self.queues), dict(self.bindings),
-                     dict(self.messages), dict(self.prepared), dict(self.ha_transactions), dict(self.outcomes),
-                     dict(self.meta))
-
-
-class DiskStore(MemoryStore):
-    """A MemoryStore whose ``after_sync`` completes only when the simulation syncs it.
-
-    ``sync()`` makes everything recorded so far durable (one group commit) and
-    then runs the callbacks waiting for it; a crash keeps ``disk`` only.
-    """
-
-    def __init__(self, disk: Image | None = None) -> None:
-        super().__init__()
-        self.disk = disk or Image()
-        self._apply(self.disk.copy())
-        self.waiting: list[Callable[[], None]] = []
-
-    def _apply(self, image: Image) -> None:
-        self.exchanges, self.queues, self.bindings = image.exchanges, image.queues, image.bindings
-        self.messages, self.prepared = image.messages, image.prepared
-        self.ha_transactions, self.outcomes, self.meta = (image.ha_transactions, image.outcomes,
-                                                          image.meta)
-
-    def image(self) -> Image:
-        return Image(self.exchanges, self.queues, self.bindings, self.messages, self.prepared,
-                     self.ha_transactions, self.outcomes, self.meta).copy()
-
-    def after_sync(self, callback: Callable[[], None]) -> None:
-        self.waiting.append(callback)
-
-    def ha_tx_prepared(self, txid: str, payload: bytes, done: Callable[[], None]) -> None:
-        self.ha_transactions[txid] = payload
-        self.after_sync(done)
-
-    def dtx_prepared(self, record: Any, done: Callable[[], None]) -> None:
-        self.prepared[record.xid] = record
-        self.after_sync(done)
-
-    def sync(self) -> None:
-        self.disk = self.image()
-        callbacks, self.waiting = self.waiting, []
-        for callback in callbacks:
-            callback()
-
-    def load(self) -> Definitions:
-        disk = self.disk
-        return Definitions(list(disk.exchanges.values()), list(disk.queues.values()),
-                           list(disk.bindings.values()),
-                           sorted(disk.messages.values(),
-                                  key=lambda m: (m.vhost, m.queue, m.position)),
-                           list(disk.prepared.values()), list(disk.ha_transactions.items()),
-                           list(disk.outcomes.values()))
 
 
 Pos = tuple[int, int]
@@ -253,11 +181,6 @@ class SimPrimary(Primary):
         prepare_seq = txq.prepare_seq
         super().tx_commit(txq)
         self.sim.committed_here.append((txq.name, prepare_seq, self.seq))
-
-    def backup_joined(self, join: Join) -> None:
-        super().backup_joined(join)
-        if self.sim.unsafe.no_tx_trackers and join.node in self.sessions:
-            self.sessions[join.node].tx_trackers.clear()
 
 
 @dataclass
@@ -341,7 +264,8 @@ class Node:
                            PrimarySettings(len(NODES), BACKUP_TIMEOUT,
                                            tx_prepare_timeout=TX_PREPARE_TIMEOUT),
                            sim.clock, primary_factory=sim.make_primary,
-                           unsafe=CoreUnsafe(early_ack=sim.unsafe.early_ack))
+                           unsafe=CoreUnsafe(early_ack=sim.unsafe.early_ack,
+                                                  no_tx_trackers=sim.unsafe.no_tx_trackers))
 
     @property
     def primary(self) -> SimPrimary | None:
@@ -565,7 +489,7 @@ class Simulation:
         assert primary is not None
         if isinstance(packet, Join):
             self.note(f"{name} joins at ({packet.pos_epoch}, {packet.pos_seq})")
-            primary.backup_joined(packet)
+            self.primary_node.core.on_join(name, 0, packet)  # type: ignore[union-attr]
         elif isinstance(packet, Ack):
             self.note(f"{name} acks {packet.seq}")
             primary.backup_acked(name, packet.seq)

@@ -125,7 +125,8 @@ class Unsafe:
         return cls(**{name: True for name in names})
 
     def _part(self, kind: type[Any]) -> Any:
-        return kind(**{name: getattr(self, name) for name in kind.names()})
+        """The module's own rules (a rule no workload here can catch stays unbroken)."""
+        return kind(**{name: getattr(self, name, False) for name in kind.names()})
 
     def election(self) -> el.Unsafe:
         return self._part(el.Unsafe)  # type: ignore[no-any-return]
