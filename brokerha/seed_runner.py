@@ -1,7 +1,7 @@
 """Running a deterministic simulation over many seeds, in parallel when asked.
 
 Shared by the simulations (``brokerha.ha.simulation.confirms``, ``brokerha.txlog.simulation.search``,
-``tests.ha.tx_simulation``).
+``brokerha.ha.simulation.transactions``).
 Standard library only: the simulations import this module, never the other way round.
 The per-seed function handed to :func:`run_many` must be a module-level function, so that
 it pickles by reference for the worker processes (fork, forkserver and spawn alike).

@@ -151,6 +151,6 @@ def register(parser: argparse.ArgumentParser) -> None:
                          "after the AMQP ones) and TLS on the node-to-node links")
     up.set_defaults(handler=cmd_up)
     sim = sub.add_parser("simulate", help="deterministic simulation of election + replication")
-    from brokerha.ha.simulation.confirms import register as register_simulation
+    from brokerha.ha.simulation.cli import register as register_simulation
 
     register_simulation(sim)

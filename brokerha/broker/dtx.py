@@ -103,6 +103,7 @@ class DtxBranch(Transaction):
         self.started = now
         self.timeout = timeout
         self.rollback_reason = XA.RBROLLBACK
+        self.preparing = False  # a prepare (or one-phase commit) awaits its votes
 
     def rollback(self) -> None:
         """Discard the work; dequeued entries the branch held go back to their queues."""
@@ -199,6 +200,24 @@ class DtxManager:
         del self.branches[branch.xid]
         return branch.rollback_reason
 
+    async def _prepare(self, branch: DtxBranch) -> bool:
+        """The branch's prepare round; XAER_RMFAIL if the branch was taken away meanwhile.
+
+        On an HA node that stopped being the primary while the votes came in,
+        the branch is no longer this node's to finish (``drop_unprepared``, or
+        a new primary's catch-up replaced the state): the TM asks the new
+        primary's ``recover``.
+        """
+        branch.preparing = True
+        try:
+            ok = await branch.prepare()
+        finally:
+            branch.preparing = False
+        if self.branches.get(branch.xid) is not branch:
+            raise XAError(XA.ER_RMFAIL, f"xid {branch.xid.key} was lost while it prepared: "
+                                     "this node no longer serves it")
+        return ok
+
     async def prepare(self, xid: Xid) -> XA:
         branch = self._branch(xid)
         if branch.state is State.ROLLBACK_ONLY:
@@ -209,7 +228,7 @@ class DtxManager:
             branch.rollback()
             del self.branches[xid]
             return XA.RDONLY
-        if not await branch.prepare():
+        if not await self._prepare(branch):
             return self._finish_rollback_only(branch)
         # durable before the TM hears XA_OK: after a crash, recover must list it
         written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -233,7 +252,7 @@ class DtxManager:
             if branch.state is not State.IDLE:
                 raise XAError(XA.ER_PROTO,
                               f"one-phase commit of xid {xid.key} in state {branch.state.value}")
-            if branch.observers and not await branch.prepare():
+            if branch.observers and not await self._prepare(branch):
                 return self._finish_rollback_only(branch)
         elif branch.state is not State.PREPARED:
             raise XAError(XA.ER_PROTO, f"two-phase commit of xid {xid.key} that is not prepared")
@@ -256,6 +275,31 @@ class DtxManager:
         if was_prepared:
             self.forget_prepared(xid)
         return XA.OK
+
+    def primary_stopped(self) -> list[Xid]:
+        """This node stopped being the HA primary: its branches lose what bound them to it.
+
+        A branch that is not prepared is rolled back: nothing of it was
+        replicated (a branch is replicated from its prepare on), so no later
+        primary has it, this node included if it is elected again; its held
+        entries go back to their queues now, before a new primary's catch-up
+        copies them, and its TM gets XAER_NOTA. A branch whose prepare awaits
+        its votes is left to that prepare, which the stopped primary fails.
+        A prepared branch keeps its record but drops its observers (they were
+        the stopped primary's): the verification of this node's next primary
+        role gives it new ones, so its commit replicates as a transaction.
+        Returns the branches rolled back.
+        """
+        dropped = []
+        for xid, branch in list(self.branches.items()):
+            if branch.state is State.PREPARED:
+                branch.observers = []
+            elif not branch.preparing and branch.state not in (State.HEURISTIC_COMMIT,
+                                                                 State.HEURISTIC_ROLLBACK):
+                del self.branches[xid]
+                branch.rollback()
+                dropped.append(xid)
+        return dropped
 
     def _heuristic(self, branch: DtxBranch) -> XA | None:
         if branch.state is State.HEURISTIC_COMMIT:

@@ -1,7 +1,7 @@
 """The HA core of one node: its role's Primary or Backup, positions, acknowledgements, barriers.
 
-Sans-I/O: the node's asyncio layer (``node/ha.py``) and the transaction
-simulation (``tests/ha/tx_simulation.py``) drive the same object, so the
+Sans-I/O: the node's asyncio layer (``node/ha.py``) and the simulations
+(``ha/simulation``, through ``ha/member.py``) drive the same object, so the
 durability ordering rules exist once. It owns:
 
 - the role objects: a ``Primary`` (``become_primary``) or a ``Backup``
@@ -180,6 +180,10 @@ class HACore:
         self.pending_joins.clear()
         if self.primary is not None:
             self.primary.close()
+            dropped = self.broker.dtx.primary_stopped()
+            if dropped:
+                log.warning("node %s: %d XA branches not prepared are rolled back with the "
+                            "primary role", self.me, len(dropped))
             if self.position_barrier in self.broker.replication_barriers:
                 self.broker.replication_barriers.remove(self.position_barrier)
             self.primary = None

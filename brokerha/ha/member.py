@@ -71,8 +71,9 @@ class MemberEffects(Effects, Protocol):
     def elected(self, epoch: int, primary: Primary) -> None:
         """We won ``epoch``: a Primary exists and verifies; no client is served yet."""
 
-    def serving(self, epoch: int) -> None:
-        """Verification is done: serve clients as the primary of ``epoch``."""
+    def serving(self, epoch: int, decisions: dict[str, str]) -> None:
+        """Verification is done (``decisions``: txid -> commit, rollback or in doubt): serve
+        clients as the primary of ``epoch``."""
 
     def demoted(self, reason: str) -> None:
         """We stop being the primary (stepped down or deposed): stop serving clients."""
@@ -273,4 +274,4 @@ class HAMember:
                         len(decisions), len(verification.replies), len(verification.asked),
                         ", ".join(f"{t} {d}" for t, d in sorted(decisions.items())))
         self.core.verified()
-        self.effects.serving(verification.epoch)
+        self.effects.serving(verification.epoch, decisions)

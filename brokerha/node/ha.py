@@ -147,7 +147,7 @@ class HANode:
         if self._txlog is not None:  # the master started later replicates its journal here
             self._txlog.attach_primary(primary)
 
-    def serving(self, epoch: int) -> None:
+    def serving(self, epoch: int, decisions: dict[str, str]) -> None:
         self._spawn(self._open_listener(epoch))
 
     def demoted(self, reason: str) -> None:

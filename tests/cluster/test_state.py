@@ -29,7 +29,7 @@ def test_an_older_versions_file_still_gives_its_position(tmp_path: Path) -> None
 
 def test_the_stores_position_wins_over_an_older_file(tmp_path: Path) -> None:
     from brokerha.ha.core import POSITION_KEY
-    from tests.ha.tx_simulation import DiskStore
+    from brokerha.ha.simulation.disk import DiskStore
     from tests.node.test_ha_backup_acks import backup_node
 
     (tmp_path / FILE_NAME).write_text(json.dumps(

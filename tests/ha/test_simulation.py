@@ -115,7 +115,7 @@ def test_the_command_line_prints_seeds_per_second_and_fails_on_a_violation() -> 
             "--duration", "10"]
     ok = subprocess.run([*base, "--seeds", "3"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
-    assert "violations 0" in ok.stdout and "seeds/s" in ok.stdout
+    assert "seeds 3, violations 0" in ok.stdout and "seeds/s" in ok.stdout
     bad = subprocess.run([*base, "--seeds", "20", "--unsafe", "confirm_early"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "VIOLATION (c)" in bad.stdout

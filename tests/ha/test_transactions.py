@@ -418,7 +418,7 @@ def test_events_of_an_older_session_do_not_reach_a_new_tx_buffer() -> None:
 
 
 def test_a_backup_that_timed_out_once_does_not_refuse_every_later_transaction() -> None:
-    """Found by the simulation (tests/ha/tx_simulation.py).
+    """Found by the simulation (then tests/ha/tx_simulation.py, now brokerha/ha/simulation/transactions.py).
 
     A backup silent past ``backup_timeout`` leaves the guarded set and votes no
     on the transactions it is in; its session stays timed out while its link

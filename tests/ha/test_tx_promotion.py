@@ -173,7 +173,7 @@ def test_a_dtx_rolled_back_after_a_failover_gives_back_what_it_consumed() -> Non
 
 
 def test_a_local_branch_committed_by_verification_records_its_outcome() -> None:
-    """Found by the simulation (tests/ha/tx_simulation.py).
+    """Found by the simulation (then tests/ha/tx_simulation.py, now brokerha/ha/simulation/transactions.py).
 
     A primary that adopted an in-doubt branch (a prepared branch of its own
     DtxManager, in its store), crashed and was elected again learns from a

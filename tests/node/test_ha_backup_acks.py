@@ -7,10 +7,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from brokerha.cluster.replication import Ack, Events, Join
+from brokerha.ha.simulation.disk import DiskStore
 from brokerha.node.cluster_config import ClusterConfig, ClusterMember
 from brokerha.node.ha import HANode
 from tests.ha.harness import Cluster, wire
-from tests.ha.tx_simulation import DiskStore
 
 
 class FakeLinks:
@@ -44,7 +44,7 @@ def backup_node(tmp_path: Path, store: DiskStore | None = None,
 
 def test_a_backup_that_joins_again_while_an_ack_waits_for_the_disk_still_acks_its_catch_up(
         tmp_path: Path) -> None:
-    """Found by the transaction simulation (tests/ha/tx_simulation.py).
+    """Found by the transaction simulation (then tests/ha/tx_simulation.py, now brokerha/ha/simulation/transactions.py).
 
     The pending acknowledgement was one flag per node: a Backup replaced (a
     new primary, or joining again after a replication error) while the old
@@ -80,7 +80,7 @@ def test_a_backup_that_joins_again_while_an_ack_waits_for_the_disk_still_acks_it
 
 def test_an_ack_that_waited_for_the_disk_across_a_new_join_does_not_make_the_position_valid(
         tmp_path: Path) -> None:
-    """Found by the transaction simulation (tests/ha/tx_simulation.py).
+    """Found by the transaction simulation (then tests/ha/tx_simulation.py, now brokerha/ha/simulation/transactions.py).
 
     The link drops while an acknowledgement waits for the disk, and the
     backup joins again (the same Backup, a new session): from then on its

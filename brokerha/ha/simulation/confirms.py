@@ -17,15 +17,12 @@ message the primary of that epoch held at ``seq`` and that no event the
 backup applied took away is in its queue.
 
 A failing seed is replayed by its number (``brokerha cluster simulate
---seeds 1 --start-seed N --trace``).
+--seeds 1 --start-seed N --trace``; ``cli.py``).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +33,7 @@ from brokerha.cluster.election import Position
 from brokerha.ha.simulation.world import Faults, SimNode, Unsafe, Violation, World, message
 
 QUEUE = "q"
+CATCHES = ("confirm_early", "early_ack", "invalid_grants", "no_lease", "old_epoch_apply")
 
 __all__ = ["ConfirmSimulation", "Faults", "SimResult", "Unsafe", "Violation", "run_many",
            "run_seed"]
@@ -115,7 +113,7 @@ class ConfirmSimulation(World):
         self.held_at[epoch] = dict.fromkeys(held(node), 0)  # its state at seq 0 of the epoch
         self.gone_at[epoch] = {}
 
-    def on_serving(self, node: SimNode, epoch: int) -> None:
+    def on_serving(self, node: SimNode, epoch: int, decisions: dict[str, str]) -> None:
         self._check_confirmed(node)
 
     def on_new_server(self, node: SimNode | None) -> None:
@@ -223,41 +221,3 @@ def run_many(seeds: Sequence[int], *, jobs: int = 1, **kw: Any) -> list[SimResul
         if result.violation is None:
             result.trace = []
     return results
-
-
-def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seeds", type=int, default=1000, help="number of seeds (default 1000)")
-    parser.add_argument("--start-seed", type=int, default=0, help="first seed (default 0)")
-    parser.add_argument("--nodes", type=int, default=3, help="nodes per datacenter (default 3)")
-    parser.add_argument("--duration", type=float, default=60.0, help="virtual seconds per seed")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
-    parser.add_argument("--no-faults", action="store_true", help="no network faults or crashes")
-    parser.add_argument("--unsafe", nargs="+", action="extend", default=[],
-                        choices=Unsafe.names(), metavar="RULE",
-                        help=f"break a rule on purpose ({', '.join(Unsafe.names())})")
-    parser.add_argument("--trace", action="store_true", help="print the trace tail of failing seeds")
-    parser.set_defaults(handler=simulate)
-
-
-def simulate(args: argparse.Namespace) -> int:
-    started = time.monotonic()
-    faults = Faults.none() if args.no_faults else Faults()
-    results = run_many(range(args.start_seed, args.start_seed + args.seeds), jobs=args.jobs,
-                       nodes=args.nodes, duration=args.duration, faults=faults,
-                       unsafe=Unsafe.of(args.unsafe))
-    failing = seed_runner.report_failures(results, trace=args.trace)
-    elapsed = time.monotonic() - started
-    failovers = sum(r.failovers for r in results)
-    unserved = sum(r.unserved for r in results) / max(1, len(results))
-    print(f"seeds {len(results)}, violations {len(failing)}, failovers {failovers}, "
-          f"confirmed {sum(r.confirmed for r in results)}, unserved {unserved:.1f}s/seed, "
-          f"elapsed {elapsed:.1f}s ({len(results) / max(elapsed, 1e-9):.0f} seeds/s over "
-          f"{args.jobs} processes)")
-    return 1 if failing else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="brokerha cluster simulate",
-                                     description=__doc__.splitlines()[0])
-    register(parser)
-    return simulate(parser.parse_args(argv))

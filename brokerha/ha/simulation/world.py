@@ -106,14 +106,16 @@ class Unsafe:
     """Rules to break on purpose, each in the product module that holds it.
 
     ``invalid_grants`` and ``no_lease``: ``cluster.election.Unsafe``;
-    ``old_epoch_apply``: ``ha.member.Unsafe``; ``early_ack`` and
-    ``confirm_early``: ``ha.core.Unsafe``.
+    ``old_epoch_apply``: ``ha.member.Unsafe``; ``early_ack``,
+    ``confirm_early`` and ``no_tx_trackers``: ``ha.core.Unsafe``. Each workload
+    names the rules it can catch (``CATCHES``).
     """
 
     confirm_early: bool = False     # the primary confirms on its own disk, without the quorum
     invalid_grants: bool = False    # a voter forgets its vote floor
     no_lease: bool = False          # a primary keeps serving without a majority
     old_epoch_apply: bool = False   # a backup applies events of an older epoch
+    no_tx_trackers: bool = False    # a backup joining during a prepared transaction is ready
     early_ack: bool = False         # a backup acknowledges before its store synced
 
     @classmethod
@@ -236,7 +238,11 @@ class SimNode:
 
     def _sync(self) -> None:
         self.sync_pending = False
-        self.run(self.store.sync)
+        self.run(self._synced)
+
+    def _synced(self) -> None:
+        self.store.sync()
+        self.world.on_sync(self)
 
     # -- ha.member.MemberEffects ------------------------------------------------------------
 
@@ -288,12 +294,14 @@ class SimNode:
     def elected(self, epoch: int, primary: Primary) -> None:
         self.world.on_elected(self, epoch)
 
-    def serving(self, epoch: int) -> None:
-        self.world.note(f"{self.name} serves clients (epoch {epoch})")
-        self.world.on_serving(self, epoch)
+    def serving(self, epoch: int, decisions: dict[str, str]) -> None:
+        self.world.note(f"{self.name} serves clients (epoch {epoch})"
+                        + (f"; verification decided {decisions}" if decisions else ""))
+        self.world.on_serving(self, epoch, decisions)
 
     def demoted(self, reason: str) -> None:
         self.world.note(f"{self.name} stops serving: {reason}")
+        self.world.on_demoted(self)
 
     def follow(self, primary: str, epoch: int) -> Any:
         return None
@@ -305,6 +313,7 @@ class SimNode:
 @dataclass
 class WorldStats:
     failovers: int = 0
+    crashes: int = 0
     unserved: float = 0.0       # virtual seconds without a serving primary
     overlap: float = 0.0        # virtual seconds with two serving (a deposed one in its lease)
     events: int = 0
@@ -347,6 +356,7 @@ class World:
         self._hash = hashlib.sha256()
         self.stats = WorldStats()
         self.serving_now: SimNode | None = None   # the newest serving primary
+        self.calm = False  # no new faults (the end of a run; the old ones run their course)
         self._overlapping = False
 
     # -- the clock and the event queue -------------------------------------------------------
@@ -380,21 +390,28 @@ class World:
 
     def run_until(self, end: float) -> None:
         """Run every event due up to ``end``; the invariants after each one."""
+        while self.step(end):
+            pass
+
+    def step(self, end: float) -> bool:
+        """Run the next event if it is due by ``end``; False (the clock at ``end``) if none is."""
         queue, stats = self._queue, self.stats
-        while queue and queue[0][0] <= end:
-            when, _, fn = heapq.heappop(queue)
+        if not queue or queue[0][0] > end:
             if self.serving_now is None:
-                stats.unserved += when - self.now
-            elif self._overlapping:
-                stats.overlap += when - self.now
-            self.now = when
-            fn()
-            self.run_soon()
-            stats.events += 1
-            self.check_serving()
+                stats.unserved += max(0.0, end - self.now)
+            self.now = max(self.now, end)
+            return False
+        when, _, fn = heapq.heappop(queue)
         if self.serving_now is None:
-            stats.unserved += max(0.0, end - self.now)
-        self.now = max(self.now, end)
+            stats.unserved += when - self.now
+        elif self._overlapping:
+            stats.overlap += when - self.now
+        self.now = when
+        fn()
+        self.run_soon()
+        stats.events += 1
+        self.check_serving()
+        return True
 
     def run_soon(self) -> None:
         """The loop's ``call_soon`` callbacks, in order, until none is left."""
@@ -416,8 +433,17 @@ class World:
         self.stats.failovers += len(self.primaries) > 1
         self.note(f"{node.name} elected for epoch {epoch}")
 
-    def on_serving(self, node: SimNode, epoch: int) -> None:
+    def on_serving(self, node: SimNode, epoch: int, decisions: dict[str, str]) -> None:
         pass
+
+    def on_demoted(self, node: SimNode) -> None:
+        """The node stops being the primary (its clients' connections close)."""
+
+    def on_crash(self, node: SimNode) -> None:
+        """The node's process is about to die."""
+
+    def on_sync(self, node: SimNode) -> None:
+        """A store sync of the node completed."""
 
     def on_position(self, node: SimNode, pos: el.Position) -> None:
         pass
@@ -475,6 +501,8 @@ class World:
     def crash(self, node: SimNode, downtime: float) -> None:
         self.note(f"crash {node.name} for {downtime:.2f}s"
                   + (" (primary)" if node.primary is not None else ""))
+        self.stats.crashes += 1
+        self.on_crash(node)
         node.up = False
         self.disks[node.name] = node.store.disk
         for peer in self.names:
@@ -554,8 +582,8 @@ class World:
 
     def _notice_down(self, me: str, peer: str, gen: int) -> None:
         link = self.links[frozenset((me, peer))]
-        if link.gen != gen:
-            return  # failed again since: that failure's notice comes
+        if link.gen != gen or link.up:
+            return  # failed again since (that failure's notice comes), or redialled already
         if self.seen.get((me, peer)) is not None:
             self.seen[(me, peer)] = None
             node = self.nodes[me]
@@ -609,6 +637,8 @@ class World:
     # -- faults ------------------------------------------------------------------------------
 
     def _fault(self) -> None:
+        if self.calm:
+            return
         f, rng = self.faults, self.rng
         self.after(rng.expovariate(f.rate), self._fault)
         kinds = ("crash", "pause", "partition", "link", "promote")

@@ -1,0 +1,730 @@
+"""The transaction simulation: TX clients and an XA TM through failovers, on the product's members.
+
+The datacenter of ``world.py`` — three nodes, each the product's ``HAMember``
+(the real ``Election``, ``HACore``, ``Primary`` with its tx-queues, votes
+and TxTrackers, ``Backup`` with its ``TransactionReplicator``, the
+verification phase) on a ``Broker`` over a simulated disk — under the
+world's faults, with clients that act on the serving primary's broker as the
+channel does:
+
+- TX transactions (``Transaction``: publishes of numbered messages to 1-3
+  queues, acknowledgements of earlier messages, ``tx.commit`` as a task whose
+  commit-ok waits for ``Broker.after_durable``; a refused commit is a 406 and
+  the channel's unacked entries go back; a rollback);
+- XA branches through the ``DtxManager`` (start/end, prepare, commit,
+  one-phase commit, rollback; each answer after ``after_durable``); after a
+  failover the TM asks ``recover`` on the new primary and finishes what it
+  lists. A client whose primary crashed or was deposed never hears its
+  answer: a TX is then unknown to its client, a prepared branch is finished
+  by the TM.
+
+Checked after every event (``Violation`` with the seed and the trace tail):
+
+- atomicity: on the serving primary, on every caught-up backup and on the
+  disk image of every node whose recorded position is valid (at each sync),
+  the messages present (ready, or held by a transaction or branch) are
+  exactly those the node's committed transactions (its outcome records) put
+  there and did not take away: nothing partial, nothing twice;
+- agreement: an outcome decided (commit-ok, an XA answer, a refused commit, a
+  client rollback, a verification decision once durable) is never
+  contradicted by a later decision, nor by the outcome record of the primary
+  or of a caught-up backup;
+- durability: every transaction decided committed is committed on the serving
+  primary; a branch whose prepare answered XA_OK is listed by its
+  ``recover`` (or has its outcome there) until the TM finishes it;
+- TxTrackers: a backup the primary reports ready holds the outcome of every
+  transaction committed after its join that it did not vote on;
+
+and after the run (faults stop, every node comes back, the TM finishes, the
+links drain): every node equal to the primary, outcome records included, and
+nothing left prepared. A run that elects nobody by then is reported *stuck*
+(liveness, not safety; those final checks are skipped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from brokerha import seed_runner
+from brokerha.backup.backup import INVALID
+from brokerha.broker.broker import Broker
+from brokerha.broker.dtx import XA, XAError, Xid
+from brokerha.broker.message import Entry
+from brokerha.broker.queue import Queue
+from brokerha.broker.transaction import TransactionAborted
+from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.ha.core import POSITION_KEY
+from brokerha.ha.simulation.disk import DiskStore, Image
+from brokerha.ha.simulation.world import Faults, SimNode, Unsafe, Violation, World, message
+from brokerha.primary.primary import Primary
+from brokerha.primary.tx_queue import TxQueue
+from brokerha.primary.verification import COMMIT, ROLLBACK
+
+__all__ = ["CATCHES", "SimResult", "TxSimulation", "Unsafe", "run_many", "run_seed"]
+
+QUEUES = ("q1", "q2", "q3")
+CATCHES = ("early_ack", "no_tx_trackers")
+TRACE_TAIL = 40
+MAX_TX_CLIENTS = 3
+MAX_TMS = 2
+SETTLE_LIMIT = 120.0  # virtual seconds after the run for everything to settle
+FAULTS = Faults(rate=0.4, outage=(0.3, 4.0))
+
+Pos = tuple[int, int]
+
+
+def read_position(meta: dict[str, str]) -> tuple[Pos, Pos]:
+    """The position and vote floor a store's meta records (``ha.core.record_position``)."""
+    raw = meta.get(POSITION_KEY)
+    if raw is None:
+        return INVALID, INVALID
+    pe, ps, fe, fs = json.loads(raw)
+    return (pe, ps), (fe, fs)
+
+
+def contents(broker: Broker) -> dict[str, Any]:
+    """What must be equal on primary and backup: definitions and positions with bodies."""
+    out: dict[str, Any] = {}
+    for vh in broker.vhosts.values():
+        out[vh.name] = {
+            "exchanges": sorted((x.name, x.type, x.durable, x.auto_delete, x.internal,
+                                 repr(sorted(x.arguments.items())))
+                                for x in vh.exchanges.values()),
+            "queues": {q.name: (q.durable, q.auto_delete, repr(sorted(q.arguments.items())),
+                                [(e.position, e.message.body) for e in q.ready])
+                       for q in vh.queues.values() if q.exclusive_owner is None},
+            "bindings": sorted((x.name, *map(str, b.key)) for x in vh.exchanges.values()
+                               for b in x.bindings.values()),
+        }
+    return out
+
+
+class SimPrimary(Primary):
+    """The real Primary; it notes each commit's seqs for the TxTracker check."""
+
+    committed: list[tuple[str, int | None, int]]
+
+    def tx_commit(self, txq: TxQueue) -> None:
+        prepare_seq = txq.prepare_seq
+        super().tx_commit(txq)
+        self.committed.append((txq.name, prepare_seq, self.seq))
+
+
+@dataclass
+class Client:
+    """One transaction (TX) or branch (DTX) from the client's (or TM's) side."""
+
+    key: int
+    kind: str                          # "tx" | "dtx"
+    node: SimNode
+    primary: Primary                   # the role its connection was made to
+    obj: Any                           # the Transaction, or the Xid
+    txid: str | None = None            # the replication id (tx-queue name)
+    enq: list[tuple[str, bytes]] = field(default_factory=list)
+    deq: list[tuple[str, bytes]] = field(default_factory=list)
+    held: list[tuple[Queue, Entry]] = field(default_factory=list)
+    state: str = "open"                # open | busy | idle | prepared | unknown | done
+    tm: str | None = None              # the TM's decision: commit | rollback
+    prepared_ok: bool = False          # prepare answered XA_OK
+    task: asyncio.Future[Any] | None = None
+
+    def connection(self) -> tuple[SimNode, Primary]:
+        return self.node, self.primary
+
+    def hears(self, connection: tuple[SimNode, Primary]) -> bool:
+        """An answer on ``connection`` reaches the client: it is still the client's, and stands
+        (the node lives and holds the same primary role)."""
+        node, primary = connection
+        return (connection == (self.node, self.primary) and node.alive
+                and node.primary is primary)
+
+
+def initial_disk() -> tuple[Image, Counter[tuple[str, bytes]]]:
+    """Every node's disk before the run: the queues and four messages in each, synced."""
+    store = DiskStore()
+    broker = Broker("init", store=store)
+    vh = broker.add_vhost("/")
+    initial: Counter[tuple[str, bytes]] = Counter()
+    for q in QUEUES:
+        queue = vh.declare_queue(q, owner=None, durable=True)
+        for i in range(4):
+            body = b"init-%s-%d" % (q.encode(), i)
+            queue.enqueue(message(body, q, persistent=True))
+            initial[(q, body)] += 1
+    store.sync()
+    return store.disk, initial
+
+
+class TxSimulation(World):
+    def __init__(self, seed: int, *, duration: float = 30.0, client_rate: float = 8.0,
+                 trace: bool = False, **kw: Any) -> None:
+        kw.setdefault("faults", FAULTS)
+        super().__init__(seed, nodes=3, duration=duration, backup_timeout=3.0,
+                         tx_prepare_timeout=2.0, trace_tail=None if trace else TRACE_TAIL, **kw)
+        self.client_rate = client_rate
+        image, self.initial = initial_disk()
+        for name in self.names:
+            self.disks[name] = image.copy()
+        self.clients: list[Client] = []
+        self.keys = 0
+        self.effects: dict[str, tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]] = {}
+        self.decided: dict[str, tuple[str, str]] = {}   # txid -> (commit|rollback, why)
+        self.counts: Counter[str] = Counter()
+        self._expected: dict[frozenset[str], dict[tuple[str, bytes], int]] = {}
+        self.stuck: str | None = None
+
+    def violate(self, text: str) -> None:
+        raise Violation(f"seed {self.seed}: {text}")
+
+    def make_primary(self, *args: Any, **kw: Any) -> Primary:
+        primary = SimPrimary(*args, **kw)
+        primary.committed = []
+        return primary
+
+    def decide(self, txid: str | None, outcome: str, why: str) -> None:
+        if txid is None:
+            return
+        before = self.decided.get(txid)
+        if before is not None and before[0] != outcome:
+            self.violate(f"{txid} decided {outcome} ({why}) after {before[0]} ({before[1]})")
+        if before is None:
+            self.decided[txid] = (outcome, why)
+            self.note(f"decided {txid} {outcome} ({why})")
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def run(self) -> SimResult:
+        violation = None
+        try:
+            self.start()
+            self.after(self.rng.expovariate(self.client_rate), self._client_tick)
+            await self.advance_to(self.duration)
+            await self.finish()
+        except Violation as exc:
+            violation = str(exc)
+            self.note(f"VIOLATION {exc}")
+        stats = dict(self.counts)
+        stats["failover"] = self.stats.failovers
+        stats["crash"] = self.stats.crashes
+        return SimResult(self.seed, violation, list(self.trace) if violation else [], stats,
+                         self.stuck)
+
+    async def quiesce(self) -> None:
+        """Let the client tasks run until they wait again; then what they asked for soon."""
+        for _ in range(6):
+            if not any(c.task is not None and not c.task.done() for c in self.clients):
+                break
+            await asyncio.sleep(0)
+        self.run_soon()
+
+    # -- roles and processes ------------------------------------------------------------------
+
+    def on_serving(self, node: SimNode, epoch: int, decisions: dict[str, str]) -> None:
+        for decision in decisions.values():
+            self.counts[f"verify {decision}"] += 1
+        primary = node.primary
+
+        def durable() -> None:
+            # known to anyone (a tx-outcome answer) only from here: a new primary
+            # that dies before replicating its decisions may be overruled
+            if node.primary is not primary or not node.alive:
+                return
+            for txid, decision in sorted(decisions.items()):
+                if decision in (COMMIT, ROLLBACK):
+                    self.decide(txid, "commit" if decision == COMMIT else "rollback",
+                                f"verification by {node.name}")
+
+        if decisions:
+            node.broker.after_durable(durable)
+        # the TM moves to the new primary: what it had in flight is unknown to it
+        assert primary is not None
+        for client in self.clients:
+            if client.state == "unknown":
+                client.node, client.primary = node, primary
+
+    def on_demoted(self, node: SimNode) -> None:
+        self._connections_lost(node)
+
+    def on_crash(self, node: SimNode) -> None:
+        node.up = False
+        self._connections_lost(node)
+
+    def _connections_lost(self, node: SimNode) -> None:
+        """The clients of ``node`` lose their connections: whatever they did not hear is unknown."""
+        for client in self.clients:
+            if client.node is not node or client.state == "done":
+                continue
+            if not node.alive and client.task is not None and not client.task.done():
+                client.task.cancel()  # the process is gone
+            if client.kind == "tx":
+                if node.alive and client.state == "open":  # the channel closes: rolled back
+                    client.obj.rollback()
+                    self.give_back(client)
+                client.state = "done"  # the client never knows
+                client.held = []
+            elif client.state in ("open", "idle"):
+                client.state = "done"  # never prepared: the branch died with the session
+                client.held = []
+            else:
+                client.state = "unknown"
+
+    def on_sync(self, node: SimNode) -> None:
+        if node.store.disk.meta.get(POSITION_KEY):
+            self.check_disk(node.name, node.store.disk)
+
+    # -- clients ---------------------------------------------------------------------------
+
+    def queue(self, node: SimNode, name: str) -> Queue:
+        return node.broker.vhosts["/"].queues[name]
+
+    def work(self, client: Client, publish: Callable[[list[Queue], Any], None],
+             accept: Callable[[list[tuple[Queue, Entry]]], None]) -> None:
+        node = client.node
+        for i in range(self.rng.randint(0 if self.rng.random() < 0.3 else 1, 4)):
+            names = sorted(self.rng.sample(QUEUES, self.rng.randint(1, 3)))
+            body = b"%s%d.%d" % (client.kind.encode(), client.key, i)
+            publish([self.queue(node, q) for q in names], message(body, "", persistent=True))
+            client.enq.extend((q, body) for q in names)
+        for _ in range(self.rng.randint(0, 2)):
+            q = self.queue(node, self.rng.choice(QUEUES))
+            entry = q.get()
+            if entry is None:
+                continue
+            client.held.append((q, entry))
+            client.deq.append((q.name, entry.message.body))
+            accept([(q, entry)])
+
+    def give_back(self, client: Client) -> None:
+        """The channel closes (or the branch rolls back): unacked entries go back."""
+        for q, entry in client.held:
+            if not q.deleted and client.node.alive and client.kind == "tx":
+                q.requeue(entry)
+        client.held = []
+
+    def _client_tick(self) -> None:
+        self.after(self.rng.expovariate(self.client_rate), self._client_tick)
+        node = self.serving_now
+        if node is None or self.calm:
+            return
+        live = [c for c in self.clients if c.state != "done"]
+        choices: list[Callable[[SimNode], None]] = []
+        if sum(c.kind == "tx" for c in live) < MAX_TX_CLIENTS:
+            choices.append(self.tx_begin)
+        if sum(c.kind == "dtx" for c in live) < MAX_TMS:
+            choices.append(self.dtx_begin)
+        for c in live:
+            if c.state in ("open", "idle", "prepared", "unknown") and c.node is node:
+                choices.append(lambda _node, c=c: self.advance(c))  # type: ignore[misc]
+        if choices:
+            self.rng.choice(choices)(node)
+
+    def tx_begin(self, node: SimNode) -> None:
+        assert node.primary is not None
+        self.keys += 1
+        tx = node.broker.new_transaction()
+        client = Client(self.keys, "tx", node, node.primary, tx)
+        self.work(client, tx.publish, lambda acked: tx.accept(acked, []))
+        client.txid = tx.replication_id
+        self.clients.append(client)
+        self.note(f"tx{client.key} {client.txid}: +{client.enq} -{client.deq}")
+        if client.txid is not None:
+            self.effects[client.txid] = (client.enq, client.deq)
+
+    def dtx_begin(self, node: SimNode) -> None:
+        assert node.primary is not None
+        self.keys += 1
+        xid = Xid(1, b"sim-%d-%d" % (self.seed, self.keys))
+        branch = node.broker.dtx.start(xid, "channel")
+        client = Client(self.keys, "dtx", node, node.primary, xid)
+        self.work(client, branch.publish, lambda acked: branch.accept(acked, []))
+        node.broker.dtx.end(xid, "channel")
+        client.txid = branch.replication_id
+        client.state = "idle"
+        self.clients.append(client)
+        self.note(f"dtx{client.key} {client.txid}: +{client.enq} -{client.deq}")
+        if client.txid is not None:
+            self.effects[client.txid] = (client.enq, client.deq)
+
+    def advance(self, client: Client) -> None:
+        if client.kind == "tx":
+            if self.rng.random() < 0.12:
+                self.note(f"tx{client.key} rollback")
+                client.obj.rollback()
+                self.give_back(client)
+                client.state = "done"
+                self.decide(client.txid, "rollback", "client rollback")
+                return
+            client.state = "busy"
+            client.task = asyncio.ensure_future(self.tx_commit(client))
+            return
+        if client.state == "unknown":
+            self.tm_recover(client)
+            return
+        dtx = client.node.broker.dtx
+        xid = client.obj
+        r = self.rng.random()
+        if client.state == "idle" and r < 0.65:
+            client.state = "busy"
+            client.task = asyncio.ensure_future(self.xa(client, "prepare", dtx.prepare(xid)))
+        elif client.state == "idle" and r < 0.85:
+            client.state, client.tm = "busy", "commit"
+            client.task = asyncio.ensure_future(
+                self.xa(client, "commit1", dtx.commit(xid, one_phase=True)))
+        elif client.state == "prepared" and r < 0.75:
+            client.state, client.tm = "busy", "commit"
+            client.task = asyncio.ensure_future(self.xa(client, "commit", dtx.commit(xid)))
+        else:
+            client.tm, client.state = "rollback", "busy"
+            self.note(f"dtx{client.key} rollback")
+            self.answer_xa(client, "rollback", self.xa_now(dtx.rollback, xid))
+
+    def xa_now(self, verb: Callable[[Xid], XA], xid: Xid) -> XA:
+        """A verb that answers at once; an XA error is its answer."""
+        try:
+            return verb(xid)
+        except XAError as exc:
+            return exc.code
+
+    async def tx_commit(self, client: Client) -> None:
+        self.note(f"tx{client.key} commit")
+        connection = client.connection()
+        try:
+            await client.obj.commit()
+        except TransactionAborted:
+            self.note(f"tx{client.key} 406: not committed")
+            self.give_back(client)
+            client.state = "done"
+            self.decide(client.txid, "rollback", "commit refused")
+            return
+        client.held = []
+
+        def commit_ok() -> None:
+            if client.hears(connection):
+                client.state = "done"
+                self.counts["commit-ok"] += 1
+                self.decide(client.txid, "commit", "commit-ok")
+
+        connection[0].broker.after_durable(commit_ok)
+
+    async def xa(self, client: Client, verb: str, work: Any) -> None:
+        connection = client.connection()
+        try:
+            code = await work
+        except XAError as exc:
+            code = exc.code
+        self.answer_xa(client, verb, code, connection)
+
+    def answer_xa(self, client: Client, verb: str, code: XA,
+                  connection: tuple[SimNode, Primary] | None = None) -> None:
+        """The TM hears ``code`` once ``after_durable`` passed (dtx_control.answer)."""
+        connection = connection or client.connection()
+        client.held = [] if verb != "prepare" or code != XA.OK else client.held
+
+        def deliver() -> None:
+            if not client.hears(connection):
+                return
+            self.note(f"dtx{client.key} {verb}: {code.label}")
+            if verb == "prepare" and code == XA.OK:
+                client.state, client.prepared_ok = "prepared", True
+                self.counts["xa prepared"] += 1
+                return
+            client.state = "done"
+            if verb.startswith("commit") and code == XA.OK:
+                self.counts["xa committed"] += 1
+                self.decide(client.txid, "commit", f"XA {verb} XA_OK")
+            elif verb == "rollback" and code == XA.OK:
+                self.decide(client.txid, "rollback", "XA rollback XA_OK")
+            elif code in (XA.RBROLLBACK, XA.RBTIMEOUT):
+                self.decide(client.txid, "rollback", f"XA {verb} {code.label}")
+            elif code != XA.RDONLY:
+                self.violate(f"dtx{client.key} {verb} answered {code.label}")
+
+        connection[0].broker.after_durable(deliver)
+
+    def tm_recover(self, client: Client) -> None:
+        """After a failover the TM asks recover (answered after_durable) and finishes the branch."""
+        node = client.node
+        xid = client.obj
+        listed = xid in node.broker.dtx.recover()
+        client.state = "busy"
+        connection = client.connection()
+
+        def heard() -> None:
+            if not client.hears(connection):
+                if connection == client.connection():
+                    client.state = "unknown"
+                return
+            dtx = node.broker.dtx
+            if xid not in dtx.recover():
+                outcome = node.broker.outcomes._records.get(client.txid or "")
+                self.note(f"dtx{client.key}: not in recover, outcome {outcome and outcome[2]}")
+                if client.prepared_ok and outcome is None:
+                    self.violate(f"dtx{client.key} {client.txid} prepared XA_OK, then neither in "
+                                 f"recover nor decided on {node.name}")
+                if outcome is not None and outcome[2] == COMMITTED and client.tm != "commit":
+                    self.violate(f"dtx{client.key} committed without the TM's commit")
+                if outcome is not None and outcome[2] == COMMITTED:
+                    self.decide(client.txid, "commit", "TM read the outcome")
+                elif client.txid is not None:
+                    self.decide(client.txid, "rollback", "TM: not in recover")
+                client.state = "done"
+                return
+            if client.tm == "commit" or (client.prepared_ok and client.tm is None
+                                         and self.rng.random() < 0.5):
+                client.tm, client.state = "commit", "busy"
+                self.note(f"dtx{client.key}: recover lists it; TM commits")
+                client.task = asyncio.ensure_future(self.xa(client, "commit", dtx.commit(xid)))
+            else:
+                client.tm, client.state = "rollback", "busy"
+                self.note(f"dtx{client.key}: recover lists it; TM rolls back")
+                self.answer_xa(client, "rollback", self.xa_now(dtx.rollback, xid))
+
+        self.note(f"dtx{client.key}: TM asks recover on {node.name} (listed now: {listed})")
+        node.broker.after_durable(heard)
+
+    # -- invariants ------------------------------------------------------------------------
+
+    def expected(self, committed: frozenset[str]) -> dict[tuple[str, bytes], int]:
+        """What the committed transactions leave: counts, none zero (negative: a bug)."""
+        want = self._expected.get(committed)
+        if want is None:
+            counts = Counter(self.initial)
+            for txid in committed:
+                enq, deq = self.effects.get(txid, ([], []))
+                counts.update(enq)
+                counts.subtract(deq)
+            want = self._expected[committed] = {k: v for k, v in counts.items() if v}
+        return want
+
+    def check_atomic(self, where: str, present: Counter[tuple[str, bytes]],
+                     outcomes: dict[str, Any]) -> None:
+        committed = frozenset(t for t, r in outcomes.items() if r[2] == COMMITTED)
+        want = self.expected(committed)
+        if not dict.__eq__(want, present):  # (Counter.__eq__ is slow)
+            unknown = [t for t in committed if t not in self.effects]
+            if unknown:
+                self.violate(f"{where}: committed transactions no client ran: {unknown}")
+            missing = sorted((Counter(want) - present).elements())
+            extra = sorted((present - Counter(want)).elements())
+            negative = sorted(k for k, v in want.items() if v < 0)
+            self.violate(f"{where}: not atomic: missing {missing[:8]}, extra {extra[:8]}"
+                         + (f", dequeued before enqueued {negative[:4]}" if negative else ""))
+
+    def present(self, node: SimNode) -> Counter[tuple[str, bytes]]:
+        out: Counter[tuple[str, bytes]] = Counter()
+        for q in node.broker.vhosts["/"].queues.values():
+            name = q.name
+            out.update([(name, e.message.body) for e in q.ready])
+        if node.primary is not None:
+            for branch in node.broker.dtx.branches.values():
+                for q, e in branch.accepts:
+                    out[(q.name, e.message.body)] += 1
+            for client in self.clients:
+                if client.node is node and client.kind == "tx":
+                    for q, e in client.held:
+                        out[(q.name, e.message.body)] += 1
+        return out
+
+    def check_disk(self, name: str, disk: Image) -> None:
+        position, _ = read_position(disk.meta)
+        if position == INVALID:
+            return
+        present: Counter[tuple[str, bytes]] = Counter(
+            (m.queue, m.body) for m in disk.messages.values())
+        self.check_atomic(f"{name}'s disk at {position}", present, disk.outcomes)
+
+    def consistent(self, node: SimNode) -> bool:
+        """Holds a consistent copy in memory: the serving primary, or a caught-up backup."""
+        if not node.alive:
+            return False
+        if node.ha.phase == "primary":
+            return True
+        backup = node.ha.backup
+        return backup is not None and backup.caught_up
+
+    def check(self) -> None:
+        for node in self.nodes.values():
+            if self.consistent(node):
+                records = node.broker.outcomes._records
+                self.check_atomic(f"{node.name} ({node.ha.phase})", self.present(node), records)
+                for txid, (outcome, why) in self.decided.items():
+                    record = records.get(txid)
+                    if record is not None and (outcome == "commit") != (record[2] == COMMITTED):
+                        self.violate(f"{node.name} shows {txid} {record[2]}, decided {outcome} "
+                                     f"({why})")
+        serving = self.serving_now
+        if serving is None or serving.primary is None:
+            return
+        primary = serving.primary
+        outcomes = serving.broker.outcomes
+        for txid, (outcome, why) in self.decided.items():
+            if outcome == "commit" and not outcomes.committed(txid):
+                self.violate(f"{txid} decided committed ({why}) is not committed on the "
+                             f"primary {serving.name}")
+        recover = set(serving.broker.dtx.recover())
+        for client in self.clients:
+            if (client.kind == "dtx" and client.prepared_ok and client.state != "done"
+                    and client.node is serving and client.obj not in recover
+                    and not outcomes.known(client.txid or "")):
+                self.violate(f"dtx{client.key} {client.txid} answered XA_OK to prepare, is "
+                             f"neither listed by recover nor decided on {serving.name}")
+        committed = getattr(primary, "committed", [])
+        for name, session in primary.sessions.items():
+            if not session.ready:
+                continue
+            node = self.nodes[name]
+            for txid, prepare_seq, tc_seq in committed:
+                if (prepare_seq is not None and prepare_seq <= session.join_seq < tc_seq
+                        and not node.broker.outcomes.committed(txid)):
+                    self.violate(f"{name} is reported ready but lacks {txid}, committed at seq "
+                                 f"{tc_seq} after its join at {session.join_seq} (prepared at "
+                                 f"{prepare_seq})")
+
+    # -- the end of a run: calm, settle, compare ---------------------------------------------
+
+    async def finish(self) -> None:
+        self.note("--- calm: no new faults; the clients finish ---")
+        self.calm = True
+        end = self.now + SETTLE_LIMIT
+        while self.now < end:
+            await self.advance_to(self.now + 0.5)  # crashed nodes restart as scheduled
+            serving = self.serving_now
+            if serving is None or serving.primary is None:
+                continue
+            primary = serving.primary
+            for name, session in sorted(primary.sessions.items()):
+                if session.timed_out:  # it stays out until it joins again: make it
+                    self.fail_link(serving.name, name)
+            self.finish_clients(serving)
+            if self.settled(serving):
+                self.final_checks(serving)
+                return
+        if self.serving_now is None:
+            self.stuck = f"no primary serves within {SETTLE_LIMIT:.0f}s of calm: " + ", ".join(
+                f"{n.name} {n.election.role} epoch {n.election.epoch} at {n.election.position}"
+                for n in self.nodes.values())
+            self.note(self.stuck)
+            return
+        self.violate("never settled: " + ", ".join(
+            f"{c.kind}{c.key} {c.state}" for c in self.clients if c.state != "done"))
+
+    async def advance_to(self, end: float) -> None:
+        """Run the events due by ``end``, the checks after each one that changed anything."""
+        last = None
+        while self.step(end):
+            await self.quiesce()
+            state = self.signature()
+            if state != last:
+                self.check()
+                last = state
+        await self.quiesce()
+
+    def signature(self) -> tuple[Any, ...]:
+        """What the checks read, in brief: every change of a broker's state moves its log
+        (a primary's seq, a backup's applied seq), a restart or role change, or a decision."""
+        out: list[Any] = [len(self.decided), self.serving_now and self.serving_now.name,
+                          len(self.clients)]
+        for node in self.nodes.values():
+            primary, backup = node.primary, node.ha.backup
+            out += [node.incarnation, node.alive, node.ha.phase,
+                    primary.seq if primary is not None else None,
+                    (backup.applied_seq, backup.caught_up) if backup is not None else None]
+        return tuple(out)
+
+    def finish_clients(self, serving: SimNode) -> None:
+        for client in self.clients:
+            if client.node is not serving:
+                continue
+            if client.state == "open" and client.kind == "tx":
+                client.obj.rollback()
+                self.give_back(client)
+                client.state = "done"
+                self.decide(client.txid, "rollback", "client rollback")
+            elif client.state in ("idle", "prepared", "unknown") and client.kind == "dtx":
+                if client.state == "unknown":
+                    self.tm_recover(client)
+                else:
+                    client.tm = "rollback" if client.state == "idle" else (client.tm or "commit")
+                    client.state = "busy"
+                    if client.tm == "commit":
+                        client.task = asyncio.ensure_future(self.xa(
+                            client, "commit", serving.broker.dtx.commit(client.obj)))
+                    else:
+                        self.answer_xa(client, "rollback", self.xa_now(
+                            serving.broker.dtx.rollback, client.obj))
+
+    def settled(self, serving: SimNode) -> bool:
+        """Every client done, every node a ready backup that acknowledged everything."""
+        primary = serving.primary
+        assert primary is not None
+        if any(c.state != "done" for c in self.clients):
+            return False
+        for name in self.names:
+            if name == serving.name:
+                continue
+            session = primary.sessions.get(name)
+            if session is None or not session.ready or session.progress < primary.seq:
+                return False
+            if not self.nodes[name].alive or self.nodes[name].store.waiting:
+                return False
+        return not serving.store.waiting
+
+    def final_checks(self, serving: SimNode) -> None:
+        expected = contents(serving.broker)
+        records = {t: r[1:3] for t, r in serving.broker.outcomes._records.items()}
+        for node in self.nodes.values():
+            broker = node.broker
+            if broker.ha_transactions:
+                self.violate(f"{node.name} still holds prepared records {list(broker.ha_transactions)}")
+            if broker.dtx.branches:
+                self.violate(f"{node.name} still holds branches {list(broker.dtx.branches)}")
+            if node is serving:
+                continue
+            if contents(broker) != expected:
+                self.violate(f"{node.name} differs from the primary {serving.name} at the end")
+            mine = {t: r[1:3] for t, r in broker.outcomes._records.items()}
+            if mine != records:
+                diff = sorted(set(mine.items()) ^ set(records.items()))[:6]
+                self.violate(f"{node.name}'s outcomes differ from the primary's: {diff}")
+        for txid, (outcome, why) in self.decided.items():
+            record = records.get(txid)
+            if outcome == "commit" and (record is None or record[1] != COMMITTED):
+                self.violate(f"{txid} decided committed ({why}) is {record} at the end")
+            if outcome == "rollback" and record is not None and record[1] != ROLLED_BACK:
+                self.violate(f"{txid} decided rolled back ({why}) is {record} at the end")
+        self.counts["transactions"] = len(self.effects)
+        self.counts["committed"] = sum(1 for r in records.values() if r[1] == COMMITTED)
+
+
+# -- running seeds ------------------------------------------------------------------------
+
+@dataclass
+class SimResult:
+    seed: int
+    violation: str | None
+    trace: list[str]
+    stats: dict[str, int]
+    stuck: str | None = None  # nobody was elected after the run (liveness): checks skipped
+
+    def summary(self) -> str:
+        if self.violation:
+            return self.violation
+        return f"seed {self.seed}: " + (f"STUCK {self.stuck}" if self.stuck else f"ok {self.stats}")
+
+
+def run_seed(seed: int, **kw: Any) -> SimResult:
+    logging.disable(logging.WARNING)  # the nodes' warnings: the trace says what happened
+    try:
+        return asyncio.run(TxSimulation(seed, **kw).run())
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def run_many(seeds: Sequence[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:
+    return seed_runner.run_many(run_seed, seeds, jobs=jobs, **kw)
