@@ -574,7 +574,7 @@ class TxSimulation(World):
                     and not outcomes.known(client.txid or "")):
                 self.violate(f"dtx{client.key} {client.txid} answered XA_OK to prepare, is "
                              f"neither listed by recover nor decided on {serving.name}")
-        committed = getattr(primary, "committed", [])
+        committed = primary.committed if isinstance(primary, SimPrimary) else []
         for name, session in primary.sessions.items():
             if not session.ready:
                 continue
