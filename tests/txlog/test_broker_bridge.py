@@ -21,7 +21,8 @@ from brokerha.broker.errors import PreconditionFailed
 from brokerha.broker.message import Message
 from brokerha.broker.transaction import TransactionAborted
 from brokerha.testing import free_port
-from brokerha.txlog.bridge.broker_bridge import TxLogBridge, pack_message, queue_key, unpack_message
+from brokerha.txlog.bridge.broker_bridge import TxLogBridge
+from brokerha.txlog.bridge.global_queues import pack_message, queue_key, unpack_message
 from brokerha.txlog.engine.config import ConfigError
 from brokerha.txlog.engine.records import Operation
 from brokerha.txlog.master.driver import TxLogDriver
@@ -214,12 +215,12 @@ async def test_policy_makes_queues_global_and_the_order_survives_a_restart(tmp_p
     bridge2 = TxLogBridge(broker, bridge.config,
                           driver_factory=lambda s, on_action: TxLogDriver(s, on_action=on_action,
                                                                           fsync=False))
-    broker.observers.transactions.remove(bridge)
+    broker.observers.transactions.remove(bridge.tx_observers)
     await bridge2.start()
     try:
         await asyncio.sleep(0.2)
         assert bodies(g) == [b"a"]
-        assert bridge2.index[queue_key("/", "g.one")] == {"a": g.ready.peek()}
+        assert bridge2.queues.index[queue_key("/", "g.one")] == {"a": g.ready.peek()}
     finally:
         await bridge2.stop()
 

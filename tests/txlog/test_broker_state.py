@@ -16,8 +16,8 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.content import build_header, read_message_id
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.queue import Queue
-from brokerha.txlog.bridge.broker_bridge import pack_message, unpack_message
 from brokerha.txlog.bridge.broker_state import BrokerBackup, SplitBackups
+from brokerha.txlog.bridge.global_queues import pack_message, unpack_message
 from brokerha.txlog.engine.records import Operation, TxBody
 
 KEY = "%2F/orders"

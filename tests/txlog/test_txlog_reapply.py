@@ -95,7 +95,7 @@ async def test_a_restart_re_applies_what_the_store_missed_once_and_in_order(
         await bridge.stop()
     # a second start has nothing to do
     again = bridge_on(broker, tmp_path, journal)
-    broker.observers.transactions.remove(bridge)
+    broker.observers.transactions.remove(bridge.tx_observers)
     await again.start()
     try:
         assert ready(broker) == [b"m1", b"m3", b"m4"]

@@ -1,38 +1,18 @@
-"""The TxLog inside a broker node: global queues ordered across datacenters.
+"""The TxLog inside a broker node: the master hosted here, and its global queues.
 
-The broker knows nothing of the TxLog (style.md: data flows one way); this
-module plugs into its observer interfaces:
+The broker knows nothing of the TxLog (style.md: data flows one way);
+``TxLogBridge`` plugs three parts into its observer interfaces:
 
-* as a ``ConfigurationObserver`` it flags global queues (``queue.is_global``:
-  argument ``x-global: true`` or a ``[[txlog.global]]`` policy) while the
-  master runs on this node — the AMQP layer then turns non-transactional
-  publishes and acks on them into one-operation transactions;
-* as a ``TransactionObserverFactory`` it gives every transaction an observer
-  that collects its publishes to global queues (enqueue operations, the message
-  packed into the operation) and its acks on global queues (dequeue operations
-  by global message id), submits them to the local master in ``prepare`` and
-  says yes when the engine ``Confirm``s: an enqueue-only transaction once
-  acquired (one phase), one with a dequeue once ordered and validated; a failed
-  validation is a no, with a ``refusal`` the client sees in its 406;
-* the master's ``DeliverOrdered`` actions are applied here, in order, in every
-  DC including the origin: an enqueue adds the message (same global id) to the
-  global queue, a dequeue removes the message with that global id wherever it
-  is (ready: now; held by a consumer: when it settles or requeues it). The
-  broker's local commit never applies a global queue's publishes
-  (``Transaction.withhold``); its acks it settles as usual, after the dequeue
-  was ordered;
-* the engine's ``Backup`` and ``Restore`` (split recovery, Simple/Smart) back
-  the global queues up and restore them (:mod:`brokerha.txlog.bridge.broker_state`);
-* operations that would change one DC's copy only are ordered or refused:
-  dead letters into global queues become ordered enqueues
-  (``publish_ordered``, the broker's ``ordered_publisher``), and global
-  queues that would expire or be deleted locally are refused at declare
-  (``queue_declaring``); purge and non-empty delete are refused by the
-  broker itself.
-
-The global message id is the message's ``message_id`` property, or, when the
-publisher set none, a generated one written into the message's ``message_id``
-(so every DC's copy carries it, and it survives a restart of the node).
+* ``GlobalQueues`` (``global_queues.py``): which queues are global, the
+  refusals that keep every DC's copy the same, dead letters ordered, and the
+  master's ``DeliverOrdered`` actions applied to the queues;
+* ``GlobalTxObserverFactory`` (``tx_observer.py``): every transaction's
+  operations on global queues submitted to the master in ``prepare``;
+* the master itself (``TxLogDriver``), started and stopped here (on an HA
+  node: while it is the primary), whose actions this module routes: ordered
+  transactions to ``GlobalQueues.apply``, the engine's ``Backup`` and
+  ``Restore`` (split recovery, Simple/Smart) to the broker-state backups
+  (:mod:`brokerha.txlog.bridge.broker_state`).
 
 In an HA datacenter the master's journal is replicated to the backups
 (``txlog/bridge/replica.py``). The *applied mark* (how many synchronised entries the
@@ -54,24 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import quote, unquote
 
-import msgpack
-
-from brokerha.broker.arguments import GLOBAL_ARG, LOCAL_ONLY_ARGS
-from brokerha.broker.content import read_message_id, rewrite_properties
-from brokerha.broker.dtx import DtxBranch
-from brokerha.broker.errors import BrokerError, PreconditionFailed
-from brokerha.broker.message import Entry, Message
-from brokerha.broker.observers import ConfigurationObserver
-from brokerha.broker.queue import Queue
-from brokerha.broker.transaction import Transaction, TransactionObserver
 from brokerha.cluster import replication as R
 from brokerha.txlog.bridge.broker_state import SplitBackups
+from brokerha.txlog.bridge.global_queues import GlobalQueues, pack_message, unpack_message
 from brokerha.txlog.bridge.replica import PrimaryJournal, TxLogReplica, snapshot_events
+from brokerha.txlog.bridge.tx_observer import GlobalTxObserverFactory
 from brokerha.txlog.engine.config import SplitRecovery
 from brokerha.txlog.engine.messages import Action, Backup, DeliverOrdered, Restore
 from brokerha.txlog.engine.records import Operation, TxBody
@@ -86,37 +56,11 @@ APPLIED_KEY = "txlog_applied"  # store meta: synchronised entries the global que
 CHANGE_QUORUM_TIMEOUT = 5.0  # seconds an operator's change waits for the DC's quorum
 
 
-def queue_key(vhost: str, name: str) -> str:
-    """The queue of an operation: ``<vhost, percent-encoded>/<queue name>``."""
-    return f"{quote(vhost, safe='')}/{name}"
-
-
-def parse_queue_key(key: str) -> tuple[str, str]:
-    vhost, sep, name = key.partition("/")
-    if not sep:
-        raise ValueError(f"not a queue key: {key!r}")
-    return unquote(vhost), name
-
-
-def pack_message(message: Message, header: bytes) -> bytes:
-    return msgpack.packb([message.exchange, message.routing_key, header, message.body],
-                         use_bin_type=True)
-
-
-def unpack_message(data: bytes) -> Message:
-    exchange, routing_key, header, body = msgpack.unpackb(data, raw=False)
-    return Message(exchange, routing_key, header, body)
-
-
-class Refusal(Exception):
-    """Why a transaction on global queues cannot be submitted."""
-
-
 class NotMaster(Exception):
     """An operator's TxLog change sent to a node whose master does not run (the reason)."""
 
 
-class TxLogBridge(ConfigurationObserver):
+class TxLogBridge:
     """A node's TxLog master and its global queues (see the module docstring)."""
 
     def __init__(self, broker: Any, config: NodeTxLog, *,
@@ -129,8 +73,6 @@ class TxLogBridge(ConfigurationObserver):
         self.commit_timeout = commit_timeout
         self.driver: TxLogDriver | None = None
         self.reason = "not started (a cluster member runs it only while it is the primary)"
-        # global queue key -> global message id -> its entry (ready, or held by a consumer)
-        self.index: dict[str, dict[str, Entry]] = {}
         self.counters = dict.fromkeys(
             ("submitted", "refused", "validation_failed", "applied_committed", "applied_failed",
              "enqueued", "dequeued", "duplicate_enqueues", "dequeued_elsewhere_while_held",
@@ -152,9 +94,10 @@ class TxLogBridge(ConfigurationObserver):
         # store's meta after their effects (so durable with them) and replicated as ``la``
         self.applied = self._load_applied()
         self._applied_scheduled = False
-        broker.observers.add_transaction_observer_factory(self)
-        broker.observers.add_configuration_observer(self)
-        broker.observers.ordered_publisher = self.publish_ordered
+        self.queues = GlobalQueues(broker, config, self.counters, self.recovery,
+                                   lambda: self.running)
+        self.tx_observers = GlobalTxObserverFactory(self.queues, self.submit)
+        broker.observers.add_transaction_observer_factory(self.tx_observers)
 
     # ---- life cycle ------------------------------------------------------------------
 
@@ -188,9 +131,7 @@ class TxLogBridge(ConfigurationObserver):
             driver.replicate_state()
             if stream is not None:  # and the peers it runs with (the backups replace theirs)
                 stream.peers(read_peers_file(self.config.settings.data_dir))
-            for vhost in self.broker.vhosts.values():
-                for queue in vhost.queues.values():
-                    self._flag(queue)
+            self.queues.flag_all()
             self._bring_to_log(driver)
             await driver.start()
         except BaseException:
@@ -201,15 +142,12 @@ class TxLogBridge(ConfigurationObserver):
         log.info("txlog master %s running on this node: peers on %s:%d, %d sync peer(s), "
                  "%d global queue(s), synchronised length %d", self.node_id,
                  *(driver.address or ("?", 0)), len(driver.engine.config.peers),
-                 len(self.index), len(driver.engine.sync))
+                 len(self.queues.index), len(driver.engine.sync))
 
     async def stop(self, reason: str = "stopped") -> None:
         driver, self.driver = self.driver, None
         self.reason = reason
-        for vhost in self.broker.vhosts.values():
-            for queue in vhost.queues.values():
-                queue.is_global = False
-        self.index.clear()
+        self.queues.unflag_all()
         if self._applied_scheduled:
             self._flush_applied()
         self.journal_stream = None
@@ -378,8 +316,8 @@ class TxLogBridge(ConfigurationObserver):
                         start, target - 1)
             self._note_applied(target)
         for key, ids in durable.model.queues.items():
-            queue = self._queue(key, create=False)
-            held = self.index.get(key)
+            queue = self.queues.queue(key, create=False)
+            held = self.queues.index.get(key)
             if queue is None or held is None:
                 continue
             for gid in [g for g in held if g not in ids]:
@@ -392,102 +330,6 @@ class TxLogBridge(ConfigurationObserver):
                 self.counters["missing_at_start"] += missing
                 log.error("txlog: %d message(s) of global queue %s are in the log but not in "
                           "the queue (transient, or past the retention)", missing, key)
-
-    # ---- which queues are global -----------------------------------------------------
-
-    def is_global(self, queue: Queue) -> bool:
-        if queue.arguments.get(GLOBAL_ARG) is True:
-            return True
-        return any(p.matches(queue.vhost, queue.name) for p in self.config.policies)
-
-    def _flag(self, queue: Queue) -> None:
-        queue.is_global = self.is_global(queue)
-        if not queue.is_global:
-            return
-        ids: dict[str, Entry] = {}
-        for entry in queue.ready:
-            gid = read_message_id(entry.message.header)
-            if gid is not None:
-                ids.setdefault(gid, entry)
-        self.index[queue_key(queue.vhost, queue.name)] = ids
-
-    def queue_declared(self, queue: Queue) -> None:
-        if self.running:
-            self._flag(queue)
-
-    def queue_declaring(self, vhost: str, name: str, exclusive: bool, auto_delete: bool,
-                        arguments: dict[str, Any]) -> None:
-        """Refuse a global queue that would lose messages in one datacenter only.
-
-        ``x-global`` with expiry or limits is refused by the argument checks
-        already; a policy makes a queue global whatever its arguments, so the
-        same rule is applied here. An exclusive or auto-delete queue is deleted
-        by one DC's connection or consumer going away.
-        """
-        if not self.running:
-            return
-        by_policy = any(p.matches(vhost, name) for p in self.config.policies)
-        if arguments.get(GLOBAL_ARG) is not True and not by_policy:
-            return
-        where = f"queue '{name}' in vhost '{vhost}'"
-        if exclusive or auto_delete:
-            raise PreconditionFailed(
-                f"{where} is a global queue: it cannot be {'exclusive' if exclusive else 'auto-delete'}"
-                " (it would be deleted in this datacenter only)")
-        for local_only in LOCAL_ONLY_ARGS:
-            if local_only in arguments:
-                raise PreconditionFailed(
-                    f"invalid arg '{local_only}' for {where}: a global queue (by a [[txlog.global]] "
-                    "policy) drops messages only through ordered dequeues")
-
-    def publish_ordered(self, queues: list[Queue], message: Message) -> None:
-        """An enqueue the broker makes itself (a dead letter) into global queues: ordered.
-
-        One enqueue-only TxLog transaction, as for a publish without confirms;
-        if the TxLog refuses it (not running, no answer), the dead letter is lost
-        in every DC alike and the refusal is logged.
-        """
-        self.counters["ordered_dead_letters"] += 1
-        tx = self.broker.new_transaction()
-        tx.publish(queues, message)
-
-        def done(exc: BaseException | None) -> None:
-            if exc is not None:
-                log.warning("txlog: dead letter into global queue(s) %s not ordered: %s",
-                            ", ".join(q.name for q in queues), exc)
-
-        self.broker.spawn(tx.commit(), done)
-
-    def queue_deleted(self, queue: Queue) -> None:
-        self.index.pop(queue_key(queue.vhost, queue.name), None)
-
-    # ---- transactions ----------------------------------------------------------------
-
-    def create(self, transaction: Transaction) -> GlobalTxObserver | None:
-        return GlobalTxObserver(self, transaction) if self.running else None
-
-    def operations(self, enqueues: list[tuple[Queue, Message]],
-                   dequeues: list[tuple[Queue, Entry]]) -> list[Operation]:
-        ops = []
-        generated: dict[int, tuple[str, bytes]] = {}  # id(message) -> (gid, header)
-        for queue, message in enqueues:
-            if id(message) not in generated:
-                gid = read_message_id(message.header)
-                header = message.header
-                if gid is None:
-                    gid = f"{self.node_id}.{uuid.uuid4().hex}"
-                    header = rewrite_properties(header, message_id=gid)
-                generated[id(message)] = (gid, header)
-            gid, header = generated[id(message)]
-            ops.append(Operation("enqueue", queue_key(queue.vhost, queue.name), gid,
-                                 pack_message(message, header)))
-        for queue, entry in dequeues:
-            gid = read_message_id(entry.message.header)
-            if gid is None:
-                raise Refusal(f"a message of global queue '{queue.name}' has no global id "
-                              "(it was queued before the queue became global)")
-            ops.append(Operation("dequeue", queue_key(queue.vhost, queue.name), gid))
-        return ops
 
     async def submit(self, ops: list[Operation]) -> str | None:
         """None when confirmed committed, else the refusal (the text of the client's 406)."""
@@ -517,7 +359,9 @@ class TxLogBridge(ConfigurationObserver):
     def on_action(self, action: Action) -> None:
         if isinstance(action, DeliverOrdered):
             self._note_applying(action)
-            self._deliver(action)
+            driver = self.driver
+            self.queues.apply(action, None if driver is None
+                              else driver.engine.durable.bodies.get(action.tx_id))
             self._note_applied(action.position + 1)
         elif isinstance(action, Backup):
             self._back_up(action.position)
@@ -541,12 +385,12 @@ class TxLogBridge(ConfigurationObserver):
             return
         durable = driver.engine.durable
         queues = {}
-        for key in self.index:
-            queue = self._queue(key, create=False)
+        for key in self.queues.index:
+            queue = self.queues.queue(key, create=False)
             if queue is not None:
                 queues[key] = queue
         backup, missing = self.recovery.take(
-            position, durable.model.applied, self.index, queues,
+            position, durable.model.applied, self.queues.index, queues,
             self._log_since, self._find_enqueue)
         if self.journal_stream is not None:  # the DC's backups keep a copy (txlog/bridge/replica.py)
             self.journal_stream.broker_backup(backup.encode())
@@ -566,7 +410,7 @@ class TxLogBridge(ConfigurationObserver):
                       "applied on the current state (as under None)", position,
                       "none on disk" if backup is None else f"backup is at {backup.position}")
             return
-        result = self.recovery.restore(backup, self.index, self._queue)
+        result = self.recovery.restore(backup, self.queues.index, self.queues.queue)
         self.counters["restores"] += 1
         self.counters["restore_removed"] += result.removed
         self.counters["restore_rebuilt"] += result.rebuilt
@@ -596,69 +440,6 @@ class TxLogBridge(ConfigurationObserver):
                     found = (p, op.data)
         return found
 
-    def _deliver(self, action: DeliverOrdered) -> None:
-        driver = self.driver
-        body = driver.engine.durable.bodies.get(action.tx_id) if driver is not None else None
-        if body is None:
-            self.counters["missing_bodies"] += 1
-            log.error("txlog: no body for ordered transaction %s; not applied", action.tx_id)
-            return
-        if action.outcome != COMMITTED:
-            self.counters["applied_failed"] += 1
-            return  # failed validation: nothing of it applies, in any DC
-        self.counters["applied_committed"] += 1
-        for op in body.operations:
-            try:
-                if op.kind == "enqueue":
-                    self._enqueue(op)
-                else:
-                    self._dequeue(op)
-            except (BrokerError, ValueError) as exc:
-                log.error("txlog: cannot apply %s of %s on %s (tx %s): %s", op.kind,
-                          op.message_id, op.queue, action.tx_id, exc)
-
-    def _queue(self, key: str, create: bool) -> Queue | None:
-        vhost_name, name = parse_queue_key(key)
-        vhost = self.broker.vhosts.get(vhost_name)
-        if vhost is None:
-            return None
-        queue = vhost.queues.get(name)
-        if queue is None and create:
-            # declared in another DC only: declare it here so every DC holds the same
-            self.counters["declared_missing_queues"] += 1
-            log.warning("txlog: global queue '%s' in vhost '%s' declared here (durable) "
-                        "for an ordered enqueue", name, vhost_name)
-            queue = vhost.declare_queue(name, owner=None, durable=True,
-                                        arguments={GLOBAL_ARG: True})
-            self._flag(queue)
-        return queue
-
-    def _enqueue(self, op: Operation) -> None:
-        queue = self._queue(op.queue, create=True)
-        if queue is None:
-            log.error("txlog: no vhost for global queue %s; enqueue of %s not applied",
-                      op.queue, op.message_id)
-            return
-        ids = self.index.setdefault(op.queue, {})
-        if op.message_id in ids:  # the same global id twice (or re-applied): held once
-            self.counters["duplicate_enqueues"] += 1
-            return
-        message = unpack_message(op.data)
-        entry = queue.add_entry(Entry(queue.next_position, message, None))
-        ids[op.message_id] = entry
-        self.recovery.enqueued(op.queue, op.message_id)
-        self.counters["enqueued"] += 1
-
-    def _dequeue(self, op: Operation) -> None:
-        entry = self.index.get(op.queue, {}).pop(op.message_id, None)
-        queue = self._queue(op.queue, create=False)
-        if entry is None or queue is None:
-            return
-        self.counters["dequeued"] += 1
-        self.recovery.dequeued(op.queue, op.message_id, entry)
-        if not queue.withdraw(entry.position):
-            self.counters["dequeued_elsewhere_while_held"] += 1
-
     # ---- views -------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -669,72 +450,9 @@ class TxLogBridge(ConfigurationObserver):
         status["running"] = True
         status["applied_mark"] = self.applied
         status["replicated"] = self.journal_stream is not None
-        status["global_queues"] = {key: len(ids) for key, ids in sorted(self.index.items())}
+        status["global_queues"] = {key: len(ids) for key, ids in sorted(self.queues.index.items())}
         status["bridge"] = dict(self.counters)
         status["recovery"] = {"last_backup": self.recovery.last_backup,
                               "last_restore": self.recovery.last_restore,
                               "undo": self.recovery.status()}
         return status
-
-
-class GlobalTxObserver(TransactionObserver):
-    """One transaction's operations on global queues; ``prepare`` waits for the TxLog."""
-
-    def __init__(self, bridge: TxLogBridge, transaction: Transaction) -> None:
-        self.bridge = bridge
-        self.transaction = transaction
-        self.enqueues: list[tuple[Queue, Message]] = []
-        self.dequeues: list[tuple[Queue, Entry]] = []
-        self.refusal: str | None = None
-
-    def publish(self, queue: Queue, message: Message) -> None:
-        if queue.is_global:
-            if message.expiration_ms is not None and self.refusal is None:
-                # a per-message TTL would expire the message in each DC at its own time
-                self.refusal = (f"a message with an expiration (per-message TTL) cannot go to "
-                                f"global queue '{queue.name}': it would expire in each "
-                                "datacenter separately")
-            self.enqueues.append((queue, message))
-
-    def accept(self, acked: list[tuple[Queue, Entry]], unacked: list[tuple[Queue, Entry]]) -> None:
-        self.dequeues.extend((q, e) for q, e in acked if q.is_global)
-
-    def prepare_needed(self) -> bool:
-        """Only a transaction that touches a global queue waits for the TxLog.
-
-        The others keep the one-round-trip commit of a node without ``[txlog]``.
-        """
-        return bool(self.enqueues or self.dequeues)
-
-    async def prepare(self) -> bool:
-        if not self.prepare_needed():
-            return True
-        if self.refusal is not None:
-            return False
-        if isinstance(self.transaction, DtxBranch):
-            self.refusal = "XA (dtx) transactions on global queues are not supported"
-            return False
-        try:
-            ops = self.bridge.operations(self.enqueues, self.dequeues)
-        except Refusal as exc:
-            self.refusal = str(exc)
-            return False
-        self.refusal = await self.bridge.submit(ops)
-        return self.refusal is None
-
-    def applying(self) -> None:
-        """The local commit leaves global queues alone: DeliverOrdered enqueues there.
-
-        Its rejects (requeue=false) on global queues were ordered as dequeues and
-        withdrew the entries; the withdrawal is this transaction's own, so the
-        local reject dead-letters as usual (in this DC only, like the consumer's
-        decision; a dead letter into a global queue is ordered in turn).
-        """
-        for queue, entry, requeue in self.transaction.rejects:
-            if not requeue and queue.is_global:
-                queue.own_withdrawal(entry)
-        if self.enqueues:
-            mine = {id(q) for q, _ in self.enqueues}
-            self.transaction.withhold(lambda q: id(q) in mine)
-
-
