@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from brokerha.backup.broker_replicator import CONFIGURATION_EVENTS, BrokerReplicator
 from brokerha.backup.queue_replicator import QueueReplicator
@@ -69,9 +70,20 @@ def as_position(position: Any) -> tuple[int, int]:
     return int(epoch), int(seq)
 
 
+class LayerReplica(Protocol):
+    """Another layer's copy of the primary's log on this backup: the TxLog's ``l*`` events
+    (``txlog/bridge/replica.py``, ``TxLogReplica``)."""
+
+    def apply(self, event: list[Any]) -> None:
+        """One of its events, in log order."""
+
+    def after_durable(self, callback: Callable[[], None]) -> None:
+        """``callback`` once everything applied so far is on this node's disk."""
+
+
 class Backup:
     def __init__(self, broker: Broker, *, me: str, epoch: int, position: Any,
-                 txlog: Any = None) -> None:
+                 txlog: LayerReplica | None = None) -> None:
         if any(getattr(o, "is_ha_primary", False) for o in broker.observers.configuration):
             raise RuntimeError("a backup's broker must not be observed by a Primary: "
                                "close the Primary first")

@@ -33,9 +33,9 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Protocol
 
-from brokerha.backup.backup import Backup
+from brokerha.backup.backup import Backup, LayerReplica
 from brokerha.broker.broker import Broker
 from brokerha.cluster.election import Position
 from brokerha.cluster.messages import Message
@@ -190,7 +190,7 @@ class HACore:
             self._durable_waiters.clear()  # never released: their clients are disconnected
         self.phase = "joining"
 
-    def become_backup(self, epoch: int, primary: str, txlog: Any = None) -> bool:
+    def become_backup(self, epoch: int, primary: str, txlog: LayerReplica | None = None) -> bool:
         """Follow ``primary`` of ``epoch`` (a new Backup and a join); False if we already do."""
         if self.following == primary and self.backup is not None and self.backup.epoch == epoch:
             return False

@@ -28,9 +28,9 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Protocol
 
-from brokerha.backup.backup import Backup
+from brokerha.backup.backup import Backup, LayerReplica
 from brokerha.broker.broker import Broker
 from brokerha.cluster import election as el
 from brokerha.cluster.messages import Error, ErrorCode, Message
@@ -78,7 +78,7 @@ class MemberEffects(Effects, Protocol):
     def demoted(self, reason: str) -> None:
         """We stop being the primary (stepped down or deposed): stop serving clients."""
 
-    def follow(self, primary: str, epoch: int) -> Any:
+    def follow(self, primary: str, epoch: int) -> LayerReplica | None:
         """We follow ``primary``; returns this node's TxLog replica, or None."""
 
 

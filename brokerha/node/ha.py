@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from brokerha.admin.http import HTTPError, Request, Response
-from brokerha.backup.backup import Backup
+from brokerha.backup.backup import Backup, LayerReplica
 from brokerha.cluster import election as el
 from brokerha.cluster.link import ClusterLinks, links_reload, tls_contexts
 from brokerha.cluster.messages import Message
@@ -158,7 +158,7 @@ class HANode:
             self._txlog.detach_primary()
         self._spawn(self.node.serve_clients(False))
 
-    def follow(self, primary: str, epoch: int) -> Any:
+    def follow(self, primary: str, epoch: int) -> LayerReplica | None:
         member = self.cluster.member(primary)  # unchanged: a no-op (set_relay_target)
         self.node.set_relay_target(RelayTarget(member.amqp, member.amqps))
         return self._txlog.replica if self._txlog is not None else None

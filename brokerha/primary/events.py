@@ -58,6 +58,14 @@ def is_dequeue_of(event: Event, q: Queue) -> bool:
     return bool(event[0] == R.DEQUEUED and event[2] == q.name and event[1] == q.vhost)
 
 
+def join_dequeue(event: Event, q: Queue, position: int) -> bool:
+    """Add ``position`` to ``event`` if it is a dequeue on ``q`` (one event, one seq)."""
+    if not is_dequeue_of(event, q):
+        return False
+    event[3].append(position)  # dequeued(): [DEQUEUED, vhost, queue, positions]
+    return True
+
+
 def event_size(event: Event) -> int:
     """Rough bytes of an event on the wire (to cut packets)."""
     if event[0] == R.ENQUEUED:

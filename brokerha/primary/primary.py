@@ -233,15 +233,13 @@ class Primary(ConfigurationObserver, QueueObserver):
             return  # a deleted queue goes as a whole
         if self._capture is not None:
             ops = self._capture[1]
-            if ops and ev.is_dequeue_of(ops[-1], queue):
-                ops[-1][3].append(entry.position)
-            else:
+            if not (ops and ev.join_dequeue(ops[-1], queue, entry.position)):
                 ops.append(ev.dequeued(queue, [entry.position]))
             return
         tail = self._tail
-        if tail and tail[-1][0] == self.seq and ev.is_dequeue_of(tail[-1][1], queue):
-            tail[-1][1][3].append(entry.position)  # the last event, not sent yet: one seq
-        else:
+        # joined to the last event if that is a dequeue on this queue not sent yet (one seq)
+        if not (tail and tail[-1][0] == self.seq
+                and ev.join_dequeue(tail[-1][1], queue, entry.position)):
             self._emit(ev.dequeued(queue, [entry.position]))
             self._dequeue_seq = self.seq
 

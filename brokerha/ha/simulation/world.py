@@ -47,6 +47,7 @@ from typing import Any
 import msgpack
 from pamqp import commands
 
+from brokerha.backup.backup import LayerReplica
 from brokerha.broker.broker import Broker
 from brokerha.broker.content import build_header
 from brokerha.broker.message import Message
@@ -303,7 +304,7 @@ class SimNode:
         self.world.note(f"{self.name} stops serving: {reason}")
         self.world.on_demoted(self)
 
-    def follow(self, primary: str, epoch: int) -> Any:
+    def follow(self, primary: str, epoch: int) -> LayerReplica | None:
         return None
 
     def joined(self, primary: str, epoch: int) -> None:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from brokerha.cluster import replication as R
+from brokerha.primary.primary import Primary
 from brokerha.txlog.bridge.broker_state import SplitBackups
 from brokerha.txlog.bridge.global_queues import GlobalQueues, pack_message, unpack_message
 from brokerha.txlog.bridge.replica import PrimaryJournal, TxLogReplica, snapshot_events
@@ -88,7 +89,7 @@ class TxLogBridge:
         # attaches the Primary)
         self.replica = TxLogReplica(config.settings.data_dir, config.settings.txlog,
                                     on_applied=self._replicated_applied)
-        self.ha_primary: Any = None
+        self.ha_primary: Primary | None = None
         self.journal_stream: PrimaryJournal | None = None
         # how many synchronised entries the global queues' contents reflect: put in the
         # store's meta after their effects (so durable with them) and replicated as ``la``
@@ -160,7 +161,7 @@ class TxLogBridge:
 
     # ---- HA: the serving primary's log; the applied mark ---------------------------------
 
-    def attach_primary(self, primary: Any) -> None:
+    def attach_primary(self, primary: Primary) -> None:
         """This node became the HA primary: a master started from now on replicates through it."""
         self.ha_primary = primary
         primary.catch_up_providers.append(self.catch_up_events)
