@@ -650,7 +650,7 @@ class ManagementAPI:
             raise bad_request(f"user_id property set to '{message.user_id}' but authenticated "
                               f"user was '{call.user.name}'")
         queues = vh.route(exchange, message)
-        if any(q.is_global for q in queues):  # ordered across datacenters: a transaction
+        if any(q.ordered for q in queues):  # ordered by another layer: a transaction
             tx = self.node.broker.new_transaction()
             tx.publish(queues, message)
             self.node.broker.spawn(tx.commit(), lambda exc: exc and log.warning(
@@ -754,9 +754,8 @@ class ManagementAPI:
         if encoding not in ("auto", "base64"):
             raise bad_request("encoding: auto or base64")
         truncate = body.get("truncate")
-        if q.is_global:
-            raise bad_request("get is not offered on a global queue (its dequeues are ordered "
-                              "across datacenters): consume it over AMQP")
+        if q.ordering is not None:
+            raise bad_request(q.ordering.refuse_get(q))
         taken = []
         for _ in range(max(0, min(count, MAX_GET))):
             entry = q.get()

@@ -246,7 +246,7 @@ class Channel:
                            [(d.queue, d.entry) for d in self.unacked.values()])
             return
         for d in deliveries:
-            if d.queue.is_global:
+            if d.queue.ordered:
                 self._settle_ordered(d, "ack")
             else:
                 d.queue.settle(d.entry)
@@ -266,7 +266,7 @@ class Channel:
         for d in deliveries:
             if requeue:
                 d.queue.requeue(d.entry)
-            elif d.queue.is_global:
+            elif d.queue.ordered:
                 self._settle_ordered(d, "reject")
             else:
                 d.queue.reject(d.entry)

@@ -9,7 +9,6 @@ accepts, and whose ``prepare`` the broker awaits before it commits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from brokerha.broker.queue import QueueHooks, noop_hook
@@ -17,7 +16,7 @@ from brokerha.broker.transaction import TransactionObserver, TransactionObserver
 
 if TYPE_CHECKING:
     from brokerha.broker.exchange import Binding, Exchange
-    from brokerha.broker.message import Entry, Message
+    from brokerha.broker.message import Entry
     from brokerha.broker.queue import Queue
 
 __all__ = [
@@ -67,9 +66,6 @@ class Observers:
         self.configuration: list[ConfigurationObserver] = []
         self.queue_hooks = QueueHooks()
         self.transactions: list[TransactionObserverFactory] = []
-        # enqueues the broker makes itself (dead-lettering) into global queues go through
-        # this instead of Queue.enqueue: the TxLog bridge orders them across datacenters
-        self.ordered_publisher: Callable[[list[Queue], Message], None] | None = None
 
     def add_configuration_observer(self, observer: ConfigurationObserver) -> None:
         self.configuration.append(observer)

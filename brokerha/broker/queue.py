@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from brokerha.broker.dedup import WINDOW_ARG, DedupWindow
 from brokerha.broker.errors import AccessRefused
 from brokerha.broker.message import Entry, Message
+from brokerha.broker.ordering import QueueOrdering
 from brokerha.broker.paging import PAGED, Pager
 
 
@@ -207,12 +208,17 @@ class Queue:
         self.deleted = False
         self.on_unused: Callable[[Queue], None] | None = None  # auto-delete hook
         self._dispatching = False
-        # a global queue (set by the TxLog bridge, brokerha/txlog/bridge/broker_bridge.py): its
-        # enqueues and dequeues are ordered across datacenters, not applied at commit
-        self.is_global = False
+        # set by the layer that orders this queue's enqueues and dequeues (a TxLog global
+        # queue: brokerha/txlog/bridge/global_queues.py); see broker/ordering.py
+        self.ordering: QueueOrdering | None = None
         self._withdrawn: set[int] = set()  # acquired entries already dequeued elsewhere
 
     # -- introspection ---------------------------------------------------------
+
+    @property
+    def ordered(self) -> bool:
+        """Its enqueues and dequeues are ordered by another layer (``broker/ordering.py``)."""
+        return self.ordering is not None
 
     @property
     def message_count(self) -> int:

@@ -241,12 +241,9 @@ class VirtualHost:
     def delete_queue(self, name: str, *, owner: object, if_unused: bool = False,
                      if_empty: bool = False) -> int:
         q = self.queue_for(name, owner)
-        if q.is_global and (q.message_count or q.unacked):
-            # the other datacenters keep their copies: deleting one would make them differ
-            raise PreconditionFailed(
-                f"queue '{name}' in vhost '{self.name}' is a global queue and not empty "
-                f"({q.message_count} ready, {q.unacked} unacknowledged): deleting it would drop "
-                "its messages in this datacenter only; consume and acknowledge them first")
+        refusal = q.ordering.refuse_delete(q) if q.ordering is not None else None
+        if refusal is not None:
+            raise PreconditionFailed(refusal)
         if if_unused and q.consumers:
             raise PreconditionFailed(f"queue '{name}' in vhost '{self.name}' in use")
         if if_empty and q.message_count:
@@ -271,12 +268,8 @@ class VirtualHost:
 
     def purge_queue(self, name: str, owner: object) -> int:
         q = self.queue_for(name, owner)
-        if q.is_global:
-            # a purge is not an ordered operation: it would empty this datacenter's copy only
-            raise PreconditionFailed(
-                f"queue.purge not supported on global queue '{name}' in vhost '{self.name}' "
-                "(it would drop the messages in this datacenter only; consume and acknowledge "
-                "them: each acknowledgement is ordered across datacenters)")
+        if q.ordering is not None:  # a purge is not an ordered operation
+            raise PreconditionFailed(q.ordering.refuse_purge(q))
         return q.purge()
 
     # -- bindings --------------------------------------------------------------------
@@ -369,11 +362,10 @@ class VirtualHost:
             header = _dead_letter_header(message, queue, reason)
             dead = Message(dlx.name, key, header, message.body)
             targets = [q for q in self.route(dlx, dead) if q is not queue or reason != "expired"]
-            ordered = [q for q in targets if q.is_global]
-            if ordered and self.observers.ordered_publisher is not None:
-                # into a global queue: an enqueue ordered across datacenters, like a publish
-                self.observers.ordered_publisher(ordered, dead)
-                targets = [q for q in targets if not q.is_global]
+            ordered = [q for q in targets if q.ordering is not None]
+            if ordered:  # into ordered queues: an ordered enqueue, like a publish
+                ordered[0].ordering.publish(ordered, dead)  # type: ignore[union-attr]
+                targets = [q for q in targets if q.ordering is None]
             for target in targets:
                 target.enqueue(dead, deduplicate=False)  # a DLX retry loop must not drop it
 

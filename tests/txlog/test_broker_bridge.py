@@ -93,10 +93,10 @@ async def test_global_publishes_apply_when_ordered_and_acks_dequeue(tmp_path: Pa
     vhost = broker.vhost("/")
     glob = vhost.declare_queue("orders", owner=None, durable=True, arguments={"x-global": True})
     local = vhost.declare_queue("audit", owner=None, durable=True)
-    assert not glob.is_global  # only while the master runs on this node
+    assert not glob.ordered  # only while the master runs on this node
     await bridge.start()
     try:
-        assert glob.is_global and not local.is_global
+        assert glob.ordered and not local.ordered
         tx = broker.new_transaction()
         tx.publish([glob, local], message(b"m1"))
         tx.publish([glob], message(b"m2", message_id="id-2"))
@@ -118,7 +118,7 @@ async def test_global_publishes_apply_when_ordered_and_acks_dequeue(tmp_path: Pa
         assert status["global_queues"] == {queue_key("/", "orders"): 1}
     finally:
         await bridge.stop()
-    assert not glob.is_global
+    assert not glob.ordered
 
 
 @in_loop
@@ -205,7 +205,7 @@ async def test_policy_makes_queues_global_and_the_order_survives_a_restart(tmp_p
     vhost = broker.vhost("/")
     g = vhost.declare_queue("g.one", owner=None, durable=True)
     other = vhost.declare_queue("h.one", owner=None, durable=True)
-    assert g.is_global and not other.is_global
+    assert g.ordered and not other.ordered
     tx = broker.new_transaction()
     tx.publish([g], message(b"a", message_id="a"))
     await tx.commit()
@@ -235,7 +235,7 @@ async def test_an_enqueue_for_a_queue_missing_here_declares_it(tmp_path: Path) -
         await bridge.driver.submit([Operation("enqueue", queue_key("/", "remote"), "f", data)],
                                    wait="synchronised")
         queue = broker.vhost("/").queues["remote"]
-        assert queue.is_global and queue.durable and bodies(queue) == [b"far"]
+        assert queue.ordered and queue.durable and bodies(queue) == [b"far"]
         assert unpack_message(data).body == b"far"
     finally:
         await bridge.stop()

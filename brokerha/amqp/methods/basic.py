@@ -25,6 +25,7 @@ from brokerha.broker.message import Message
 
 if TYPE_CHECKING:
     from brokerha.amqp.channel import Channel
+    from brokerha.broker.queue import Queue
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
             ch.settle_confirm(confirm.issue(), True)
         return
     for queue in queues:
-        if queue.is_global:
+        if queue.ordered:
             _publish_ordered(ch, queues, message)
             return
     if confirm is None:
@@ -114,10 +115,9 @@ def _publish_ordered(ch: Channel, queues: list, message: Message) -> None:
     broker.spawn(tx.commit(), done)
 
 
-def _no_ack_on_global(queue: object, method: str) -> None:
-    if getattr(queue, "is_global", False):
-        raise PreconditionFailed(f"{method} with no-ack on global queue '{queue.name}' "  # type: ignore[attr-defined]
-                                 "(its dequeues are ordered across datacenters: acknowledge)")
+def _no_ack_on_ordered(queue: Queue, method: str) -> None:
+    if queue.ordering is not None:
+        raise PreconditionFailed(queue.ordering.refuse_no_ack(queue, method))
 
 
 def qos(ch: Channel, m: commands.Basic.Qos) -> None:
@@ -141,7 +141,7 @@ def consume(ch: Channel, m: commands.Basic.Consume) -> None:
         raise NotAllowed(f"attempt to reuse consumer tag '{tag}'")
     queue.check_consumer(m.exclusive)
     if m.no_ack:
-        _no_ack_on_global(queue, "basic.consume")
+        _no_ack_on_ordered(queue, "basic.consume")
     consumer = ChannelConsumer(ch, queue, tag, no_ack=m.no_ack, exclusive=m.exclusive,
                                prefetch=ch.prefetch_count, arguments=dict(m.arguments or {}))
     if not m.nowait:
@@ -164,7 +164,7 @@ def get(ch: Channel, m: commands.Basic.Get) -> None:
     ch.user.check("read", vhost.name, "queue", name)
     queue = vhost.queue_for(name, ch.conn)
     if m.no_ack:
-        _no_ack_on_global(queue, "basic.get")
+        _no_ack_on_ordered(queue, "basic.get")
     entry = queue.get()
     if entry is None:
         ch.send(commands.Basic.GetEmpty())

@@ -3,14 +3,15 @@
 ``GlobalQueues`` is the ordering policy of the node's global queues, which
 ``TxLogBridge`` (``broker_bridge.py``) installs while the master runs here:
 
-* as a ``ConfigurationObserver`` it flags global queues (``queue.is_global``:
-  argument ``x-global: true`` or a ``[[txlog.global]]`` policy) — the AMQP
-  layer then turns non-transactional publishes and acks on them into
-  one-operation transactions — and refuses, at declare, a global queue that
-  would expire or be deleted in one datacenter only (``queue_declaring``);
-  purge and non-empty delete are refused by the broker itself;
-* dead letters into global queues become ordered enqueues
-  (``publish_ordered``, the broker's ``ordered_publisher``);
+* as a ``ConfigurationObserver`` it installs itself as the ``QueueOrdering``
+  (``broker/ordering.py``) of every global queue (argument ``x-global: true``
+  or a ``[[txlog.global]]`` policy) — the AMQP layer then turns
+  non-transactional publishes and acks on them into one-operation
+  transactions — and refuses, at declare, a global queue that would expire or
+  be deleted in one datacenter only (``queue_declaring``);
+* as that ``QueueOrdering`` it refuses what would change one DC's copy only
+  (a purge, deleting a non-empty global queue, no-ack, a management ``get``)
+  and makes dead letters into global queues ordered enqueues (``publish``);
 * ``operations`` turns a transaction's publishes and acks on global queues
   into TxLog operations (``tx_observer.py`` submits them);
 * ``apply`` carries out the master's ``DeliverOrdered`` actions, in order, in
@@ -39,6 +40,7 @@ from brokerha.broker.content import read_message_id, rewrite_properties
 from brokerha.broker.errors import BrokerError, PreconditionFailed
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import ConfigurationObserver
+from brokerha.broker.ordering import QueueOrdering
 from brokerha.broker.queue import Queue
 from brokerha.txlog.bridge.broker_state import SplitBackups
 from brokerha.txlog.engine.messages import DeliverOrdered
@@ -75,7 +77,7 @@ class Refusal(Exception):
     """Why a transaction on global queues cannot be submitted."""
 
 
-class GlobalQueues(ConfigurationObserver):
+class GlobalQueues(ConfigurationObserver, QueueOrdering):
     """The global queues of one broker and the TxLog's order applied to them."""
 
     def __init__(self, broker: Any, config: NodeTxLog, counters: dict[str, int],
@@ -89,7 +91,6 @@ class GlobalQueues(ConfigurationObserver):
         # global queue key -> global message id -> its entry (ready, or held by a consumer)
         self.index: dict[str, dict[str, Entry]] = {}
         broker.observers.add_configuration_observer(self)
-        broker.observers.ordered_publisher = self.publish_ordered
 
     @property
     def running(self) -> bool:
@@ -105,7 +106,8 @@ class GlobalQueues(ConfigurationObserver):
         """The master stopped here: no queue is global on this node now."""
         for vhost in self.broker.vhosts.values():
             for queue in vhost.queues.values():
-                queue.is_global = False
+                if queue.ordering is self:
+                    queue.ordering = None
         self.index.clear()
 
     def is_global(self, queue: Queue) -> bool:
@@ -114,9 +116,12 @@ class GlobalQueues(ConfigurationObserver):
         return any(p.matches(queue.vhost, queue.name) for p in self.config.policies)
 
     def flag(self, queue: Queue) -> None:
-        queue.is_global = self.is_global(queue)
-        if not queue.is_global:
+        """Order ``queue`` (and index its messages by global id) if it is global."""
+        if not self.is_global(queue):
+            if queue.ordering is self:
+                queue.ordering = None
             return
+        queue.ordering = self
         ids: dict[str, Entry] = {}
         for entry in queue.ready:
             gid = read_message_id(entry.message.header)
@@ -153,7 +158,9 @@ class GlobalQueues(ConfigurationObserver):
                     f"invalid arg '{local_only}' for {where}: a global queue (by a [[txlog.global]] "
                     "policy) drops messages only through ordered dequeues")
 
-    def publish_ordered(self, queues: list[Queue], message: Message) -> None:
+    # ---- the QueueOrdering of the global queues (broker/ordering.py) ---------------------
+
+    def publish(self, queues: list[Queue], message: Message) -> None:
         """An enqueue the broker makes itself (a dead letter) into global queues: ordered.
 
         One enqueue-only TxLog transaction, as for a publish without confirms;
@@ -170,6 +177,28 @@ class GlobalQueues(ConfigurationObserver):
                             ", ".join(q.name for q in queues), exc)
 
         self.broker.spawn(tx.commit(), done)
+
+    def refuse_purge(self, queue: Queue) -> str:
+        return (f"queue.purge not supported on global queue '{queue.name}' in vhost "
+                f"'{queue.vhost}' (it would drop the messages in this datacenter only; consume "
+                "and acknowledge them: each acknowledgement is ordered across datacenters)")
+
+    def refuse_delete(self, queue: Queue) -> str | None:
+        if not (queue.message_count or queue.unacked):
+            return None
+        # the other datacenters keep their copies: deleting one would make them differ
+        return (f"queue '{queue.name}' in vhost '{queue.vhost}' is a global queue and not empty "
+                f"({queue.message_count} ready, {queue.unacked} unacknowledged): deleting it "
+                "would drop its messages in this datacenter only; consume and acknowledge them "
+                "first")
+
+    def refuse_no_ack(self, queue: Queue, method: str) -> str:
+        return (f"{method} with no-ack on global queue '{queue.name}' (its dequeues are "
+                "ordered across datacenters: acknowledge)")
+
+    def refuse_get(self, queue: Queue) -> str:
+        return ("get is not offered on a global queue (its dequeues are ordered across "
+                "datacenters): consume it over AMQP")
 
     def queue_deleted(self, queue: Queue) -> None:
         self.index.pop(queue_key(queue.vhost, queue.name), None)

@@ -54,7 +54,7 @@ class GlobalTxObserver(TransactionObserver):
         self.refusal: str | None = None
 
     def publish(self, queue: Queue, message: Message) -> None:
-        if queue.is_global:
+        if queue.ordered:
             if message.expiration_ms is not None and self.refusal is None:
                 # a per-message TTL would expire the message in each DC at its own time
                 self.refusal = (f"a message with an expiration (per-message TTL) cannot go to "
@@ -63,7 +63,7 @@ class GlobalTxObserver(TransactionObserver):
             self.enqueues.append((queue, message))
 
     def accept(self, acked: list[tuple[Queue, Entry]], unacked: list[tuple[Queue, Entry]]) -> None:
-        self.dequeues.extend((q, e) for q, e in acked if q.is_global)
+        self.dequeues.extend((q, e) for q, e in acked if q.ordered)
 
     def prepare_needed(self) -> bool:
         """Only a transaction that touches a global queue waits for the TxLog.
@@ -97,7 +97,7 @@ class GlobalTxObserver(TransactionObserver):
         decision; a dead letter into a global queue is ordered in turn).
         """
         for queue, entry, requeue in self.transaction.rejects:
-            if not requeue and queue.is_global:
+            if not requeue and queue.ordered:
                 queue.own_withdrawal(entry)
         if self.enqueues:
             mine = {id(q) for q, _ in self.enqueues}
