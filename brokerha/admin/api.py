@@ -51,10 +51,9 @@ from brokerha.admin.http import (
     json_safe,
     member_token,
 )
+from brokerha.admin.node_view import NodeView
 
-# The node (brokerha.node.server.Node) these endpoints read. Not imported: the
-# admin package sits below the node, which installs the endpoints on itself.
-Node = Any
+Node = NodeView  # what these endpoints read of the node (admin/node_view.py)
 
 PEER_TIMEOUT = 1.5
 TXLOG_NOT_CONFIGURED = ("no [txlog] section in this node's configuration: it orders nothing "

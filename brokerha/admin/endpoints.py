@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from brokerha.admin import api, management, metrics, status_page, ui
+from brokerha.admin.node_view import NodeView
 
 
-def install(node: Any) -> None:
+def install(node: NodeView) -> None:
     """Register brokerha's API (api.py), RabbitMQ's management API (management.py),
     ``/metrics`` (metrics.py), ``/status`` (status_page.py) and the UI at ``/`` (ui.py)."""
     api.install(node)

@@ -51,6 +51,7 @@ from brokerha.admin.http import (
     exchange,
     json_safe,
 )
+from brokerha.admin.node_view import NodeView
 from brokerha.broker.auth import AuthenticationFailed, User
 from brokerha.broker.content import build_header, decode_header
 from brokerha.broker.errors import BrokerError
@@ -58,8 +59,7 @@ from brokerha.broker.message import Message
 
 log = logging.getLogger("brokerha.management")
 
-# The node (brokerha.node.server.Node). Not imported: admin sits below the node.
-Node = Any
+Node = NodeView  # what these endpoints read of the node (admin/node_view.py)
 
 SAMPLE_INTERVAL = 5.0
 RATE_WINDOW = 60.0  # rates are over this much of the history

@@ -28,10 +28,9 @@ from prometheus_client.core import (
 from prometheus_client.process_collector import ProcessCollector
 
 from brokerha.admin.http import Request, Response
+from brokerha.admin.node_view import NodeView
 
-# The node (brokerha.node.server.Node) these endpoints read. Not imported: the
-# admin package sits below the node, which installs the endpoints on itself.
-Node = Any
+Node = NodeView  # what these endpoints read of the node (admin/node_view.py)
 
 ROLES = ("standalone", "primary", "backup", "joining")
 FAILOVER_EVENTS = ("elected", "stepped down", "deposed", "promote requested")

@@ -15,10 +15,9 @@ from html import escape
 from typing import Any
 
 from brokerha.admin.http import Request, Response
+from brokerha.admin.node_view import NodeView
 
-# The node (brokerha.node.server.Node) these endpoints read. Not imported: the
-# admin package sits below the node, which installs the endpoints on itself.
-Node = Any
+Node = NodeView  # what these endpoints read of the node (admin/node_view.py)
 
 REFRESH_MS = 2000
 

@@ -17,8 +17,9 @@ from importlib import resources
 from typing import Any
 
 from brokerha.admin.http import HTTPError, Request, Response
+from brokerha.admin.node_view import NodeView
 
-Node = Any
+Node = NodeView  # what these endpoints read of the node (admin/node_view.py)
 
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8"}

@@ -24,6 +24,7 @@ from brokerha.node.transport import AMQPProtocol
 from brokerha.store.factory import open_store
 
 if TYPE_CHECKING:
+    from brokerha.node.ha import HANode
     from brokerha.txlog.bridge.broker_bridge import TxLogBridge
 
 log = logging.getLogger("brokerha.node")
@@ -92,7 +93,9 @@ class Node:
         self._stopping = asyncio.Event()
         # the HA layer (node/ha.py's HANode) attaches itself here for a cluster member;
         # the node only calls start/stop/add_status on it
-        self.ha: Any = None
+        self.ha: HANode | None = None
+        self.management: Any = None  # the admin endpoints' (admin/endpoints.py)
+        self.metrics: Any = None
         # with [txlog]: the TxLog master and global queues (brokerha/txlog/bridge/broker_bridge.py),
         # running exactly while this node serves clients (see serve_clients)
         self.txlog: TxLogBridge | None = None

@@ -1,0 +1,87 @@
+"""What the admin endpoints read of the node they serve: a Protocol, since admin sits below it.
+
+``brokerha.node.server.Node`` installs the endpoints on itself
+(``admin/endpoints.py``); the admin package cannot import it (the import-layer
+contract, ``tests/test_import_layers.py``). Every endpoint module types its
+node as ``NodeView``, so what admin depends on is written here, once, and a
+node that lacks it fails the type check rather than a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any, Protocol
+
+from brokerha.admin.http import AdminServer
+from brokerha.amqp.connection import ServerConnection
+from brokerha.broker.broker import Broker
+from brokerha.cluster.election import Election
+from brokerha.primary.primary import Primary
+from brokerha.txlog.bridge.broker_bridge import TxLogBridge
+
+
+class ClientView(Protocol):
+    """A client's transport (``node/transport.py``, ``AMQPProtocol``)."""
+
+    @property
+    def conn(self) -> ServerConnection | None: ...  # None until the protocol header was read
+
+
+class ConfigView(Protocol):
+    @property
+    def name(self) -> str: ...  # the node's name
+
+
+class TLSView(Protocol):
+    @property
+    def member_client(self) -> ssl.SSLContext | None: ...  # HTTPS between members
+
+
+class ClusterView(Protocol):
+    """The datacenter's configuration (``node/cluster_config.py``, ``ClusterConfig``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def members(self) -> list[Any]: ...  # ClusterMember: name, admin_url, https_url
+
+
+class HAView(Protocol):
+    """The node's HA layer (``node/ha.py``, ``HANode``)."""
+
+    @property
+    def phase(self) -> str: ...
+
+    @property
+    def election(self) -> Election: ...
+
+    @property
+    def cluster(self) -> ClusterView: ...
+
+    @property
+    def primary(self) -> Primary | None: ...
+
+
+class NodeView(Protocol):
+    broker: Broker
+    admin: AdminServer
+    connections: set[Any]  # ClientView each
+    loop: asyncio.AbstractEventLoop
+    management: Any  # set by admin/endpoints.py
+    metrics: Any
+
+    @property
+    def config(self) -> ConfigView: ...
+
+    @property
+    def tls(self) -> TLSView: ...
+
+    @property
+    def ha(self) -> HAView | None: ...
+
+    @property
+    def txlog(self) -> TxLogBridge | None: ...
+
+    def status(self) -> dict[str, Any]: ...
