@@ -156,3 +156,23 @@ def test_txlog_is_arranged_by_role_and_imports_run_down() -> None:
     roles = {p.name for p in (ROOT / "txlog").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert roles | {"cli"} == set(TXLOG_ROLE_OF)
     assert txlog_role_violations() == []
+
+
+def floors_drawn(doc: Path) -> list[set[str]]:
+    """The floors docs/architecture.md draws: each block between ``↓`` lines, its units the
+    names that start a line (``node/``, ``files.py``), up to the description."""
+    text = doc.read_text()
+    block = text.split("## Floors", 1)[1].split("```", 2)[1]
+    floors: list[set[str]] = [set()]
+    for line in block.splitlines():
+        if line.strip() == "↓":
+            floors.append(set())
+        elif line and not line[0].isspace():
+            names = line.split("  ", 1)[0].split()
+            floors[-1].update(n.rstrip("/").removesuffix(".py") for n in names)
+    return floors
+
+
+def test_the_floors_docs_architecture_draws_are_this_table() -> None:
+    drawn = floors_drawn(ROOT.parent / "docs" / "architecture.md")
+    assert drawn == FLOORS
