@@ -154,7 +154,9 @@ class Backup:
                                    f"(this backup follows epoch {self.epoch})")
         events = msg.events
         if not (self._catching_up or self.caught_up):
-            if not events or events[0][:2] != [R.CATCH_UP_BEGINS, self.session]:
+            first = events[0] if events else None
+            if not (first is not None and first.kind == R.CATCH_UP_BEGINS
+                    and first.session == self.session):
                 return  # an earlier session's tail, before the answer to our join
             self._catching_up = True
             self.applied_seq = msg.first_seq - 1
@@ -166,7 +168,7 @@ class Backup:
                 raise ReplicationError(f"gap: event {seq} after {self.applied_seq}")
             self._apply(seq, event)
             self.applied_seq = seq
-            if event[0] != R.DEQUEUED:
+            if event.kind != R.DEQUEUED:
                 self.ack_due = True
 
     def take_ack_due(self) -> bool:
@@ -181,12 +183,13 @@ class Backup:
         due, self.ack_due = self.ack_due, False
         return due
 
-    def _apply(self, seq: int, event: list[Any]) -> None:
-        kind = event[0]
+    def _apply(self, seq: int, event: Any) -> None:
+        """One event (a ``cluster.replication`` record) at ``seq``."""
+        kind = event.kind
         if kind == R.ENQUEUED:
-            self._replicator(event[1], event[2]).enqueue(*event[3:])
+            self._replicator(event.vhost, event.queue).enqueue(*event[3:])
         elif kind == R.DEQUEUED:
-            self._replicator(event[1], event[2]).dequeue(event[3])
+            self._replicator(event.vhost, event.queue).dequeue(event.positions)
         elif kind in R.TX_EVENTS:
             self.transactions.apply(event)
         elif kind in R.TXLOG_EVENTS:
@@ -200,15 +203,15 @@ class Backup:
         elif kind == R.ACK_PROMPTLY:
             pass  # applying it is what sets ack_due
         elif kind == R.CATCH_UP_BEGINS:
-            if event[1] != self.session or self.caught_up:
-                raise ReplicationError(f"catch-up of session {event[1]} not expected")
+            if event.session != self.session or self.caught_up:
+                raise ReplicationError(f"catch-up of session {event.session} not expected")
             self.config.snapshot_begins()
             self.transactions.catch_up_begins()
         elif kind == R.SNAPSHOT_DONE:
             self.config.snapshot_done()
         elif kind == R.CAUGHT_UP:
-            if event[1] != seq:
-                raise ReplicationError(f"CaughtUp marker for {event[1]} at seq {seq}")
+            if event.seq != seq:
+                raise ReplicationError(f"CaughtUp marker for {event.seq} at seq {seq}")
             self.transactions.caught_up()
             self.caught_up, self._catching_up = True, False
         else:

@@ -46,22 +46,23 @@ class TransactionReplicator:
 
     # -- events ------------------------------------------------------------------------
 
-    def apply(self, event: list[Any]) -> None:
-        kind = event[0]
+    def apply(self, event: Any) -> None:
+        """A transaction event (a ``cluster.replication`` record: ``tb`` ... ``to``)."""
+        kind = event.kind
         if kind == R.TX_BEGIN:
-            self.buffers[event[1]] = new_buffer(event[1], event[2])
+            self.buffers[event.txid] = new_buffer(event.txid, event.xid)
         elif kind == R.TX_ENQUEUE:
-            self._buffer(event[1]).enqueue(*event[2:])
+            self._buffer(event.txid).enqueue(*event[2:])
         elif kind == R.TX_DEQUEUE:
-            self._buffer(event[1]).dequeue(*event[2:])
+            self._buffer(event.txid).dequeue(*event[2:])
         elif kind == R.TX_PREPARE:
-            self.prepare(event[1], event[2])
+            self.prepare(event.txid, event.client_id)
         elif kind == R.TX_COMMIT:
-            self.commit(event[1], event[2], event[3])
+            self.commit(event.txid, event.client_id, event.ops)
         elif kind == R.TX_ROLLBACK:
-            self.rollback(event[1], event[2])
+            self.rollback(event.txid, event.client_id)
         elif kind == R.TX_OUTCOMES:
-            self.outcomes(event[1])
+            self.outcomes(event.records)
 
     def _buffer(self, txid: str) -> TxBuffer:
         buffer = self.buffers.get(txid)
@@ -104,17 +105,16 @@ class TransactionReplicator:
             problem = self._cannot_apply(buffer)
             if problem is not None:  # diverged from the primary: join again (a catch-up)
                 raise ReplicationError(f"cannot commit {txid}: {problem}")
-        for op in ops:
-            kind = op[0]
+        for op in ops:  # OpRef, Enqueued and Dequeued records
+            kind = op.kind
             if kind == R.OP_REF:
-                vhost, queue, position, index, expires_in = op[1:]
-                _, _, exchange, routing_key, header, body = buffer.messages[index]
-                self.replicator(vhost, queue).enqueue(position, exchange, routing_key, header,
-                                                      body, expires_in)
+                _, _, exchange, routing_key, header, body = buffer.messages[op.message]
+                self.replicator(op.vhost, op.queue).enqueue(op.position, exchange, routing_key,
+                                                            header, body, op.expires_in)
             elif kind == R.ENQUEUED:
-                self.replicator(op[1], op[2]).enqueue(*op[3:])
+                self.replicator(op.vhost, op.queue).enqueue(*op[3:])
             elif kind == R.DEQUEUED:
-                self.replicator(op[1], op[2]).dequeue(op[3])
+                self.replicator(op.vhost, op.queue).dequeue(op.positions)
             else:
                 raise ReplicationError(f"unknown commit op {kind!r} in {txid}")
         self._finish(buffer, client_id, COMMITTED)

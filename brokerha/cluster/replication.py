@@ -1,8 +1,10 @@
 """Replication packets (codes 30-59) and the vocabulary of the events they carry.
 
 Imported by both sides: ``brokerha.primary`` builds events, ``brokerha.backup``
-applies them. An event is a compact msgpack-able list whose first item says
-what it is; every event of a primary's log has its own sequence number, and an
+applies them. An event is a named record (a ``NamedTuple`` below, one per
+kind) whose first field says what it is; msgpack carries it as an array, and
+``Events.from_args`` makes records of them again on the receiving side, so
+both sides read fields by name; every event of a primary's log has its own sequence number, and an
 ``Events`` packet carries a run of consecutive ones.
 
 =======  ==============================================================  ==========
@@ -77,7 +79,7 @@ private to that backup, which holds no consistent copy until the marker.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from pamqp import decode, encode
 
@@ -114,6 +116,211 @@ TXLOG_PEERS = "lp"  # the sync peers changed at runtime (txlog/master/driver.py 
 TXLOG_EVENTS = frozenset([TXLOG_RECORD, TXLOG_SNAPSHOT, TXLOG_APPLIED, TXLOG_BROKER_BACKUP,
                           TXLOG_PEERS])
 
+# -- the events as named records (fields after ``kind`` as in the table above) -----------
+
+
+class VhostExists(NamedTuple):
+    kind: str
+    vhost: str
+
+
+class ExchangeDeclared(NamedTuple):
+    kind: str
+    vhost: str
+    name: str
+    type: str
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: bytes
+
+
+class ExchangeDeleted(NamedTuple):
+    kind: str
+    vhost: str
+    name: str
+
+
+class QueueDeclared(NamedTuple):
+    kind: str
+    vhost: str
+    name: str
+    durable: bool
+    auto_delete: bool
+    arguments: bytes
+
+
+class QueueDeleted(NamedTuple):
+    kind: str
+    vhost: str
+    name: str
+
+
+class BindingChanged(NamedTuple):  # bd (created) and bx (deleted)
+    kind: str
+    vhost: str
+    source: str
+    dest_kind: str
+    destination: str
+    routing_key: str
+    arguments: bytes
+
+
+class Enqueued(NamedTuple):
+    kind: str
+    vhost: str
+    queue: str
+    position: int
+    exchange: str
+    routing_key: str
+    header: bytes
+    body: bytes
+    expires_in: int | None
+
+
+class Dequeued(NamedTuple):
+    kind: str
+    vhost: str
+    queue: str
+    positions: list[int]
+
+
+class CatchUpBegins(NamedTuple):
+    kind: str
+    session: int
+
+
+class SnapshotDone(NamedTuple):
+    kind: str
+
+
+class CaughtUp(NamedTuple):
+    kind: str
+    seq: int
+
+
+class AckPromptly(NamedTuple):
+    kind: str
+
+
+class TxBegin(NamedTuple):
+    kind: str
+    txid: str
+    xid: str | None
+
+
+class TxEnqueue(NamedTuple):
+    kind: str
+    txid: str
+    vhost: str
+    queues: list[str]
+    exchange: str
+    routing_key: str
+    header: bytes
+    body: bytes
+
+
+class TxDequeue(NamedTuple):
+    kind: str
+    txid: str
+    vhost: str
+    queue: str
+    positions: list[int]
+
+
+class TxPrepare(NamedTuple):
+    kind: str
+    txid: str
+    client_id: str | None
+
+
+class TxCommit(NamedTuple):
+    kind: str
+    txid: str
+    client_id: str | None
+    ops: list[Any]  # OpRef, Enqueued and Dequeued records, in the order applied
+
+
+class TxRollback(NamedTuple):
+    kind: str
+    txid: str
+    client_id: str | None
+
+
+class TxOutcomes(NamedTuple):
+    kind: str
+    records: list[Any]  # [txid, client tx id, outcome, at] each
+
+
+class OpRef(NamedTuple):
+    kind: str
+    vhost: str
+    queue: str
+    position: int
+    message: int  # the index of the tx-queue's ``te`` event that carries the content
+    expires_in: int | None
+
+
+class TxLogRecord(NamedTuple):
+    kind: str
+    seq: int
+    body: bytes
+
+
+class TxLogSnapshot(NamedTuple):
+    kind: str
+    seq: int
+    part: int
+    parts: int
+    data: bytes
+
+
+class TxLogApplied(NamedTuple):
+    kind: str
+    applied: int
+
+
+class TxLogBrokerBackup(NamedTuple):
+    kind: str
+    data: bytes
+
+
+class TxLogPeers(NamedTuple):
+    kind: str
+    data: bytes | None
+
+
+RECORDS: dict[str, Any] = {
+    VHOST: VhostExists, EXCHANGE_DECLARED: ExchangeDeclared, EXCHANGE_DELETED: ExchangeDeleted,
+    QUEUE_DECLARED: QueueDeclared, QUEUE_DELETED: QueueDeleted, BINDING_CREATED: BindingChanged,
+    BINDING_DELETED: BindingChanged, ENQUEUED: Enqueued, DEQUEUED: Dequeued,
+    CATCH_UP_BEGINS: CatchUpBegins, SNAPSHOT_DONE: SnapshotDone, CAUGHT_UP: CaughtUp,
+    ACK_PROMPTLY: AckPromptly, TX_BEGIN: TxBegin, TX_ENQUEUE: TxEnqueue, TX_DEQUEUE: TxDequeue,
+    TX_PREPARE: TxPrepare, TX_COMMIT: TxCommit, TX_ROLLBACK: TxRollback,
+    TX_OUTCOMES: TxOutcomes, OP_REF: OpRef, TXLOG_RECORD: TxLogRecord,
+    TXLOG_SNAPSHOT: TxLogSnapshot, TXLOG_APPLIED: TxLogApplied,
+    TXLOG_BROKER_BACKUP: TxLogBrokerBackup, TXLOG_PEERS: TxLogPeers,
+}
+
+
+def as_record(event: Any) -> Any:
+    """An event off the wire (a list) as its record; ``ValueError`` if it is none.
+
+    A ``tc``'s ops become records too.
+    """
+    if not isinstance(event, (list, tuple)) or not event:
+        raise ValueError(f"not an event: {event!r:.60}")
+    kind = RECORDS.get(event[0]) if isinstance(event[0], str) else None
+    if kind is None:
+        raise ValueError(f"unknown event kind {event[0]!r:.20}")
+    if len(event) != len(kind._fields):
+        raise ValueError(f"event {event[0]!r} has {len(event)} fields, not {len(kind._fields)}")
+    record = kind._make(event)
+    if kind is TxCommit:
+        record = record._replace(ops=[as_record(op) for op in record.ops])
+    return record
+
+
 # The queue argument holding a replicated queue's identity (the primary's
 # epoch and seq when it was declared): a queue deleted and declared again under
 # the same name is another queue, and its positions mean other messages.
@@ -147,6 +354,15 @@ class Events(Message):
     epoch: int
     first_seq: int
     events: list[Any]
+
+    @classmethod
+    def from_args(cls, args: list[Any]) -> Message:
+        packet = super().from_args(args)
+        assert isinstance(packet, Events)
+        if not isinstance(packet.events, list):
+            raise TypeError(f"Events.events is not a list: {packet.events!r:.60}")
+        packet.events = [as_record(event) for event in packet.events]
+        return packet
 
 
 @packet(32)

@@ -305,7 +305,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         expires_in = None
         if entry.expires_at is not None:
             expires_in = max(0, int((entry.expires_at - now) * 1000))
-        ops.append([R.OP_REF, queue.vhost, queue.name, entry.position, index, expires_in])
+        ops.append(R.OpRef(R.OP_REF, queue.vhost, queue.name, entry.position, index, expires_in))
 
     def tx_commit(self, txq: TxQueue) -> None:
         """After the local commit: everything it did, as one event."""
@@ -313,11 +313,11 @@ class Primary(ConfigurationObserver, QueueObserver):
         if self._capture is not None and self._capture[0] is txq:
             ops = self._capture[1]
         self._capture = None
-        self._emit([R.TX_COMMIT, txq.name, txq.client_id, ops])
+        self._emit(R.TxCommit(R.TX_COMMIT, txq.name, txq.client_id, ops))
         self._tx_finished(txq)
 
     def tx_rollback(self, txq: TxQueue) -> None:
-        self._emit([R.TX_ROLLBACK, txq.name, txq.client_id])
+        self._emit(R.TxRollback(R.TX_ROLLBACK, txq.name, txq.client_id))
         self._tx_finished(txq)
 
     def _tx_finished(self, txq: TxQueue) -> None:
@@ -352,9 +352,9 @@ class Primary(ConfigurationObserver, QueueObserver):
             self._tx_session_ended(join.node, old, "joined again")
         now = self.clock()
         held = {(v, q): (ha_id, ranges) for v, q, ha_id, ranges in join.inventory}
-        out: list[Event] = [[R.CATCH_UP_BEGINS, join.session]]
+        out: list[Event] = [R.CatchUpBegins(R.CATCH_UP_BEGINS, join.session)]
         out.extend(configuration(self.broker, self._replicated))
-        out.append([R.SNAPSHOT_DONE])
+        out.append(R.SnapshotDone(R.SNAPSHOT_DONE))
         ends: list[tuple[Queue, int]] = []
         subscriptions = []
         for vhost in self.broker.vhosts.values():
@@ -374,7 +374,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         for provider in self.catch_up_providers:
             out.extend(provider())
         join_seq = self.seq
-        out.append([R.CAUGHT_UP, join_seq])
+        out.append(R.CaughtUp(R.CAUGHT_UP, join_seq))
         first = join_seq - len(out) + 1
         session = RemoteBackup(join.node, join_seq, first, now, self.events_per_packet)
         session.outbox.extend((first + i, event) for i, event in enumerate(out))
@@ -395,8 +395,8 @@ class Primary(ConfigurationObserver, QueueObserver):
     def _outcome_events(self) -> list[Event]:
         records = [list(r) for r in self.broker.outcomes.snapshot()]
         if not records:
-            return [[R.TX_OUTCOMES, []]]
-        return [[R.TX_OUTCOMES, records[i:i + OUTCOMES_PER_EVENT]]
+            return [R.TxOutcomes(R.TX_OUTCOMES, [])]
+        return [R.TxOutcomes(R.TX_OUTCOMES, records[i:i + OUTCOMES_PER_EVENT])
                 for i in range(0, len(records), OUTCOMES_PER_EVENT)]
 
     def _entries(self, q: Queue) -> list[Entry]:
@@ -485,7 +485,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             callback()
             return
         if target == self._dequeue_seq and self.sessions:
-            self._emit([R.ACK_PROMPTLY])
+            self._emit(R.AckPromptly(R.ACK_PROMPTLY))
             target = self.seq
         self._waiters.append((target, callback))
 

@@ -26,7 +26,7 @@ def is_standard(ex: Exchange) -> bool:
 
 def configuration(broker: Broker, replicated: Callable[[Queue], bool]) -> Iterator[Event]:
     for vhost in broker.vhosts.values():
-        yield [R.VHOST, vhost.name]
+        yield R.VhostExists(R.VHOST, vhost.name)
     for vhost in broker.vhosts.values():
         for ex in vhost.exchanges.values():
             if not is_standard(ex):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from brokerha.broker.dtx import State
 from brokerha.broker.transaction import TransactionObserver
@@ -87,7 +87,7 @@ class PrimaryTxObserver(TransactionObserver):
         self.name = name
         self.xid = xid
         self.queue: TxQueue | None = None
-        self._last: tuple[Message, list[Any]] | None = None  # the last te, for more queues
+        self._last: tuple[Message, R.TxEnqueue] | None = None  # the last te, for more queues
 
     def _tx_queue(self) -> TxQueue:
         if self.queue is None:
@@ -102,11 +102,11 @@ class PrimaryTxObserver(TransactionObserver):
             return
         last = self._last
         if last is not None and last[0] is message:
-            last[1][3].append(queue.name)  # the same publish, another queue: not sent yet
+            last[1].queues.append(queue.name)  # the same publish, another queue: not sent yet
             return
         txq = self._tx_queue()
-        event = [R.TX_ENQUEUE, self.name, queue.vhost, [queue.name], message.exchange,
-                 message.routing_key, message.header, message.body]
+        event = R.TxEnqueue(R.TX_ENQUEUE, self.name, queue.vhost, [queue.name], message.exchange,
+                            message.routing_key, message.header, message.body)
         txq.message_index[message.msg_id] = txq.messages
         self._last = (message, event)
         self.primary.tx_event(txq, event)
@@ -119,7 +119,7 @@ class PrimaryTxObserver(TransactionObserver):
                 by_queue.setdefault((queue.vhost, queue.name), []).append(entry.position)
         for (vhost, name), positions in by_queue.items():
             self.primary.tx_event(self._tx_queue(),
-                                  [R.TX_DEQUEUE, self.name, vhost, name, positions])
+                                  R.TxDequeue(R.TX_DEQUEUE, self.name, vhost, name, positions))
 
     # -- phases -----------------------------------------------------------------------------
 

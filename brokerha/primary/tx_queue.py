@@ -64,10 +64,10 @@ class TxQueue:
         return len(self.message_index)
 
     def begin_event(self) -> Event:
-        return [R.TX_BEGIN, self.name, self.xid]
+        return R.TxBegin(R.TX_BEGIN, self.name, self.xid)
 
     def prepare_event(self) -> Event:
-        return [R.TX_PREPARE, self.name, self.client_id]
+        return R.TxPrepare(R.TX_PREPARE, self.name, self.client_id)
 
     def replay(self) -> list[Event]:
         """The tx-queue so far, for a joining backup's catch-up."""

@@ -10,7 +10,7 @@ import pytest
 
 from brokerha.cluster.election import NewEpoch
 from brokerha.cluster.messages import Error
-from brokerha.cluster.replication import Events
+from brokerha.cluster.replication import DEQUEUED, Dequeued, Events
 from brokerha.ha.simulation.confirms import (
     QUEUE,
     ConfirmSimulation,
@@ -159,7 +159,7 @@ def test_a_backup_refuses_events_of_an_older_epoch_and_the_checker_reports_one_a
     assert backup.ha.backup is not None and backup.ha.backup.caught_up
     epoch, seq = primary.election.epoch, backup.ha.backup.applied_seq
     backup.ha.on_message(primary.name, 0, NewEpoch(epoch + 1, primary.name))
-    event = Events(epoch, seq + 1, [["d", "/", QUEUE, [1]]])
+    event = Events(epoch, seq + 1, [Dequeued(DEQUEUED, "/", QUEUE, [1])])
     before = held(backup)
     sent: list[object] = []
     sim.send = lambda src, dst, msg_id, packet: sent.append(packet)  # type: ignore[method-assign]

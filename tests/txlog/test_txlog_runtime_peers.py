@@ -233,9 +233,9 @@ async def test_the_bridge_replicates_a_runtime_change_and_a_promoted_master_keep
     try:
         # a master starting on a new primary: its state, then its peers (none at runtime)
         kinds = [e[0] for e in primary.emitted]
-        assert kinds[0] == R.TXLOG_SNAPSHOT and [R.TXLOG_PEERS, None] in primary.emitted
+        assert kinds[0] == R.TXLOG_SNAPSHOT and R.TxLogPeers(R.TXLOG_PEERS, None) in primary.emitted
         assert [e for e in bridge.catch_up_events() if e[0] == R.TXLOG_PEERS] == [
-            [R.TXLOG_PEERS, None]]
+            R.TxLogPeers(R.TXLOG_PEERS, None)]
 
         assert await bridge.add_peer("dc2", DC2_URL) is True
         data = [e[1] for e in primary.emitted if e[0] == R.TXLOG_PEERS][-1]

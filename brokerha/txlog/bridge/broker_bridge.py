@@ -177,11 +177,12 @@ class TxLogBridge:
         else:  # primary, master not started yet: the state this node holds as a backup
             events = self.replica.catch_up_events()
         if self.recovery.path.exists():  # a split's backup: a joining node keeps a copy too
-            events.append([R.TXLOG_BROKER_BACKUP, self.recovery.path.read_bytes()])
+            events.append(R.TxLogBrokerBackup(R.TXLOG_BROKER_BACKUP,
+                                              self.recovery.path.read_bytes()))
         # the runtime peers (None: the configuration's), so the joiner, once promoted,
         # starts its master with the same DCs as this one
-        events.append([R.TXLOG_PEERS, read_peers_file(self.config.settings.data_dir)])
-        return [*events, [R.TXLOG_APPLIED, self.applied]]
+        events.append(R.TxLogPeers(R.TXLOG_PEERS, read_peers_file(self.config.settings.data_dir)))
+        return [*events, R.TxLogApplied(R.TXLOG_APPLIED, self.applied)]
 
     # ---- operator changes (admin API: /api/txlog/peers, /api/txlog/split-recovery) -----
 

@@ -76,7 +76,8 @@ def snapshot_events(seq: int, state: DurableState) -> list[Event]:
     """``state`` as of journal record ``seq``, as ``ls`` events of at most SNAPSHOT_PART bytes."""
     data = encode_snapshot(seq, state)
     parts = max(1, -(-len(data) // SNAPSHOT_PART))
-    return [[R.TXLOG_SNAPSHOT, seq, i, parts, data[i * SNAPSHOT_PART:(i + 1) * SNAPSHOT_PART]]
+    return [R.TxLogSnapshot(R.TXLOG_SNAPSHOT, seq, i, parts,
+                            data[i * SNAPSHOT_PART:(i + 1) * SNAPSHOT_PART])
             for i in range(parts)]
 
 
@@ -87,7 +88,7 @@ class PrimaryJournal:
         self.primary = primary
 
     def record(self, seq: int, body: bytes) -> None:
-        self.primary.emit([R.TXLOG_RECORD, seq, body])
+        self.primary.emit(R.TxLogRecord(R.TXLOG_RECORD, seq, body))
 
     def snapshot(self, seq: int, state: DurableState) -> None:
         for event in snapshot_events(seq, state):
@@ -97,14 +98,14 @@ class PrimaryJournal:
         self.primary.barrier(callback)
 
     def applied(self, count: int) -> None:
-        self.primary.emit([R.TXLOG_APPLIED, count])
+        self.primary.emit(R.TxLogApplied(R.TXLOG_APPLIED, count))
 
     def broker_backup(self, data: bytes) -> None:
-        self.primary.emit([R.TXLOG_BROKER_BACKUP, data])
+        self.primary.emit(R.TxLogBrokerBackup(R.TXLOG_BROKER_BACKUP, data))
 
     def peers(self, data: bytes | None) -> None:
         """The master's peers file (``driver.PEERS_FILE``), or None when it has none."""
-        self.primary.emit([R.TXLOG_PEERS, data])
+        self.primary.emit(R.TxLogPeers(R.TXLOG_PEERS, data))
 
 
 class TxLogReplica:
