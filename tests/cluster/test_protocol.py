@@ -23,6 +23,7 @@ from brokerha.cluster.protocol import (
     Welcome,
     proof,
 )
+from brokerha.cluster.replication import Events
 
 SECRET = b"0123456789abcdef0123"
 D_NONCE = b"d" * 16
@@ -88,6 +89,12 @@ def test_encoding_an_oversized_packet_fails_locally() -> None:
     (msgpack.packb([1, 0, ["only-one"]]), "bad Error"),       # wrong arity
     (msgpack.packb([1, 0, "notalist"]), "bad Error"),
     (b"", "malformed msgpack"),
+    # replication events: each must be a known kind with its record's fields
+    (msgpack.packb([1, Events.CODE, [1, 0, [["zz", 1]]]]), "bad Events: unknown event kind 'zz'"),
+    (msgpack.packb([1, Events.CODE, [1, 0, [["e", "/", "q"]]]]), "bad Events: event 'e' has 3 fields"),
+    (msgpack.packb([1, Events.CODE, [1, 0, [[]]]]), "bad Events: not an event"),
+    (msgpack.packb([1, Events.CODE, [1, 0, [["tc", "t", None, [["zz"]]]]]]), "unknown event kind 'zz'"),
+    (msgpack.packb([1, Events.CODE, [1, 0, {"e": 1}]]), "bad Events: Events.events is not a list"),
 ])
 def test_malformed_packets_are_protocol_errors(body: bytes, match: str) -> None:
     with pytest.raises(ProtocolError, match=match) as info:
