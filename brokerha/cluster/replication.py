@@ -303,22 +303,28 @@ RECORDS: dict[str, Any] = {
 }
 
 
+_SIZES = {kind: len(record._fields) for kind, record in RECORDS.items()}
+_new = tuple.__new__  # a record from a list without the NamedTuple's Python-level __new__
+
+
 def as_record(event: Any) -> Any:
     """An event off the wire (a list) as its record; ``ValueError`` if it is none.
 
-    A ``tc``'s ops become records too.
+    A ``tc``'s ops become records too. On every event a backup receives: kept
+    to a dict lookup, a length check and the tuple's own constructor.
     """
-    if not isinstance(event, (list, tuple)) or not event:
-        raise ValueError(f"not an event: {event!r:.60}")
-    kind = RECORDS.get(event[0]) if isinstance(event[0], str) else None
-    if kind is None:
-        raise ValueError(f"unknown event kind {event[0]!r:.20}")
-    if len(event) != len(kind._fields):
-        raise ValueError(f"event {event[0]!r} has {len(event)} fields, not {len(kind._fields)}")
-    record = kind._make(event)
-    if kind is TxCommit:
-        record = record._replace(ops=[as_record(op) for op in record.ops])
-    return record
+    try:
+        kind = event[0]
+        size = _SIZES[kind]
+    except (TypeError, KeyError, IndexError):
+        if not isinstance(event, (list, tuple)) or not event:
+            raise ValueError(f"not an event: {event!r:.60}") from None
+        raise ValueError(f"unknown event kind {event[0]!r:.20}") from None
+    if len(event) != size:
+        raise ValueError(f"event {kind!r} has {len(event)} fields, not {size}")
+    if kind == TX_COMMIT:
+        event = [*event[:3], [as_record(op) for op in event[3]]]
+    return _new(RECORDS[kind], event)
 
 
 # The queue argument holding a replicated queue's identity (the primary's
