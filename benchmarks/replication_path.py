@@ -1,0 +1,116 @@
+"""The replication path's CPU per message, in one process: no sockets, no disk, no event loop.
+
+A primary broker and two backups (in-memory stores), joined as the node joins
+them; per round, ``--batch`` persistent 1 KiB messages are published to a
+durable queue, their events travel to each backup through the cluster
+link's codec (``PacketCodec``: msgpack framing, ``Events.from_args`` on the
+way in) and are applied, the backups acknowledge, then the messages are
+consumed and acknowledged on the primary and those dequeues travel the same
+way. Printed: microseconds per message in the primary's replication work
+(events built, packets cut and encoded), in the backups' (decoded, applied;
+both backups together), and the whole loop, median of ``--rounds``.
+
+This isolates what issue 22 ("replication cheaper than brokering") weighs:
+the per-message cost of replication itself, against which the end-to-end
+``ha_cluster.py`` figures (where clients, sockets and disks share 2 cores)
+can be read. Run it at two commits to compare a change of the path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from pamqp import commands
+
+from brokerha.backup.backup import Backup
+from brokerha.broker.broker import Broker
+from brokerha.broker.content import build_header
+from brokerha.broker.message import Message
+from brokerha.cluster.protocol import PacketCodec
+from brokerha.primary.primary import Primary
+
+BODY = b"x" * 1024
+
+
+def persistent(body: bytes) -> Message:
+    properties = commands.Basic.Properties(delivery_mode=2)
+    return Message("", "q", build_header(len(body), properties), body)
+
+
+class Path:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.primary_broker = Broker("n1", clock=self.clock)
+        self.primary_broker.add_vhost("/").declare_queue("q", owner=None, durable=True)
+        self.primary = Primary(self.primary_broker, me="n1", members=3, epoch=1, start_seq=0,
+                               clock=self.clock, backup_timeout=5.0)
+        self.codec = PacketCodec()
+        self.backups = {}
+        for name in ("n2", "n3"):
+            broker = Broker(name, clock=self.clock)
+            broker.add_vhost("/")
+            backup = Backup(broker, me=name, epoch=1, position=(-1, -1))
+            self.backups[name] = backup
+            self.primary.backup_joined(backup.join_message())
+        self.primary_us = self.backup_us = 0.0
+        self.carry()
+
+    def clock(self) -> float:
+        return self.now
+
+    def carry(self) -> None:
+        """Every backup's packets through the codec, applied, then its acknowledgement."""
+        for name, backup in self.backups.items():
+            started = time.perf_counter()
+            wire = b"".join(self.codec.encode(0, packet)
+                            for packet in self.primary.take_outbox(name))
+            middle = time.perf_counter()
+            for _, packet in PacketCodec().feed(wire):
+                backup.receive(packet)  # type: ignore[arg-type]
+            ack = backup.ack_message()
+            done = time.perf_counter()
+            self.primary.backup_acked(name, ack.seq)
+            self.primary_us += (middle - started) * 1e6
+            self.backup_us += (done - middle) * 1e6
+
+    def round(self, batch: int) -> tuple[float, float, float]:
+        self.primary_us = self.backup_us = 0.0
+        q = self.primary_broker.vhosts["/"].queues["q"]
+        started = time.perf_counter()
+        t = time.perf_counter()
+        for _ in range(batch):
+            q.enqueue(persistent(BODY))
+        self.primary_us += (time.perf_counter() - t) * 1e6
+        self.carry()
+        t = time.perf_counter()
+        for _ in range(batch):
+            entry = q.get()
+            assert entry is not None
+            q.settle(entry)
+        self.primary_us += (time.perf_counter() - t) * 1e6
+        self.carry()
+        total = (time.perf_counter() - started) * 1e6
+        return self.primary_us / batch, self.backup_us / batch, total / batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=256, help="messages per round")
+    parser.add_argument("--rounds", type=int, default=200)
+    args = parser.parse_args()
+    path = Path()
+    for _ in range(20):  # warm up
+        path.round(args.batch)
+    results = [path.round(args.batch) for _ in range(args.rounds)]
+    primary, backups, total = (statistics.median(r[i] for r in results) for i in range(3))
+    print(f"replication path, {args.rounds} rounds of {args.batch} messages (publish, then "
+          "consume and ack), 2 backups, in one process:")
+    print(f"  primary (broker work + events + packets): {primary:6.2f} us/msg")
+    print(f"  backups (decode + apply, both):           {backups:6.2f} us/msg")
+    print(f"  whole loop:                               {total:6.2f} us/msg")
+
+
+if __name__ == "__main__":
+    main()
