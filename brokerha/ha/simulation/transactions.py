@@ -172,6 +172,7 @@ class TxSimulation(World):
         for name in self.names:
             self.disks[name] = image.copy()
         self.clients: list[Client] = []
+        self.running: list[asyncio.Future[Any]] = []  # the clients' tasks not done yet
         self.keys = 0
         self.effects: dict[str, tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]] = {}
         self.decided: dict[str, tuple[str, str]] = {}   # txid -> (commit|rollback, why)
@@ -215,10 +216,16 @@ class TxSimulation(World):
         return SimResult(self.seed, violation, list(self.trace) if violation else [], stats,
                          self.stuck)
 
+    def spawn(self, client: Client, work: Any) -> None:
+        """The client's request as a task (a commit, an XA verb) that waits for the broker."""
+        client.task = asyncio.ensure_future(work)
+        self.running.append(client.task)
+
     async def quiesce(self) -> None:
         """Let the client tasks run until they wait again; then what they asked for soon."""
         for _ in range(6):
-            if not any(c.task is not None and not c.task.done() for c in self.clients):
+            self.running = [t for t in self.running if not t.done()]
+            if not self.running:
                 break
             await asyncio.sleep(0)
         self.run_soon()
@@ -361,7 +368,7 @@ class TxSimulation(World):
                 self.decide(client.txid, "rollback", "client rollback")
                 return
             client.state = "busy"
-            client.task = asyncio.ensure_future(self.tx_commit(client))
+            self.spawn(client, self.tx_commit(client))
             return
         if client.state == "unknown":
             self.tm_recover(client)
@@ -371,14 +378,13 @@ class TxSimulation(World):
         r = self.rng.random()
         if client.state == "idle" and r < 0.65:
             client.state = "busy"
-            client.task = asyncio.ensure_future(self.xa(client, "prepare", dtx.prepare(xid)))
+            self.spawn(client, self.xa(client, "prepare", dtx.prepare(xid)))
         elif client.state == "idle" and r < 0.85:
             client.state, client.tm = "busy", "commit"
-            client.task = asyncio.ensure_future(
-                self.xa(client, "commit1", dtx.commit(xid, one_phase=True)))
+            self.spawn(client, self.xa(client, "commit1", dtx.commit(xid, one_phase=True)))
         elif client.state == "prepared" and r < 0.75:
             client.state, client.tm = "busy", "commit"
-            client.task = asyncio.ensure_future(self.xa(client, "commit", dtx.commit(xid)))
+            self.spawn(client, self.xa(client, "commit", dtx.commit(xid)))
         else:
             client.tm, client.state = "rollback", "busy"
             self.note(f"dtx{client.key} rollback")
@@ -479,7 +485,7 @@ class TxSimulation(World):
                                          and self.rng.random() < 0.5):
                 client.tm, client.state = "commit", "busy"
                 self.note(f"dtx{client.key}: recover lists it; TM commits")
-                client.task = asyncio.ensure_future(self.xa(client, "commit", dtx.commit(xid)))
+                self.spawn(client, self.xa(client, "commit", dtx.commit(xid)))
             else:
                 client.tm, client.state = "rollback", "busy"
                 self.note(f"dtx{client.key}: recover lists it; TM rolls back")
@@ -653,7 +659,7 @@ class TxSimulation(World):
                     client.tm = "rollback" if client.state == "idle" else (client.tm or "commit")
                     client.state = "busy"
                     if client.tm == "commit":
-                        client.task = asyncio.ensure_future(self.xa(
+                        self.spawn(client, self.xa(
                             client, "commit", serving.broker.dtx.commit(client.obj)))
                     else:
                         self.answer_xa(client, "rollback", self.xa_now(
