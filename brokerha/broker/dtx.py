@@ -96,9 +96,11 @@ class DtxBranch(Transaction):
 
     def __init__(self, xid: Xid, factories: list[TransactionObserverFactory], now: float,
                  timeout: float, on_outcome: Any = None) -> None:
-        self.xid = xid  # before the observers are created: they name the tx-queue by it
-        super().__init__(f"dtx:{xid.key}", factories, on_outcome=on_outcome)
+        # before the observers are created: they name the tx-queue by the xid, and a
+        # prepared branch (restored, adopted) is set PREPARED only after this
+        self.xid = xid
         self.state = State.ACTIVE
+        super().__init__(f"dtx:{xid.key}", factories, on_outcome=on_outcome)
         self.associated: set[object] = set()
         self.started = now
         self.timeout = timeout

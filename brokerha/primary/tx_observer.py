@@ -29,7 +29,7 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from brokerha.broker.dtx import State
+from brokerha.broker.dtx import DtxBranch, State
 from brokerha.broker.transaction import TransactionObserver
 from brokerha.cluster import replication as R
 
@@ -67,14 +67,14 @@ class PrimaryTxObserverFactory:
         self._numbers = itertools.count(1)
 
     def create(self, transaction: Transaction) -> PrimaryTxObserver:
-        xid = getattr(transaction, "xid", None)
-        if xid is not None:
+        branch = transaction if isinstance(transaction, DtxBranch) else None
+        if branch is not None:
             name = transaction.id  # dtx:<xid key>: the same on every node
         else:
             name = f"tx-{self.primary.me}-{self.primary.epoch}-{next(self._numbers)}"
         observer = PrimaryTxObserver(self.primary, transaction, name,
-                                     None if xid is None else xid.key)
-        if getattr(transaction, "state", None) is State.PREPARED:
+                                     None if branch is None else branch.xid.key)
+        if branch is not None and branch.state is State.PREPARED:
             observer.adopt_prepared()
         return observer
 
