@@ -50,23 +50,6 @@ def consume(q: Queue, n: int | None = None) -> list[bytes]:
     return out
 
 
-def contents(broker: Broker) -> dict[str, Any]:
-    """What must be equal on primary and backup: definitions and positions with bodies."""
-    out: dict[str, Any] = {}
-    for vh in broker.vhosts.values():
-        out[vh.name] = {
-            "exchanges": sorted((x.name, x.type, x.durable, x.auto_delete, x.internal,
-                                 repr(sorted(x.arguments.items())))
-                                for x in vh.exchanges.values()),
-            "queues": {q.name: (q.durable, q.auto_delete, repr(sorted(q.arguments.items())),
-                                [(e.position, e.message.body) for e in q.ready])
-                       for q in vh.queues.values() if q.exclusive_owner is None},
-            "bindings": sorted((x.name, *map(str, b.key)) for x in vh.exchanges.values()
-                               for b in x.bindings.values()),
-        }
-    return out
-
-
 class Node:
     def __init__(self, name: str, clock: Clock, store: Store | None = None,
                  broker: Broker | None = None) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from brokerha.backup.backup import Backup
+from brokerha.ha.simulation.transactions import contents
 from brokerha.primary.primary import POSITION_EPOCH_SHIFT, Primary
-from tests.ha.harness import Cluster, carry, consume, contents, publish, wire
+from tests.ha.harness import Cluster, carry, consume, publish, wire
 
 
 def promote(c: Cluster, name: str, epoch: int) -> Primary:

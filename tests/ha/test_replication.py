@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from brokerha.cluster.replication import Events, ReplicationError, StaleEpoch
-from tests.ha.harness import Cluster, consume, contents, publish
+from brokerha.ha.simulation.transactions import contents
+from tests.ha.harness import Cluster, consume, publish
 
 
 def declare_world(c: Cluster) -> None:

@@ -7,9 +7,10 @@ from pathlib import Path
 from brokerha.backup.backup import Backup
 from brokerha.broker.broker import Broker, Limits
 from brokerha.broker.paging import PAGED
+from brokerha.ha.simulation.transactions import contents
 from brokerha.primary.primary import Primary
 from brokerha.store.factory import open_store
-from tests.ha.harness import Cluster, Node, carry, consume, contents, message, publish, wire
+from tests.ha.harness import Cluster, Node, carry, consume, message, publish, wire
 from tests.store.harness import StoreNode
 
 

@@ -14,7 +14,8 @@ from brokerha.broker.dtx import XA, Xid
 from brokerha.broker.transaction import Transaction
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import Events
-from tests.ha.harness import Cluster, contents, publish, route, settle, wire
+from brokerha.ha.simulation.transactions import contents
+from tests.ha.harness import Cluster, publish, route, settle, wire
 
 PRIMARY = "n1"
 XID = Xid(1, b"gtrid-1", b"b1")

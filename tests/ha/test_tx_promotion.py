@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 from brokerha.broker.dtx import State, Xid
+from brokerha.ha.simulation.transactions import contents
 from brokerha.primary.primary import Primary
 from brokerha.primary.verification import (
     COMMIT,
@@ -14,7 +15,7 @@ from brokerha.primary.verification import (
     answer,
     carry_out,
 )
-from tests.ha.harness import Cluster, contents, publish, settle, wire
+from tests.ha.harness import Cluster, publish, settle, wire
 from tests.ha.test_transactions import XID, bodies, dtx_prepared, joined, tx_work, world
 
 
