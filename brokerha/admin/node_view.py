@@ -18,7 +18,6 @@ from brokerha.amqp.connection import ServerConnection
 from brokerha.broker.broker import Broker
 from brokerha.cluster.election import Election
 from brokerha.primary.primary import Primary
-from brokerha.txlog.bridge.broker_bridge import TxLogBridge
 
 
 class ClientView(Protocol):
@@ -64,6 +63,29 @@ class HAView(Protocol):
     def primary(self) -> Primary | None: ...
 
 
+class TxLogView(Protocol):
+    """The node's TxLog bridge (``txlog/bridge/broker_bridge.py``, ``TxLogBridge``), with
+    ``[txlog]``: its status, counters and the operators' changes (the TxLog imports admin's
+    HTTP pieces, so admin names what it uses here instead of importing it)."""
+
+    node_id: str
+    reason: str
+    counters: dict[str, int]
+    driver: Any  # the running master (txlog/master/driver.py), or None
+
+    def status(self) -> dict[str, Any]: ...
+
+    async def add_peer(self, node_id: str, url: str) -> bool: ...
+
+    async def remove_peer(self, node_id: str) -> bool: ...
+
+    async def set_split_recovery(self, value: str) -> bool: ...
+
+    def check_peer_url(self, node_id: str, url: str) -> None: ...
+
+    def parse_split_recovery(self, value: str) -> str: ...
+
+
 class NodeView(Protocol):
     broker: Broker
     admin: AdminServer
@@ -82,6 +104,6 @@ class NodeView(Protocol):
     def ha(self) -> HAView | None: ...
 
     @property
-    def txlog(self) -> TxLogBridge | None: ...
+    def txlog(self) -> TxLogView | None: ...
 
     def status(self) -> dict[str, Any]: ...

@@ -15,7 +15,6 @@ from typing import Any, Protocol
 from brokerha.broker.dedup import WINDOW_ARG, DedupWindow
 from brokerha.broker.errors import AccessRefused
 from brokerha.broker.message import Entry, Message
-from brokerha.broker.ordering import QueueOrdering
 from brokerha.broker.paging import PAGED, Pager
 
 
@@ -45,6 +44,42 @@ class QueueHooks:
             method = getattr(observer, event, None)
             if method is not None and not getattr(method, "noop_hook", False):
                 getattr(self, event).append(method)
+
+
+class QueueOrdering:
+    """A queue whose enqueues and dequeues another layer orders (a TxLog global queue).
+
+    The layer that orders a queue installs its ``QueueOrdering`` on it
+    (``Queue.ordering``; the TxLog's ``GlobalQueues``,
+    ``txlog/bridge/global_queues.py``) and removes it when it stops ordering.
+    The broker and the AMQP layer never know that layer; they ask the queue:
+    ``Queue.ordered`` (its publishes and acknowledgements outside a
+    transaction become one-operation transactions, which the transaction's
+    observers order), ``publish`` (an enqueue the broker makes itself, a dead
+    letter, goes to the ordering layer instead of ``Queue.enqueue``), and the
+    ``refuse_*`` answers for what would change this broker's copy alone (a
+    purge, deleting a non-empty queue, a no-ack consumer, a management get).
+    """
+
+    def publish(self, queues: list[Queue], message: Message) -> None:
+        """An enqueue the broker makes itself (a dead letter) into these ordered queues."""
+        raise NotImplementedError
+
+    def refuse_purge(self, queue: Queue) -> str:
+        """Why ``queue.purge`` is refused on this queue."""
+        raise NotImplementedError
+
+    def refuse_delete(self, queue: Queue) -> str | None:
+        """Why deleting the queue now is refused (None: it may be deleted)."""
+        raise NotImplementedError
+
+    def refuse_no_ack(self, queue: Queue, method: str) -> str:
+        """Why ``method`` with no-ack is refused on this queue."""
+        raise NotImplementedError
+
+    def refuse_get(self, queue: Queue) -> str:
+        """Why the management API's ``get`` (a dequeue outside AMQP) is refused."""
+        raise NotImplementedError
 
 
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -209,7 +244,7 @@ class Queue:
         self.on_unused: Callable[[Queue], None] | None = None  # auto-delete hook
         self._dispatching = False
         # set by the layer that orders this queue's enqueues and dequeues (a TxLog global
-        # queue: brokerha/txlog/bridge/global_queues.py); see broker/ordering.py
+        # queue: brokerha/txlog/bridge/global_queues.py); see broker/queue.py
         self.ordering: QueueOrdering | None = None
         self._withdrawn: set[int] = set()  # acquired entries already dequeued elsewhere
 
@@ -217,7 +252,7 @@ class Queue:
 
     @property
     def ordered(self) -> bool:
-        """Its enqueues and dequeues are ordered by another layer (``broker/ordering.py``)."""
+        """Its enqueues and dequeues are ordered by another layer (``broker/queue.py``)."""
         return self.ordering is not None
 
     @property

@@ -8,9 +8,10 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerha.admin.http import AdminServer, Request, Response
+from brokerha.admin.node_view import HAView
 from brokerha.broker.broker import Broker
 from brokerha.broker.storage import Store
 from brokerha.cluster.link import links_reload
@@ -24,7 +25,6 @@ from brokerha.node.transport import AMQPProtocol
 from brokerha.store.factory import open_store
 
 if TYPE_CHECKING:
-    from brokerha.node.ha import HANode
     from brokerha.txlog.bridge.broker_bridge import TxLogBridge
 
 log = logging.getLogger("brokerha.node")
@@ -48,6 +48,17 @@ def build_broker(config: NodeConfig, spawn: Callable[..., None] | None = None,
     for p in config.permissions:
         broker.users.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
     return broker
+
+
+class HALayer(HAView, Protocol):
+    """What the node asks of its HA layer (``node/ha.py``, ``HANode``, which imports this
+    module): beside what the admin endpoints read (``HAView``), its life and its status."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def add_status(self, status: dict[str, Any]) -> None: ...
 
 
 class Node:
@@ -93,7 +104,7 @@ class Node:
         self._stopping = asyncio.Event()
         # the HA layer (node/ha.py's HANode) attaches itself here for a cluster member;
         # the node only calls start/stop/add_status on it
-        self.ha: HANode | None = None
+        self.ha: HALayer | None = None
         self.management: Any = None  # the admin endpoints' (admin/endpoints.py)
         self.metrics: Any = None
         # with [txlog]: the TxLog master and global queues (brokerha/txlog/bridge/broker_bridge.py),

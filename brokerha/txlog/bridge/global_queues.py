@@ -4,7 +4,7 @@
 ``TxLogBridge`` (``broker_bridge.py``) installs while the master runs here:
 
 * as a ``ConfigurationObserver`` it installs itself as the ``QueueOrdering``
-  (``broker/ordering.py``) of every global queue (argument ``x-global: true``
+  (``broker/queue.py``) of every global queue (argument ``x-global: true``
   or a ``[[txlog.global]]`` policy) — the AMQP layer then turns
   non-transactional publishes and acks on them into one-operation
   transactions — and refuses, at declare, a global queue that would expire or
@@ -40,8 +40,7 @@ from brokerha.broker.content import read_message_id, rewrite_properties
 from brokerha.broker.errors import BrokerError, PreconditionFailed
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import ConfigurationObserver
-from brokerha.broker.ordering import QueueOrdering
-from brokerha.broker.queue import Queue
+from brokerha.broker.queue import Queue, QueueOrdering
 from brokerha.txlog.bridge.broker_state import SplitBackups
 from brokerha.txlog.engine.messages import DeliverOrdered
 from brokerha.txlog.engine.records import Operation, TxBody
@@ -158,7 +157,7 @@ class GlobalQueues(ConfigurationObserver, QueueOrdering):
                     f"invalid arg '{local_only}' for {where}: a global queue (by a [[txlog.global]] "
                     "policy) drops messages only through ordered dequeues")
 
-    # ---- the QueueOrdering of the global queues (broker/ordering.py) ---------------------
+    # ---- the QueueOrdering of the global queues (broker/queue.py) ---------------------
 
     def publish(self, queues: list[Queue], message: Message) -> None:
         """An enqueue the broker makes itself (a dead letter) into global queues: ordered.
