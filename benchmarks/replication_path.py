@@ -19,6 +19,9 @@ can be read. Run it at two commits to compare a change of the path.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import cProfile
+import pstats
 import statistics
 import time
 
@@ -54,7 +57,7 @@ class Path:
             backup = Backup(broker, me=name, epoch=1, position=(-1, -1))
             self.backups[name] = backup
             self.primary.backup_joined(backup.join_message())
-        self.primary_us = self.backup_us = 0.0
+        self.primary_us = self.backup_us = self.carry_us = 0.0
         self.carry()
 
     def clock(self) -> float:
@@ -70,19 +73,28 @@ class Path:
             for _, packet in PacketCodec().feed(wire):
                 backup.receive(packet)  # type: ignore[arg-type]
             ack = backup.ack_message()
+            votes = backup.take_votes()
             done = time.perf_counter()
+            for vote in votes:
+                self.primary.tx_vote(name, vote.txid, vote.ok, vote.reason)
             self.primary.backup_acked(name, ack.seq)
             self.primary_us += (middle - started) * 1e6
             self.backup_us += (done - middle) * 1e6
+            self.carry_us += (done - started) * 1e6
 
-    def round(self, batch: int) -> tuple[float, float, float]:
+    async def round(self, batch: int, tx: int = 0) -> tuple[float, float, float]:
         self.primary_us = self.backup_us = 0.0
+        if tx:
+            batch -= batch % tx  # whole transactions
         q = self.primary_broker.vhosts["/"].queues["q"]
         started = time.perf_counter()
-        t = time.perf_counter()
-        for _ in range(batch):
-            q.enqueue(persistent(BODY))
-        self.primary_us += (time.perf_counter() - t) * 1e6
+        t, carried = time.perf_counter(), self.carry_us
+        if tx:  # the commits wait for the backups' votes: carry() runs meanwhile
+            await self.transactions(q, batch, tx)
+        else:
+            for _ in range(batch):
+                q.enqueue(persistent(BODY))
+        self.primary_us += (time.perf_counter() - t) * 1e6 - (self.carry_us - carried)
         self.carry()
         t = time.perf_counter()
         for _ in range(batch):
@@ -95,21 +107,53 @@ class Path:
         return self.primary_us / batch, self.backup_us / batch, total / batch
 
 
+    async def transactions(self, q: object, batch: int, size: int) -> None:
+        """``batch`` messages as transactions of ``size`` publishes (tx.select, tx.commit);
+        the backups' votes travel while a commit waits for them."""
+        for _ in range(batch // size):
+            transaction = self.primary_broker.new_transaction()
+            for _ in range(size):
+                transaction.publish([q], persistent(BODY))
+            commit = asyncio.ensure_future(transaction.commit())
+            while not commit.done():
+                await asyncio.sleep(0)
+                self.carry()
+            commit.result()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256, help="messages per round")
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--tx", type=int, default=0,
+                        help="publish in transactions of this many messages (default: plain)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also print the N functions with the most own time")
     args = parser.parse_args()
     path = Path()
-    for _ in range(20):  # warm up
-        path.round(args.batch)
-    results = [path.round(args.batch) for _ in range(args.rounds)]
+    profiler = cProfile.Profile() if args.profile else None
+
+    async def measure() -> list[tuple[float, float, float]]:
+        for _ in range(20):  # warm up
+            await path.round(args.batch, args.tx)
+        if profiler is not None:
+            profiler.enable()
+        results = [await path.round(args.batch, args.tx) for _ in range(args.rounds)]
+        if profiler is not None:
+            profiler.disable()
+        return results
+
+    results = asyncio.run(measure())
     primary, backups, total = (statistics.median(r[i] for r in results) for i in range(3))
-    print(f"replication path, {args.rounds} rounds of {args.batch} messages (publish, then "
+    how = f"in transactions of {args.tx}" if args.tx else "plain publishes"
+    print(f"replication path, {args.rounds} rounds of {args.batch} messages ({how}, then "
           "consume and ack), 2 backups, in one process:")
-    print(f"  primary (broker work + events + packets): {primary:6.2f} us/msg")
+    print(f"  primary (broker work + events + packets{', event loop' if args.tx else ''}): "
+          f"{primary:6.2f} us/msg")
     print(f"  backups (decode + apply, both):           {backups:6.2f} us/msg")
     print(f"  whole loop:                               {total:6.2f} us/msg")
+    if profiler is not None:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
 
 
 if __name__ == "__main__":
