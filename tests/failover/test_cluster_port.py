@@ -69,7 +69,7 @@ def test_old_epoch_messages_are_refused_and_change_nothing(two_of_three: LocalCl
     assert before is not None
     epoch = before["node"]["epoch"]  # type: ignore[index]
     answers = impersonate_n3(cluster, [
-        (backup, Events(epoch - 1, 1, [["e", "/", "q", 1, "", "q", b"", b"forged"]])),
+        (backup, Events(epoch - 1, 1, [["e", "/", "q", 1, "", "q", b"", b"forged", None]])),
         (primary, Join(epoch - 1, "n3", 0, 0, [], 1)),
         (backup, Heartbeat(epoch - 1, "n3", 0.0)),
     ])
