@@ -11,7 +11,7 @@ import pytest
 
 from brokerha.ha.simulation.transactions import TRACE_TAIL, Unsafe, run_many, run_seed
 
-CI_SEEDS = 300  # 30 virtual seconds each: about 7 failovers and 60 transactions per seed
+CI_SEEDS = 300  # 30 virtual seconds each: about 6.5 failovers and 80 transactions a seed
 
 
 def totals(results: list) -> Counter[str]:
