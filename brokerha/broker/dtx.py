@@ -240,6 +240,13 @@ class DtxManager:
                 written.set_result(None)
         self.persist_prepared(branch, durable)
         await written
+        if self.branches.get(xid) is not branch:
+            # taken away while its record was written (this node stopped being the HA
+            # primary: primary_stopped rolled it back): the record goes too, or a restart
+            # would bring back, prepared, a branch whose work is gone
+            self.forget_prepared(xid)
+            raise XAError(XA.ER_RMFAIL, f"xid {xid.key} was lost while it prepared: this "
+                                        "node no longer serves it")
         branch.state = State.PREPARED
         return XA.OK
 

@@ -103,3 +103,41 @@ def test_a_prepared_branch_gets_the_next_primary_roles_observers() -> None:
     assert new is not None and new is not old and primary.ha.phase == "primary"
     observers = [o for o in branch.observers if isinstance(o, PrimaryTxObserver)]
     assert observers and all(o.primary is new for o in observers)
+
+
+def test_a_branch_whose_prepare_record_is_being_written_leaves_no_record_behind() -> None:
+    """Found by the transaction simulation (seed 2565 of the slow run): a primary paused
+    while a branch's prepared record was being written stepped down on resume
+    (``primary_stopped`` rolled the branch back), then the write completed: the prepare
+    answered XA_OK for a branch gone, and the record stayed on disk, so a restart
+    brought the branch back, in doubt, after its TM had rolled it back."""
+    from brokerha.broker.broker import Broker
+    from brokerha.broker.dtx import DtxManager
+
+    async def scenario() -> None:
+        broker = Broker("n1")
+        q = broker.add_vhost("/").declare_queue("q", owner=None, durable=True)
+        dtx = DtxManager([], lambda: 0.0)
+        records: dict[Xid, object] = {}
+        waiting: list[object] = []
+
+        def persist(branch: object, done: object) -> None:
+            records[XID] = branch
+            waiting.append(done)
+
+        dtx.persist_prepared = persist  # type: ignore[assignment]
+        dtx.forget_prepared = lambda xid: records.pop(xid, None)  # type: ignore[assignment]
+        branch = dtx.start(XID, "channel")
+        branch.publish([q], message(b"x", "q", persistent=True))
+        dtx.end(XID, "channel")
+        prepare = asyncio.ensure_future(dtx.prepare(XID))
+        while not waiting:
+            await asyncio.sleep(0)
+        assert dtx.primary_stopped() == [XID]  # the node steps down while the record is written
+        waiting.pop()()  # type: ignore[operator]
+        with pytest.raises(XAError) as lost:
+            await prepare
+        assert lost.value.code is XA.ER_RMFAIL
+        assert records == {} and XID not in dtx.branches
+
+    asyncio.run(scenario())

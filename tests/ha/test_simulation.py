@@ -175,6 +175,7 @@ def test_a_backup_refuses_events_of_an_older_epoch_and_the_checker_reports_one_a
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # about 8 min on 2 cores
 def test_ten_thousand_seeds_of_three_nodes_and_two_thousand_of_five_have_no_violation() -> None:
     results = run_many(range(10_000), jobs=os.cpu_count() or 2)
     results += run_many(range(100_000, 102_000), jobs=os.cpu_count() or 2, nodes=5)

@@ -249,10 +249,15 @@ class TxSimulation(World):
 
         if decisions:
             node.broker.after_durable(durable)
-        # the TM moves to the new primary: what it had in flight is unknown to it
+        self.adopt_unknown(node)
+
+    def adopt_unknown(self, node: SimNode) -> None:
+        """The TM reconnects to the serving primary: what it had in flight is unknown to it
+        (a branch whose connection was lost after this primary began serving, too)."""
+        primary = node.primary
         assert primary is not None
         for client in self.clients:
-            if client.state == "unknown":
+            if client.state == "unknown" and not client.hears((node, primary)):
                 client.node, client.primary = node, primary
 
     def on_demoted(self, node: SimNode) -> None:
@@ -319,6 +324,7 @@ class TxSimulation(World):
         node = self.serving_now
         if node is None or self.calm:
             return
+        self.adopt_unknown(node)
         live = [c for c in self.clients if c.state != "done"]
         choices: list[Callable[[SimNode], None]] = []
         if sum(c.kind == "tx" for c in live) < MAX_TX_CLIENTS:
@@ -644,6 +650,7 @@ class TxSimulation(World):
         return tuple(out)
 
     def finish_clients(self, serving: SimNode) -> None:
+        self.adopt_unknown(serving)
         for client in self.clients:
             if client.node is not serving:
                 continue
