@@ -120,8 +120,13 @@ class ConfirmSimulation(World):
         self._check_confirmed(node)
 
     def _check_confirmed(self, node: SimNode | None) -> None:
-        """(c): the serving primary holds every confirmed message not consumed since."""
-        if node is None:
+        """(c): the serving primary holds every confirmed message not consumed since.
+
+        Only the primary of the newest epoch: a deposed one may still serve for its
+        lease (two serve at once, the older one behind: (b) bounds that), and it is
+        the newest server while its successor is paused.
+        """
+        if node is None or node.election.epoch < max(self.primaries, default=0):
             return
         missing = self.confirmed_live.difference(held(node))
         if missing:
