@@ -25,21 +25,13 @@ import pstats
 import statistics
 import time
 
-from pamqp import commands
-
 from brokerha.backup.backup import Backup
 from brokerha.broker.broker import Broker
-from brokerha.broker.content import build_header
-from brokerha.broker.message import Message
 from brokerha.cluster.protocol import PacketCodec
+from brokerha.ha.simulation.world import message
 from brokerha.primary.primary import Primary
 
 BODY = b"x" * 1024
-
-
-def persistent(body: bytes) -> Message:
-    properties = commands.Basic.Properties(delivery_mode=2)
-    return Message("", "q", build_header(len(body), properties), body)
 
 
 class Path:
@@ -93,7 +85,7 @@ class Path:
             await self.transactions(q, batch, tx)
         else:
             for _ in range(batch):
-                q.enqueue(persistent(BODY))
+                q.enqueue(message(BODY, "q", persistent=True))
         self.primary_us += (time.perf_counter() - t) * 1e6 - (self.carry_us - carried)
         self.carry()
         t = time.perf_counter()
@@ -113,7 +105,7 @@ class Path:
         for _ in range(batch // size):
             transaction = self.primary_broker.new_transaction()
             for _ in range(size):
-                transaction.publish([q], persistent(BODY))
+                transaction.publish([q], message(BODY, "q", persistent=True))
             commit = asyncio.ensure_future(transaction.commit())
             while not commit.done():
                 await asyncio.sleep(0)

@@ -107,13 +107,18 @@ class PrimarySettings:
     events_per_packet: int = EVENTS_PER_PACKET  # smaller in simulations: catch-ups span packets
 
 
+def stored_position(raw: str) -> tuple[int, int, int, int]:
+    """(pos_epoch, pos_seq, floor_epoch, floor_seq) as ``record_position`` writes them."""
+    pe, ps, fe, fs = (int(v) for v in json.loads(raw))
+    return pe, ps, fe, fs
+
+
 def load_position(broker: Broker, state: NodeState) -> None:
     """Our position and vote floor from the store (older nodes: the state file's)."""
     raw = broker.store.get_meta(POSITION_KEY)
     if raw is None:
         return
-    state.pos_epoch, state.pos_seq, state.floor_epoch, state.floor_seq = (
-        int(v) for v in json.loads(raw))
+    state.pos_epoch, state.pos_seq, state.floor_epoch, state.floor_seq = stored_position(raw)
 
 
 class HACore:

@@ -144,13 +144,6 @@ class HAMember:
         self._verification_due()
         self.core.flush()
 
-    def wakeup_at(self) -> float:
-        """When ``tick`` next has something to do for the election or the verification."""
-        when = self.election.wakeup_at()
-        if self.verification is not None:
-            when = min(when, self.verification.deadline)
-        return when
-
     def peer_up(self, peer: str) -> None:
         if peer == self.core.following:
             self.core.send_join()

@@ -44,7 +44,6 @@ nothing left prepared. A run that elects nobody by then is reported *stuck*
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -59,7 +58,7 @@ from brokerha.broker.message import Entry
 from brokerha.broker.queue import Queue
 from brokerha.broker.transaction import TransactionAborted
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
-from brokerha.ha.core import POSITION_KEY
+from brokerha.ha.core import POSITION_KEY, stored_position
 from brokerha.ha.simulation.disk import DiskStore, Image
 from brokerha.ha.simulation.world import Faults, SimNode, Unsafe, Violation, World, message
 from brokerha.primary.primary import Primary
@@ -75,18 +74,6 @@ MAX_TX_CLIENTS = 3
 MAX_TMS = 2
 SETTLE_LIMIT = 120.0  # virtual seconds after the run for everything to settle
 FAULTS = Faults(rate=0.4, outage=(0.3, 4.0))
-
-Pos = tuple[int, int]
-
-
-def read_position(meta: dict[str, str]) -> tuple[Pos, Pos]:
-    """The position and vote floor a store's meta records (``ha.core.record_position``)."""
-    raw = meta.get(POSITION_KEY)
-    if raw is None:
-        return INVALID, INVALID
-    pe, ps, fe, fs = json.loads(raw)
-    return (pe, ps), (fe, fs)
-
 
 def contents(broker: Broker) -> dict[str, Any]:
     """What must be equal on primary and backup: definitions and positions with bodies."""
@@ -544,7 +531,8 @@ class TxSimulation(World):
         return out
 
     def check_disk(self, name: str, disk: Image) -> None:
-        position, _ = read_position(disk.meta)
+        raw = disk.meta.get(POSITION_KEY)
+        position = stored_position(raw)[:2] if raw is not None else INVALID
         if position == INVALID:
             return
         present: Counter[tuple[str, bytes]] = Counter(
