@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 
 from brokerha.txlog.cli import force_split
 from brokerha.txlog.engine.queues import SyncEntry
-from brokerha.txlog.engine.records import Operation, TxBody, TxRecord
-from brokerha.txlog.master.export import ExportEvent, ExportSource, export, source_for
+from brokerha.txlog.engine.records import MasterEvent, Operation, TxBody, TxRecord
+from brokerha.txlog.master.export import ExportSource, export, source_for
 from brokerha.txlog.simulation.faults import run_seed
 from brokerha.txlog.simulation.simulation import SimParams
 
@@ -109,7 +109,7 @@ def test_row_groups_hold_at_most_65536_rows(tmp_path: Path) -> None:
         synchronised=entries,
         incoming=[],
         bodies={body.tx_id: body},
-        events=[ExportEvent(1, "crash", 0, None, {}), ExportEvent(2, "diverged", 0, "dc2", {})],
+        events=[MasterEvent(1, "crash", 0, None, {}), MasterEvent(2, "diverged", 0, "dc2", {})],
     )
     folder = export(source, tmp_path, exported_ms=5)
     meta = pq.ParquetFile(folder / "synchronised.parquet").metadata

@@ -9,7 +9,7 @@ bulky bodies never slow the agreement itself (seed 000, "Transaction exchange").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 OpKind = Literal["enqueue", "dequeue"]
 
@@ -78,3 +78,15 @@ class TxIdGenerator:
     def next(self, now_ms: int) -> str:
         self.last = max(self.last + 1, now_ms << 16)
         return f"{self.last:016x}.{self.node_id}"
+
+
+@dataclass
+class MasterEvent:
+    """One row of a master's event log (crash, split, rejoin, ...): what the export writes
+    to events.parquet, from a running master (``master/driver.py``) or a simulated one."""
+
+    at_ms: int
+    kind: str
+    generation: int
+    peer: str | None
+    detail: dict[str, Any]

@@ -53,7 +53,7 @@ from brokerha.txlog.engine.messages import (
     Restore,
     Send,
 )
-from brokerha.txlog.engine.records import Operation
+from brokerha.txlog.engine.records import MasterEvent, Operation
 from brokerha.txlog.engine.rounds import RoundEngine
 from brokerha.txlog.engine.state import DurableState
 from brokerha.txlog.master.journal import Journal
@@ -527,9 +527,9 @@ class TxLogDriver:
 
     async def export(self, out_dir: Path | str) -> Path:
         """Parquet export of this master (docs/txlog-export.md); files written off the loop."""
-        from brokerha.txlog.master.export import ExportEvent, export, source_for  # pyarrow: lazily
+        from brokerha.txlog.master.export import export, source_for  # pyarrow: lazily
 
-        events = [ExportEvent(e["at_ms"], e["kind"], e["generation"], e["peer"], e["detail"])
+        events = [MasterEvent(e["at_ms"], e["kind"], e["generation"], e["peer"], e["detail"])
                   for e in self.events]
         source = source_for(self.engine.durable, self.engine, events, self.me)
         source.synchronised = [replace(e) for e in source.synchronised]  # a copy, not live entries

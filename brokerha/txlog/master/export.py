@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from brokerha.txlog.engine.queues import SyncEntry
-from brokerha.txlog.engine.records import TxBody, TxRecord
+from brokerha.txlog.engine.records import MasterEvent, TxBody, TxRecord
 from brokerha.txlog.master.export_schema import (
     EVENTS,
     INCOMING,
@@ -39,15 +39,6 @@ EVENT_KINDS = frozenset(
 
 
 @dataclass
-class ExportEvent:
-    at_ms: int
-    kind: str
-    generation: int
-    peer: str | None
-    detail: dict[str, Any]
-
-
-@dataclass
 class ExportSource:
     """Everything one master's export needs, independent of how the master runs."""
 
@@ -60,7 +51,7 @@ class ExportSource:
     synchronised: list[SyncEntry]
     incoming: list[tuple[TxRecord, int]]  # record, acquired_ms
     bodies: dict[str, TxBody]
-    events: list[ExportEvent]
+    events: list[MasterEvent]
 
 
 def _table(schema: pa.Schema, rows: list[dict[str, Any]]) -> pa.Table:
@@ -148,7 +139,7 @@ def export(src: ExportSource, out_dir: Path | str, exported_ms: int) -> Path:
 
 
 def source_for(
-    durable: DurableState, engine: RoundEngine | None, events: Iterable[ExportEvent | Any], master: str
+    durable: DurableState, engine: RoundEngine | None, events: Iterable[MasterEvent], master: str
 ) -> ExportSource:
     """Build the export of a master from its durable state and, if it is up, its engine.
 
@@ -171,5 +162,5 @@ def source_for(
         synchronised=list(durable.sync.entries),
         incoming=incoming,
         bodies=bodies,
-        events=[ExportEvent(e.at_ms, e.kind, e.generation, e.peer, e.detail) for e in events],
+        events=list(events),
     )

@@ -22,7 +22,7 @@ from typing import Any
 
 from brokerha.txlog.engine.config import Peer, SplitRecovery, TxLogConfig
 from brokerha.txlog.engine.messages import Bodies, Event, FetchBodies, Send
-from brokerha.txlog.engine.records import Operation
+from brokerha.txlog.engine.records import MasterEvent, Operation
 from brokerha.txlog.engine.rounds import RoundEngine
 from brokerha.txlog.engine.rules import Rules
 from brokerha.txlog.engine.state import DurableState
@@ -36,23 +36,12 @@ from brokerha.txlog.simulation.network import Network
 
 
 @dataclass
-class SimEvent:
-    """One row of a master's event log (the export's events.parquet)."""
-
-    at_ms: int
-    kind: str
-    generation: int
-    peer: str | None
-    detail: dict[str, Any]
-
-
-@dataclass
 class SimMaster:
     config: TxLogConfig
     durable: DurableState
     engine: RoundEngine | None
     offset_ms: int = 0  # local clock = virtual time + offset
-    events: list[SimEvent] = field(default_factory=list)
+    events: list[MasterEvent] = field(default_factory=list)
     created_ms: dict[str, int] = field(default_factory=dict)
 
 
@@ -231,7 +220,7 @@ class Simulation:
 
     def _record_event(self, m: str, kind: str, peer: str | None, detail: dict[str, Any]) -> None:
         master = self.masters[m]
-        master.events.append(SimEvent(self.local(m), kind, master.durable.generation, peer, detail))
+        master.events.append(MasterEvent(self.local(m), kind, master.durable.generation, peer, detail))
 
     def note(self, text: str) -> None:
         self.trace.append(f"{self.now:>6} ms  {text}")
