@@ -8,7 +8,9 @@ state file, the TxLog snapshot, runtime peers and split backups.
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -26,6 +28,19 @@ def fsync_and_close(fd: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_off_loop(fd: int, done: Callable[[BaseException | None], None], *,
+                   sync: bool = True) -> None:
+    """fsync and close ``fd`` (a duplicate) in a worker thread; ``done(error)`` on the loop after.
+
+    ``sync=False`` only closes it (a store run without fsync). The TxLog's
+    journals take this as their ``fsync`` (a simulation passes its own, which
+    completes on its virtual clock and decides what a crash keeps).
+    """
+    work = fsync_and_close if sync else os.close
+    future = asyncio.get_running_loop().run_in_executor(None, work, fd)
+    future.add_done_callback(lambda f: done(f.exception()))
 
 
 def replace_durably(path: Path | str, data: bytes | None) -> None:

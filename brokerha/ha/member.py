@@ -78,8 +78,24 @@ class MemberEffects(Effects, Protocol):
     def demoted(self, reason: str) -> None:
         """We stop being the primary (stepped down or deposed): stop serving clients."""
 
-    def follow(self, primary: str, epoch: int) -> LayerReplica | None:
-        """We follow ``primary``; returns this node's TxLog replica, or None."""
+    def follow(self, primary: str, epoch: int) -> None:
+        """We follow ``primary`` (clients of this node are relayed to it)."""
+
+
+class PrimaryLayer(Protocol):
+    """A layer above HA that follows the node's role: the TxLog bridge
+    (``txlog/bridge/broker_bridge.py``). Its master's journal goes through the
+    primary's log while this node is the primary, and its copy of that journal
+    (``replica``) takes the events of the primary this node follows."""
+
+    @property
+    def replica(self) -> LayerReplica: ...
+
+    def attach_primary(self, primary: Primary) -> None:
+        """This node is the primary: a master started from now on replicates through it."""
+
+    def detach_primary(self) -> None:
+        """This node stops being the primary."""
 
 
 @dataclass(frozen=True)
@@ -100,10 +116,12 @@ class HAMember:
                  rng: random.Random | None = None,
                  primary_factory: Callable[..., Primary] = Primary,
                  unsafe: Unsafe | None = None, core_unsafe: CoreUnsafe | None = None,
-                 election_unsafe: el.Unsafe | None = None) -> None:
+                 election_unsafe: el.Unsafe | None = None,
+                 layer: PrimaryLayer | None = None) -> None:
         self.broker = broker
         self.me = me
         self.effects = effects
+        self.layer = layer
         self.clock = clock
         self.verification_timeout = verification_timeout
         self.unsafe = unsafe or Unsafe()
@@ -220,11 +238,15 @@ class HAMember:
     def _become_primary(self, epoch: int) -> None:
         log.warning("node %s elected primary for epoch %d; verifying", self.me, epoch)
         primary = self.core.become_primary(epoch)
+        if self.layer is not None:
+            self.layer.attach_primary(primary)
         self.effects.elected(epoch, primary)
         self._verify(epoch)
 
     def _demote(self, reason: str) -> None:
         self.verification = None
+        if self.layer is not None and self.primary is not None:
+            self.layer.detach_primary()
         self.effects.demoted(reason)
         self.core.demote()
 
@@ -232,8 +254,9 @@ class HAMember:
         if self.primary is not None:
             log.warning("node %s deposed: %s is primary for epoch %d", self.me, primary, epoch)
             self._demote(f"deposed by {primary} (epoch {epoch})")
-        txlog = self.effects.follow(primary, epoch)
-        self.core.become_backup(epoch, primary, txlog)
+        self.effects.follow(primary, epoch)
+        self.core.become_backup(epoch, primary,
+                                None if self.layer is None else self.layer.replica)
 
     # -- verification ----------------------------------------------------------------------
 

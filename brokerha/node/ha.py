@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from brokerha.admin.http import HTTPError, Request, Response
-from brokerha.backup.backup import Backup, LayerReplica
+from brokerha.backup.backup import Backup
 from brokerha.cluster import election as el
 from brokerha.cluster.link import ClusterLinks, links_reload, tls_contexts
 from brokerha.cluster.messages import Message
@@ -39,7 +39,6 @@ from brokerha.primary.primary import Primary
 if TYPE_CHECKING:
     from brokerha.node.cluster_config import ClusterConfig
     from brokerha.node.server import Node
-    from brokerha.txlog.bridge.broker_bridge import TxLogBridge
 
 log = logging.getLogger("brokerha.ha")
 
@@ -81,7 +80,7 @@ class HANode:
             self._now,
             timing=el.ElectionTiming(cluster.heartbeat_interval, cluster.lease_timeout,
                                      cluster.election_timeout),
-            verification_timeout=cluster.verification_timeout)
+            verification_timeout=cluster.verification_timeout, layer=node.txlog)
         self.election = self.ha.election
         self.core = self.ha.core
         self._ticker: asyncio.Task[None] | None = None
@@ -144,8 +143,6 @@ class HANode:
     def elected(self, epoch: int, primary: Primary) -> None:
         self._record_failover("elected", node=self.me, epoch=epoch)
         self.node.set_relay_target(None)  # our clients: served here once verified
-        if self._txlog is not None:  # the master started later replicates its journal here
-            self._txlog.attach_primary(primary)
 
     def serving(self, epoch: int, decisions: dict[str, str]) -> None:
         self._spawn(self._open_listener(epoch))
@@ -154,14 +151,11 @@ class HANode:
         self._record_failover("stepped down", node=self.me, reason=reason)
         self.node.set_relay_target(None)
         self.backup_alarms.clear()
-        if self.primary is not None and self._txlog is not None:
-            self._txlog.detach_primary()
         self._spawn(self.node.serve_clients(False))
 
-    def follow(self, primary: str, epoch: int) -> LayerReplica | None:
+    def follow(self, primary: str, epoch: int) -> None:
         member = self.cluster.member(primary)  # unchanged: a no-op (set_relay_target)
         self.node.set_relay_target(RelayTarget(member.amqp, member.amqps))
-        return self._txlog.replica if self._txlog is not None else None
 
     def joined(self, primary: str, epoch: int) -> None:
         """The core sent a join: our disk alarms go to the primary again."""
@@ -223,11 +217,6 @@ class HANode:
                           self.me, *self.member.amqp, exc)
             await asyncio.sleep(delay)
             delay = min(1.0, delay * 2)
-
-    @property
-    def _txlog(self) -> TxLogBridge | None:
-        """The node's TxLog bridge (``txlog/bridge/broker_bridge.py``), with ``[txlog]``."""
-        return self.node.txlog
 
     def _report_alarms(self) -> None:
         """A backup tells its primary its disk alarms when they change (and after a join)."""

@@ -14,7 +14,7 @@ from brokerha.admin.http import AdminServer, Request, Response
 from brokerha.admin.node_view import HAView
 from brokerha.broker.broker import Broker
 from brokerha.broker.storage import Store
-from brokerha.cluster.link import links_reload
+from brokerha.cluster.link import ClusterLinks, links_reload
 from brokerha.cluster.ports import ADMIN_OFFSET
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
@@ -116,9 +116,12 @@ class Node:
             bridge = self.txlog = TxLogBridge(self.broker, config.txlog)
             link_tls = config.txlog.settings.tls
             if link_tls is not None:
+                def txlog_links() -> ClusterLinks | None:
+                    links = None if bridge.driver is None else bridge.driver.links
+                    return links if isinstance(links, ClusterLinks) else None
+
                 self.tls.on_reload("[txlog.tls]", links_reload(
-                    link_tls.cert, link_tls.key, link_tls.ca,
-                    lambda: None if bridge.driver is None else bridge.driver.links))
+                    link_tls.cert, link_tls.key, link_tls.ca, txlog_links))
 
     def _spawn(self, work: Awaitable[Any], on_done: Callable[[BaseException | None], None]) -> None:
         async def runner() -> None:

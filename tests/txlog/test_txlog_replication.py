@@ -304,6 +304,7 @@ async def test_a_masters_sends_wait_for_its_journal_fsync_off_the_loop(tmp_path:
     """
     import threading
 
+    import brokerha.files as files_module
     import brokerha.txlog.master.driver as driver_module
     from brokerha.txlog.engine.messages import Send
 
@@ -314,8 +315,8 @@ async def test_a_masters_sends_wait_for_its_journal_fsync_off_the_loop(tmp_path:
         os.close(fd)
         done.set()
 
-    real = driver_module.fsync_and_close, driver_module.encode
-    driver_module.fsync_and_close = slow_fsync  # type: ignore[assignment]
+    real = files_module.fsync_and_close, driver_module.encode
+    files_module.fsync_and_close = slow_fsync  # type: ignore[assignment]
     driver_module.encode = lambda message: message  # type: ignore[assignment]
     master = settings("dc1", tmp_path / "dc1", {"dc2": free_port()})
     driver = TxLogDriver(master, fsync=True)
@@ -336,4 +337,4 @@ async def test_a_masters_sends_wait_for_its_journal_fsync_off_the_loop(tmp_path:
     finally:
         gate.set()
         await driver.close()
-        driver_module.fsync_and_close, driver_module.encode = real  # type: ignore[assignment]
+        files_module.fsync_and_close, driver_module.encode = real  # type: ignore[assignment]

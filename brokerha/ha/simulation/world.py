@@ -47,7 +47,6 @@ from typing import Any
 import msgpack
 from pamqp import commands
 
-from brokerha.backup.backup import LayerReplica
 from brokerha.broker.broker import Broker
 from brokerha.broker.content import build_header
 from brokerha.broker.message import Message
@@ -304,8 +303,8 @@ class SimNode:
         self.world.note(f"{self.name} stops serving: {reason}")
         self.world.on_demoted(self)
 
-    def follow(self, primary: str, epoch: int) -> LayerReplica | None:
-        return None
+    def follow(self, primary: str, epoch: int) -> None:
+        pass
 
     def joined(self, primary: str, epoch: int) -> None:
         self.world.note(f"{self.name} joins {primary} (epoch {epoch})")

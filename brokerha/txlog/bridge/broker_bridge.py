@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
 from typing import Any
 
 from brokerha.cluster import replication as R
@@ -47,7 +48,7 @@ from brokerha.txlog.engine.config import SplitRecovery
 from brokerha.txlog.engine.messages import Action, Backup, DeliverOrdered, Restore
 from brokerha.txlog.engine.records import Operation, TxBody
 from brokerha.txlog.engine.validation import COMMITTED
-from brokerha.txlog.master.driver import TxLogDriver, read_peers_file
+from brokerha.txlog.master.driver import MasterIO, TxLogDriver, read_peers_file
 from brokerha.txlog.master.settings import NodeTxLog, parse_urls
 
 log = logging.getLogger("brokerha.txlog")
@@ -61,17 +62,31 @@ class NotMaster(Exception):
     """An operator's TxLog change sent to a node whose master does not run (the reason)."""
 
 
+@dataclass(frozen=True)
+class Unsafe:
+    """Rules of the bridge to break on purpose (simulations only): each must be caught."""
+
+    no_reapply: bool = False  # a master starts without re-applying entries past the mark
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
 class TxLogBridge:
     """A node's TxLog master and its global queues (see the module docstring)."""
 
     def __init__(self, broker: Any, config: NodeTxLog, *,
                  driver_factory: Callable[..., TxLogDriver] = TxLogDriver,
-                 commit_timeout: float = COMMIT_TIMEOUT) -> None:
+                 commit_timeout: float = COMMIT_TIMEOUT, io: MasterIO | None = None,
+                 unsafe: Unsafe | None = None) -> None:
         self.broker = broker
         self.config = config
         self.node_id = config.settings.txlog.node_id
         self.driver_factory = driver_factory
         self.commit_timeout = commit_timeout
+        self.io = io  # the master's and the replica's I/O (None: the process's)
+        self.unsafe = unsafe or Unsafe()
         self.driver: TxLogDriver | None = None
         self.reason = "not started (a cluster member runs it only while it is the primary)"
         self.counters = dict.fromkeys(
@@ -88,7 +103,8 @@ class TxLogBridge:
         # on another node, and the serving primary's log while it runs here (node/ha.py
         # attaches the Primary)
         self.replica = TxLogReplica(config.settings.data_dir, config.settings.txlog,
-                                    on_applied=self._replicated_applied)
+                                    on_applied=self._replicated_applied,
+                                    **({} if io is None else {"fsync_later": io.fsync}))
         self.ha_primary: Primary | None = None
         self.journal_stream: PrimaryJournal | None = None
         # how many synchronised entries the global queues' contents reflect: put in the
@@ -119,6 +135,8 @@ class TxLogBridge:
             return
         self.replica.suspend()  # the master's journal is this directory from now on
         kwargs: dict[str, Any] = {"on_action": self.on_action}
+        if self.io is not None:
+            kwargs["io"] = self.io
         stream = None
         if self.ha_primary is not None:
             stream = kwargs["replication"] = PrimaryJournal(self.ha_primary)
@@ -310,8 +328,9 @@ class TxLogBridge:
         for position in range(start, min(target, len(sync))):
             entry = sync.entries[position - sync.offset.length]
             self.counters["reapplied_at_start"] += 1
-            self.on_action(DeliverOrdered(entry.record.tx_id, position,
-                                          entry.outcome or COMMITTED))
+            if not self.unsafe.no_reapply:
+                self.on_action(DeliverOrdered(entry.record.tx_id, position,
+                                              entry.outcome or COMMITTED))
         if start < target:
             log.warning("txlog: re-applied synchronised entries %d..%d to the global queues "
                         "(their effects were not recorded before the restart or failover)",

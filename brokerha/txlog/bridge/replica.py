@@ -41,7 +41,6 @@ log at its start (``broker_bridge.TxLogBridge.start``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from collections import deque
@@ -51,11 +50,11 @@ from typing import Any
 
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import ReplicationError
-from brokerha.files import fsync_and_close
+from brokerha.files import fsync_off_loop
 from brokerha.txlog.bridge.broker_state import write_backup_file
 from brokerha.txlog.engine.config import TxLogConfig
 from brokerha.txlog.engine.state import DurableState
-from brokerha.txlog.master.driver import decode_peers, write_peers_file
+from brokerha.txlog.master.driver import Fsync, decode_peers, write_peers_file
 from brokerha.txlog.master.journal import (
     SNAPSHOT_EVERY_BYTES,
     Journal,
@@ -119,11 +118,13 @@ class TxLogReplica:
 
     def __init__(self, data_dir: Path | str, config: TxLogConfig, *,
                  on_applied: Callable[[int], None], fsync: bool = True,
-                 snapshot_every: int = SNAPSHOT_EVERY_BYTES) -> None:
+                 snapshot_every: int = SNAPSHOT_EVERY_BYTES,
+                 fsync_later: Fsync = fsync_off_loop) -> None:
         self.dir = Path(data_dir)
         self.config = config
         self.on_applied = on_applied
         self.fsync = fsync
+        self.fsync_later = fsync_later  # off the loop (a simulation's: on its virtual clock)
         self.snapshot_every = snapshot_every
         self.journal: Journal | None = None
         self.state: DurableState | None = None
@@ -270,13 +271,10 @@ class TxLogReplica:
         target = self._written
         # a duplicate descriptor: a compaction or snapshot may close the file meanwhile
         fd = os.dup(self.journal.fileno())
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(None, fsync_and_close if self.fsync else os.close, fd)
-        future.add_done_callback(lambda f: self._synced_to(target, f))
+        self.fsync_later(fd, lambda exc: self._synced_to(target, exc), sync=self.fsync)
 
-    def _synced_to(self, target: int, future: asyncio.Future[None]) -> None:
+    def _synced_to(self, target: int, exc: BaseException | None) -> None:
         self._syncing = False
-        exc = future.exception()
         if exc is not None:
             # never acknowledge what may not be on disk: the primary times this backup out
             self.counters["fsync_errors"] += 1

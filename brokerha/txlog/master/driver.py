@@ -33,14 +33,14 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from brokerha.broker.stats import LatencyHistogram
 from brokerha.cluster.link import ClusterLinks, tls_contexts
 from brokerha.cluster.messages import Message as ClusterMessage
-from brokerha.files import fsync_and_close, replace_durably
+from brokerha.files import fsync_off_loop, replace_durably
 from brokerha.txlog.engine.config import Peer, TxLogConfig
 from brokerha.txlog.engine.messages import (
     Action,
@@ -86,15 +86,84 @@ class JournalReplication(Protocol):
         """``callback`` once everything handed over so far is on the DC's quorum (FIFO)."""
 
 
+OnPacket = Callable[[str, int, ClusterMessage], None]
+OnPeer = Callable[[str], None]
+Fsync = Callable[..., None]  # (fd, done(error), *, sync=True): ``files.fsync_off_loop``'s shape
+
+
+class MasterLinks(Protocol):
+    """The links to the other datacenters' masters (``ClusterLinks``; a simulation's)."""
+
+    address: tuple[str, int] | None
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def send(self, peer: str, message: ClusterMessage) -> int | None: ...
+
+    def connected(self, peer: str) -> bool: ...
+
+    def add_peer(self, peer: str, address: list[tuple[str, int]]) -> None: ...
+
+    def remove_peer(self, peer: str) -> None: ...
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+def cluster_links(settings: MasterSettings, config: TxLogConfig, on_packet: OnPacket,
+                  on_up: OnPeer, on_down: OnPeer) -> MasterLinks:
+    """The real links: TCP (TLS with ``settings.tls``), the group's handshake and secret."""
+    tls = settings.tls  # the files are read each time a master starts
+    ssl_server, ssl_client = (None, None) if tls is None else tls_contexts(
+        tls.cert, tls.key, tls.ca)
+    return ClusterLinks(
+        settings.group, config.node_id, _addresses(config.peers), settings.listen,
+        settings.secret, on_packet, on_up, on_down, ssl_server, ssl_client,
+        check_peer_name=tls is not None and tls.check_peer_name)
+
+
+def loop_later(delay: float, callback: Callable[[], None]) -> Cancellable:
+    return asyncio.get_running_loop().call_later(delay, callback)
+
+
+@dataclass(frozen=True)
+class MasterIO:
+    """Where a master's I/O goes besides its journal's files: its links, timers, clock and
+    fsyncs. The defaults are the process's; the HA simulation (``txlog/simulation/
+    datacenter.py``) passes its simulated links and disks and its virtual clock."""
+
+    links: Callable[[MasterSettings, TxLogConfig, OnPacket, OnPeer, OnPeer], MasterLinks] = \
+        cluster_links
+    later: Callable[[float, Callable[[], None]], Cancellable] = loop_later
+    clock: Callable[[], int] = wall_ms  # milliseconds
+    fsync: Fsync = fsync_off_loop
+
+
+@dataclass(frozen=True)
+class Unsafe:
+    """Rules of the driver to break on purpose (simulations only): each must be caught."""
+
+    no_quorum_wait: bool = False  # act on a journal record once fsynced here, not on the quorum
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
 class TxLogDriver:
     """One TxLog master: engine + journal + links + timer."""
 
     def __init__(self, settings: MasterSettings, *,
                  on_action: Callable[[Action], None] | None = None,
-                 clock: Callable[[], int] = wall_ms, fsync: bool = True,
-                 replication: JournalReplication | None = None) -> None:
+                 fsync: bool = True, replication: JournalReplication | None = None,
+                 io: MasterIO | None = None, unsafe: Unsafe | None = None) -> None:
         self.settings = settings
-        self.clock = clock
+        self.io = io = io or MasterIO()
+        self.clock = io.clock
+        self.unsafe = unsafe or Unsafe()
         self.on_action = on_action
         self.replication = replication
         # engine calls whose actions wait (their record's fsync, its quorum), in call order:
@@ -109,15 +178,10 @@ class TxLogDriver:
         durable = self.journal.load(config)
         config = self._journal_peers(config, durable)
         self.restarted = self.journal.seq > 0
-        self.engine = RoundEngine(config, clock(), durable)
+        self.engine = RoundEngine(config, self.clock(), durable)
         self.me = config.node_id
-        tls = settings.tls  # the files are read each time a master starts
-        ssl_server, ssl_client = (None, None) if tls is None else tls_contexts(
-            tls.cert, tls.key, tls.ca)
-        self.links = ClusterLinks(
-            settings.group, self.me, _addresses(config.peers), settings.listen, settings.secret,
-            self._on_packet, self._on_peer_up, self._on_peer_down, ssl_server, ssl_client,
-            check_peer_name=tls is not None and tls.check_peer_name)
+        self.links = io.links(settings, config, self._on_packet, self._on_peer_up,
+                              self._on_peer_down)
         self.events: deque[dict[str, Any]] = deque(self._read_events(), maxlen=EVENTS_KEPT)
         self.latency_ms: deque[int] = deque(maxlen=LATENCY_SAMPLES)
         # every sample since this master started, for /metrics (latency_ms keeps the last few)
@@ -128,7 +192,7 @@ class TxLogDriver:
         self._confirm_waiters: dict[str, asyncio.Future[str]] = {}
         self._sync_waiters: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._own_created: dict[str, int] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Cancellable | None = None
         self._closed = False
 
     # ---- life cycle --------------------------------------------------------------
@@ -270,7 +334,8 @@ class TxLogDriver:
             barriers.append(self._after_fsync)
             if self.replication is not None:
                 self.replication.record(self.journal.seq, body)
-                barriers.append(self.replication.barrier)
+                if not self.unsafe.no_quorum_wait:
+                    barriers.append(self.replication.barrier)
         if not barriers and not self._pending:
             self._carry_out(rest)
         else:
@@ -311,12 +376,10 @@ class TxLogDriver:
         self._fsyncing = True
         target = self.journal.seq
         fd = os.dup(self.journal.fileno())  # a snapshot or close may replace the file meanwhile
-        future = asyncio.get_running_loop().run_in_executor(None, fsync_and_close, fd)
-        future.add_done_callback(lambda f: self._fsynced(target, f))
+        self.io.fsync(fd, lambda exc: self._fsynced(target, exc))
 
-    def _fsynced(self, target: int, future: asyncio.Future[None]) -> None:
+    def _fsynced(self, target: int, exc: BaseException | None) -> None:
         self._fsyncing = False
-        exc = future.exception()
         if exc is not None:  # never act on what may not be on disk: this master stalls
             self.counters["fsync_errors"] += 1
             log.error("txlog: fsync of the journal failed (%s); this master sends nothing "
@@ -365,7 +428,7 @@ class TxLogDriver:
         if self._timer is not None:
             self._timer.cancel()
         delay = max(self.engine.wakeup_after(), 1) / 1000
-        self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
+        self._timer = self.io.later(delay, self._tick)
 
     def _note_synchronised(self) -> None:
         """Latency samples for own transactions, and answers to ``wait=synchronised``."""
