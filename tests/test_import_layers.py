@@ -24,7 +24,8 @@ FLOORS: list[set[str]] = [
     {"testing_postgres"},
     {"testing"},
     {"admin"},
-    {"txlog", "ha"},
+    {"txlog"},
+    {"ha"},
     {"primary"},
     {"backup", "amqp"},
     {"store"},
@@ -124,9 +125,10 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     ]
 
 
-# Inside txlog/, by role, top first: its command, the broker integration, the master process
-# and the simulation (beside each other), the sans-I/O round engine at the bottom.
-TXLOG_ROLES: list[set[str]] = [{"cli"}, {"bridge"}, {"master", "simulation"}, {"engine"}]
+# Inside txlog/, by role, top first: its command, the simulations (of the engine, and of the
+# bridge in an HA datacenter), the broker integration, the master process, the sans-I/O round
+# engine at the bottom.
+TXLOG_ROLES: list[set[str]] = [{"cli"}, {"simulation"}, {"bridge"}, {"master"}, {"engine"}]
 TXLOG_ROLE_OF = {role: depth for depth, roles in enumerate(TXLOG_ROLES) for role in roles}
 
 

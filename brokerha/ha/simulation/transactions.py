@@ -60,7 +60,15 @@ from brokerha.broker.transaction import TransactionAborted
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
 from brokerha.ha.core import POSITION_KEY, stored_position
 from brokerha.ha.simulation.disk import DiskStore, Image
-from brokerha.ha.simulation.world import Faults, SimNode, Unsafe, Violation, World, message
+from brokerha.ha.simulation.world import (
+    AsyncWorld,
+    Faults,
+    SimNode,
+    SimProcess,
+    Unsafe,
+    Violation,
+    message,
+)
 from brokerha.primary.primary import Primary
 from brokerha.primary.tx_queue import TxQueue
 from brokerha.primary.verification import COMMIT, ROLLBACK
@@ -148,7 +156,7 @@ def initial_disk() -> tuple[Image, Counter[tuple[str, bytes]]]:
     return store.disk, initial
 
 
-class TxSimulation(World):
+class TxSimulation(AsyncWorld):
     def __init__(self, seed: int, *, duration: float = 30.0, client_rate: float = 8.0,
                  trace: bool = False, **kw: Any) -> None:
         kw.setdefault("faults", FAULTS)
@@ -159,7 +167,6 @@ class TxSimulation(World):
         for name in self.names:
             self.disks[name] = image.copy()
         self.clients: list[Client] = []
-        self.running: list[asyncio.Future[Any]] = []  # the clients' tasks not done yet
         self.keys = 0
         self.effects: dict[str, tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]] = {}
         self.decided: dict[str, tuple[str, str]] = {}   # txid -> (commit|rollback, why)
@@ -203,19 +210,9 @@ class TxSimulation(World):
         return SimResult(self.seed, violation, list(self.trace) if violation else [], stats,
                          self.stuck)
 
-    def spawn(self, client: Client, work: Any) -> None:
-        """The client's request as a task (a commit, an XA verb) that waits for the broker."""
-        client.task = asyncio.ensure_future(work)
-        self.running.append(client.task)
-
-    async def quiesce(self) -> None:
-        """Let the client tasks run until they wait again; then what they asked for soon."""
-        for _ in range(6):
-            self.running = [t for t in self.running if not t.done()]
-            if not self.running:
-                break
-            await asyncio.sleep(0)
-        self.run_soon()
+    def request(self, client: Client, work: Any) -> None:
+        """The client's request (a commit, an XA verb) as a task that waits for the broker."""
+        client.task = self.spawn(work)
 
     # -- roles and processes ------------------------------------------------------------------
 
@@ -273,7 +270,7 @@ class TxSimulation(World):
             else:
                 client.state = "unknown"
 
-    def on_sync(self, node: SimNode) -> None:
+    def on_sync(self, node: SimProcess) -> None:
         if node.store.disk.meta.get(POSITION_KEY):
             self.check_disk(node.name, node.store.disk)
 
@@ -361,7 +358,7 @@ class TxSimulation(World):
                 self.decide(client.txid, "rollback", "client rollback")
                 return
             client.state = "busy"
-            self.spawn(client, self.tx_commit(client))
+            self.request(client, self.tx_commit(client))
             return
         if client.state == "unknown":
             self.tm_recover(client)
@@ -371,13 +368,13 @@ class TxSimulation(World):
         r = self.rng.random()
         if client.state == "idle" and r < 0.65:
             client.state = "busy"
-            self.spawn(client, self.xa(client, "prepare", dtx.prepare(xid)))
+            self.request(client, self.xa(client, "prepare", dtx.prepare(xid)))
         elif client.state == "idle" and r < 0.85:
             client.state, client.tm = "busy", "commit"
-            self.spawn(client, self.xa(client, "commit1", dtx.commit(xid, one_phase=True)))
+            self.request(client, self.xa(client, "commit1", dtx.commit(xid, one_phase=True)))
         elif client.state == "prepared" and r < 0.75:
             client.state, client.tm = "busy", "commit"
-            self.spawn(client, self.xa(client, "commit", dtx.commit(xid)))
+            self.request(client, self.xa(client, "commit", dtx.commit(xid)))
         else:
             client.tm, client.state = "rollback", "busy"
             self.note(f"dtx{client.key} rollback")
@@ -478,7 +475,7 @@ class TxSimulation(World):
                                          and self.rng.random() < 0.5):
                 client.tm, client.state = "commit", "busy"
                 self.note(f"dtx{client.key}: recover lists it; TM commits")
-                self.spawn(client, self.xa(client, "commit", dtx.commit(xid)))
+                self.request(client, self.xa(client, "commit", dtx.commit(xid)))
             else:
                 client.tm, client.state = "rollback", "busy"
                 self.note(f"dtx{client.key}: recover lists it; TM rolls back")
@@ -597,10 +594,7 @@ class TxSimulation(World):
             serving = self.serving_now
             if serving is None or serving.primary is None:
                 continue
-            primary = serving.primary
-            for name, session in sorted(primary.sessions.items()):
-                if session.timed_out:  # it stays out until it joins again: make it
-                    self.fail_link(serving.name, name)
+            self.rejoin_timed_out(serving)
             self.finish_clients(serving)
             if self.settled(serving):
                 self.final_checks(serving)
@@ -613,17 +607,6 @@ class TxSimulation(World):
             return
         self.violate("never settled: " + ", ".join(
             f"{c.kind}{c.key} {c.state}" for c in self.clients if c.state != "done"))
-
-    async def advance_to(self, end: float) -> None:
-        """Run the events due by ``end``, the checks after each one that changed anything."""
-        last = None
-        while self.step(end):
-            await self.quiesce()
-            state = self.signature()
-            if state != last:
-                self.check()
-                last = state
-        await self.quiesce()
 
     def signature(self) -> tuple[Any, ...]:
         """What the checks read, in brief: every change of a broker's state moves its log
@@ -654,7 +637,7 @@ class TxSimulation(World):
                     client.tm = "rollback" if client.state == "idle" else (client.tm or "commit")
                     client.state = "busy"
                     if client.tm == "commit":
-                        self.spawn(client, self.xa(
+                        self.request(client, self.xa(
                             client, "commit", serving.broker.dtx.commit(client.obj)))
                     else:
                         self.answer_xa(client, "rollback", self.xa_now(
@@ -662,19 +645,8 @@ class TxSimulation(World):
 
     def settled(self, serving: SimNode) -> bool:
         """Every client done, every node a ready backup that acknowledged everything."""
-        primary = serving.primary
-        assert primary is not None
-        if any(c.state != "done" for c in self.clients):
-            return False
-        for name in self.names:
-            if name == serving.name:
-                continue
-            session = primary.sessions.get(name)
-            if session is None or not session.ready or session.progress < primary.seq:
-                return False
-            if not self.nodes[name].alive or self.nodes[name].store.waiting:
-                return False
-        return not serving.store.waiting
+        return (all(c.state == "done" for c in self.clients)
+                and self.backups_settled(serving))
 
     def final_checks(self, serving: SimNode) -> None:
         expected = contents(serving.broker)

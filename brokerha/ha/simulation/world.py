@@ -34,6 +34,7 @@ violation.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import heapq
 import itertools
@@ -57,7 +58,7 @@ from brokerha.cluster.replication import Events
 from brokerha.cluster.state import NodeState
 from brokerha.ha import core, member
 from brokerha.ha.core import PrimarySettings, load_position
-from brokerha.ha.member import TICK, HAMember
+from brokerha.ha.member import TICK, HAMember, PrimaryLayer
 from brokerha.ha.simulation.disk import DiskStore, Image
 from brokerha.primary.primary import Primary
 
@@ -171,56 +172,33 @@ class Timer:
         self.cancelled = True
 
 
-class SimNode:
-    """One process of a node: its broker on its disk, its HA member, and the member's effects."""
+class SimProcess:
+    """One broker process on the virtual clock: its broker on its simulated disk.
 
-    def __init__(self, world: World, name: str, incarnation: int, disk: Image | None,
-                 votes: Votes) -> None:
+    Input waits while the process is paused (SIGSTOP) and is dropped once it
+    died; a store sync completes after the world's fsync latency.
+    """
+
+    def __init__(self, world: World, name: str, disk: Image | None) -> None:
         self.world = world
         self.name = name
-        self.incarnation = incarnation
         self.up = True
         self.paused_until = 0.0
-        self.inbox: list[Callable[[], None]] = []  # input that waits for a paused node
+        self.inbox: list[Callable[[], None]] = []  # input that waits for a paused process
         self.sync_pending = False
         self.store = DiskStore(disk, on_wait=self._sync_wanted)
         self.broker = Broker(name, clock=world.clock, store=self.store)
         if disk is not None:
             self.broker.restore(self.store.load())
         self.broker.add_vhost("/")
-        state = NodeState(epoch=votes.epoch, voted_for=votes.voted_for)
-        load_position(self.broker, state)
-        unsafe = world.unsafe
-        self.ha = HAMember(
-            self.broker, name, world.names, state, self,
-            PrimarySettings(len(world.names), world.backup_timeout,
-                            tx_prepare_timeout=world.tx_prepare_timeout,
-                            events_per_packet=world.events_per_packet),
-            world.clock, timing=world.timing, verification_timeout=world.verification_timeout,
-            rng=random.Random(f"{world.seed}/{name}/{incarnation}"),
-            primary_factory=world.make_primary, unsafe=unsafe.member(),
-            core_unsafe=unsafe.core(), election_unsafe=unsafe.election())
-
-    @property
-    def election(self) -> el.Election:
-        return self.ha.election
-
-    @property
-    def primary(self) -> Primary | None:
-        return self.ha.primary
 
     @property
     def alive(self) -> bool:
-        return self.up and self.world.nodes[self.name] is self
+        return self.up
 
     @property
     def paused(self) -> bool:
         return self.paused_until > self.world.now
-
-    def serves_clients(self) -> bool:
-        """Serving AMQP clients at this instant: a verified primary within its lease."""
-        return (self.alive and not self.paused and self.ha.phase == "primary"
-                and self.election.lease_valid(self.world.now))
 
     def run(self, work: Callable[[], None]) -> None:
         """Input for this process: now, or when a pause ends; never after it died."""
@@ -230,6 +208,16 @@ class SimNode:
             self.inbox.append(work)
             return
         work()
+
+    def later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        timer = Timer()
+
+        def due() -> None:
+            if not timer.cancelled:
+                self.run(callback)
+
+        self.world.after(delay, due)
+        return timer
 
     def _sync_wanted(self) -> None:
         if not self.sync_pending:
@@ -243,6 +231,46 @@ class SimNode:
     def _synced(self) -> None:
         self.store.sync()
         self.world.on_sync(self)
+
+
+class SimNode(SimProcess):
+    """One process of a datacenter's node: its broker on its disk, its HA member (and the
+    workload's layer above HA, if any), and the member's effects."""
+
+    def __init__(self, world: World, name: str, incarnation: int, disk: Image | None,
+                 votes: Votes) -> None:
+        super().__init__(world, name, disk)
+        self.incarnation = incarnation
+        state = NodeState(epoch=votes.epoch, voted_for=votes.voted_for)
+        load_position(self.broker, state)
+        self.layer = world.make_layer(self)
+        unsafe = world.unsafe
+        self.ha = HAMember(
+            self.broker, name, world.names, state, self,
+            PrimarySettings(len(world.names), world.backup_timeout,
+                            tx_prepare_timeout=world.tx_prepare_timeout,
+                            events_per_packet=world.events_per_packet),
+            world.clock, timing=world.timing, verification_timeout=world.verification_timeout,
+            rng=random.Random(f"{world.seed}/{name}/{incarnation}"),
+            primary_factory=world.make_primary, unsafe=unsafe.member(),
+            core_unsafe=unsafe.core(), election_unsafe=unsafe.election(), layer=self.layer)
+
+    @property
+    def election(self) -> el.Election:
+        return self.ha.election
+
+    @property
+    def primary(self) -> Primary | None:
+        return self.ha.primary
+
+    @property
+    def alive(self) -> bool:
+        return self.up and self.world.nodes[self.name] is self
+
+    def serves_clients(self) -> bool:
+        """Serving AMQP clients at this instant: a verified primary within its lease."""
+        return (self.alive and not self.paused and self.ha.phase == "primary"
+                and self.election.lease_valid(self.world.now))
 
     # -- ha.member.MemberEffects ------------------------------------------------------------
 
@@ -277,16 +305,6 @@ class SimNode:
 
     def soon(self, callback: Callable[[], None]) -> None:
         self.world.soon.append((self, callback))
-
-    def later(self, delay: float, callback: Callable[[], None]) -> Timer:
-        timer = Timer()
-
-        def due() -> None:
-            if not timer.cancelled:
-                self.run(callback)
-
-        self.world.after(delay, due)
-        return timer
 
     def replication_failed(self, reason: str) -> None:
         self.world.violate(f"{self.name} cannot follow the primary: {reason}")
@@ -342,7 +360,7 @@ class World:
         self.now = 0.0
         self._queue: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
-        self.soon: list[tuple[SimNode, Callable[[], None]]] = []
+        self.soon: list[tuple[SimProcess, Callable[[], None]]] = []
         self.votes = {name: Votes() for name in self.names}
         self.disks: dict[str, Image | None] = dict.fromkeys(self.names)
         self.incarnations = dict.fromkeys(self.names, 0)
@@ -425,6 +443,10 @@ class World:
     def make_primary(self, *args: Any, **kw: Any) -> Primary:
         return Primary(*args, **kw)
 
+    def make_layer(self, node: SimNode) -> PrimaryLayer | None:
+        """The layer above HA a node runs (the TxLog bridge), if the workload has one."""
+        return None
+
     def on_elected(self, node: SimNode, epoch: int) -> None:
         first = self.primaries.setdefault(epoch, node.name)
         if first != node.name:
@@ -442,8 +464,8 @@ class World:
     def on_crash(self, node: SimNode) -> None:
         """The node's process is about to die."""
 
-    def on_sync(self, node: SimNode) -> None:
-        """A store sync of the node completed."""
+    def on_sync(self, node: SimProcess) -> None:
+        """A store sync of a node completed."""
 
     def on_position(self, node: SimNode, pos: el.Position) -> None:
         pass
@@ -472,6 +494,30 @@ class World:
         if serving is not self.serving_now:
             self.serving_now = serving
             self.on_new_server(serving)
+
+    # -- the end of a run --------------------------------------------------------------------
+
+    def rejoin_timed_out(self, serving: SimNode) -> None:
+        """A backup the primary timed out stays out until it joins again: make it join."""
+        primary = serving.primary
+        assert primary is not None
+        for name, session in sorted(primary.sessions.items()):
+            if session.timed_out:
+                self.fail_link(serving.name, name)
+
+    def backups_settled(self, serving: SimNode) -> bool:
+        """Every other node a live, ready backup that acknowledged everything; no sync due."""
+        primary = serving.primary
+        assert primary is not None
+        for name in self.names:
+            if name == serving.name:
+                continue
+            session = primary.sessions.get(name)
+            if session is None or not session.ready or session.progress < primary.seq:
+                return False
+            if not self.nodes[name].alive or self.nodes[name].store.waiting:
+                return False
+        return not serving.store.waiting
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -665,3 +711,51 @@ class World:
             self.note(f"promote {target} refused: {exc}")
             return
         self.note(f"promote {target} (from {node.name})")
+
+
+class AsyncWorld(World):
+    """A world whose clients are coroutines: a commit or an XA verb awaits the broker.
+
+    Everything runs in one asyncio loop on the virtual clock: after each event
+    the client tasks run until they wait again (``quiesce``), and the checks
+    run when anything they read changed (``signature``).
+    """
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.running: list[asyncio.Future[Any]] = []  # the clients' tasks not done yet
+
+    def spawn(self, work: Any) -> asyncio.Future[Any]:
+        """A client's request as a task that waits for the broker."""
+        task: asyncio.Future[Any] = asyncio.ensure_future(work)
+        self.running.append(task)
+        return task
+
+    async def quiesce(self) -> None:
+        """Let the client tasks run until they wait again (and the loop's ``call_soon``
+        callbacks); then what they asked for soon."""
+        await asyncio.sleep(0)
+        for _ in range(5):
+            self.running = [t for t in self.running if not t.done()]
+            if not self.running:
+                break
+            await asyncio.sleep(0)
+        self.run_soon()
+
+    async def advance_to(self, end: float) -> None:
+        """Run the events due by ``end``, the checks after each one that changed anything."""
+        last = None
+        while self.step(end):
+            await self.quiesce()
+            state = self.signature()
+            if state != last:
+                self.check()
+                last = state
+        await self.quiesce()
+
+    def signature(self) -> tuple[Any, ...]:
+        """What the checks read, in brief (the checks run when it changes)."""
+        return ()
+
+    def check(self) -> None:
+        """The workload's invariants."""

@@ -172,12 +172,12 @@ class Journal:
         return int(self._file.tell())
 
     def snapshot(self, state: DurableState) -> None:
-        """Write the whole state, then start an empty journal."""
+        """Write the whole state, then start an empty journal (a new file, durably: what a
+        crash keeps of the old one can never run on into the new one's records)."""
         replace_durably(self.dir / SNAPSHOT, encode_snapshot(self.seq, state))
         self._file.close()
-        self._file = open(self.dir / JOURNAL, "wb")  # noqa: SIM115
-        if self.fsync:
-            os.fsync(self._file.fileno())
+        replace_durably(self.dir / JOURNAL, b"")
+        self._file = open(self.dir / JOURNAL, "ab")  # noqa: SIM115
 
     @property
     def closed(self) -> bool:
