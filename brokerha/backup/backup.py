@@ -146,6 +146,13 @@ class Backup:
 
     # -- from the primary --------------------------------------------------------------
 
+    def starts_catch_up(self, msg: Events) -> bool:
+        """Whether ``msg`` begins the catch-up our join asked for (our state changes from here)."""
+        if self._catching_up or self.caught_up or msg.epoch != self.epoch or not msg.events:
+            return False
+        first = msg.events[0]
+        return bool(first.kind == R.CATCH_UP_BEGINS and first.session == self.session)
+
     def receive(self, msg: Events) -> None:
         if msg.epoch < self.epoch:
             raise StaleEpoch(f"events of epoch {msg.epoch}; this backup follows epoch {self.epoch}")
@@ -154,9 +161,7 @@ class Backup:
                                    f"(this backup follows epoch {self.epoch})")
         events = msg.events
         if not (self._catching_up or self.caught_up):
-            first = events[0] if events else None
-            if not (first is not None and first.kind == R.CATCH_UP_BEGINS
-                    and first.session == self.session):
+            if not self.starts_catch_up(msg):
                 return  # an earlier session's tail, before the answer to our join
             self._catching_up = True
             self.applied_seq = msg.first_seq - 1

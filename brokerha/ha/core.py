@@ -209,16 +209,22 @@ class HACore:
         self.send_join()
         return True
 
-    def send_join(self) -> bool:
-        """Join our primary (now, or when the link comes up); True if the join went out."""
+    def send_join(self, mixed: bool = False) -> bool:
+        """Join our primary (now, or when the link comes up); True if the join went out.
+
+        Our position stays valid until the catch-up begins (``on_events``): a join
+        the primary never answers (it died, or is not the primary any more) must not
+        leave this node unelectable with its state intact. It is invalidated here
+        when the state is not the position's already (``mixed``: a replication that
+        failed part-way) or changes with the join (XA branches this node prepared
+        as a primary are released to the new one).
+        """
         if self.backup is None or self.following is None:
             return False
         if not self.effects.connected(self.following):
             return False  # sent when the link comes up
-        # from here until the marker our state is a mix: not a consistent copy (the
-        # store commits in order, so this is durable before any catch-up event is)
-        self.record_position(-1, -1)
-        self.effects.position(Position.INVALID)
+        if mixed or self.broker.dtx.branches:
+            self.invalidate_position()
         self.effects.send(self.following, self.backup.join_message())
         self.effects.joined(self.following, self.backup.epoch)
         return True
@@ -322,6 +328,8 @@ class HACore:
         if backup is None or peer != self.following or msg.epoch != backup.epoch:
             return
         was_caught_up = backup.caught_up
+        if backup.starts_catch_up(msg):
+            self.invalidate_position()
         try:
             backup.receive(msg)
         except ConfigurationMismatch as exc:
@@ -335,7 +343,7 @@ class HACore:
             backup.close()
             self.backup = Backup(self.broker, me=self.me, epoch=backup.epoch,
                                  position=Position.INVALID, txlog=backup.txlog)
-            self.send_join()
+            self.send_join(mixed=True)
             return
         if backup.caught_up and not was_caught_up:
             log.warning("node %s caught up with primary %s at seq %d: ready", self.me, peer,
@@ -401,6 +409,12 @@ class HACore:
             journal_synced()
 
     # -- positions -------------------------------------------------------------------------
+
+    def invalidate_position(self) -> None:
+        """From here until the caught-up marker our state is a mix, not a consistent copy
+        (the store commits in order, so this is durable before any change after it)."""
+        self.record_position(-1, -1)
+        self.effects.position(Position.INVALID)
 
     def record_position(self, epoch: int, seq: int) -> None:
         """Record our position into the store's next commit (with the floor, never lowered).
