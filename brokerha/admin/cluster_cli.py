@@ -150,7 +150,10 @@ def register(parser: argparse.ArgumentParser) -> None:
                     help="certificates in DATA/tls, an amqps listener per node (the ports "
                          "after the AMQP ones) and TLS on the node-to-node links")
     up.set_defaults(handler=cmd_up)
-    sim = sub.add_parser("simulate", help="deterministic simulation of election + replication")
+    sim = sub.add_parser("simulate", help="deterministic simulation of the HA datacenter "
+                         "(election, replication, transactions, the TxLog)")
+    from brokerha.ha.simulation.cli import WORKLOADS
     from brokerha.ha.simulation.cli import register as register_simulation
+    from brokerha.txlog.simulation import datacenter
 
-    register_simulation(sim)
+    register_simulation(sim, {**WORKLOADS, "txlog": datacenter})

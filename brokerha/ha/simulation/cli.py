@@ -2,7 +2,10 @@
 
 ``--workload confirms`` (the default, ``confirms.py``) is a client publishing
 with confirms through elections and failovers; ``--workload transactions``
-(``transactions.py``) is TX clients and an XA TM. Both run the product's HA
+(``transactions.py``) is TX clients and an XA TM; ``--workload txlog``
+(``txlog/simulation/datacenter.py``, registered by ``admin/cluster_cli.py``:
+the TxLog sits above HA) is TX clients on a global queue of two datacenters,
+the HA one running the TxLog bridge on its members. All run the product's HA
 members on the harness of ``world.py``. The run prints violations (with the
 trace tail of each failing seed under ``--trace``), what the seeds exercised,
 and seeds per second; it exits 1 on any violation.
@@ -14,42 +17,45 @@ import argparse
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 from brokerha import seed_runner
 from brokerha.ha.simulation import confirms, transactions
-from brokerha.ha.simulation.world import Faults, Unsafe
+from brokerha.ha.simulation.world import Faults
 
-WORKLOADS = {"confirms": confirms, "transactions": transactions}
+# each workload module: CATCHES, Unsafe (with ``of(names)``), run_many, SimResult
+WORKLOADS: dict[str, ModuleType] = {"confirms": confirms, "transactions": transactions}
 
 
-def register(parser: argparse.ArgumentParser) -> None:
-    rules = sorted({*confirms.CATCHES, *transactions.CATCHES})
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="confirms",
+def register(parser: argparse.ArgumentParser,
+             workloads: Mapping[str, ModuleType] = WORKLOADS) -> None:
+    rules = sorted({rule for module in workloads.values() for rule in module.CATCHES})
+    parser.add_argument("--workload", choices=sorted(workloads), default="confirms",
                         help="what the clients do (default confirms)")
     parser.add_argument("--seeds", type=int, default=1000, help="number of seeds (default 1000)")
     parser.add_argument("--start-seed", type=int, default=0, help="first seed (default 0)")
     parser.add_argument("--nodes", type=int, default=3,
                         help="nodes per datacenter (default 3; the transactions workload: 3)")
     parser.add_argument("--duration", type=float, default=None,
-                        help="virtual seconds per seed (default 60, transactions 30)")
+                        help="virtual seconds per seed (default 60, transactions and txlog 30)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     parser.add_argument("--no-faults", action="store_true", help="no network faults or crashes")
     parser.add_argument("--unsafe", nargs="+", action="extend", default=[], choices=rules,
-                        metavar="RULE", help="break a rule of the product on purpose "
-                        f"(confirms: {', '.join(confirms.CATCHES)}; transactions: "
-                        f"{', '.join(transactions.CATCHES)})")
+                        metavar="RULE", help="break a rule of the product on purpose ("
+                        + "; ".join(f"{name}: {', '.join(module.CATCHES)}"
+                                    for name, module in workloads.items()) + ")")
     parser.add_argument("--trace", action="store_true", help="print the trace tail of failing seeds")
-    parser.set_defaults(handler=simulate)
+    parser.set_defaults(handler=simulate, workloads=workloads)
 
 
 def simulate(args: argparse.Namespace) -> int:
-    module = WORKLOADS[args.workload]
+    module = args.workloads[args.workload]
     wrong = [rule for rule in args.unsafe if rule not in module.CATCHES]
     if wrong:
         raise SystemExit(f"the {args.workload} workload cannot catch {', '.join(wrong)}")
-    kw: dict[str, Any] = {"unsafe": Unsafe.of(args.unsafe)}
+    kw: dict[str, Any] = {"unsafe": module.Unsafe.of(args.unsafe)}
     if args.duration is not None:
         kw["duration"] = args.duration
     if args.no_faults:
@@ -57,7 +63,7 @@ def simulate(args: argparse.Namespace) -> int:
     if args.workload == "confirms":
         kw["nodes"] = args.nodes
     elif args.nodes != 3:
-        raise SystemExit("the transactions workload runs 3 nodes")
+        raise SystemExit(f"the {args.workload} workload runs 3 nodes")
     started = time.monotonic()
     results = module.run_many(range(args.start_seed, args.start_seed + args.seeds),
                               jobs=args.jobs, **kw)
