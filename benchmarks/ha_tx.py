@@ -18,9 +18,15 @@ this order (reversed on odd rounds):
   after all were ready (a 2-node cluster would need both nodes for a
   majority; here the primary and one backup are the majority, and every
   commit waits for that backup's vote and acknowledgement);
-- ``brokerha 2 backups``: the primary of a 3-node ``LocalCluster``.
+- ``brokerha 2 backups``: the primary of a 3-node ``LocalCluster``;
+- ``RabbitMQ quorum``: a 3-node RabbitMQ cluster on loopback, the queue
+  declared ``x-queue-type: quorum`` (leader on the node the client uses): the
+  reference for the replicated configurations (issue 22).
 
-The clusters run with docs/ha.md's default timeouts.
+The clusters run with docs/ha.md's default timeouts. Each run also measures
+the CPU seconds of every process of the configuration (all its nodes) over
+the measured window: CPU per committed message, the figure replication has to
+bring down.
 
 Here all nodes share the machine's cores and disk (docs/benchmarks.md, "Three
 nodes on one machine"). ``--broker LABEL=URL`` measures brokers that already
@@ -46,20 +52,22 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import loadgen
-from ha_cluster import HA_DEFAULTS, Terminated, _raise_on_sigterm, wait_all_ready
+from amqp_throughput import tree_cpu_times
+from ha_cluster import HA_DEFAULTS, RabbitCluster, Terminated, _raise_on_sigterm, wait_all_ready
 from loadgen import (
     CHANNEL,
     WORKLOADS,
     BrokerAddress,
     LoadRun,
     Settings,
+    Workload,
     _sleep_or_fail,
     commands,
     encode_method,
@@ -70,14 +78,17 @@ from rabbitmq_ref import RabbitMQRef, available
 from brokerha.testing import LocalCluster, NodeProcess
 
 TX = WORKLOADS["tx"]  # 10 persistent 1 KiB publishes + tx.commit, durable queue
-CONFIGS = ["RabbitMQ classic", "brokerha 0 backups", "brokerha 1 backup", "brokerha 2 backups"]
+TX_QUORUM = replace(TX, queue_arguments=(("x-queue-type", "quorum"),))
+CONFIGS = ["RabbitMQ classic", "brokerha 0 backups", "brokerha 1 backup", "brokerha 2 backups",
+           "RabbitMQ quorum"]
+CPU = Callable[[], float]  # CPU seconds of every process of a configuration so far
 
 
 class TimedTxRun(LoadRun):
     """The ``tx`` workload with each commit's latency recorded as (start, seconds)."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(BrokerAddress.parse(url), TX, Settings())
+    def __init__(self, url: str, workload: Workload = TX) -> None:
+        super().__init__(BrokerAddress.parse(url), workload, Settings())
         self.latencies: list[tuple[float, float]] = []
 
     async def publish_loop(self) -> None:
@@ -104,6 +115,7 @@ class TimedTxRun(LoadRun):
 class TxResult:
     commits_per_s: float
     latencies_ms: list[float] = field(default_factory=list)
+    cpu_us_per_msg: float | None = None  # all the configuration's processes, per message
 
     def pct(self, q: float) -> float | None:
         if not self.latencies_ms:
@@ -112,9 +124,10 @@ class TxResult:
         return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def timed_tx(url: str, duration: float, warmup: float) -> tuple[int, float, list[float]]:
+async def timed_tx(url: str, workload: Workload, duration: float,
+                   warmup: float) -> tuple[int, float, list[float]]:
     """One publisher: (commits in the window, window seconds, latencies in ms in the window)."""
-    run = TimedTxRun(url)
+    run = TimedTxRun(url, workload)
     publisher: asyncio.Task[None] | None = None
     try:
         await run.setup()
@@ -133,24 +146,53 @@ async def timed_tx(url: str, duration: float, warmup: float) -> tuple[int, float
     return last - first, t1 - t0, window
 
 
-async def parallel(url: str, publishers: int, duration: float, warmup: float) -> TxResult:
-    runs = await asyncio.gather(*(timed_tx(url, duration, warmup) for _ in range(publishers)))
-    return TxResult(sum(c / d for c, d, _ in runs), [x for _, _, lat in runs for x in lat])
+async def parallel(url: str, workload: Workload, publishers: int, duration: float,
+                   warmup: float, cpu: CPU | None = None) -> TxResult:
+    async def cpu_window() -> tuple[float, float] | None:
+        """(CPU seconds, wall seconds) over the publishers' measured window."""
+        if cpu is None:
+            return None
+        await asyncio.sleep(warmup)
+        c0, t0 = cpu(), time.perf_counter()
+        await asyncio.sleep(duration)
+        return cpu() - c0, time.perf_counter() - t0
+
+    window, *runs = await asyncio.gather(
+        cpu_window(), *(timed_tx(url, workload, duration, warmup) for _ in range(publishers)))
+    rate = sum(c / d for c, d, _ in runs)
+    per_msg = None
+    if window is not None and rate:
+        per_msg = 1e6 * window[0] / (rate * TX.tx_size * window[1])
+    return TxResult(rate, [x for _, _, lat in runs for x in lat], per_msg)
+
+
+def processes_cpu(pids: Sequence[int]) -> CPU:
+    return lambda: sum(sum(tree_cpu_times(pid)) for pid in pids)
 
 
 @contextmanager
-def started(config: str, external: dict[str, str]) -> Iterator[str]:
-    """Start one configuration (or take a running one of ``external``); yield the serving URL."""
+def started(config: str, external: dict[str, str]) -> Iterator[tuple[str, Workload, CPU | None]]:
+    """Start one configuration (or take a running one of ``external``); yield the serving
+    URL, the workload (its queue's arguments) and the CPU seconds of all its processes."""
     t0 = time.monotonic()
     if config in external:
-        yield external[config]
+        yield external[config], TX_QUORUM if config == "RabbitMQ quorum" else TX, None
     elif config == "RabbitMQ classic":
-        with RabbitMQRef() as url:
+        ref = RabbitMQRef()
+        with ref as url:
+            assert ref.server is not None
             print(f"  ({config}: started in {time.monotonic() - t0:.0f} s)", flush=True)
-            yield url
+            yield url, TX, processes_cpu([ref.server.pid])
+    elif config == "RabbitMQ quorum":
+        rabbits = RabbitCluster()
+        with rabbits as urls:
+            print(f"  ({config}: 3-node cluster formed in {time.monotonic() - t0:.0f} s)",
+                  flush=True)
+            yield urls[0], TX_QUORUM, rabbits.cpu
     elif config == "brokerha 0 backups":
         with NodeProcess("ha-tx-solo") as node:
-            yield node.url
+            assert node.proc is not None
+            yield node.url, TX, processes_cpu([node.proc.pid])
     elif config in ("brokerha 1 backup", "brokerha 2 backups"):
         with LocalCluster(3, options=HA_DEFAULTS) as cluster:
             primary = wait_all_ready(cluster)
@@ -160,7 +202,8 @@ def started(config: str, external: dict[str, str]) -> Iterator[str]:
                 wait_backups(cluster, primary, 1)
             print(f"  ({config}: primary {primary}, ready in {time.monotonic() - t0:.0f} s)",
                   flush=True)
-            yield cluster.url(primary)
+            pids = [n.proc.pid for n in cluster.nodes.values() if n.proc is not None]
+            yield cluster.url(primary), TX, processes_cpu(pids)
     else:
         raise ValueError(config)
 
@@ -184,37 +227,49 @@ def run_all(configs: Sequence[str], counts: Sequence[int], duration: float, warm
     table: dict[tuple[str, int], list[TxResult]] = {(c, n): [] for c in configs for n in counts}
     for r in range(rounds):
         for config in (configs if r % 2 == 0 else list(reversed(configs))):
-            with started(config, external or {}) as url:
+            with started(config, external or {}) as (url, workload, cpu):
                 for n in counts:
-                    res = asyncio.run(parallel(url, n, duration, warmup))
+                    res = asyncio.run(parallel(url, workload, n, duration, warmup, cpu))
                     table[(config, n)].append(res)
+                    cpu_text = ("" if res.cpu_us_per_msg is None
+                                else f", {res.cpu_us_per_msg:.1f} µs CPU/msg")
                     print(f"  {config:20} {n:>2} publisher(s): {res.commits_per_s:8,.0f} commits/s, "
-                          f"p50 {res.pct(0.5) or 0:.2f} ms, p99 {res.pct(0.99) or 0:.2f} ms",
-                          flush=True)
+                          f"p50 {res.pct(0.5) or 0:.2f} ms, p99 {res.pct(0.99) or 0:.2f} ms"
+                          f"{cpu_text}", flush=True)
     return table
 
 
 def merged(results: list[TxResult]) -> TxResult:
-    """Median commits/s over the rounds, latencies pooled."""
+    """Median commits/s and CPU per message over the rounds, latencies pooled."""
+    cpus = [r.cpu_us_per_msg for r in results if r.cpu_us_per_msg is not None]
     return TxResult(statistics.median(r.commits_per_s for r in results),
-                    [x for r in results for x in r.latencies_ms])
+                    [x for r in results for x in r.latencies_ms],
+                    statistics.median(cpus) if cpus else None)
 
 
 def format_table(table: dict[tuple[str, int], list[TxResult]], counts: Sequence[int]) -> str:
     lines = []
     for n in counts:
-        ref = merged(table[("RabbitMQ classic", n)]).commits_per_s if ("RabbitMQ classic", n) in table else None
+        rate = {c: merged(rs).commits_per_s for (c, k), rs in table.items() if k == n and rs}
+        classic, quorum = rate.get("RabbitMQ classic"), rate.get("RabbitMQ quorum")
         lines.append(f"\n{n} publisher(s):\n")
-        lines.append("| configuration | commits/s | msgs/s | tx.commit p50 ms | p99 ms | vs RabbitMQ TX |")
-        lines.append("|---|---|---|---|---|---|")
+        lines.append("| configuration | commits/s | msgs/s | tx.commit p50 ms | p99 ms | "
+                     "CPU µs/msg (all nodes) | vs RabbitMQ classic TX | vs RabbitMQ quorum TX |")
+        lines.append("|---|---|---|---|---|---|---|---|")
         for (config, count), results in table.items():
             if count != n or not results:
                 continue
             m = merged(results)
-            ratio = f"{m.commits_per_s / ref:.2f}×" if ref else "-"
+            cpu = "-" if m.cpu_us_per_msg is None else f"{m.cpu_us_per_msg:.1f}"
             lines.append(f"| {config} | {m.commits_per_s:,.0f} | {10 * m.commits_per_s:,.0f} | "
-                         f"{m.pct(0.5) or 0:.2f} | {m.pct(0.99) or 0:.2f} | {ratio} |")
+                         f"{m.pct(0.5) or 0:.2f} | {m.pct(0.99) or 0:.2f} | {cpu} | "
+                         f"{_ratio(m.commits_per_s, classic)} | "
+                         f"{_ratio(m.commits_per_s, quorum)} |")
     return "\n".join(lines)
+
+
+def _ratio(a: float, b: float | None) -> str:
+    return f"{a / b:.2f}×" if b else "-"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -261,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "started": started_at.isoformat(), "load_average": loads,
             "results": [{"config": c, "publishers": n,
                          "commits_per_s": [r.commits_per_s for r in rs],
+                         "cpu_us_per_msg": [r.cpu_us_per_msg for r in rs],
                          "p50_ms": merged(rs).pct(0.5), "p99_ms": merged(rs).pct(0.99)}
                         for (c, n), rs in table.items() if rs]}, indent=2))
     return 0
