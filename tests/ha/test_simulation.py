@@ -22,6 +22,7 @@ from brokerha.ha.simulation.confirms import (
     run_seed,
 )
 from brokerha.ha.simulation.world import SimNode
+from tests.seeds import first_failing as seeds_first_failing
 
 CI_SEEDS = 1000
 
@@ -63,11 +64,7 @@ def test_a_healthy_cluster_elects_once_and_confirms_everything() -> None:
 
 
 def first_failing(unsafe: Unsafe, seeds: range, **kw: object) -> tuple[int, str] | None:
-    for seed in seeds:
-        result = run_seed(seed, unsafe=unsafe, **kw)  # type: ignore[arg-type]
-        if result.violation:
-            return seed, result.violation
-    return None
+    return seeds_first_failing(run_seed, unsafe, seeds, **kw)
 
 
 @pytest.mark.parametrize(("rule", "invariant"), [

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from brokerha.ha.simulation.transactions import TRACE_TAIL, Unsafe, run_many, run_seed
+from tests.seeds import first_failing as seeds_first_failing
 
 CI_SEEDS = 300  # 30 virtual seconds each: about 6.5 failovers and 80 transactions a seed
 
@@ -34,12 +35,8 @@ def test_three_hundred_seeds_keep_every_transaction_atomic_agreed_and_durable() 
     assert seen["verify in doubt"] > CI_SEEDS and seen["verify rollback"] == 0
 
 
-def first_failing(unsafe: Unsafe, seeds: range) -> tuple[int, str] | None:
-    for seed in seeds:
-        result = run_seed(seed, unsafe=unsafe)
-        if result.violation:
-            return seed, result.violation
-    return None
+def first_failing(unsafe: Unsafe, seeds: range, **kw: object) -> tuple[int, str] | None:
+    return seeds_first_failing(run_seed, unsafe, seeds, **kw)
 
 
 @pytest.mark.parametrize(("rule", "says"), [

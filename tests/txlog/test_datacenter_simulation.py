@@ -21,6 +21,7 @@ from brokerha.txlog.simulation.datacenter import (
     run_many,
     run_seed,
 )
+from tests.seeds import first_failing as seeds_first_failing
 
 CI_SEEDS = 60  # 30 virtual seconds each: about 6 failovers and 130 TxLog transactions a seed
 
@@ -45,12 +46,8 @@ def test_sixty_seeds_keep_the_txlog_agreed_durable_and_applied_through_failovers
     assert seen["refused"] > 5 * CI_SEEDS and seen["unknown"] > CI_SEEDS
 
 
-def first_failing(unsafe: Unsafe, seeds: range) -> tuple[int, str] | None:
-    for seed in seeds:
-        result = run_seed(seed, unsafe=unsafe)
-        if result.violation:
-            return seed, result.violation
-    return None
+def first_failing(unsafe: Unsafe, seeds: range, **kw: object) -> tuple[int, str] | None:
+    return seeds_first_failing(run_seed, unsafe, seeds, **kw)
 
 
 @pytest.mark.parametrize(("rule", "says"), [

@@ -65,8 +65,8 @@ from brokerha.ha.simulation.world import (
     Faults,
     SimNode,
     SimProcess,
+    SimResult,
     Unsafe,
-    Violation,
     message,
 )
 from brokerha.primary.primary import Primary
@@ -170,12 +170,7 @@ class TxSimulation(AsyncWorld):
         self.keys = 0
         self.effects: dict[str, tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]] = {}
         self.decided: dict[str, tuple[str, str]] = {}   # txid -> (commit|rollback, why)
-        self.counts: Counter[str] = Counter()
         self._expected: dict[frozenset[str], dict[tuple[str, bytes], int]] = {}
-        self.stuck: str | None = None
-
-    def violate(self, text: str) -> None:
-        raise Violation(f"seed {self.seed}: {text}")
 
     def make_primary(self, *args: Any, **kw: Any) -> Primary:
         primary = SimPrimary(*args, **kw)
@@ -194,21 +189,9 @@ class TxSimulation(AsyncWorld):
 
     # -- running -------------------------------------------------------------------------------
 
-    async def run(self) -> SimResult:
-        violation = None
-        try:
-            self.start()
-            self.after(self.rng.expovariate(self.client_rate), self._client_tick)
-            await self.advance_to(self.duration)
-            await self.finish()
-        except Violation as exc:
-            violation = str(exc)
-            self.note(f"VIOLATION {exc}")
-        stats = dict(self.counts)
-        stats["failover"] = self.stats.failovers
-        stats["crash"] = self.stats.crashes
-        return SimResult(self.seed, violation, list(self.trace) if violation else [], stats,
-                         self.stuck)
+    def start(self) -> None:
+        super().start()
+        self.after(self.rng.expovariate(self.client_rate), self._client_tick)
 
     def request(self, client: Client, work: Any) -> None:
         """The client's request (a commit, an XA verb) as a task that waits for the broker."""
@@ -676,20 +659,6 @@ class TxSimulation(AsyncWorld):
 
 
 # -- running seeds ------------------------------------------------------------------------
-
-@dataclass
-class SimResult:
-    seed: int
-    violation: str | None
-    trace: list[str]
-    stats: dict[str, int]
-    stuck: str | None = None  # nobody was elected after the run (liveness): checks skipped
-
-    def summary(self) -> str:
-        if self.violation:
-            return self.violation
-        return f"seed {self.seed}: " + (f"STUCK {self.stuck}" if self.stuck else f"ok {self.stats}")
-
 
 def run_seed(seed: int, **kw: Any) -> SimResult:
     logging.disable(logging.WARNING)  # the nodes' warnings: the trace says what happened

@@ -39,10 +39,12 @@ import hashlib
 import heapq
 import itertools
 import random
-from collections import deque
+import traceback
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -713,17 +715,62 @@ class World:
         self.note(f"promote {target} (from {node.name})")
 
 
+@dataclass
+class SimResult:
+    """One seed of an ``AsyncWorld`` workload."""
+
+    seed: int
+    violation: str | None
+    trace: list[str]
+    stats: dict[str, int]
+    stuck: str | None = None  # nobody was elected after the run (liveness): checks skipped
+
+    def summary(self) -> str:
+        if self.violation:
+            return self.violation
+        return f"seed {self.seed}: " + (f"STUCK {self.stuck}" if self.stuck else f"ok {self.stats}")
+
+
 class AsyncWorld(World):
     """A world whose clients are coroutines: a commit or an XA verb awaits the broker.
 
     Everything runs in one asyncio loop on the virtual clock: after each event
     the client tasks run until they wait again (``quiesce``), and the checks
-    run when anything they read changed (``signature``).
+    run when anything they read changed (``signature``). ``run`` is one seed:
+    the faulty run, then the workload's ``finish`` (calm, settle, final checks).
     """
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.running: list[asyncio.Future[Any]] = []  # the clients' tasks not done yet
+        self.counts: Counter[str] = Counter()
+        self.stuck: str | None = None
+
+    def violate(self, text: str) -> None:
+        raise Violation(f"seed {self.seed}: {text}")
+
+    async def run(self) -> SimResult:
+        violation = None
+        try:
+            self.start()
+            await self.advance_to(self.duration)
+            await self.finish()
+        except Violation as exc:
+            violation = str(exc)
+            self.note(f"VIOLATION {exc}")
+        except Exception as exc:  # noqa: BLE001 - a node's code failed: a defect found
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            violation = (f"seed {self.seed}: {type(exc).__name__}: {exc} (raised at "
+                         f"{Path(where.filename).name}:{where.lineno} {where.name})")
+            self.note(f"VIOLATION {violation}")
+        stats = dict(self.counts)
+        stats["failover"] = self.stats.failovers
+        stats["crash"] = self.stats.crashes
+        return SimResult(self.seed, violation, list(self.trace) if violation else [], stats,
+                         self.stuck)
+
+    async def finish(self) -> None:
+        """After the faulty run: calm, let everything settle, the final checks."""
 
     def spawn(self, work: Any) -> asyncio.Future[Any]:
         """A client's request as a task that waits for the broker."""

@@ -48,7 +48,6 @@ import logging
 import os
 import random
 import tempfile
-import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -72,7 +71,7 @@ from brokerha.ha.simulation.world import (
     Faults,
     SimNode,
     SimProcess,
-    Violation,
+    SimResult,
     message,
     wire,
 )
@@ -295,11 +294,6 @@ class DatacenterSimulation(AsyncWorld):
         self.keys = 0
         self.errors: list[str] = []
         self.longest: dict[str, list[str]] = {dc: [] for dc in DCS}
-        self.counts: Counter[str] = Counter()
-        self.stuck: str | None = None
-
-    def violate(self, text: str) -> None:
-        raise Violation(f"seed {self.seed}: {text}")
 
     # -- the nodes' TxLog ----------------------------------------------------------------
 
@@ -584,26 +578,6 @@ class DatacenterSimulation(AsyncWorld):
 
     # -- running ---------------------------------------------------------------------------------
 
-    async def run(self) -> SimResult:
-        violation = None
-        try:
-            self.start()
-            await self.advance_to(self.duration)
-            await self.finish()
-        except Violation as exc:
-            violation = str(exc)
-            self.note(f"VIOLATION {exc}")
-        except Exception as exc:  # noqa: BLE001 - a node's code failed: a defect found
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            violation = (f"seed {self.seed}: {type(exc).__name__}: {exc} (raised at "
-                         f"{Path(where.filename).name}:{where.lineno} {where.name})")
-            self.note(f"VIOLATION {violation}")
-        stats = dict(self.counts)
-        stats["failover"] = self.stats.failovers
-        stats["crash"] = self.stats.crashes
-        return SimResult(self.seed, violation, list(self.trace) if violation else [], stats,
-                         self.stuck)
-
     async def finish(self) -> None:
         self.note("--- calm: no new faults or clients ---")
         self.calm = True
@@ -684,20 +658,6 @@ class DatacenterSimulation(AsyncWorld):
         self.counts["ordered"] = len(state.sync)
         self.counts["messages left"] = len(order["A"])
         assert a_process is serving
-
-
-@dataclass
-class SimResult:
-    seed: int
-    violation: str | None
-    trace: list[str]
-    stats: dict[str, int]
-    stuck: str | None = None  # A elected nobody after the run (liveness): checks skipped
-
-    def summary(self) -> str:
-        if self.violation:
-            return self.violation
-        return f"seed {self.seed}: " + (f"STUCK {self.stuck}" if self.stuck else f"ok {self.stats}")
 
 
 def run_seed(seed: int, **kw: Any) -> SimResult:
