@@ -42,7 +42,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from brokerha.admin.http import (
+from brokerha.admin.node_view import NodeView
+from brokerha.httpapi.server import (
     REASONS,
     HTTPError,
     Request,
@@ -51,7 +52,6 @@ from brokerha.admin.http import (
     json_safe,
     member_token,
 )
-from brokerha.admin.node_view import NodeView
 
 Node = NodeView  # what these endpoints read of the node (admin/node_view.py)
 

@@ -11,7 +11,6 @@ possibly stale view; a member that does not answer is shown as ``down``.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import ssl
 import sys
@@ -21,16 +20,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from brokerha.cluster.ports import ADMIN_OFFSET
+from brokerha.httpapi.client import CREDENTIALS, TIMEOUT, CtlError, request
 
-TIMEOUT = 3.0
-
-
-class CtlError(Exception):
-    """A refused or failed request; ``code`` is the exit code (2: the node did not answer)."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
+__all__ = ["CREDENTIALS", "TIMEOUT", "CtlError", "admin_url", "cluster_status", "main", "request"]
 
 
 def admin_url(node: str) -> str:
@@ -42,36 +34,6 @@ def admin_url(node: str) -> str:
         port = (url.port or 5672) + ADMIN_OFFSET
         return f"http://{url.hostname or '127.0.0.1'}:{port}"
     raise CtlError(f"--node: expected http://HOST:PORT or amqp://HOST:PORT, got {node!r}")
-
-
-# every request of a command carries --user/--password (main sets them): the node
-# answers nothing without credentials, reads included (as RabbitMQ's management API)
-CREDENTIALS: dict[str, str] = {"user": "guest", "password": "guest"}
-
-
-def request(base: str, path: str, *, body: Any = None, user: str | None = None,
-            password: str | None = None, timeout: float = TIMEOUT) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, method="GET" if data is None else "POST")
-    req.add_header("Content-Type", "application/json")
-    if user is None:
-        user, password = CREDENTIALS["user"], CREDENTIALS["password"]
-    if user is not None:
-        token = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
-        req.add_header("Authorization", f"Basic {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        try:
-            message = json.loads(exc.read()).get("error", exc.reason)
-        except ValueError:
-            message = exc.reason
-        raise CtlError(f"{base}{path}: {exc.code} {message}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise CtlError(f"{base}{path}: cannot reach the node: {exc}", 2) from exc
-    except ValueError as exc:
-        raise CtlError(f"{base}{path}: not JSON: {exc}") from exc
 
 
 def cluster_status(node: str) -> dict[str, Any]:

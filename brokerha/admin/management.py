@@ -42,7 +42,12 @@ from urllib.parse import quote, unquote
 
 from pamqp import commands
 
-from brokerha.admin.http import (
+from brokerha.admin.node_view import NodeView
+from brokerha.broker.auth import AuthenticationFailed, User
+from brokerha.broker.content import build_header, decode_header
+from brokerha.broker.errors import BrokerError
+from brokerha.broker.message import Message
+from brokerha.httpapi.server import (
     READ_TAGS,
     HTTPError,
     Request,
@@ -51,11 +56,6 @@ from brokerha.admin.http import (
     exchange,
     json_safe,
 )
-from brokerha.admin.node_view import NodeView
-from brokerha.broker.auth import AuthenticationFailed, User
-from brokerha.broker.content import build_header, decode_header
-from brokerha.broker.errors import BrokerError
-from brokerha.broker.message import Message
 
 log = logging.getLogger("brokerha.management")
 

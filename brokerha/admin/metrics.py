@@ -27,8 +27,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.process_collector import ProcessCollector
 
-from brokerha.admin.http import Request, Response
 from brokerha.admin.node_view import NodeView
+from brokerha.httpapi.server import Request, Response
 
 Node = NodeView  # what these endpoints read of the node (admin/node_view.py)
 

@@ -13,10 +13,10 @@ import asyncio
 import ssl
 from typing import Any, Protocol
 
-from brokerha.admin.http import AdminServer
 from brokerha.amqp.connection import ServerConnection
 from brokerha.broker.broker import Broker
 from brokerha.cluster.election import Election
+from brokerha.httpapi.server import AdminServer
 from brokerha.primary.primary import Primary
 
 

@@ -14,8 +14,8 @@ import time
 from html import escape
 from typing import Any
 
-from brokerha.admin.http import Request, Response
 from brokerha.admin.node_view import NodeView
+from brokerha.httpapi.server import Request, Response
 
 Node = NodeView  # what these endpoints read of the node (admin/node_view.py)
 

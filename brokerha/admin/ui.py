@@ -16,8 +16,8 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
-from brokerha.admin.http import HTTPError, Request, Response
 from brokerha.admin.node_view import NodeView
+from brokerha.httpapi.server import HTTPError, Request, Response
 
 Node = NodeView  # what these endpoints read of the node (admin/node_view.py)
 

@@ -23,7 +23,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from brokerha.admin.http import HTTPError, Request, Response
 from brokerha.backup.backup import Backup
 from brokerha.cluster import election as el
 from brokerha.cluster.link import ClusterLinks, links_reload, tls_contexts
@@ -32,6 +31,7 @@ from brokerha.cluster.replication import ResourceAlarm
 from brokerha.cluster.state import StateFile
 from brokerha.ha.core import Cancellable, PrimarySettings, load_position
 from brokerha.ha.member import TICK, HAMember
+from brokerha.httpapi.server import HTTPError, Request, Response
 from brokerha.node.relay import RelayTarget
 from brokerha.primary.backup_alarms import BackupAlarms
 from brokerha.primary.primary import Primary

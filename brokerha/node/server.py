@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brokerha.admin.http import AdminServer, Request, Response
 from brokerha.admin.node_view import HAView
 from brokerha.broker.broker import Broker
 from brokerha.broker.storage import Store
 from brokerha.cluster.link import ClusterLinks, links_reload
 from brokerha.cluster.ports import ADMIN_OFFSET
+from brokerha.httpapi.server import AdminServer, Request, Response
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
 from brokerha.node.disk import DiskMonitor

@@ -67,8 +67,8 @@ def test_unreachable_node_is_a_clear_ctl_error() -> None:
 def test_actions_need_administrator_credentials() -> None:
     import asyncio
 
-    from brokerha.admin.http import AdminServer, Response
     from brokerha.broker.auth import UserDatabase
+    from brokerha.httpapi.server import AdminServer, Response
 
     users = UserDatabase()
     users.add_user("boss", "pw", tags=["administrator"])

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from brokerha.admin.api import AdminAPI
-from brokerha.admin.http import HTTPError, Request
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import ReplicationError
+from brokerha.httpapi.server import HTTPError, Request
 from brokerha.primary.events import event_size
 from brokerha.testing import NodeProcess, free_port
 from brokerha.txlog.bridge.replica import TxLogReplica

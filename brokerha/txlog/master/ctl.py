@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from brokerha.admin.ctl import CtlError, request
+from brokerha.httpapi.client import CtlError, request
 
 
 def call(node: str, method: str, path: str, body: Any = None, timeout: float = 30.0) -> Any:
-    """One request to the master's API (``brokerha.admin.ctl.request``: GET, or POST a body)."""
+    """One request to the master's API (``brokerha.httpapi.client.request``: GET, or POST a body)."""
     if (method == "POST") != (body is not None):
         raise ValueError(f"{method} {path}: POST carries a body, GET none")
     base = node if "://" in node else f"http://{node}"

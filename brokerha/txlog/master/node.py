@@ -33,8 +33,8 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from brokerha.admin.http import AdminServer, HTTPError, Request, Response
 from brokerha.cluster.link import links_reload
+from brokerha.httpapi.server import AdminServer, HTTPError, Request, Response
 from brokerha.txlog.engine.config import ConfigError
 from brokerha.txlog.engine.records import Operation
 from brokerha.txlog.master.driver import TxLogDriver
