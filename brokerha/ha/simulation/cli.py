@@ -37,7 +37,7 @@ def register(parser: argparse.ArgumentParser,
     parser.add_argument("--seeds", type=int, default=1000, help="number of seeds (default 1000)")
     parser.add_argument("--start-seed", type=int, default=0, help="first seed (default 0)")
     parser.add_argument("--nodes", type=int, default=3,
-                        help="nodes per datacenter (default 3; the transactions workload: 3)")
+                        help="nodes per datacenter (default 3; the transactions and txlog workloads: 3)")
     parser.add_argument("--duration", type=float, default=None,
                         help="virtual seconds per seed (default 60, transactions and txlog 30)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
