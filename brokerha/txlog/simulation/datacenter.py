@@ -608,6 +608,9 @@ class DatacenterSimulation(AsyncWorld):
         if busy:
             return f"commits in flight: {busy}"
         states = {dc: d.engine.durable for dc, (_, d) in masters.items()}
+        waiting = {dc: len(state.own) for dc, state in states.items() if state.own}
+        if waiting:  # acquired (an enqueue-only one confirmed), not synchronised yet
+            return f"own transactions not synchronised yet: {waiting}"
         problem = converged(states, [], {})
         if problem:
             return problem
