@@ -20,12 +20,13 @@ import pytest
 from brokerha.backup.backup import Backup
 from brokerha.testing import free_port
 from brokerha.txlog.bridge.replica import PrimaryJournal, TxLogReplica, snapshot_events
-from brokerha.txlog.engine.messages import Persist
+from brokerha.txlog.engine.messages import Bodies, FetchBodies, Persist
 from brokerha.txlog.engine.records import Operation
 from brokerha.txlog.engine.state import DurableState
 from brokerha.txlog.master.driver import TxLogDriver
 from brokerha.txlog.master.journal import JOURNAL, Journal
 from brokerha.txlog.master.settings import MasterSettings, flatten, from_properties
+from brokerha.txlog.master.wire import decode
 from tests.ha.harness import Cluster
 from tests.txlog.test_broker_bridge import in_loop
 
@@ -338,3 +339,64 @@ async def test_a_masters_sends_wait_for_its_journal_fsync_off_the_loop(tmp_path:
         gate.set()
         await driver.close()
         files_module.fsync_and_close, driver_module.encode = real  # type: ignore[assignment]
+
+
+class HeldQuorum:
+    """A DC whose backups acknowledge nothing until ``release``: the driver's replication."""
+
+    def __init__(self) -> None:
+        self.snapshots: list[int] = []
+        self.records: list[int] = []
+        self.waiting: list[Callable[[], None]] = []
+
+    def record(self, seq: int, body: bytes) -> None:
+        self.records.append(seq)
+
+    def snapshot(self, seq: int, state: DurableState) -> None:
+        self.snapshots.append(seq)
+
+    def barrier(self, callback: Callable[[], None]) -> None:
+        self.waiting.append(callback)
+
+    def release(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for callback in waiting:
+            callback()
+
+
+@in_loop
+async def test_a_starting_master_sends_nothing_before_its_state_is_on_the_quorum(
+        tmp_path: Path) -> None:
+    """A master may start from records no backup has: its own of an earlier term, written
+    before it lost its majority. Its first post would tell another datacenter of them, and
+    the next primary would not know them (the HA TxLog simulation's seed 1261)."""
+    data = tmp_path / "n1"
+    earlier = TxLogDriver(settings("dc1", data, {"dc2": free_port()}), fsync=False)
+    record, _ = earlier.engine.local_tx(enqueue("a1"), earlier.clock())
+    earlier._run([Persist("own.add", (record, earlier.engine.durable.bodies[record.tx_id]))])
+    earlier.journal.close()
+    quorum = HeldQuorum()
+    driver = TxLogDriver(settings("dc1", data, {"dc2": free_port()}), fsync=False,
+                         replication=quorum)
+    assert record.tx_id in driver.engine.durable.own  # loaded from this node's journal
+    sent: list[Any] = []
+    driver.links.send = lambda peer, packet, msg_id=None: sent.append(decode(packet)) or 1  # type: ignore
+    loaded = driver.journal.seq
+    driver.replicate_state()
+    await driver.start()
+    try:
+        # dc2 asks for the body of the transaction (it heard of it before): the answer
+        # writes no record, so only the state's quorum can hold it back
+        driver._run(driver.engine.received(FetchBodies("dc2", (record.tx_id,)), driver.clock()))
+        driver._tick()
+        await asyncio.sleep(0.05)
+        assert quorum.snapshots == [loaded] and sent == []  # all wait for the state's quorum
+        quorum.release()
+        for _ in range(50):
+            if any(isinstance(p, Bodies) for p in sent):
+                break
+            quorum.release()
+            await asyncio.sleep(0.01)
+        assert any(isinstance(p, Bodies) for p in sent), sent
+    finally:
+        await driver.close()

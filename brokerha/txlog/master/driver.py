@@ -212,9 +212,21 @@ class TxLogDriver:
         term's, or a record the old primary never got onto the quorum) with
         this one before any record of this master, so no later promotion can
         bring back a state this master's sends did not come from.
+
+        Nothing leaves this master before that state is on the DC's quorum: it
+        may hold records no other node has (this node's own master of an
+        earlier term wrote them, and lost its majority before they were
+        replicated), and a post sent from them would tell another datacenter
+        of transactions the next primary never heard of (found by the HA
+        TxLog simulation, seed 1261: a transaction synchronised in B that A's
+        next master did not know).
         """
-        if self.replication is not None:
-            self.replication.snapshot(self.journal.seq, self.engine.durable)
+        if self.replication is None:
+            return
+        self.replication.snapshot(self.journal.seq, self.engine.durable)
+        entry: list[Any] = [[], 1]  # no actions of its own; it holds back every later call's
+        self._pending.append(entry)
+        self.replication.barrier(lambda: self._passed(entry))
 
     async def close(self) -> None:
         self._closed = True
