@@ -1,4 +1,5 @@
-"""Running a deterministic simulation over many seeds, in parallel when asked.
+"""Running a deterministic simulation over many seeds, in parallel when asked; the base of
+the ``Unsafe`` switches by which a simulation breaks a product rule on purpose.
 
 Shared by the simulations (``brokerha.ha.simulation.confirms``, ``brokerha.txlog.simulation.search``,
 ``brokerha.ha.simulation.transactions``).
@@ -11,8 +12,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, fields
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
+
+
+@dataclass(frozen=True)
+class UnsafeRules:
+    """Rules of one product module to break on purpose (simulations only): a subclass
+    declares one ``bool`` field per rule, each one the simulations must catch."""
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> Self:
+        """These rules broken, the others kept."""
+        return cls(**{name: True for name in names})
 
 
 class Seeded(Protocol):

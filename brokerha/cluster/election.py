@@ -73,11 +73,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from brokerha.cluster.messages import Message, packet
 from brokerha.cluster.quorum import majority
+from brokerha.seed_runner import UnsafeRules
 
 ROLES = ("joining", "candidate", "primary", "backup")
 
@@ -220,15 +221,11 @@ Action = Send | Persist | BecomePrimary | BecomeBackup | StopServing
 
 
 @dataclass(frozen=True)
-class Unsafe:
+class Unsafe(UnsafeRules):
     """Rules of the election to break on purpose (simulations only): each must be caught."""
 
     invalid_grants: bool = False  # a voter forgets its vote floor (grants by its position)
     no_lease: bool = False        # a primary keeps serving without a majority
-
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 class PromoteRefused(ValueError):

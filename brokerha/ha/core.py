@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Protocol
 
 from brokerha.backup.backup import Backup, LayerReplica
@@ -44,6 +44,7 @@ from brokerha.cluster.state import NodeState
 from brokerha.primary.policy import ReplicationPolicy
 from brokerha.primary.primary import Primary
 from brokerha.primary.remote_backup import EVENTS_PER_PACKET
+from brokerha.seed_runner import UnsafeRules
 
 log = logging.getLogger("brokerha.ha")
 
@@ -83,16 +84,12 @@ class Effects(Protocol):
 
 
 @dataclass(frozen=True)
-class Unsafe:
+class Unsafe(UnsafeRules):
     """Rules of the core to break on purpose (simulations only): each must be caught."""
 
     early_ack: bool = False      # a backup acknowledges before its store synced
     confirm_early: bool = False  # the primary confirms once its own disk has it (no quorum)
     no_tx_trackers: bool = False  # a backup joining during a prepared transaction is ready at once
-
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 @dataclass(frozen=True)

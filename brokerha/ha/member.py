@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Protocol
 
 from brokerha.backup.backup import Backup, LayerReplica
@@ -47,6 +47,7 @@ from brokerha.ha.core import Effects, HACore, PrimarySettings
 from brokerha.ha.core import Unsafe as CoreUnsafe
 from brokerha.primary import verification as verify
 from brokerha.primary.primary import Primary
+from brokerha.seed_runner import UnsafeRules
 
 log = logging.getLogger("brokerha.ha")
 
@@ -99,14 +100,10 @@ class PrimaryLayer(Protocol):
 
 
 @dataclass(frozen=True)
-class Unsafe:
+class Unsafe(UnsafeRules):
     """Rules of the member to break on purpose (simulations only): each must be caught."""
 
     old_epoch_apply: bool = False  # take replication messages of an epoch older than ours
-
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 class HAMember:

@@ -41,8 +41,8 @@ import itertools
 import random
 import traceback
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ from brokerha.ha.core import PrimarySettings, load_position
 from brokerha.ha.member import TICK, HAMember, PrimaryLayer
 from brokerha.ha.simulation.disk import DiskStore, Image
 from brokerha.primary.primary import Primary
+from brokerha.seed_runner import UnsafeRules
 
 TRACE_TAIL = 60
 # small replication packets: a join's catch-up spans several, as a big queue's does
@@ -105,7 +106,7 @@ class Faults:
 
 
 @dataclass(frozen=True)
-class Unsafe:
+class Unsafe(UnsafeRules):
     """Rules to break on purpose, each in the product module that holds it.
 
     ``invalid_grants`` and ``no_lease``: ``cluster.election.Unsafe``;
@@ -120,14 +121,6 @@ class Unsafe:
     old_epoch_apply: bool = False   # a backup applies events of an older epoch
     no_tx_trackers: bool = False    # a backup joining during a prepared transaction is ready
     early_ack: bool = False         # a backup acknowledges before its store synced
-
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
-
-    @classmethod
-    def of(cls, names: Iterable[str]) -> Unsafe:
-        return cls(**{name: True for name in names})
 
     def _part(self, kind: type[Any]) -> Any:
         """The module's own rules (a rule no workload here can catch stays unbroken)."""

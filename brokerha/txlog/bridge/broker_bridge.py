@@ -35,11 +35,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from brokerha.cluster import replication as R
 from brokerha.primary.primary import Primary
+from brokerha.seed_runner import UnsafeRules
 from brokerha.txlog.bridge.broker_state import SplitBackups
 from brokerha.txlog.bridge.global_queues import GlobalQueues, pack_message, unpack_message
 from brokerha.txlog.bridge.replica import PrimaryJournal, TxLogReplica, snapshot_events
@@ -63,14 +64,10 @@ class NotMaster(Exception):
 
 
 @dataclass(frozen=True)
-class Unsafe:
+class Unsafe(UnsafeRules):
     """Rules of the bridge to break on purpose (simulations only): each must be caught."""
 
     no_reapply: bool = False  # a master starts without re-applying entries past the mark
-
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 class TxLogBridge:

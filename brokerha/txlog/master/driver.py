@@ -33,7 +33,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,6 +41,7 @@ from brokerha.broker.stats import LatencyHistogram
 from brokerha.cluster.link import ClusterLinks, tls_contexts
 from brokerha.cluster.messages import Message as ClusterMessage
 from brokerha.files import fsync_off_loop, replace_durably
+from brokerha.seed_runner import UnsafeRules
 from brokerha.txlog.engine.config import Peer, TxLogConfig
 from brokerha.txlog.engine.messages import (
     Action,
@@ -143,14 +144,10 @@ class MasterIO:
 
 
 @dataclass(frozen=True)
-class Unsafe:
+class Unsafe(UnsafeRules):
     """Rules of the driver to break on purpose (simulations only): each must be caught."""
 
     no_quorum_wait: bool = False  # act on a journal record once fsynced here, not on the quorum
-
-    @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
 
 class TxLogDriver:
