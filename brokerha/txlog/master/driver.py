@@ -221,9 +221,7 @@ class TxLogDriver:
         if self.replication is None:
             return
         self.replication.snapshot(self.journal.seq, self.engine.durable)
-        entry: list[Any] = [[], 1]  # no actions of its own; it holds back every later call's
-        self._pending.append(entry)
-        self.replication.barrier(lambda: self._passed(entry))
+        self._hold([], [self.replication.barrier])  # no actions: it holds back later calls'
 
     async def close(self) -> None:
         self._closed = True
@@ -348,13 +346,18 @@ class TxLogDriver:
         if not barriers and not self._pending:
             self._carry_out(rest)
         else:
-            entry: list[Any] = [rest, len(barriers)]
-            self._pending.append(entry)
             self.counters["held_batches"] += 1
-            for barrier in barriers:
-                barrier(lambda entry=entry: self._passed(entry))
-            self._release()
+            self._hold(rest, barriers)
         self._schedule()
+
+    def _hold(self, actions: list[Action],
+              barriers: list[Callable[[Callable[[], None]], None]]) -> None:
+        """Carry out ``actions`` once every barrier passed and every earlier held call left."""
+        entry: list[Any] = [actions, len(barriers)]
+        self._pending.append(entry)
+        for barrier in barriers:
+            barrier(lambda entry=entry: self._passed(entry))
+        self._release()
 
     def _passed(self, entry: list[Any]) -> None:
         entry[1] -= 1
