@@ -101,7 +101,7 @@ class TxLogBridge:
         # attaches the Primary)
         self.replica = TxLogReplica(config.settings.data_dir, config.settings.txlog,
                                     on_applied=self._replicated_applied,
-                                    **({} if io is None else {"fsync_later": io.fsync}))
+                                    fsync_later=(io or MasterIO()).fsync)
         self.ha_primary: Primary | None = None
         self.journal_stream: PrimaryJournal | None = None
         # how many synchronised entries the global queues' contents reflect: put in the

@@ -45,6 +45,7 @@ messages in the same order in both datacenters and on every node of A.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
@@ -321,14 +322,13 @@ class DatacenterSimulation(AsyncWorld):
     def make_layer(self, node: SimNode) -> TxLogBridge:
         return self._bridge(node, "A")
 
-    @staticmethod
-    def bridge_of(process: SimProcess) -> TxLogBridge:
+    def bridge(self, process: SimProcess) -> TxLogBridge:
+        """The node's bridge: B's, or the layer of one of A's nodes."""
+        if process is self.b:
+            return self.b_bridge
         layer = process.layer if isinstance(process, SimNode) else None
         assert isinstance(layer, TxLogBridge)
         return layer
-
-    def bridge(self, process: SimProcess) -> TxLogBridge:
-        return self.b_bridge if process is self.b else self.bridge_of(process)
 
     def run_master(self, process: SimProcess, work: Any, what: str) -> None:
         """Start or stop a master as the node does (serve_clients): a task; a failure is one."""
@@ -385,20 +385,20 @@ class DatacenterSimulation(AsyncWorld):
     def on_serving(self, node: SimNode, epoch: int, decisions: dict[str, str]) -> None:
         async def serve() -> None:
             if node.alive and node.ha.phase == "primary" and node.election.epoch == epoch:
-                await self.bridge_of(node).start()
+                await self.bridge(node).start()
                 self.note(f"{node.name} runs the TxLog master (epoch {epoch})")
 
         self.run_master(node, serve(), "the master's start")
 
     def on_demoted(self, node: SimNode) -> None:
         self._connections_lost(node)
-        self.run_master(node, self.bridge_of(node).stop("this node stopped serving clients"),
+        self.run_master(node, self.bridge(node).stop("this node stopped serving clients"),
                         "the master's stop")
 
     def on_crash(self, node: SimNode) -> None:
         node.up = False
         self._connections_lost(node)
-        bridge = self.bridge_of(node)
+        bridge = self.bridge(node)
         if bridge.driver is not None:
             links = bridge.driver.links
             assert isinstance(links, SimLinks)
@@ -420,9 +420,15 @@ class DatacenterSimulation(AsyncWorld):
             self.counts["unknown"] += 1
             if process.alive:
                 client.tx.rollback()
-                for queue, entry in sorted(client.held, key=lambda h: -h[1].position):
-                    queue.requeue(entry)
+                self._release(client)
             client.held = []
+
+    @staticmethod
+    def _release(client: Client) -> None:
+        """The client's channel is gone (``Channel.release``): what it held goes back."""
+        for queue, entry in sorted(client.held, key=lambda h: -h[1].position):
+            queue.requeue(entry)
+        client.held = []
 
     def _cut(self) -> None:
         if self.calm:
@@ -487,10 +493,7 @@ class DatacenterSimulation(AsyncWorld):
             self.note(f"{client.dc} tx{client.key} 406: {exc}")
             client.state = "refused"
             self.counts["refused"] += 1
-            for queue, entry in client.held:  # the channel closes: its unacked entries go back
-                if not queue.deleted:
-                    queue.requeue(entry)
-            client.held = []
+            self._release(client)  # the 406 closes the channel (the transaction rolled back)
             return
 
         def commit_ok() -> None:
@@ -651,9 +654,7 @@ class DatacenterSimulation(AsyncWorld):
 
 
 def run_seed(seed: int, **kw: Any) -> SimResult:
-    import asyncio
-
-    logging.disable(logging.CRITICAL)  # the nodes' warnings and errors: the trace says
+    logging.disable(logging.CRITICAL)  # the nodes' warnings and errors: the trace tells
     shm = Path("/dev/shm")
     try:
         with tempfile.TemporaryDirectory(prefix="brokerha-dc-sim-",
