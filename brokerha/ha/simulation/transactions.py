@@ -80,7 +80,6 @@ CATCHES = ("early_ack", "no_tx_trackers")
 TRACE_TAIL = 40
 MAX_TX_CLIENTS = 3
 MAX_TMS = 2
-SETTLE_LIMIT = 120.0  # virtual seconds after the run for everything to settle
 FAULTS = Faults(rate=0.4, outage=(0.3, 4.0))
 
 def contents(broker: Broker) -> dict[str, Any]:
@@ -568,28 +567,13 @@ class TxSimulation(AsyncWorld):
 
     # -- the end of a run: calm, settle, compare ---------------------------------------------
 
-    async def finish(self) -> None:
-        self.note("--- calm: no new faults; the clients finish ---")
-        self.calm = True
-        end = self.now + SETTLE_LIMIT
-        while self.now < end:
-            await self.advance_to(self.now + 0.5)  # crashed nodes restart as scheduled
-            serving = self.serving_now
-            if serving is None or serving.primary is None:
-                continue
-            self.rejoin_timed_out(serving)
-            self.finish_clients(serving)
-            if self.settled(serving):
-                self.final_checks(serving)
-                return
-        if self.serving_now is None:
-            self.stuck = f"no primary serves within {SETTLE_LIMIT:.0f}s of calm: " + ", ".join(
-                f"{n.name} {n.election.role} epoch {n.election.epoch} at {n.election.position}"
-                for n in self.nodes.values())
-            self.note(self.stuck)
-            return
-        self.violate("never settled: " + ", ".join(
-            f"{c.kind}{c.key} {c.state}" for c in self.clients if c.state != "done"))
+    calm_note = "no new faults; the clients finish"
+
+    def settling(self, serving: SimNode) -> None:
+        self.finish_clients(serving)
+
+    def why_unsettled(self) -> str:
+        return ", ".join(f"{c.kind}{c.key} {c.state}" for c in self.clients if c.state != "done")
 
     def signature(self) -> tuple[Any, ...]:
         """What the checks read, in brief: every change of a broker's state moves its log
@@ -625,11 +609,6 @@ class TxSimulation(AsyncWorld):
                     else:
                         self.answer_xa(client, "rollback", self.xa_now(
                             serving.broker.dtx.rollback, client.obj))
-
-    def settled(self, serving: SimNode) -> bool:
-        """Every client done, every node a ready backup that acknowledged everything."""
-        return (all(c.state == "done" for c in self.clients)
-                and self.backups_settled(serving))
 
     def final_checks(self, serving: SimNode) -> None:
         expected = contents(serving.broker)

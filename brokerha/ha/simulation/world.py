@@ -66,6 +66,7 @@ from brokerha.primary.primary import Primary
 from brokerha.seed_runner import UnsafeRules
 
 TRACE_TAIL = 60
+SETTLE_LIMIT = 120.0  # virtual seconds after a run for everything to settle (AsyncWorld.finish)
 # small replication packets: a join's catch-up spans several, as a big queue's does
 EVENTS_PER_PACKET = 4
 
@@ -763,7 +764,50 @@ class AsyncWorld(World):
                          self.stuck)
 
     async def finish(self) -> None:
-        """After the faulty run: calm, let everything settle, the final checks."""
+        """After the faulty run: no new faults; within ``SETTLE_LIMIT`` virtual seconds the
+        workload settles on a serving primary and its final checks run, or the run is
+        *stuck* (liveness: ``stuck_reason``), or it never settled (a violation)."""
+        self.note(f"--- calm: {self.calm_note} ---")
+        self.calm = True
+        end = self.now + SETTLE_LIMIT
+        while self.now < end:
+            await self.advance_to(self.now + 0.5)  # crashed nodes restart as scheduled
+            serving = self.serving_now
+            if serving is None or serving.primary is None:
+                continue
+            self.rejoin_timed_out(serving)
+            self.settling(serving)
+            if self.settled(serving):
+                self.final_checks(serving)
+                return
+        self.stuck = self.stuck_reason()
+        if self.stuck is not None:
+            self.note(self.stuck)
+            return
+        self.violate("never settled: " + self.why_unsettled())
+
+    calm_note = "no new faults"
+
+    def settling(self, serving: SimNode) -> None:
+        """While the run settles: what the workload's clients still do."""
+
+    def settled(self, serving: SimNode) -> bool:
+        return not self.why_unsettled() and self.backups_settled(serving)
+
+    def why_unsettled(self) -> str:
+        """What the workload still waits for ("": nothing)."""
+        return ""
+
+    def final_checks(self, serving: SimNode) -> None:
+        """The workload's checks once everything settled."""
+
+    def stuck_reason(self) -> str | None:
+        """Why the run is stuck (nobody serves), or None."""
+        if self.serving_now is not None:
+            return None
+        return f"no primary serves within {SETTLE_LIMIT:.0f}s of calm: " + ", ".join(
+            f"{n.name} {n.election.role} epoch {n.election.epoch} at {n.election.position}"
+            for n in self.nodes.values())
 
     def spawn(self, work: Any) -> asyncio.Future[Any]:
         """A client's request as a task that waits for the broker."""
