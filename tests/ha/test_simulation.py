@@ -22,7 +22,7 @@ from brokerha.ha.simulation.confirms import (
     run_seed,
 )
 from brokerha.ha.simulation.world import SimNode
-from tests.seeds import first_failing as seeds_first_failing
+from tests.seeds import first_failing
 
 CI_SEEDS = 1000
 
@@ -63,10 +63,6 @@ def test_a_healthy_cluster_elects_once_and_confirms_everything() -> None:
     assert result.published > 0 and result.confirmed >= result.published - 1
 
 
-def first_failing(unsafe: Unsafe, seeds: range, **kw: object) -> tuple[int, str] | None:
-    return seeds_first_failing(run_seed, unsafe, seeds, **kw)
-
-
 @pytest.mark.parametrize(("rule", "invariant"), [
     ("confirm_early", "(c)"),      # ha/core.py: the quorum barrier left out
     ("early_ack", "(c)"),          # ha/core.py: a backup acks before its store synced
@@ -74,7 +70,7 @@ def first_failing(unsafe: Unsafe, seeds: range, **kw: object) -> tuple[int, str]
     ("old_epoch_apply", "(e)"),    # ha/member.py: events of an older epoch are taken
 ])
 def test_the_checker_catches_a_broken_rule_of_the_product(rule: str, invariant: str) -> None:
-    found = first_failing(Unsafe.of([rule]), range(400))
+    found = first_failing(run_seed, Unsafe.of([rule]), range(400))
     assert found is not None, f"no seed breaks an invariant with {rule} off"
     seed, violation = found
     assert violation.startswith(invariant), violation
@@ -161,7 +157,7 @@ def test_a_seed_is_reproduced_in_another_process() -> None:
 
 
 def test_a_violation_names_the_seed_and_ends_the_trace() -> None:
-    found = first_failing(Unsafe(confirm_early=True), range(400))
+    found = first_failing(run_seed, Unsafe(confirm_early=True), range(400))
     assert found is not None
     result = run_seed(found[0], unsafe=Unsafe(confirm_early=True))
     assert f"seed {found[0]}" in result.summary() and "VIOLATION" in result.summary()

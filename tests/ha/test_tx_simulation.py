@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from brokerha.ha.simulation.transactions import TRACE_TAIL, Unsafe, run_many, run_seed
-from tests.seeds import first_failing as seeds_first_failing
+from tests.seeds import first_failing
 
 CI_SEEDS = 300  # 30 virtual seconds each: about 6.5 failovers and 80 transactions a seed
 
@@ -35,10 +35,6 @@ def test_three_hundred_seeds_keep_every_transaction_atomic_agreed_and_durable() 
     assert seen["verify in doubt"] > CI_SEEDS and seen["verify rollback"] == 0
 
 
-def first_failing(unsafe: Unsafe, seeds: range, **kw: object) -> tuple[int, str] | None:
-    return seeds_first_failing(run_seed, unsafe, seeds, **kw)
-
-
 @pytest.mark.parametrize(("rule", "says"), [
     # a backup acknowledges (its yes vote included) before its store synced: it
     # crashes, comes back without the transaction, and is elected (ha/core.py)
@@ -48,7 +44,7 @@ def first_failing(unsafe: Unsafe, seeds: range, **kw: object) -> tuple[int, str]
     ("no_tx_trackers", "is reported ready but lacks"),
 ])
 def test_the_checker_catches_a_broken_rule_of_the_product(rule: str, says: str) -> None:
-    found = first_failing(Unsafe.of([rule]), range(300))
+    found = first_failing(run_seed, Unsafe.of([rule]), range(300))
     assert found is not None, f"no seed breaks an invariant with {rule} off"
     seed, violation = found
     assert says in violation, violation
@@ -56,7 +52,7 @@ def test_the_checker_catches_a_broken_rule_of_the_product(rule: str, says: str) 
 
 
 def test_a_violation_names_the_seed_and_ends_the_trace() -> None:
-    found = first_failing(Unsafe(no_tx_trackers=True), range(300))
+    found = first_failing(run_seed, Unsafe(no_tx_trackers=True), range(300))
     assert found is not None
     result = run_seed(found[0], unsafe=Unsafe(no_tx_trackers=True))
     assert result.violation is not None and result.violation.startswith(f"seed {found[0]}: ")
@@ -65,7 +61,7 @@ def test_a_violation_names_the_seed_and_ends_the_trace() -> None:
 
 
 def test_a_seed_is_reproduced_by_its_number_in_another_process() -> None:
-    found = first_failing(Unsafe(no_tx_trackers=True), range(300))
+    found = first_failing(run_seed, Unsafe(no_tx_trackers=True), range(300))
     assert found is not None
     here = run_seed(found[0], unsafe=Unsafe(no_tx_trackers=True))
     env = dict(os.environ, PYTHONHASHSEED="12345")

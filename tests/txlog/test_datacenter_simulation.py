@@ -21,7 +21,7 @@ from brokerha.txlog.simulation.datacenter import (
     run_many,
     run_seed,
 )
-from tests.seeds import first_failing as seeds_first_failing
+from tests.seeds import first_failing
 
 CI_SEEDS = 60  # 30 virtual seconds each: about 6 failovers and 130 TxLog transactions a seed
 
@@ -46,10 +46,6 @@ def test_sixty_seeds_keep_the_txlog_agreed_durable_and_applied_through_failovers
     assert seen["refused"] > 5 * CI_SEEDS and seen["unknown"] > CI_SEEDS
 
 
-def first_failing(unsafe: Unsafe, seeds: range, **kw: object) -> tuple[int, str] | None:
-    return seeds_first_failing(run_seed, unsafe, seeds, **kw)
-
-
 @pytest.mark.parametrize(("rule", "says"), [
     # the master acts on a journal record once fsynced on the primary, before A's
     # quorum holds it: a failover forgets what datacenter B heard (txlog/master/driver.py)
@@ -60,7 +56,7 @@ def first_failing(unsafe: Unsafe, seeds: range, **kw: object) -> tuple[int, str]
 ])
 def test_the_checker_catches_a_broken_rule_of_the_product(rule: str, says: str) -> None:
     assert rule in CATCHES
-    found = first_failing(Unsafe.of([rule]), range(60))
+    found = first_failing(run_seed, Unsafe.of([rule]), range(60))
     assert found is not None, f"no seed breaks an invariant with {rule} off"
     seed, violation = found
     assert says in violation, violation
@@ -76,7 +72,7 @@ def test_a_healthy_run_orders_every_commit_and_ends_with_both_datacenters_equal(
 
 
 def test_the_command_line_runs_the_txlog_workload_and_reproduces_a_seed() -> None:
-    found = first_failing(Unsafe(no_reapply=True), range(20))
+    found = first_failing(run_seed, Unsafe(no_reapply=True), range(20))
     assert found is not None
     here = run_seed(found[0], unsafe=Unsafe(no_reapply=True))
     env = dict(os.environ, PYTHONHASHSEED="4321")
