@@ -20,9 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from brokerha.cluster.ports import ADMIN_OFFSET
-from brokerha.httpapi.client import CREDENTIALS, TIMEOUT, CtlError, request
-
-__all__ = ["CREDENTIALS", "TIMEOUT", "CtlError", "admin_url", "cluster_status", "main", "request"]
+from brokerha.httpapi.client import CREDENTIALS, CtlError, request
 
 
 def admin_url(node: str) -> str:

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from brokerha.admin.ctl import CtlError, admin_url, request
+from brokerha.admin.ctl import admin_url
+from brokerha.httpapi.client import CtlError, request
 from brokerha.testing import NodeProcess, free_port
 
 
