@@ -67,7 +67,8 @@ one group commit: no node ever holds a proper subset of one.
 client can declare survives msgpack and compares byte for byte.
 
 Acknowledgements: a backup may acknowledge a run of ``d`` events late
-(``ha/core.py`` ``DEQUEUE_ACK_DELAY``), since nothing waits for a dequeue. When
+(``ha/core.py`` ``DEQUEUE_ACK_DELAY``), since nothing waits for a dequeue; the
+primary may likewise send them late (``DEQUEUE_SEND_DELAY``). When
 something does (a reply or confirm whose barrier lands right after dequeues:
 an unroutable message's confirm, a declare that changed nothing), the primary
 emits ``a``, which changes nothing on the backup and is acknowledged promptly.

@@ -15,6 +15,8 @@ durability ordering rules exist once. It owns:
   and the position covering it (with a TxLog replica, after its journal
   sync first); dequeue-only batches are acknowledged up to
   ``DEQUEUE_ACK_DELAY`` later or with the next event that needs a prompt ack;
+- the **primary's sends** (``schedule_flush``): once per loop iteration, or up
+  to ``DEQUEUE_SEND_DELAY`` later for a tail of dequeues only;
 - the **primary's position barrier** (``position_barrier``, installed in
   ``Broker.replication_barriers``): a confirm waits for the primary's own
   position covering its events to be durable; the position is recorded with
@@ -52,6 +54,10 @@ log = logging.getLogger("brokerha.ha")
 # much later (or with the next event that needs a prompt ack); until then their
 # store writes need no disk sync of their own (Backup.take_ack_due).
 DEQUEUE_ACK_DELAY = 0.01
+# The primary sends a consumer's dequeues, which nobody waits for, at most this much
+# later (or with the next event someone waits for): sent together they join into
+# fewer events, packets and socket writes (Primary.take_outbox's hold_lazy).
+DEQUEUE_SEND_DELAY = 0.005
 POSITION_KEY = "ha_position"  # [pos_epoch, pos_seq, floor_epoch, floor_seq] in the store
 
 
@@ -139,6 +145,7 @@ class HACore:
         self._ack_pending: Backup | None = None  # the Backup whose ack waits for the disk
         self._deferred_ack: Cancellable | None = None  # dequeues only (Backup.ack_due)
         self._flush_scheduled = False
+        self._lazy_flush: Cancellable | None = None  # a tail of dequeues only, sent then
         self._durable_seq = 0               # the primary's own durable position
         self._durable_waiters: list[Callable[[], None]] = []
         self._position_scheduled = False
@@ -190,6 +197,9 @@ class HACore:
                 self.broker.replication_barriers.remove(self.position_barrier)
             self.primary = None
             self._durable_waiters.clear()  # never released: their clients are disconnected
+        if self._lazy_flush is not None:
+            self._lazy_flush.cancel()
+            self._lazy_flush = None
         self.phase = "joining"
 
     def become_backup(self, epoch: int, primary: str, txlog: LayerReplica | None = None) -> bool:
@@ -245,20 +255,36 @@ class HACore:
         if self.unsafe.no_tx_trackers and msg.node in self.primary.sessions:
             self.primary.sessions[msg.node].tx_trackers.clear()
 
-    def schedule_flush(self) -> None:
+    def schedule_flush(self, lazy: bool = False) -> None:
+        """Events wait to be sent: this loop iteration, or ``DEQUEUE_SEND_DELAY`` later if
+        they are only dequeues (``lazy``)."""
         self.schedule_position()
+        if lazy:
+            if self._lazy_flush is None:
+                self._lazy_flush = self.effects.later(DEQUEUE_SEND_DELAY, self._lazy_flush_due)
+            return
+        if self._lazy_flush is not None:
+            self._lazy_flush.cancel()
+            self._lazy_flush = None
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.effects.soon(self.flush)
 
+    def _lazy_flush_due(self) -> None:
+        self._lazy_flush = None
+        self._send(hold_lazy=False)
+
     def flush(self) -> None:
-        """Send every backup what the primary has for it."""
+        """Send every backup what the primary has for it (dequeues only: when they are due)."""
         self._flush_scheduled = False
+        self._send(hold_lazy=self._lazy_flush is not None)
+
+    def _send(self, hold_lazy: bool) -> None:
         primary = self.primary
         if primary is None:
             return
         for peer in list(primary.sessions):
-            out = primary.take_outbox(peer)
+            out = primary.take_outbox(peer, hold_lazy)
             if out:
                 self.effects.send_many(peer, out)
 

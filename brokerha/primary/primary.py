@@ -63,13 +63,14 @@ class Primary(ConfigurationObserver, QueueObserver):
                  clock: Callable[[], float], backup_timeout: float,
                  replicate: str = REPLICATE_ALL,
                  policies: Sequence[ReplicationPolicy] = (),
-                 on_output: Callable[[], None] | None = None,
+                 on_output: Callable[[bool], None] | None = None,
                  tx_prepare_timeout: float = DEFAULT_TX_PREPARE_TIMEOUT,
                  events_per_packet: int = EVENTS_PER_PACKET) -> None:
         self.broker = broker
         self.events_per_packet = events_per_packet  # a replication packet's bound (and bytes)
-        # called when events wait to be sent and none did before: the I/O layer
-        # schedules one flush (take_outbox) per loop iteration from it
+        # called when events wait to be sent and none did before, with whether they
+        # are only dequeues (``lazy``): the I/O layer schedules one flush
+        # (take_outbox) per loop iteration from it, or a later one for dequeues
         self.on_output = on_output
         self.me = me
         self.members = members
@@ -81,6 +82,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         self.policies = tuple(policies)
         self.sessions: dict[str, RemoteBackup] = {}
         self._tail: list[tuple[int, Event]] = []  # emitted, not yet in the outboxes
+        self._tail_lazy = False  # the tail holds only dequeues: nobody waits for them
         self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
         self._dequeue_seq = -1  # the seq of the last dequeue event (backups ack those late)
         self._policies: dict[Queue, str] = {}
@@ -131,6 +133,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         self._waiters.clear()
         self.sessions.clear()
         self._tail.clear()
+        self._tail_lazy = False
 
     # -- policy ------------------------------------------------------------------------
 
@@ -150,12 +153,19 @@ class Primary(ConfigurationObserver, QueueObserver):
 
     # -- the log -----------------------------------------------------------------------
 
-    def _emit(self, event: Event) -> None:
+    def _emit(self, event: Event, lazy: bool = False) -> None:
+        """Append ``event`` to the log; ``lazy``: nobody waits for it (a consumer's dequeue).
+
+        A tail of lazy events only may wait (``take_outbox(hold_lazy=True)``):
+        dequeues sent together join into fewer events, packets and writes.
+        """
         self.seq += 1
         if self.sessions:
-            if not self._tail and self.on_output is not None:
-                self.on_output()
-            self._tail.append((self.seq, event))
+            tail = self._tail
+            if self.on_output is not None and (not tail or (self._tail_lazy and not lazy)):
+                self.on_output(lazy)
+            self._tail_lazy = lazy and (not tail or self._tail_lazy)
+            tail.append((self.seq, event))
 
     def emit(self, event: Event) -> int:
         """Another layer's event in this log (the TxLog's ``l*``); returns its seq.
@@ -172,6 +182,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         for session in self.sessions.values():
             session.outbox.extend(self._tail)
         self._tail = []
+        self._tail_lazy = False
 
     # -- configuration observer ----------------------------------------------------------
 
@@ -240,7 +251,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         # joined to the last event if that is a dequeue on this queue not sent yet (one seq)
         if not (tail and tail[-1][0] == self.seq
                 and ev.join_dequeue(tail[-1][1], queue, entry.position)):
-            self._emit(ev.dequeued(queue, [entry.position]))
+            self._emit(ev.dequeued(queue, [entry.position]), lazy=True)
             self._dequeue_seq = self.seq
 
     # -- transactions (tx_observer.py calls these) -----------------------------------------
@@ -446,8 +457,10 @@ class Primary(ConfigurationObserver, QueueObserver):
         if changed:
             self._release()
 
-    def take_outbox(self, node: str) -> list[Events]:
-        self._flush_tail()
+    def take_outbox(self, node: str, hold_lazy: bool = False) -> list[Events]:
+        """The packets for ``node``; ``hold_lazy``: a tail of dequeues only stays for later."""
+        if not (hold_lazy and self._tail_lazy):
+            self._flush_tail()
         session = self.sessions.get(node)
         if session is None:
             return []
