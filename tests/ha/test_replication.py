@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 
 from brokerha.cluster.replication import Events, ReplicationError, StaleEpoch
+from brokerha.cluster.state import NodeState
+from brokerha.ha.core import DEQUEUE_SEND_DELAY, HACore, PrimarySettings
 from brokerha.ha.simulation.transactions import contents
 from tests.ha.harness import Cluster, consume, publish
 
@@ -345,6 +349,76 @@ def test_backup_refuses_events_of_an_older_epoch() -> None:
         backup.receive(Events(2, backup.applied_seq + 1, [["d", "/", "q", [1]]]))
     with pytest.raises(ReplicationError):
         backup.receive(Events(4, backup.applied_seq + 1, [["d", "/", "q", [1]]]))
+
+
+def test_a_consumers_dequeues_wait_to_be_sent_and_join_until_something_else_is_emitted() -> None:
+    """Nobody waits for a dequeue: a tail of them only may be held (``hold_lazy``)."""
+    c = Cluster(2)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    backup = c.follow("n2")
+    c.pump()
+    for body in (b"a", b"b", b"c"):
+        publish(c.broker, body)
+    c.pump()
+    assert consume(c.broker.vhosts["/"].queues["q"], 2) == [b"a", b"b"]
+    assert c.primary.take_outbox("n2", hold_lazy=True) == []  # held
+    publish(c.broker, b"d")  # an event someone waits for: the tail goes with it
+    (packet,) = c.primary.take_outbox("n2", hold_lazy=True)
+    assert [e[0] for e in packet.events] == ["d", "e"]  # the two dequeues joined into one
+    assert packet.events[0][3] == [1, 2]
+    backup.receive(packet)
+    consume(c.broker.vhosts["/"].queues["q"], 1)
+    assert c.primary.take_outbox("n2", hold_lazy=True) == []
+    (packet,) = c.primary.take_outbox("n2")  # when due
+    assert [e[0] for e in packet.events] == ["d"]
+    backup.receive(packet)
+    same(c)
+
+
+def test_the_core_sends_dequeues_only_after_the_delay_or_with_the_next_event() -> None:
+    """``HACore``: a dequeue-only tail waits ``DEQUEUE_SEND_DELAY``; any other event sends it."""
+    c = Cluster(2)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    c.follow("n2")
+    c.pump()
+    timers: list[tuple[float, Callable[[], None], list[bool]]] = []
+    soon: list[Callable[[], None]] = []
+    sent: list[Events] = []
+
+    class Timer:
+        def __init__(self, cancelled: list[bool]) -> None:
+            self.cancelled = cancelled
+
+        def cancel(self) -> None:
+            self.cancelled.append(True)
+
+    def later(delay: float, callback: Callable[[], None]) -> Timer:
+        cancelled: list[bool] = []
+        timers.append((delay, callback, cancelled))
+        return Timer(cancelled)
+
+    effects = SimpleNamespace(soon=soon.append, later=later,
+                              send_many=lambda peer, out: sent.extend(out))
+    for body in (b"a", b"b"):
+        publish(c.broker, body)
+    c.pump()
+    core = HACore(c.broker, "n1", NodeState(), effects,  # type: ignore[arg-type]
+                  PrimarySettings(members=2), c.clock)
+    core.primary = c.primary
+    c.primary.on_output = core.schedule_flush
+    consume(c.broker.vhosts["/"].queues["q"], 1)
+    (delay, due, cancelled), = timers
+    assert delay == DEQUEUE_SEND_DELAY and core.flush not in soon
+    core.flush()  # e.g. after a backup's ack: the dequeue still waits
+    assert sent == []
+    due()
+    assert [e[0] for packet in sent for e in packet.events] == ["d"]
+    sent.clear()
+    consume(c.broker.vhosts["/"].queues["q"], 1)  # a new timer ...
+    publish(c.broker, b"c")                       # ... cancelled by an event someone waits for
+    assert len(timers) == 2 and timers[1][2] == [True] and core.flush in soon
+    core.flush()
+    assert [e[0] for packet in sent for e in packet.events] == ["d", "e"]
 
 
 def test_backup_refuses_a_seq_gap_and_ignores_repeats() -> None:
