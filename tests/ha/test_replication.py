@@ -402,7 +402,7 @@ def test_the_core_sends_dequeues_only_after_the_delay_or_with_the_next_event() -
     for body in (b"a", b"b"):
         publish(c.broker, body)
     c.pump()
-    core = HACore(c.broker, "n1", NodeState(), effects,  # type: ignore[arg-type]
+    core = HACore(c.broker, "n1", NodeState(), effects,
                   PrimarySettings(members=2), c.clock)
     core.primary = c.primary
     c.primary.on_output = core.schedule_flush
