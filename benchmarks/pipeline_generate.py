@@ -4,7 +4,7 @@
 
 Every master holds the same log up to ``--diverge-at``; after it the last
 ``--minority`` masters hold their own transactions (a split). Files follow
-docs/txlog-export.md exactly: sorted by position, row groups of 65,536 rows,
+docs/txlog-export.md exactly: sorted by position (operations too), row groups of 65,536 rows,
 26-character ids. Written chunk by chunk with pyarrow so 10 M rows per master
 need little memory. Post-fork dequeues of the same messages on both sides
 give replay-plan real conflicts to find.
@@ -30,6 +30,7 @@ from brokerha.pipeline.schema import (
     SYNCHRONISED,
     write_master_export,
 )
+from brokerha.txlog.master.export_schema import sort_operations
 
 CHUNK = 1 << 20
 QUEUE = "/bench"
@@ -95,6 +96,7 @@ def _side_chunk(
             "kind": pa.array(["enqueue"] * pos.size),
             "queue": pa.array([QUEUE] * pos.size),
             "message_id": msg,
+            "position": pa.array(pos, pa.int64()),
         },
         schema=OPERATIONS,
     )
@@ -112,10 +114,11 @@ def _side_chunk(
             "message_id": pc.binary_join_element_wise(
                 "m-", _ids(pa.array(["T"] * target.size), target, t_origin), ""
             ),
+            "position": pa.array(pos[deq], pa.int64()),
         },
         schema=OPERATIONS,
     )
-    return sync, pa.concat_tables([enq, deq_tab])
+    return sync, sort_operations(pa.concat_tables([enq, deq_tab]))
 
 
 def generate(

@@ -173,9 +173,10 @@ def discover(spark: SparkSession, root: str | os.PathLike[str]) -> list[MasterEx
     for f in folders:
         meta = metas.get(_path_part(join[f]), {})
         version = meta.get("schema_version", S.SCHEMA_VERSION)
-        if version != S.SCHEMA_VERSION:
+        if version not in S.READABLE_VERSIONS:
+            readable = ", ".join(map(str, S.READABLE_VERSIONS))
             raise ExportError(
-                f"{join[f]}: schema_version {version} is not supported (this pipeline reads {S.SCHEMA_VERSION})"
+                f"{join[f]}: schema_version {version} is not supported (this pipeline reads {readable})"
             )
         name = str(meta.get("master", f[0] if f else url.rstrip("/").rsplit("/", 1)[-1]))
         masters.append(MasterExport(name, join[f], meta, frozenset(_stems_at(rel, f))))

@@ -1,4 +1,4 @@
-"""The TxLog export schema (docs/txlog-export.md, version 1) as pyarrow schemas.
+"""The TxLog export schema (docs/txlog-export.md, version 2) as pyarrow schemas.
 
 Kept in one place so that the test fixtures, the benchmark generator and any
 other writer produce exactly the columns and types the contract names; the
@@ -23,7 +23,13 @@ from brokerha.txlog.master.export_schema import (  # the export contract, re-exp
     ROW_GROUP_ROWS,
     SCHEMA_VERSION,
     SYNCHRONISED,
+    place_operations,
 )
+
+#: Export versions the pipeline reads. Version 1's operations have no
+#: ``position`` (read as null: replay-plan then reads every body, not only
+#: those after the fork) and are not sorted by it.
+READABLE_VERSIONS = (1, SCHEMA_VERSION)
 
 HISTORY = pa.schema(
     [
@@ -75,21 +81,20 @@ def write_master_export(
 ) -> Path:
     """Write one ``<root>/<master>/`` export folder as the contract lays it out.
 
-    ``synchronised`` is sorted by position before writing (readers rely on it
-    for row-group skipping).
+    ``synchronised`` is sorted by position before writing and each operation
+    gets its transaction's position in it (place_operations), as the exporter
+    does: readers rely on both for row-group skipping.
     """
     folder = Path(root) / master
     folder.mkdir(parents=True, exist_ok=True)
+    sync = to_table(synchronised, SYNCHRONISED).sort_by("position")
     tables = {
-        "synchronised": synchronised,
-        "incoming": incoming,
-        "operations": operations,
-        "events": events,
+        "synchronised": sync,
+        "incoming": to_table(incoming, INCOMING),
+        "operations": place_operations(to_table(operations, OPERATIONS), sync),
+        "events": to_table(events, EVENTS),
     }
-    for stem, data in tables.items():
-        table = to_table(data, TABLES[stem])
-        if stem == "synchronised" and table.num_rows:
-            table = table.sort_by("position")
+    for stem, table in tables.items():
         pq.write_table(table, folder / f"{stem}.parquet", row_group_size=ROW_GROUP_ROWS)
     full_meta = {
         "schema_version": SCHEMA_VERSION,

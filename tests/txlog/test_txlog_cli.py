@@ -50,6 +50,6 @@ def test_export_writes_every_master_of_the_last_seed_with_a_split_and_a_rejoin(t
     kinds = set()
     for master in out.iterdir():
         meta = json.loads((master / "meta.json").read_text())
-        assert meta["master"] == master.name and meta["schema_version"] == 1
+        assert meta["master"] == master.name and meta["schema_version"] == 2
         kinds |= set(pq.read_table(master / "events.parquet").column("kind").to_pylist())
     assert {"split-detected", "vote", "rejoin"} <= kinds

@@ -40,6 +40,7 @@ CONTRACT = {
         ("kind", pa.string()),
         ("queue", pa.string()),
         ("message_id", pa.string()),
+        ("position", pa.int64()),
     ],
     "events.parquet": [
         ("master", pa.string()),
@@ -66,7 +67,7 @@ def test_every_file_has_exactly_the_contract_schema(tmp_path: Path) -> None:
     out = simulated_export(tmp_path)
     for master in sorted(out.iterdir()):
         meta = json.loads((master / "meta.json").read_text())
-        assert set(meta) == META_KEYS and meta["schema_version"] == 1
+        assert set(meta) == META_KEYS and meta["schema_version"] == 2
         assert meta["split_recovery"] in {"none", "simple", "smart"} and isinstance(meta["split"], bool)
         for name, columns in CONTRACT.items():
             schema = pq.read_schema(master / name)
@@ -93,6 +94,11 @@ def test_exports_round_trip_the_masters_logs(tmp_path: Path) -> None:
     assert {r["replay_of"] for r in replays} == renegotiated
     ops = pq.read_table(out / "dc1" / "operations.parquet").to_pylist()
     assert {o["tx_id"] for o in ops} >= {r["tx_id"] for r in tables["dc1"]}
+    # each operation carries its transaction's position in this log, and they are sorted by it
+    at = {r["tx_id"]: r["position"] for r in tables["dc1"]}
+    assert [o["position"] for o in ops] == [at.get(o["tx_id"]) for o in ops]
+    placed = [o["position"] for o in ops if o["position"] is not None]
+    assert placed == sorted(placed) and ops[: len(placed)] == [o for o in ops if o["position"] is not None]
 
 
 def test_row_groups_hold_at_most_65536_rows(tmp_path: Path) -> None:

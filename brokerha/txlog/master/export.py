@@ -25,6 +25,7 @@ from brokerha.txlog.master.export_schema import (
     ROW_GROUP_ROWS,
     SCHEMA_VERSION,
     SYNCHRONISED,
+    place_operations,
 )
 
 if TYPE_CHECKING:
@@ -91,9 +92,10 @@ def incoming_rows(src: ExportSource) -> list[dict[str, Any]]:
 
 
 def operation_rows(bodies: Iterable[TxBody]) -> list[dict[str, Any]]:
+    """One row per operation; ``position`` and the order are place_operations' work."""
     return [
         {"tx_id": b.tx_id, "seq": seq, "kind": op.kind, "queue": op.queue, "message_id": op.message_id}
-        for b in sorted(bodies, key=lambda b: b.tx_id)
+        for b in bodies
         for seq, op in enumerate(b.operations)
     ]
 
@@ -127,10 +129,13 @@ def export(src: ExportSource, out_dir: Path | str, exported_ms: int) -> Path:
         "split": src.split,
     }
     (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    synchronised = _table(SYNCHRONISED, synchronised_rows(src))
     tables = {
-        "synchronised.parquet": _table(SYNCHRONISED, synchronised_rows(src)),
+        "synchronised.parquet": synchronised,
         "incoming.parquet": _table(INCOMING, incoming_rows(src)),
-        "operations.parquet": _table(OPERATIONS, operation_rows(src.bodies.values())),
+        "operations.parquet": place_operations(
+            _table(OPERATIONS, operation_rows(src.bodies.values())), synchronised
+        ),
         "events.parquet": _table(EVENTS, event_rows(src)),
     }
     for name, table in tables.items():
