@@ -23,16 +23,25 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brokerha.pipeline.frames import few, json_field, materialise
+from brokerha.pipeline.frames import json_field, materialise
 from brokerha.pipeline.inputs import Inputs
 from brokerha.pipeline.logs import LogAnalysis, analyse, fork_position
+from brokerha.pipeline.reader import read_table
 from brokerha.pipeline.report import Section, finding_section, rows_table, write_html, write_json
+from brokerha.pipeline.session import sql_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+
+
+#: The plan's aggregations group by transaction or message id, which the map
+#: side cannot reduce (each id comes once or twice): skip the partial
+#: aggregation before their shuffle (the block digests keep it: set after them).
+SETTINGS = {"spark.sql.execution.bypassPartialAggregation": "true"}
 
 
 def main(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
@@ -45,8 +54,9 @@ def run(inputs: Inputs, out: Path) -> dict[str, Any]:
     maj = analysis.majority
     plans = []
     if maj is not None:
-        for x in maj.minority:
-            plans.append(plan_for(inputs, analysis, x, out))
+        with sql_conf(inputs.spark, SETTINGS):
+            for x in maj.minority:
+                plans.append(plan_for(inputs, analysis, x, out))
     recorded = check_recorded(inputs, analysis, out)
     disagreements = [d for p in plans for d in p["disagreements"]] + [
         d for r in recorded for d in r["disagreements"]
@@ -67,44 +77,102 @@ def run(inputs: Inputs, out: Path) -> dict[str, Any]:
     return report
 
 
-def _side(sync: DataFrame, master: str, fork: int) -> DataFrame:
-    from pyspark.sql import functions as F
+def _post_fork(sync: DataFrame, winner: str, minority: str, fork: int) -> DataFrame:
+    """Every transaction at a position >= ``fork`` in either log, once, with where each holds it.
 
-    return sync.filter((F.col("master") == master) & (F.col("position") >= fork)).select(
-        "position", "tx_id", "origin", "outcome", "replay_of"
-    )
-
-
-def _consumes(outcome: Column) -> Column:
-    """A dequeue consumed its message unless validation rejected the transaction
-    (null = not applied yet, which will consume when applied)."""
-    return outcome.isNull() | (outcome != "failed")
-
-
-def _post_fork_dequeues(inputs: Inputs, maj_post: DataFrame, min_post: DataFrame) -> DataFrame:
-    """(side, tx_id, queue, message_id) of the dequeues of both sides' consuming transactions.
-
-    Bodies come from any master's operations (each holds the bodies it
-    knows, so a row may come several times). The operations are read once for
-    both sides (one join on tx_id), not once per side.
+    One read of both logs (row groups before the fork are skipped by their
+    ``position`` statistics) and one aggregation by id: ``maj``/``min`` is the
+    (position, origin, outcome) of that side's row, null when its log lacks
+    the transaction after the fork.
     """
     from pyspark.sql import functions as F
 
-    sides = (
-        maj_post.filter(_consumes(F.col("outcome")))
-        .select("tx_id", F.lit("majority").alias("side"))
-        .unionByName(
-            min_post.filter(_consumes(F.col("outcome"))).select(
-                "tx_id", F.lit("minority").alias("side")
-            )
+    def held_by(master: str) -> Column:
+        return F.max(F.when(F.col("master") == master, F.struct("position", "origin", "outcome")))
+
+    return (
+        sync.filter(F.col("master").isin(winner, minority) & (F.col("position") >= fork))
+        .groupBy("tx_id")
+        .agg(held_by(winner).alias("maj"), held_by(minority).alias("min"))
+    )
+
+
+def _only(post: DataFrame, side: str, other: str) -> DataFrame:
+    """(position, tx_id, origin) of the transactions after the fork that only ``side`` holds."""
+    from pyspark.sql import functions as F
+
+    return post.filter(F.col(side).isNotNull() & F.col(other).isNull()).select(
+        F.col(f"{side}.position").alias("position"),
+        "tx_id",
+        F.col(f"{side}.origin").alias("origin"),
+    )
+
+
+def _consumes(side: str) -> Column:
+    """The side holds the transaction after the fork and its dequeues consumed their
+    messages: unless validation rejected it (null = not applied yet, which will consume)."""
+    from pyspark.sql import functions as F
+
+    outcome = F.col(f"{side}.outcome")
+    return F.col(side).isNotNull() & (outcome.isNull() | (outcome != "failed"))
+
+
+def _dequeues_after(
+    inputs: Inputs, analysis: LogAnalysis, sides: tuple[str, str], fork: int
+) -> DataFrame:
+    """(tx_id, queue, message_id) of every master's dequeues that may belong to a
+    transaction after the fork of ``sides``.
+
+    Bodies come from any master's operations (each holds the bodies it knows,
+    so a row may come several times). Each operation carries its
+    transaction's position in its master's own log; below both the fork and
+    that log's first difference with either side, that position holds a
+    transaction of the common prefix, so those row groups are skipped by their
+    ``position`` statistics. Bodies of transactions outside the master's log
+    (null position, as for every row of a version-1 export) are always read.
+    """
+    from pyspark.sql import functions as F
+
+    frames = []
+    for m in inputs.masters:
+        forks = (fork_position(analysis.pairs, m.name, s) for s in sides if s != m.name)
+        start = min([fork, *(p for p in forks if p is not None)])
+        position = F.col("position")
+        frames.append(
+            read_table(inputs.spark, [m], "operations")
+            .filter((F.col("kind") == "dequeue") & (position.isNull() | (position >= start)))
+            .select("tx_id", "queue", "message_id")
+        )
+    return reduce(lambda a, b: a.unionByName(b), frames)
+
+
+def _conflicts(deq: DataFrame) -> DataFrame:
+    """(message_id, queue, majority_tx, minority_tx) per message dequeued on both sides.
+
+    ``deq`` holds (tx_id, queue, message_id, maj, min) and is read twice: one
+    numeric aggregation by message finds the messages dequeued on both sides
+    (few), then only their rows are paired.
+    """
+    from pyspark.sql import functions as F
+
+    both = (
+        deq.groupBy("message_id")
+        .agg(F.max(F.col("maj").cast("int")).alias("a"), F.max(F.col("min").cast("int")).alias("b"))
+        .filter((F.col("a") == 1) & (F.col("b") == 1))
+        .select("message_id")
+    )
+    mine = deq.join(both, "message_id")
+    return (
+        mine.filter(F.col("maj"))
+        .select("message_id", "queue", F.col("tx_id").alias("majority_tx"))
+        .dropDuplicates(["message_id", "majority_tx"])
+        .join(
+            mine.filter(F.col("min"))
+            .select("message_id", F.col("tx_id").alias("minority_tx"))
+            .distinct(),
+            "message_id",
         )
     )
-    ops = (
-        inputs.table("operations")
-        .filter(F.col("kind") == "dequeue")
-        .select("tx_id", "queue", "message_id")
-    )
-    return ops.join(sides, "tx_id")
 
 
 def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) -> dict[str, Any]:
@@ -116,54 +184,35 @@ def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) ->
     fork = fork_position(analysis.pairs, winner, minority)
     assert fork is not None, "a minority master always diverges from the majority log"
     sync = inputs.sync
-    maj_post = _side(sync, winner, fork).cache()
-    min_post = _side(sync, minority, fork).cache()
+    spark = sync.sparkSession
+    post = _post_fork(sync, winner, minority, fork).cache()
     base = out / "plans" / minority
 
-    replay = maj_post.join(min_post.select("tx_id"), "tx_id", "left_anti").select(
-        "position", "tx_id", "origin"
+    n_replay, replay_sample = materialise(
+        _only(post, "maj", "min"), base / "replay.parquet", ["position"]
     )
-    n_replay, replay_sample = materialise(replay, base / "replay.parquet", ["position"])
-
     renegotiated = sync.filter((F.col("master") == winner) & F.col("replay_of").isNotNull()).select(
         F.col("replay_of").alias("tx_id"),
         F.col("tx_id").alias("new_tx_id"),
         F.col("outcome").alias("new_outcome"),
     )
-    renegotiate = (
-        min_post.join(maj_post.select("tx_id"), "tx_id", "left_anti")
-        .select("position", "tx_id", "origin")
-        .join(renegotiated, "tx_id", "left")
-    )
+    renegotiate = _only(post, "min", "maj").join(renegotiated, "tx_id", "left")
     n_reneg, reneg_sample = materialise(renegotiate, base / "renegotiate.parquet", ["position"])
 
-    deq = _post_fork_dequeues(inputs, maj_post, min_post).cache()
-    # messages dequeued on both sides: one numeric aggregation, then only their rows
-    both = few(
-        deq.groupBy("message_id")
-        .agg(
-            F.max((F.col("side") == "majority").cast("int")).alias("maj"),
-            F.max((F.col("side") == "minority").cast("int")).alias("min"),
-        )
-        .filter((F.col("maj") == 1) & (F.col("min") == 1))
-        .select("message_id")
+    consuming = post.select(
+        "tx_id", _consumes("maj").alias("maj"), _consumes("min").alias("min")
+    ).filter(F.col("maj") | F.col("min"))
+    deq = (
+        _dequeues_after(inputs, analysis, (winner, minority), fork).join(consuming, "tx_id").cache()
     )
-    mine = deq.join(both, "message_id").dropDuplicates(["side", "tx_id", "message_id"])
-    conflicts = (
-        mine.filter(F.col("side") == "majority")
-        .select("message_id", "queue", F.col("tx_id").alias("majority_tx"))
-        .join(
-            mine.filter(F.col("side") == "minority").select(
-                "message_id", F.col("tx_id").alias("minority_tx")
-            ),
-            "message_id",
-        )
-        .join(renegotiated.withColumnRenamed("tx_id", "minority_tx"), "minority_tx", "left")
+    conflicts = _conflicts(deq).join(
+        renegotiated.withColumnRenamed("tx_id", "minority_tx"), "minority_tx", "left"
     )
     n_conf, conf_sample = materialise(
         conflicts, base / "conflicts.parquet", ["message_id", "minority_tx"]
     )
-    spark = sync.sparkSession
+    for cached in (post, deq):
+        cached.unpersist()
     # a conflicting minority tx, once renegotiated, must fail validation everywhere
     committed_conflicts = (
         spark.read.parquet(str(base / "conflicts.parquet"))
@@ -179,9 +228,8 @@ def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) ->
     )
 
     strategy = inputs.meta(minority).split_recovery
+    replay = spark.read.parquet(str(base / "replay.parquet"))
     compare = compare_recorded(inputs, minority, winner, fork, replay, strategy, analysis)
-    for cached in (maj_post, min_post, deq):
-        cached.unpersist()
     disagreements = compare.pop("disagreements")
     disagreements += [
         {"master": minority, "what": "conflicting transaction renegotiated but committed", **row}

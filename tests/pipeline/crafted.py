@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from brokerha.pipeline.schema import write_history, write_master_export
 
 QUEUE = "/orders"
@@ -144,6 +146,20 @@ def write_split(root: Path, *, recovered_events: bool = False, wrong_replay: boo
         events=events,
         meta=members,
     )
+    return root
+
+
+def as_version_1(root: Path) -> Path:
+    """Rewrite every export under ``root`` as schema version 1 wrote it: operations
+    without ``position``, sorted by transaction id."""
+    for folder in root.iterdir():
+        ops = pq.read_table(folder / "operations.parquet").drop_columns(["position"])
+        pq.write_table(
+            ops.sort_by([("tx_id", "ascending"), ("seq", "ascending")]),
+            folder / "operations.parquet",
+        )
+        meta = json.loads((folder / "meta.json").read_text())
+        (folder / "meta.json").write_text(json.dumps({**meta, "schema_version": 1}))
     return root
 
 

@@ -120,6 +120,15 @@ def test_replay_plan_for_crafted_split(spark: Any, tmp_path: Path) -> None:
     assert (tmp_path / "out" / "plans" / "dc3" / "replay.parquet").is_dir()
 
 
+def test_replay_plan_reads_version_1_exports(spark: Any, tmp_path: Path) -> None:
+    """Operations without ``position`` (schema version 1) are all read: the same plan."""
+    now = replay.run(Inputs.load(spark, crafted.write_split(tmp_path / "v2")), tmp_path / "o2")
+    old_root = crafted.as_version_1(crafted.write_split(tmp_path / "v1"))
+    old = replay.run(Inputs.load(spark, old_root), tmp_path / "o1")
+    assert old["plans"][0]["conflicts"]["count"] == 1
+    assert {**old, "input": None} == {**now, "input": None}
+
+
 def test_replay_plan_reports_what_brokers_did_wrong(spark: Any, tmp_path: Path) -> None:
     good = replay.run(
         Inputs.load(spark, crafted.write_split(tmp_path / "ok", recovered_events=True)),
