@@ -193,7 +193,7 @@ def main(args: argparse.Namespace) -> int:
         format=f"%(asctime)s %(levelname)s [{cfg.name}] %(name)s: %(message)s",
     )
     from brokerha.admin.endpoints import install as install_admin_api
-    from brokerha.node.server import Node
+    from brokerha.node.server import Node, tune_gc
     from brokerha.store.sql import StoreError
 
     async def run() -> int:
@@ -203,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
             from brokerha.node.ha import HANode
 
             node.ha = HANode(node, cluster)
-        await node.run_until_stopped()
+        await node.run_until_stopped(after_start=tune_gc)  # recovered state frozen too
         return node.exit_code
 
     try:

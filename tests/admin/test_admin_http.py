@@ -12,6 +12,7 @@ import pytest
 
 from brokerha.admin.ctl import admin_url
 from brokerha.httpapi.client import CtlError, request
+from brokerha.node.server import GC_THRESHOLDS
 from brokerha.testing import NodeProcess, free_port
 
 
@@ -42,6 +43,8 @@ def test_status_of_a_standalone_node(node: tuple[NodeProcess, str]) -> None:
     (entry,) = status["nodes"]
     assert entry["name"] == "adm" and entry["role"] == "standalone"
     assert entry["pid"] == proc.proc.pid and entry["amqp_url"].endswith(f":{proc.port}")
+    # the node's process tuned its cyclic GC once started (node/server.py tune_gc)
+    assert entry["gc"]["thresholds"] == list(GC_THRESHOLDS) and entry["gc"]["frozen"] > 10_000
     human = ctl("--node", base, "status")
     assert "adm" in human.stdout and "standalone" in human.stdout
 
