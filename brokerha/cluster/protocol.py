@@ -125,6 +125,7 @@ class PacketCodec:
         out: list[tuple[int, Message]] = []
         pos = 0
         end = len(buf)
+        view = memoryview(buf)  # msgpack decodes in place: no copy of a packet
         try:
             while end - pos >= 4 and (limit is None or len(out) < limit):
                 (size,) = _HEADER.unpack_from(buf, pos)
@@ -133,12 +134,17 @@ class PacketCodec:
                                         f"{self.max_packet}")
                 if end - pos - 4 < size:
                     break
-                out.append(self._decode(bytes(buf[pos + 4:pos + 4 + size])))
+                packet = view[pos + 4:pos + 4 + size]
+                try:
+                    out.append(self._decode(packet))
+                finally:
+                    packet.release()  # also when an error's traceback still holds it
                 pos += 4 + size
         except ProtocolError as exc:
             exc.decoded = out
             raise
         finally:
+            view.release()
             del buf[:pos]
         return out
 
@@ -147,7 +153,7 @@ class PacketCodec:
         return bytes(self._buf)
 
     @staticmethod
-    def _decode(body: bytes) -> tuple[int, Message]:
+    def _decode(body: bytes | memoryview) -> tuple[int, Message]:
         try:
             obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated types
