@@ -97,6 +97,40 @@ def test_content_split_at_frame_max_and_reassembles(body: bytes, frame_max: int)
         assert data == expected
 
 
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 3, 8]), st.integers(0, 3), st.binary(max_size=300)),
+                max_size=12),
+       st.lists(st.integers(0, 4000), max_size=8))
+def test_frames_read_in_any_pieces_are_the_frames_written(
+        written: list[tuple[int, int, bytes]], cuts: list[int]) -> None:
+    """Reads end anywhere: inside a header, a payload, right before the end octet."""
+    data = b"".join(F.encode_frame(t, ch, payload) for t, ch, payload in written)
+    reader = F.FrameReader(4096)
+    got = []
+    bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        reader.feed(data[a:b])
+        got += [(f.type, f.channel, f.payload) for f in reader.frames()]
+    assert got == written and reader.buffered() == 0
+
+
+def test_an_oversized_frame_is_refused_as_soon_as_its_header_is_read_even_mid_stream() -> None:
+    reader = F.FrameReader(4096)
+    ok = F.encode_frame(1, 1, b"x" * 10)
+    reader.feed(ok[:5])
+    assert reader.frames() == []
+    reader.feed(ok[5:] + F.encode_frame(3, 1, b"y" * 5000)[:9])
+    with pytest.raises(FrameError, match="exceeds negotiated frame_max"):
+        reader.frames()
+    reader = F.FrameReader(4096)
+    reader.feed(ok[:3])
+    assert reader.frames() == []
+    reader.feed(ok[3:] + b"\x03\x00\x01")  # the next header cut off, then completed
+    assert len(reader.frames()) == 1
+    reader.feed(b"\x00\x00\x20\x00z")
+    with pytest.raises(FrameError, match="exceeds negotiated frame_max"):
+        reader.frames()
+
+
 def test_reader_waits_for_the_end_octet() -> None:
     reader = F.FrameReader(4096)
     data = F.encode_frame(1, 1, b"\x00\x3c\x00\x28")
