@@ -149,29 +149,22 @@ def _dequeues_after(
 def _conflicts(deq: DataFrame) -> DataFrame:
     """(message_id, queue, majority_tx, minority_tx) per message dequeued on both sides.
 
-    ``deq`` holds (tx_id, queue, message_id, maj, min) and is read twice: one
-    numeric aggregation by message finds the messages dequeued on both sides
-    (few), then only their rows are paired.
+    ``deq`` holds (tx_id, queue, message_id, maj, min): one aggregation by
+    message lists each side's transactions (without repeats: a body may come
+    from several masters), then only the messages with both are paired.
     """
     from pyspark.sql import functions as F
 
-    both = (
-        deq.groupBy("message_id")
-        .agg(F.max(F.col("maj").cast("int")).alias("a"), F.max(F.col("min").cast("int")).alias("b"))
-        .filter((F.col("a") == 1) & (F.col("b") == 1))
-        .select("message_id")
-    )
-    mine = deq.join(both, "message_id")
+    def listed(side: str, what: Column) -> Column:
+        return F.array_distinct(F.collect_list(F.when(F.col(side), what)))
+
+    majority = F.struct(F.col("tx_id").alias("majority_tx"), "queue")
     return (
-        mine.filter(F.col("maj"))
-        .select("message_id", "queue", F.col("tx_id").alias("majority_tx"))
-        .dropDuplicates(["message_id", "majority_tx"])
-        .join(
-            mine.filter(F.col("min"))
-            .select("message_id", F.col("tx_id").alias("minority_tx"))
-            .distinct(),
-            "message_id",
-        )
+        deq.groupBy("message_id")
+        .agg(listed("maj", majority).alias("majs"), listed("min", F.col("tx_id")).alias("mins"))
+        .filter((F.size("majs") > 0) & (F.size("mins") > 0))
+        .select("message_id", F.explode("majs").alias("m"), "mins")
+        .select("message_id", "m.queue", "m.majority_tx", F.explode("mins").alias("minority_tx"))
     )
 
 
@@ -211,8 +204,7 @@ def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) ->
     n_conf, conf_sample = materialise(
         conflicts, base / "conflicts.parquet", ["message_id", "minority_tx"]
     )
-    for cached in (post, deq):
-        cached.unpersist()
+    post.unpersist()
     # a conflicting minority tx, once renegotiated, must fail validation everywhere
     committed_conflicts = (
         spark.read.parquet(str(base / "conflicts.parquet"))
