@@ -20,16 +20,15 @@ if TYPE_CHECKING:
 def materialise(
     df: DataFrame, path: Path, order_by: list[str], sample: int = SAMPLE_ROWS
 ) -> tuple[int, list[dict[str, Any]]]:
-    """Write ``df`` to ``path`` (Parquet dir); return (row count, first rows by ``order_by``)."""
+    """Write ``df`` to ``path`` (Parquet dir); return (row count, first rows by ``order_by``).
+
+    Findings are usually fewer than a sample: then the sample is all of them
+    and no separate count runs.
+    """
     df.write.mode("overwrite").parquet(str(path))
     back = df.sparkSession.read.parquet(str(path))
-    count = back.count()
-    rows = (
-        [r.asDict(recursive=True) for r in back.orderBy(*order_by).limit(sample).collect()]
-        if count
-        else []
-    )
-    return count, rows
+    rows = [r.asDict(recursive=True) for r in back.orderBy(*order_by).limit(sample).collect()]
+    return (len(rows) if len(rows) < sample else back.count()), rows
 
 
 #: A key set up to this many rows is broadcast to the join that re-reads its

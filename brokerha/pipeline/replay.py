@@ -52,12 +52,13 @@ def main(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
 def run(inputs: Inputs, out: Path) -> dict[str, Any]:
     analysis = analyse(inputs.sync, inputs.names)
     maj = analysis.majority
+    rejoins = _last_rejoins(inputs)
     plans = []
     if maj is not None:
         with sql_conf(inputs.spark, SETTINGS):
             for x in maj.minority:
-                plans.append(plan_for(inputs, analysis, x, out))
-    recorded = check_recorded(inputs, analysis, out)
+                plans.append(plan_for(inputs, analysis, x, out, rejoins.get(x)))
+    recorded = check_recorded(inputs, analysis, out, rejoins)
     disagreements = [d for p in plans for d in p["disagreements"]] + [
         d for r in recorded for d in r["disagreements"]
     ]
@@ -168,8 +169,15 @@ def _conflicts(deq: DataFrame) -> DataFrame:
     )
 
 
-def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) -> dict[str, Any]:
-    """The plan for one minority master, and how its recorded recovery compares."""
+def plan_for(
+    inputs: Inputs,
+    analysis: LogAnalysis,
+    minority: str,
+    out: Path,
+    rejoin: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The plan for one minority master, and how its recorded recovery compares
+    (``rejoin``: its latest recorded rejoin, see _last_rejoins)."""
     from pyspark.sql import functions as F
 
     assert analysis.majority is not None
@@ -221,7 +229,7 @@ def plan_for(inputs: Inputs, analysis: LogAnalysis, minority: str, out: Path) ->
 
     strategy = inputs.meta(minority).split_recovery
     replay = spark.read.parquet(str(base / "replay.parquet"))
-    compare = compare_recorded(inputs, minority, winner, fork, replay, strategy, analysis)
+    compare = compare_recorded(inputs, minority, winner, fork, replay, strategy, analysis, rejoin)
     disagreements = compare.pop("disagreements")
     disagreements += [
         {"master": minority, "what": "conflicting transaction renegotiated but committed", **row}
@@ -264,17 +272,20 @@ def _events(inputs: Inputs, master: str, kind: str) -> DataFrame:
     return ev.filter((F.col("master") == master) & (F.col("kind") == kind))
 
 
-def _last_rejoin(inputs: Inputs, master: str) -> dict[str, Any] | None:
-    """The latest ``rejoin`` event of ``master`` (events are few: collected)."""
-    rows = _events(inputs, master, "rejoin").orderBy("at_ms", ascending=False).limit(1).collect()
-    if not rows:
-        return None
-    detail = json.loads(rows[0]["detail"] or "{}")
-    return {
-        "at_ms": rows[0]["at_ms"],
-        "winner": detail.get("winner"),
-        "common_prefix": detail.get("common_prefix"),
-    }
+def _last_rejoins(inputs: Inputs) -> dict[str, dict[str, Any]]:
+    """Every master's latest ``rejoin`` event (rejoins are few: one collect for all)."""
+    from pyspark.sql import functions as F
+
+    rows = inputs.table("events").filter(F.col("kind") == "rejoin").collect()
+    out: dict[str, dict[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: r["at_ms"]):
+        detail = json.loads(row["detail"] or "{}")
+        out[row["master"]] = {
+            "at_ms": row["at_ms"],
+            "winner": detail.get("winner"),
+            "common_prefix": detail.get("common_prefix"),
+        }
+    return out
 
 
 def _replayed(inputs: Inputs, master: str, since_ms: int) -> DataFrame:
@@ -297,17 +308,16 @@ def compare_recorded(
     replay: DataFrame,
     strategy: str,
     analysis: LogAnalysis,
+    rejoin: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """Compare the plan with the minority's recorded rejoin/replay events."""
-    rejoin = _last_rejoin(inputs, minority)
+    """Compare the plan with the minority's recorded ``rejoin`` and replay events."""
     issues: list[dict[str, Any]] = []
 
     def issue(what: str, **kw: Any) -> None:
         issues.append({"master": minority, "what": what, **kw})
 
     if rejoin is None:
-        replayed_any = _events(inputs, minority, "replay").limit(1).count()
-        if strategy == "none" and replayed_any:
+        if strategy == "none" and _events(inputs, minority, "replay").limit(1).count():
             issue("strategy is none but the master replayed transactions")
         return {
             "status": "pending (no rejoin recorded yet)",
@@ -357,7 +367,9 @@ def compare_recorded(
     }
 
 
-def check_recorded(inputs: Inputs, analysis: LogAnalysis, out: Path) -> list[dict[str, Any]]:
+def check_recorded(
+    inputs: Inputs, analysis: LogAnalysis, out: Path, rejoins: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Check recoveries the brokers recorded for masters no longer diverging.
 
     Their pre-recovery log is gone, so the plan cannot be recomputed; what can
@@ -374,7 +386,7 @@ def check_recorded(inputs: Inputs, analysis: LogAnalysis, out: Path) -> list[dic
     sync = inputs.sync
     results = []
     for name in maj.supporters:
-        rejoin = _last_rejoin(inputs, name)
+        rejoin = rejoins.get(name)
         if rejoin is None:
             continue
         issues: list[dict[str, Any]] = []
