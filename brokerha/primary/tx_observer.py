@@ -1,23 +1,33 @@
 """PrimaryTxObserver (seed 002): every TX and DTX transaction, replicated through a tx-queue.
 
 The Primary registers a ``PrimaryTxObserverFactory`` with the broker; each
-transaction gets a ``PrimaryTxObserver`` that pushes its operations onto its
-tx-queue (``brokerha.primary.tx_queue``) as they happen:
+transaction gets a ``PrimaryTxObserver``. An XA branch pushes its operations
+onto its tx-queue (``brokerha.primary.tx_queue``) as they happen, since its
+backups must hold them to vote:
 
 - publish: a ``te`` event (one per message, listing its replicated queues);
 - accept: a ``td`` event per queue (positions are replication ids already);
-- prepare of an XA branch (dtx prepare): close the tx-queue, send ``tp``, and
-  complete asynchronously with the backups' votes -- the event loop never
-  waits. A TX (tx.commit) has no vote round: its ``tc`` below is the whole
-  transaction, applied atomically by each backup, and ``tx.commit-ok`` waits
-  for the same quorum of acknowledgements of it as a confirm does, so one
-  backup round trip per commit is enough (docs/ha.md, "One round trip for
-  TX");
+- prepare (dtx prepare): close the tx-queue, send ``tp``, and complete
+  asynchronously with the backups' votes -- the event loop never waits.
+
+A TX (tx.commit) has no vote round: its ``tc`` below is the whole transaction,
+applied atomically by each backup, and ``tx.commit-ok`` waits for the same
+quorum of acknowledgements of it as a confirm does, so one backup round trip
+per commit is enough (docs/ha.md, "One round trip for TX"). So a TX sends
+its publishes with its commit: the ``tc`` carries their content (``e`` ops,
+right after the ``tb`` if nothing opened the tx-queue before); only a message
+routed to several replicated queues goes once as a ``te`` the ``tc`` refers to.
+A ``te`` per message ahead of the commit cost each backup a buffered copy, an
+event and a record per message, for nothing it could use before the ``tc``.
+Its accepts still go as ``td`` events when they happen: the backup checks
+before the commit that it holds what the client acknowledged.
+
 - applying/commit: the Primary captures what the local commit does to the
   replicated queues (enqueues with their new positions, dequeues, and side
   effects such as dead letters) instead of sending ``e``/``d`` events (the
-  skip set), and sends it all as one ``tc`` event;
-- rollback: ``tr``.
+  skip set), and sends it all as one ``tc`` event (an XA branch's enqueues
+  refer to its ``te`` events: ``o`` ops);
+- rollback: ``tr`` (a TX rolled back sent nothing, so it sends nothing).
 
 A transaction that touches no replicated queue creates no tx-queue.
 """
@@ -88,6 +98,7 @@ class PrimaryTxObserver(TransactionObserver):
         self.xid = xid
         self.queue: TxQueue | None = None
         self._last: tuple[Message, R.TxEnqueue] | None = None  # the last te, for more queues
+        self._at_commit = False  # a TX published to a replicated queue: its content in its tc
 
     def _tx_queue(self) -> TxQueue:
         if self.queue is None:
@@ -97,9 +108,21 @@ class PrimaryTxObserver(TransactionObserver):
 
     # -- the transaction's operations ------------------------------------------------------
 
+    def _replicated_at_commit(self) -> None:
+        """A TX published to a replicated queue: named now, the content sent in its ``tc``."""
+        self._at_commit = True
+        self.transaction.replication_id = self.name
+
     def publish(self, queue: Queue, message: Message) -> None:
         if not self.primary.messages_replicated(queue):
             return
+        if self.xid is None:
+            self._replicated_at_commit()
+            return
+        self._send_content(queue, message)
+
+    def _send_content(self, queue: Queue, message: Message) -> None:
+        """A ``te`` for ``message`` (or ``queue`` added to the one just sent for it)."""
         last = self._last
         if last is not None and last[0] is message:
             last[1].queues.append(queue.name)  # the same publish, another queue: not sent yet
@@ -147,6 +170,15 @@ class PrimaryTxObserver(TransactionObserver):
         return await future
 
     def applying(self) -> None:
+        if self._at_commit:
+            self._tx_queue()  # tb, right before its tc (unless a td opened it)
+            # a message for several queues still goes once, as a te the tc refers to
+            for queues, message in self.transaction.publishes:
+                replicated = [q for q in queues if self.primary.messages_replicated(q)]
+                if len(replicated) > 1:
+                    for queue in replicated:
+                        self._send_content(queue, message)
+            self._last = None
         if self.queue is not None:
             self.primary.tx_capture(self.queue)
 

@@ -138,15 +138,50 @@ def test_a_backup_receives_each_tx_message_body_once() -> None:
 
 def test_tx_rollback_leaves_nothing_on_any_backup() -> None:
     async def scenario() -> None:
-        c = joined(2, "n2")
-        tx = tx_work(c, "a")
+        c = joined(2, "n2", old=[b"old"])
+        tx = tx_work(c, "a", take=1)
         c.pump()
+        # the accept went ahead as a td (the backup checks it at the commit), opening it
         assert c.node("n2").backup.transactions.buffers  # type: ignore[union-attr]
         tx.rollback()
         c.pump()
-        same(c)
         assert c.node("n2").backup.transactions.buffers == {}  # type: ignore[union-attr]
-        assert bodies(c.node("n2").broker, "q1") == []
+        assert bodies(c.node("n2").broker, "q1") == bodies(c.node("n2").broker, "q2") == []
+        assert bodies(c.node("n2").broker, "q3") == [b"old"]  # still the client's (unacked)
+
+    run(scenario())
+
+
+def test_a_tx_sends_nothing_before_its_commit_and_then_its_messages_inside_the_tc() -> None:
+    """A TX has no vote round: its publishes travel in its tc, right after its tb."""
+    async def scenario() -> None:
+        c = joined(2, "n2")
+        sent: list[Any] = []
+        take = c.primary.take_outbox
+
+        def spy(node: str) -> list[Any]:
+            packets = take(node)
+            sent.extend(e for p in packets for e in p.events)
+            return packets
+
+        c.primary.take_outbox = spy  # type: ignore[method-assign]
+        tx = c.broker.new_transaction()
+        for i in range(3):
+            queues, msg = route(c.broker, b"one-%d" % i, rk="q3", persistent=True)
+            tx.publish(queues, msg)
+        c.pump()
+        assert sent == [] and c.node("n2").backup.transactions.buffers == {}  # type: ignore[union-attr]
+        rolled = c.broker.new_transaction()
+        queues, msg = route(c.broker, b"never", rk="q3", persistent=True)
+        rolled.publish(queues, msg)
+        rolled.rollback()  # nothing was sent for it: nothing to send now
+        await settle(c, tx.commit())
+        assert [e[0] for e in sent] == ["tb", "tc"]
+        commit = sent[-1]
+        assert [op[0] for op in commit[3]] == [R.ENQUEUED] * 3  # the content, once each
+        assert [op[7] for op in commit[3]] == [b"one-0", b"one-1", b"one-2"]
+        same(c)
+        assert bodies(c.node("n2").broker, "q3") == [b"one-0", b"one-1", b"one-2"]
 
     run(scenario())
 
@@ -282,8 +317,8 @@ def test_a_prepare_without_every_vote_times_out() -> None:
 
 def test_a_backup_that_joins_while_a_tx_is_open_is_in_it() -> None:
     async def scenario() -> None:
-        c = joined(3, "n2")
-        tx = tx_work(c, "a")
+        c = joined(3, "n2", old=[b"old"])
+        tx = tx_work(c, "a", take=1)  # its accept (a td) opens the tx-queue before the commit
         c.pump()
         c.follow("n3")  # the tx-queue is open: n3 receives it and is in the transaction
         c.pump()

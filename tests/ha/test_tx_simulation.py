@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -37,8 +38,10 @@ def test_three_hundred_seeds_keep_every_transaction_atomic_agreed_and_durable() 
 
 @pytest.mark.parametrize(("rule", "says"), [
     # a backup acknowledges (its yes vote included) before its store synced: it
-    # crashes, comes back without the transaction, and is elected (ha/core.py)
-    ("early_ack", "not committed on the primary"),
+    # crashes, comes back without the transaction, and is elected (ha/core.py); or,
+    # without the prepared record, holds a committed branch in doubt for good
+    ("early_ack", "not committed on the primary|is reported ready but lacks|"
+                  "never settled: .* TxTrackers"),
     # no TxTrackers: a backup that joined during the prepare is ready without the
     # commit (ha/core.py)
     ("no_tx_trackers", "is reported ready but lacks"),
@@ -47,7 +50,7 @@ def test_the_checker_catches_a_broken_rule_of_the_product(rule: str, says: str) 
     found = first_failing(run_seed, Unsafe.of([rule]), range(300))
     assert found is not None, f"no seed breaks an invariant with {rule} off"
     seed, violation = found
-    assert says in violation, violation
+    assert re.search(says, violation), violation
     assert run_seed(seed).violation is None  # the same seed, the rule kept: no violation
 
 

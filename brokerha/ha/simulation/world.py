@@ -503,17 +503,24 @@ class World:
 
     def backups_settled(self, serving: SimNode) -> bool:
         """Every other node a live, ready backup that acknowledged everything; no sync due."""
+        return not self.backups_unsettled(serving)
+
+    def backups_unsettled(self, serving: SimNode) -> str:
+        """What keeps ``backups_settled`` false ("": nothing)."""
         primary = serving.primary
         assert primary is not None
         for name in self.names:
             if name == serving.name:
                 continue
             session = primary.sessions.get(name)
-            if session is None or not session.ready or session.progress < primary.seq:
-                return False
+            if session is None:
+                return f"{name} has not joined {serving.name}"
+            if not session.ready or session.progress < primary.seq:
+                return (f"{name} acknowledged {session.progress} of {primary.seq} (ready: "
+                        f"{session.ready}, {len(session.tx_trackers)} TxTrackers)")
             if not self.nodes[name].alive or self.nodes[name].store.waiting:
-                return False
-        return not serving.store.waiting
+                return f"{name} is down or its store has a sync due"
+        return f"{serving.name}'s store has a sync due" if serving.store.waiting else ""
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -784,7 +791,10 @@ class AsyncWorld(World):
         if self.stuck is not None:
             self.note(self.stuck)
             return
-        self.violate("never settled: " + self.why_unsettled())
+        serving = self.serving_now
+        self.violate("never settled: " + (self.why_unsettled() or (
+            self.backups_unsettled(serving) if serving is not None and serving.primary is not None
+            else "")))
 
     calm_note = "no new faults"
 
