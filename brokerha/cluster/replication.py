@@ -58,7 +58,8 @@ backup (``brokerha/backup/tx_buffer.py``); ``tc`` carries, in one event, the
 whole effect of the local commit: ``ops`` is a list of
 ``["r", vhost, queue, position, index, expires_in_ms]`` (enqueue of the
 ``index``-th ``te`` message: its content is not sent twice -- the skip set),
-``e`` events (enqueues of content the tx-queue does not hold: dead letters)
+``e`` events (enqueues of content the tx-queue does not hold: a TX's own
+publishes, which it sends only with its commit, and dead letters)
 and ``d`` events (dequeues), in the order the primary applied them. A backup
 applies one event in one loop callback, so its store writes a transaction in
 one group commit: no node ever holds a proper subset of one.
