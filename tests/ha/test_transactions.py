@@ -110,18 +110,24 @@ def test_a_committed_tx_reaches_every_backup_whole_at_every_seq_boundary() -> No
     run(scenario())
 
 
+def sent_events(c: Cluster) -> list[Any]:
+    """Every event the primary sends from now on, in order (its outbox spied on)."""
+    sent: list[Any] = []
+    take = c.primary.take_outbox
+
+    def spy(node: str, hold_lazy: bool = False) -> list[Any]:
+        packets = take(node, hold_lazy)
+        sent.extend(e for p in packets for e in p.events)
+        return packets
+
+    c.primary.take_outbox = spy  # type: ignore[method-assign]
+    return sent
+
+
 def test_a_backup_receives_each_tx_message_body_once() -> None:
     async def scenario() -> None:
         c = joined(2, "n2")
-        sent: list[Any] = []
-        take = c.primary.take_outbox
-
-        def spy(node: str) -> list[Any]:
-            packets = take(node)
-            sent.extend(e for p in packets for e in p.events)
-            return packets
-
-        c.primary.take_outbox = spy  # type: ignore[method-assign]
+        sent = sent_events(c)
         await settle(c, tx_work(c, "a", n=5).commit())
         kinds = [e[0] for e in sent]
         # no tp (a TX has no vote round), no e events (the skip set)
@@ -156,15 +162,7 @@ def test_a_tx_sends_nothing_before_its_commit_and_then_its_messages_inside_the_t
     """A TX has no vote round: its publishes travel in its tc, right after its tb."""
     async def scenario() -> None:
         c = joined(2, "n2")
-        sent: list[Any] = []
-        take = c.primary.take_outbox
-
-        def spy(node: str) -> list[Any]:
-            packets = take(node)
-            sent.extend(e for p in packets for e in p.events)
-            return packets
-
-        c.primary.take_outbox = spy  # type: ignore[method-assign]
+        sent = sent_events(c)
         tx = c.broker.new_transaction()
         for i in range(3):
             queues, msg = route(c.broker, b"one-%d" % i, rk="q3", persistent=True)
