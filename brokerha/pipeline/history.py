@@ -202,13 +202,18 @@ def _run(
     )
 
     # committed transactions: how many messages each has (for the tx_size warning) ...
-    tx_msgs = tx_pubs.filter(F.col("ctx")).select("client", "tx_id", "message_id").dropDuplicates()
-    sizes = tx_msgs.groupBy("client", "tx_id").agg(F.count(F.lit(1)).alias("messages"))
+    tx_pub_ids = tx_pubs.filter(F.col("ctx")).select("client", "tx_id", "message_id")
+    sizes = (
+        tx_pub_ids.dropDuplicates()
+        .groupBy("client", "tx_id")
+        .agg(F.count(F.lit(1)).alias("messages"))
+    )
     # ... and, only for those holding an undelivered (so lost) message, which were
-    # delivered: a transaction without one cannot be partially visible
-    suspects = few(tx_msgs.join(lost_ids, "message_id").select("client", "tx_id").distinct())
+    # delivered: a transaction without one cannot be partially visible. Their rows are
+    # picked before de-duplicating (few), not out of every transaction's messages.
+    suspects = few(tx_pub_ids.join(lost_ids, "message_id").select("client", "tx_id").distinct())
     delivered_n = F.when(F.col("deliveries") > 0, F.col("deliveries")).alias("deliveries")
-    members = tx_msgs.join(suspects, ["client", "tx_id"])
+    members = tx_pub_ids.join(suspects, ["client", "tx_id"]).dropDuplicates()
     per_tx = (
         members.join(
             per_msg.join(few(members.select("message_id").distinct()), "message_id").select(
