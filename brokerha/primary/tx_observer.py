@@ -16,7 +16,8 @@ quorum of acknowledgements of it as a confirm does, so one backup round trip
 per commit is enough (docs/ha.md, "One round trip for TX"). So a TX sends
 its publishes with its commit: the ``tc`` carries their content (``e`` ops,
 right after the ``tb`` if nothing opened the tx-queue before); only a message
-routed to several replicated queues goes once as a ``te`` the ``tc`` refers to.
+routed to several replicated queues, or what exceeds ``TC_CONTENT_BYTES``,
+goes once as a ``te`` the ``tc`` refers to.
 A ``te`` per message ahead of the commit cost each backup a buffered copy, an
 event and a record per message, for nothing it could use before the ``tc``.
 Its accepts still go as ``td`` events when they happen: the backup checks
@@ -42,6 +43,12 @@ from typing import TYPE_CHECKING, Protocol
 from brokerha.broker.dtx import DtxBranch, State
 from brokerha.broker.transaction import TransactionObserver
 from brokerha.cluster import replication as R
+from brokerha.primary.remote_backup import BYTES_PER_PACKET
+
+# At most this much of a TX's content travels inside its tc (one event, so one
+# packet); the rest goes ahead of it as te events the tc refers to, as an XA
+# branch's does, and a transaction of any size still fits the packet limit.
+TC_CONTENT_BYTES = BYTES_PER_PACKET
 
 if TYPE_CHECKING:
     from brokerha.broker.message import Entry, Message
@@ -172,12 +179,17 @@ class PrimaryTxObserver(TransactionObserver):
     def applying(self) -> None:
         if self._at_commit:
             self._tx_queue()  # tb, right before its tc (unless a td opened it)
-            # a message for several queues still goes once, as a te the tc refers to
+            # a message for several queues still goes once, as a te the tc refers to,
+            # and so does what exceeds TC_CONTENT_BYTES
+            room = TC_CONTENT_BYTES
             for queues, message in self.transaction.publishes:
                 replicated = [q for q in queues if self.primary.messages_replicated(q)]
-                if len(replicated) > 1:
+                size = len(message.header) + len(message.body)
+                if len(replicated) > 1 or (replicated and size > room):
                     for queue in replicated:
                         self._send_content(queue, message)
+                elif replicated:
+                    room -= size
             self._last = None
         if self.queue is not None:
             self.primary.tx_capture(self.queue)

@@ -15,6 +15,7 @@ from brokerha.broker.transaction import Transaction
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import Events
 from brokerha.ha.simulation.transactions import contents
+from brokerha.primary import tx_observer
 from tests.ha.harness import Cluster, publish, route, settle, wire
 
 PRIMARY = "n1"
@@ -138,6 +139,29 @@ def test_a_backup_receives_each_tx_message_body_once() -> None:
         body_bytes = sum(len(e[7]) for e in sent if e[0] == "te")
         assert body_bytes == sum(len(b"a-%d" % i) for i in range(5))
         same(c)
+
+    run(scenario())
+
+
+def test_a_large_tx_sends_what_exceeds_the_tcs_room_ahead_as_te_events(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tc is one event, so one packet: a TX of any size must still fit the limit."""
+    monkeypatch.setattr(tx_observer, "TC_CONTENT_BYTES", 5000)
+
+    async def scenario() -> None:
+        c = joined(2, "n2")
+        sent = sent_events(c)
+        tx = c.broker.new_transaction()
+        for i in range(8):
+            queues, msg = route(c.broker, b"%d" % i + b"x" * 1500, rk="q3", persistent=True)
+            tx.publish(queues, msg)
+        await settle(c, tx.commit())
+        assert [e[0] for e in sent] == ["tb"] + ["te"] * 5 + ["tc"]
+        ops = sent[-1][3]
+        assert [op[0] for op in ops] == [R.ENQUEUED] * 3 + [R.OP_REF] * 5  # 3 fit in 5000
+        assert sum(len(op[7]) for op in ops if op[0] == R.ENQUEUED) <= 5000
+        same(c)
+        assert [b[:1] for b in bodies(c.node("n2").broker, "q3")] == [b"%d" % i for i in range(8)]
 
     run(scenario())
 
