@@ -105,7 +105,7 @@ class FrameReader:
             start = 0
         pos = self._parse(data, start, out)
         if pos < len(data):
-            self._buf = bytearray(data[pos:]) if pos else bytearray(data)
+            self._buf = bytearray(data[pos:])
         return out
 
     def _complete(self, data: bytes, out: list[Frame]) -> int:

@@ -67,12 +67,13 @@ def tune_gc() -> None:
     and of the recovered state each time. ``gc.freeze`` moves all of those
     out of the collector's sight (reference counting still frees them), and
     larger thresholds let in-flight messages die young: confirms with two
-    backups ran about a tenth faster (docs/benchmarks.md). Cycles are still
+    backups ran about 15 % faster (docs/benchmarks.md). Cycles are still
     collected, after 20,000 net allocations at most.
     """
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
 
 class HALayer(HAView, Protocol):
     """What the node asks of its HA layer (``node/ha.py``, ``HANode``, which imports this

@@ -27,7 +27,7 @@ before the commit that it holds what the client acknowledged.
   replicated queues (enqueues with their new positions, dequeues, and side
   effects such as dead letters) instead of sending ``e``/``d`` events (the
   skip set), and sends it all as one ``tc`` event (an XA branch's enqueues
-  refer to its ``te`` events: ``o`` ops);
+  refer to its ``te`` events: ``r`` ops);
 - rollback: ``tr`` (a TX rolled back sent nothing, so it sends nothing).
 
 A transaction that touches no replicated queue creates no tx-queue.
@@ -184,11 +184,13 @@ class PrimaryTxObserver(TransactionObserver):
             room = TC_CONTENT_BYTES
             for queues, message in self.transaction.publishes:
                 replicated = [q for q in queues if self.primary.messages_replicated(q)]
+                if not replicated:
+                    continue
                 size = len(message.header) + len(message.body)
-                if len(replicated) > 1 or (replicated and size > room):
+                if len(replicated) > 1 or size > room:
                     for queue in replicated:
                         self._send_content(queue, message)
-                elif replicated:
+                else:
                     room -= size
             self._last = None
         if self.queue is not None:
