@@ -57,10 +57,10 @@ class Path:
 
     def carry(self) -> None:
         """Every backup's packets through the codec, applied, then its acknowledgement."""
+        started = time.perf_counter()
+        outboxes = self.primary.take_outboxes()  # the same packets for both: packed once
         for name, backup in self.backups.items():
-            started = time.perf_counter()
-            wire = b"".join(self.codec.encode(0, packet)
-                            for packet in self.primary.take_outbox(name))
+            wire = b"".join(self.codec.encode(0, packet) for packet in outboxes.get(name, ()))
             middle = time.perf_counter()
             for _, packet in PacketCodec().feed(wire):
                 backup.receive(packet)  # type: ignore[arg-type]
@@ -73,6 +73,7 @@ class Path:
             self.primary_us += (middle - started) * 1e6
             self.backup_us += (done - middle) * 1e6
             self.carry_us += (done - started) * 1e6
+            started = time.perf_counter()
 
     async def round(self, batch: int, tx: int = 0) -> tuple[float, float, float]:
         self.primary_us = self.backup_us = 0.0

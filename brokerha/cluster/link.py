@@ -256,6 +256,10 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
+    def writelines(self, parts: list[bytes]) -> None:
+        assert self.transport is not None
+        self.transport.writelines(parts)
+
     def write_packet(self, msg_id: int, message: Message) -> None:
         self.write(self.links._encoder.encode(msg_id, message))
 
@@ -414,7 +418,7 @@ class ClusterLinks:
             return None
         packets = [(conn.next_id(), message) for message in messages]
         if packets:
-            conn.write(self._encoder.encode_many(packets))
+            conn.writelines(self._encoder.encode_many(packets))
         return [msg_id for msg_id, _ in packets]
 
     def connected(self, peer: str) -> bool:

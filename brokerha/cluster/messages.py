@@ -33,6 +33,9 @@ class Message:
     """Base of every packet body; subclasses are dataclasses registered with ``@packet``."""
 
     CODE: ClassVar[int]
+    # sent alike to several peers (a primary's events to its backups): the codec
+    # packs its args once and keeps them on the object (PacketCodec.encode_parts)
+    ENCODE_ONCE: ClassVar[bool] = False
 
     def to_args(self) -> list[Any]:
         return [getattr(self, f.name) for f in dataclasses.fields(self)]  # type: ignore[arg-type]

@@ -103,6 +103,10 @@ class Ping(Message):
 # -- framing ---------------------------------------------------------------------------
 
 
+_ARRAY_OF_3 = b"\x93"  # msgpack: a fixarray of 3 ([msg_id, code, args])
+_PACKED_ARGS = "_packed_args"  # where an ENCODE_ONCE message keeps its packed args
+
+
 class PacketCodec:
     """Length-prefixed msgpack packets; one per direction of a connection.
 
@@ -175,15 +179,38 @@ class PacketCodec:
 
     def encode(self, msg_id: int, message: Message) -> bytes:
         """One packet: a single msgpack call, then the length prefix."""
-        body: bytes = self._packer.pack([msg_id, message.CODE, self._args(message)])
-        if len(body) > self.max_packet:
-            raise ValueError(f"{type(message).__name__} of {len(body)} bytes exceeds the "
-                             f"packet limit of {self.max_packet}")
-        return _HEADER.pack(len(body)) + body
+        return b"".join(self.encode_parts(msg_id, message))
 
-    def encode_many(self, packets: Iterable[tuple[int, Message]]) -> bytes:
-        """Several packets as one buffer (one write, one syscall)."""
-        return b"".join([self.encode(msg_id, message) for msg_id, message in packets])
+    def encode_parts(self, msg_id: int, message: Message) -> list[bytes]:
+        """One packet as the pieces to write together (``writelines``: no join).
+
+        A message marked ``ENCODE_ONCE`` has its args packed the first time and
+        kept on it: the same events sent to two backups are packed once, and
+        only the packet's head (length, msg_id, code) differs.
+        """
+        packer = self._packer
+        if not message.ENCODE_ONCE:
+            body: bytes = packer.pack([msg_id, message.CODE, self._args(message)])
+            self._check_size(message, len(body))
+            return [_HEADER.pack(len(body)), body]
+        kept = message.__dict__
+        args: bytes | None = kept.get(_PACKED_ARGS)
+        if args is None:
+            args = kept[_PACKED_ARGS] = packer.pack(self._args(message))
+        head = _ARRAY_OF_3 + packer.pack(msg_id) + packer.pack(message.CODE)
+        size = len(head) + len(args)
+        self._check_size(message, size)
+        return [_HEADER.pack(size) + head, args]
+
+    def encode_many(self, packets: Iterable[tuple[int, Message]]) -> list[bytes]:
+        """Several packets as pieces for one ``writelines`` (one syscall)."""
+        return [part for msg_id, message in packets
+                for part in self.encode_parts(msg_id, message)]
+
+    def _check_size(self, message: Message, size: int) -> None:
+        if size > self.max_packet:
+            raise ValueError(f"{type(message).__name__} of {size} bytes exceeds the "
+                             f"packet limit of {self.max_packet}")
 
     def _args(self, message: Message) -> list[Any]:
         # Message.to_args walks dataclasses.fields on every call; the field

@@ -359,6 +359,8 @@ class Join(Message):
 class Events(Message):
     """Primary -> backup: ``events[i]`` has sequence number ``first_seq + i``."""
 
+    ENCODE_ONCE = True  # the same packet goes to every backup that is up to date
+
     epoch: int
     first_seq: int
     events: list[Any]

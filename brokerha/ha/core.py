@@ -283,10 +283,8 @@ class HACore:
         primary = self.primary
         if primary is None:
             return
-        for peer in list(primary.sessions):
-            out = primary.take_outbox(peer, hold_lazy)
-            if out:
-                self.effects.send_many(peer, out)
+        for peer, out in primary.take_outboxes(hold_lazy).items():
+            self.effects.send_many(peer, out)
 
     def position_barrier(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once our own position covering everything so far is durable.

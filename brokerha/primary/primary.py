@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from brokerha.backup.timers import resume_timers
@@ -459,12 +459,28 @@ class Primary(ConfigurationObserver, QueueObserver):
 
     def take_outbox(self, node: str, hold_lazy: bool = False) -> list[Events]:
         """The packets for ``node``; ``hold_lazy``: a tail of dequeues only stays for later."""
+        return self.take_outboxes(hold_lazy, [node]).get(node, [])
+
+    def take_outboxes(self, hold_lazy: bool = False,
+                      nodes: Iterable[str] | None = None) -> dict[str, list[Events]]:
+        """The packets for every backup (or ``nodes``), those with any.
+
+        Backups that are up to date get the same packets, the very same
+        ``Events`` objects, so the link packs each once for all of them
+        (``Events.ENCODE_ONCE``); nothing of it is kept here once taken.
+        """
         if not (hold_lazy and self._tail_lazy):
             self._flush_tail()
-        session = self.sessions.get(node)
-        if session is None:
-            return []
-        return session.take_outbox(self.epoch, self.clock())
+        now = self.clock()
+        shared: dict[tuple[int, int, int, int], Events] = {}
+        out: dict[str, list[Events]] = {}
+        for node in list(self.sessions) if nodes is None else nodes:
+            session = self.sessions.get(node)
+            if session is not None:
+                packets = session.take_outbox(self.epoch, now, shared)
+                if packets:
+                    out[node] = packets
+        return out
 
     def ready_backups(self) -> list[str]:
         return sorted(n for n, s in self.sessions.items() if s.ready)

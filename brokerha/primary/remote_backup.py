@@ -74,8 +74,16 @@ class RemoteBackup:
     def queue(self, seq: int, event: Event) -> None:
         self.outbox.append((seq, event))
 
-    def take_outbox(self, epoch: int, now: float) -> list[Events]:
-        """The queued events as packets of consecutive seqs, bounded in count and bytes."""
+    def take_outbox(self, epoch: int, now: float,
+                    shared: dict[tuple[int, int, int, int], Events] | None = None) -> list[Events]:
+        """The queued events as packets of consecutive seqs, bounded in count and bytes.
+
+        ``shared``: the packets other sessions took of the same events. A packet
+        of the same seqs holding the same event objects is taken from there, so
+        that the link packs it once for all backups (``Events.ENCODE_ONCE``).
+        Catch-up events are objects of their own: a catching-up backup never
+        shares them.
+        """
         packets: list[Events] = []
         outbox = self.outbox
         while outbox:
@@ -86,7 +94,14 @@ class RemoteBackup:
                 _, event = outbox.popleft()
                 batch.append(event)
                 size += event_size(event)
-            packets.append(Events(epoch, first, batch))
+            if shared is None:
+                packets.append(Events(epoch, first, batch))
+            else:
+                key = (first, len(batch), id(batch[0]), id(batch[-1]))
+                packet = shared.get(key)
+                if packet is None:
+                    packet = shared[key] = Events(epoch, first, batch)
+                packets.append(packet)
             self.sent_seq = first + len(batch) - 1
         if packets and self.waiting_since is None:
             self.waiting_since = now

@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from brokerha.cluster.protocol import PacketCodec
 from brokerha.cluster.replication import Events, ReplicationError, StaleEpoch
 from brokerha.cluster.state import NodeState
 from brokerha.ha.core import DEQUEUE_SEND_DELAY, HACore, PrimarySettings
 from brokerha.ha.simulation.transactions import contents
-from tests.ha.harness import Cluster, consume, publish
+from tests.ha.harness import Cluster, consume, publish, wire
 
 
 def declare_world(c: Cluster) -> None:
@@ -86,6 +87,40 @@ def test_dequeues_in_one_flush_travel_as_one_event() -> None:
     c.broker.vhosts["/"].purge_queue("q", None)
     c.pump()
     assert c.sent_events["n2"] - before == 1
+    same(c)
+
+
+def test_backups_up_to_date_share_one_packet_packed_once() -> None:
+    """Both backups get the same events: one ``Events``, its args packed once by the link."""
+    c = Cluster(3)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    c.follow("n2")
+    c.pump()
+    c.follow("n3")  # its catch-up is queued: the live events follow it in its outbox
+    for body in (b"a", b"b"):
+        publish(c.broker, body)
+    out = c.primary.take_outboxes()
+    (to_n2,), to_n3 = out["n2"], out["n3"]
+    assert all(p is not to_n2 for p in to_n3)  # catching up: packets of its own
+    c.nodes["n2"].backup.receive(wire(to_n2))  # type: ignore[union-attr]
+    for packet in to_n3:
+        c.nodes["n3"].backup.receive(wire(packet))  # type: ignore[union-attr]
+    c.pump()
+    publish(c.broker, b"c")
+    publish(c.broker, b"d")
+    out = c.primary.take_outboxes()
+    (to_n2,), (to_n3,) = out["n2"], out["n3"]
+    assert to_n2 is to_n3  # both up to date: the same packet
+    assert c.primary.take_outbox("n2") == []  # taken, and nothing of it kept
+    codec = PacketCodec()
+    first, again = codec.encode_parts(7, to_n2), codec.encode_parts(8, to_n3)
+    assert first[1] is again[1]  # the events packed once; only the heads differ
+    decoded = PacketCodec().feed(b"".join(first + again))
+    assert [msg_id for msg_id, _ in decoded] == [7, 8]
+    assert decoded[0][1] == decoded[1][1] == wire(to_n2)
+    for name in ("n2", "n3"):
+        c.nodes[name].backup.receive(decoded[0][1])  # type: ignore[union-attr, arg-type]
+    c.pump()
     same(c)
 
 
