@@ -41,6 +41,7 @@ from brokerha.broker.stats import LatencyHistogram
 from brokerha.cluster.link import ClusterLinks, tls_contexts
 from brokerha.cluster.messages import Message as ClusterMessage
 from brokerha.files import fsync_off_loop, replace_durably
+from brokerha.ha.core import Cancellable
 from brokerha.seed_runner import UnsafeRules
 from brokerha.txlog.engine.config import Peer, TxLogConfig
 from brokerha.txlog.engine.messages import (
@@ -108,10 +109,6 @@ class MasterLinks(Protocol):
     def add_peer(self, peer: str, address: list[tuple[str, int]]) -> None: ...
 
     def remove_peer(self, peer: str) -> None: ...
-
-
-class Cancellable(Protocol):
-    def cancel(self) -> None: ...
 
 
 def cluster_links(settings: MasterSettings, config: TxLogConfig, on_packet: OnPacket,
