@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import reduce
 from itertools import combinations
 from typing import TYPE_CHECKING, Any
 
@@ -159,9 +160,10 @@ def compare_pairs(sync: DataFrame, summaries: dict[str, LogSummary]) -> list[Pai
     """Relate every pair of logs, reading exact rows only in candidate blocks.
 
     Pairs are processed in rounds: every pending pair proposes its next
-    candidate block and all pairs proposing the same block are settled by one
-    small Spark job. In a split every pair usually proposes the fork's block,
-    so the whole comparison costs one extra job.
+    candidate block and one small Spark job settles them all, reading only
+    the proposed blocks. In a split every pair usually proposes the fork's
+    block (and equal or prefix pairs the last, partial one), so the whole
+    comparison costs one extra job.
     """
     names = sorted(summaries)
     results = {
@@ -171,43 +173,44 @@ def compare_pairs(sync: DataFrame, summaries: dict[str, LogSummary]) -> list[Pai
     pending = {pair: _candidate_blocks(summaries[pair[0]], summaries[pair[1]]) for pair in results}
     pending = {p: c for p, c in pending.items() if c}
     while pending:
-        by_block: dict[int, list[tuple[str, str]]] = {}
-        for pair, cands in pending.items():
-            by_block.setdefault(cands[0], []).append(pair)
-        for block, pairs in sorted(by_block.items()):
-            found = _exact_block(sync, block, pairs, summaries)
-            for pair in pairs:
-                hit = found.get(pair)
-                if hit is not None:
-                    res = results[pair]
-                    res.position, res.a_tx, res.b_tx = hit
+        proposed = {pair: cands[0] for pair, cands in pending.items()}
+        found = _exact_blocks(sync, proposed, summaries)
+        for pair in proposed:
+            hit = found.get(pair)
+            if hit is not None:
+                res = results[pair]
+                res.position, res.a_tx, res.b_tx = hit
+                del pending[pair]
+            else:
+                pending[pair].pop(0)
+                if not pending[pair]:
                     del pending[pair]
-                else:
-                    pending[pair].pop(0)
-                    if not pending[pair]:
-                        del pending[pair]
     return list(results.values())
 
 
-def _exact_block(
-    sync: DataFrame, block: int, pairs: list[tuple[str, str]], summaries: dict[str, LogSummary]
+def _exact_blocks(
+    sync: DataFrame, proposed: dict[tuple[str, str], int], summaries: dict[str, LogSummary]
 ) -> dict[tuple[str, str], tuple[int, str | None, str | None]]:
-    """First differing position of each pair inside one block (one Spark job).
+    """First differing position of each pair inside its proposed block (one Spark job).
 
-    Rows of the block are laid side by side per position (one column per
-    master, by conditional aggregation -- at most BLOCK rows), then each pair
-    takes the minimum position where its two columns differ null-safely,
-    below the pair's common length.
+    Rows of the proposed blocks are laid side by side per position (one
+    column per master, by conditional aggregation -- at most BLOCK rows per
+    block), then each pair takes the minimum position where its two columns
+    differ null-safely, inside its block and below the pair's common length.
     """
     from pyspark.sql import functions as F
 
+    pairs = list(proposed)
     involved = sorted({m for p in pairs for m in p})
     col = {m: f"m{i}" for i, m in enumerate(involved)}
-    lo, hi = block * BLOCK, (block + 1) * BLOCK
+    position = F.col("position")
+    blocks = sorted(set(proposed.values()))
+    in_blocks = reduce(
+        lambda a, b: a | b,
+        [(position >= k * BLOCK) & (position < (k + 1) * BLOCK) for k in blocks],
+    )
     wide = (
-        sync.filter(
-            F.col("master").isin(involved) & (F.col("position") >= lo) & (F.col("position") < hi)
-        )
+        sync.filter(F.col("master").isin(involved) & in_blocks)
         .groupBy("position")
         .agg(
             *[F.max(F.when(F.col("master") == m, F.col("tx_id"))).alias(c) for m, c in col.items()]
@@ -215,9 +218,10 @@ def _exact_block(
     )
     aggs = []
     for i, (a, b) in enumerate(pairs):
-        limit = min(summaries[a].length, summaries[b].length)
-        differs = (F.col("position") < limit) & ~F.col(col[a]).eqNullSafe(F.col(col[b]))
-        first = F.struct(F.col("position"), F.col(col[a]).alias("a"), F.col(col[b]).alias("b"))
+        lo = proposed[a, b] * BLOCK
+        hi = min(lo + BLOCK, summaries[a].length, summaries[b].length)
+        differs = (position >= lo) & (position < hi) & ~F.col(col[a]).eqNullSafe(F.col(col[b]))
+        first = F.struct(position, F.col(col[a]).alias("a"), F.col(col[b]).alias("b"))
         aggs.append(F.min(F.when(differs, first)).alias(f"p{i}"))
     row = wide.agg(*aggs).collect()[0]
     out = {}

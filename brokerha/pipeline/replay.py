@@ -27,7 +27,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brokerha.pipeline.frames import json_field, materialise
+from brokerha.pipeline.frames import few, json_field, materialise
 from brokerha.pipeline.inputs import Inputs
 from brokerha.pipeline.logs import LogAnalysis, analyse, fork_position
 from brokerha.pipeline.reader import read_table
@@ -41,7 +41,13 @@ if TYPE_CHECKING:
 #: The plan's aggregations group by transaction or message id, which the map
 #: side cannot reduce (each id comes once or twice): skip the partial
 #: aggregation before their shuffle (the block digests keep it: set after them).
-SETTINGS = {"spark.sql.execution.bypassPartialAggregation": "true"}
+#: Split the files finer than the default 128 MiB: the rows after the fork are
+#: the logs' last row groups, which would otherwise fall into one or two splits
+#: and be read by one task while the other cores wait.
+SETTINGS = {
+    "spark.sql.execution.bypassPartialAggregation": "true",
+    "spark.sql.files.maxPartitionBytes": str(32 << 20),
+}
 
 
 def main(spark: SparkSession, args: argparse.Namespace) -> dict[str, Any]:
@@ -82,20 +88,48 @@ def _post_fork(sync: DataFrame, winner: str, minority: str, fork: int) -> DataFr
     """Every transaction at a position >= ``fork`` in either log, once, with where each holds it.
 
     One read of both logs (row groups before the fork are skipped by their
-    ``position`` statistics) and one aggregation by id: ``maj``/``min`` is the
-    (position, origin, outcome) of that side's row, null when its log lacks
-    the transaction after the fork.
+    ``position`` statistics) and one aggregation by id: ``maj``/``min`` is
+    that side's ``2 * position + consumes`` (see _held), null when its log
+    lacks the transaction after the fork; ``h`` is the id's xxhash64.
+
+    Only numbers are aggregated, so Spark hashes the rows into groups instead
+    of sorting them by id (ids share long prefixes: a sort compares them
+    byte by byte). The origin is a grouping key rather than an aggregate: an
+    id is assigned at its origin (docs/txlog-export.md), so grouping by
+    (id, origin) is grouping by id. The rows are shuffled by (``h``, id),
+    the key the dequeues are joined on later, so that join shuffles only
+    the dequeues and sorts by a hash first.
     """
     from pyspark.sql import functions as F
 
-    def held_by(master: str) -> Column:
-        return F.max(F.when(F.col("master") == master, F.struct("position", "origin", "outcome")))
-
     return (
         sync.filter(F.col("master").isin(winner, minority) & (F.col("position") >= fork))
-        .groupBy("tx_id")
-        .agg(held_by(winner).alias("maj"), held_by(minority).alias("min"))
+        .select(
+            F.xxhash64("tx_id").alias("h"),
+            "tx_id",
+            "origin",
+            _held(winner).alias("maj"),
+            _held(minority).alias("min"),
+        )
+        .repartition("h", "tx_id")
+        .groupBy("h", "tx_id", "origin")
+        .agg(F.max("maj").alias("maj"), F.max("min").alias("min"))
     )
+
+
+def _held(master: str) -> Column:
+    """``2 * position + consumes`` of a row of ``master`` (else null), 0 <= consumes <= 1.
+
+    ``consumes``: its dequeues consumed their messages, unless validation
+    rejected the transaction (a null outcome is not applied yet: it will
+    consume). Of several rows of one side (a malformed log) the aggregation
+    keeps the latest position.
+    """
+    from pyspark.sql import functions as F
+
+    outcome = F.col("outcome")
+    consumes = F.when(outcome.isNull() | (outcome != "failed"), 1).otherwise(0)
+    return F.when(F.col("master") == master, F.col("position") * 2 + consumes)
 
 
 def _only(post: DataFrame, side: str, other: str) -> DataFrame:
@@ -103,19 +137,15 @@ def _only(post: DataFrame, side: str, other: str) -> DataFrame:
     from pyspark.sql import functions as F
 
     return post.filter(F.col(side).isNotNull() & F.col(other).isNull()).select(
-        F.col(f"{side}.position").alias("position"),
-        "tx_id",
-        F.col(f"{side}.origin").alias("origin"),
+        F.shiftright(F.col(side), 1).alias("position"), "tx_id", "origin"
     )
 
 
 def _consumes(side: str) -> Column:
-    """The side holds the transaction after the fork and its dequeues consumed their
-    messages: unless validation rejected it (null = not applied yet, which will consume)."""
+    """The side holds the transaction after the fork and its dequeues consumed their messages."""
     from pyspark.sql import functions as F
 
-    outcome = F.col(f"{side}.outcome")
-    return F.col(side).isNotNull() & (outcome.isNull() | (outcome != "failed"))
+    return F.col(side).isNotNull() & (F.col(side).bitwiseAND(1) == 1)
 
 
 def _dequeues_after(
@@ -186,25 +216,35 @@ def plan_for(
     assert fork is not None, "a minority master always diverges from the majority log"
     sync = inputs.sync
     spark = sync.sparkSession
-    post = _post_fork(sync, winner, minority, fork).cache()
+    # only the two logs' files: the other masters' would be split into tasks that skip every row
+    pair = read_table(spark, [inputs.meta(winner), inputs.meta(minority)], "synchronised")
+    post = _post_fork(pair, winner, minority, fork).cache()
     base = out / "plans" / minority
 
     n_replay, replay_sample = materialise(
         _only(post, "maj", "min"), base / "replay.parquet", ["position"]
     )
-    renegotiated = sync.filter((F.col("master") == winner) & F.col("replay_of").isNotNull()).select(
-        F.col("replay_of").alias("tx_id"),
-        F.col("tx_id").alias("new_tx_id"),
-        F.col("outcome").alias("new_outcome"),
+    # the winner's renegotiated copies: usually few (then broadcast, not shuffled with the rows
+    # joined to them); their row groups are skipped when the log has none (replay_of all null)
+    renegotiated = few(
+        sync.filter((F.col("master") == winner) & F.col("replay_of").isNotNull()).select(
+            F.col("replay_of").alias("tx_id"),
+            F.col("tx_id").alias("new_tx_id"),
+            F.col("outcome").alias("new_outcome"),
+        )
     )
     renegotiate = _only(post, "min", "maj").join(renegotiated, "tx_id", "left")
     n_reneg, reneg_sample = materialise(renegotiate, base / "renegotiate.parquet", ["position"])
 
     consuming = post.select(
-        "tx_id", _consumes("maj").alias("maj"), _consumes("min").alias("min")
+        "h", "tx_id", _consumes("maj").alias("maj"), _consumes("min").alias("min")
     ).filter(F.col("maj") | F.col("min"))
     deq = (
-        _dequeues_after(inputs, analysis, (winner, minority), fork).join(consuming, "tx_id").cache()
+        _dequeues_after(inputs, analysis, (winner, minority), fork)
+        .withColumn("h", F.xxhash64("tx_id"))
+        .join(consuming, ["h", "tx_id"])
+        .drop("h")
+        .cache()
     )
     conflicts = _conflicts(deq).join(
         renegotiated.withColumnRenamed("tx_id", "minority_tx"), "minority_tx", "left"
