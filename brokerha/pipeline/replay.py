@@ -252,7 +252,8 @@ def plan_for(
     n_conf, conf_sample = materialise(
         conflicts, base / "conflicts.parquet", ["message_id", "minority_tx"]
     )
-    post.unpersist()
+    for cached in (post, deq):  # a session outlives the job (a Connect server, the bench)
+        cached.unpersist()
     # a conflicting minority tx, once renegotiated, must fail validation everywhere
     committed_conflicts = (
         spark.read.parquet(str(base / "conflicts.parquet"))

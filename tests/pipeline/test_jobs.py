@@ -118,6 +118,8 @@ def test_replay_plan_for_crafted_split(spark: Any, tmp_path: Path) -> None:
     ] == [("m-dc1-3", "dc2-101", "dc3-200")]
     assert plan["recorded"]["status"].startswith("pending")
     assert (tmp_path / "out" / "plans" / "dc3" / "replay.parquet").is_dir()
+    # nothing stays cached: a session (a Connect server's, the bench's) outlives the job
+    assert spark._jsparkSession.sharedState().cacheManager().isEmpty()
 
 
 def test_replay_plan_reads_version_1_exports(spark: Any, tmp_path: Path) -> None:
