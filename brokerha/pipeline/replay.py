@@ -425,7 +425,7 @@ def check_recorded(
     if maj is None:
         return []
     sync = inputs.sync
-    results = []
+    results: list[dict[str, Any]] = []
     for name in maj.supporters:
         rejoin = rejoins.get(name)
         if rejoin is None:

@@ -184,7 +184,6 @@ class Standalone(_Deployment):
         return self
 
 
-
 class ConnectServer(_Deployment):
     """A Spark Connect server on 127.0.0.1 running its jobs on ``master``."""
 
@@ -223,4 +222,3 @@ class ConnectServer(_Deployment):
         with self._starting():
             _wait("Spark Connect server", self._answers, self.jvms, 120)
         return self
-
