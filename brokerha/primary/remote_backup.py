@@ -75,7 +75,7 @@ class RemoteBackup:
         self.outbox.append((seq, event))
 
     def take_outbox(self, epoch: int, now: float,
-                    shared: dict[tuple[int, int, int, int], Events] | None = None) -> list[Events]:
+                    shared: dict[tuple[int, int, int, int], Events]) -> list[Events]:
         """The queued events as packets of consecutive seqs, bounded in count and bytes.
 
         ``shared``: the packets other sessions took of the same events. A packet
@@ -94,14 +94,11 @@ class RemoteBackup:
                 _, event = outbox.popleft()
                 batch.append(event)
                 size += event_size(event)
-            if shared is None:
-                packets.append(Events(epoch, first, batch))
-            else:
-                key = (first, len(batch), id(batch[0]), id(batch[-1]))
-                packet = shared.get(key)
-                if packet is None:
-                    packet = shared[key] = Events(epoch, first, batch)
-                packets.append(packet)
+            key = (first, len(batch), id(batch[0]), id(batch[-1]))
+            packet = shared.get(key)
+            if packet is None:
+                packet = shared[key] = Events(epoch, first, batch)
+            packets.append(packet)
             self.sent_seq = first + len(batch) - 1
         if packets and self.waiting_since is None:
             self.waiting_since = now

@@ -186,7 +186,7 @@ class PrimaryTxObserver(TransactionObserver):
                 replicated = [q for q in queues if self.primary.messages_replicated(q)]
                 if not replicated:
                     continue
-                size = len(message.header) + len(message.body)
+                size = message.size
                 if len(replicated) > 1 or size > room:
                     for queue in replicated:
                         self._send_content(queue, message)
