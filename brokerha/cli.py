@@ -20,6 +20,7 @@ AREAS: dict[str, tuple[str, str]] = {
     "txlog": ("brokerha.txlog.cli", "TxLog tools: deterministic simulation, export"),
     "tls": ("brokerha.certs", "TLS set-up: make a CA and node/client certificates"),
     "pipeline": ("brokerha.pipeline.cli", "PySpark audit, replay-plan, check-history, stats"),
+    "native": ("brokerha.native", "the hot modules compiled with mypyc: build, status, clean"),
 }
 
 

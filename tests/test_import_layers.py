@@ -32,6 +32,7 @@ FLOORS: list[set[str]] = [
     {"broker"},
     {"cluster"},
     {"files", "seed_runner", "certs", "tls_start", "__init__"},
+    {"native"},
 ]
 
 FLOOR_OF = {unit: depth for depth, units in enumerate(FLOORS) for unit in units}

@@ -10,11 +10,14 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from brokerha.broker.content import pack_shortstr, read_headers, scan_properties
 
 _message_ids = itertools.count(1)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # broker/paging.py's PagedMessage
 class Message:
     __slots__ = (
         "exchange", "routing_key", "header", "body", "msg_id",

@@ -67,8 +67,7 @@ def paged_copy(message: Message) -> PagedMessage:
     stub = PagedMessage.__new__(PagedMessage)
     for name in _COPIED:
         setattr(stub, name, getattr(message, name))
-    stub._headers = None
-    stub.body = None  # type: ignore[assignment]
+    stub._headers = None  # no body: reading one raises AttributeError (the store holds it)
     stub.body_size = len(message.body)
     return stub
 

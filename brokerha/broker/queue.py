@@ -12,6 +12,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from brokerha.broker.dedup import WINDOW_ARG, DedupWindow
 from brokerha.broker.errors import AccessRefused
 from brokerha.broker.message import Entry, Message
@@ -46,6 +48,7 @@ class QueueHooks:
                 getattr(self, event).append(method)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the TxLog's GlobalQueues
 class QueueOrdering:
     """A queue whose enqueues and dequeues another layer orders (a TxLog global queue).
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from brokerha import native
 from brokerha.node.cluster_config import ClusterConfig, apply_cluster, parse_cluster
 from brokerha.node.config import (
     DEFAULT_LISTEN,
@@ -168,6 +169,7 @@ def run_event_loop(main: Callable[[], Coroutine[Any, Any, int]], choice: str) ->
     when it is installed. The code is the same on both: only the loop differs.
     """
     log = logging.getLogger("brokerha.node")
+    log.info("hot modules: %s (brokerha native status)", native.MODE)
     if choice in ("auto", "uvloop"):
         try:
             import uvloop

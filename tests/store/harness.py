@@ -12,6 +12,7 @@ from pamqp import commands
 from brokerha.broker.broker import Broker, Limits
 from brokerha.broker.content import build_header
 from brokerha.broker.message import Message
+from brokerha.broker.paging import PAGED
 from brokerha.broker.queue import Queue
 from brokerha.broker.vhost import VirtualHost
 from brokerha.store.sql import SQLStore
@@ -28,7 +29,7 @@ def body(i: int) -> bytes:
 
 def resident(q: Queue) -> int:
     """Bytes of bodies really held by the ready entries."""
-    return sum(len(e.message.body) for e in q.ready if e.message.body is not None)
+    return sum(len(e.message.body) for e in q.ready if e.paged != PAGED)
 
 
 def message(body: bytes, rk: str = "q", persistent: bool = True) -> Message:
