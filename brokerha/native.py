@@ -40,8 +40,9 @@ MANIFEST = PACKAGE / "_native.json"
 SHARED_LIBRARY = "brokerha._native"  # mypyc's group name: brokerha/_native__mypyc.*.so
 PURE_ENV = "BROKERHA_PURE_PYTHON"
 
-#: Compiled modules: the AMQP codec and channel, queues and messages, the store's
-#: batches, the cluster codec and the replication path on both sides. Each must
+#: Compiled modules: the AMQP connection, codec, channel and basic methods, the broker,
+#: queues and messages, the store's batches, the cluster codec and the replication
+#: path on both sides. Each must
 #: type-check under mypy (mypyc checks annotations at run time).
 MODULES = (
     "brokerha.amqp.frames",
@@ -55,6 +56,9 @@ MODULES = (
     "brokerha.primary.events",
     "brokerha.primary.remote_backup",
     "brokerha.backup.queue_replicator",
+    "brokerha.amqp.connection",
+    "brokerha.amqp.methods.basic",
+    "brokerha.broker.broker",
 )
 
 

@@ -81,3 +81,16 @@ def test_nothing_built_is_plain_python(tmp_path: Path, monkeypatch: pytest.Monke
     assert native.guard() == "pure (not built)"
     (tmp_path / "missing.json").write_text("not json")
     assert native.read_manifest() == {}
+
+
+def test_every_compiled_module_is_checked_by_mypy_strict() -> None:
+    """CI's mypy run covers what mypyc compiles, so a type error fails the check, not the build."""
+    import tomllib
+
+    config = tomllib.loads((native.PACKAGE.parent / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert config["strict"] is True
+    checked = [Path(f) for f in config["files"]]
+    root = native.PACKAGE.parent
+    for module in native.MODULES:
+        path = native.source_path(module).relative_to(root)
+        assert any(path == c or c in path.parents for c in checked), f"{path} not in [tool.mypy] files"

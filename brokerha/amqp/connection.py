@@ -13,7 +13,7 @@ import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pamqp import commands, decode
 from pamqp.exceptions import PAMQPException
@@ -111,7 +111,7 @@ class ServerConnection:
         self.channels: dict[int, Channel] = {}
         self.exclusive_queues: dict[str, Queue] = {}
         self.user: User | None = None
-        self.vhost: VirtualHost | None = None  # type: ignore[assignment]
+        self.vhost: VirtualHost | None = None
         self.client_properties: dict[str, Any] = {}
         self.mechanism = ""
         self._out: list[bytes] = []
@@ -246,7 +246,7 @@ class ServerConnection:
         }
 
     def decode_method(self, index: int, payload: bytes) -> Any:
-        cls = commands.INDEX_MAPPING.get(index)
+        cls: Any = commands.INDEX_MAPPING.get(index)
         if cls is None:
             raise AMQPError(C.NOT_IMPLEMENTED,
                             f"unknown method class {index >> 16} method {index & 0xFFFF}",
@@ -313,7 +313,7 @@ class ServerConnection:
     # -- connection class -------------------------------------------------------------
 
     def _handle_connection_method(self, method: Any) -> None:
-        expected = {
+        expected: Any = {
             AWAIT_START_OK: commands.Connection.StartOk,
             AWAIT_TUNE_OK: commands.Connection.TuneOk,
             AWAIT_OPEN: commands.Connection.Open,
@@ -346,7 +346,7 @@ class ServerConnection:
         mechanism = m.mechanism
         self.mechanism = mechanism
         if mechanism not in self._mechanisms():
-            known = mechanism in (*MECHANISMS, EXTERNAL)
+            known = mechanism in MECHANISMS or mechanism == EXTERNAL
             raise AMQPError(C.COMMAND_INVALID, f"{'invalid' if known else 'unknown'} "
                             f"authentication mechanism '{mechanism}'", 10, 11)
         peer_host = self.peer[0] if self.peer else None
@@ -427,7 +427,7 @@ class ServerConnection:
                                     f"number of channels opened ({len(self.channels)}) has "
                                     f"reached the negotiated channel_max ({self.channel_max})",
                                     20, 10)
-                self.channels[frame.channel] = Channel(self, frame.channel)
+                self.channels[frame.channel] = Channel(cast(Any, self), frame.channel)
                 self.send_method(frame.channel, commands.Channel.OpenOk())
                 return
             if index == commands.Channel.CloseOk.index:

@@ -91,7 +91,7 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
         ch.settle_confirm(tag, False)
 
 
-def _publish_ordered(ch: Channel, queues: list, message: Message) -> None:
+def _publish_ordered(ch: Channel, queues: list[Any], message: Message) -> None:
     """A publish that reaches a global queue: a one-publish transaction (docs/txlog.md).
 
     Its commit waits until the TxLog acquired it (enqueue-only: one phase); the
