@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from brokerha.pipeline.frames import few, json_field, materialise, read_back
 from brokerha.pipeline.inputs import Inputs
 from brokerha.pipeline.logs import LogAnalysis, analyse, fork_position
-from brokerha.pipeline.reader import read_table
+from brokerha.pipeline.reader import MasterExport, read_table
 from brokerha.pipeline.report import Section, finding_section, rows_table, write_html, write_json
 from brokerha.pipeline.session import sql_conf
 
@@ -44,11 +44,18 @@ if TYPE_CHECKING:
 #: aggregation before their shuffle (the block digests keep it: set after them).
 #: Split the files finer than the default 128 MiB: the rows after the fork are
 #: the logs' last row groups, which would otherwise fall into one or two splits
-#: and be read by one task while the other cores wait.
+#: and be read by one task while the other cores wait. The post-fork rows are
+#: cached once and read three times: uncompressed, which builds the cache in
+#: half the time. A shuffled side whose every partition is under 32 MiB (the
+#: dequeues after the fork, at 10 M transactions ~20 MiB) is joined by hashing
+#: it, not by sorting both sides (adaptive execution decides from the shuffle's
+#: sizes, so larger inputs keep the sort-merge join, which can spill).
 SETTINGS = {
     "spark.sql.execution.bypassPartialAggregation": "true",
-    "spark.sql.inMemoryColumnarStorage.compressed": "false",
     "spark.sql.files.maxPartitionBytes": str(32 << 20),
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    "spark.sql.adaptive.advisoryPartitionSizeInBytes": str(32 << 20),
+    "spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold": str(32 << 20),
 }
 
 
@@ -199,13 +206,16 @@ def _dequeues_after(
     """
     from pyspark.sql import functions as F
 
-    frames = []
+    by_start: dict[int, list[MasterExport]] = {}
     for m in inputs.masters:
         forks = (fork_position(analysis.pairs, m.name, s) for s in sides if s != m.name)
         start = min([fork, *(p for p in forks if p is not None)])
-        position = F.col("position")
+        by_start.setdefault(start, []).append(m)
+    frames = []
+    position = F.col("position")
+    for start, masters in by_start.items():  # one read of the masters that skip the same rows
         frames.append(
-            read_table(inputs.spark, [m], "operations")
+            read_table(inputs.spark, masters, "operations")
             .filter((F.col("kind") == "dequeue") & (position.isNull() | (position >= start)))
             .select("tx_id", "queue", "message_id")
         )
