@@ -123,7 +123,9 @@ def _copies(inputs: Inputs, master: str) -> Copies:
     rows = df.limit(LOCAL_COPIES + 1).collect()
     if len(rows) > LOCAL_COPIES:
         return Copies(few(df), none=False)
-    return Copies(F.broadcast(inputs.spark.createDataFrame(rows, df.schema)), none=not rows)
+    if not rows:  # empty to the optimizer: the joins with it are planned away, no job runs
+        return Copies(df.limit(0), none=True)
+    return Copies(F.broadcast(inputs.spark.createDataFrame(rows, df.schema)), none=False)
 
 
 def _post_fork(sync: DataFrame, winner: str, minority: str, fork: int) -> DataFrame:
