@@ -26,9 +26,15 @@ def materialise(
     and no separate count runs.
     """
     df.write.mode("overwrite").parquet(str(path))
-    back = df.sparkSession.read.parquet(str(path))
+    back = read_back(df, path)
     rows = [r.asDict(recursive=True) for r in back.orderBy(*order_by).limit(sample).collect()]
     return (len(rows) if len(rows) < sample else back.count()), rows
+
+
+def read_back(df: DataFrame, path: Path) -> DataFrame:
+    """The rows ``materialise`` wrote from ``df`` to ``path``, read with ``df``'s schema
+    (so no job runs to read the schema from a file footer)."""
+    return df.sparkSession.read.schema(df.schema).parquet(str(path))
 
 
 #: A key set up to this many rows is broadcast to the join that re-reads its

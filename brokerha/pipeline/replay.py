@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brokerha.pipeline.frames import few, json_field, materialise
+from brokerha.pipeline.frames import few, json_field, materialise, read_back
 from brokerha.pipeline.inputs import Inputs
 from brokerha.pipeline.logs import LogAnalysis, analyse, fork_position
-from brokerha.pipeline.reader import read_table
+from brokerha.pipeline.reader import MasterExport, read_table
 from brokerha.pipeline.report import Section, finding_section, rows_table, write_html, write_json
 from brokerha.pipeline.session import sql_conf
 
@@ -43,10 +44,18 @@ if TYPE_CHECKING:
 #: aggregation before their shuffle (the block digests keep it: set after them).
 #: Split the files finer than the default 128 MiB: the rows after the fork are
 #: the logs' last row groups, which would otherwise fall into one or two splits
-#: and be read by one task while the other cores wait.
+#: and be read by one task while the other cores wait. The post-fork rows are
+#: cached once and read three times: uncompressed, which builds the cache in
+#: half the time. A shuffled side whose every partition is under 32 MiB (the
+#: dequeues after the fork, at 10 M transactions ~20 MiB) is joined by hashing
+#: it, not by sorting both sides (adaptive execution decides from the shuffle's
+#: sizes, so larger inputs keep the sort-merge join, which can spill).
 SETTINGS = {
     "spark.sql.execution.bypassPartialAggregation": "true",
     "spark.sql.files.maxPartitionBytes": str(32 << 20),
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    "spark.sql.adaptive.advisoryPartitionSizeInBytes": str(32 << 20),
+    "spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold": str(32 << 20),
 }
 
 
@@ -60,11 +69,12 @@ def run(inputs: Inputs, out: Path) -> dict[str, Any]:
     maj = analysis.majority
     rejoins = _last_rejoins(inputs)
     plans = []
-    if maj is not None:
+    copies = None if maj is None else _copies(inputs, maj.master)
+    if maj is not None and copies is not None:
         with sql_conf(inputs.spark, SETTINGS):
             for x in maj.minority:
-                plans.append(plan_for(inputs, analysis, x, out, rejoins.get(x)))
-    recorded = check_recorded(inputs, analysis, out, rejoins)
+                plans.append(plan_for(inputs, analysis, x, out, rejoins.get(x), copies))
+    recorded = check_recorded(inputs, analysis, out, rejoins, copies)
     disagreements = [d for p in plans for d in p["disagreements"]] + [
         d for r in recorded for d in r["disagreements"]
     ]
@@ -82,6 +92,40 @@ def run(inputs: Inputs, out: Path) -> dict[str, Any]:
     write_json(out, report)
     write_html(out, "TxLog replay plan", sections(report))
     return report
+
+
+#: Up to this many renegotiated copies are collected and joined as a local, broadcast
+#: table: one small job instead of a scan of the log for every join that uses them.
+LOCAL_COPIES = 10_000
+
+
+@dataclass(frozen=True)
+class Copies:
+    """The majority master's renegotiated copies: (tx_id = the old id, new_tx_id, new_outcome)."""
+
+    frame: DataFrame
+    none: bool  # known to be empty
+
+
+def _copies(inputs: Inputs, master: str) -> Copies:
+    """``master``'s renegotiated copies (row groups whose ``replay_of`` is all null are skipped)."""
+    from pyspark.sql import functions as F
+
+    df = (
+        read_table(inputs.spark, [inputs.meta(master)], "synchronised")
+        .filter((F.col("master") == master) & F.col("replay_of").isNotNull())
+        .select(
+            F.col("replay_of").alias("tx_id"),
+            F.col("tx_id").alias("new_tx_id"),
+            F.col("outcome").alias("new_outcome"),
+        )
+    )
+    rows = df.limit(LOCAL_COPIES + 1).collect()
+    if len(rows) > LOCAL_COPIES:
+        return Copies(few(df), none=False)
+    if not rows:  # empty to the optimizer: the joins with it are planned away, no job runs
+        return Copies(df.limit(0), none=True)
+    return Copies(F.broadcast(inputs.spark.createDataFrame(rows, df.schema)), none=False)
 
 
 def _post_fork(sync: DataFrame, winner: str, minority: str, fork: int) -> DataFrame:
@@ -164,13 +208,16 @@ def _dequeues_after(
     """
     from pyspark.sql import functions as F
 
-    frames = []
+    by_start: dict[int, list[MasterExport]] = {}
     for m in inputs.masters:
         forks = (fork_position(analysis.pairs, m.name, s) for s in sides if s != m.name)
         start = min([fork, *(p for p in forks if p is not None)])
-        position = F.col("position")
+        by_start.setdefault(start, []).append(m)
+    frames = []
+    position = F.col("position")
+    for start, masters in by_start.items():  # one read of the masters that skip the same rows
         frames.append(
-            read_table(inputs.spark, [m], "operations")
+            read_table(inputs.spark, masters, "operations")
             .filter((F.col("kind") == "dequeue") & (position.isNull() | (position >= start)))
             .select("tx_id", "queue", "message_id")
         )
@@ -205,9 +252,11 @@ def plan_for(
     minority: str,
     out: Path,
     rejoin: dict[str, Any] | None,
+    copies: Copies,
 ) -> dict[str, Any]:
     """The plan for one minority master, and how its recorded recovery compares
-    (``rejoin``: its latest recorded rejoin, see _last_rejoins)."""
+    (``rejoin``: its latest recorded rejoin, see _last_rejoins; ``copies``: the
+    majority's renegotiated copies, see _copies)."""
     from pyspark.sql import functions as F
 
     assert analysis.majority is not None
@@ -221,30 +270,23 @@ def plan_for(
     post = _post_fork(pair, winner, minority, fork).cache()
     base = out / "plans" / minority
 
-    n_replay, replay_sample = materialise(
-        _only(post, "maj", "min"), base / "replay.parquet", ["position"]
-    )
-    # the winner's renegotiated copies: usually few (then broadcast, not shuffled with the rows
-    # joined to them); their row groups are skipped when the log has none (replay_of all null)
-    renegotiated = few(
-        sync.filter((F.col("master") == winner) & F.col("replay_of").isNotNull()).select(
-            F.col("replay_of").alias("tx_id"),
-            F.col("tx_id").alias("new_tx_id"),
-            F.col("outcome").alias("new_outcome"),
-        )
-    )
+    only_maj = _only(post, "maj", "min")
+    n_replay, replay_sample = materialise(only_maj, base / "replay.parquet", ["position"])
+    # the winner's renegotiated copies: usually few (then a local table, broadcast, not
+    # shuffled with the rows joined to them)
+    renegotiated = copies.frame
     renegotiate = _only(post, "min", "maj").join(renegotiated, "tx_id", "left")
     n_reneg, reneg_sample = materialise(renegotiate, base / "renegotiate.parquet", ["position"])
 
     consuming = post.select(
         "h", "tx_id", _consumes("maj").alias("maj"), _consumes("min").alias("min")
     ).filter(F.col("maj") | F.col("min"))
+    # used once (the conflicts are written, then read back): not cached
     deq = (
         _dequeues_after(inputs, analysis, (winner, minority), fork)
         .withColumn("h", F.xxhash64("tx_id"))
         .join(consuming, ["h", "tx_id"])
         .drop("h")
-        .cache()
     )
     conflicts = _conflicts(deq).join(
         renegotiated.withColumnRenamed("tx_id", "minority_tx"), "minority_tx", "left"
@@ -252,24 +294,28 @@ def plan_for(
     n_conf, conf_sample = materialise(
         conflicts, base / "conflicts.parquet", ["message_id", "minority_tx"]
     )
-    for cached in (post, deq):  # a session outlives the job (a Connect server, the bench)
-        cached.unpersist()
-    # a conflicting minority tx, once renegotiated, must fail validation everywhere
-    committed_conflicts = (
-        spark.read.parquet(str(base / "conflicts.parquet"))
-        .filter(F.col("new_outcome") == "committed")
-        .select("minority_tx", "new_tx_id")
-        .distinct()
-    )
-    bad_conflicts = [r.asDict() for r in committed_conflicts.limit(20).collect()]
-    n_renegotiated = (
-        spark.read.parquet(str(base / "renegotiate.parquet"))
-        .filter(F.col("new_tx_id").isNotNull())
-        .count()
-    )
+    post.unpersist()  # a session outlives the job (a Connect server, the bench)
+    if copies.none:
+        # no copies: no renegotiated row and no conflict has a new transaction
+        bad_conflicts: list[dict[str, Any]] = []
+        n_renegotiated = 0
+    else:
+        # a conflicting minority tx, once renegotiated, must fail validation everywhere
+        committed_conflicts = (
+            read_back(conflicts, base / "conflicts.parquet")
+            .filter(F.col("new_outcome") == "committed")
+            .select("minority_tx", "new_tx_id")
+            .distinct()
+        )
+        bad_conflicts = [r.asDict() for r in committed_conflicts.limit(20).collect()]
+        n_renegotiated = (
+            read_back(renegotiate, base / "renegotiate.parquet")
+            .filter(F.col("new_tx_id").isNotNull())
+            .count()
+        )
 
     strategy = inputs.meta(minority).split_recovery
-    replay = spark.read.parquet(str(base / "replay.parquet"))
+    replay = read_back(only_maj, base / "replay.parquet")
     compare = compare_recorded(inputs, minority, winner, fork, replay, strategy, analysis, rejoin)
     disagreements = compare.pop("disagreements")
     disagreements += [
@@ -409,7 +455,11 @@ def compare_recorded(
 
 
 def check_recorded(
-    inputs: Inputs, analysis: LogAnalysis, out: Path, rejoins: dict[str, dict[str, Any]]
+    inputs: Inputs,
+    analysis: LogAnalysis,
+    out: Path,
+    rejoins: dict[str, dict[str, Any]],
+    copies: Copies | None = None,
 ) -> list[dict[str, Any]]:
     """Check recoveries the brokers recorded for masters no longer diverging.
 
@@ -457,14 +507,13 @@ def check_recorded(
                 }
             )
         results.append({"master": name, "rejoin": rejoin, "disagreements": issues})
-    copies = sync.filter((F.col("master") == maj.master) & F.col("replay_of").isNotNull()).select(
-        F.col("replay_of").alias("tx_id"), F.col("tx_id").alias("new_tx_id")
-    )
+    if copies is None:
+        copies = _copies(inputs, maj.master)
     # few copies, a long log: broadcast the copies, stream the log (no shuffle of it)
     both = (
         sync.filter(F.col("master") == maj.master)
         .select("tx_id")
-        .join(F.broadcast(copies), "tx_id")
+        .join(F.broadcast(copies.frame.select("tx_id", "new_tx_id")), "tx_id")
         .dropDuplicates(["tx_id", "new_tx_id"])
     )
     n_both, sample = materialise(both, out / "executed_twice.parquet", ["tx_id"])
