@@ -119,10 +119,10 @@ class SourceFinder(importlib.abc.MetaPathFinder):
 def guard() -> str:
     """Decide, before any compiled module is imported, whether they may be; says which."""
     manifest = read_manifest()
-    if not manifest:
-        return "pure (not built)"
     reason = ""
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+    if not manifest:  # extensions left without a manifest are not trusted either
+        reason = "not built"
+    elif os.environ.get(PURE_ENV, "") not in ("", "0"):
         reason = f"{PURE_ENV} is set"
     else:
         stale = stale_modules(manifest)
@@ -134,7 +134,7 @@ def guard() -> str:
             warnings.warn(f"brokerha: {reason}", RuntimeWarning, stacklevel=2)
     if reason:
         if not any(isinstance(f, SourceFinder) for f in sys.meta_path):
-            sys.meta_path.insert(0, SourceFinder(list(manifest)))
+            sys.meta_path.insert(0, SourceFinder([*MODULES, *manifest]))
         return f"pure ({reason})"
     return "compiled"
 

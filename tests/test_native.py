@@ -14,9 +14,8 @@ import pytest
 
 from brokerha import native
 
-CAN_COMPILE = bool(shutil.which(sysconfig.get_config_var("CC") or "cc") or shutil.which("cc")) and (
-    Path(sysconfig.get_paths()["include"]) / "Python.h"
-).exists()
+# what scripts/ensure-compiler checks before the build
+CAN_COMPILE = bool(shutil.which("cc")) and (Path(sysconfig.get_paths()["include"]) / "Python.h").exists()
 
 
 def _run(code: str, **env: str) -> str:
@@ -69,7 +68,7 @@ def test_a_changed_source_is_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         mode = native.guard()
     assert mode.startswith("pure (brokerha.broker.queue changed")
     finder = next(f for f in sys.meta_path if isinstance(f, native.SourceFinder))
-    assert finder.modules == set(edited)  # all of them, not only the edited one
+    assert finder.modules == set(edited) | set(native.MODULES)  # all of them, not only the edited one
     spec = finder.find_spec("brokerha.amqp.frames", None)
     assert spec is not None and spec.origin == str(native.source_path("brokerha.amqp.frames"))
     assert finder.find_spec("brokerha.broker.exchange", None) is None
@@ -77,8 +76,13 @@ def test_a_changed_source_is_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_nothing_built_is_plain_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native, "MANIFEST", tmp_path / "missing.json")
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path
+                                           if not isinstance(f, native.SourceFinder)])
     assert native.read_manifest() == {}
     assert native.guard() == "pure (not built)"
+    # an extension left behind without its manifest (a half-done clean) is not loaded
+    finder = next(f for f in sys.meta_path if isinstance(f, native.SourceFinder))
+    assert finder.modules == set(native.MODULES)
     (tmp_path / "missing.json").write_text("not json")
     assert native.read_manifest() == {}
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from pamqp import commands, decode
 from pamqp.exceptions import PAMQPException
@@ -25,6 +25,7 @@ from brokerha.amqp.channel import CLOSING, OPEN, Channel
 from brokerha.amqp.errors import AMQPError, FrameError
 from brokerha.amqp.methods import HANDLERS
 from brokerha.amqp.methods.basic import publish_message
+from brokerha.amqp.ports import MethodHandler
 from brokerha.broker.auth import AuthenticationFailed, User
 from brokerha.broker.broker import Broker
 from brokerha.broker.errors import BrokerError
@@ -92,7 +93,7 @@ def _parse_amqplain(response: bytes) -> tuple[str, str]:
 
 
 class ServerConnection:
-    handlers = HANDLERS
+    handlers: Mapping[type, MethodHandler] = HANDLERS  # read-only, as ConnectionPort says
     publish_handler = staticmethod(publish_message)
 
     def __init__(self, broker: Broker, *, peer: tuple[str, int] | None = None,
@@ -427,7 +428,7 @@ class ServerConnection:
                                     f"number of channels opened ({len(self.channels)}) has "
                                     f"reached the negotiated channel_max ({self.channel_max})",
                                     20, 10)
-                self.channels[frame.channel] = Channel(cast(Any, self), frame.channel)
+                self.channels[frame.channel] = Channel(self, frame.channel)
                 self.send_method(frame.channel, commands.Channel.OpenOk())
                 return
             if index == commands.Channel.CloseOk.index:

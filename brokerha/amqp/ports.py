@@ -31,7 +31,10 @@ class ConnectionPort(Protocol):
     has_published: bool
     exclusive_queues: dict[str, Queue]
     handlers: Mapping[type, MethodHandler]  # channel methods by pamqp type
-    publish_handler: PublishHandler  # basic.publish once its content is complete
+
+    @property
+    def publish_handler(self) -> PublishHandler:
+        """basic.publish once its content is complete (read-only: a static method will do)."""
 
     def write(self, data: bytes) -> None: ...
     def send_method(self, channel: int, method: Any) -> None: ...
