@@ -69,8 +69,9 @@ def run(inputs: Inputs, out: Path) -> dict[str, Any]:
     maj = analysis.majority
     rejoins = _last_rejoins(inputs)
     plans = []
-    copies = None if maj is None else _copies(inputs, maj.master)
-    if maj is not None and copies is not None:
+    copies = None
+    if maj is not None:
+        copies = _copies(inputs, maj.master)
         with sql_conf(inputs.spark, SETTINGS):
             for x in maj.minority:
                 plans.append(plan_for(inputs, analysis, x, out, rejoins.get(x), copies))
