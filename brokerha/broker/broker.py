@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from brokerha.broker.auth import UserDatabase
 from brokerha.broker.dtx import DtxBranch, DtxManager, Xid
@@ -25,6 +25,20 @@ from brokerha.broker.vhost import VirtualHost
 log = logging.getLogger(__name__)
 
 Spawner = Callable[[Awaitable[Any], Callable[[BaseException | None], None]], None]
+
+
+class DurabilityGate(Protocol):
+    """Who may confirm at all: an HA member installs one (``ha.member.HAMember``).
+
+    ``term`` is read when a confirm is asked for and again when its barriers
+    have passed; the answer goes out only if both readings are the same term.
+    """
+
+    def term(self) -> int | None:
+        """The term (epoch) in which this node serves clients now; None: confirm nothing."""
+
+    def refused(self) -> None:
+        """A confirm was refused: the node must stop serving if it still thinks it serves."""
 
 
 @dataclass
@@ -83,8 +97,12 @@ class Broker:
         # Replication barriers (the HA primary adds one): each runs a callback once
         # every ready backup holds what was done so far. See ``after_durable``.
         self.replication_barriers: list[Callable[[Callable[[], None]], None]] = []
+        # None on a standalone node (its own disk is the whole promise); an HA member's
+        # says whether this node may confirm anything now (see ``after_durable``)
+        self.durability_gate: DurabilityGate | None = None
         self.stats = BrokerStats()
         self.durable_requests = 0  # after_durable calls: confirms, commits, DTX (metrics)
+        self.durable_refused = 0   # of those, never answered: the node did not serve (metrics)
 
     def after_durable(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once everything done so far is durable everywhere it must be.
@@ -93,11 +111,25 @@ class Broker:
         DTX answer: the local store has synced it and every replication barrier
         (every ready backup acknowledged it) has passed. A slow disk or a slow
         backup delays the callback; nothing makes it run early.
+
+        On an HA member it fails closed (``durability_gate``): unless the node
+        serves clients in the same term when the confirm is asked for and when
+        every barrier has passed, the callback never runs (the connection is
+        closed with the role, as after a failover). No path of a cluster member
+        waits for its local sync alone, whatever barriers are installed.
         """
         self.durable_requests += 1
+        release = callback
+        gate = self.durability_gate
+        if gate is not None:
+            term = gate.term()
+            if term is None:
+                self._refuse(gate)
+                return
+            release = self._in_term(gate, term, callback)
         barriers = self.replication_barriers
         if not barriers:
-            self.store.after_sync(callback)
+            self.store.after_sync(release)
             return
         waiting = len(barriers) + 1
 
@@ -105,11 +137,27 @@ class Broker:
             nonlocal waiting
             waiting -= 1
             if waiting == 0:
-                callback()
+                release()
 
         self.store.after_sync(one_done)
         for barrier in list(barriers):
             barrier(one_done)
+
+    def _in_term(self, gate: DurabilityGate, term: int,
+                 callback: Callable[[], None]) -> Callable[[], None]:
+        """``callback`` if the node still serves in ``term`` when it is due; else refused."""
+
+        def release() -> None:
+            if gate.term() == term:
+                callback()
+            else:
+                self._refuse(gate)
+
+        return release
+
+    def _refuse(self, gate: DurabilityGate) -> None:
+        self.durable_refused += 1
+        gate.refused()
 
     # -- vhosts ------------------------------------------------------------------------
 

@@ -363,6 +363,12 @@ class Election:
         self._now = now
         if sender == self.me or sender not in self.members:
             return []
+        if self._role == "primary" and now >= self._lease_expiry:
+            # a lease that ran out is never renewed (an ack read before the tick that
+            # would have noticed): the durability gate may have refused a confirm in
+            # between (``lease_valid``), and only a step-down closes that client's connection
+            return self._stop(now, f"no majority heard within {self.timing.lease_timeout}s") \
+                + self.receive(now, sender, msg)
         if isinstance(msg, VoteRequest):
             return self._on_vote_request(now, sender, msg)
         if isinstance(msg, VoteReply) and msg.pre and msg.granted:

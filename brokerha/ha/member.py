@@ -43,6 +43,8 @@ from brokerha.cluster.replication import (
     VerifyRequest,
 )
 from brokerha.cluster.state import NodeState
+from brokerha.ha import admission
+from brokerha.ha.admission import ClientAdmission
 from brokerha.ha.core import Effects, HACore, PrimarySettings
 from brokerha.ha.core import Unsafe as CoreUnsafe
 from brokerha.primary import verification as verify
@@ -104,6 +106,9 @@ class Unsafe(UnsafeRules):
     """Rules of the member to break on purpose (simulations only): each must be caught."""
 
     old_epoch_apply: bool = False  # take replication messages of an epoch older than ours
+    # no durability gate: once the role is gone a confirm waits for the local sync alone
+    # (with ``admission.Unsafe.lagging_role``: the race of issue 32)
+    lagging_role: bool = False
 
 
 class HAMember:
@@ -114,6 +119,7 @@ class HAMember:
                  primary_factory: Callable[..., Primary] = Primary,
                  unsafe: Unsafe | None = None, core_unsafe: CoreUnsafe | None = None,
                  election_unsafe: el.Unsafe | None = None,
+                 admission_unsafe: admission.Unsafe | None = None,
                  layer: PrimaryLayer | None = None) -> None:
         self.broker = broker
         self.me = me
@@ -130,6 +136,44 @@ class HAMember:
         self.core = HACore(broker, me, state, effects, settings, clock,
                            primary_factory=primary_factory, unsafe=core_unsafe)
         self.verification: verify.Verification | None = None
+        # the client connections this node serves, closed in the step that ends the role
+        self.clients = ClientAdmission(self.term, later=effects.later, unsafe=admission_unsafe)
+        self._lapse_scheduled = False
+        if not self.unsafe.lagging_role:
+            broker.durability_gate = self  # nothing is confirmed unless ``term`` says so
+
+    # -- whether this node serves: read at the instant it matters -------------------------
+
+    def term(self) -> int | None:
+        """The epoch in which this node serves clients at this instant, or None.
+
+        The serving primary of the election's current epoch: elected, verified
+        (phase ``primary``) and within its lease at this clock reading -- a
+        primary whose loop stalled past its lease serves nobody, even before
+        its tick notices. The broker's durability gate reads it when a confirm
+        is asked for and again when it would be released (``Broker.after_durable``),
+        the client admission when a connection is handed over.
+        """
+        primary = self.core.primary
+        if primary is None or self.core.phase != "primary":
+            return None
+        if primary.epoch != self.election.epoch or not self.election.lease_valid(self.clock()):
+            return None
+        return primary.epoch
+
+    def refused(self) -> None:
+        """A confirm was refused (``term`` was None or changed): if the election still
+        believes it serves, its lease ran out -- step down at the next turn, which closes
+        the connection that waits (the lease cannot be renewed meanwhile, see
+        ``Election.receive``)."""
+        if not self._lapse_scheduled:
+            self._lapse_scheduled = True
+            self.effects.soon(self._lapse)
+
+    def _lapse(self) -> None:
+        self._lapse_scheduled = False
+        if self.election.role == "primary":
+            self.carry_out(self.election.tick(self.clock()))
 
     # -- the role, as the core holds it ---------------------------------------------------
 
@@ -241,11 +285,16 @@ class HAMember:
         self._verify(epoch)
 
     def _demote(self, reason: str) -> None:
+        """One step: the role ends and every client connection of it is closed (320)."""
         self.verification = None
         if self.layer is not None and self.primary is not None:
             self.layer.detach_primary()
         self.effects.demoted(reason)
         self.core.demote()
+        closed = self.clients.close()
+        if closed:
+            log.warning("node %s closed %d client connections with the primary role", self.me,
+                        len(closed))
 
     def _become_backup(self, epoch: int, primary: str) -> None:
         if self.primary is not None:

@@ -8,9 +8,13 @@ module only carries its inputs and outputs (``ha.member.MemberEffects``):
 - packets from ``cluster.link.ClusterLinks``, links up and down, and a tick
   every ``TICK`` go to the member;
 - ``persist`` writes the vote to the state file before anything is sent;
-- ``serving`` opens the AMQP listener (retried while the port is taken);
-  ``demoted`` closes it (clients get 320 and move on to the next URL), and
-  ``follow`` points the relay of this node's clients at the new primary;
+- ``serving`` opens the node for clients of that epoch (the TxLog master, the
+  listeners; retried while a port is taken); the member itself closes every
+  client connection in the step that ends the role (``HAMember.clients``, its
+  ``ClientAdmission``: clients get 320 and move on to the next URL), and
+  whether a connection is served is its answer when the connection is handed
+  over, never a flag of this layer; ``follow`` points the relay of this node's
+  clients at the new primary;
 - the disk alarms a backup reports to its primary, the failover history and
   the status page are kept here.
 """
@@ -81,6 +85,7 @@ class HANode:
             timing=el.ElectionTiming(cluster.heartbeat_interval, cluster.lease_timeout,
                                      cluster.election_timeout),
             verification_timeout=cluster.verification_timeout, layer=node.txlog)
+        node.admission = self.ha.clients  # the member decides which connections are served
         self.election = self.ha.election
         self.core = self.ha.core
         self._ticker: asyncio.Task[None] | None = None
@@ -151,7 +156,7 @@ class HANode:
         self._record_failover("stepped down", node=self.me, reason=reason)
         self.node.set_relay_target(None)
         self.backup_alarms.clear()
-        self._spawn(self.node.serve_clients(False))
+        self.node.stopped_serving()  # the member closes the connections in this same step
 
     def follow(self, primary: str, epoch: int) -> None:
         member = self.cluster.member(primary)  # unchanged: a no-op (set_relay_target)
@@ -208,9 +213,9 @@ class HANode:
             if self.election.epoch != epoch or self.primary is None or self.phase != "primary":
                 return
             try:
-                await self.node.serve_clients(True)
-                log.warning("node %s is primary (epoch %d): serving AMQP clients on %s:%d",
-                            self.me, epoch, *self.member.amqp)
+                if await self.node.serve_clients(epoch):
+                    log.warning("node %s is primary (epoch %d): serving AMQP clients on %s:%d",
+                                self.me, epoch, *self.member.amqp)
                 return
             except OSError as exc:
                 log.error("node %s cannot open its AMQP listener on %s:%d (%s); retrying",

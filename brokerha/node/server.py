@@ -9,13 +9,14 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from brokerha.admin.node_view import HAView
 from brokerha.broker.broker import Broker
 from brokerha.broker.storage import Store
 from brokerha.cluster.link import ClusterLinks, links_reload
 from brokerha.cluster.ports import ADMIN_OFFSET
+from brokerha.ha.admission import Admission, ClientAdmission
 from brokerha.httpapi.server import AdminServer, Request, Response
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
@@ -31,6 +32,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("brokerha.node")
 
 SHUTDOWN_GRACE = 2.0
+STANDALONE_TERM = 0  # a standalone node serves in one term, from start to stop
+
+
+def _log_failure(exc: BaseException | None) -> None:
+    if exc is not None:
+        log.error("node task failed: %s", exc)
 
 
 def build_broker(config: NodeConfig, spawn: Callable[..., None] | None = None,
@@ -90,8 +97,11 @@ class Node:
     """One broker node; with a ``[cluster]`` configuration, one member of an HA datacenter.
 
     A standalone node serves AMQP clients from the start. A cluster member
-    serves them only while it is the primary: ``node.ha`` (node/ha.py) opens
-    and closes the AMQP listener with ``serve_clients``.
+    serves them only while it is the primary: whether it does is its HA
+    member's answer at the instant a connection is handed over
+    (``admission``, ``ha/admission.py``); ``node.ha`` (node/ha.py) opens the
+    node for a term with ``serve_clients`` and the member closes every
+    connection in the step that ends the role.
     """
 
     def __init__(self, config: NodeConfig, cluster: ClusterConfig | None = None) -> None:
@@ -107,12 +117,13 @@ class Node:
         self.disk = DiskMonitor([config.data_dir, *self.store.local_directories()],
                                 config.disk_free_limit, self.broker.set_alarm)
         self.exit_code = 0
-        self.connections: set[AMQPProtocol] = set()
         self.servers: list[asyncio.base_events.Server] = []  # AMQP and amqps listeners
-        # serving: accepted connections are this node's clients (a standalone node, the
-        # verified primary); otherwise a cluster member relays them to ``relay_to``, the
-        # primary's AMQP address, or closes them while it knows none (node/relay.py)
-        self.serving = False
+        # admission: which accepted connections are this node's clients (a standalone
+        # node's always, once open; a cluster member's while its HA member says it serves:
+        # node/ha.py puts the member's here); otherwise a cluster member relays them to
+        # ``relay_to``, the primary's AMQP address, or closes them while it knows none
+        self.admission = ClientAdmission(lambda: STANDALONE_TERM)
+        self._opening = asyncio.Lock()  # opening for a term and stopping the TxLog master
         self.relay_to: RelayTarget | None = None
         self.relays: set[RelayProtocol] = set()
         self.relay_secret = cluster.secret if cluster is not None else None
@@ -175,7 +186,7 @@ class Node:
         self._tasks.add(ticker)
         listeners = ", ".join(self._listeners())
         if self.ha is None:
-            await self.serve_clients(True)
+            await self.serve_clients(STANDALONE_TERM)
             log.info("node %s ready: AMQP 0-9-1 on %s, data in %s, store %r", cfg.name,
                      listeners, cfg.data_dir, self.store)
         else:
@@ -245,27 +256,52 @@ class Node:
             self.ha.add_status(status)
         return status
 
-    async def serve_clients(self, serve: bool) -> None:
-        """Open the AMQP listener, or close it and every client connection (320).
+    @property
+    def serving(self) -> bool:
+        """Whether this node serves AMQP clients at this instant (the admission's answer)."""
+        return self.admission.serving
 
-        With ``[txlog]`` the TxLog master starts first (global queues need it) and
-        stops after the listener: a standalone node runs it from the start, an HA
-        member while it is the verified, serving primary. A cluster member's listeners stay
-        open when it stops serving: its new connections are relayed (or dropped).
+    @property
+    def connections(self) -> list[AMQPProtocol]:
+        """The client connections this node serves."""
+        return [cast(AMQPProtocol, link) for link in self.admission.connections]
+
+    async def serve_clients(self, term: int) -> bool:
+        """Open the node for clients of ``term``: True once it serves them.
+
+        With ``[txlog]`` the TxLog master starts first (global queues need it): a
+        standalone node runs it from the start, an HA member while it is the
+        verified, serving primary. False if the member stopped serving ``term``
+        meanwhile (the master is stopped again). OSError: a listener's port is
+        taken (the HA layer retries). A cluster member's listeners stay open in
+        every role: its new connections are relayed (or dropped).
         """
-        if serve and not self.serving:
+        async with self._opening:
+            if self.admission.opened == term:
+                return True
             if self.txlog is not None:
-                await self.txlog.start()  # OSError (port taken): the HA layer retries
+                await self.txlog.start()
             await self.open_listeners()
-            self.serving = True
+            if not self.admission.open(term):
+                if self.txlog is not None:
+                    await self.txlog.stop("this node stopped serving clients")
+                return False
             self.set_relay_target(None)
-        elif not serve and self.serving:
-            self.serving = False
-            if self.ha is None:
-                self._close_listeners()
-            self.close_connections(abort=True)
-            if self.txlog is not None:
-                await self.txlog.stop("this node stopped serving clients")
+            return True
+
+    def stopped_serving(self) -> None:
+        """The role ended (its connections are closed by then): relays end, the TxLog
+        master stops next."""
+        self.set_relay_target(None)
+        if self.txlog is not None:
+            txlog = self.txlog
+
+            async def stop_master() -> None:
+                async with self._opening:
+                    if self.admission.opened is None:
+                        await txlog.stop("this node stopped serving clients")
+
+            self._spawn(stop_master(), _log_failure)
 
     async def open_listeners(self) -> None:
         """The AMQP and amqps listeners (a cluster member keeps them open in every role)."""
@@ -287,12 +323,17 @@ class Node:
                 raise
 
     def _client_protocol(self, identify: Any = None) -> asyncio.Protocol | None:
-        """Serve the accepted connection here, relay it to the primary, or drop it (None)."""
-        if self.serving:
-            return AMQPProtocol(self.loop, self.broker, self.connections, identify,
-                                relay_secret=self.relay_secret)
+        """Serve the accepted connection here, relay it to the primary, or drop it (None).
+
+        Served connections are admitted again when the transport hands them over
+        (``AMQPProtocol.connection_made``): the node may have stopped serving since.
+        """
         target, secret = self.relay_to, self.relay_secret
-        if target is None or secret is None:
+        decision = self.admission.decide(target is not None and secret is not None)
+        if decision is Admission.SERVE:
+            return AMQPProtocol(self.loop, self.broker, self.admission, identify,
+                                relay_secret=self.relay_secret)
+        if decision is Admission.REFUSE or target is None or secret is None:
             return None
         if identify is not None and target.amqps is not None and self.tls.member_client is not None:
             return RelayProtocol(target.amqps, self.relays, secret, identify,
@@ -323,14 +364,12 @@ class Node:
             server.close()
         self.servers = []
 
-    def close_connections(self, *, abort: bool) -> None:
-        """Tell every client 320 CONNECTION_FORCED; ``abort`` also drops the sockets now."""
-        for proto in list(self.connections):
+    def close_connections(self) -> None:
+        """Tell every client 320 CONNECTION_FORCED (the node stops; sockets closed after)."""
+        for proto in self.connections:
             if proto.conn is not None:
                 proto.conn.shutdown()
                 proto.flush()
-            if abort and proto.transport is not None:
-                proto.transport.abort()
 
     async def _tick_forever(self) -> None:
         interval = self.config.tick_interval
@@ -392,7 +431,7 @@ class Node:
         self.admin.close()
         if self.ha is not None:
             await self.ha.stop()
-        self.close_connections(abort=False)
+        self.close_connections()
         deadline = self.loop.time() + SHUTDOWN_GRACE
         while self.connections and self.loop.time() < deadline:
             await asyncio.sleep(0.05)

@@ -10,6 +10,7 @@ from typing import cast
 
 from brokerha.amqp.connection import ExternalIdentity, ServerConnection
 from brokerha.broker.broker import Broker
+from brokerha.ha.admission import ClientAdmission
 from brokerha.node.relay import PreambleError, PreambleReader
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ class AMQPProtocol(asyncio.Protocol):
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, broker: Broker,
-                 connections: set[AMQPProtocol],
+                 admission: ClientAdmission,
                  identify: Callable[[ssl.SSLObject | None], ExternalIdentity | None]
                  | None = None, relay_secret: bytes | None = None) -> None:
         self.loop = loop
@@ -35,19 +36,24 @@ class AMQPProtocol(asyncio.Protocol):
         self._preamble = None if relay_secret is None else PreambleReader(relay_secret)
         self.identify = identify  # amqps: the client certificate's user (node/tls.py)
         self.broker = broker
-        self.connections = connections  # the node's registry of live connections
+        # whether the node serves this connection, decided when the transport hands it over
+        # (the node may have stopped serving since the listener accepted it); its registry
+        # of the connections it serves, all closed in the step that ends the role
+        self.admission = admission
         self.transport: asyncio.Transport | None = None
         self.conn: ServerConnection | None = None
         self._flush_scheduled = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        if not self.admission.admit(self):  # not serving now: the client tries its next URL
+            transport.abort()
+            return
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         peer = transport.get_extra_info("peername")
         tls = (None if self.identify is None
                else self.identify(transport.get_extra_info("ssl_object")))
         self._open(peer[:2] if peer else None, tls)
-        self.connections.add(self)
 
     def _open(self, peer: tuple[str, int] | None, tls: ExternalIdentity | None) -> None:
         conn = ServerConnection(self.broker, peer=peer, now=self.loop.time(), conn_id=id(self),
@@ -119,7 +125,15 @@ class AMQPProtocol(asyncio.Protocol):
             self.conn.resume_writing()
             self._schedule_flush()
 
+    def force_close(self) -> None:
+        """320 CONNECTION_FORCED and the socket dropped now (the role ended: failover)."""
+        if self.conn is not None:
+            self.conn.shutdown()
+            self.flush()
+        if self.transport is not None:
+            self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
-        self.connections.discard(self)
+        self.admission.gone(self)
         if self.conn is not None:
             self.conn.connection_lost()

@@ -4,8 +4,10 @@ The datacenter of ``world.py`` — three nodes, each the product's ``HAMember``
 (the real ``Election``, ``HACore``, ``Primary`` with its tx-queues, votes
 and TxTrackers, ``Backup`` with its ``TransactionReplicator``, the
 verification phase) on a ``Broker`` over a simulated disk — under the
-world's faults, with clients that act on the serving primary's broker as the
-channel does:
+world's faults, with clients that connect to any node at any moment through
+its own accept path (``World.connect``: the node's ``ClientAdmission`` serves,
+relays or refuses them, also from a paused node's backlog) and act on the
+broker of the node that serves their connection, as the channel does:
 
 - TX transactions (``Transaction``: publishes of numbered messages to 1-3
   queues, acknowledgements of earlier messages, ``tx.commit`` as a task whose
@@ -14,8 +16,9 @@ channel does:
 - XA branches through the ``DtxManager`` (start/end, prepare, commit,
   one-phase commit, rollback; each answer after ``after_durable``); after a
   failover the TM asks ``recover`` on the new primary and finishes what it
-  lists. A client whose primary crashed or was deposed never hears its
-  answer: a TX is then unknown to its client, a prepared branch is finished
+  lists. A client hears an answer only while its connection is open: the
+  node closes it in the step that ends its role, or it dies with the
+  process; a TX is then unknown to its client, a prepared branch is finished
   by the TM.
 
 Checked after every event (``Violation`` with the seed and the trace tail):
@@ -63,6 +66,7 @@ from brokerha.ha.simulation.disk import DiskStore, Image
 from brokerha.ha.simulation.world import (
     AsyncWorld,
     Faults,
+    SimConnection,
     SimNode,
     SimProcess,
     SimResult,
@@ -76,10 +80,11 @@ from brokerha.primary.verification import COMMIT, ROLLBACK
 __all__ = ["CATCHES", "SimResult", "TxSimulation", "Unsafe", "run_many", "run_seed"]
 
 QUEUES = ("q1", "q2", "q3")
-CATCHES = ("early_ack", "no_tx_trackers")
+CATCHES = ("early_ack", "no_tx_trackers", "lagging_role")
 TRACE_TAIL = 40
 MAX_TX_CLIENTS = 3
 MAX_TMS = 2
+MAX_CONNECTIONS = 4  # open client connections; more are dialled while fewer are open
 FAULTS = Faults(rate=0.4, outage=(0.3, 4.0))
 
 def contents(broker: Broker) -> dict[str, Any]:
@@ -116,8 +121,7 @@ class Client:
 
     key: int
     kind: str                          # "tx" | "dtx"
-    node: SimNode
-    primary: Primary                   # the role its connection was made to
+    conn: SimConnection                # the connection it runs on (a TM's: its latest)
     obj: Any                           # the Transaction, or the Xid
     txid: str | None = None            # the replication id (tx-queue name)
     enq: list[tuple[str, bytes]] = field(default_factory=list)
@@ -128,15 +132,13 @@ class Client:
     prepared_ok: bool = False          # prepare answered XA_OK
     task: asyncio.Future[Any] | None = None
 
-    def connection(self) -> tuple[SimNode, Primary]:
-        return self.node, self.primary
+    @property
+    def node(self) -> SimNode:
+        return self.conn.node
 
-    def hears(self, connection: tuple[SimNode, Primary]) -> bool:
-        """An answer on ``connection`` reaches the client: it is still the client's, and stands
-        (the node lives and holds the same primary role)."""
-        node, primary = connection
-        return (connection == (self.node, self.primary) and node.alive
-                and node.primary is primary)
+    def hears(self, conn: SimConnection) -> bool:
+        """An answer on ``conn`` reaches the client: it is still the client's, and open."""
+        return conn is self.conn and conn.usable
 
 
 def initial_disk() -> tuple[Image, Counter[tuple[str, bytes]]]:
@@ -166,6 +168,8 @@ class TxSimulation(AsyncWorld):
         for name in self.names:
             self.disks[name] = image.copy()
         self.clients: list[Client] = []
+        self.conns: list[SimConnection] = []  # open client connections
+        self.dialling = 0  # connections asked for, not yet served (or refused)
         self.keys = 0
         self.effects: dict[str, tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]] = {}
         self.decided: dict[str, tuple[str, str]] = {}   # txid -> (commit|rollback, why)
@@ -215,28 +219,33 @@ class TxSimulation(AsyncWorld):
 
         if decisions:
             node.broker.after_durable(durable)
-        self.adopt_unknown(node)
 
-    def adopt_unknown(self, node: SimNode) -> None:
-        """The TM reconnects to the serving primary: what it had in flight is unknown to it
-        (a branch whose connection was lost after this primary began serving, too)."""
-        primary = node.primary
-        assert primary is not None
+    def adopt_unknown(self, conn: SimConnection) -> None:
+        """The TM reconnected (``conn``): what it had in flight on a connection it lost is
+        unknown to it, and it asks about it on the new one."""
         for client in self.clients:
-            if client.state == "unknown" and not client.hears((node, primary)):
-                client.node, client.primary = node, primary
-
-    def on_demoted(self, node: SimNode) -> None:
-        self._connections_lost(node)
+            if client.state == "unknown" and not client.hears(client.conn):
+                client.conn = conn
 
     def on_crash(self, node: SimNode) -> None:
-        node.up = False
-        self._connections_lost(node)
+        node.up = False  # its tasks are cancelled as its connections close (connection_closed)
 
-    def _connections_lost(self, node: SimNode) -> None:
-        """The clients of ``node`` lose their connections: whatever they did not hear is unknown."""
+    def dial(self, name: str) -> None:
+        """A client connects to node ``name`` (any node: a backup relays it, or refuses)."""
+        self.dialling += 1
+
+        def opened(conn: SimConnection) -> None:
+            self.conns.append(conn)
+
+        self.connect(name, opened)
+
+    def connection_closed(self, conn: SimConnection) -> None:
+        """The clients on ``conn`` lose it: whatever they did not hear is unknown."""
+        node = conn.node
+        if conn in self.conns:
+            self.conns.remove(conn)
         for client in self.clients:
-            if client.node is not node or client.state == "done":
+            if client.conn is not conn or client.state == "done":
                 continue
             if not node.alive and client.task is not None and not client.task.done():
                 client.task.cancel()  # the process is gone
@@ -287,27 +296,38 @@ class TxSimulation(AsyncWorld):
 
     def _client_tick(self) -> None:
         self.after(self.rng.expovariate(self.client_rate), self._client_tick)
-        node = self.serving_now
-        if node is None or self.calm:
+        if self.calm:
             return
-        self.adopt_unknown(node)
+        self.conns = [c for c in self.conns if c.usable]
+        if len(self.conns) + min(self.dialling, 2) < MAX_CONNECTIONS:
+            self.dial(self.rng.choice(self.names))
+        self.dialling = max(0, self.dialling - 1)  # a refused dial is not answered
+        if not self.conns:
+            return
+        conn = self.rng.choice(self.conns)
+        conn.node.run(lambda: self._client_work(conn))  # a paused node takes it later
+
+    def _client_work(self, conn: SimConnection) -> None:
+        if not conn.usable:
+            return
+        self.adopt_unknown(conn)
         live = [c for c in self.clients if c.state != "done"]
-        choices: list[Callable[[SimNode], None]] = []
+        choices: list[Callable[[SimConnection], None]] = []
         if sum(c.kind == "tx" for c in live) < MAX_TX_CLIENTS:
             choices.append(self.tx_begin)
         if sum(c.kind == "dtx" for c in live) < MAX_TMS:
             choices.append(self.dtx_begin)
         for c in live:
-            if c.state in ("open", "idle", "prepared", "unknown") and c.node is node:
-                choices.append(lambda _node, c=c: self.advance(c))  # type: ignore[misc]
+            if c.state in ("open", "idle", "prepared", "unknown") and c.conn is conn:
+                choices.append(lambda _conn, c=c: self.advance(c))  # type: ignore[misc]
         if choices:
-            self.rng.choice(choices)(node)
+            self.rng.choice(choices)(conn)
 
-    def tx_begin(self, node: SimNode) -> None:
-        assert node.primary is not None
+    def tx_begin(self, conn: SimConnection) -> None:
+        node = conn.node
         self.keys += 1
         tx = node.broker.new_transaction()
-        client = Client(self.keys, "tx", node, node.primary, tx)
+        client = Client(self.keys, "tx", conn, tx)
         self.work(client, tx.publish, lambda acked: tx.accept(acked, []))
         client.txid = tx.replication_id
         self.clients.append(client)
@@ -315,12 +335,12 @@ class TxSimulation(AsyncWorld):
         if client.txid is not None:
             self.effects[client.txid] = (client.enq, client.deq)
 
-    def dtx_begin(self, node: SimNode) -> None:
-        assert node.primary is not None
+    def dtx_begin(self, conn: SimConnection) -> None:
+        node = conn.node
         self.keys += 1
         xid = Xid(1, b"sim-%d-%d" % (self.seed, self.keys))
         branch = node.broker.dtx.start(xid, "channel")
-        client = Client(self.keys, "dtx", node, node.primary, xid)
+        client = Client(self.keys, "dtx", conn, xid)
         self.work(client, branch.publish, lambda acked: branch.accept(acked, []))
         node.broker.dtx.end(xid, "channel")
         client.txid = branch.replication_id
@@ -340,7 +360,7 @@ class TxSimulation(AsyncWorld):
                 self.decide(client.txid, "rollback", "client rollback")
                 return
             client.state = "busy"
-            self.request(client, self.tx_commit(client))
+            self.tx_commit_now(client)
             return
         if client.state == "unknown":
             self.tm_recover(client)
@@ -369,9 +389,20 @@ class TxSimulation(AsyncWorld):
         except XAError as exc:
             return exc.code
 
-    async def tx_commit(self, client: Client) -> None:
+    def tx_commit_now(self, client: Client) -> None:
+        """tx.commit as the channel handles it (amqp/methods/tx.py): applied in the same
+        callback unless an observer must be awaited first."""
+        tx = client.obj
+        if tx.needs_prepare():
+            self.request(client, self.tx_commit(client))
+            return
         self.note(f"tx{client.key} commit")
-        connection = client.connection()
+        tx.commit_prepared()
+        self.tx_committed(client, client.conn)
+
+    async def tx_commit(self, client: Client) -> None:
+        connection = client.conn
+        self.note(f"tx{client.key} commit (awaits a prepare)")
         try:
             await client.obj.commit()
         except TransactionAborted:
@@ -380,6 +411,10 @@ class TxSimulation(AsyncWorld):
             client.state = "done"
             self.decide(client.txid, "rollback", "commit refused")
             return
+        self.tx_committed(client, connection)
+
+    def tx_committed(self, client: Client, connection: SimConnection) -> None:
+        """Applied: commit-ok once the broker's durability barrier passed."""
         client.held = []
 
         def commit_ok() -> None:
@@ -388,10 +423,15 @@ class TxSimulation(AsyncWorld):
                 self.counts["commit-ok"] += 1
                 self.decide(client.txid, "commit", "commit-ok")
 
-        connection[0].broker.after_durable(commit_ok)
+        connection.node.broker.after_durable(commit_ok)
 
     async def xa(self, client: Client, verb: str, work: Any) -> None:
-        connection = client.connection()
+        connection = client.conn
+        if not client.hears(connection):
+            work.close()  # closed before the node read the frame
+            if connection is client.conn and client.state == "busy":
+                client.state = "unknown"
+            return
         try:
             code = await work
         except XAError as exc:
@@ -399,9 +439,9 @@ class TxSimulation(AsyncWorld):
         self.answer_xa(client, verb, code, connection)
 
     def answer_xa(self, client: Client, verb: str, code: XA,
-                  connection: tuple[SimNode, Primary] | None = None) -> None:
+                  connection: SimConnection | None = None) -> None:
         """The TM hears ``code`` once ``after_durable`` passed (dtx_control.answer)."""
-        connection = connection or client.connection()
+        connection = connection or client.conn
         client.held = [] if verb != "prepare" or code != XA.OK else client.held
 
         def deliver() -> None:
@@ -423,7 +463,7 @@ class TxSimulation(AsyncWorld):
             elif code != XA.RDONLY:
                 self.violate(f"dtx{client.key} {verb} answered {code.label}")
 
-        connection[0].broker.after_durable(deliver)
+        connection.node.broker.after_durable(deliver)
 
     def tm_recover(self, client: Client) -> None:
         """After a failover the TM asks recover (answered after_durable) and finishes the branch."""
@@ -431,11 +471,11 @@ class TxSimulation(AsyncWorld):
         xid = client.obj
         listed = xid in node.broker.dtx.recover()
         client.state = "busy"
-        connection = client.connection()
+        connection = client.conn
 
         def heard() -> None:
             if not client.hears(connection):
-                if connection == client.connection():
+                if connection is client.conn:
                     client.state = "unknown"
                 return
             dtx = node.broker.dtx
@@ -588,7 +628,13 @@ class TxSimulation(AsyncWorld):
         return tuple(out)
 
     def finish_clients(self, serving: SimNode) -> None:
-        self.adopt_unknown(serving)
+        """The clients finish on the serving primary (dialled until a connection is served)."""
+        self.conns = [c for c in self.conns if c.usable]
+        conn = next((c for c in self.conns if c.node is serving), None)
+        if conn is None:
+            self.dial(serving.name)
+            return
+        self.adopt_unknown(conn)
         for client in self.clients:
             if client.node is not serving:
                 continue

@@ -58,7 +58,8 @@ from brokerha.cluster.messages import REGISTRY
 from brokerha.cluster.messages import Message as Packet
 from brokerha.cluster.replication import Events
 from brokerha.cluster.state import NodeState
-from brokerha.ha import core, member
+from brokerha.ha import admission, core, member
+from brokerha.ha.admission import Admission
 from brokerha.ha.core import PrimarySettings, load_position
 from brokerha.ha.member import TICK, HAMember, PrimaryLayer
 from brokerha.ha.simulation.disk import DiskStore, Image
@@ -112,8 +113,10 @@ class Unsafe(UnsafeRules):
 
     ``invalid_grants`` and ``no_lease``: ``cluster.election.Unsafe``;
     ``old_epoch_apply``: ``ha.member.Unsafe``; ``early_ack``,
-    ``confirm_early`` and ``no_tx_trackers``: ``ha.core.Unsafe``. Each workload
-    names the rules it can catch (``CATCHES``).
+    ``confirm_early`` and ``no_tx_trackers``: ``ha.core.Unsafe``;
+    ``lagging_role``: ``ha.admission.Unsafe`` and ``ha.member.Unsafe`` (the
+    shell's race of issue 32). Each workload names the rules it can catch
+    (``CATCHES``).
     """
 
     confirm_early: bool = False     # the primary confirms on its own disk, without the quorum
@@ -122,6 +125,7 @@ class Unsafe(UnsafeRules):
     old_epoch_apply: bool = False   # a backup applies events of an older epoch
     no_tx_trackers: bool = False    # a backup joining during a prepared transaction is ready
     early_ack: bool = False         # a backup acknowledges before its store synced
+    lagging_role: bool = False      # the shell serves by a flag set late; no durability gate
 
     def _part(self, kind: type[Any]) -> Any:
         """The module's own rules (a rule no workload here can catch stays unbroken)."""
@@ -135,6 +139,9 @@ class Unsafe(UnsafeRules):
 
     def core(self) -> core.Unsafe:
         return self._part(core.Unsafe)  # type: ignore[no-any-return]
+
+    def admission(self) -> admission.Unsafe:
+        return self._part(admission.Unsafe)  # type: ignore[no-any-return]
 
 
 class Violation(Exception):
@@ -249,7 +256,8 @@ class SimNode(SimProcess):
             world.clock, timing=world.timing, verification_timeout=world.verification_timeout,
             rng=random.Random(f"{world.seed}/{name}/{incarnation}"),
             primary_factory=world.make_primary, unsafe=unsafe.member(),
-            core_unsafe=unsafe.core(), election_unsafe=unsafe.election(), layer=self.layer)
+            core_unsafe=unsafe.core(), election_unsafe=unsafe.election(),
+            admission_unsafe=unsafe.admission(), layer=self.layer)
 
     @property
     def election(self) -> el.Election:
@@ -311,6 +319,7 @@ class SimNode(SimProcess):
     def serving(self, epoch: int, decisions: dict[str, str]) -> None:
         self.world.note(f"{self.name} serves clients (epoch {epoch})"
                         + (f"; verification decided {decisions}" if decisions else ""))
+        self.ha.clients.open(epoch)  # the shell is open for this term (Node.serve_clients)
         self.world.on_serving(self, epoch, decisions)
 
     def demoted(self, reason: str) -> None:
@@ -322,6 +331,31 @@ class SimNode(SimProcess):
 
     def joined(self, primary: str, epoch: int) -> None:
         self.world.note(f"{self.name} joins {primary} (epoch {epoch})")
+
+
+class SimConnection:
+    """A client's AMQP connection to one node, as the node's ``ClientAdmission`` took it.
+
+    Open from its admission until the node closes it (``force_close``: the
+    role ended) or its process dies; an answer reaches the client only while
+    it is open.
+    """
+
+    def __init__(self, world: World, node: SimNode) -> None:
+        self.world = world
+        self.node = node
+        self.open = False
+
+    def force_close(self) -> None:
+        if self.open:
+            self.open = False
+            self.world.note(f"{self.node.name} closes a client connection (320)")
+            self.world.connection_closed(self)
+
+    @property
+    def usable(self) -> bool:
+        """Open on a live process (a paused one takes the client's frames later)."""
+        return self.open and self.node.alive
 
 
 @dataclass
@@ -469,6 +503,39 @@ class World:
     def on_new_server(self, node: SimNode | None) -> None:
         pass
 
+    def connection_closed(self, conn: SimConnection) -> None:
+        """A client connection closed (by its node, or with its process)."""
+
+    # -- clients connecting: the node shell's accept path -------------------------------------
+
+    def connect(self, name: str, opened: Callable[[SimConnection], None], hops: int = 0) -> None:
+        """A client dials node ``name``: accepted when the node runs (a paused node's
+        backlog waits), served, relayed or refused as its ``ClientAdmission`` decides
+        then, and admitted again when the transport hands the connection over (a
+        moment later: the node may have stopped serving meanwhile). ``opened`` gets
+        the connection once it is served; a refused client tries again on its own."""
+        delay = self.faults.delay
+        self.after(delay[0] + (delay[1] - delay[0]) * self.rng.random(),
+                   lambda: self._accept(self.nodes[name], opened, hops))
+
+    def _accept(self, node: SimNode, opened: Callable[[SimConnection], None], hops: int) -> None:
+        def accept() -> None:
+            following = node.ha.core.following
+            decision = node.ha.clients.decide(following is not None)
+            if decision is Admission.RELAY and following is not None and hops < 2:
+                self.connect(following, opened, hops + 1)  # the relay dials the primary
+            elif decision is Admission.SERVE:
+                conn = SimConnection(self, node)
+                self.after(0.002 * self.rng.random(), lambda: node.run(lambda: made(conn)))
+
+        def made(conn: SimConnection) -> None:
+            if node.ha.clients.admit(conn):
+                conn.open = True
+                self.note(f"client connected to {node.name}")
+                opened(conn)
+
+        node.run(accept)
+
     # -- invariants --------------------------------------------------------------------------
 
     def servers(self) -> list[SimNode]:
@@ -553,6 +620,10 @@ class World:
         self.stats.crashes += 1
         self.on_crash(node)
         node.up = False
+        for link in list(node.ha.clients.connections):  # the process is gone: so are they
+            if isinstance(link, SimConnection) and link.open:
+                link.open = False
+                self.connection_closed(link)
         self.disks[node.name] = node.store.disk
         for peer in self.names:
             if peer != node.name:
@@ -569,8 +640,11 @@ class World:
         if not node.alive or node.paused:
             return
         self.note(f"resume {node.name} ({node.election.role}, epoch {node.election.epoch})")
-        node.ha.tick()
+        # what waited runs in an order the loop does not promise: input (a client's
+        # connection in the accept backlog, a peer's packet) may come before the tick
+        # that would notice the lease ran out during the pause
         inbox, node.inbox = node.inbox, []
+        inbox.insert(self.rng.randint(0, len(inbox)), node.ha.tick)
         for work in inbox:
             node.run(work)
             self.run_soon()
