@@ -38,6 +38,7 @@ from brokerha.cluster.replication import (
     Ack,
     Events,
     Join,
+    ResourceAlarm,
     TxVote,
     VerifyReply,
     VerifyRequest,
@@ -48,6 +49,7 @@ from brokerha.ha.admission import ClientAdmission
 from brokerha.ha.core import Effects, HACore, PrimarySettings
 from brokerha.ha.core import Unsafe as CoreUnsafe
 from brokerha.primary import verification as verify
+from brokerha.primary.backup_alarms import BackupAlarms
 from brokerha.primary.primary import Primary
 from brokerha.seed_runner import UnsafeRules
 
@@ -139,6 +141,9 @@ class HAMember:
         # the client connections this node serves, closed in the step that ends the role
         self.clients = ClientAdmission(self.term, later=effects.later, unsafe=admission_unsafe)
         self._lapse_scheduled = False
+        # disk alarms: a primary applies its ready backups'; a backup reports its own
+        self.backup_alarms = BackupAlarms(broker.set_alarm)
+        self._alarms_sent: dict[str, str] | None = None  # None: report at the next tick
         if not self.unsafe.lagging_role:
             broker.durability_gate = self  # nothing is confirmed unless ``term`` says so
 
@@ -195,13 +200,15 @@ class HAMember:
         self.carry_out(self.election.start(self.clock()))
 
     def tick(self) -> None:
-        """The driver's periodic tick: election timers, backup timeouts, verification, sends."""
+        """The driver's periodic tick: election timers, backup timeouts, verification, sends,
+        disk alarms."""
         now = self.clock()
         self.carry_out(self.election.tick(now))
         if self.primary is not None:
             self.primary.tick(now)
         self._verification_due()
         self.core.flush()
+        self._alarms()
 
     def peer_up(self, peer: str) -> None:
         if peer == self.core.following:
@@ -209,14 +216,54 @@ class HAMember:
 
     def peer_down(self, peer: str) -> None:
         if self.primary is not None:
+            self.backup_alarms.lost(peer)
             self.primary.backup_lost(peer, "link down")
         # our primary died (stand at once), or a backup left the lease (Election.link_down)
         self.carry_out(self.election.link_down(self.clock(), peer))
+        self._alarms()
+
+    # -- disk alarms between a primary and its backups -----------------------------------
+
+    def _alarms(self) -> None:
+        """A primary blocks its publishers on a ready backup's disk alarm; a backup tells
+        its primary its own when they change (and after each join)."""
+        primary, backup, following = self.primary, self.backup, self.core.following
+        if primary is not None:
+            self.backup_alarms.apply(primary.ready_backups())
+            return
+        if backup is None or following is None:
+            return
+        alarms = {name: why for name, why in self.broker.alarms.items()
+                  if name.split(":", 1)[0] == "disk"}
+        if alarms == self._alarms_sent or not self.effects.connected(following):
+            return
+        self.effects.send(following, ResourceAlarm(backup.epoch, self.me, alarms))
+        self._alarms_sent = alarms
+
+    def joined(self) -> None:
+        """A join went out: our disk alarms go to the primary again."""
+        self._alarms_sent = None
+
+    def status(self) -> dict[str, object]:
+        """This member's role as ``ctl status`` shows it."""
+        phase = self.phase
+        out: dict[str, object] = {
+            "role": phase if phase in ("primary", "backup", "joining") else "joining",
+            "ready": phase == "primary" or (self.backup is not None and self.backup.caught_up),
+            "phase": phase}
+        if self.primary is not None:
+            out["replication"] = self.primary.status()
+        return out
 
     def on_message(self, peer: str, msg_id: int, msg: Message) -> None:
         """A cluster message from ``peer``, to the election or the role object it is for."""
         if isinstance(msg, Error):
             log.warning("node %s: error from %s: %s %s", self.me, peer, msg.code, msg.message)
+            return
+        if isinstance(msg, ResourceAlarm):
+            if self.primary is not None and msg.epoch == self.primary.epoch:
+                self.backup_alarms.report(peer, msg.alarms)
+                self.backup_alarms.apply(self.primary.ready_backups())
             return
         if isinstance(msg, REPLICATION) and not self.unsafe.old_epoch_apply:
             epoch = msg.epoch
@@ -291,6 +338,7 @@ class HAMember:
             self.layer.detach_primary()
         self.effects.demoted(reason)
         self.core.demote()
+        self.backup_alarms.clear()
         closed = self.clients.close()
         if closed:
             log.warning("node %s closed %d client connections with the primary role", self.me,

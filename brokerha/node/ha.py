@@ -15,8 +15,10 @@ module only carries its inputs and outputs (``ha.member.MemberEffects``):
   whether a connection is served is its answer when the connection is handed
   over, never a flag of this layer; ``follow`` points the relay of this node's
   clients at the new primary;
-- the disk alarms a backup reports to its primary, the failover history and
-  the status page are kept here.
+- the failover history and the status page are kept here.
+
+It talks to the member only (the role objects, Primary or Backup, are the
+member's: the admin endpoints read the primary through ``primary``).
 """
 
 from __future__ import annotations
@@ -27,22 +29,19 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from brokerha.backup.backup import Backup
 from brokerha.cluster import election as el
 from brokerha.cluster.link import ClusterLinks, links_reload, tls_contexts
 from brokerha.cluster.messages import Message
-from brokerha.cluster.replication import ResourceAlarm
 from brokerha.cluster.state import StateFile
 from brokerha.ha.core import Cancellable, PrimarySettings, load_position
 from brokerha.ha.member import TICK, HAMember
 from brokerha.httpapi.server import HTTPError, Request, Response
 from brokerha.node.relay import RelayTarget
-from brokerha.primary.backup_alarms import BackupAlarms
-from brokerha.primary.primary import Primary
 
 if TYPE_CHECKING:
     from brokerha.node.cluster_config import ClusterConfig
     from brokerha.node.server import Node
+    from brokerha.primary.primary import Primary
 
 log = logging.getLogger("brokerha.ha")
 
@@ -87,30 +86,18 @@ class HANode:
             verification_timeout=cluster.verification_timeout, layer=node.txlog)
         node.admission = self.ha.clients  # the member decides which connections are served
         self.election = self.ha.election
-        self.core = self.ha.core
         self._ticker: asyncio.Task[None] | None = None
-        # disk alarms: a primary applies its ready backups'; a backup reports its own
-        self.backup_alarms = BackupAlarms(self.broker.set_alarm)
-        self._alarms_sent: dict[str, str] | None = None  # None: report at the next tick
         node.admin.route("POST", "/api/promote", self._promote_request, admin=True)
 
-    # -- the member's role objects -------------------------------------------------------
+    # -- what the admin endpoints read of the member (admin/node_view.py, HAView) ---------
 
     @property
     def primary(self) -> Primary | None:
-        return self.core.primary
-
-    @property
-    def backup(self) -> Backup | None:
-        return self.core.backup
-
-    @property
-    def following(self) -> str | None:
-        return self.core.following
+        return self.ha.primary
 
     @property
     def phase(self) -> str:
-        return self.core.phase
+        return self.ha.phase
 
     # -- what the member asks of this layer (ha.member.MemberEffects) ---------------------
 
@@ -154,8 +141,6 @@ class HANode:
 
     def demoted(self, reason: str) -> None:
         self._record_failover("stepped down", node=self.me, reason=reason)
-        self.node.set_relay_target(None)
-        self.backup_alarms.clear()
         self.node.stopped_serving()  # the member closes the connections in this same step
 
     def follow(self, primary: str, epoch: int) -> None:
@@ -164,7 +149,7 @@ class HANode:
 
     def joined(self, primary: str, epoch: int) -> None:
         """The core sent a join: our disk alarms go to the primary again."""
-        self._alarms_sent = None
+        self.ha.joined()
         log.info("node %s joining primary %s (epoch %d)", self.me, primary, epoch)
 
     # -- life cycle ----------------------------------------------------------------------
@@ -191,9 +176,6 @@ class HANode:
             await asyncio.sleep(TICK)
             try:
                 self.ha.tick()
-                if self.primary is not None:
-                    self.backup_alarms.apply(self.primary.ready_backups())
-                self._report_alarms()
             except Exception:  # keep the node's timers alive; the log says what broke
                 log.exception("HA tick failed")
 
@@ -210,7 +192,7 @@ class HANode:
         """
         delay = TICK
         while True:
-            if self.election.epoch != epoch or self.primary is None or self.phase != "primary":
+            if self.ha.term() != epoch:
                 return
             try:
                 if await self.node.serve_clients(epoch):
@@ -223,35 +205,15 @@ class HANode:
             await asyncio.sleep(delay)
             delay = min(1.0, delay * 2)
 
-    def _report_alarms(self) -> None:
-        """A backup tells its primary its disk alarms when they change (and after a join)."""
-        if self.backup is None or self.following is None:
-            return
-        alarms = {name: why for name, why in self.broker.alarms.items()
-                  if name.split(":", 1)[0] == "disk"}
-        if alarms == self._alarms_sent or not self.links.connected(self.following):
-            return
-        self.links.send(self.following, ResourceAlarm(self.backup.epoch, self.me, alarms))
-        self._alarms_sent = alarms
-
     # -- packets -------------------------------------------------------------------------
 
     def _on_peer_up(self, peer: str) -> None:
         self.ha.peer_up(peer)
 
     def _on_peer_down(self, peer: str) -> None:
-        if self.primary is not None:
-            self.backup_alarms.lost(peer)
         self.ha.peer_down(peer)
-        if self.primary is not None:
-            self.backup_alarms.apply(self.primary.ready_backups())
 
     def _on_message(self, peer: str, msg_id: int, msg: Message) -> None:
-        if isinstance(msg, ResourceAlarm):
-            if self.primary is not None and msg.epoch == self.primary.epoch:
-                self.backup_alarms.report(peer, msg.alarms)
-                self.backup_alarms.apply(self.primary.ready_backups())
-            return
         self.ha.on_message(peer, msg_id, msg)
 
     def _spawn(self, work: Any) -> None:
@@ -275,14 +237,9 @@ class HANode:
     def add_status(self, status: dict[str, Any]) -> None:
         me = status["node"]
         st = self.state.state
-        role = self.phase if self.phase in ("primary", "backup", "joining") else "joining"
-        me.update(role=role, epoch=self.election.epoch, primary=self.election.primary,
-                  position=[st.pos_epoch, st.pos_seq],
-                  ready=(self.phase == "primary" or (self.backup is not None
-                                                     and self.backup.caught_up)),
-                  phase=self.phase, peers_up=sorted(self.links.peers_up()))
-        if self.primary is not None:
-            me["replication"] = self.primary.status()
+        me.update(self.ha.status())
+        me.update(epoch=self.election.epoch, primary=self.election.primary,
+                  position=[st.pos_epoch, st.pos_seq], peers_up=sorted(self.links.peers_up()))
         status["cluster"] = self.cluster.name
         status["members"] = [{"name": m.name, "amqp_url": m.amqp_url, "admin_url": m.admin_url,
                               "https_url": m.https_url,

@@ -60,16 +60,16 @@ def test_a_backup_that_joins_again_while_an_ack_waits_for_the_disk_still_acks_it
         assert isinstance(join, Join)
         c.primary.backup_joined(join)
         for packet in c.primary.take_outbox("n2"):
-            ha.core.on_events("n1", wire(packet))  # type: ignore[arg-type]
+            ha.ha.core.on_events("n1", wire(packet))  # type: ignore[arg-type]
 
     ha.ha._become_backup(1, "n1")
     answer_join()                       # the catch-up applied; its ack waits for the disk
     assert links.sent == []
-    backup = ha.backup
+    backup = ha.ha.backup
     assert backup is not None and backup.caught_up
     gap = Events(1, backup.applied_seq + 5, [["d", "/", "q", [1]]])
-    ha.core.on_events("n1", gap)            # a replication error: a new Backup joins again
-    assert ha.backup is not backup
+    ha.ha.core.on_events("n1", gap)            # a replication error: a new Backup joins again
+    assert ha.ha.backup is not backup
     answer_join()                       # the new catch-up, applied while the old ack waits
     store.sync()
     acks = [m for m in links.sent if isinstance(m, Ack)]
@@ -94,8 +94,8 @@ def test_an_ack_that_waited_for_the_disk_across_a_new_join_does_not_make_the_pos
     join = links.sent.pop()
     c.primary.backup_joined(join)
     for packet in c.primary.take_outbox("n2"):
-        ha.core.on_events("n1", wire(packet))  # type: ignore[arg-type]
-    ha.core.send_join()                     # the link came back: join again, same Backup
+        ha.ha.core.on_events("n1", wire(packet))  # type: ignore[arg-type]
+    ha.ha.core.send_join()                     # the link came back: join again, same Backup
     assert isinstance(links.sent.pop(), Join)
     store.sync()                        # the first session's ack completes now
     assert not [m for m in links.sent if isinstance(m, Ack)]
@@ -120,7 +120,7 @@ def test_a_backup_acknowledges_replicated_dequeues_later_and_everything_else_at_
 
         def deliver() -> None:
             for packet in c.primary.take_outbox("n2"):
-                ha.core.on_events("n1", wire(packet))  # type: ignore[arg-type]
+                ha.ha.core.on_events("n1", wire(packet))  # type: ignore[arg-type]
 
         def acks() -> list[int]:
             found = [m.seq for m in links.sent if isinstance(m, Ack)]
@@ -186,7 +186,7 @@ def test_a_barrier_right_after_dequeues_is_acknowledged_without_the_delay(
             events = []
             for packet in c.primary.take_outbox("n2"):
                 events.extend(packet.events)
-                ha.core.on_events("n1", wire(packet))  # type: ignore[arg-type]
+                ha.ha.core.on_events("n1", wire(packet))  # type: ignore[arg-type]
             store.sync()
             acks = [m.seq for m in links.sent if isinstance(m, Ack)]
             links.sent.clear()
@@ -202,7 +202,7 @@ def test_a_barrier_right_after_dequeues_is_acknowledged_without_the_delay(
         events = deliver()
         assert [e[0] for e in events] == [R.DEQUEUED, R.ACK_PROMPTLY]
         assert released == ["confirm"], "acknowledged at once, not DEQUEUE_ACK_DELAY later"
-        assert ha.core._deferred_ack is None
+        assert ha.ha.core._deferred_ack is None
 
         c.primary.barrier(lambda: released.append("again"))  # nothing new: no marker
         assert released == ["confirm", "again"] and deliver() == []
