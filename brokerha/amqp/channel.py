@@ -351,6 +351,25 @@ class Channel:
     def block(self) -> None:
         self._blocked = True
 
+    def reply_unblocked(self, method: Any) -> None:
+        """The answer of asynchronous work (a commit, a durable declare), then the frames
+        that waited behind it."""
+        if self.state == OPEN:
+            self.send(method)
+            self.unblock()
+
+    def reply_when_durable(self, method: Any) -> None:
+        """Answer a change the client may rely on surviving a failover (a durable
+        declare) once it is durable everywhere it must be: on an HA member, replicated
+        by the serving primary (``Broker.after_durable``; never, if the role ends first:
+        the connection is closed). The channel's later frames wait their turn."""
+        broker = self.conn.broker
+        if broker.durability_gate is None:
+            self.send(method)  # a standalone node: answered at once, as before
+            return
+        self.block()
+        broker.after_durable(lambda: self.reply_unblocked(method))
+
     def unblock(self) -> None:
         """Asynchronous work done: handle the frames that waited, in order."""
         self._blocked = False

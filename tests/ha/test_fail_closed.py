@@ -202,3 +202,28 @@ def test_an_expired_lease_is_not_renewed_by_a_late_acknowledgement() -> None:
     actions = e.receive(10.1, "n2", ack)
     assert any(isinstance(a, el.StopServing) for a in actions)
     assert e.role != "primary" and not e.lease_valid(10.1)
+
+
+# -- what a client sees on the wire of a gated broker ------------------------------------------
+
+
+def test_a_durable_declare_is_answered_once_durable_and_the_channel_waits_behind_it() -> None:
+    from pamqp import commands
+
+    from tests.amqp.wire import Wire, make_broker
+
+    broker = make_broker()
+    gate = Gate(1)
+    broker.durability_gate = gate
+    held: list[object] = []
+    broker.replication_barriers.append(held.append)  # the backups' acknowledgement
+    w = Wire(broker).connected()
+    w.method(1, commands.Queue.Declare(queue="d", durable=True))
+    w.method(1, commands.Queue.Declare(queue="t"))  # behind it on the channel
+    assert w.methods() == []
+    held.pop()()  # type: ignore[operator]
+    assert [type(m) for m in w.methods()] == [commands.Queue.DeclareOk] * 2
+    gate.now = None  # the role ended: a durable declare is never answered
+    w.method(1, commands.Exchange.Declare(exchange="x", exchange_type="fanout", durable=True))
+    w.method(1, commands.Tx.Select())
+    assert w.methods() == [] and gate.refusals == 1

@@ -18,12 +18,15 @@ def declare(ch: Channel, m: commands.Exchange.Declare) -> None:
         raise AccessRefused("operation not permitted on the default exchange")
     if not m.passive:
         ch.user.check("configure", ch.vhost.name, "exchange", m.exchange)
-    ch.vhost.declare_exchange(
+    exchange = ch.vhost.declare_exchange(
         m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
         auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
     )
     if not m.nowait:
-        ch.send(commands.Exchange.DeclareOk())
+        if exchange.durable and not m.passive:
+            ch.reply_when_durable(commands.Exchange.DeclareOk())
+        else:
+            ch.send(commands.Exchange.DeclareOk())
 
 
 def delete(ch: Channel, m: commands.Exchange.Delete) -> None:

@@ -30,9 +30,12 @@ def declare(ch: Channel, m: commands.Queue.Declare) -> None:
         ch.conn.exclusive_queues[queue.name] = queue
     ch.last_queue = queue.name
     if not m.nowait:
-        ch.send(unchecked(commands.Queue.DeclareOk, queue=queue.name,
-                          message_count=queue.message_count,
-                          consumer_count=queue.consumer_count))
+        ok = unchecked(commands.Queue.DeclareOk, queue=queue.name,
+                       message_count=queue.message_count, consumer_count=queue.consumer_count)
+        if queue.durable and not m.passive:
+            ch.reply_when_durable(ok)
+        else:
+            ch.send(ok)
 
 
 def _binding(ch: Channel, m: commands.Queue.Bind | commands.Queue.Unbind) -> tuple:

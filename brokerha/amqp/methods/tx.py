@@ -42,7 +42,7 @@ def commit(ch: Channel, m: commands.Tx.Commit) -> None:
 
     def commit_ok() -> None:
         broker.stats.committed(broker.clock() - started)
-        _reply(ch, commands.Tx.CommitOk())
+        ch.reply_unblocked(commands.Tx.CommitOk())
 
     def committed() -> None:
         ch.finish_transaction(True)
@@ -70,12 +70,6 @@ def commit(ch: Channel, m: commands.Tx.Commit) -> None:
         ch.conn.fail(ch, error)
 
     broker.spawn(tx.commit(), done)
-
-
-def _reply(ch: Channel, method: object) -> None:
-    if ch.state == "open":
-        ch.send(method)
-        ch.unblock()
 
 
 def rollback(ch: Channel, m: commands.Tx.Rollback) -> None:
