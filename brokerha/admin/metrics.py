@@ -168,6 +168,15 @@ class NodeCollector:
             "brokerha_durable_requests", "Durability barriers requested: one per publisher "
             "confirm, tx.commit and DTX answer (rate = confirms + commits per second)",
             value=broker.durable_requests)
+        yield CounterMetricFamily(
+            "brokerha_durable_refused", "Durability barriers never answered because this "
+            "node did not serve clients in the same term when asked and when due (an HA "
+            "member failing closed; their connections are closed)",
+            value=broker.durable_refused)
+        yield CounterMetricFamily(
+            "brokerha_client_connections_refused", "Client connections handed over when this "
+            "node could not serve them (closed at once: the client tries its next URL)",
+            value=node.admission.refused)
         stats = broker.stats
         yield CounterMetricFamily("brokerha_confirms", "Publisher confirms (basic.ack/nack) "
                                   "settled", value=stats.confirms)

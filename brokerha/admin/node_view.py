@@ -86,13 +86,24 @@ class TxLogView(Protocol):
     def parse_split_recovery(self, value: str) -> str: ...
 
 
+class AdmissionView(Protocol):
+    """Which connections the node serves (``ha/admission.py``, ``ClientAdmission``)."""
+
+    refused: int  # connections handed over when the node could not serve them
+
+
 class NodeView(Protocol):
     broker: Broker
     admin: AdminServer
-    connections: set[Any]  # ClientView each
     loop: asyncio.AbstractEventLoop
     management: Any  # set by admin/endpoints.py
     metrics: Any
+
+    @property
+    def connections(self) -> list[Any]: ...  # the served clients, ClientView each
+
+    @property
+    def admission(self) -> AdmissionView: ...
 
     @property
     def config(self) -> ConfigView: ...
