@@ -169,8 +169,10 @@ def test_the_command_line_prints_seeds_per_second_and_fails_on_a_violation() -> 
     ok = subprocess.run([*base, "--seeds", "3"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "seeds 3, violations 0" in ok.stdout and "seeds/s" in ok.stdout
-    bad = subprocess.run([*base, "--seeds", "20", "--unsafe", "confirm_early"],
-                         capture_output=True, text=True, timeout=120)
+    # (since the durability gate, a primary confirming early is caught only when it
+    # crashes right after: a deposed one no longer confirms at all)
+    bad = subprocess.run([*base, "--duration", "30", "--seeds", "20", "--unsafe",
+                          "confirm_early"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "VIOLATION (c)" in bad.stdout
 
 

@@ -8,6 +8,7 @@ through crashes, pauses, partitions, handovers and WAN cuts.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -48,8 +49,9 @@ def test_sixty_seeds_keep_the_txlog_agreed_durable_and_applied_through_failovers
 
 @pytest.mark.parametrize(("rule", "says"), [
     # the master acts on a journal record once fsynced on the primary, before A's
-    # quorum holds it: a failover forgets what datacenter B heard (txlog/master/driver.py)
-    ("no_quorum_wait", "forgot its own transactions"),
+    # quorum holds it: a failover forgets what datacenter B heard, or what its own global
+    # queue already took (txlog/master/driver.py)
+    ("no_quorum_wait", "forgot its own transactions|not in the log's model"),
     # a master starting on a new primary does not re-apply the log past the applied
     # mark: the global queue lacks what the log enqueued (txlog/bridge/broker_bridge.py)
     ("no_reapply", "missing from g"),
@@ -59,7 +61,7 @@ def test_the_checker_catches_a_broken_rule_of_the_product(rule: str, says: str) 
     found = first_failing(run_seed, Unsafe.of([rule]), range(60))
     assert found is not None, f"no seed breaks an invariant with {rule} off"
     seed, violation = found
-    assert says in violation, violation
+    assert re.search(says, violation), violation
     assert run_seed(seed).violation is None  # the same seed, the rule kept: no violation
 
 
