@@ -1,12 +1,15 @@
 """The election and replication simulation: a client publishing with confirms through failovers.
 
 The datacenter of ``world.py`` (the product's ``HAMember`` per node, its
-``Broker`` on a simulated disk) with one client: it publishes persistent
-messages to a durable queue on whichever node serves (now and then a
-deposed primary still within its lease) and waits for each confirm, which
-the broker gives from ``Broker.after_durable`` as the channel does; it
-consumes (basic.get + ack) from the head of the queue. The client declares
-the queue on every primary it meets, as a client does when it connects.
+``Broker`` on a simulated disk) with one client: it connects to any node through that node's own accept
+path (``World.connect``: the node's ``ClientAdmission`` serves it, a backup
+relays it, a node that serves nobody refuses it; a paused node's backlog
+waits), publishes persistent messages to a durable queue on the node that
+serves its connection and waits for each confirm, which the broker gives
+from ``Broker.after_durable`` as the channel does and which reaches the
+client only while the connection is open; it consumes (basic.get + ack) from
+the head of the queue. The client declares the queue on every node it
+meets, as a client does when it connects.
 
 Checked after every event, beside the world's (a), (b) and (e):
 (c) the serving primary holds every confirmed message not consumed since
@@ -23,17 +26,26 @@ A failing seed is replayed by its number (``brokerha cluster simulate
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from brokerha import seed_runner
 from brokerha.broker.queue import Queue
 from brokerha.cluster.election import Position
-from brokerha.ha.simulation.world import Faults, SimNode, Unsafe, Violation, World, message
+from brokerha.ha.simulation.world import (
+    Faults,
+    SimConnection,
+    SimNode,
+    Unsafe,
+    Violation,
+    World,
+    message,
+)
 
 QUEUE = "q"
-CATCHES = ("confirm_early", "early_ack", "invalid_grants", "no_lease", "old_epoch_apply")
+CATCHES = ("confirm_early", "early_ack", "invalid_grants", "no_lease", "old_epoch_apply",
+           "lagging_role")
 
 __all__ = ["ConfirmSimulation", "Faults", "SimResult", "Unsafe", "Violation", "run_many",
            "run_seed"]
@@ -84,6 +96,8 @@ class ConfirmSimulation(World):
         self.held_at: dict[int, dict[int, int]] = {}
         self.gone_at: dict[int, dict[int, int]] = {}
         self.result = SimResult(seed, len(self.names), None, [], "")
+        self.conn: SimConnection | None = None  # the client's connection, once served
+        self.dialled_at = -1.0
 
     def run(self) -> SimResult:
         result = self.result
@@ -147,14 +161,29 @@ class ConfirmSimulation(World):
 
     # -- the client -----------------------------------------------------------------------------
 
-    def _target(self) -> SimNode | None:
-        """Where the client's next call goes: any serving node (one still deposed, sometimes)."""
-        servers = self.servers()
-        if not servers:
-            return None
-        node = servers[0] if len(servers) == 1 else self.rng.choice(servers)
-        self.result.deposed_calls += node is not servers[0]
-        return node
+    def _call(self, work: Callable[[SimNode, SimConnection], None]) -> None:
+        """The client's next call, on its connection (dialling any node when it has none);
+        a paused node takes it when it resumes."""
+        conn = self.conn
+        if conn is None or not conn.usable:
+            self.conn = None
+            if self.now - self.dialled_at > 0.05:  # a refused dial is tried again later
+                self.dialled_at = self.now
+                self.connect(self.rng.choice(self.names), self._connected)
+            return
+
+        def call() -> None:
+            if conn.usable:
+                self.result.deposed_calls += conn.node is not self.serving_now
+                work(conn.node, conn)
+
+        conn.node.run(call)
+
+    def _connected(self, conn: SimConnection) -> None:
+        if self.conn is None or not self.conn.usable:
+            self.conn = conn
+        else:
+            conn.force_close()  # the client already has one: it closes the other
 
     def _client_queue(self, node: SimNode) -> Queue:
         vhost = node.broker.vhosts["/"]
@@ -165,19 +194,19 @@ class ConfirmSimulation(World):
 
     def _publish(self) -> None:
         self.after(self.rng.expovariate(self.publish_rate), self._publish)
-        node = self._target()
-        if node is None:
-            return
+        self._call(self._publish_on)
+
+    def _publish_on(self, node: SimNode, conn: SimConnection) -> None:
         primary = node.primary
-        assert primary is not None
         self.next_id += 1
         mid = self.next_id
         self.result.published += 1
         self._client_queue(node).enqueue(message(b"%d" % mid, QUEUE, persistent=True))
-        self.held_at[primary.epoch][mid] = primary.seq
+        if primary is not None:
+            self.held_at[primary.epoch][mid] = primary.seq
 
         def confirmed() -> None:
-            if node.primary is not primary or not node.alive:
+            if not conn.usable:
                 return  # its connection closed with the primary role: never confirmed
             self.result.confirmed += 1
             if mid not in self.consumed:
@@ -189,9 +218,9 @@ class ConfirmSimulation(World):
 
     def _consume(self) -> None:
         self.after(self.rng.expovariate(self.consume_rate), self._consume)
-        node = self._target()
-        if node is None:
-            return
+        self._call(self._consume_on)
+
+    def _consume_on(self, node: SimNode, conn: SimConnection) -> None:
         q = self._client_queue(node)
         entry = q.get()
         if entry is None:
@@ -202,8 +231,8 @@ class ConfirmSimulation(World):
         self.consumed.add(mid)
         self.confirmed_live.discard(mid)
         primary = node.primary
-        assert primary is not None
-        self.gone_at[primary.epoch][mid] = primary.seq
+        if primary is not None:
+            self.gone_at[primary.epoch][mid] = primary.seq
 
 
 # ---- running many seeds ---------------------------------------------------------------------
