@@ -39,5 +39,9 @@ class RangeSet:
         for a, b in zip(self._firsts, self._lasts, strict=True):
             yield from range(a, b + 1)
 
+    def runs(self) -> list[tuple[int, int]]:
+        """The ``(first, last)`` runs, in order."""
+        return list(zip(self._firsts, self._lasts, strict=True))
+
     def __len__(self) -> int:
         return sum(b - a + 1 for a, b in zip(self._firsts, self._lasts, strict=True))

@@ -14,6 +14,7 @@ then what it keeps past the first gap is dropped and sent again.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 
 from brokerha.broker.message import Entry, Message
@@ -29,6 +30,22 @@ DROPS_PER_EVENT = 8192
 READ_BATCH = 256
 
 
+def _position(entry: Entry) -> int:
+    return entry.position
+
+
+def _first_gap(positions: list[int], runs: list[tuple[int, int]]) -> int:
+    """The index of the first position (sorted) that no run covers; len if none."""
+    i, n = 0, len(positions)
+    for a, b in runs:
+        if i >= n:
+            return n
+        if positions[i] < a:
+            return i
+        i = bisect_right(positions, b, i)
+    return i
+
+
 class ReplicatingSubscription:
     def __init__(self, queue: Queue, held: RangeSet) -> None:
         self.queue = queue
@@ -42,19 +59,33 @@ class ReplicatingSubscription:
         """The events that bring the backup's copy of the queue to ``entries``.
 
         ``entries``: everything on the queue (ready and acquired), any order.
+        Worked out by runs, not by position: a backup that holds a deep queue
+        it already has costs a sort (linear on a queue in order) and a bisect
+        per run of its inventory, so answering its join does not stall the
+        primary's loop (hundreds of milliseconds for 200,000 messages when
+        every position was looked up).
         """
         q = self.queue
-        entries = sorted(entries, key=lambda e: e.position)
-        held = self.held
-        first_gap = next((e.position for e in entries if e.position not in held), None)
-        mine = {e.position for e in entries}
-
-        def keeps(p: int) -> bool:
-            return p in mine and (first_gap is None or p < first_gap)
-
-        drops = [p for p in held if not keeps(p)]
-        self.skip_set = RangeSet(to_ranges(e.position for e in entries if keeps(e.position)))
-        sends = [e for e in entries if not keeps(e.position)]
+        entries = sorted(entries, key=_position)
+        positions = [e.position for e in entries]
+        runs = self.held.runs()
+        # every entry before the first one the backup lacks is kept (skipped); from
+        # there on everything is sent again, and what the backup holds past it dropped
+        gap = _first_gap(positions, runs)
+        drops: list[int] = []
+        skips: list[list[int]] = []
+        for a, b in runs:
+            lo = bisect_left(positions, a, 0, gap)
+            hi = bisect_right(positions, b, lo, gap)
+            if hi - lo == b - a + 1:
+                skips.append([a, b])  # the whole run is on the queue: kept as it is
+                continue
+            kept = positions[lo:hi]
+            skips.extend(to_ranges(kept))
+            present = set(kept)
+            drops.extend(p for p in range(a, b + 1) if p not in present)
+        sends = entries[gap:]
+        self.skip_set = RangeSet(skips)
         self.dropped, self.skipped, self.sent = len(drops), len(self.skip_set), len(sends)
         out: list[Event] = [ev.dequeued(q, drops[i:i + DROPS_PER_EVENT])
                             for i in range(0, len(drops), DROPS_PER_EVENT)]
