@@ -11,13 +11,30 @@ from collections.abc import Iterable, Iterator
 
 
 def to_ranges(positions: Iterable[int]) -> list[list[int]]:
-    """Sorted, merged runs covering ``positions`` (any order, duplicates allowed)."""
+    """Sorted, merged runs covering ``positions`` (any order, duplicates allowed).
+
+    A queue's positions usually come in order already: one pass, no sort.
+    """
+    items = list(positions)
+    runs = _runs_in_order(items)
+    return runs if runs is not None else _runs_in_order(sorted(items)) or []
+
+
+def _runs_in_order(items: list[int]) -> list[list[int]] | None:
+    """The runs of ``items`` if they are in ascending order, else None."""
     runs: list[list[int]] = []
-    for p in sorted(positions):
-        if runs and p <= runs[-1][1] + 1:
-            runs[-1][1] = max(runs[-1][1], p)
-        else:
-            runs.append([p, p])
+    if not items:
+        return runs
+    first = last = items[0]
+    for p in items:
+        if p == last + 1:
+            last = p
+        elif p > last + 1:
+            runs.append([first, last])
+            first = last = p
+        elif p < last:
+            return None  # out of order
+    runs.append([first, last])
     return runs
 
 

@@ -49,3 +49,10 @@ def test_the_runs_give_what_the_rule_gives_position_by_position(
     dropped = [p for e in out if e.kind == R.DEQUEUED for p in e.positions]
     sent = [e.position for e in out if e.kind == R.ENQUEUED]
     assert sorted(dropped) == drops and sent == sends
+
+
+@given(st.lists(st.integers(-5, 40)))
+def test_runs_of_positions_in_any_order_with_duplicates(positions: list[int]) -> None:
+    runs = to_ranges(positions)
+    assert [p for a, b in runs for p in range(a, b + 1)] == sorted(set(positions))
+    assert all(runs[i][1] + 1 < runs[i + 1][0] for i in range(len(runs) - 1))
