@@ -108,6 +108,7 @@ class PrimarySettings:
     policies: tuple[ReplicationPolicy, ...] = ()
     tx_prepare_timeout: float = 5.0
     events_per_packet: int = EVENTS_PER_PACKET  # smaller in simulations: catch-ups span packets
+    backup_unheard_timeout: float = 0.5  # a backup sending nothing while another is heard
 
 
 def stored_position(raw: str) -> tuple[int, int, int, int]:
@@ -168,7 +169,8 @@ class HACore:
             self.broker, me=self.me, members=s.members, epoch=epoch, start_seq=0,
             clock=self.clock, backup_timeout=s.backup_timeout, replicate=s.replicate,
             policies=list(s.policies), on_output=self.schedule_flush,
-            tx_prepare_timeout=s.tx_prepare_timeout, events_per_packet=s.events_per_packet)
+            tx_prepare_timeout=s.tx_prepare_timeout, events_per_packet=s.events_per_packet,
+            backup_unheard_timeout=s.backup_unheard_timeout)
         if self.unsafe.confirm_early:
             self.broker.replication_barriers.remove(self.primary.barrier)
         else:

@@ -257,6 +257,8 @@ class HAMember:
 
     def on_message(self, peer: str, msg_id: int, msg: Message) -> None:
         """A cluster message from ``peer``, to the election or the role object it is for."""
+        if self.primary is not None:
+            self.primary.backup_heard(peer, self.clock())
         if isinstance(msg, Error):
             log.warning("node %s: error from %s: %s %s", self.me, peer, msg.code, msg.message)
             return

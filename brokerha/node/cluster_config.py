@@ -21,7 +21,8 @@ from brokerha.primary.policy import ReplicationPolicy
 REPLICATE = ("all", "configuration", "none")
 
 _CLUSTER_KEYS = {"name", "secret", "secret_file", "nodes", "tls", "heartbeat_interval",
-                 "lease_timeout", "election_timeout", "backup_timeout", "replicate",
+                 "lease_timeout", "election_timeout", "backup_timeout",
+                 "backup_unheard_timeout", "replicate",
                  "verification_timeout", "tx_prepare_timeout", "policies"}
 _POLICY_KEYS = {"pattern", "replicate", "vhost"}
 _NODE_KEYS = {"name", "amqp", "amqps", "admin", "https", "cluster", "cluster_bind"}
@@ -80,6 +81,9 @@ class ClusterConfig:
     lease_timeout: float = ElectionTiming.lease_timeout
     election_timeout: float = ElectionTiming.election_timeout
     backup_timeout: float = 5.0
+    # a backup owing an ack that sent nothing for this long while another is heard leaves
+    # the guarded set (a stalled link: confirms stop waiting for it); docs/ha.md
+    backup_unheard_timeout: float = 0.5
     verification_timeout: float = 2.0
     tx_prepare_timeout: float = 5.0  # backups' votes on an XA branch's prepare (TX has none)
     replicate: str = "all"
@@ -163,9 +167,15 @@ def parse_cluster(table: dict[str, Any], where: str, base: Path) -> ClusterConfi
     cfg.lease_timeout = _positive(table, "lease_timeout", cfg.lease_timeout)
     cfg.election_timeout = _positive(table, "election_timeout", cfg.election_timeout)
     cfg.backup_timeout = _positive(table, "backup_timeout", cfg.backup_timeout)
+    cfg.backup_unheard_timeout = _positive(table, "backup_unheard_timeout",
+                                           cfg.backup_unheard_timeout)
     cfg.verification_timeout = _positive(table, "verification_timeout",
                                          cfg.verification_timeout)
     cfg.tx_prepare_timeout = _positive(table, "tx_prepare_timeout", cfg.tx_prepare_timeout)
+    if not cfg.backup_unheard_timeout > 2 * cfg.heartbeat_interval:
+        raise ConfigError(f"cluster: backup_unheard_timeout ({cfg.backup_unheard_timeout}) must "
+                          f"exceed two heartbeat intervals ({2 * cfg.heartbeat_interval}): "
+                          "a backup is heard at every heartbeat")
     if not cfg.heartbeat_interval < cfg.lease_timeout < cfg.election_timeout:
         raise ConfigError("cluster: need heartbeat_interval < lease_timeout < election_timeout "
                           "(a deposed primary must stop serving before anyone else is elected)")

@@ -79,7 +79,8 @@ class HANode:
         self.ha = HAMember(
             self.broker, self.me, [m.name for m in cluster.members], self.state.state, self,
             PrimarySettings(len(cluster.members), cluster.backup_timeout, cluster.replicate,
-                            tuple(cluster.policies), cluster.tx_prepare_timeout),
+                            tuple(cluster.policies), cluster.tx_prepare_timeout,
+                            backup_unheard_timeout=cluster.backup_unheard_timeout),
             self._now,
             timing=el.ElectionTiming(cluster.heartbeat_interval, cluster.lease_timeout,
                                      cluster.election_timeout),

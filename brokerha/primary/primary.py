@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 POSITION_EPOCH_SHIFT = 40
 OUTCOMES_PER_EVENT = 4096
 DEFAULT_TX_PREPARE_TIMEOUT = 5.0
+DEFAULT_BACKUP_UNHEARD_TIMEOUT = 0.5
 
 
 class Primary(ConfigurationObserver, QueueObserver):
@@ -65,8 +66,10 @@ class Primary(ConfigurationObserver, QueueObserver):
                  policies: Sequence[ReplicationPolicy] = (),
                  on_output: Callable[[bool], None] | None = None,
                  tx_prepare_timeout: float = DEFAULT_TX_PREPARE_TIMEOUT,
-                 events_per_packet: int = EVENTS_PER_PACKET) -> None:
+                 events_per_packet: int = EVENTS_PER_PACKET,
+                 backup_unheard_timeout: float = DEFAULT_BACKUP_UNHEARD_TIMEOUT) -> None:
         self.broker = broker
+        self.backup_unheard_timeout = backup_unheard_timeout
         self.events_per_packet = events_per_packet  # a replication packet's bound (and bytes)
         # called when events wait to be sent and none did before, with whether they
         # are only dequeues (``lazy``): the I/O layer schedules one flush
@@ -438,16 +441,43 @@ class Primary(ConfigurationObserver, QueueObserver):
             log.warning("backup %s lost (%s): confirms no longer wait for it", node, reason)
             self._release()
 
+    def backup_heard(self, node: str, now: float) -> None:
+        """A packet of any kind came from ``node`` (its heartbeat acks flow every tick)."""
+        session = self.sessions.get(node)
+        if session is not None:
+            session.heard_at = now
+
     def tick(self, now: float) -> None:
-        """Drop from the guarded set a backup that owes an acknowledgement for too long."""
+        """Drop from the guarded set a backup that owes an acknowledgement for too long.
+
+        Too long is ``backup_timeout`` for a backup that is heard but slow (a big
+        catch-up to apply), and ``backup_unheard_timeout`` for one that owes an
+        acknowledgement and sent nothing at all for that long while another backup
+        was heard meanwhile: its link stalls (a cut that drops packets), and
+        confirms would wait for it. When no backup is heard the primary's own loop
+        stalled, or it is cut off itself: its lease decides, not this.
+        """
         changed = False
+        limit = self.backup_unheard_timeout
+        heard = [s for s in self.sessions.values() if s.guarded and now - s.heard_at <= limit / 2]
         for node, session in self.sessions.items():
+            if not session.guarded:
+                continue
             silent = session.silent_for(now)
-            if session.guarded and silent > self.backup_timeout:
+            unheard = now - session.heard_at
+            cut = (silent > 0 and unheard > limit
+                   and any(other is not session for other in heard))
+            if silent > self.backup_timeout or cut:
                 session.timed_out = True
                 changed = True
-                log.warning("backup %s silent for %.1fs (backup_timeout %.1fs): it leaves the "
-                            "guarded set until it joins again", node, silent, self.backup_timeout)
+                if cut:
+                    log.warning("backup %s unheard for %.1fs while another backup is heard "
+                                "(backup_unheard_timeout %.1fs): it leaves the guarded set "
+                                "until it joins again", node, unheard, limit)
+                else:
+                    log.warning("backup %s silent for %.1fs (backup_timeout %.1fs): it leaves "
+                                "the guarded set until it joins again", node, silent,
+                                self.backup_timeout)
                 self._tx_session_ended(node, session, "timed out")
         for txq in list(self.tx_queues.values()):
             if txq.deadline is not None and now >= txq.deadline:

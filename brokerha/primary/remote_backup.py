@@ -42,6 +42,7 @@ class RemoteBackup:
         self.tx_trackers: list[TxTracker] = []
         self.timed_out = False
         self.waiting_since: float | None = None  # sent but unacknowledged since
+        self.heard_at = now  # the last packet of any kind from it (heartbeat acks too)
         self.joined_at = now
 
     # -- state -------------------------------------------------------------------------

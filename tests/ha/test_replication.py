@@ -191,6 +191,55 @@ def test_a_silent_backup_leaves_the_guarded_set_after_the_timeout(
     assert c.primary.ready_backups() == ["n2"]
 
 
+def three_with_one_owing() -> tuple[Cluster, list[bool]]:
+    c = Cluster(3, timeout=5.0)
+    c.broker.vhosts["/"].declare_queue("q", owner=None)
+    c.follow("n2")
+    c.follow("n3")
+    c.pump()
+    c.no_ack.add("n3")
+    publish(c.broker, b"x")
+    confirmed: list[bool] = []
+    c.broker.after_durable(lambda: confirmed.append(True))
+    c.pump()
+    return c, confirmed
+
+
+def test_a_backup_unheard_while_the_other_is_heard_stalls_confirms_half_a_second() -> None:
+    """A cut that drops packets (no RST): its heartbeat acks stop too, the other
+    backup's go on; confirms stop waiting for it after backup_unheard_timeout (0.5 s),
+    not backup_timeout (5 s)."""
+    c, confirmed = three_with_one_owing()
+    start = c.clock.now
+    c.primary.backup_heard("n3", c.clock.now)
+    for _ in range(10):  # 0.1 s ticks: n2's heartbeat acks arrive, n3 sends nothing
+        c.clock.now += 0.1
+        c.primary.backup_heard("n2", c.clock.now)
+        c.primary.tick(c.clock.now)
+        if confirmed:
+            break
+    assert confirmed == [True] and 0.5 < c.clock.now - start <= 0.7
+    assert c.primary.status()["backups"]["n3"]["timed_out"]
+    assert c.primary.ready_backups() == ["n2"]
+
+
+def test_when_no_backup_is_heard_the_primary_itself_stalled_and_nobody_times_out() -> None:
+    c, confirmed = three_with_one_owing()
+    c.clock.now += 2.0  # the primary's loop was busy: nothing read from anyone
+    c.primary.tick(c.clock.now)
+    assert confirmed == [] and c.primary.ready_backups() == ["n2", "n3"]
+
+
+def test_a_heard_but_slow_backup_keeps_the_backup_timeout() -> None:
+    c, confirmed = three_with_one_owing()
+    for _ in range(45):  # n3 heard (heartbeat acks) but not acknowledging: 4.5 s
+        c.clock.now += 0.1
+        c.primary.backup_heard("n2", c.clock.now)
+        c.primary.backup_heard("n3", c.clock.now)
+        c.primary.tick(c.clock.now)
+    assert confirmed == []
+
+
 def test_with_three_members_and_both_backups_gone_nothing_is_confirmed() -> None:
     c = Cluster(3)
     c.broker.vhosts["/"].declare_queue("q", owner=None)

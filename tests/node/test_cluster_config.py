@@ -44,6 +44,7 @@ def test_ports_default_to_rabbitmq_offsets_unless_given() -> None:
     ({"nodes": [{"name": "a", "amqp": "127.0.0.1:50000"}]}, "not a port"),
     ({"lease_timeout": 2.0}, "lease_timeout < election_timeout"),
     ({"heartbeat_interval": 0}, "positive"),
+    ({"backup_unheard_timeout": 0.15}, "exceed two heartbeat intervals"),
     ({"replicate": "some"}, "cluster.replicate"),
     ({"colour": "blue"}, "unknown key"),
     ({"tls": {"cert": "a.pem"}}, "missing"),
