@@ -62,6 +62,7 @@ class Publisher(threading.Thread):
         self.committed: dict[str, list[str]] = {}  # txid -> bodies (confirm: one each)
         self.unknown: set[str] = set()              # sent, no answer (lost connection)
         self.by_host: Counter[str] = Counter()  # answers per node the client dialled
+        self.answered_at: list[float] = []  # monotonic time of each commit-ok / confirm
         self.reconnects = 0
         self.error: BaseException | None = None
 
@@ -99,6 +100,7 @@ class Publisher(threading.Thread):
                 self.unknown.discard(txid)
                 self.committed[txid] = bodies
                 self.by_host[host] += 1
+                self.answered_at.append(time.monotonic())
         finally:
             try:
                 conn.close()
@@ -143,26 +145,45 @@ class Report:
         return "\n".join(lines)
 
 
+def longest_gap(times: list[float], start: float, end: float) -> float:
+    """The longest time without an answer between ``start`` and ``end``."""
+    inside = [start, *(t for t in times if start < t < end), end]
+    return max(b - a for a, b in zip(inside, inside[1:], strict=False))
+
+
 def drain(urls: list[str], deadline: float) -> list[str]:
-    got: list[str] = []
+    """Every message on the queue (a consumer, acknowledging in batches); what a lost
+    connection left unacknowledged comes again and is counted once."""
+    got: dict[str, None] = {}
+    twice: list[str] = []  # delivered again without the redelivered flag: on the queue twice
     while time.monotonic() < deadline:
         try:
             conn = pika.BlockingConnection(params(urls))
             try:
                 ch = conn.channel()
                 ch.queue_declare(QUEUE, durable=True)
-                while True:
-                    method, _props, body = ch.basic_get(QUEUE, auto_ack=False)
+                ch.basic_qos(prefetch_count=2000)
+                last = None
+                for method, _props, body in ch.consume(QUEUE, inactivity_timeout=2.0):
                     if method is None:
-                        return got
-                    got.append(body.decode())
-                    ch.basic_ack(method.delivery_tag)
+                        break
+                    text = body.decode()
+                    if text in got and not method.redelivered:
+                        twice.append(text)
+                    got[text] = None
+                    last = method.delivery_tag
+                    if last % 1000 == 0:
+                        ch.basic_ack(last, multiple=True)
+                if last is not None:
+                    ch.basic_ack(last, multiple=True)
+                ch.cancel()
+                if ch.queue_declare(QUEUE, durable=True, passive=True).method.message_count == 0:
+                    return [*got, *twice]
             finally:
                 conn.close()
         except RETRYABLE:
             time.sleep(0.2)
-    raise TimeoutError("the drain did not finish")
-
+    raise TimeoutError(f"the drain did not finish ({len(got)} messages so far)")
 
 def run(cluster: NamespacedCluster, *, mode: str, hold: float, publishers: int = 2,
         batch: int = 10, seed: int = 0, settle: float = 60.0, rounds: int = 1,

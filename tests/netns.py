@@ -17,6 +17,7 @@ else on the machine is touched. Needs root, ``ip`` and ``iptables``
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -31,6 +32,7 @@ from typing import Any
 from brokerha.testing import ClusterView, NodeProcess, get_json
 
 USER, PASSWORD = "jepsen", "jepsen"
+_INSTANCES = itertools.count()
 AMQP_PORT, ADMIN_PORT, CLUSTER_PORT = 5672, 15672, 25672
 
 
@@ -64,7 +66,7 @@ class Namespaces:
 
     def __init__(self, count: int, seed: int | None = None) -> None:
         rng = random.Random(seed if seed is not None else os.getpid())
-        tag = f"{os.getpid() % 10000:04d}{rng.randrange(100):02d}"
+        tag = f"{os.getpid() % 10000:04d}{next(_INSTANCES) % 100:02d}"  # unique in this run
         self.prefix = f"bh{tag}"  # interface names stay within 15 characters
         self.bridge = f"{self.prefix}br"
         used = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout

@@ -48,6 +48,41 @@ def test_five_faults_lose_no_committed_message(cluster: NamespacedCluster, mode:
     assert report.epochs >= 2, report.table()  # the faults did depose a primary
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["confirm", "tx"])
+def test_a_backup_cut_by_drop_stalls_commits_at_most_a_second(cluster: NamespacedCluster,
+                                                              mode: str) -> None:
+    """Packets to and from one backup dropped (no RST): confirms went on only after
+    backup_timeout (5.0 s) before; now after backup_unheard_timeout (0.5 s)."""
+    import time
+
+    primary = cluster.wait_settled(60)
+    p = cluster.index(primary)
+    backup = next(i for i in range(3) if i != p)
+    urls = [cluster.url(primary)]
+    pub = jepsen.Publisher("gap", urls, mode, 1)
+    pub.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(pub.committed) < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cut = time.monotonic()
+        cluster.net.cut(p, backup)
+        time.sleep(4.0)
+        gap = jepsen.longest_gap(pub.answered_at, cut, time.monotonic())
+        assert cluster.primary() == primary  # no election: the majority is up
+    finally:
+        cluster.net.heal()
+        pub.stop_event.set()
+        pub.join(30)
+    assert pub.error is None, pub.error
+    assert gap <= 1.0, f"commits stalled {gap:.2f}s with a backup cut"
+    cluster.wait_settled(60)
+    report = jepsen.check(jepsen.Report(mode), [pub],
+                          jepsen.drain(cluster.urls, time.monotonic() + 60))
+    assert report.ok and report.committed > 200, report.table()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("mode", ["tx", "confirm"])
