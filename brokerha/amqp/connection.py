@@ -75,6 +75,22 @@ class ExternalIdentity:
     refusal: str | None = None
 
 
+def _response_bytes(m: commands.Connection.StartOk) -> bytes:
+    """start-ok's SASL response as bytes, whatever pamqp decoded.
+
+    pamqp annotates ``response`` as ``str`` but gives the raw ``bytes`` of a
+    long string that is not UTF-8 (a PLAIN password may be anything); read
+    through ``getattr`` so that the compiled module (mypyc checks annotations
+    at run time) does not turn that into a TypeError and a 541.
+    """
+    raw: object = getattr(m, "response", b"")
+    if isinstance(raw, str):  # pamqp decoded it as UTF-8: the bytes the client sent
+        return raw.encode("utf-8", "surrogateescape")
+    if isinstance(raw, bytes | bytearray):
+        return bytes(raw)
+    return b""
+
+
 def _parse_plain(response: bytes) -> tuple[str, str]:
     parts = response.split(b"\x00")
     if len(parts) != 3:
@@ -358,12 +374,12 @@ class ServerConnection:
                     raise AuthenticationFailed(self.tls.refusal or "no name found")
                 self.user = self.broker.users.authenticate_external(self.tls.name, peer_host)
             else:
-                response = (m.response.encode("latin-1") if isinstance(m.response, str)
-                            else m.response)
                 try:
                     username, password = (_parse_plain if mechanism == "PLAIN"
-                                          else _parse_amqplain)(response)
-                except (ValueError, UnicodeDecodeError, struct.error, PAMQPException) as exc:
+                                          else _parse_amqplain)(_response_bytes(m))
+                except UnicodeDecodeError as exc:  # RabbitMQ: no such user, or a bad password
+                    raise AuthenticationFailed("user name or password is not UTF-8") from exc
+                except (ValueError, struct.error, PAMQPException) as exc:
                     raise AMQPError(C.SYNTAX_ERROR, f"malformed {mechanism} response: {exc}",
                                     10, 11) from exc
                 self.user = self.broker.users.authenticate(username, password, peer_host)

@@ -19,7 +19,8 @@ from brokerha.amqp import constants as C
 from brokerha.amqp.frames import encode_frame
 from tests.amqp.wire import Wire, make_broker
 
-VALID_CODES = set(C.REPLY_NAMES) - {C.REPLY_SUCCESS}
+# a protocol error for malformed input, never 541 INTERNAL_ERROR (an exception inside)
+VALID_CODES = set(C.REPLY_NAMES) - {C.REPLY_SUCCESS, C.INTERNAL_ERROR}
 
 
 def _method_payloads() -> list[bytes]:
@@ -111,3 +112,78 @@ def test_bounded_random_frame_run() -> None:
     bystander.expect(commands.Queue.DeclareOk)
     assert runs > 0
     assert struct  # keep import for payload building in future cases
+
+
+# -- the handshake: what a wire fuzzer found (5,000 mutated client streams, 4 ended in 541) --
+
+CAPS = {"authentication_failure_close": True}
+
+
+def start_ok(response: bytes, mechanism: str = "PLAIN") -> bytes:
+    """A start-ok frame whose SASL response is exactly ``response`` (pamqp would encode a str)."""
+    method = commands.Connection.StartOk(
+        client_properties={"capabilities": CAPS}, mechanism=mechanism, response="R" * 7,
+        locale="en_US")
+    payload = frame.marshal(method, 0)[7:-1]
+    marker = struct.pack(">I", 7) + b"R" * 7
+    assert payload.count(marker) == 1
+    return encode_frame(1, 0, payload.replace(marker, struct.pack(">I", len(response)) + response))
+
+
+def started() -> Wire:
+    w = Wire()
+    w.raw(C.PROTOCOL_HEADER)
+    w.expect(commands.Connection.Start)
+    return w
+
+
+def refused_login(w: Wire) -> bool:
+    return any(isinstance(m, commands.Connection.Close) and m.reply_code == C.ACCESS_REFUSED
+               and m.reply_text.startswith("ACCESS_REFUSED - Login was refused")
+               for m in w.methods())
+
+
+@pytest.mark.parametrize("response", [
+    b"\x00gu\xffst\x00guest",      # a user name that is not UTF-8: pamqp hands over bytes
+    b"\x00guest\x00gu\xfe\xffst",  # a password that is not UTF-8
+])
+def test_a_sasl_response_that_is_not_utf8_is_a_refused_login_not_an_internal_error(
+        response: bytes) -> None:
+    """RabbitMQ compares the bytes: no such user, or a wrong password (403)."""
+    w = started()
+    w.raw(start_ok(response))
+    assert refused_login(w)
+
+
+def test_a_malformed_plain_response_is_a_syntax_error() -> None:
+    w = started()
+    w.raw(start_ok(b"guest-without-separators-\xff"))
+    closes = [m for m in w.methods() if isinstance(m, commands.Connection.Close)]
+    assert [c.reply_code for c in closes] == [C.SYNTAX_ERROR], closes
+
+
+def test_a_password_in_utf8_beyond_ascii_logs_in() -> None:
+    broker = make_broker()
+    broker.users.add_user("zoë", "pässwörd")
+    broker.users.set_permissions("zoë", "/")
+    w = Wire(broker)
+    w.handshake("zoë", "pässwörd")
+    assert any(isinstance(m, commands.Connection.OpenOk) for m in w.last), w.last
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["PLAIN", "AMQPLAIN"]), st.binary(max_size=40),
+       st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4))
+def test_mutated_handshakes_get_a_protocol_answer(mechanism: str, response: bytes,
+                                                 flips: list[tuple[int, int]]) -> None:
+    """The handshake's frames, mutated: start-ok, tune-ok, open."""
+    w = started()
+    data = bytearray(start_ok(response, mechanism)
+                     + frame.marshal(commands.Connection.TuneOk(channel_max=10, frame_max=131072,
+                                                                heartbeat=0), 0)
+                     + frame.marshal(commands.Connection.Open(virtual_host="/"), 0))
+    for at, value in flips:
+        data[at % len(data)] = value
+    w.raw(bytes(data))
+    check_outcome(w)
+
