@@ -380,8 +380,11 @@ class ServerConnection:
                 except UnicodeDecodeError as exc:  # RabbitMQ: no such user, or a bad password
                     raise AuthenticationFailed("user name or password is not UTF-8") from exc
                 except (ValueError, struct.error, PAMQPException) as exc:
-                    raise AMQPError(C.SYNTAX_ERROR, f"malformed {mechanism} response: {exc}",
-                                    10, 11) from exc
+                    # RabbitMQ closes the socket without an answer (a handshake error)
+                    log.warning("connection from %s refused: malformed %s response: %s",
+                                self.name, mechanism, exc)
+                    self._finish(f"malformed {mechanism} response")
+                    return
                 self.user = self.broker.users.authenticate(username, password, peer_host)
         except AuthenticationFailed as exc:
             log.warning("connection from %s refused: %s login refused: %s", self.name,

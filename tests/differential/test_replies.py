@@ -205,3 +205,56 @@ def aiormq_outcome(url: str, steps: str) -> str:
 @pytest.mark.parametrize("steps", ["immediate", "channel 65535"])
 def test_same_answer_to_aiormq(steps: str, rabbitmq_url: str, brokerha_url: str) -> None:
     assert aiormq_outcome(brokerha_url, steps) == aiormq_outcome(rabbitmq_url, steps)
+
+
+# -- a SASL response that is not UTF-8 (found by a wire fuzzer: brokerha answered 541) -------
+
+
+def start_ok_answer(url: str, response: bytes) -> str:
+    """A raw handshake whose start-ok carries ``response`` byte for byte: the server's
+    connection.close (code and text) or 'eof'."""
+    import socket
+    import struct
+    from urllib.parse import urlparse
+
+    from pamqp import commands, frame
+
+    parts = urlparse(url)
+    method = commands.Connection.StartOk(
+        client_properties={"capabilities": {"authentication_failure_close": True}},
+        mechanism="PLAIN", response="R" * 7, locale="en_US")
+    payload = frame.marshal(method, 0)[7:-1].replace(
+        struct.pack(">I", 7) + b"R" * 7, struct.pack(">I", len(response)) + response)
+    data = struct.pack(">BHI", 1, 0, len(payload)) + payload + b"\xce"
+    with socket.create_connection((parts.hostname, parts.port or 5672), timeout=10) as sock:
+        sock.sendall(b"AMQP\x00\x00\x09\x01")
+        buf = b""
+        sent = False
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                return "eof"
+            if not chunk:
+                return "eof"
+            buf += chunk
+            while len(buf) >= 8:
+                size = struct.unpack(">I", buf[3:7])[0]
+                if len(buf) < size + 8:
+                    break
+                _, _, value = frame.unmarshal(buf[:size + 8])
+                buf = buf[size + 8:]
+                if isinstance(value, commands.Connection.Start) and not sent:
+                    sock.sendall(data)
+                    sent = True
+                elif isinstance(value, commands.Connection.Close):
+                    return f"close {value.reply_code} {value.reply_text}"
+                elif isinstance(value, commands.Connection.Tune):
+                    return "tune"
+
+
+@pytest.mark.parametrize("response", [b"\x00gu\xffst\x00guest", b"\x00guest\x00gu\xfe\xffst",
+                                      b"guest-without-separators", b"\x00a\x00b\x00c"])
+def test_same_answer_to_a_sasl_response_that_is_not_utf8(response: bytes, rabbitmq_url: str,
+                                                         brokerha_url: str) -> None:
+    assert start_ok_answer(brokerha_url, response) == start_ok_answer(rabbitmq_url, response)
