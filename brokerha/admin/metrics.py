@@ -181,6 +181,16 @@ class NodeCollector:
         yield CounterMetricFamily("brokerha_confirms", "Publisher confirms (basic.ack/nack) "
                                   "settled", value=stats.confirms)
         yield CounterMetricFamily("brokerha_commits", "tx.commit-ok sent", value=stats.commits)
+        monitor = node.loop_monitor
+        loop_lag = HistogramMetricFamily(
+            "brokerha_event_loop_lag_seconds", "How late the node's event loop woke a timer "
+            "due every 20 ms (a stall over the lease costs a primary its role, docs/ha.md)")
+        loop_lag.add_metric([], monitor.lag.cumulative(), monitor.lag.sum)
+        yield loop_lag
+        yield CounterMetricFamily("brokerha_event_loop_stalls", "Event loop stalls over 100 ms "
+                                  "(each logged at WARNING with what ran)", value=monitor.stalls)
+        yield GaugeMetricFamily("brokerha_event_loop_lag_max_seconds", "The longest event loop "
+                                "stall since the node started", value=monitor.max_lag)
         latency = HistogramMetricFamily(
             "brokerha_commit_latency_seconds", "tx.commit received to tx.commit-ok sent (the "
             "store and every ready backup included)")

@@ -98,6 +98,7 @@ class NodeView(Protocol):
     loop: asyncio.AbstractEventLoop
     management: Any  # set by admin/endpoints.py
     metrics: Any
+    loop_monitor: Any  # node/loop_monitor.py: lag histogram, stalls
 
     @property
     def connections(self) -> list[Any]: ...  # the served clients, ClientView each

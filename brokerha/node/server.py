@@ -21,6 +21,7 @@ from brokerha.httpapi.server import AdminServer, Request, Response
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
 from brokerha.node.disk import DiskMonitor
+from brokerha.node.loop_monitor import LoopMonitor
 from brokerha.node.relay import Refuse, RelayProtocol, RelayTarget
 from brokerha.node.tls import NodeTLS
 from brokerha.node.transport import AMQPProtocol
@@ -138,6 +139,7 @@ class Node:
         self.admin.route("POST", "/api/tls/reload", self._reload_tls, admin=True)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
+        self.loop_monitor = LoopMonitor(self.loop)  # lag histogram, stalls named in the log
         # the HA layer (node/ha.py's HANode) attaches itself here for a cluster member;
         # the node only calls start/stop/add_status on it
         self.ha: HALayer | None = None
@@ -181,6 +183,7 @@ class Node:
                        if self.broker.memory.pager is not None else self.store.load())
         self.broker.restore(definitions)
         self.store.start(self.loop)
+        self.loop_monitor.start()
         await self._start_admin()
         ticker = self.loop.create_task(self._tick_forever())
         self._tasks.add(ticker)
@@ -442,5 +445,6 @@ class Node:
             await self.txlog.stop("node stopping")
         for task in list(self._tasks):
             task.cancel()
+        self.loop_monitor.stop()
         self.broker.store.close()
         log.info("node %s stopped", self.config.name)

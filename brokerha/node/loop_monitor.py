@@ -1,0 +1,99 @@
+"""How late the node's event loop runs, and what held it when it stalled.
+
+A task on the loop wakes every ``INTERVAL`` and records how late it woke
+(the loop lag: a histogram in ``/metrics``, ``brokerha_event_loop_lag_seconds``).
+A small watchdog thread notices when the loop has not woken for
+``STALL_WARNING`` and samples the main thread's stack then -- the innermost
+brokerha function running, and the outermost one that led to it -- so the
+WARNING that follows the stall names the operation (a join's catch-up, a
+purge, a commit) without instrumenting each of them. On an HA member a stall
+longer than the lease costs the primary its role (docs/ha.md): this is how an
+operator sees why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+from types import FrameType
+
+from brokerha.broker.stats import LatencyHistogram
+
+log = logging.getLogger("brokerha.node")
+
+INTERVAL = 0.02       # the monitor's own wake-ups
+STALL_WARNING = 0.1   # a stall longer than this is logged, with what ran
+PACKAGE = "brokerha"
+
+
+def _where(frame: FrameType | None) -> str:
+    """'outer -> inner' brokerha functions of a stack, or what ran if none is ours."""
+    ours: list[str] = []
+    last = ""
+    while frame is not None:
+        code = frame.f_code
+        module = frame.f_globals.get("__name__", "")
+        name = f"{module}.{code.co_qualname}:{frame.f_lineno}"
+        if str(module).startswith(PACKAGE):
+            ours.append(name)
+        elif not last:
+            last = name
+        frame = frame.f_back
+    if not ours:
+        return last or "?"
+    return ours[0] if len(ours) == 1 else f"{ours[-1]} -> {ours[0]}"
+
+
+class LoopMonitor:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lag = LatencyHistogram()
+        self.max_lag = 0.0
+        self.stalls = 0           # stalls over STALL_WARNING
+        self._beat = time.monotonic()
+        self._sample: str | None = None
+        self._main: int | None = None  # the loop's thread, known at start
+        self._stop = threading.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Called on the loop's thread."""
+        self._main = threading.get_ident()
+        self._beat = time.monotonic()
+        self._task = self.loop.create_task(self._run())
+        self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            due = time.monotonic() + INTERVAL
+            await asyncio.sleep(INTERVAL)
+            now = time.monotonic()
+            lag = max(0.0, now - due)
+            self.lag.observe(lag)
+            self.max_lag = max(self.max_lag, lag)
+            self._beat = now
+            if lag > STALL_WARNING:
+                self.stalls += 1
+                where, self._sample = self._sample, None
+                log.warning("event loop stalled %.3fs (running: %s)", lag,
+                            where or "not sampled")
+
+    def _watch(self) -> None:
+        """Sample the main thread once per stall, while it lasts."""
+        sampled_at = 0.0
+        while not self._stop.wait(INTERVAL):
+            beat = self._beat
+            if time.monotonic() - beat > STALL_WARNING and sampled_at != beat:
+                frame = sys._current_frames().get(self._main or -1)  # noqa: SLF001
+                self._sample = _where(frame)
+                sampled_at = beat
