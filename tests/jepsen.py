@@ -155,7 +155,9 @@ def drain(urls: list[str], deadline: float) -> list[str]:
     """Every message on the queue (a consumer, acknowledging in batches); what a lost
     connection left unacknowledged comes again and is counted once."""
     got: dict[str, None] = {}
-    twice: list[str] = []  # delivered again without the redelivered flag: on the queue twice
+    # delivered twice on one connection, the second time without the redelivered flag: on
+    # the queue twice (across connections a failover may redeliver without the flag)
+    twice: list[str] = []
     while time.monotonic() < deadline:
         try:
             conn = pika.BlockingConnection(params(urls))
@@ -164,12 +166,14 @@ def drain(urls: list[str], deadline: float) -> list[str]:
                 ch.queue_declare(QUEUE, durable=True)
                 ch.basic_qos(prefetch_count=2000)
                 last = None
+                session: set[str] = set()
                 for method, _props, body in ch.consume(QUEUE, inactivity_timeout=2.0):
                     if method is None:
                         break
                     text = body.decode()
-                    if text in got and not method.redelivered:
+                    if text in session and not method.redelivered:
                         twice.append(text)
+                    session.add(text)
                     got[text] = None
                     last = method.delivery_tag
                     if last % 1000 == 0:
