@@ -209,8 +209,11 @@ class RelayProtocol(asyncio.Protocol):
             log.info("relay to the primary at %s:%d failed: %s", *self.target, exc)
             self.close()
             return
-        if self.closed:
+        if self.closed or transport.is_closing():
+            # the client left, or the primary closed at once (it stopped serving: a
+            # new primary is being elected); the client tries again
             transport.close()
+            self.close()
             return
         self.upstream = transport
         self.upstream.write(preamble + b"".join(self.pending))
