@@ -11,9 +11,13 @@ index). An event at ``seq`` is *replicated* when
    it -- so any majority that elects the next primary contains a node with it,
    and that node votes only for a candidate at least as advanced (election.py).
 
-A backup that stays silent past the backup timeout leaves the guarded set
-(logged, shown in status); it cannot leave the majority count, so a primary
-that lost its majority confirms nothing.
+A backup that owes an acknowledgement past ``backup_timeout`` (or, sending
+nothing at all while another backup is heard, past ``backup_unheard_timeout``)
+leaves the guarded set (logged, shown in status), and comes back once it
+acknowledged everything that may have been confirmed meanwhile
+(``Primary.tick``, ``Primary._readmit``); it cannot leave the majority count, so
+a primary that lost its majority confirms nothing. Leaving the guarded set only
+stops confirms waiting for *every* backup: rule 2 alone decides then.
 
 Nothing is replicated, not even seq 0, before a majority acknowledged
 something of this primary: its state at seq 0 is what it inherited, which it

@@ -92,6 +92,9 @@ class Primary(ConfigurationObserver, QueueObserver):
         self._acquired: dict[Queue, dict[int, Entry]] = {}
         self.tx_prepare_timeout = tx_prepare_timeout
         self.tx_queues: dict[str, TxQueue] = {}  # unfinished transactions, by txid
+        # the seq of the last outcome of a prepared transaction (a timed-out backup is
+        # guarded again only once it acknowledged it: it was not there to vote)
+        self._prepared_outcome_seq = -1
         self._capture: tuple[TxQueue, list[Event]] | None = None  # a local commit running
         # other layers' state in a join's catch-up (the TxLog's, brokerha/txlog/bridge/replica.py):
         # each returns events that bring a backup to their state at this seq
@@ -337,6 +340,8 @@ class Primary(ConfigurationObserver, QueueObserver):
     def _tx_finished(self, txq: TxQueue) -> None:
         """The outcome is in the log: the tx-queue is gone, its trackers clear on the ack."""
         self.tx_queues.pop(txq.name, None)
+        if txq.closed:
+            self._prepared_outcome_seq = self.seq
         txq.on_prepared = None
         for session in self.sessions.values():
             for tracker in session.tx_trackers:
@@ -432,7 +437,38 @@ class Primary(ConfigurationObserver, QueueObserver):
                      if session.tx_trackers else ": ready")
         if self.tx_queues:
             ack_votes(self.tx_queues, node, session, seq)
+        if session.timed_out:
+            self._readmit(node, session)
         self._release()
+
+    def _readmit(self, node: str, session: RemoteBackup) -> None:
+        """A timed-out backup whose link flows again is guarded again, in the same session.
+
+        It stayed in the session while timed out: it got every event in order and
+        its acknowledgements still counted for the majority. Once it caught up,
+        holds everything that may have been confirmed (``replicated()``) and the
+        outcome of every prepared transaction decided since (it did not vote on
+        them), it is a copy like any other backup, and confirms wait for it again.
+        Its link may never close (a stall shorter than the link's idle timeout),
+        so waiting for it to join again could leave it out for good. The
+        transactions it missed are handled as at a join: it joins the open ones,
+        and TxTrackers hold its readiness for the prepared ones it did not vote on.
+        """
+        if not (session.caught_up and session.progress >= self._prepared_outcome_seq
+                and session.progress >= self.replicated()):
+            return
+        session.timed_out = False
+        for txq in self.tx_queues.values():
+            member = txq.members.get(node)
+            voting = member is not None and member.session is session and member.vote is not False
+            if voting:
+                continue
+            if txq.closed:  # prepared without its vote: blocked until the outcome reached it
+                session.tx_trackers.extend(trackers_for(txq.name, txq.events))
+            else:  # it has the tx-queue so far (it got every event): in the transaction
+                txq.members[node] = TxReplicatingSubscription(node, session)
+        log.info("backup %s caught up again (acknowledged seq %d): it is guarded again",
+                 node, session.progress)
 
     def backup_lost(self, node: str, reason: str) -> None:
         session = self.sessions.pop(node, None)
@@ -455,7 +491,8 @@ class Primary(ConfigurationObserver, QueueObserver):
         acknowledgement and sent nothing at all for that long while another backup
         was heard meanwhile: its link stalls (a cut that drops packets), and
         confirms would wait for it. When no backup is heard the primary's own loop
-        stalled, or it is cut off itself: its lease decides, not this.
+        stalled, or it is cut off itself: its lease decides, not this. A timed-out
+        backup is guarded again when it has caught up (``_readmit``).
         """
         changed = False
         limit = self.backup_unheard_timeout

@@ -240,6 +240,81 @@ def test_a_heard_but_slow_backup_keeps_the_backup_timeout() -> None:
     assert confirmed == []
 
 
+def cut_by_the_unheard_rule(c: Cluster) -> None:
+    """n3 owes an acknowledgement and is unheard for 0.6 s while n2 is heard."""
+    for _ in range(6):
+        c.clock.now += 0.1
+        c.primary.backup_heard("n2", c.clock.now)
+        c.primary.tick(c.clock.now)
+    assert c.primary.sessions["n3"].timed_out
+
+
+def test_a_timed_out_backup_whose_link_flows_again_is_guarded_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A stall shorter than the link's idle timeout never closes the link, so n3 never
+    joins again: once its acknowledgements cover what may have been confirmed it is
+    guarded (and ready) again, in the same session, and confirms wait for it again."""
+    c, confirmed = three_with_one_owing()
+    cut_by_the_unheard_rule(c)
+    assert confirmed == [True]
+    publish(c.broker, b"y")  # the primary and n2 confirm it alone
+    c.broker.after_durable(lambda: confirmed.append(True))
+    c.pump()
+    assert confirmed == [True, True]
+    session = c.primary.sessions["n3"]
+    c.no_ack.discard("n3")  # the link flows: its acknowledgements arrive again
+    publish(c.broker, b"z")
+    with caplog.at_level(logging.INFO, logger="brokerha.primary.primary"):
+        c.pump()
+    assert c.primary.sessions["n3"] is session and not session.timed_out
+    assert c.primary.ready_backups() == ["n2", "n3"]
+    assert any("n3" in r.getMessage() and "guarded again" in r.getMessage()
+               for r in caplog.records)
+    c.no_ack.add("n3")  # guarded again: a confirm waits for it
+    publish(c.broker, b"w")
+    c.broker.after_durable(lambda: confirmed.append(True))
+    c.pump()
+    assert confirmed == [True, True]
+    c.no_ack.discard("n3")
+    publish(c.broker, b"v")
+    c.pump()
+    assert confirmed == [True, True, True]
+
+
+def test_a_timed_out_backup_behind_what_may_be_confirmed_stays_out() -> None:
+    """Guarded again only with every event that may have been confirmed meanwhile
+    (``replicated()``: what the primary and n2 hold)."""
+    c, _ = three_with_one_owing()
+    cut_by_the_unheard_rule(c)
+    c.silent.add("n3")  # nothing reaches it for a while
+    for body in (b"y", b"z", b"w"):
+        publish(c.broker, body)
+    c.pump()
+    assert c.primary.replicated() == c.primary.seq  # n2 acknowledged all of it
+    c.primary.take_outbox("n3")  # then it all goes out to n3 at once
+    c.primary.backup_acked("n3", c.primary.seq - 1)
+    assert c.primary.sessions["n3"].timed_out and c.primary.ready_backups() == ["n2"]
+    c.primary.backup_acked("n3", c.primary.seq)
+    assert not c.primary.sessions["n3"].timed_out
+    assert c.primary.ready_backups() == ["n2", "n3"]
+
+
+def test_a_backup_timed_out_by_the_backup_timeout_is_guarded_again_once_caught_up() -> None:
+    """Heard but slow (a big catch-up to apply): out after backup_timeout, back once
+    its acknowledgements reached the others'."""
+    c, confirmed = three_with_one_owing()
+    for _ in range(51):
+        c.clock.now += 0.1
+        c.primary.backup_heard("n2", c.clock.now)
+        c.primary.backup_heard("n3", c.clock.now)
+        c.primary.tick(c.clock.now)
+    assert confirmed == [True] and c.primary.sessions["n3"].timed_out
+    c.no_ack.discard("n3")
+    publish(c.broker, b"y")
+    c.pump()
+    assert not c.primary.sessions["n3"].timed_out
+
+
 def test_with_three_members_and_both_backups_gone_nothing_is_confirmed() -> None:
     c = Cluster(3)
     c.broker.vhosts["/"].declare_queue("q", owner=None)

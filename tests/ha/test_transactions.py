@@ -423,6 +423,94 @@ def test_trackers_of_several_transactions_on_several_queues_clear_one_by_one() -
     run(scenario())
 
 
+# -- a timed-out backup guarded again (its link stalled, then flowed) ------------------------
+
+def time_out(c: Cluster, name: str) -> None:
+    """``name`` owes an acknowledgement past backup_timeout: out of the guarded set."""
+    c.no_ack.add(name)
+    publish(c.broker, b"owed", rk="q3", persistent=True)
+    c.pump()
+    c.clock.now += c.primary.backup_timeout + 0.1
+    c.primary.tick(c.clock.now)
+    assert c.primary.sessions[name].timed_out
+
+
+def flows_again(c: Cluster, name: str) -> None:
+    c.no_ack.discard(name)
+    publish(c.broker, b"again", rk="q3", persistent=True)
+    c.pump()
+
+
+def test_guarded_again_a_backup_is_blocked_by_a_branch_prepared_without_its_vote() -> None:
+    async def scenario() -> None:
+        c = joined(3, "n2", "n3")
+        time_out(c, "n3")
+        await dtx_prepared(c, tag="abc")  # n2 alone votes: n3 is out
+        assert set(next(iter(c.primary.tx_queues.values())).members) == {"n2"}
+        flows_again(c, "n3")
+        n3 = c.primary.sessions["n3"]
+        assert not n3.timed_out and n3.holds_copy and not n3.ready
+        assert {t.queue: t.enqueues for t in n3.tx_trackers} == {"q1": 3, "q2": 3}
+        c.check = whole_or_absent(["abc"], 3)
+        await settle(c, c.broker.dtx.commit(XID))
+        assert n3.ready and c.primary.ready_backups() == ["n2", "n3"]
+        same(c)
+
+    run(scenario())
+
+
+def test_guarded_again_a_backup_votes_on_the_branches_still_open() -> None:
+    async def scenario() -> None:
+        c = joined(3, "n2", "n3")
+        time_out(c, "n3")
+        dtx_work(c, XID)  # the branch's tx-queue opens while n3 is out
+        txq = next(iter(c.primary.tx_queues.values()))
+        assert set(txq.members) == {"n2"}
+        flows_again(c, "n3")
+        assert set(txq.members) == {"n2", "n3"}
+        c.no_ack.add("n3")  # its yes is needed now
+        task = asyncio.ensure_future(c.broker.dtx.prepare(XID))
+        for _ in range(5):
+            await asyncio.sleep(0)
+            c.pump()
+        assert not task.done()
+        c.no_ack.discard("n3")
+        c.primary.backup_acked("n3", c.node("n3").backup.ack_message().seq)  # type: ignore[union-attr]
+        assert await task == 0
+        await settle(c, c.broker.dtx.commit(XID))
+        assert c.primary.ready_backups() == ["n2", "n3"]
+        same(c)
+
+    run(scenario())
+
+
+def test_guarded_again_only_once_the_outcome_of_a_branch_it_did_not_vote_on_reached_it() -> None:
+    """The outcome event ends the tx-queue (no TxTracker to add any more): a backup
+    guarded again before acknowledging it would be ready holding the branch only
+    prepared."""
+    async def scenario() -> None:
+        c = joined(3, "n2", "n3")
+        time_out(c, "n3")
+        await dtx_prepared(c, tag="abc")
+        c.silent.update({"n2", "n3"})
+        task = asyncio.ensure_future(c.broker.dtx.commit(XID))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert c.primary.tx_queues == {}  # the outcome is in the log, not acknowledged
+        outcome = c.primary.seq
+        c.primary.take_outbox("n3")
+        c.primary.backup_acked("n3", outcome - 1)  # ahead of n2: >= replicated()
+        assert c.primary.replicated() <= outcome - 1
+        assert c.primary.sessions["n3"].timed_out
+        c.primary.backup_acked("n3", outcome)
+        assert not c.primary.sessions["n3"].timed_out
+        c.silent.clear()
+        c.pump()
+        assert await task == 0
+
+    run(scenario())
+
+
 def test_a_prepared_dtx_survives_a_restart_of_the_backups_store(tmp_path: Any) -> None:
     from brokerha.store.factory import open_store
 
