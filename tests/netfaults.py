@@ -7,8 +7,13 @@ chunk by a fixed one-way latency in each direction (order preserved; 0 by
 default). It reads the
 dialer's name from the ``Identify`` packet of the cluster handshake, so it can
 cut the links between named masters: ``isolate("dc3")`` cuts every link of
-dc3 both ways, ``heal()`` lets the masters reconnect. Runs its own event loop
-in a daemon thread.
+dc3 both ways, ``heal()`` lets the masters reconnect. A cut *aborts* the links
+(each side gets an RST at once); a *stall* (``stall``, ``stall_between``)
+stops forwarding without closing anything, as iptables DROP does: the links
+stay open, bytes pile up in the socket buffers until the senders block, a new
+link gets no answer to its handshake, and ``heal()`` lets everything held
+through in order (TCP retransmitting after the rule is gone). Runs its own
+event loop in a daemon thread.
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ class TargetProxy:
         self.target_port = target_port
         self.delay_s = delay_s
         self.blocked: set[str] = set()
-        self.links: list[tuple[str, asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self.stalled: set[str] = set()  # dialers whose links forward nothing (DROP)
+        # (dialer, its end, the target's end, set while the link forwards)
+        self.links: list[tuple[str, asyncio.StreamWriter, asyncio.StreamWriter,
+                               asyncio.Event]] = []
         self.server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -50,7 +58,9 @@ class TargetProxy:
                 dialer = msg.node
         except Exception:  # noqa: BLE001 - not the handshake: forward it untouched
             pass
-        if self.cut(dialer):
+        while self.stall(dialer) and not self.cut(dialer):  # DROP: the handshake hangs
+            await asyncio.sleep(0.02)
+        if self.cut(dialer) or writer.is_closing():
             writer.transport.abort()
             return
         try:
@@ -59,17 +69,29 @@ class TargetProxy:
             writer.transport.abort()
             return
         up_writer.write(magic + length + body)
-        self.links.append((dialer, writer, up_writer))
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+        flowing = asyncio.Event()
+        link = (dialer, writer, up_writer, flowing)
+        self.links.append(link)
+        self.enforce()  # stalled or cut meanwhile
+        await asyncio.gather(self._pipe(reader, up_writer, flowing),
+                             self._pipe(up_reader, writer, flowing),
                              return_exceptions=True)
+        if link in self.links:
+            self.links.remove(link)
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Forward with a constant delay: a reader task stamps chunks, this one releases them."""
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    flowing: asyncio.Event) -> None:
+        """Forward with a constant delay: a reader task stamps chunks, this one releases
+        them; while ``flowing`` is clear neither reads nor writes (a stall)."""
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
         async def read() -> None:
             try:
-                while data := await reader.read(65536):
+                while True:
+                    await flowing.wait()
+                    data = await reader.read(65536)
+                    if not data:
+                        break
                     queue.put_nowait((time.monotonic() + self.delay_s, data))
             finally:
                 queue.put_nowait((0.0, b""))
@@ -83,6 +105,7 @@ class TargetProxy:
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                await flowing.wait()
                 writer.write(data)
                 await writer.drain()
         finally:
@@ -92,13 +115,21 @@ class TargetProxy:
     def cut(self, dialer: str) -> bool:
         return dialer in self.blocked or "*" in self.blocked
 
+    def stall(self, dialer: str) -> bool:
+        return dialer in self.stalled
+
     def enforce(self) -> None:
         for link in list(self.links):
-            dialer, a, b = link
+            dialer, a, b, flowing = link
             if self.cut(dialer):
                 a.transport.abort()
                 b.transport.abort()
+                flowing.set()  # the pipes see the abort and end
                 self.links.remove(link)
+            elif self.stall(dialer):
+                flowing.clear()
+            else:
+                flowing.set()
 
 
 class Partition:
@@ -135,10 +166,30 @@ class Partition:
 
         self._call(apply())
 
+    def stall(self, master: str) -> None:
+        """Every link of ``master`` stops forwarding both ways, without closing (DROP)."""
+        self.stall_between([master], [m for m in self.proxies if m != master])
+
+    def stall_between(self, side_a: Iterable[str], side_b: Iterable[str]) -> None:
+        side_a, side_b = list(side_a), list(side_b)
+
+        async def apply() -> None:
+            for a in side_a:
+                for b in side_b:
+                    self.proxies[b].stalled.add(a)
+                    self.proxies[a].stalled.add(b)
+            for proxy in self.proxies.values():
+                proxy.enforce()
+
+        self._call(apply())
+
     def heal(self) -> None:
+        """Cut links may be dialled again; stalled ones forward what they held."""
         async def apply() -> None:
             for proxy in self.proxies.values():
                 proxy.blocked.clear()
+                proxy.stalled.clear()
+                proxy.enforce()
 
         self._call(apply())
 

@@ -44,6 +44,7 @@ class ConfirmedPublisher(threading.Thread):
         super().__init__(daemon=True)
         self.urls, self.queue, self.declare, self.limit, self.pause = urls, queue, declare, limit, pause
         self.confirmed: list[int] = []
+        self.confirmed_at: list[float] = []  # monotonic time of each confirm
         self.reconnects = 0
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
@@ -69,6 +70,7 @@ class ConfirmedPublisher(threading.Thread):
                                      pika.BasicProperties(delivery_mode=2, message_id=str(n)),
                                      mandatory=False)
                     self.confirmed.append(n)
+                    self.confirmed_at.append(time.monotonic())
                     if lost_at is not None:
                         self.gaps.append(time.monotonic() - lost_at)
                         lost_at = None
