@@ -95,14 +95,14 @@ class Channel:
         if index == F.BASIC_PUBLISH:
             try:
                 self._publish = F.decode_publish(payload)
-            except (IndexError, struct.error) as exc:
-                raise AMQPError(C.SYNTAX_ERROR, "malformed basic.publish", 60, 40) from exc
+            except (IndexError, struct.error):
+                raise F.cannot_decode(index, payload) from None
             return
         if index == F.BASIC_ACK:
             try:
                 tag, multiple = F.decode_ack(payload)
-            except (IndexError, struct.error) as exc:
-                raise AMQPError(C.SYNTAX_ERROR, "malformed basic.ack", 60, 80) from exc
+            except (IndexError, struct.error):
+                raise F.cannot_decode(index, payload) from None
             self._run(lambda: self.ack(tag, multiple), 60, 80)
             return
         method = self.conn.decode_method(index, payload)
@@ -131,8 +131,8 @@ class Channel:
         except struct.error as exc:
             raise AMQPError(C.FRAME_ERROR, "malformed content header") from exc
         if class_id != C.BASIC_CLASS:
-            raise AMQPError(C.UNEXPECTED_FRAME,
-                            f"expected content header for class 60, got one for class {class_id}")
+            raise AMQPError(C.UNEXPECTED_FRAME, "expected content header for class 60, got one "
+                            f"for class {class_id} instead", 60, 40)
         limit = self.conn.broker.limits.max_message_size
         if size > limit:
             self._reset_content()

@@ -10,13 +10,11 @@ channel or the connection with the reply code the spec gives them.
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pamqp import commands, decode
-from pamqp.exceptions import PAMQPException
+from pamqp import commands
 
 from brokerha import __version__
 from brokerha.amqp import constants as C
@@ -28,6 +26,7 @@ from brokerha.amqp.methods.basic import publish_message
 from brokerha.amqp.ports import MethodHandler
 from brokerha.broker.auth import AuthenticationFailed, User
 from brokerha.broker.broker import Broker
+from brokerha.broker.content import check_field_table
 from brokerha.broker.errors import BrokerError
 from brokerha.broker.queue import Queue
 from brokerha.broker.vhost import VirtualHost
@@ -92,20 +91,28 @@ def _response_bytes(m: commands.Connection.StartOk) -> bytes:
 
 
 def _parse_plain(response: bytes) -> tuple[str, str]:
+    """NUL user NUL password, as RabbitMQ reads it (rabbit_auth_mechanism_plain):
+    no authorisation identity, nothing after the password."""
     parts = response.split(b"\x00")
-    if len(parts) != 3:
-        raise ValueError("PLAIN response must be authzid NUL authcid NUL password")
+    if len(parts) != 3 or parts[0]:
+        raise ValueError("PLAIN response must be NUL user NUL password")
     return parts[1].decode("utf-8"), parts[2].decode("utf-8")
 
 
 def _parse_amqplain(response: bytes) -> tuple[str, str]:
-    # a field table without its leading length (RabbitMQ's and py-amqp's encoding)
-    _, table = decode.field_table(struct.pack(">I", len(response)) + response)
-    login, password = table.get("LOGIN"), table.get("PASSWORD")
-    if not isinstance(login, str | bytes) or not isinstance(password, str | bytes):
+    """A field table without its leading length (RabbitMQ's and py-amqp's encoding),
+    parsed as RabbitMQ parses it (any octets as field names); LOGIN and PASSWORD
+    (the first of each) must be long strings."""
+    found: dict[bytes, bytes] = {}
+    for name, kind, start, stop in check_field_table(response, 0, len(response),
+                                                     utf8_names=False):
+        if name in (b"LOGIN", b"PASSWORD") and name not in found:
+            if kind != 0x53:  # S
+                raise ValueError(f"AMQPLAIN {name.decode()} is not a string")
+            found[name] = response[start + 4 : stop]
+    if len(found) != 2:
         raise ValueError("AMQPLAIN response needs LOGIN and PASSWORD")
-    as_str = [v.decode("utf-8") if isinstance(v, bytes) else v for v in (login, password)]
-    return as_str[0], as_str[1]
+    return found[b"LOGIN"].decode("utf-8"), found[b"PASSWORD"].decode("utf-8")
 
 
 class ServerConnection:
@@ -263,22 +270,11 @@ class ServerConnection:
         }
 
     def decode_method(self, index: int, payload: bytes) -> Any:
-        cls: Any = commands.INDEX_MAPPING.get(index)
-        if cls is None:
+        if index not in commands.INDEX_MAPPING:
             raise AMQPError(C.NOT_IMPLEMENTED,
                             f"unknown method class {index >> 16} method {index & 0xFFFF}",
                             index >> 16, index & 0xFFFF)
-        method = cls.__new__(cls)
-        try:
-            method.unmarshal(payload[4:])
-        except UnicodeDecodeError as exc:
-            raise FrameError(F.MALFORMED_UTF8) from exc
-        except (struct.error, ValueError, PAMQPException, IndexError, TypeError) as exc:
-            if isinstance(exc.__cause__ or exc.__context__, UnicodeDecodeError):
-                raise FrameError(F.MALFORMED_UTF8) from exc
-            raise AMQPError(C.SYNTAX_ERROR, f"cannot decode {cls.name}: {exc}",
-                            index >> 16, index & 0xFFFF) from exc
-        return method
+        return F.decode_method(index, payload)
 
     def _handle_frame(self, frame: F.Frame) -> None:
         if frame.type == C.FRAME_HEARTBEAT:
@@ -293,7 +289,13 @@ class ServerConnection:
             if frame.type != C.FRAME_METHOD:
                 raise AMQPError(C.UNEXPECTED_FRAME, "content frame on channel 0")
             index = F.method_index(frame.payload)
-            self._handle_connection_method(self.decode_method(index, frame.payload))
+            try:
+                method = self.decode_method(index, frame.payload)
+            except AMQPError as exc:
+                if not exc.class_id:  # RabbitMQ's reader names the method (handle_method0)
+                    exc.class_id, exc.method_id = index >> 16, index & 0xFFFF
+                raise
+            self._handle_connection_method(method)
             return
         if self.state != RUNNING:
             raise AMQPError(C.COMMAND_INVALID,
@@ -379,7 +381,7 @@ class ServerConnection:
                                           else _parse_amqplain)(_response_bytes(m))
                 except UnicodeDecodeError as exc:  # RabbitMQ: no such user, or a bad password
                     raise AuthenticationFailed("user name or password is not UTF-8") from exc
-                except (ValueError, struct.error, PAMQPException) as exc:
+                except ValueError as exc:
                     # RabbitMQ closes the socket without an answer (a handshake error)
                     log.warning("connection from %s refused: malformed %s response: %s",
                                 self.name, mechanism, exc)
@@ -391,9 +393,9 @@ class ServerConnection:
                         mechanism, exc)
             text = (f"ACCESS_REFUSED - Login was refused using authentication mechanism "
                     f"{mechanism}. For details see the broker logfile.")
-            if self.capability("authentication_failure_close"):
+            if self.capability("authentication_failure_close"):  # no method: class 0, as RabbitMQ
                 self.send_method(0, commands.Connection.Close(
-                    reply_code=C.ACCESS_REFUSED, reply_text=text, class_id=10, method_id=11))
+                    reply_code=C.ACCESS_REFUSED, reply_text=text, class_id=0, method_id=0))
             self._finish("authentication failed")
             return
         self.state = AWAIT_TUNE_OK
@@ -485,6 +487,14 @@ class ServerConnection:
 
     def _close_connection(self, exc: AMQPError, frame_error: bool = False) -> None:
         if self.state in (CLOSING_CONN, CLOSED):
+            return
+        if self.state == AWAIT_START_OK:
+            # Before a login RabbitMQ answers only a refused one (rabbit_reader's
+            # handle_exception in state 'starting'): whatever else went wrong (an
+            # unknown mechanism, a start-ok that does not decode, a broken frame,
+            # another method) it closes the socket without a connection.close.
+            log.warning("connection from %s refused before login: %s", self.name, exc.text)
+            self._finish(exc.text)
             return
         log.warning("closing connection %s: %s", self.name, exc.text)
         self.send_method(0, commands.Connection.Close(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -191,7 +192,11 @@ class Control:
 
 
 def handle_control(ch: Channel, verb: str, header: bytes, body: bytes) -> None:
-    props = decode_header(header).properties
+    try:
+        props = decode_header(header).properties
+    except (ValueError, OverflowError, OSError, struct.error, RecursionError) as exc:
+        # pamqp cannot read them (a reply_to that is not UTF-8, a broken table)
+        raise PreconditionFailed(f"dtx control message properties do not decode: {exc}") from None
     if not props.reply_to:
         raise PreconditionFailed("dtx control messages need a reply_to queue")
     try:

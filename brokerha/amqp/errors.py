@@ -13,13 +13,26 @@ class AMQPError(Exception):
         full = text if text.startswith(name) else f"{name} - {text}"
         super().__init__(full)
         self.code = code
-        self.text = full[:255]
+        self.text = reply_text(full)
         self.class_id = class_id
         self.method_id = method_id
 
     @property
     def closes_connection(self) -> bool:
         return self.code not in C.CHANNEL_LEVEL
+
+
+def reply_text(text: str) -> str:
+    """``text`` as a reply-text short string: at most 255 octets of UTF-8.
+
+    A longer text keeps its first 252 octets and ends in "...", as RabbitMQ cuts
+    it (rabbit_binary_generator); counted in octets, not characters, so that a
+    name beyond ASCII cannot make the close itself fail to encode.
+    """
+    raw = text.encode("utf-8", "replace")  # a lone surrogate (surrogateescape) becomes "?"
+    if len(raw) > 255:
+        return raw[:252].decode("utf-8", "ignore") + "..."
+    return raw.decode("utf-8")
 
 
 class FrameError(AMQPError):

@@ -14,15 +14,16 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from pamqp import base as pamqp_base
-from pamqp import encode
+from pamqp import commands, decode, encode
 
 from brokerha.amqp import constants as C
-from brokerha.amqp.errors import FrameError
-from brokerha.broker.content import pack_shortstr
+from brokerha.amqp.errors import AMQPError, FrameError
+from brokerha.broker.content import check_field_table, pack_shortstr
 
 _FRAME_HEAD = struct.Struct(">BHI")
 _METHOD_ID = struct.Struct(">HH")
 _U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _HEADER_PREFIX = struct.Struct(">HHQ")
 _FRAME_END_BYTE = bytes([C.FRAME_END])
@@ -243,6 +244,98 @@ def _shortstr(payload: bytes, pos: int) -> tuple[str, int]:
 _pack_shortstr = pack_shortstr
 
 
+# -- method arguments, decoded as strictly as RabbitMQ decodes them ------------------
+# RabbitMQ's generated decoder (rabbit_framing_amqp_0_9_1, codegen.py) matches a
+# method's arguments as one binary pattern: every length within the frame and
+# nothing left over, else 501 FRAME_ERROR "cannot decode <<...>>" naming the
+# method. Then, field by field: each table is parsed (rabbit_binary_parser) and
+# each short string must be UTF-8 (501 "Malformed UTF-8 in shortstr"). pamqp
+# alone reads past a short string's end without complaint, ignores what is left
+# over and raises assorted exceptions (and bytes for a long string that is not
+# UTF-8, though it annotates str): its decoders are used here only on what was
+# checked first.
+
+_NUMBERS = {"octet": struct.Struct(">B"), "short": struct.Struct(">H"),
+            "long": struct.Struct(">I"), "longlong": struct.Struct(">Q")}
+
+
+def erlang_binary(data: bytes, limit: int = 128) -> str:
+    """``data`` as Erlang's ``~w`` prints a binary, as in RabbitMQ's texts: <<0,10,255>>.
+
+    Only the first ``limit`` octets: a reply text is cut at 255 octets anyway.
+    """
+    shown = ",".join(map(str, data[:limit]))
+    return f"<<{shown},...>>" if len(data) > limit else f"<<{shown}>>"
+
+
+def cannot_decode(index: int, payload: bytes) -> AMQPError:
+    """RabbitMQ's answer to a method frame whose arguments do not decode."""
+    return AMQPError(C.FRAME_ERROR, f"cannot decode {erlang_binary(payload[4:])}",
+                     index >> 16, index & 0xFFFF)
+
+
+def decode_method(index: int, payload: bytes) -> Any:
+    """The pamqp method of a method frame's payload (its ids included); AMQPError if it
+    does not decode. ``index`` must be one of pamqp's (``commands.INDEX_MAPPING``)."""
+    cls: Any = commands.INDEX_MAPPING[index]
+    method = cls.__new__(cls)
+    end = len(payload)
+    pos = 4
+    bits = 0
+    bit = -1  # the next bit to read from ``bits``; -1: not in a run of bits
+    checks: list[tuple[str, str, int, int]] = []  # (field, type, start, stop) read afterwards
+    try:
+        for name in cls.__slots__:
+            kind = cls.amqp_type(name)
+            if kind == "bit":
+                if bit < 0 or bit == 8:
+                    bits, bit = payload[pos], 0
+                    pos += 1
+                setattr(method, name, bool(bits >> bit & 1))
+                bit += 1
+                continue
+            bit = -1
+            if kind == "shortstr":
+                start = pos + 1
+                pos = start + payload[pos]
+            elif kind == "longstr" or kind == "table":
+                start = pos + 4
+                pos = start + _U32.unpack_from(payload, pos)[0]
+            else:
+                number = _NUMBERS[kind]
+                setattr(method, name, number.unpack_from(payload, pos)[0])
+                pos += number.size
+                continue
+            if pos > end:
+                raise cannot_decode(index, payload)
+            checks.append((name, kind, start, pos))
+    except (IndexError, struct.error):
+        raise cannot_decode(index, payload) from None
+    if pos != end:
+        raise cannot_decode(index, payload)
+    for name, kind, start, stop in checks:
+        raw = payload[start:stop]
+        value: Any
+        if kind == "shortstr":
+            try:
+                value = raw.decode("utf-8")
+            except UnicodeDecodeError:  # no method named (on channel 0 the connection names it)
+                raise FrameError(MALFORMED_UTF8) from None
+        elif kind == "longstr":  # as pamqp gives it: str, or bytes when not UTF-8
+            try:
+                value = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                value = raw
+        else:
+            try:
+                check_field_table(payload, start, stop)
+                value = decode.field_table(payload[start - 4 : stop])[1]
+            except (ValueError, OverflowError, RecursionError):
+                raise cannot_decode(index, payload) from None
+        setattr(method, name, value)
+    return method
+
+
 # -- fast path: decoding ------------------------------------------------------
 
 
@@ -266,6 +359,8 @@ def decode_publish(payload: bytes) -> Publish:
     exchange, pos = _shortstr(payload, 6)
     routing_key, pos = _shortstr(payload, pos)
     bits = payload[pos]
+    if pos + 1 != len(payload):
+        raise struct.error("basic.publish longer than its arguments")
     return Publish(exchange, routing_key, bool(bits & 1), bool(bits & 2), payload[6:pos])
 
 
@@ -274,6 +369,8 @@ def decode_publish(payload: bytes) -> Publish:
 
 def decode_ack(payload: bytes) -> tuple[int, bool]:
     """basic.ack (client to server): delivery tag and the multiple bit."""
+    if len(payload) != 13:
+        raise struct.error("basic.ack is 8 octets of tag and 1 of bits")
     tag = _U64.unpack_from(payload, 4)[0]
     return tag, bool(payload[12] & 1)
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from brokerha.broker import arguments as A
-from brokerha.broker.content import rewrite_properties
+from brokerha.broker.content import rewrite_properties, update_headers
 from brokerha.broker.errors import (
     AccessRefused,
     CommandInvalid,
@@ -21,6 +22,8 @@ from brokerha.broker.exchange import EXCHANGE_CLASSES, Binding, Exchange
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import Observers
 from brokerha.broker.queue import MemoryMeter, Queue
+
+log = logging.getLogger(__name__)
 
 
 class ExchangeRecordLike(Protocol):
@@ -359,7 +362,12 @@ class VirtualHost:
         for entry in entries:
             message = entry.message
             key = queue.dead_letter_routing_key or message.routing_key
-            header = _dead_letter_header(message, queue, reason)
+            try:
+                header = _dead_letter_header(message, queue, reason)
+            except (ValueError, TypeError, OverflowError) as exc:  # a table pamqp cannot read
+                log.warning("dead letter from queue '%s' in vhost '%s' without x-death: %s",
+                            queue.name, self.name, exc)
+                header = rewrite_properties(message.header, expiration=None)
             dead = Message(dlx.name, key, header, message.body)
             targets = [q for q in self.route(dlx, dead) if q is not queue or reason != "expired"]
             ordered = [q for q in targets if q.ordering is not None]
@@ -382,7 +390,7 @@ class VirtualHost:
 
 
 def _dead_letter_header(message: Message, queue: Queue, reason: str) -> bytes:
-    headers = dict(message.headers)
+    headers = message.headers
     deaths = list(headers.get("x-death") or [])
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     for death in deaths:
@@ -405,8 +413,11 @@ def _dead_letter_header(message: Message, queue: Queue, reason: str) -> bytes:
         if message.expiration_ms is not None:
             death["original-expiration"] = str(message.expiration_ms)
         deaths.insert(0, death)
-    headers["x-death"] = deaths
-    headers.setdefault("x-first-death-reason", reason)
-    headers.setdefault("x-first-death-queue", queue.name)
-    headers.setdefault("x-first-death-exchange", message.exchange)
-    return rewrite_properties(message.header, headers=headers, expiration=None)
+    changes: dict[str, Any] = {"x-death": deaths}
+    for name, value in (("x-first-death-reason", reason), ("x-first-death-queue", queue.name),
+                        ("x-first-death-exchange", message.exchange)):
+        if name not in headers:
+            changes[name] = value
+    # the other headers keep their octets (update_headers)
+    table = update_headers(message.header, message._headers_at, changes)
+    return rewrite_properties(message.header, headers=table, expiration=None)

@@ -365,8 +365,13 @@ class _Handshake:
     def _dispatch(self, msg_id: int, msg: Message, out: list[bytes]) -> str | None:
         self._msg_id = msg_id
         if isinstance(msg, Error):
-            raise _Refuse(f"refused by {self._peer_label()}: {_printable(msg.message)}",
-                          _printable(msg.code), answer=False)
+            # the fields as msgpack gave them: any peer may send an Error before it has
+            # identified itself, and the compiled module would check them against
+            # Error's ``str`` annotations (a TypeError, not a refusal)
+            reason: object = getattr(msg, "message")  # noqa: B009
+            code: object = getattr(msg, "code")  # noqa: B009
+            raise _Refuse(f"refused by {self._peer_label()}: {_printable(reason)}",
+                          _printable(code), answer=False)
         expected = EXPECTED.get(self.state)
         if expected is None or type(msg) is not expected:
             raise ProtocolError(f"unexpected {type(msg).__name__} while in {self.state.value}")
@@ -431,6 +436,7 @@ class Dialer(_Handshake):
             self.state = State.AWAIT_WELCOME
             return None
         assert isinstance(msg, Welcome)
+        _check_types(msg, node=str)
         if msg.node != self.peer_expected:
             raise ProtocolError(f"Welcome from {msg.node!r:.40}, not {self.peer_expected!r}")
         return self.peer_expected

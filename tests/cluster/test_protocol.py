@@ -303,3 +303,28 @@ def test_a_peers_error_text_is_logged_on_one_line() -> None:
     d.start()
     step = d.receive(MAGIC + PacketCodec().encode(0, Error("refused", "a\nfake log line")))
     assert step.outcome == Refused("refused by node 'n2': a?fake log line", "refused")
+
+
+# -- msgpack values of another type than the message's annotation ----------------------
+# protocol.py is compiled by mypyc, which checks annotations at run time: a field read
+# under its ``str`` annotation raised TypeError (not a refusal) when a peer sent an int.
+
+
+@pytest.mark.parametrize("fields", [[5, 6], [b"\xff", b"\x00"], [[1], {"a": 1}], [None, 2.5]])
+def test_an_error_packet_with_fields_of_any_type_is_a_refusal(fields: list[object]) -> None:
+    _, a = pair()  # before the peer identified itself: anyone can send this
+    step = a.receive(MAGIC + raw_packet([0, Error.CODE, fields]))
+    assert isinstance(step.outcome, Refused)
+    assert step.outcome.reason == f"refused by the peer: {fields[1]}"
+    assert step.outcome.code == str(fields[0])
+    d, _ = pair()
+    d.start()
+    assert isinstance(d.receive(MAGIC + raw_packet([0, Error.CODE, fields])).outcome, Refused)
+
+
+@pytest.mark.parametrize("node", [5, b"n2", None])
+def test_a_welcome_naming_no_string_is_a_protocol_error(node: object) -> None:
+    d, a = pair()
+    challenge = a.receive(d.start()).out  # magic, challenge
+    step = d.receive(challenge + raw_packet([0, Welcome.CODE, [node]]))
+    assert step.outcome == Refused("bad Welcome: node is not str", ErrorCode.PROTOCOL)

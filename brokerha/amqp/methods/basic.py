@@ -14,6 +14,7 @@ from brokerha.amqp import frames as F
 from brokerha.amqp.consumer import ChannelConsumer, Delivery
 from brokerha.amqp.dtx_control import DTX_EXCHANGE, handle_control
 from brokerha.amqp.errors import AMQPError
+from brokerha.broker.content import check_content_header
 from brokerha.broker.errors import (
     AccessRefused,
     NotAllowed,
@@ -31,12 +32,27 @@ log = logging.getLogger(__name__)
 
 
 def message_from_publish(publish: F.Publish, header: bytes, body: bytes) -> Message:
-    """The broker's Message; a malformed property list is a frame error."""
+    """The broker's Message; a malformed property list is a frame error.
+
+    So is a headers table that does not parse: RabbitMQ decodes the properties of
+    every publish, and its channel crashes on such a table (541 INTERNAL_ERROR);
+    here the table (and the properties ``Message`` does not read) is checked
+    once, so that wherever it is decoded later (a headers exchange, a
+    transaction, a dead letter) it decodes.
+    """
     try:
-        return Message(publish.exchange, publish.routing_key, header, body, route=publish.route)
+        message = Message(publish.exchange, publish.routing_key, header, body,
+                          route=publish.route)
     except ValueError as exc:
         code = C.PRECONDITION_FAILED if "expiration" in str(exc) else C.FRAME_ERROR
         raise AMQPError(code, str(exc), 60, 40) from exc
+    if message._headers_at >= 0 or header[13] & 0x0C:  # a headers table, app-id, cluster-id
+        try:
+            check_content_header(header)
+        except ValueError as exc:
+            raise AMQPError(C.FRAME_ERROR, f"content header does not parse: {exc}",
+                            60, 40) from exc
+    return message
 
 
 def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes) -> None:
