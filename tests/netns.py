@@ -7,7 +7,11 @@ namespace through that bridge. Faults are iptables rules inside the
 namespaces: DROP, so links *stall* instead of closing as they do on a real
 network that loses a switch or a route (no RST, no FIN: only timeouts tell);
 random loss (``-m statistic``); and WAN latency by ``tests/nfqdelay.py`` (an
-NFQUEUE delayer in the namespace: the kernel here has no ``netem``).
+NFQUEUE delayer in the namespace: the kernel here has no ``netem``; chosen
+over a delaying proxy because the proxy would move the nodes' links onto its
+own address, out of reach of the DROP rules on the nodes' addresses, and
+over a package because it needs none). ``NamespacedCluster.pause`` stalls a
+node's process instead (SIGSTOP, then SIGCONT), as a busy event loop does.
 
 Everything created is named with a per-run prefix and removed by ``close``
 (namespaces, the bridge, the veths with them, the delayers by PID); nothing
@@ -57,6 +61,16 @@ def available() -> str | None:
     return None
 
 
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, d = divmod(n, 36)
+        out = digits[d] + out
+        if n == 0:
+            return out
+
+
 def sh(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
@@ -65,11 +79,15 @@ class Namespaces:
     """``count`` namespaces with one address each on a private bridge."""
 
     def __init__(self, count: int, seed: int | None = None) -> None:
-        rng = random.Random(seed if seed is not None else os.getpid())
-        tag = f"{os.getpid() % 10000:04d}{next(_INSTANCES) % 100:02d}"  # unique in this run
+        instance = next(_INSTANCES) % 100
+        # the subnet is drawn per run and process (two runs of one seed may overlap)
+        rng = random.Random(f"{seed}:{os.getpid()}:{instance}")
+        # unique among live processes: the PID in base 36 (5 characters up to 60 million)
+        tag = f"{_base36(os.getpid()):0>5}{instance:02d}"
         self.prefix = f"bh{tag}"  # interface names stay within 15 characters
         self.bridge = f"{self.prefix}br"
-        used = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout
+        used = "".join(subprocess.run(["ip", "-4", what], capture_output=True, text=True).stdout
+                       for what in ("addr", "route"))
         third = rng.randrange(256)
         while f"10.213.{third}." in used:
             third = (third + 1) % 256
@@ -133,9 +151,12 @@ class Namespaces:
                                  "--queue", str(queue), "--delay", str(delay), "--jitter",
                                  str(jitter), "--seed", str(seed)],
                                 cwd=Path(__file__).resolve().parent.parent,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.delayers[i] = proc
         time.sleep(0.3)  # bound to its queue before packets go there (bypass meanwhile)
+        if proc.poll() is not None:  # with --queue-bypass its absence would go unnoticed
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"tests.nfqdelay exited ({proc.returncode}): {err.strip()}")
         self.iptables(i, "-A", "OUTPUT", "-o", "eth0", "-j", "NFQUEUE", "--queue-num",
                       str(queue), "--queue-bypass")
 
@@ -151,6 +172,9 @@ class Namespaces:
                     proc.wait(5)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+                    proc.wait(5)
+            if proc.stderr is not None:
+                proc.stderr.close()
         self.delayers.clear()
 
     def close(self) -> None:
@@ -238,6 +262,20 @@ class NamespacedCluster(ClusterView):
         node = self.nodes.get(name)
         return node is not None and node.proc is not None and node.proc.poll() is None
 
+    def pause(self, name: str, seconds: float) -> None:
+        """Stop node ``name``'s process for ``seconds`` (SIGSTOP, then SIGCONT): its event
+        loop stalls as a busy one does, and what arrives meanwhile waits in its sockets'
+        queues and its listener's accept backlog."""
+        node = self.nodes[name]
+        if node.proc is None or node.proc.poll() is not None:
+            return
+        pid = node.proc.pid  # ``ip netns exec`` execs the node: the PID is the node's
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
     def status(self, name: str) -> dict[str, Any] | None:
         try:
             return dict(get_json(self.admin_url(name) + "/api/status", 1, None, USER, PASSWORD))
@@ -278,10 +316,15 @@ class NamespacedCluster(ClusterView):
         return list(self.nodes[name].log)
 
     def close(self) -> None:
-        for node in self.nodes.values():
-            node.close()
-        self.net.close()
-        self._tmp.cleanup()
+        try:
+            for node in self.nodes.values():
+                proc = node.proc
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)  # a paused node would not see SIGTERM
+                node.close()
+        finally:
+            self.net.close()
+            self._tmp.cleanup()
 
     def __enter__(self) -> NamespacedCluster:
         try:
