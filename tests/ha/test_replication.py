@@ -167,16 +167,7 @@ def test_confirm_waits_for_the_guarded_backup_then_runs() -> None:
 
 def test_a_silent_backup_leaves_the_guarded_set_after_the_timeout(
         caplog: pytest.LogCaptureFixture) -> None:
-    c = Cluster(3, timeout=5.0)
-    c.broker.vhosts["/"].declare_queue("q", owner=None)
-    c.follow("n2")
-    c.follow("n3")
-    c.pump()
-    c.no_ack.add("n3")
-    publish(c.broker, b"x")
-    confirmed: list[bool] = []
-    c.broker.after_durable(lambda: confirmed.append(True))
-    c.pump()
+    c, confirmed = three_with_one_owing()
     assert confirmed == []  # n2 and the primary are a majority, but n3 is guarded
     c.clock.now += 4.0
     c.primary.tick(c.clock.now)
