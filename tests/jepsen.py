@@ -30,16 +30,18 @@ shipped election timing, faults by iptables inside the namespaces.
   every 1-2 s (DROP on and off; flapping and the next two last ``2 * hold``);
   the primary's packets delayed 150 ms +- 50 ms with 2 % loss (delay by
   ``tests/nfqdelay.py``, loss by ``-m statistic``); and, beyond the issue's
-  five network faults, the primary's process stalled 0.8-1.5 s (SIGSTOP,
-  SIGCONT) every 1.3-3 s. The stall stands in for what made the issue's long
-  runs lose transactions: a primary whose event loop was held past its lease
-  (there by a join's catch-up over a queue of 250,000 messages; a short
-  run's queue is far smaller) while clients reconnected to it. Issue 32's
-  race is timing-dependent: against the code before the fix (8a60c0d^) the
-  network faults alone lost 33 transactions in 1 run of 3 at 8 s a fault,
-  and runs with the stall lost 522 and 3 transactions in 2 runs of 4; the
-  bounded run of the default suite passed there in the runs tried. A run
-  that catches it shows "answers from a non-primary node" in the table.
+  five network faults, the primary's process stalled 1-2 s (SIGSTOP,
+  SIGCONT) every 1.5-3.5 s, for ``pause_phase * hold`` seconds. The stall
+  stands in for what made the issue's long runs lose transactions: a
+  primary whose event loop was held past its lease (there by a join's
+  catch-up over a queue of 250,000 messages; a short run's queue is far
+  smaller) while clients reconnected to it. Against the code before the fix
+  (8a60c0d^), one round at 8 s a fault lost, with the five network faults
+  and two publishers only, 33 transactions in 1 run of 3; with the stall
+  and the short-lived clients, 260 transactions (tx) and 800 messages
+  (confirm), each in the stall; the bounded run, see
+  ``tests/failover/test_netns_partition.py``. A run that catches it shows
+  "answers from a non-primary node" in the table.
 - **Check**: the queue drained from the final primary; every recorded
   message is there (lost: 0), no transaction partly (partial: 0).
 """
