@@ -5,9 +5,11 @@ The node sends ``join_message()`` to the primary it follows and passes every
 catch-up (``b`` ... ``s`` ... ``c``) and then live events; they are applied in
 seq order: an old or repeated seq is ignored, a gap raises ``ReplicationError``
 and events of an older epoch ``StaleEpoch`` (the caller logs it and joins
-again). Until the CaughtUp marker is applied the broker holds a mix of old and
-new state, so the node's position is INVALID; from then on it is
-``(epoch, applied_seq)``.
+again). The catch-up's events are numbered below the join's seq (the
+primary streams them, ``primary/catch_up.py``); the CaughtUp marker names the
+join's seq and the applied seq moves to it. Until the marker is applied the
+broker holds a mix of old and new state, so the node's position is INVALID;
+from then on it is ``(epoch, applied_seq)``.
 
 Acknowledgement contract: an ``Ack`` promises the primary that everything up
 to its seq survives a crash of this node, since a confirm may go out on it.
@@ -104,6 +106,11 @@ class Backup:
         hold_all_timers(broker)
 
     @property
+    def applying(self) -> bool:
+        """The answer to our join has begun (its catch-up, or live events after it)."""
+        return self._catching_up or self.caught_up
+
+    @property
     def position(self) -> tuple[int, int]:
         """(epoch, applied_seq) once caught up; INVALID while catching up."""
         return (self.epoch, self.applied_seq) if self.caught_up else INVALID
@@ -172,7 +179,8 @@ class Backup:
             if seq != self.applied_seq + 1:
                 raise ReplicationError(f"gap: event {seq} after {self.applied_seq}")
             self._apply(seq, event)
-            self.applied_seq = seq
+            # the CaughtUp marker names the join's seq: live events go on from there
+            self.applied_seq = event.seq if event.kind == R.CAUGHT_UP else seq
             if event.kind != R.DEQUEUED:
                 self.ack_due = True
 
@@ -215,7 +223,7 @@ class Backup:
         elif kind == R.SNAPSHOT_DONE:
             self.config.snapshot_done()
         elif kind == R.CAUGHT_UP:
-            if event.seq != seq:
+            if event.seq < seq:
                 raise ReplicationError(f"CaughtUp marker for {event.seq} at seq {seq}")
             self.transactions.caught_up()
             self.caught_up, self._catching_up = True, False

@@ -43,6 +43,7 @@ from brokerha.cluster.election import Position
 from brokerha.cluster.messages import Message
 from brokerha.cluster.replication import ConfigurationMismatch, Events, Join
 from brokerha.cluster.state import NodeState
+from brokerha.primary.catch_up import Pace
 from brokerha.primary.policy import ReplicationPolicy
 from brokerha.primary.primary import Primary
 from brokerha.primary.remote_backup import EVENTS_PER_PACKET
@@ -96,6 +97,9 @@ class Unsafe(UnsafeRules):
     early_ack: bool = False      # a backup acknowledges before its store synced
     confirm_early: bool = False  # the primary confirms once its own disk has it (no quorum)
     no_tx_trackers: bool = False  # a backup joining during a prepared transaction is ready at once
+    # a join's catch-up made and sent whole at once, as it used to be (primary/catch_up.py):
+    # the primary's loop stalls for as long as the queues are deep
+    monolithic_catch_up: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,9 @@ class HACore:
             clock=self.clock, backup_timeout=s.backup_timeout, replicate=s.replicate,
             policies=list(s.policies), on_output=self.schedule_flush,
             tx_prepare_timeout=s.tx_prepare_timeout, events_per_packet=s.events_per_packet,
-            backup_unheard_timeout=s.backup_unheard_timeout)
+            backup_unheard_timeout=s.backup_unheard_timeout,
+            pace=Pace.unbounded() if self.unsafe.monolithic_catch_up else None,
+            tx_trackers=not self.unsafe.no_tx_trackers)
         if self.unsafe.confirm_early:
             self.broker.replication_barriers.remove(self.primary.barrier)
         else:
@@ -254,8 +260,6 @@ class HACore:
         assert self.primary is not None
         log.info("backup %s joins at position (%d, %d)", msg.node, msg.pos_epoch, msg.pos_seq)
         self.primary.backup_joined(msg)
-        if self.unsafe.no_tx_trackers and msg.node in self.primary.sessions:
-            self.primary.sessions[msg.node].tx_trackers.clear()
 
     def schedule_flush(self, lazy: bool = False) -> None:
         """Events wait to be sent: this loop iteration, or ``DEQUEUE_SEND_DELAY`` later if
@@ -408,7 +412,7 @@ class HACore:
             if backup.session != session:
                 # joined again meanwhile: that seq and position were the old session's,
                 # and the state is a catch-up in progress (its position INVALID)
-                if backup.applied_seq >= 0:
+                if backup.applying:
                     self.schedule_ack()
                 return
             if caught_up:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from brokerha.backup.timers import resume_timers
@@ -39,11 +39,12 @@ from brokerha.cluster.quorum import replicated_seq
 from brokerha.cluster.ranges import RangeSet
 from brokerha.cluster.replication import Events, Join, ReplicationError
 from brokerha.primary import events as ev
+from brokerha.primary.catch_up import CATCH_UP_SPAN, CatchUp, Pace
 from brokerha.primary.events import Event
 from brokerha.primary.policy import ReplicationPolicy, check_default, queue_policy
 from brokerha.primary.queue_guard import QueueGuard
 from brokerha.primary.remote_backup import EVENTS_PER_PACKET, RemoteBackup
-from brokerha.primary.replicating_subscription import ReplicatingSubscription
+from brokerha.primary.replicating_subscription import ReplicatingSubscription, queue_entries
 from brokerha.primary.snapshot import configuration
 from brokerha.primary.tx_observer import PrimaryTxObserverFactory
 from brokerha.primary.tx_queue import TxQueue, TxReplicatingSubscription, ack_votes
@@ -67,8 +68,13 @@ class Primary(ConfigurationObserver, QueueObserver):
                  on_output: Callable[[bool], None] | None = None,
                  tx_prepare_timeout: float = DEFAULT_TX_PREPARE_TIMEOUT,
                  events_per_packet: int = EVENTS_PER_PACKET,
-                 backup_unheard_timeout: float = DEFAULT_BACKUP_UNHEARD_TIMEOUT) -> None:
+                 backup_unheard_timeout: float = DEFAULT_BACKUP_UNHEARD_TIMEOUT,
+                 pace: Pace | None = None, tx_trackers: bool = True) -> None:
         self.broker = broker
+        # False: core.Unsafe.no_tx_trackers (simulations only; a backup admitted while a
+        # transaction it did not vote on is prepared is ready at once)
+        self.tx_trackers = tx_trackers
+        self.pace = pace or Pace()  # how a join's catch-up is streamed (catch_up.py)
         self.backup_unheard_timeout = backup_unheard_timeout
         self.events_per_packet = events_per_packet  # a replication packet's bound (and bytes)
         # called when events wait to be sent and none did before, with whether they
@@ -265,15 +271,15 @@ class Primary(ConfigurationObserver, QueueObserver):
     def tx_begin(self, name: str, xid: str | None) -> TxQueue:
         """Create a tx-queue: the backups joined now are in the transaction.
 
-        A timed-out backup is not: like a confirm, the transaction does not
-        wait for it (it stays timed out until it joins again, and its vote
-        would be a no on every transaction until then).
+        A backup not guarded now (catching up, or timed out) is not: like a
+        confirm, the transaction does not wait for it; it joins the open
+        transactions once it is guarded (``_readmit``).
         """
         txq = TxQueue(name, xid)
         self._emit(txq.begin_event())
         txq.begin_seq = self.seq
         txq.members = {n: TxReplicatingSubscription(n, s) for n, s in self.sessions.items()
-                       if not s.timed_out}
+                       if s.guarded}
         self.tx_queues[name] = txq
         return txq
 
@@ -295,7 +301,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             session = self.sessions.get(node)
             if session is not member.session:
                 member.vote, member.reason = False, "left before the prepare"
-            elif session.timed_out:
+            elif not session.guarded:
                 member.vote, member.reason = False, "timed out"
         txq.settle_votes()
         if self.closed:
@@ -357,10 +363,15 @@ class Primary(ConfigurationObserver, QueueObserver):
     # -- backups -------------------------------------------------------------------------
 
     def backup_joined(self, join: Join) -> None:
-        """Answer a join at once: configuration, per-queue catch-up, the CaughtUp marker.
+        """Answer a join: configuration, per-queue catch-up, the CaughtUp marker.
 
-        Nothing can happen on the broker while this runs, so the answer is the
-        state at ``self.seq`` exactly; live events follow from ``seq + 1``.
+        The answer is the state at ``self.seq`` (the join's seq): the
+        configuration, the transactions and other layers' state are taken now
+        (small); each queue's messages are made as they are sent, below the
+        queue's position now (``catch_up.py``: what changes on a queue after
+        the join goes out live behind the catch-up, and converges with it).
+        The backup is admitted to the guarded set once it caught up
+        (``_readmit``): it joins the open transactions then.
         """
         if join.epoch != self.epoch:
             raise ReplicationError(f"join of epoch {join.epoch}; this primary is of {self.epoch}")
@@ -371,45 +382,53 @@ class Primary(ConfigurationObserver, QueueObserver):
             self._tx_session_ended(join.node, old, "joined again")
         now = self.clock()
         held = {(v, q): (ha_id, ranges) for v, q, ha_id, ranges in join.inventory}
-        out: list[Event] = [R.CatchUpBegins(R.CATCH_UP_BEGINS, join.session)]
-        out.extend(configuration(self.broker, self._replicated))
-        out.append(R.SnapshotDone(R.SNAPSHOT_DONE))
-        ends: list[tuple[Queue, int]] = []
+        head: list[Event] = [R.CatchUpBegins(R.CATCH_UP_BEGINS, join.session)]
+        head.extend(configuration(self.broker, self._replicated))
+        head.append(R.SnapshotDone(R.SNAPSHOT_DONE))
+        join_seq = self.seq
+        guards: list[QueueGuard] = []
+        queues: list[tuple[QueueGuard, Iterable[Event | None]]] = []
         subscriptions = []
         for vhost in self.broker.vhosts.values():
             for q in vhost.queues.values():
                 if not self._replicated(q):
                     continue
+                guard = QueueGuard(q.vhost, q.name, q.next_position, join_seq)
+                guards.append(guard)
+                if not self._messages_replicated(q):
+                    guard.ready_seq = join_seq - CATCH_UP_SPAN  # nothing to send: the first
+                    continue
                 ha_id, ranges = held.get((q.vhost, q.name), (None, []))
                 if ha_id != q.arguments.get(R.HA_ID):
                     ranges = []  # another incarnation: the backup replaces it, empty
                 sub = ReplicatingSubscription(q, RangeSet(ranges))
-                out.extend(sub.catch_up(self._entries(q), now, self.broker.store.read_bodies))
                 subscriptions.append(sub)
-                ends.append((q, len(out) - 1))
-        out.extend(self._outcome_events())
+                queues.append((guard, self._queue_catch_up(sub, q.next_position)))
+        tail = self._outcome_events()
         for txq in self.tx_queues.values():
-            out.extend(txq.replay())
+            tail.extend(txq.replay())
         for provider in self.catch_up_providers:
-            out.extend(provider())
-        join_seq = self.seq
-        out.append(R.CaughtUp(R.CAUGHT_UP, join_seq))
-        first = join_seq - len(out) + 1
-        session = RemoteBackup(join.node, join_seq, first, now, self.events_per_packet)
-        session.outbox.extend((first + i, event) for i, event in enumerate(out))
+            tail.extend(provider())
+        catch_up = CatchUp(join_seq, head, queues, tail)
+        session = RemoteBackup(join.node, catch_up, now, self.events_per_packet, self.pace)
         session.subscriptions = subscriptions
-        session.guards = [QueueGuard(q.vhost, q.name, q.next_position, join_seq, first + end)
-                          for q, end in ends]
-        for txq in self.tx_queues.values():
-            if txq.closed:  # prepared without its vote: blocked until the outcome reached it
-                session.tx_trackers.extend(trackers_for(txq.name, txq.events))
-            else:  # it received the tx-queue so far: in the transaction
-                txq.members[join.node] = TxReplicatingSubscription(join.node, session)
+        session.guards = guards
         self.sessions[join.node] = session
-        log.info("backup %s joined at seq %d: catch-up of %d events (%d messages sent, "
-                 "%d skipped, %d dropped)", join.node, join_seq, len(out),
-                 sum(s.sent for s in subscriptions), sum(s.skipped for s in subscriptions),
-                 sum(s.dropped for s in subscriptions))
+        log.info("backup %s joined at seq %d: streaming its catch-up (%d queues, %d messages "
+                 "on them)", join.node, join_seq, len(guards),
+                 sum(s.queue.message_count for s in subscriptions))
+        if self.on_output is not None:
+            self.on_output(False)
+
+    def _queue_catch_up(self, sub: ReplicatingSubscription,
+                        below: int) -> Iterator[Event | None]:
+        """The queue's catch-up events, from the queue as it is when its turn comes."""
+        q = sub.queue
+        if q.deleted:
+            return  # the live delete follows
+        acquired = list(self._acquired.get(q, {}).values())
+        entries = queue_entries(q, acquired, below)
+        yield from sub.events(entries, self.clock, self.broker.store.read_bodies)
 
     def _outcome_events(self) -> list[Event]:
         records = [list(r) for r in self.broker.outcomes.snapshot()]
@@ -417,12 +436,6 @@ class Primary(ConfigurationObserver, QueueObserver):
             return [R.TxOutcomes(R.TX_OUTCOMES, [])]
         return [R.TxOutcomes(R.TX_OUTCOMES, records[i:i + OUTCOMES_PER_EVENT])
                 for i in range(0, len(records), OUTCOMES_PER_EVENT)]
-
-    def _entries(self, q: Queue) -> list[Entry]:
-        """Everything on the queue: ready, and acquired but not yet acknowledged."""
-        if not self._messages_replicated(q):
-            return []
-        return [*q.ready, *self._acquired.get(q, {}).values()]
 
     def backup_acked(self, node: str, seq: int) -> None:
         session = self.sessions.get(node)
@@ -437,15 +450,20 @@ class Primary(ConfigurationObserver, QueueObserver):
                      if session.tx_trackers else ": ready")
         if self.tx_queues:
             ack_votes(self.tx_queues, node, session, seq)
-        if session.timed_out:
+        if not session.guarded:
             self._readmit(node, session)
         self._release()
+        if session.wants_catch_up_slice and self.on_output is not None:
+            self.on_output(False)  # its window opened: the next slice
 
     def _readmit(self, node: str, session: RemoteBackup) -> None:
-        """A timed-out backup whose link flows again is guarded again, in the same session.
+        """A backup that caught up (after its join, or after it timed out) is guarded.
 
-        It stayed in the session while timed out: it got every event in order and
-        its acknowledgements still counted for the majority. Once it caught up,
+        A joined backup is admitted once it acknowledged its catch-up's marker
+        and what was confirmed meanwhile; until then confirms do not wait for
+        it, so a long catch-up holds nobody's confirms. A timed-out backup
+        stayed in the session: it got every event in order and its
+        acknowledgements still counted for the majority. Once it caught up,
         holds everything that may have been confirmed (``replicated()``) and the
         outcome of every prepared transaction decided since (it did not vote on
         them), it is a copy like any other backup, and confirms wait for it again.
@@ -457,18 +475,21 @@ class Primary(ConfigurationObserver, QueueObserver):
         if not (session.caught_up and session.progress >= self._prepared_outcome_seq
                 and session.progress >= self.replicated()):
             return
-        session.timed_out = False
+        again = session.admitted
+        session.admitted, session.timed_out = True, False
         for txq in self.tx_queues.values():
             member = txq.members.get(node)
             voting = member is not None and member.session is session and member.vote is not False
             if voting:
                 continue
             if txq.closed:  # prepared without its vote: blocked until the outcome reached it
-                session.tx_trackers.extend(trackers_for(txq.name, txq.events))
+                if self.tx_trackers:
+                    session.tx_trackers.extend(trackers_for(txq.name, txq.events))
             else:  # it has the tx-queue so far (it got every event): in the transaction
                 txq.members[node] = TxReplicatingSubscription(node, session)
-        log.info("backup %s caught up again (acknowledged seq %d): it is guarded again",
-                 node, session.progress)
+        log.info("backup %s caught up%s (acknowledged seq %d): it is guarded%s, confirms "
+                 "wait for it", node, " again" if again else "", session.progress,
+                 " again" if again else "")
 
     def backup_lost(self, node: str, reason: str) -> None:
         session = self.sessions.pop(node, None)
@@ -541,12 +562,17 @@ class Primary(ConfigurationObserver, QueueObserver):
         now = self.clock()
         shared: dict[tuple[int, int, int, int], Events] = {}
         out: dict[str, list[Events]] = {}
+        more = False
         for node in list(self.sessions) if nodes is None else nodes:
             session = self.sessions.get(node)
             if session is not None:
                 packets = session.take_outbox(self.epoch, now, shared)
                 if packets:
                     out[node] = packets
+                if session.wants_catch_up_slice:
+                    more = True
+        if more and self.on_output is not None:
+            self.on_output(False)  # the next slice of a catch-up: the next loop turn
         return out
 
     def ready_backups(self) -> list[str]:
@@ -558,16 +584,12 @@ class Primary(ConfigurationObserver, QueueObserver):
         """The highest seq replicated by the quorum rule (``cluster/quorum.py``).
 
         A backup still catching up holds no consistent copy, so it does not count
-        for the majority; but it is guarded: nothing after its join is confirmed
-        before it has caught up and acknowledged it.
+        for the majority, and nothing waits for it: it is guarded once admitted
+        (``_readmit``), holding everything that may have been confirmed by then.
         """
         acked = {n: s.acked for n, s in self.sessions.items() if s.acked is not None}
         guarded = [n for n, s in self.sessions.items() if s.holds_copy]
-        limit = replicated_seq(self.seq, acked, guarded, self.members)
-        for s in self.sessions.values():
-            if s.guarded and not s.caught_up:
-                limit = min(limit, s.join_seq)
-        return limit
+        return replicated_seq(self.seq, acked, guarded, self.members)
 
     def barrier(self, callback: Callable[[], None]) -> None:
         """A replication barrier: ``callback`` once everything emitted so far is replicated.

@@ -8,8 +8,17 @@ consistent copy, so it neither counts for a majority nor is ready.
 
 A backup that joined while transactions were prepared holds them as
 prepared, not yet their effects: its TxTrackers (``primary.tx_tracker``) keep
-it from being *ready* (promotable) until their outcomes reached it. It is
-guarded and counts for the majority as soon as it caught up.
+it from being *ready* (promotable) until their outcomes reached it. It
+counts for the majority as soon as it caught up.
+
+Guarded (confirms wait for it) only once *admitted*: it caught up and holds
+everything that may have been confirmed meanwhile (``Primary._readmit``).
+While it catches up, confirms do not wait for it -- the majority decides
+alone, as for a backup that timed out -- so a catch-up of minutes does not
+hold the clients' confirms for minutes; and it is not ready (promotable)
+before it is admitted, so a ready backup still holds everything confirmed.
+Its catch-up (``catch_up.py``) is made as it is sent, a slice per flush,
+behind a window of unacknowledged bytes; live events wait behind it.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from collections import deque
 from typing import Any
 
 from brokerha.cluster.replication import Events
+from brokerha.primary.catch_up import CatchUp, Pace
 from brokerha.primary.events import Event, event_size
 from brokerha.primary.queue_guard import QueueGuard
 from brokerha.primary.replicating_subscription import ReplicatingSubscription
@@ -28,18 +38,23 @@ BYTES_PER_PACKET = 1 << 20
 
 
 class RemoteBackup:
-    def __init__(self, node: str, join_seq: int, first_seq: int, now: float,
-                 events_per_packet: int = EVENTS_PER_PACKET) -> None:
+    def __init__(self, node: str, catch_up: CatchUp, now: float,
+                 events_per_packet: int = EVENTS_PER_PACKET, pace: Pace | None = None) -> None:
         self.node = node
         self.events_per_packet = events_per_packet
-        self.join_seq = join_seq      # the CaughtUp marker's seq
-        self.first_seq = first_seq    # the catch-up's first seq (acks below mean nothing)
-        self.outbox: deque[tuple[int, Event]] = deque()
-        self.sent_seq = first_seq - 1
-        self.progress = first_seq - 1  # highest acknowledged seq, catch-up included
+        self.pace = pace or Pace()
+        self.catch_up: CatchUp | None = catch_up  # None once its last event is sent
+        self.join_seq = catch_up.join_seq    # the CaughtUp marker's seq
+        self.first_seq = catch_up.first_seq  # the catch-up's first seq (acks below: progress)
+        self.outbox: deque[tuple[int, Event]] = deque()  # live events (after the join)
+        self.sent_seq = self.first_seq - 1
+        self.progress = self.first_seq - 1  # highest acknowledged seq, catch-up included
+        self._in_flight: deque[tuple[int, int]] = deque()  # catch-up packets: (last seq, bytes)
+        self._in_flight_bytes = 0
         self.guards: list[QueueGuard] = []
         self.subscriptions: list[ReplicatingSubscription] = []
         self.tx_trackers: list[TxTracker] = []
+        self.admitted = False  # caught up and holding everything confirmed: Primary._readmit
         self.timed_out = False
         self.waiting_since: float | None = None  # sent but unacknowledged since
         self.heard_at = now  # the last packet of any kind from it (heartbeat acks too)
@@ -54,8 +69,8 @@ class RemoteBackup:
 
     @property
     def holds_copy(self) -> bool:
-        """Acknowledged the marker and not timed out: guarded, counts for confirms."""
-        return self.caught_up and not self.timed_out
+        """Acknowledged the marker, admitted and not timed out: guarded."""
+        return self.caught_up and self.guarded
 
     @property
     def caught_up(self) -> bool:
@@ -68,7 +83,13 @@ class RemoteBackup:
 
     @property
     def guarded(self) -> bool:
-        return not self.timed_out
+        """Confirms and transactions wait for it."""
+        return self.admitted and not self.timed_out
+
+    @property
+    def wants_catch_up_slice(self) -> bool:
+        """More of its catch-up is to be made and its window is open: flush again soon."""
+        return self.catch_up is not None and self._in_flight_bytes < self.pace.window_bytes
 
     # -- sending -----------------------------------------------------------------------
 
@@ -86,6 +107,12 @@ class RemoteBackup:
         shares them.
         """
         packets: list[Events] = []
+        if self.catch_up is not None:
+            self._take_catch_up(epoch, packets)
+            if self.catch_up is not None:  # live events wait behind it
+                if packets and self.waiting_since is None:
+                    self.waiting_since = now
+                return packets
         outbox = self.outbox
         while outbox:
             first = outbox[0][0]
@@ -112,10 +139,38 @@ class RemoteBackup:
         if seq <= self.progress or seq > self.sent_seq:
             return False
         self.progress = seq
+        in_flight = self._in_flight
+        while in_flight and in_flight[0][0] <= seq:
+            self._in_flight_bytes -= in_flight.popleft()[1]
         if self.tx_trackers:
             self.tx_trackers = [t for t in self.tx_trackers if not t.cleared(seq)]
-        self.waiting_since = None if seq >= self.sent_seq and not self.outbox else now
+        idle = seq >= self.sent_seq and not self.outbox and self.catch_up is None
+        self.waiting_since = None if idle else now
         return True
+
+    def _take_catch_up(self, epoch: int, packets: list[Events]) -> None:
+        """One slice of the catch-up, within the window; the marker ends it."""
+        catch_up = self.catch_up
+        assert catch_up is not None
+        pace = self.pace
+        budget = min(pace.slice_bytes, pace.window_bytes - self._in_flight_bytes)
+        work = pace.slice_work
+        while budget > 0 and work > 0 and not catch_up.done:
+            first = catch_up.next_seq
+            events, used = catch_up.take(min(budget, BYTES_PER_PACKET), self.events_per_packet,
+                                         work)
+            work -= used
+            if not events:
+                continue
+            size = sum(event_size(e) for e in events)
+            budget -= size
+            packets.append(Events(epoch, first, events))
+            self.sent_seq = first + len(events) - 1
+            self._in_flight.append((self.sent_seq, size))
+            self._in_flight_bytes += size
+        if catch_up.done:
+            self.catch_up = None
+            self.sent_seq = self.join_seq  # the marker's: the backup's applied seq moves to it
 
     def silent_for(self, now: float) -> float:
         """Seconds it has owed an acknowledgement (0 when it owes none)."""
@@ -127,6 +182,7 @@ class RemoteBackup:
             "ready": self.ready,
             "caught_up": self.caught_up,
             "timed_out": self.timed_out,
+            "guarded": self.guarded,
             "acked": acked,
             "lag": None if acked is None else seq - acked,
             "join_seq": self.join_seq,
@@ -135,5 +191,9 @@ class RemoteBackup:
             "queues_caught_up": sum(1 for g in self.guards if g.passed(self.progress)),
             "catch_up": {"sent": sum(s.sent for s in self.subscriptions),
                          "skipped": sum(s.skipped for s in self.subscriptions),
-                         "dropped": sum(s.dropped for s in self.subscriptions)},
+                         "dropped": sum(s.dropped for s in self.subscriptions),
+                         "gone": sum(s.gone for s in self.subscriptions),
+                         "bytes": sum(s.bytes for s in self.subscriptions),
+                         "streaming": self.catch_up is not None,
+                         "in_flight_bytes": self._in_flight_bytes},
         }

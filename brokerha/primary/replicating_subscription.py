@@ -1,26 +1,35 @@
 """ReplicatingSubscription (seed 002): one queue, replicated to one backup.
 
 At the join it compares the queue with what the backup says it holds: ids
-only the backup has are dropped, ids both have are skipped (the *skip set*,
-which transactions will extend with what a tx-queue already carried), the rest
-is sent with its content. Entries acquired by consumers are still on the queue
-until they are acknowledged, so they are sent too.
+only the backup has are dropped, ids both have are skipped (the *skip set*),
+the rest is sent with its content. Entries acquired by consumers are still on
+the queue until they are acknowledged, so they are sent too.
 
 A backup applies enqueues by appending, so its queue stays in position order
 only if nothing it keeps lies after something it lacks. That happens only
 when the backup's history diverged (a deposed primary's unreplicated work):
 then what it keeps past the first gap is dropped and sent again.
+
+Streamed (``catch_up.py``): the events are made as the catch-up is sent, from
+the queue as it is then, below its ``QueueGuard`` position (everything above
+it goes out live, after the join). An entry taken off the queue since the
+join may be sent or not: the live dequeue that follows the catch-up removes
+it on the backup either way, and a dequeue of an entry the backup lacks does
+nothing (``QueueReplicator.dequeue``). So the queue's state at the join need
+not be copied at the join: a deep queue costs the join nothing.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from operator import attrgetter
 
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.paging import PAGED
 from brokerha.broker.queue import Queue
-from brokerha.cluster.ranges import RangeSet, to_ranges
+from brokerha.cluster.ranges import RangeSet
 from brokerha.primary import events as ev
 from brokerha.primary.events import Event
 
@@ -28,82 +37,130 @@ BodyReader = Callable[[str, str, list[int]], dict[int, tuple[bytes, bytes]]]
 
 DROPS_PER_EVENT = 8192
 READ_BATCH = 256
+# entries looked at without an event to show for it (skipped: the backup has them)
+# before the walk yields None, so that whoever pulls it can stop for this turn
+WORK_PER_YIELD = 4096
+
+_position = attrgetter("position")
 
 
-def _position(entry: Entry) -> int:
-    return entry.position
+def queue_entries(queue: Queue, acquired: Iterable[Entry], below: int) -> Iterator[Entry]:
+    """The queue's entries (ready, and acquired but not acknowledged) below ``below``, in
+    position order: a copy of the ready list's references taken now (C speed, ~35 ms for
+    2,000,000 entries), so that the queue may change while it is walked."""
+    ready = list(queue.ready)
+    if queue.arguments.get("x-max-priority"):
+        ready.sort(key=_position)  # one run per priority level, merged
+    held = sorted(acquired, key=_position)
+    merged = heapq.merge(ready, held, key=_position) if held else iter(ready)
+    return itertools.takewhile(lambda e: e.position < below, merged)
 
 
-def _first_gap(positions: list[int], runs: list[tuple[int, int]]) -> int:
-    """The index of the first position (sorted) that no run covers; len if none."""
-    i, n = 0, len(positions)
-    for a, b in runs:
-        if i >= n:
-            return n
-        if positions[i] < a:
-            return i
-        i = bisect_right(positions, b, i)
-    return i
+def _held_positions(held: RangeSet) -> Iterator[int]:
+    return itertools.chain.from_iterable(range(a, b + 1) for a, b in held.runs())
 
 
 class ReplicatingSubscription:
     def __init__(self, queue: Queue, held: RangeSet) -> None:
         self.queue = queue
         self.held = held
-        self.skip_set = RangeSet([])
         self.sent = 0
         self.skipped = 0
         self.dropped = 0
+        self.gone = 0  # taken off the queue (and out of the store) before it could be sent
+        self.bytes = 0  # message bodies and headers sent
 
-    def catch_up(self, entries: list[Entry], now: float, read_bodies: BodyReader) -> list[Event]:
+    def events(self, entries: Iterable[Entry], clock: Callable[[], float],
+               read_bodies: BodyReader) -> Iterator[Event | None]:
         """The events that bring the backup's copy of the queue to ``entries``.
 
-        ``entries``: everything on the queue (ready and acquired), any order.
-        Worked out by runs, not by position: a backup that holds a deep queue
-        it already has costs a sort (linear on a queue in order) and a bisect
-        per run of its inventory, so answering its join does not stall the
-        primary's loop (hundreds of milliseconds for 200,000 messages when
-        every position was looked up).
+        ``entries``: the queue in position order (``queue_entries``). One merge
+        walk of the entries against the backup's runs; ``None`` now and then
+        when only skipping (see ``WORK_PER_YIELD``).
         """
-        q = self.queue
-        entries = sorted(entries, key=_position)
-        positions = [e.position for e in entries]
-        runs = self.held.runs()
-        # every entry before the first one the backup lacks is kept (skipped); from
-        # there on everything is sent again, and what the backup holds past it dropped
-        gap = _first_gap(positions, runs)
+        held = _held_positions(self.held)
+        nxt = next(held, None)
         drops: list[int] = []
-        skips: list[list[int]] = []
-        for a, b in runs:
-            lo = bisect_left(positions, a, 0, gap)
-            hi = bisect_right(positions, b, lo, gap)
-            if hi - lo == b - a + 1:
-                skips.append([a, b])  # the whole run is on the queue: kept as it is
+        batch: list[Entry] = []
+        idle = 0
+        entries = iter(entries)
+        for e in entries:
+            p = e.position
+            while nxt is not None and nxt < p:  # the backup holds it, the queue does not
+                drops.append(nxt)
+                nxt = next(held, None)
+                if len(drops) >= DROPS_PER_EVENT:
+                    yield self._drop(drops)
+                    drops = []
+            if nxt == p:  # both have it: kept
+                self.skipped += 1
+                nxt = next(held, None)
+                idle += 1
+                if idle >= WORK_PER_YIELD:
+                    idle = 0
+                    yield None
                 continue
-            kept = positions[lo:hi]
-            skips.extend(to_ranges(kept))
-            present = set(kept)
-            drops.extend(p for p in range(a, b + 1) if p not in present)
-        sends = entries[gap:]
-        self.skip_set = RangeSet(skips)
-        self.dropped, self.skipped, self.sent = len(drops), len(self.skip_set), len(sends)
-        out: list[Event] = [ev.dequeued(q, drops[i:i + DROPS_PER_EVENT])
-                            for i in range(0, len(drops), DROPS_PER_EVENT)]
-        for i in range(0, len(sends), READ_BATCH):
-            batch = sends[i:i + READ_BATCH]
-            contents = self._paged_contents(batch, read_bodies)
-            out.extend(ev.enqueued(q, e, now, contents.get(e.position)) for e in batch)
-        return out
+            # the first entry the backup lacks: from here everything is sent, and what
+            # the backup holds past it is dropped first (what is on the queue comes again)
+            batch.append(e)
+            if nxt is not None:
+                drops.append(nxt)
+            yield from self._drops(itertools.chain(drops, held))
+            drops = []
+            nxt = None
+            break
+        for e in entries:  # past the first gap: everything
+            batch.append(e)
+            if len(batch) >= READ_BATCH:
+                yield from self._send(batch, clock(), read_bodies)
+                batch = []
+        if batch:
+            yield from self._send(batch, clock(), read_bodies)
+        if nxt is not None:  # no gap: what the backup holds past the queue's last entry
+            drops.append(nxt)
+        yield from self._drops(itertools.chain(drops, held))
+
+    def _drop(self, positions: list[int]) -> Event:
+        self.dropped += len(positions)
+        return ev.dequeued(self.queue, positions)
+
+    def _drops(self, positions: Iterator[int]) -> Iterator[Event]:
+        while True:
+            chunk = list(itertools.islice(positions, DROPS_PER_EVENT))
+            if not chunk:
+                return
+            yield self._drop(chunk)
+
+    def _send(self, batch: list[Entry], now: float, read_bodies: BodyReader) -> Iterator[Event]:
+        q = self.queue
+        contents = self._paged_contents(batch, read_bodies)
+        for e in batch:
+            content: Message | None = e.message
+            if e.paged == PAGED:
+                content = contents.get(e.position)
+                if content is None:  # dequeued since the join: the live dequeue follows
+                    self.gone += 1
+                    continue
+            assert content is not None
+            self.sent += 1
+            self.bytes += len(content.body) + len(content.header)
+            yield ev.enqueued(q, e, now, content)
 
     def _paged_contents(self, batch: list[Entry], read_bodies: BodyReader) -> dict[int, Message]:
-        """Bodies paged out to the store, read back for sending (the entries stay paged)."""
+        """Bodies paged out to the store, read back for sending (the entries stay paged).
+
+        An entry dequeued since it was listed may be gone from the store: absent here.
+        """
         paged = [e for e in batch if e.paged == PAGED]
         if not paged:
             return {}
         bodies = read_bodies(self.queue.vhost, self.queue.name, [e.position for e in paged])
         out = {}
         for e in paged:
-            header, body = bodies[e.position]
+            found = bodies.get(e.position)
+            if found is None:
+                continue
+            header, body = found
             m = e.message
             out[e.position] = Message(m.exchange, m.routing_key, header, body, msg_id=m.msg_id)
         return out

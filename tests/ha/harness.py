@@ -16,6 +16,7 @@ from brokerha.broker.queue import Queue
 from brokerha.broker.storage import MemoryStore, Store
 from brokerha.cluster.messages import Message as Packet
 from brokerha.ha.simulation.world import message, wire
+from brokerha.primary.catch_up import Pace
 from brokerha.primary.primary import Primary
 
 
@@ -88,7 +89,8 @@ class Cluster:
     """A primary and its backups; ``pump`` carries packets both ways until quiet."""
 
     def __init__(self, members: int = 2, *, epoch: int = 1, timeout: float = 5.0,
-                 replicate: str = "all", stores: dict[str, Store] | None = None) -> None:
+                 replicate: str = "all", stores: dict[str, Store] | None = None,
+                 pace: Pace | None = None) -> None:
         self.clock = Clock()
         stores = stores or {}
         names = [f"n{i}" for i in range(1, members + 1)]
@@ -96,7 +98,7 @@ class Cluster:
         self.primary_node = self.nodes[names[0]]
         self.primary = Primary(self.primary_node.broker, me=names[0], members=members,
                                epoch=epoch, start_seq=0, clock=self.clock,
-                               backup_timeout=timeout, replicate=replicate)
+                               backup_timeout=timeout, replicate=replicate, pace=pace)
         self.epoch = epoch
         self.silent: set[str] = set()     # receive nothing, acknowledge nothing
         self.no_ack: set[str] = set()     # receive but do not acknowledge

@@ -66,14 +66,16 @@ def deposed_primary_rejoins(consumed: int) -> tuple[Cluster, Primary, list[bytes
 def test_a_deposed_primary_drops_what_it_never_replicated() -> None:
     _, new, bodies = deposed_primary_rejoins(consumed=0)
     assert bodies == [b"kept0", b"kept1", b"kept2", b"fresh"]
-    assert new.status()["backups"]["n1"]["catch_up"] == {"sent": 1, "skipped": 3, "dropped": 1}
+    catch_up = new.status()["backups"]["n1"]["catch_up"]
+    assert {k: catch_up[k] for k in ("sent", "skipped", "dropped")} == {"sent": 1, "skipped": 3, "dropped": 1}
 
 
 def test_what_a_deposed_primary_consumed_alone_comes_back_in_order() -> None:
     # n1 lacks kept0 but keeps later ids: they are resent so the queue stays in order
     _, new, bodies = deposed_primary_rejoins(consumed=1)
     assert bodies == [b"kept0", b"kept1", b"kept2", b"fresh"]
-    assert new.status()["backups"]["n1"]["catch_up"] == {"sent": 4, "skipped": 0, "dropped": 3}
+    catch_up = new.status()["backups"]["n1"]["catch_up"]
+    assert {k: catch_up[k] for k in ("sent", "skipped", "dropped")} == {"sent": 4, "skipped": 0, "dropped": 3}
 
 
 def test_a_promoted_backup_keeps_time_again() -> None:

@@ -45,7 +45,8 @@ def test_a_restarted_backup_finds_its_persistent_messages_in_its_store(tmp_path:
     c.follow("n2", position=(1, 0))
     c.pump()
     assert contents(broker) == contents(c.broker)
-    assert c.primary.status()["backups"]["n2"]["catch_up"] == {
+    catch_up = c.primary.status()["backups"]["n2"]["catch_up"]
+    assert {k: catch_up[k] for k in ("sent", "skipped", "dropped")} == {
         "sent": 2, "skipped": 3, "dropped": 0}  # the transient message and the tq one
     store.close()
 

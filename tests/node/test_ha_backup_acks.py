@@ -195,6 +195,7 @@ def test_a_barrier_right_after_dequeues_is_acknowledged_without_the_delay(
             return events
 
         publish(c.broker, b"one")
+        deliver()  # the catch-up and "one" (two packets: two acknowledgements, two syncs)
         deliver()
         assert consume(q, 1) == [b"one"]
         released: list[str] = []
