@@ -237,9 +237,12 @@ class ServerConnection:
                 self._error(0, AMQPError(C.INTERNAL_ERROR, f"internal error: {exc!r}"))
         if error is not None and self.state not in (CLOSED,) and not self.wants_close:
             self._close_connection(error, frame_error=True)
-        if self.has_published and self.broker.limits.memory_limit:
-            self.broker.check_memory()
-            self._maybe_pause_reading()
+        if self.has_published:
+            if self.broker.limits.memory_limit:
+                self.broker.check_memory()
+                self._maybe_pause_reading()
+            if self.broker.flow.held:
+                self._set_reading_paused(True)
 
     def _check_protocol_header(self, header: bytes) -> None:
         if header != C.PROTOCOL_HEADER:
@@ -432,6 +435,7 @@ class ServerConnection:
         self.state = RUNNING
         self.send_method(0, commands.Connection.OpenOk())
         self.broker.alarm_listeners.append(self._resource_alarm)
+        self.broker.flow.listeners.append(self._flow)
         if self.broker.publishers_blocked:
             self._resource_alarm(True)
         log.info("connection %s opened vhost '%s'", self.name, name)
@@ -547,6 +551,8 @@ class ServerConnection:
         self.state = CLOSED
         if self._resource_alarm in self.broker.alarm_listeners:
             self.broker.alarm_listeners.remove(self._resource_alarm)
+        if self._flow in self.broker.flow.listeners:
+            self.broker.flow.listeners.remove(self._flow)
         if self.vhost is not None:
             for queue in list(self.exclusive_queues.values()):
                 self.vhost.remove_queue(queue)
@@ -610,13 +616,22 @@ class ServerConnection:
             else:
                 self.send_method(0, commands.Connection.Unblocked())
         if not blocked:
-            self._set_reading_paused(False)
+            if not self.broker.flow.held:
+                self._set_reading_paused(False)
         else:
             self._maybe_pause_reading()
 
     def _maybe_pause_reading(self) -> None:
         if self.broker.publishers_blocked and self.has_published:
             self._set_reading_paused(True)
+
+    def _flow(self, held: bool) -> None:
+        """Publishers held or released (``broker/flow.py``): read again unless an alarm holds."""
+        if held:
+            if self.has_published:
+                self._set_reading_paused(True)
+        elif not self.broker.publishers_blocked:
+            self._set_reading_paused(False)
 
     def _set_reading_paused(self, paused: bool) -> None:
         if paused != self.reading_paused:

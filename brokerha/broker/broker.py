@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from brokerha.broker.auth import UserDatabase
 from brokerha.broker.dtx import DtxBranch, DtxManager, Xid
 from brokerha.broker.errors import NotAllowed
+from brokerha.broker.flow import PublishFlow
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import Observers
 from brokerha.broker.paging import Pager
@@ -94,6 +95,8 @@ class Broker:
         # ready backup's); while any is, publishers are blocked (connection.blocked)
         self.alarms: dict[str, str] = {}
         self.alarm_listeners: list[Callable[[bool], None]] = []
+        # internal back-pressure (the HA primary's): publishers are not read, not told
+        self.flow = PublishFlow()
         # Replication barriers (the HA primary adds one): each runs a callback once
         # every ready backup holds what was done so far. See ``after_durable``.
         self.replication_barriers: list[Callable[[Callable[[], None]], None]] = []

@@ -113,6 +113,7 @@ class PrimarySettings:
     tx_prepare_timeout: float = 5.0
     events_per_packet: int = EVENTS_PER_PACKET  # smaller in simulations: catch-ups span packets
     backup_unheard_timeout: float = 0.5  # a backup sending nothing while another is heard
+    flow_lag: float | None = 0.1  # publishers held while a backup lags more (primary.py)
 
 
 def stored_position(raw: str) -> tuple[int, int, int, int]:
@@ -174,7 +175,7 @@ class HACore:
             clock=self.clock, backup_timeout=s.backup_timeout, replicate=s.replicate,
             policies=list(s.policies), on_output=self.schedule_flush,
             tx_prepare_timeout=s.tx_prepare_timeout, events_per_packet=s.events_per_packet,
-            backup_unheard_timeout=s.backup_unheard_timeout,
+            backup_unheard_timeout=s.backup_unheard_timeout, flow_lag=s.flow_lag,
             pace=Pace.unbounded() if self.unsafe.monolithic_catch_up else None,
             tx_trackers=not self.unsafe.no_tx_trackers)
         if self.unsafe.confirm_early:

@@ -205,7 +205,8 @@ def main(args: argparse.Namespace) -> int:
             from brokerha.node.ha import HANode
 
             node.ha = HANode(node, cluster)
-        await node.run_until_stopped(after_start=tune_gc)  # recovered state frozen too
+        # recovered state frozen too
+        await node.run_until_stopped(after_start=lambda: tune_gc(node.gc))
         return node.exit_code
 
     try:

@@ -22,7 +22,7 @@ REPLICATE = ("all", "configuration", "none")
 
 _CLUSTER_KEYS = {"name", "secret", "secret_file", "nodes", "tls", "heartbeat_interval",
                  "lease_timeout", "election_timeout", "backup_timeout",
-                 "backup_unheard_timeout", "replicate",
+                 "backup_unheard_timeout", "flow_lag", "replicate",
                  "verification_timeout", "tx_prepare_timeout", "policies"}
 _POLICY_KEYS = {"pattern", "replicate", "vhost"}
 _NODE_KEYS = {"name", "amqp", "amqps", "admin", "https", "cluster", "cluster_bind"}
@@ -84,6 +84,7 @@ class ClusterConfig:
     # a backup owing an ack that sent nothing for this long while another is heard leaves
     # the guarded set (a stalled link: confirms stop waiting for it); docs/ha.md
     backup_unheard_timeout: float = 0.5
+    flow_lag: float = 0.1  # publishers held while a backup lags more (primary/primary.py)
     verification_timeout: float = 2.0
     tx_prepare_timeout: float = 5.0  # backups' votes on an XA branch's prepare (TX has none)
     replicate: str = "all"
@@ -169,6 +170,11 @@ def parse_cluster(table: dict[str, Any], where: str, base: Path) -> ClusterConfi
     cfg.backup_timeout = _positive(table, "backup_timeout", cfg.backup_timeout)
     cfg.backup_unheard_timeout = _positive(table, "backup_unheard_timeout",
                                            cfg.backup_unheard_timeout)
+    cfg.flow_lag = _positive(table, "flow_lag", cfg.flow_lag)
+    if not cfg.flow_lag < cfg.lease_timeout:
+        raise ConfigError(f"cluster: flow_lag ({cfg.flow_lag}) must be below lease_timeout "
+                          f"({cfg.lease_timeout}): heartbeats queue behind the replication "
+                          "a backup has not acknowledged")
     cfg.verification_timeout = _positive(table, "verification_timeout",
                                          cfg.verification_timeout)
     cfg.tx_prepare_timeout = _positive(table, "tx_prepare_timeout", cfg.tx_prepare_timeout)

@@ -21,6 +21,7 @@ from brokerha.httpapi.server import AdminServer, Request, Response
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
 from brokerha.node.disk import DiskMonitor
+from brokerha.node.gc_governor import GCGovernor
 from brokerha.node.loop_monitor import LoopMonitor
 from brokerha.node.relay import Refuse, RelayProtocol, RelayTarget
 from brokerha.node.tls import NodeTLS
@@ -63,7 +64,7 @@ def build_broker(config: NodeConfig, spawn: Callable[..., None] | None = None,
 GC_THRESHOLDS = (20_000, 20, 50)
 
 
-def tune_gc() -> None:
+def tune_gc(governor: GCGovernor | None = None) -> None:
     """Keep the cyclic GC from re-scanning what lives as long as the node's process.
 
     Process-wide: the node's own process calls it once started (``brokerha
@@ -76,11 +77,14 @@ def tune_gc() -> None:
     out of the collector's sight (reference counting still frees them), and
     larger thresholds let in-flight messages die young: confirms with two
     backups ran about 15 % faster (docs/benchmarks.md). Cycles are still
-    collected, after 20,000 net allocations at most.
+    collected, after 20,000 net allocations at most. ``governor`` (the node's
+    ``GCGovernor``) keeps full collections from growing with a backlog.
     """
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+    if governor is not None:
+        governor.install()
 
 
 class HALayer(HAView, Protocol):
@@ -140,6 +144,7 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
         self.loop_monitor = LoopMonitor(self.loop)  # lag histogram, stalls named in the log
+        self.gc = GCGovernor()  # installed by tune_gc (the node's own process only)
         # the HA layer (node/ha.py's HANode) attaches itself here for a cluster member;
         # the node only calls start/stop/add_status on it
         self.ha: HALayer | None = None
@@ -253,7 +258,7 @@ class Node:
               "alarms": dict(self.broker.alarms), "disk": self.disk.status(),
               "memory_used": self.broker.memory.used,
               "memory_limit": self.broker.limits.memory_limit,
-              "gc": {"thresholds": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}}
+              "gc": {"thresholds": list(gc.get_threshold()), **self.gc.stats()}}
         status: dict[str, Any] = {"node": me, "cluster": None, "members": None}
         if self.ha is not None:
             self.ha.add_status(status)
@@ -382,6 +387,7 @@ class Node:
             if self.ha is not None and not self.servers and now >= self._listen_retry_at:
                 await self._retry_listeners(now)
             self.disk.check(now)
+            self.gc.tick()
             self.broker.tick(now)
             for proto in list(self.connections):
                 proto.tick(now)
@@ -446,5 +452,6 @@ class Node:
         for task in list(self._tasks):
             task.cancel()
         self.loop_monitor.stop()
+        self.gc.uninstall()
         self.broker.store.close()
         log.info("node %s stopped", self.config.name)

@@ -56,6 +56,11 @@ POSITION_EPOCH_SHIFT = 40
 OUTCOMES_PER_EVENT = 4096
 DEFAULT_TX_PREPARE_TIMEOUT = 5.0
 DEFAULT_BACKUP_UNHEARD_TIMEOUT = 0.5
+# publishers are held (broker/flow.py) while a backup holding a copy has not
+# acknowledged, for this long, live events sent to it: a quarter of the shipped
+# lease, so that heartbeats queued behind replication still arrive in time
+DEFAULT_FLOW_LAG = 0.1
+FLOW = "replication"
 
 
 class Primary(ConfigurationObserver, QueueObserver):
@@ -69,8 +74,10 @@ class Primary(ConfigurationObserver, QueueObserver):
                  tx_prepare_timeout: float = DEFAULT_TX_PREPARE_TIMEOUT,
                  events_per_packet: int = EVENTS_PER_PACKET,
                  backup_unheard_timeout: float = DEFAULT_BACKUP_UNHEARD_TIMEOUT,
-                 pace: Pace | None = None, tx_trackers: bool = True) -> None:
+                 pace: Pace | None = None, tx_trackers: bool = True,
+                 flow_lag: float | None = DEFAULT_FLOW_LAG) -> None:
         self.broker = broker
+        self.flow_lag = flow_lag  # None: publishers never held for the backups' sake
         # False: core.Unsafe.no_tx_trackers (simulations only; a backup admitted while a
         # transaction it did not vote on is prepared is ready at once)
         self.tx_trackers = tx_trackers
@@ -139,6 +146,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         if self.tx_factory in observers.transactions:
             observers.transactions.remove(self.tx_factory)
         self.closed = True
+        self.broker.flow.release(FLOW)
         for txq in list(self.tx_queues.values()):
             txq.fail("the primary stopped")
         self.tx_queues.clear()
@@ -455,6 +463,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         self._release()
         if session.wants_catch_up_slice and self.on_output is not None:
             self.on_output(False)  # its window opened: the next slice
+        self._check_flow(self.clock())
 
     def _readmit(self, node: str, session: RemoteBackup) -> None:
         """A backup that caught up (after its join, or after it timed out) is guarded.
@@ -497,6 +506,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             self._tx_session_ended(node, session, reason)
             log.warning("backup %s lost (%s): confirms no longer wait for it", node, reason)
             self._release()
+            self._check_flow(self.clock())
 
     def backup_heard(self, node: str, now: float) -> None:
         """A packet of any kind came from ``node`` (its heartbeat acks flow every tick)."""
@@ -544,6 +554,27 @@ class Primary(ConfigurationObserver, QueueObserver):
                 txq.fail(f"no vote within tx_prepare_timeout {self.tx_prepare_timeout}s")
         if changed:
             self._release()
+        self._check_flow(now)
+
+    def _check_flow(self, now: float) -> None:
+        """Hold publishers while a backup holding a copy lags by more than ``flow_lag``.
+
+        Back-pressure (``broker/flow.py``), as RabbitMQ's credit flow: a backup
+        applies what a publisher without confirms sends at most as fast as the
+        primary takes it; without a bound the replication link fills up, and
+        the heartbeats behind it (and the confirms waiting for it) come later
+        and later, until the lease runs out. Released at half the lag.
+        """
+        limit = self.flow_lag
+        if limit is None:
+            return
+        lag = max((s.ack_lag(now) for s in self.sessions.values() if s.holds_copy), default=0.0)
+        flow = self.broker.flow
+        if FLOW in flow.holds:
+            if lag <= limit / 2:
+                flow.release(FLOW)
+        elif lag > limit:
+            flow.hold(FLOW, f"a backup has not acknowledged for {lag:.2f}s (flow_lag {limit}s)")
 
     def take_outbox(self, node: str, hold_lazy: bool = False) -> list[Events]:
         """The packets for ``node``; ``hold_lazy``: a tail of dequeues only stays for later."""
@@ -573,6 +604,8 @@ class Primary(ConfigurationObserver, QueueObserver):
                     more = True
         if more and self.on_output is not None:
             self.on_output(False)  # the next slice of a catch-up: the next loop turn
+        if out:
+            self._check_flow(now)
         return out
 
     def ready_backups(self) -> list[str]:
@@ -626,6 +659,8 @@ class Primary(ConfigurationObserver, QueueObserver):
             "members": self.members,
             "replicate": self.default_policy,
             "waiting_confirms": len(self._waiters),
+            "publishers_held": FLOW in self.broker.flow.holds,
+            "publisher_holds": self.broker.flow.episodes,
             "transactions": len(self.tx_queues),
             "ready_backups": self.ready_backups(),
             "backups": {n: s.status(self.seq) for n, s in sorted(self.sessions.items())},

@@ -51,6 +51,7 @@ class RemoteBackup:
         self.progress = self.first_seq - 1  # highest acknowledged seq, catch-up included
         self._in_flight: deque[tuple[int, int]] = deque()  # catch-up packets: (last seq, bytes)
         self._in_flight_bytes = 0
+        self._live_sent: deque[tuple[int, float]] = deque()  # live takes: (last seq, when)
         self.guards: list[QueueGuard] = []
         self.subscriptions: list[ReplicatingSubscription] = []
         self.tx_trackers: list[TxTracker] = []
@@ -114,6 +115,7 @@ class RemoteBackup:
                     self.waiting_since = now
                 return packets
         outbox = self.outbox
+        live = bool(outbox)
         while outbox:
             first = outbox[0][0]
             batch: list[Any] = []
@@ -128,6 +130,8 @@ class RemoteBackup:
                 packet = shared[key] = Events(epoch, first, batch)
             packets.append(packet)
             self.sent_seq = first + len(batch) - 1
+        if live:
+            self._live_sent.append((self.sent_seq, now))
         if packets and self.waiting_since is None:
             self.waiting_since = now
         return packets
@@ -142,6 +146,9 @@ class RemoteBackup:
         in_flight = self._in_flight
         while in_flight and in_flight[0][0] <= seq:
             self._in_flight_bytes -= in_flight.popleft()[1]
+        live = self._live_sent
+        while live and live[0][0] <= seq:
+            live.popleft()
         if self.tx_trackers:
             self.tx_trackers = [t for t in self.tx_trackers if not t.cleared(seq)]
         idle = seq >= self.sent_seq and not self.outbox and self.catch_up is None
@@ -171,6 +178,10 @@ class RemoteBackup:
         if catch_up.done:
             self.catch_up = None
             self.sent_seq = self.join_seq  # the marker's: the backup's applied seq moves to it
+
+    def ack_lag(self, now: float) -> float:
+        """How long ago the oldest live event it has not acknowledged was sent (0: none)."""
+        return now - self._live_sent[0][1] if self._live_sent else 0.0
 
     def silent_for(self, now: float) -> float:
         """Seconds it has owed an acknowledgement (0 when it owes none)."""

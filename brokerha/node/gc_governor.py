@@ -1,0 +1,93 @@
+"""The cyclic GC of a node holding a deep backlog: pauses that do not grow with it.
+
+CPython's full (generation 2) collection walks every tracked object; a node
+holding messages keeps two per message (the ``Message`` and its ``Entry``),
+so with 300,000 messages queued a full collection stalled the loop ~0.1 s,
+with 2,000,000 most of a second -- longer than the lease (issue 33). And full
+collections come back as the backlog grows (CPython runs one whenever the
+objects promoted since the last one exceed a quarter of those it holds) and
+as messages flow through a deep queue.
+
+So after each full collection the survivors are frozen (``gc.freeze``):
+reference counting still frees them the moment they are dropped (a consumed
+message goes as before), but later collections walk only what was allocated
+since. What this gives up: a reference *cycle* among frozen objects that
+becomes garbage is not collected while frozen. The broker's message objects
+form no cycles; other objects may (a closed connection's channels). Hence the
+thaw: every ``THAW_INTERVAL`` seconds, if at most ``THAW_MAX_OBJECTS`` are
+frozen (a full collection of that many costs a few tens of milliseconds),
+everything is unfrozen and collected once; with a deeper backlog the thaw
+waits for the backlog to drain. ``stats`` feeds the node's status and
+``/metrics``; a collection longer than ``STALL_WARNING`` is logged.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from typing import Any
+
+log = logging.getLogger("brokerha.node")
+
+THAW_INTERVAL = 60.0
+THAW_MAX_OBJECTS = 200_000
+STALL_WARNING = 0.1
+
+
+class GCGovernor:
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self.collections = [0, 0, 0]
+        self.pause_total = 0.0
+        self.pause_max = 0.0
+        self.thaws = 0
+        self.skipped_thaws = 0
+        self._started = 0.0
+        self._last_thaw = clock()
+        self._installed = False
+
+    def install(self) -> None:
+        if not self._installed:
+            gc.callbacks.append(self._callback)
+            self._installed = True
+
+    def uninstall(self) -> None:
+        if self._installed:
+            gc.callbacks.remove(self._callback)
+            self._installed = False
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._started
+        generation = int(info.get("generation", 0))
+        self.collections[generation] += 1
+        self.pause_total += pause
+        self.pause_max = max(self.pause_max, pause)
+        if pause > STALL_WARNING:
+            log.warning("cyclic GC (generation %d) paused the node %.3fs (%d objects not "
+                        "frozen)", generation, pause, sum(gc.get_count()))
+        if generation == 2:
+            gc.freeze()  # the survivors: out of the next collections' walk
+
+    def tick(self) -> None:
+        """Called now and then from the loop: the thaw, when it is cheap."""
+        now = self.clock()
+        if now - self._last_thaw < THAW_INTERVAL:
+            return
+        self._last_thaw = now
+        frozen = gc.get_freeze_count()
+        if frozen > THAW_MAX_OBJECTS:
+            self.skipped_thaws += 1
+            return
+        self.thaws += 1
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+
+    def stats(self) -> dict[str, Any]:
+        return {"collections": list(self.collections), "pause_seconds_total": self.pause_total,
+                "pause_seconds_max": self.pause_max, "frozen": gc.get_freeze_count(),
+                "thaws": self.thaws, "thaws_skipped": self.skipped_thaws}

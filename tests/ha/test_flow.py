@@ -1,0 +1,96 @@
+"""Publishers are held while a backup holding a copy lags (issue 33).
+
+Publishers without confirms outran the backups: the replication link filled
+up, the heartbeats queued behind it arrived after the lease, and the primary
+stepped down in the middle of a publish burst. The primary now holds
+publishers (``broker/flow.py``: their sockets are not read, nothing is sent
+to them) while a backup holding a copy has not acknowledged live events for
+``flow_lag``, and releases them at half of it.
+"""
+
+from __future__ import annotations
+
+from brokerha.amqp.connection import ServerConnection
+from brokerha.primary.primary import FLOW
+from tests.ha.harness import Cluster, publish
+
+
+def lagging_cluster() -> tuple[Cluster, list[bool]]:
+    c = Cluster(3)
+    c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
+    for name in ("n2", "n3"):
+        c.follow(name)
+    c.pump()
+    changes: list[bool] = []
+    c.broker.flow.listeners.append(changes.append)
+    return c, changes
+
+
+def test_a_backup_that_lags_holds_publishers_until_it_acknowledges() -> None:
+    c, changes = lagging_cluster()
+    backup = c.nodes["n2"].backup
+    assert backup is not None
+    c.no_ack.add("n2")
+    publish(c.broker, b"a")
+    c.pump()  # sent at t, not acknowledged by n2
+    c.clock.now += 0.05
+    c.primary.tick(c.clock.now)
+    assert changes == []  # within flow_lag
+    c.clock.now += 0.06
+    c.primary.tick(c.clock.now)
+    assert changes == [True] and FLOW in c.broker.flow.holds
+    assert c.primary.status()["publishers_held"]
+    c.primary.backup_acked("n2", backup.applied_seq)
+    assert changes == [True, False] and not c.broker.flow.held
+
+
+def test_a_backup_that_times_out_releases_publishers() -> None:
+    """A backup no longer guarded does not hold anybody: the majority decides alone."""
+    c, changes = lagging_cluster()
+    c.no_ack.add("n2")
+    publish(c.broker, b"a")
+    c.pump()
+    c.clock.now += 0.2
+    c.primary.tick(c.clock.now)
+    assert changes == [True]
+    c.clock.now += c.primary.backup_timeout
+    c.primary.tick(c.clock.now)
+    assert c.primary.sessions["n2"].timed_out and changes == [True, False]
+
+
+def test_a_primary_that_closes_releases_publishers() -> None:
+    c, changes = lagging_cluster()
+    c.no_ack.add("n2")
+    publish(c.broker, b"a")
+    c.pump()
+    c.clock.now += 0.2
+    c.primary.tick(c.clock.now)
+    c.primary.close()
+    assert changes == [True, False]
+
+
+def test_no_flow_lag_never_holds() -> None:
+    c, changes = lagging_cluster()
+    c.primary.flow_lag = None
+    c.no_ack.add("n2")
+    publish(c.broker, b"a")
+    c.pump()
+    c.clock.now += 1.0
+    c.primary.tick(c.clock.now)
+    assert changes == []
+
+
+def test_a_held_connection_that_published_is_not_read_and_is_not_told() -> None:
+    c, _ = lagging_cluster()
+    paused: list[bool] = []
+    conn = ServerConnection(c.broker, peer=("127.0.0.1", 1))
+    conn.on_read_paused = paused.append
+    conn.has_published = True
+    c.broker.flow.listeners.append(conn._flow)  # as connection.open does
+    c.broker.flow.hold(FLOW, "test")
+    assert paused == [True] and conn._out == []  # no connection.blocked: not told
+    c.broker.set_alarm("memory", "test")
+    c.broker.set_alarm("memory", None)  # the alarm clears: still held by the flow
+    assert paused == [True]
+    c.broker.flow.release(FLOW)
+    assert paused == [True, False]

@@ -1,0 +1,90 @@
+"""The node's cyclic GC: survivors of a full collection frozen, thawed when cheap."""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+import pytest
+
+from brokerha.node import gc_governor
+from brokerha.node.gc_governor import GCGovernor
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def governor() -> GCGovernor:
+    clock = Clock()
+    g = GCGovernor(clock)
+    g.install()
+    yield g  # type: ignore[misc]
+    g.uninstall()
+    gc.unfreeze()
+
+
+def test_a_full_collection_freezes_its_survivors(governor: GCGovernor) -> None:
+    gc.unfreeze()
+    kept = [[i] for i in range(10_000)]  # tracked objects that survive
+    gc.collect()
+    assert governor.collections[2] >= 1 and gc.get_freeze_count() >= len(kept)
+    before = sum(gc.get_count())
+    gc.collect(2)  # walks only what is not frozen: the survivors are not walked again
+    assert sum(gc.get_count()) <= before
+    assert governor.stats()["frozen"] == gc.get_freeze_count()
+
+
+def test_frozen_objects_are_still_freed_by_reference_counting(governor: GCGovernor) -> None:
+    import weakref
+
+    class Thing:
+        pass
+
+    thing = Thing()
+    ref = weakref.ref(thing)
+    gc.collect()  # frozen now
+    del thing
+    assert ref() is None
+
+
+def test_the_thaw_collects_cycles_once_the_frozen_set_is_small(
+        governor: GCGovernor, monkeypatch: pytest.MonkeyPatch) -> None:
+    import weakref
+
+    class Node:
+        other: object = None
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    ref = weakref.ref(a)
+    gc.collect()  # the cycle is alive: frozen
+    del a, b
+    gc.collect()
+    assert ref() is not None  # garbage, but frozen: not collected yet
+    clock = governor.clock
+    clock.now += gc_governor.THAW_INTERVAL - 1  # type: ignore[attr-defined]
+    governor.tick()
+    assert ref() is not None and governor.thaws == 0  # not yet due
+    monkeypatch.setattr(gc_governor, "THAW_MAX_OBJECTS", 0)
+    clock.now += 2  # type: ignore[attr-defined]
+    governor.tick()
+    assert ref() is not None and governor.skipped_thaws == 1  # too many frozen: waits
+    monkeypatch.setattr(gc_governor, "THAW_MAX_OBJECTS", 10**9)
+    clock.now += gc_governor.THAW_INTERVAL  # type: ignore[attr-defined]
+    governor.tick()
+    assert ref() is None and governor.thaws == 1
+
+
+def test_a_long_collection_is_logged(governor: GCGovernor, monkeypatch: pytest.MonkeyPatch,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(gc_governor, "STALL_WARNING", -1.0)
+    with caplog.at_level(logging.WARNING, logger="brokerha.node"):
+        gc.collect()
+    assert any("cyclic GC (generation 2) paused the node" in r.getMessage()
+               for r in caplog.records)
