@@ -41,6 +41,13 @@ class DurabilityGate(Protocol):
     def refused(self) -> None:
         """A confirm was refused: the node must stop serving if it still thinks it serves."""
 
+    def lapsed(self) -> int | None:
+        """The term whose lease lapsed without the role ending (yet): a confirm of that term
+        waits (``defer``) rather than being refused; None when not lapsed."""
+
+    def defer(self, release: Callable[[], None]) -> None:
+        """Call ``release`` again once the lease is renewed; never, if the role ends first."""
+
 
 @dataclass
 class Limits:
@@ -127,6 +134,8 @@ class Broker:
         if gate is not None:
             term = gate.term()
             if term is None:
+                term = gate.lapsed()  # a stall past the lease: it may be renewed
+            if term is None:
                 self._refuse(gate)
                 return
             release = self._in_term(gate, term, callback)
@@ -153,6 +162,8 @@ class Broker:
         def release() -> None:
             if gate.term() == term:
                 callback()
+            elif gate.lapsed() == term:
+                gate.defer(release)  # answered once the lease is renewed in ``term``
             else:
                 self._refuse(gate)
 

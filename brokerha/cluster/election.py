@@ -39,8 +39,15 @@ of docs/ha.md):
   an acknowledgement echoes the stamp. The primary *serves* while a majority
   (itself included) acknowledged a heartbeat stamped within ``lease_timeout``
   (votes count as stamped when the vote requests were sent); a backup whose
-  link closes no longer counts. Once the lease runs out it emits
-  ``StopServing`` and becomes ``joining``.
+  link closes no longer counts. Once the lease runs out the primary is
+  *lapsed*: it serves nobody (a confirm waits, ``Broker.after_durable``),
+  keeps its role and its heartbeats, and serves again if a majority
+  acknowledges one within ``lapse_timeout`` (``election_timeout``: until then
+  a majority that heard it elects nobody else). Past that, or on a newer
+  epoch, it emits ``StopServing`` and becomes ``joining``. So a stall of its
+  loop longer than the lease (a slow disk, CPU starvation) pauses its clients
+  instead of costing them their connections and the cluster an election
+  (issue 33; ``Unsafe.step_down_at_lease_end`` is the old rule).
 
 What a deposed primary can do, and for how long. Safety does not rest on one
 node serving at a time: nothing a primary does takes hold without a majority
@@ -226,6 +233,9 @@ class Unsafe(UnsafeRules):
 
     invalid_grants: bool = False  # a voter forgets its vote floor (grants by its position)
     no_lease: bool = False        # a primary keeps serving without a majority
+    # a primary steps down the moment its lease runs out (no lapse): a stall longer than the
+    # lease costs it the role, and its clients (the simulation's stability invariant)
+    step_down_at_lease_end: bool = False
 
 
 class PromoteRefused(ValueError):
@@ -265,6 +275,9 @@ class Election:
         self._peer_ready: dict[str, tuple[bool, float]] = {}
         self._next_heartbeat = math.inf
         self._lease_expiry = -math.inf
+        self._lapse_started: float | None = None  # the lease ran out then; not renewed since
+        self.lapses = 0  # leases that ran out and were renewed in time or not (status)
+        self.lapses_renewed = 0
         # a manual failover this node is the target of: (position to reach, give up at)
         self._transfer: tuple[Position, float] | None = None
 
@@ -296,10 +309,29 @@ class Election:
         """Holds a consistent copy of the current primary's state."""
         return self.position.valid and self.position.epoch == self._epoch
 
+    def lapsed(self, now: float) -> bool:
+        """A primary whose lease ran out and that has not stepped down (yet): it serves
+        nobody, keeps its role, and serves again if a majority acknowledges a heartbeat
+        within ``lapse_timeout`` (see ``tick``)."""
+        return self._role == "primary" and now >= self._lease_expiry
+
+    @property
+    def lapse_timeout(self) -> float:
+        """How long a lapsed primary waits for its lease to be renewed before it steps down.
+
+        ``election_timeout``: until then a majority that still hears it will not
+        elect anybody else (stickiness), so waiting costs nothing but the time its
+        clients wait; after it, somebody may have been elected.
+        """
+        return 0.0 if self.unsafe.step_down_at_lease_end else self.timing.election_timeout
+
     def wakeup_at(self) -> float:
         """When ``tick`` next has something to do."""
         if self._role == "primary":
-            return min(self._next_heartbeat, self._lease_expiry)
+            end = self._lease_expiry
+            if end < self._now:  # lapsed: the step-down
+                end += self.lapse_timeout
+            return min(self._next_heartbeat, end)
         if self._transfer is not None:
             return min(self._deadline, self._transfer[1])
         return self._deadline
@@ -315,6 +347,10 @@ class Election:
         if self._role == "primary":
             remaining = self._lease_expiry - self._now
             out["lease_remaining"] = None if remaining == math.inf else round(max(0.0, remaining), 3)
+            out["lapsed"] = self._now >= self._lease_expiry
+        out["lapses"] = self.lapses
+        out["lapses_renewed"] = self.lapses_renewed
+        if self._role == "primary":
             out["backups"] = {
                 peer: {"position": [p.epoch, p.seq], "ready": self._peer_ready[peer][0],
                        "last_ack_ago": round(self._now - self._peer_ready[peer][1], 3)}
@@ -331,8 +367,12 @@ class Election:
     def tick(self, now: float) -> list[Action]:
         self._now = now
         if self._role == "primary":
-            if now >= self._lease_expiry:
-                return self._stop(now, f"no majority heard within {self.timing.lease_timeout}s")
+            if now >= self._lease_expiry + self.lapse_timeout:
+                return self._stop(now, f"no majority heard within {self.timing.lease_timeout}s "
+                                  f"(and {self.lapse_timeout}s more)")
+            if now >= self._lease_expiry and self._lapse_started is None:
+                self._lapse_started = now
+                self.lapses += 1
             if now >= self._next_heartbeat:
                 return self._heartbeats(now)
             return []
@@ -363,12 +403,11 @@ class Election:
         self._now = now
         if sender == self.me or sender not in self.members:
             return []
-        if self._role == "primary" and now >= self._lease_expiry:
-            # a lease that ran out is never renewed (an ack read before the tick that
-            # would have noticed): the durability gate may have refused a confirm in
-            # between (``lease_valid``), and only a step-down closes that client's connection
-            return self._stop(now, f"no majority heard within {self.timing.lease_timeout}s") \
-                + self.receive(now, sender, msg)
+        if self._role == "primary" and now >= self._lease_expiry + self.lapse_timeout:
+            # past the lapse: stepped down before anything else is read (a late ack
+            # renews nothing; somebody else may have been elected meanwhile)
+            return self._stop(now, f"no majority heard within {self.timing.lease_timeout}s "
+                              f"(and {self.lapse_timeout}s more)") + self.receive(now, sender, msg)
         if isinstance(msg, VoteRequest):
             return self._on_vote_request(now, sender, msg)
         if isinstance(msg, VoteReply) and msg.pre and msg.granted:
@@ -541,6 +580,9 @@ class Election:
         if msg.stamp > self._stamps.get(sender, -math.inf):
             self._stamps[sender] = msg.stamp
             self._update_lease()
+            if self._lapse_started is not None and now < self._lease_expiry:
+                self._lapse_started = None  # renewed within the lapse: serving again
+                self.lapses_renewed += 1
         self._peer_pos[sender] = Position(msg.pos_epoch, msg.pos_seq)
         self._peer_ready[sender] = (bool(msg.ready), now)
 
@@ -554,6 +596,7 @@ class Election:
                               if len(stamps) >= need else -math.inf)
 
     def _stop(self, now: float, reason: str) -> list[Action]:
+        self._lapse_started = None
         self._role, self._primary = "joining", None
         self._lease_expiry = -math.inf
         self._next_heartbeat = math.inf

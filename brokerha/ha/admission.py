@@ -66,8 +66,12 @@ class Unsafe(UnsafeRules):
 class ClientAdmission:
     def __init__(self, serving_term: Callable[[], int | None], *,
                  later: Callable[[float, Callable[[], None]], object] | None = None,
-                 unsafe: Unsafe | None = None) -> None:
+                 unsafe: Unsafe | None = None,
+                 role_term: Callable[[], int | None] | None = None) -> None:
         self._serving_term = serving_term
+        # the term whose role the node holds, its lease valid or lapsed (HAMember.role_term):
+        # the shell opens for it; clients are served only while ``serving_term`` says so
+        self._role_term = role_term or serving_term
         self._later = later
         self.unsafe = unsafe or Unsafe()
         self.opened: int | None = None  # the term the shell is open for (listeners, TxLog)
@@ -105,8 +109,9 @@ class ClientAdmission:
         self.connections.pop(link, None)
 
     def open(self, term: int) -> bool:
-        """The shell is ready to serve ``term``; False if the node no longer serves in it."""
-        if self._serving_term() != term:
+        """The shell is ready to serve ``term``; False if the node no longer holds its role
+        (a lease that lapsed meanwhile does not count: it may be renewed)."""
+        if self._role_term() != term:
             return False
         self.opened = self._lagging = term
         return True

@@ -139,8 +139,10 @@ class HAMember:
                            primary_factory=primary_factory, unsafe=core_unsafe)
         self.verification: verify.Verification | None = None
         # the client connections this node serves, closed in the step that ends the role
-        self.clients = ClientAdmission(self.term, later=effects.later, unsafe=admission_unsafe)
+        self.clients = ClientAdmission(self.term, later=effects.later, unsafe=admission_unsafe,
+                                       role_term=self.role_term)
         self._lapse_scheduled = False
+        self._deferred: list[Callable[[], None]] = []  # confirms waiting out a lapse
         # disk alarms: a primary applies its ready backups'; a backup reports its own
         self.backup_alarms = BackupAlarms(broker.set_alarm)
         self._alarms_sent: dict[str, str] | None = None  # None: report at the next tick
@@ -165,6 +167,32 @@ class HAMember:
         if primary.epoch != self.election.epoch or not self.election.lease_valid(self.clock()):
             return None
         return primary.epoch
+
+    def lapsed(self) -> int | None:
+        """The epoch whose serving primary this node is, its lease lapsed (``Election.lapsed``):
+        it serves nobody now and may again in that epoch if its lease is renewed; None
+        otherwise. A confirm asked for or due meanwhile waits (``defer``)."""
+        primary = self.core.primary
+        if primary is None or self.core.phase != "primary" or primary.epoch != self.election.epoch:
+            return None
+        return primary.epoch if self.election.lapsed(self.clock()) else None
+
+    def role_term(self) -> int | None:
+        """The epoch whose verified primary this node is, serving or lapsed (``term`` or
+        ``lapsed``): what the shell opens for."""
+        term = self.term()
+        return term if term is not None else self.lapsed()
+
+    def defer(self, release: Callable[[], None]) -> None:
+        """Run ``release`` (which reads ``term`` again) once the lease is renewed; dropped,
+        never run, if the role ends first."""
+        self._deferred.append(release)
+
+    def _run_deferred(self) -> None:
+        if self._deferred and self.term() is not None:
+            deferred, self._deferred = self._deferred, []
+            for release in deferred:
+                release()
 
     def refused(self) -> None:
         """A confirm was refused (``term`` was None or changed): if the election still
@@ -295,6 +323,7 @@ class HAMember:
                 self._verification_due()
         else:
             self.carry_out(self.election.receive(self.clock(), peer, msg))
+            self._run_deferred()
         self.core.flush()
 
     def promote(self, target: str) -> None:
@@ -339,6 +368,7 @@ class HAMember:
         if self.layer is not None and self.primary is not None:
             self.layer.detach_primary()
         self.effects.demoted(reason)
+        self._deferred.clear()  # never answered: their connections close below
         self.core.demote()
         self.backup_alarms.clear()
         closed = self.clients.close()

@@ -194,7 +194,7 @@ class HANode:
         """
         delay = TICK
         while True:
-            if self.ha.term() != epoch:
+            if self.ha.role_term() != epoch:
                 return
             try:
                 if await self.node.serve_clients(epoch):

@@ -26,6 +26,7 @@ from brokerha.cluster.election import (
     Send,
     StopServing,
     TransferPrimary,
+    Unsafe,
     VoteReply,
     VoteRequest,
 )
@@ -45,12 +46,14 @@ class Mesh:
     paused: set[str] = field(default_factory=set)    # neither ticked nor delivered to
 
     @classmethod
-    def of(cls, n: int = 3, positions: dict[str, Position] | None = None) -> Mesh:
+    def of(cls, n: int = 3, positions: dict[str, Position] | None = None,
+           unsafe: Unsafe | None = None) -> Mesh:
         names = [f"n{i + 1}" for i in range(n)]
         positions = positions or {}
         nodes = {name: Election(name, names, epoch=0, voted_for=None,
                                 position=positions.get(name, Position(0, 0)), timing=TIMING,
-                                rng=random.Random(i)) for i, name in enumerate(names)}
+                                rng=random.Random(i), unsafe=unsafe)
+                 for i, name in enumerate(names)}
         mesh = cls(nodes)
         for name, node in nodes.items():
             mesh.carry(name, node.start(0.0))
@@ -212,16 +215,52 @@ def test_a_catching_up_voter_still_refuses_a_candidate_behind_what_it_acknowledg
 
 
 def test_a_primary_without_a_majority_stops_serving_within_lease_timeout() -> None:
+    """It serves nobody once its lease ran out; it keeps its role for ``lapse_timeout``
+    (a stall it comes back from renews the lease), then steps down."""
     mesh = Mesh.of(3)
     primary = mesh.elect()
+    node = mesh.nodes[primary]
     cut_at = mesh.now
     mesh.cut = {primary}
-    while mesh.nodes[primary].role == "primary":
+    while node.serving:
         mesh.run(mesh.now + STEP)
     assert mesh.now - cut_at <= TIMING.lease_timeout + STEP
+    assert node.role == "primary" and node.lapsed(mesh.now)
+    while node.role == "primary":
+        mesh.run(mesh.now + STEP)
+    assert mesh.now - cut_at <= TIMING.lease_timeout + node.lapse_timeout + STEP
     stops = [a for a in mesh.actions[primary] if isinstance(a, StopServing)]
     assert len(stops) == 1 and "no majority" in stops[0].reason
-    assert not mesh.nodes[primary].serving
+    assert not node.serving and node.status()["lapses"] == 1
+
+
+def test_a_primary_whose_stall_outlasts_the_lease_but_not_the_lapse_keeps_its_role() -> None:
+    """Issue 33: a stall of the primary's loop (a big commit, a purge) longer than the lease
+    cost it the role, and its clients; now it serves again when the acks come in."""
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    node = mesh.nodes[primary]
+    epoch = node.epoch
+    mesh.paused = {primary}
+    # past the lease, short of the election timeout: the backups still stand by it
+    stalled_to = mesh.now + (TIMING.lease_timeout + TIMING.election_timeout) / 2
+    mesh.run(stalled_to)
+    mesh.paused = set()
+    assert node.lapsed(mesh.now) and node.role == "primary"
+    mesh.run(mesh.now + 2 * TIMING.heartbeat_interval + STEP)
+    assert node.serving and node.epoch == epoch and mesh.primaries() == [primary]
+    assert not [a for a in mesh.actions[primary] if isinstance(a, StopServing)]
+    assert node.status()["lapses"] == 1 and node.status()["lapses_renewed"] == 1
+
+
+def test_with_step_down_at_lease_end_the_same_stall_costs_the_role() -> None:
+    mesh = Mesh.of(3, unsafe=Unsafe(step_down_at_lease_end=True))
+    primary = mesh.elect()
+    mesh.paused = {primary}
+    mesh.run(mesh.now + TIMING.lease_timeout + 0.2)
+    mesh.paused = set()
+    mesh.run(mesh.now + STEP)
+    assert [a for a in mesh.actions[primary] if isinstance(a, StopServing)]
 
 
 def test_at_most_one_node_serves_while_an_isolated_primary_is_replaced() -> None:

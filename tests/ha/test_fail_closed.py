@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 from brokerha.broker.broker import Broker
 from brokerha.cluster import election as el
@@ -24,10 +25,18 @@ from brokerha.ha.simulation.world import Faults, SimConnection, World
 class Gate:
     def __init__(self, term: int | None) -> None:
         self.now: int | None = term
+        self.lapsed_term: int | None = None  # its lease lapsed, the role not ended
         self.refusals = 0
+        self.deferred: list[Callable[[], None]] = []
 
     def term(self) -> int | None:
         return self.now
+
+    def lapsed(self) -> int | None:
+        return self.lapsed_term
+
+    def defer(self, release: Callable[[], None]) -> None:
+        self.deferred.append(release)
 
     def refused(self) -> None:
         self.refusals += 1
@@ -188,20 +197,62 @@ def test_a_primary_whose_lease_ran_out_serves_nobody_before_its_tick_notices() -
     assert node.ha.clients.decide(can_relay=False) is Admission.REFUSE
     answered: list[str] = []
     node.broker.after_durable(lambda: answered.append("commit-ok"))
-    world.run_soon()        # the refusal steps it down at once: its connection closes
+    world.run_soon()
+    assert answered == []   # waits (a lapse): answered only if renewed in this term
+    world.run_until(world.now + 1.0)  # a successor was elected meanwhile: it is deposed
     assert answered == [] and node.election.role != "primary" and not conn.open
 
 
-def test_an_expired_lease_is_not_renewed_by_a_late_acknowledgement() -> None:
+def test_an_expired_lease_is_renewed_only_within_the_lapse() -> None:
+    """A late acknowledgement renews a lapsed lease (the durability gate waited, refused
+    nothing); past ``lapse_timeout`` the primary steps down before reading anything."""
     timing = el.ElectionTiming()
-    e = el.Election("n1", ["n1", "n2", "n3"], epoch=1, voted_for="n1",
-                    position=el.Position(1, 0), timing=timing, rng=random.Random(1))
-    e._role, e._primary, e._lease_expiry = "primary", "n1", 10.0  # a primary in its lease
-    e._next_heartbeat = math.inf
+
+    def primary_in_lease() -> el.Election:
+        e = el.Election("n1", ["n1", "n2", "n3"], epoch=1, voted_for="n1",
+                        position=el.Position(1, 0), timing=timing, rng=random.Random(1))
+        e._role, e._primary, e._lease_expiry = "primary", "n1", 10.0
+        e._next_heartbeat = math.inf
+        return e
+
+    e = primary_in_lease()
+    assert e.lapsed(10.1) and not e.lease_valid(10.1)
     ack = el.HeartbeatAck(1, "n2", 9.9, 1, 0, True)  # stamped in time, read after the expiry
-    actions = e.receive(10.1, "n2", ack)
+    assert e.receive(10.1, "n2", ack) == []
+    assert e.role == "primary" and e.lease_valid(10.1) and not e.lapsed(10.1)
+    e = primary_in_lease()
+    late = 10.0 + e.lapse_timeout + 0.01
+    actions = e.receive(late, "n2", el.HeartbeatAck(1, "n2", late - 0.05, 1, 0, True))
     assert any(isinstance(a, el.StopServing) for a in actions)
-    assert e.role != "primary" and not e.lease_valid(10.1)
+    assert e.role != "primary" and not e.lease_valid(late)
+
+
+def test_a_confirm_due_while_the_lease_lapsed_waits_for_its_renewal() -> None:
+    """A stall past the lease without a step-down (``Election.lapsed``): the answer waits,
+    and goes out only if the lease is renewed in the same term."""
+    broker, store, gate = gated_broker(3)
+    answered: list[str] = []
+    broker.after_durable(lambda: answered.append("first"))
+    gate.now, gate.lapsed_term = None, 3  # the loop stalled past the lease
+    broker.after_durable(lambda: answered.append("asked while lapsed"))
+    store.sync()
+    assert answered == [] and gate.refusals == 0 and len(gate.deferred) == 2
+    gate.now, gate.lapsed_term = 3, None  # a majority acknowledged a heartbeat again
+    for release in gate.deferred:
+        release()
+    assert answered == ["first", "asked while lapsed"]
+
+
+def test_a_confirm_waiting_out_a_lapse_is_never_answered_if_the_role_ends() -> None:
+    broker, store, gate = gated_broker(3)
+    answered: list[str] = []
+    broker.after_durable(lambda: answered.append("commit-ok"))
+    gate.now, gate.lapsed_term = None, 3
+    store.sync()
+    gate.lapsed_term = None  # stepped down (or deposed): the term is over
+    for release in gate.deferred:
+        release()
+    assert answered == [] and gate.refusals == 1
 
 
 # -- what a client sees on the wire of a gated broker ------------------------------------------
