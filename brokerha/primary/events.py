@@ -58,9 +58,14 @@ def is_dequeue_of(event: Event, q: Queue) -> bool:
     return bool(event.kind == R.DEQUEUED and event.queue == q.name and event.vhost == q.vhost)
 
 
+# a dequeue event's bound: a purge of a deep queue goes as several events, so that neither
+# side spends one long step on it (packing, applying) and packets stay bounded
+DEQUEUES_PER_EVENT = 4096
+
+
 def join_dequeue(event: Event, q: Queue, position: int) -> bool:
-    """Add ``position`` to ``event`` if it is a dequeue on ``q`` (one event, one seq)."""
-    if not is_dequeue_of(event, q):
+    """Add ``position`` to ``event`` if it is a dequeue on ``q`` with room (one event, one seq)."""
+    if not is_dequeue_of(event, q) or len(event.positions) >= DEQUEUES_PER_EVENT:
         return False
     event.positions.append(position)
     return True

@@ -94,3 +94,27 @@ def test_a_held_connection_that_published_is_not_read_and_is_not_told() -> None:
     assert paused == [True]
     c.broker.flow.release(FLOW)
     assert paused == [True, False]
+
+
+def test_a_purge_goes_as_bounded_dequeue_events() -> None:
+    """Dequeues join into one event per queue up to ``DEQUEUES_PER_EVENT`` positions."""
+    from brokerha.cluster import replication as R
+    from brokerha.primary.events import DEQUEUES_PER_EVENT
+    from tests.ha.harness import consume
+    from tests.ha.test_replication import same
+
+    c = Cluster(2)
+    c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
+    c.follow("n2")
+    n = 2 * DEQUEUES_PER_EVENT + 10
+    for i in range(n):
+        publish(c.broker, b"%d" % i)
+    c.pump()
+    assert len(consume(c.broker.vhosts["/"].queues["q"])) == n
+    packets = c.primary.take_outbox("n2")
+    sizes = [len(e.positions) for p in packets for e in p.events if e.kind == R.DEQUEUED]
+    assert sum(sizes) == n and max(sizes) == DEQUEUES_PER_EVENT and len(sizes) == 3
+    for packet in packets:
+        c.nodes["n2"].backup.receive(packet)  # type: ignore[union-attr]
+    c.pump()
+    same(c)
