@@ -26,18 +26,26 @@ def lagging_cluster() -> tuple[Cluster, list[bool]]:
     return c, changes
 
 
+def n2_lags(c: Cluster) -> None:
+    """n2 receives a publish and acknowledges nothing from now on."""
+    c.no_ack.add("n2")
+    publish(c.broker, b"a")
+    c.pump()
+
+
+def later(c: Cluster, seconds: float) -> None:
+    c.clock.now += seconds
+    c.primary.tick(c.clock.now)
+
+
 def test_a_backup_that_lags_holds_publishers_until_it_acknowledges() -> None:
     c, changes = lagging_cluster()
     backup = c.nodes["n2"].backup
     assert backup is not None
-    c.no_ack.add("n2")
-    publish(c.broker, b"a")
-    c.pump()  # sent at t, not acknowledged by n2
-    c.clock.now += 0.05
-    c.primary.tick(c.clock.now)
+    n2_lags(c)
+    later(c, 0.05)
     assert changes == []  # within flow_lag
-    c.clock.now += 0.06
-    c.primary.tick(c.clock.now)
+    later(c, 0.06)
     assert changes == [True] and FLOW in c.broker.flow.holds
     assert c.primary.status()["publishers_held"]
     c.primary.backup_acked("n2", backup.applied_seq)
@@ -47,24 +55,17 @@ def test_a_backup_that_lags_holds_publishers_until_it_acknowledges() -> None:
 def test_a_backup_that_times_out_releases_publishers() -> None:
     """A backup no longer guarded does not hold anybody: the majority decides alone."""
     c, changes = lagging_cluster()
-    c.no_ack.add("n2")
-    publish(c.broker, b"a")
-    c.pump()
-    c.clock.now += 0.2
-    c.primary.tick(c.clock.now)
+    n2_lags(c)
+    later(c, 0.2)
     assert changes == [True]
-    c.clock.now += c.primary.backup_timeout
-    c.primary.tick(c.clock.now)
+    later(c, c.primary.backup_timeout)
     assert c.primary.sessions["n2"].timed_out and changes == [True, False]
 
 
 def test_a_primary_that_closes_releases_publishers() -> None:
     c, changes = lagging_cluster()
-    c.no_ack.add("n2")
-    publish(c.broker, b"a")
-    c.pump()
-    c.clock.now += 0.2
-    c.primary.tick(c.clock.now)
+    n2_lags(c)
+    later(c, 0.2)
     c.primary.close()
     assert changes == [True, False]
 
@@ -72,11 +73,8 @@ def test_a_primary_that_closes_releases_publishers() -> None:
 def test_no_flow_lag_never_holds() -> None:
     c, changes = lagging_cluster()
     c.primary.flow_lag = None
-    c.no_ack.add("n2")
-    publish(c.broker, b"a")
-    c.pump()
-    c.clock.now += 1.0
-    c.primary.tick(c.clock.now)
+    n2_lags(c)
+    later(c, 1.0)
     assert changes == []
 
 
