@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 from brokerha.cluster.election import NewEpoch
 from brokerha.cluster.messages import Error
 from brokerha.cluster.replication import DEQUEUED, Dequeued, Events
+from brokerha.ha.simulation import heavy
 from brokerha.ha.simulation.confirms import (
     QUEUE,
     ConfirmSimulation,
@@ -21,10 +23,11 @@ from brokerha.ha.simulation.confirms import (
     run_many,
     run_seed,
 )
-from brokerha.ha.simulation.world import SimNode
+from brokerha.ha.simulation.world import Costs, SimNode
 from tests.seeds import first_failing
 
 CI_SEEDS = 1000
+HEAVY_SEEDS = 4  # about 1.5 s each
 
 
 def test_a_thousand_seeds_of_three_nodes_have_no_violation() -> None:
@@ -35,6 +38,8 @@ def test_a_thousand_seeds_of_three_nodes_have_no_violation() -> None:
     assert sum(r.confirmed for r in results) > 50 * CI_SEEDS
     assert sum(r.unserved for r in results) / CI_SEEDS < 0.25 * 60.0
     assert sum(r.overlap for r in results) > 0  # see the next test
+    # (f) held over the fault-free stretches: about half of each run
+    assert sum(r.stable for r in results) > 0.3 * 60.0 * CI_SEEDS
 
 
 def test_a_deposed_primary_that_still_serves_loses_nothing_confirmed() -> None:
@@ -214,6 +219,7 @@ def test_a_backup_refuses_events_of_an_older_epoch_and_the_checker_reports_one_a
     backup = next(n for n in sim.nodes.values() if n is not primary)
     assert backup.ha.backup is not None and backup.ha.backup.caught_up
     epoch, seq = primary.election.epoch, backup.ha.backup.applied_seq
+    sim.disturb()  # a fault the world does not inject itself: (f) is off until it settled
     backup.ha.on_message(primary.name, 0, NewEpoch(epoch + 1, primary.name))
     event = Events(epoch, seq + 1, [Dequeued(DEQUEUED, "/", QUEUE, [1])])
     before = held(backup)
@@ -228,6 +234,116 @@ def test_a_backup_refuses_events_of_an_older_epoch_and_the_checker_reports_one_a
                      0, event)
         assert held(backup) == before and backup.ha.backup.applied_seq == seq
         assert [type(p) for p in sent] == [Error]
+
+
+# ---- the cost model and the stability invariant (f) ------------------------------------------
+
+
+def test_a_busy_loop_holds_its_input_and_sends_after_its_work() -> None:
+    """The cost model: a node's input waits while its loop is busy; what it sends in a
+    step leaves once the work of the step is done."""
+    sim, primary = settled()
+    backup = next(n for n in sim.nodes.values() if n is not primary)
+    ran: list[float] = []
+    backup.charge(0.3)
+    backup.run(lambda: ran.append(sim.now))
+    assert ran == [] and backup.inbox
+    sim.run_until(sim.now + 0.2)
+    assert ran == []
+    sim.run_until(sim.now + 0.2)
+    assert len(ran) == 1 and ran[0] == pytest.approx(backup.busy_until)
+    sent: list[float] = []
+    sim.after = lambda delay, fn: sent.append(sim.now + delay)  # type: ignore[method-assign]
+    start = sim.now
+    primary.charge(0.5)
+    primary.send(backup.name, NewEpoch(primary.election.epoch, primary.name))
+    assert sent and min(sent) >= start + 0.5
+
+
+def test_the_stability_invariant_reports_a_stalled_primary() -> None:
+    """(f): every node and link up, every backup following: a primary whose loop is
+    stalled past its lease and the election timeout costs an election the cluster did
+    not need (a backup stands, or the primary steps down after its lapse)."""
+    sim, primary = settled()
+    assert sim.stable is not None and sim.stable[0] is primary
+    primary.charge(1.5)  # one step of 1.5 s (a big purge in one go)
+    with pytest.raises(Violation, match=r"^\(f\) .*(took epoch|stopped serving)"):
+        sim.run_until(sim.now + 3.0)
+
+
+def test_a_stall_a_little_longer_than_the_lease_lapses_it_and_elects_nobody() -> None:
+    """The lapse (cluster/election.py): the primary serves nobody until its lease is
+    renewed, and nobody is elected; (f) counts the lapse."""
+    sim, primary = settled()
+    primary.charge(sim.timing.lease_timeout * 1.1)
+    sim.run_until(sim.now + 3.0)
+    assert sim.stable is not None and sim.stable[0] is primary and primary.serves_clients()
+    assert 0 < sim.stats.lapsed < sim.timing.lease_timeout
+
+
+def test_the_stability_invariant_is_off_from_a_fault_until_the_cluster_settled() -> None:
+    sim, primary = settled()
+    sim.pause(primary, 1.0)  # a fault: the election that follows is no violation
+    sim.run_until(sim.now + 3.0)
+    assert sim.serving_now is not None
+    assert sim.stable is not None and sim.stable[0] is sim.serving_now  # armed again
+
+
+def test_heavy_work_elects_nobody() -> None:
+    """Deep queues, a backup restarted behind 6,000 messages (its catch-up streamed), a
+    purge of them and slow operations in slices, slow fsyncs, a stall of the primary's
+    loop a little longer than its lease: no election, nothing lost; no step of a loop
+    near the lease but the stall, whose lapse is renewed."""
+    results = heavy.run_many(range(HEAVY_SEEDS), jobs=2)
+    assert [r.summary() for r in results if r.violation] == []
+    assert sum(r.failovers for r in results) == 0
+    assert all(r.published > heavy.CYCLES * heavy.DEEP for r in results)
+    assert all(r.confirmed >= r.published - 2 for r in results)  # (one may be in flight)
+    assert all(len(r.catch_ups) == heavy.CYCLES for r in results)
+    lease = ConfirmSimulation(0).timing.lease_timeout
+    assert max(r.longest_step for r in results) <= lease * heavy.STALL[1] + 0.05
+    assert all(0 < r.lapsed < heavy.CYCLES * lease for r in results)
+    assert min(r.stable for r in results) > 15.0
+
+
+@pytest.mark.parametrize(("kw", "stalled"), [
+    ({"unsafe": Unsafe(monolithic_catch_up=True)}, "join's catch-up made at once"),
+    ({"unsliced": True}, "purge or slow operation in one step"),
+    ({"unsafe": Unsafe(step_down_at_lease_end=True)}, "stall that costs the role"),
+])
+def test_the_stability_invariant_catches_a_loop_stalled_by_heavy_work(
+        kw: dict[str, object], stalled: str) -> None:
+    """The fixes of issue 33 switched off, each caught by (f) within the first seeds:
+    ``ha.core.Unsafe.monolithic_catch_up`` (the catch-up of a deep queue is one step of
+    the primary's loop), the simulation's ``unsliced`` (a purge of thousands of
+    messages, a slow operation, each one step) and
+    ``cluster.election.Unsafe.step_down_at_lease_end`` (no lapse: a stall a little
+    longer than the lease costs the role)."""
+    found = first_failing(heavy.run_seed, kw.pop("unsafe", Unsafe()), range(3), **kw)
+    assert found is not None, f"no seed caught a {stalled}"
+    seed, violation = found
+    assert re.match(r"\(f\) .*(took epoch|stopped serving)", violation), violation
+    if seed >= HEAVY_SEEDS:  # (the others: test_heavy_work_elects_nobody)
+        assert heavy.run_seed(seed).violation is None
+
+
+def test_a_heavy_seed_is_reproduced_and_costs_are_switchable() -> None:
+    first, again = heavy.run_seed(5, cycles=1, duration=12.0), heavy.run_seed(5, cycles=1,
+                                                                           duration=12.0)
+    assert first.trace_hash == again.trace_hash and first.longest_step > 0
+    free = heavy.run_seed(5, cycles=1, duration=12.0, costs=Costs.none(),
+                          unsafe=Unsafe(monolithic_catch_up=True))
+    # no cost but the modelled ones (the slow operation, the stall): the monolithic
+    # catch-up and the purge stall nothing
+    assert free.violation is None
+
+
+def test_the_command_line_runs_the_heavy_workload() -> None:
+    base = [sys.executable, "-m", "brokerha.cli", "cluster", "simulate", "--jobs", "1",
+            "--workload", "heavy", "--seeds", "1", "--duration", "12"]
+    bad = subprocess.run([*base, "--unsliced-operations"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 1 and "VIOLATION (f)" in bad.stdout, bad.stdout + bad.stderr
 
 
 @pytest.mark.slow

@@ -5,10 +5,16 @@ with confirms through elections and failovers; ``--workload transactions``
 (``transactions.py``) is TX clients and an XA TM; ``--workload txlog``
 (``txlog/simulation/datacenter.py``, registered by ``admin/cluster_cli.py``:
 the TxLog sits above HA) is TX clients on a global queue of two datacenters,
-the HA one running the TxLog bridge on its members. All run the product's HA
-members on the harness of ``world.py``. The run prints violations (with the
-trace tail of each failing seed under ``--trace``), what the seeds exercised,
-and seeds per second; it exits 1 on any violation.
+the HA one running the TxLog bridge on its members; ``--workload heavy``
+(``heavy.py``) is issue 33's heavy work without faults: deep queues, a backup
+restarted behind them, a purge and slow operations, where the stability
+invariant (f) must hold. All run the product's HA members on the harness of
+``world.py``, with its cost model. ``--unsliced-operations`` (heavy,
+transactions) runs each slow operation in one step of the node's loop instead
+of slices: (f) must catch it, as ``--unsafe monolithic_catch_up`` (heavy). The
+run prints violations (with the trace tail of each failing seed under
+``--trace``), what the seeds exercised, and seeds per second; it exits 1 on
+any violation.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ from types import ModuleType
 from typing import Any
 
 from brokerha import seed_runner
-from brokerha.ha.simulation import confirms, transactions
+from brokerha.ha.simulation import confirms, heavy, transactions
 from brokerha.ha.simulation.world import Faults
 
-# each workload module: CATCHES, Unsafe (with ``of(names)``), run_many, SimResult
-WORKLOADS: dict[str, ModuleType] = {"confirms": confirms, "transactions": transactions}
+# each workload module: CATCHES, Unsafe (with ``of(names)``), run_many, SimResult; and
+# SLOW_OPERATIONS = True if it takes ``unsliced``
+WORKLOADS: dict[str, ModuleType] = {"confirms": confirms, "transactions": transactions,
+                                    "heavy": heavy}
 
 
 def register(parser: argparse.ArgumentParser,
@@ -39,13 +47,19 @@ def register(parser: argparse.ArgumentParser,
     parser.add_argument("--nodes", type=int, default=3,
                         help="nodes per datacenter (default 3; the transactions and txlog workloads: 3)")
     parser.add_argument("--duration", type=float, default=None,
-                        help="virtual seconds per seed (default 60, transactions and txlog 30)")
+                        help="virtual seconds per seed (default 60, transactions, heavy and "
+                        "txlog 30)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     parser.add_argument("--no-faults", action="store_true", help="no network faults or crashes")
     parser.add_argument("--unsafe", nargs="+", action="extend", default=[], choices=rules,
                         metavar="RULE", help="break a rule of the product on purpose ("
                         + "; ".join(f"{name}: {', '.join(module.CATCHES)}"
                                     for name, module in workloads.items()) + ")")
+    parser.add_argument("--unsliced-operations", action="store_true",
+                        help="slow operations in one step of the loop, not in slices (the "
+                        "workloads with slow operations: "
+                        + ", ".join(n for n, m in workloads.items()
+                                    if getattr(m, "SLOW_OPERATIONS", False)) + ")")
     parser.add_argument("--trace", action="store_true", help="print the trace tail of failing seeds")
     parser.set_defaults(handler=simulate, workloads=workloads)
 
@@ -60,7 +74,11 @@ def simulate(args: argparse.Namespace) -> int:
         kw["duration"] = args.duration
     if args.no_faults:
         kw["faults"] = Faults.none()
-    if args.workload == "confirms":
+    if args.unsliced_operations:
+        if not getattr(module, "SLOW_OPERATIONS", False):
+            raise SystemExit(f"the {args.workload} workload has no slow operations")
+        kw["unsliced"] = True
+    if args.workload in ("confirms", "heavy"):
         kw["nodes"] = args.nodes
     elif args.nodes != 3:
         raise SystemExit(f"the {args.workload} workload runs 3 nodes")
@@ -77,9 +95,15 @@ def simulate(args: argparse.Namespace) -> int:
 
 def summary(results: Sequence[Any]) -> str:
     if results and isinstance(results[0], confirms.SimResult):
-        unserved = sum(r.unserved for r in results) / max(1, len(results))
+        n = max(1, len(results))
+        unserved = sum(r.unserved for r in results) / n
+        stable = sum(r.stable for r in results) / n
+        lapsed = sum(r.lapsed for r in results) / n
+        longest = max(r.longest_step for r in results)
         return (f"failovers {sum(r.failovers for r in results)}, confirmed "
-                f"{sum(r.confirmed for r in results)}, unserved {unserved:.1f}s/seed")
+                f"{sum(r.confirmed for r in results)}, unserved {unserved:.1f}s/seed, "
+                f"stable {stable:.1f}s/seed (lapsed {lapsed * 1000:.0f} ms/seed), "
+                f"longest step {longest:.3f}s")
     totals: Counter[str] = Counter()
     for r in results:
         totals.update(r.stats)
@@ -92,3 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     register(parser)
     return simulate(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,7 +11,10 @@ client only while the connection is open; it consumes (basic.get + ack) from
 the head of the queue. The client declares the queue on every node it
 meets, as a client does when it connects.
 
-Checked after every event, beside the world's (a), (b) and (e):
+Each publish and each get (with its ack) costs the node's loop
+``Costs.client_op`` (``world.py``'s cost model).
+
+Checked after every event, beside the world's (a), (b), (e) and (f):
 (c) the serving primary holds every confirmed message not consumed since
 (checked when a primary starts serving, when the newest server changes and
 at each confirm); (d) a ready backup holds every message its position
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from brokerha import seed_runner
@@ -45,7 +48,7 @@ from brokerha.ha.simulation.world import (
 
 QUEUE = "q"
 CATCHES = ("confirm_early", "early_ack", "invalid_grants", "no_lease", "old_epoch_apply",
-           "lagging_role")
+           "lagging_role")  # monolithic_catch_up: the heavy workload (heavy.py)
 
 __all__ = ["ConfirmSimulation", "Faults", "SimResult", "Unsafe", "Violation", "run_many",
            "run_seed"]
@@ -66,6 +69,10 @@ class SimResult:
     overlap: float = 0.0        # virtual seconds with two serving (a deposed one in its lease)
     deposed_calls: int = 0      # client calls that went to a deposed primary still serving
     events: int = 0
+    stable: float = 0.0         # virtual seconds under the stability invariant (f) ...
+    lapsed: float = 0.0         # ... of which its primary's lease had lapsed
+    longest_step: float = 0.0   # the longest a node's loop was busy at once
+    catch_ups: list[float] = field(default_factory=list)  # heavy.py: restart to caught up, s
 
     def summary(self) -> str:
         head = f"seed {self.seed} ({self.nodes} nodes): "
@@ -77,16 +84,21 @@ class SimResult:
 
 def held(node: SimNode) -> set[int]:
     """The message ids on the node's queue (the client's gets are acknowledged at once)."""
-    vhost = node.broker.vhosts.get("/")
-    q = vhost.queues.get(QUEUE) if vhost is not None else None
+    q = client_queue(node)
     if q is None:
         return set()
     return {int(e.message.body) for e in q.ready}
 
 
+def client_queue(node: SimNode) -> Queue | None:
+    vhost = node.broker.vhosts.get("/")
+    return vhost.queues.get(QUEUE) if vhost is not None else None
+
+
 class ConfirmSimulation(World):
     def __init__(self, seed: int, *, publish_rate: float = 2.0, consume_rate: float = 1.6,
                  **kw: Any) -> None:
+        kw.setdefault("stability", True)
         super().__init__(seed, **kw)
         self.publish_rate, self.consume_rate = publish_rate, consume_rate
         self.confirmed_live: set[int] = set()
@@ -94,7 +106,9 @@ class ConfirmSimulation(World):
         self.next_id = 0
         # per epoch, for (d): the primary's seq when it took each message in and gave it away
         self.held_at: dict[int, dict[int, int]] = {}
-        self.gone_at: dict[int, dict[int, int]] = {}
+        self.gone_at: dict[int, dict[int, int]] = {}  # (in the order they went)
+        self.alive_at: dict[int, set[int]] = {}  # held_at's messages not gone since
+        self._held_memo: tuple[tuple[Any, ...], set[int]] | None = None
         self.result = SimResult(seed, len(self.names), None, [], "")
         self.conn: SimConnection | None = None  # the client's connection, once served
         self.dialled_at = -1.0
@@ -115,6 +129,8 @@ class ConfirmSimulation(World):
         stats = self.stats
         result.failovers, result.unserved, result.overlap, result.events = (
             stats.failovers, stats.unserved, stats.overlap, stats.events)
+        result.stable, result.lapsed, result.longest_step = (stats.stable, stats.lapsed,
+                                                             stats.longest_step)
         result.trace = list(self.trace)
         self._hash.update(f"{result.published} {result.confirmed} {result.consumed}".encode())
         result.trace_hash = self.trace_hash()
@@ -126,6 +142,7 @@ class ConfirmSimulation(World):
         super().on_elected(node, epoch)
         self.held_at[epoch] = dict.fromkeys(held(node), 0)  # its state at seq 0 of the epoch
         self.gone_at[epoch] = {}
+        self.alive_at[epoch] = set(self.held_at[epoch])
 
     def on_serving(self, node: SimNode, epoch: int, decisions: dict[str, str]) -> None:
         self._check_confirmed(node)
@@ -152,16 +169,26 @@ class ConfirmSimulation(World):
         backup = node.ha.backup
         if not pos.valid or backup is None or pos.epoch not in self.held_at:
             return
-        gone = self.gone_at[pos.epoch]
+        held_at, applied = self.held_at[pos.epoch], backup.applied_seq
         have = held(node)
-        for mid, seq in self.held_at[pos.epoch].items():
-            if seq <= pos.seq and mid not in have and gone.get(mid, pos.seq + 1) > backup.applied_seq:
-                self.violate(f"(d) backup {node.name} ready at {pos} but misses message {mid} "
-                             f"(seq {seq}) of the primary of epoch {pos.epoch}")
+        # a message the primary held at a seq <= pos.seq, missing from the backup, and not
+        # taken away by an event the backup applied: still there, or gone after ``applied``
+        missing = [mid for mid in self.alive_at[pos.epoch] - have if held_at[mid] <= pos.seq] \
+            if pos.seq + 1 > applied else []
+        for mid, gone in reversed(self.gone_at[pos.epoch].items()):  # in seq order
+            if gone <= applied:
+                break
+            seq = held_at.get(mid)
+            if seq is not None and seq <= pos.seq and mid not in have:
+                missing.append(mid)
+        if missing:
+            mid = min(missing)
+            self.violate(f"(d) backup {node.name} ready at {pos} but misses message {mid} "
+                         f"(seq {held_at[mid]}) of the primary of epoch {pos.epoch}")
 
     # -- the client -----------------------------------------------------------------------------
 
-    def _call(self, work: Callable[[SimNode, SimConnection], None]) -> None:
+    def _call(self, work: Callable[[SimNode, SimConnection], object]) -> None:
         """The client's next call, on its connection (dialling any node when it has none);
         a paused node takes it when it resumes."""
         conn = self.conn
@@ -197,6 +224,7 @@ class ConfirmSimulation(World):
         self._call(self._publish_on)
 
     def _publish_on(self, node: SimNode, conn: SimConnection) -> None:
+        node.charge(self.costs.client_op)
         primary = node.primary
         self.next_id += 1
         mid = self.next_id
@@ -204,6 +232,7 @@ class ConfirmSimulation(World):
         self._client_queue(node).enqueue(message(b"%d" % mid, QUEUE, persistent=True))
         if primary is not None:
             self.held_at[primary.epoch][mid] = primary.seq
+            self.alive_at[primary.epoch].add(mid)
 
         def confirmed() -> None:
             if not conn.usable:
@@ -211,7 +240,7 @@ class ConfirmSimulation(World):
             self.result.confirmed += 1
             if mid not in self.consumed:
                 self.confirmed_live.add(mid)
-                if self.serving_now is not None and mid not in held(self.serving_now):
+                if self.serving_now is not None and mid not in self._held_now(self.serving_now):
                     self._check_confirmed(self.serving_now)
 
         node.broker.after_durable(confirmed)
@@ -220,11 +249,13 @@ class ConfirmSimulation(World):
         self.after(self.rng.expovariate(self.consume_rate), self._consume)
         self._call(self._consume_on)
 
-    def _consume_on(self, node: SimNode, conn: SimConnection) -> None:
+    def _consume_on(self, node: SimNode, conn: SimConnection) -> bool:
+        """basic.get and its ack; False if the queue is empty."""
+        node.charge(self.costs.client_op)
         q = self._client_queue(node)
         entry = q.get()
         if entry is None:
-            return
+            return False
         q.settle(entry)
         mid = int(entry.message.body)
         self.result.consumed += 1
@@ -233,6 +264,21 @@ class ConfirmSimulation(World):
         primary = node.primary
         if primary is not None:
             self.gone_at[primary.epoch][mid] = primary.seq
+            self.alive_at[primary.epoch].discard(mid)
+        return True
+
+    def _held_now(self, node: SimNode) -> set[int]:
+        """``held(node)``, kept while its queue's entries stay the same (many confirms come
+        at once, after one sync)."""
+        q = client_queue(node)
+        if q is None:
+            return set()
+        key = (node, q, q.deleted, len(q.ready), q.next_position, q.delivered, q.acked,
+               q.unacked)
+        memo = self._held_memo
+        if memo is None or memo[0] != key:
+            memo = self._held_memo = (key, held(node))
+        return memo[1]
 
 
 # ---- running many seeds ---------------------------------------------------------------------

@@ -4,16 +4,32 @@ A ``DiskStore`` is the broker's ``MemoryStore`` with a disk image beside it:
 ``sync()`` is one group commit (the ``before_batch`` hooks first, as a real
 store runs them before it hands a batch to its writer, then everything
 recorded so far becomes the image, then the ``after_sync`` callbacks run);
-a crash keeps the image only. The simulation decides when a sync happens.
+a crash keeps the image only. The simulation decides when a sync happens,
+and ``sync_latency`` how long it takes: mostly a few milliseconds, now and
+then (``slow_p``) up to half a second, as a disk busy with another writer or
+a filesystem's journal commit makes an fsync. A slow sync holds what waits
+for it (confirms, a backup's acknowledgements) but not the node's event
+loop: the store's writer runs beside it.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from brokerha.broker.storage import Definitions, MemoryStore, StoredMessage
+
+
+def sync_latency(rng: random.Random, fast: tuple[float, float], slow_p: float = 0.0,
+                 slow: tuple[float, float] = (0.05, 0.5)) -> float:
+    """How long one store sync takes: uniform in ``fast``, or with chance ``slow_p`` in
+    ``slow`` (no second draw when ``slow_p`` is 0: seeds without slow syncs keep their
+    traces)."""
+    if slow_p and rng.random() < slow_p:
+        return slow[0] + (slow[1] - slow[0]) * rng.random()
+    return fast[0] + (fast[1] - fast[0]) * rng.random()
 
 
 @dataclass

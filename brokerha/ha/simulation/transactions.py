@@ -85,7 +85,10 @@ TRACE_TAIL = 40
 MAX_TX_CLIENTS = 3
 MAX_TMS = 2
 MAX_CONNECTIONS = 4  # open client connections; more are dialled while fewer are open
-FAULTS = Faults(rate=0.4, outage=(0.3, 4.0))
+FAULTS = Faults(rate=0.4, outage=(0.3, 4.0), slow_fsync_p=0.01)
+SLOW_OPERATIONS = True  # takes ``unsliced`` (cli.py: --unsliced-operations)
+BIG_COMMITS = 0.06  # the share of TX commits that are big: ...
+BIG_COMMIT = (0.2, 1.5)  # ... this many virtual seconds of the node's CPU
 
 def contents(broker: Broker) -> dict[str, Any]:
     """What must be equal on primary and backup: definitions and positions with bodies."""
@@ -127,7 +130,7 @@ class Client:
     enq: list[tuple[str, bytes]] = field(default_factory=list)
     deq: list[tuple[str, bytes]] = field(default_factory=list)
     held: list[tuple[Queue, Entry]] = field(default_factory=list)
-    state: str = "open"                # open | busy | idle | prepared | unknown | done
+    state: str = "open"                # open | big (committing) | busy | idle | prepared | unknown | done
     tm: str | None = None              # the TM's decision: commit | rollback
     prepared_ok: bool = False          # prepare answered XA_OK
     task: asyncio.Future[Any] | None = None
@@ -159,11 +162,14 @@ def initial_disk() -> tuple[Image, Counter[tuple[str, bytes]]]:
 
 class TxSimulation(AsyncWorld):
     def __init__(self, seed: int, *, duration: float = 30.0, client_rate: float = 8.0,
-                 trace: bool = False, **kw: Any) -> None:
+                 trace: bool = False, big_commits: float = BIG_COMMITS, unsliced: bool = False,
+                 **kw: Any) -> None:
         kw.setdefault("faults", FAULTS)
+        kw.setdefault("stability", True)
         super().__init__(seed, nodes=3, duration=duration, backup_timeout=3.0,
                          tx_prepare_timeout=2.0, trace_tail=None if trace else TRACE_TAIL, **kw)
         self.client_rate = client_rate
+        self.big_commits, self.unsliced = big_commits, unsliced
         image, self.initial = initial_disk()
         for name in self.names:
             self.disks[name] = image.copy()
@@ -176,7 +182,7 @@ class TxSimulation(AsyncWorld):
         self._expected: dict[frozenset[str], dict[tuple[str, bytes], int]] = {}
 
     def make_primary(self, *args: Any, **kw: Any) -> Primary:
-        primary = SimPrimary(*args, **kw)
+        primary = SimPrimary(*args, **self.paced(kw))
         primary.committed = []
         return primary
 
@@ -250,7 +256,7 @@ class TxSimulation(AsyncWorld):
             if not node.alive and client.task is not None and not client.task.done():
                 client.task.cancel()  # the process is gone
             if client.kind == "tx":
-                if node.alive and client.state == "open":  # the channel closes: rolled back
+                if node.alive and client.state in ("open", "big"):  # the channel closes: rolled back
                     client.obj.rollback()
                     self.give_back(client)
                 client.state = "done"  # the client never knows
@@ -273,11 +279,13 @@ class TxSimulation(AsyncWorld):
     def work(self, client: Client, publish: Callable[[list[Queue], Any], None],
              accept: Callable[[list[tuple[Queue, Entry]]], None]) -> None:
         node = client.node
+        node.charge(self.costs.client_op)  # tx.select or dtx.start (and end)
         for i in range(self.rng.randint(0 if self.rng.random() < 0.3 else 1, 4)):
             names = sorted(self.rng.sample(QUEUES, self.rng.randint(1, 3)))
             body = b"%s%d.%d" % (client.kind.encode(), client.key, i)
             publish([self.queue(node, q) for q in names], message(body, "", persistent=True))
             client.enq.extend((q, body) for q in names)
+            node.charge(self.costs.client_op)
         for _ in range(self.rng.randint(0, 2)):
             q = self.queue(node, self.rng.choice(QUEUES))
             entry = q.get()
@@ -286,6 +294,7 @@ class TxSimulation(AsyncWorld):
             client.held.append((q, entry))
             client.deq.append((q.name, entry.message.body))
             accept([(q, entry)])
+            node.charge(self.costs.client_op)
 
     def give_back(self, client: Client) -> None:
         """The channel closes (or the branch rolls back): unacked entries go back."""
@@ -359,6 +368,9 @@ class TxSimulation(AsyncWorld):
                 client.state = "done"
                 self.decide(client.txid, "rollback", "client rollback")
                 return
+            if self.big_commits and self.rng.random() < self.big_commits:
+                self.big_commit(client)
+                return
             client.state = "busy"
             self.tx_commit_now(client)
             return
@@ -389,10 +401,30 @@ class TxSimulation(AsyncWorld):
         except XAError as exc:
             return exc.code
 
+    def big_commit(self, client: Client) -> None:
+        """The commit of a big transaction (tens of thousands of messages, issue 33):
+        ``BIG_COMMIT`` seconds of the node's CPU, then the commit as any other. Sliced (the
+        fix: the work yields to the loop every ``Costs.slice``), or one step with
+        ``unsliced``; the channel closing meanwhile rolls it back."""
+        node, conn = client.node, client.conn
+        cost = BIG_COMMIT[0] + (BIG_COMMIT[1] - BIG_COMMIT[0]) * self.rng.random()
+        client.state = "big"
+        self.counts["big commit"] += 1
+        self.note(f"tx{client.key} commit of a big transaction: {cost:.2f}s on {node.name}"
+                  + (" in one step" if self.unsliced else ""))
+
+        def done() -> None:
+            client.state = "busy"
+            self.tx_commit_now(client)
+
+        self.slow_operation(node, cost, done, sliced=not self.unsliced,
+                            alive=lambda: client.state == "big" and client.hears(conn))
+
     def tx_commit_now(self, client: Client) -> None:
         """tx.commit as the channel handles it (amqp/methods/tx.py): applied in the same
         callback unless an observer must be awaited first."""
         tx = client.obj
+        client.node.charge(self.costs.client_op * (1 + len(client.enq) + len(client.deq)))
         if tx.needs_prepare():
             self.request(client, self.tx_commit(client))
             return

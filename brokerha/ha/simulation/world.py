@@ -21,11 +21,18 @@ violation found is a defect of the product.
   image stays; it restarts later from that image and its vote record),
   pauses (SIGSTOP: nothing runs, input waits, TCP stays up), link failures,
   partitions that heal, and manual failovers (``HAMember.promote``).
+- **CPU** (``Costs``, the cost model): a node's event loop is busy for the
+  work of each input (the replication events it sends and applies, the
+  client operations it carries out, a slow operation's slices); meanwhile
+  its later input and timers wait (``SimProcess``). Store syncs are now and
+  then slow (``Faults.slow_fsync_p``).
 
 Checked after every event, whatever the workload: (a) at most one primary
 per epoch and one vote per node and epoch; (b) a deposed primary serves at
 most ``lease_timeout`` after a newer one was elected; (e) a node never
-applies replication events of an epoch older than its own. The workloads
+applies replication events of an epoch older than its own; (f) no election
+(no new epoch, no primary stepping down) while every node and link is up
+(``check_stable``). The workloads
 (``confirms.py``, the transaction simulation in ``tests/ha``) add theirs.
 ``Unsafe`` switches off a rule in the product module that holds it (the
 election's, the member's, the HA core's); the checker must then report a
@@ -38,6 +45,7 @@ import asyncio
 import hashlib
 import heapq
 import itertools
+import math
 import random
 import traceback
 from collections import Counter, deque
@@ -62,7 +70,8 @@ from brokerha.ha import admission, core, member
 from brokerha.ha.admission import Admission
 from brokerha.ha.core import PrimarySettings, load_position
 from brokerha.ha.member import TICK, HAMember, PrimaryLayer
-from brokerha.ha.simulation.disk import DiskStore, Image
+from brokerha.ha.simulation.disk import DiskStore, Image, sync_latency
+from brokerha.primary.catch_up import Pace
 from brokerha.primary.primary import Primary
 from brokerha.seed_runner import UnsafeRules
 
@@ -100,11 +109,47 @@ class Faults:
     outage: tuple[float, float] = (0.3, 6.0)   # crash downtime, pause, partition length
     detect: tuple[float, float] = (0.05, 2.0)  # a broken link is noticed after this
     redial: tuple[float, float] = (0.05, 0.5)  # a link comes back this long after both noticed
-    fsync: tuple[float, float] = (0.0005, 0.01)  # a store sync takes this long
+    fsync: tuple[float, float] = (0.0005, 0.01)  # a store sync takes this long ...
+    slow_fsync_p: float = 0.0    # ... or, with this chance, ...
+    slow_fsync: tuple[float, float] = (0.05, 0.5)  # ... this long (disk.sync_latency)
 
     @classmethod
     def none(cls) -> Faults:
         return cls(spike_p=0.0, rate=0.0)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The cost model: virtual CPU seconds a node's event loop spends on its work.
+
+    A node handling an input (a packet, a timer, a client's operation) is busy
+    for the sum of what it did: each replication event it put into a packet
+    it sent (read, encoded), each event of a packet it applied, each client
+    operation it carried out (a publish, a get and its ack, a message of a
+    transaction). Meanwhile its later input and timers wait (``SimProcess``).
+    At this scale one simulated message stands for about a hundred real ones of
+    1 KiB (a real primary made a join's catch-up of 150,000 such messages in
+    0.3-0.5 s, issue 33): a catch-up or a purge of thousands here costs what
+    one of hundreds of thousands costs a real node, and the streamed catch-up's
+    pace is scaled alike (``PACE``). ``slice`` is how much CPU a sliced slow
+    operation spends before it yields to the loop.
+    """
+
+    event_sent: float = 200e-6
+    event_applied: float = 300e-6
+    client_op: float = 200e-6
+    slice: float = 0.02
+
+    @classmethod
+    def none(cls) -> Costs:
+        """Every step takes no virtual time (the harness before the cost model)."""
+        return cls(0.0, 0.0, 0.0)
+
+
+# the streamed catch-up's pace (primary/catch_up.py) at the cost model's scale: a slice of
+# 16 entries (about 1,600 real ones, above the 1 MiB slice of real 1 KiB messages), a window
+# of 8 KiB of events (about 90 simulated messages: 9,000 real, the real 8 MiB window's)
+PACE = Pace(slice_bytes=math.inf, slice_work=16, window_bytes=8 * 1024)
 
 
 @dataclass(frozen=True)
@@ -115,8 +160,12 @@ class Unsafe(UnsafeRules):
     ``old_epoch_apply``: ``ha.member.Unsafe``; ``early_ack``,
     ``confirm_early`` and ``no_tx_trackers``: ``ha.core.Unsafe``;
     ``lagging_role``: ``ha.admission.Unsafe`` and ``ha.member.Unsafe`` (the
-    shell's race of issue 32). Each workload names the rules it can catch
-    (``CATCHES``).
+    shell's race of issue 32); ``monolithic_catch_up``: ``ha.core.Unsafe`` (a
+    join's catch-up made and sent at once, one long step of the primary's
+    loop) and ``step_down_at_lease_end``: ``cluster.election.Unsafe`` (a stall
+    a little longer than the lease costs the role): the stability invariant
+    (f) catches them where queues are deep and loops stall (``heavy.py``). Each
+    workload names the rules it can catch (``CATCHES``).
     """
 
     confirm_early: bool = False     # the primary confirms on its own disk, without the quorum
@@ -126,6 +175,8 @@ class Unsafe(UnsafeRules):
     no_tx_trackers: bool = False    # a backup joining during a prepared transaction is ready
     early_ack: bool = False         # a backup acknowledges before its store synced
     lagging_role: bool = False      # the shell serves by a flag set late; no durability gate
+    monolithic_catch_up: bool = False  # a join's whole catch-up made in one step (issue 33)
+    step_down_at_lease_end: bool = False  # a primary whose lease ran out steps down (no lapse)
 
     def _part(self, kind: type[Any]) -> Any:
         """The module's own rules (a rule no workload here can catch stays unbroken)."""
@@ -178,8 +229,12 @@ class Timer:
 class SimProcess:
     """One broker process on the virtual clock: its broker on its simulated disk.
 
-    Input waits while the process is paused (SIGSTOP) and is dropped once it
-    died; a store sync completes after the world's fsync latency.
+    Its event loop runs one input at a time (a packet, a timer, a client's
+    frame, a ``soon`` callback) and spends virtual CPU time on it (``charge``:
+    the world's ``Costs``); while it is busy, or paused (SIGSTOP), later input
+    waits in its inbox, in order, and runs when the loop is free again: a
+    stalled loop, heartbeats and lease included. Input is dropped once the
+    process died; a store sync completes after the world's fsync latency.
     """
 
     def __init__(self, world: World, name: str, disk: Image | None) -> None:
@@ -187,7 +242,10 @@ class SimProcess:
         self.name = name
         self.up = True
         self.paused_until = 0.0
-        self.inbox: list[Callable[[], None]] = []  # input that waits for a paused process
+        self.busy_until = 0.0  # the loop is on one input's work until then (virtual CPU)
+        self.inbox: deque[Callable[[], None]] = deque()  # input waiting for the loop
+        self._drain_at: float | None = None  # the inbox is taken up then
+        self.tick_waiting = False  # a tick due while the loop was busy waits in the inbox
         self.sync_pending = False
         self.store = DiskStore(disk, on_wait=self._sync_wanted)
         self.broker = Broker(name, clock=world.clock, store=self.store)
@@ -203,14 +261,46 @@ class SimProcess:
     def paused(self) -> bool:
         return self.paused_until > self.world.now
 
+    @property
+    def busy(self) -> bool:
+        return self.busy_until > self.world.now
+
     def run(self, work: Callable[[], None]) -> None:
-        """Input for this process: now, or when a pause ends; never after it died."""
+        """Input for this process: now if its loop is free, else once it is (after a pause,
+        after the work it is on, after the input that came before); never after it died."""
         if not self.alive:
             return
-        if self.paused:
+        if self.paused or self.busy or self.inbox:
             self.inbox.append(work)
+            if not self.paused:
+                self._drain_later()
             return
         work()
+
+    def charge(self, cost: float) -> None:
+        """The loop spends ``cost`` virtual CPU seconds on the input it runs now: what it
+        sends leaves after that, and later input waits for it."""
+        if cost <= 0.0:
+            return
+        now = self.world.now
+        start = max(self.busy_until, now)
+        self.busy_until = start + cost
+        self.world.on_busy(self, self.busy_until - now)
+
+    def _drain_later(self) -> None:
+        if self._drain_at is None:
+            self._drain_at = max(self.busy_until, self.world.now)
+            self.world.after(self._drain_at - self.world.now, self.drain)
+
+    def drain(self) -> None:
+        """The loop is free: the input that waited, in order, until it is busy again."""
+        self._drain_at = None
+        world = self.world
+        while self.inbox and self.alive and not self.paused and not self.busy:
+            self.inbox.popleft()()
+            world.run_soon()
+        if self.inbox and self.alive and not self.paused:
+            self._drain_later()
 
     def later(self, delay: float, callback: Callable[[], None]) -> Timer:
         timer = Timer()
@@ -279,14 +369,22 @@ class SimNode(SimProcess):
     # -- ha.member.MemberEffects ------------------------------------------------------------
 
     def send(self, peer: str, message: Packet) -> None:
+        self._charge_sent(message)
         self.world.send(self.name, peer, 0, message)
 
     def send_many(self, peer: str, messages: Sequence[Packet]) -> None:
         for packet in messages:
+            self._charge_sent(packet)
             self.world.send(self.name, peer, 0, packet)
 
     def reply(self, peer: str, msg_id: int, message: Packet) -> None:
+        self._charge_sent(message)
         self.world.send(self.name, peer, msg_id, message)
+
+    def _charge_sent(self, packet: Packet) -> None:
+        """The events a packet carries were made (read, encoded) by this loop."""
+        if type(packet) is Events:
+            self.charge(len(packet.events) * self.world.costs.event_sent)
 
     def connected(self, peer: str) -> bool:
         return self.world.connected(self.name, peer)
@@ -301,6 +399,9 @@ class SimNode(SimProcess):
         if epoch == votes.epoch and votes.voted_for not in (None, voted_for):
             self.world.violate(f"(a) {self.name} voted for {votes.voted_for} and {voted_for} "
                                f"in epoch {epoch}")
+        if epoch > votes.epoch:
+            self.world.unstable(f"{self.name} took epoch {epoch} (was {votes.epoch}; role "
+                                f"{self.election.role})")
         votes.epoch, votes.voted_for = epoch, voted_for
 
     def position(self, pos: el.Position) -> None:
@@ -324,6 +425,7 @@ class SimNode(SimProcess):
 
     def demoted(self, reason: str) -> None:
         self.world.note(f"{self.name} stops serving: {reason}")
+        self.world.unstable(f"{self.name} stopped serving: {reason}")
         self.world.on_demoted(self)
 
     def follow(self, primary: str, epoch: int) -> None:
@@ -365,6 +467,9 @@ class WorldStats:
     unserved: float = 0.0       # virtual seconds without a serving primary
     overlap: float = 0.0        # virtual seconds with two serving (a deposed one in its lease)
     events: int = 0
+    stable: float = 0.0         # virtual seconds under the stability invariant (f) ...
+    lapsed: float = 0.0         # ... of which its primary's lease had lapsed (serving nobody)
+    longest_step: float = 0.0   # the longest a node's loop was busy at once (virtual CPU)
 
 
 class World:
@@ -375,7 +480,8 @@ class World:
                  timing: el.ElectionTiming | None = None, backup_timeout: float = 5.0,
                  tx_prepare_timeout: float = 5.0, verification_timeout: float = 2.0,
                  events_per_packet: int = EVENTS_PER_PACKET,
-                 trace_tail: int | None = TRACE_TAIL) -> None:
+                 trace_tail: int | None = TRACE_TAIL, costs: Costs | None = None,
+                 pace: Pace | None = PACE, stability: bool = False) -> None:
         self.seed = seed
         self.duration = duration
         self.faults = faults or Faults()
@@ -385,6 +491,15 @@ class World:
         self.tx_prepare_timeout = tx_prepare_timeout
         self.verification_timeout = verification_timeout
         self.events_per_packet = events_per_packet
+        self.costs = costs or Costs()
+        self.pace = pace  # None: the product's own (catch_up.Pace)
+        # (f): armed once every node and link is up, every backup follows the serving
+        # primary and its lease is fresh (``check_stable``), until the next fault. The
+        # workloads check it; off for a world a test drives by hand (its own faults)
+        self.stability = stability
+        self.stable: tuple[SimNode, float] | None = None  # (its primary, since when)
+        self.disturbed_until = 0.0  # a fault's effect lasts until then (a spiked packet)
+        self._stable_checked = 0.0
         self.rng = random.Random(seed)
         self.names = [f"n{i + 1}" for i in range(nodes)]
         self.now = 0.0
@@ -404,6 +519,7 @@ class World:
         self._hash = hashlib.sha256()
         self.stats = WorldStats()
         self.serving_now: SimNode | None = None   # the newest serving primary
+        self._servers: list[SimNode] = []  # every serving node, after the last event
         self.calm = False  # no new faults (the end of a run; the old ones run their course)
         self._overlapping = False
 
@@ -427,8 +543,8 @@ class World:
         raise Violation(text)
 
     def fsync_delay(self) -> float:
-        lo, hi = self.faults.fsync
-        return lo + (hi - lo) * self.rng.random()
+        f = self.faults
+        return sync_latency(self.rng, f.fsync, f.slow_fsync_p, f.slow_fsync)
 
     def start(self) -> None:
         for name in self.names:
@@ -459,6 +575,7 @@ class World:
         self.run_soon()
         stats.events += 1
         self.check_serving()
+        self.check_stable()
         return True
 
     def run_soon(self) -> None:
@@ -471,7 +588,19 @@ class World:
     # -- the workload's hooks (a subclass overrides what it checks) ------------------------------
 
     def make_primary(self, *args: Any, **kw: Any) -> Primary:
-        return Primary(*args, **kw)
+        return Primary(*args, **self.paced(kw))
+
+    def paced(self, kw: dict[str, Any]) -> dict[str, Any]:
+        """A new Primary's arguments with the simulation's catch-up pace, unless the core
+        chose one (``Unsafe.monolithic_catch_up``: everything at once)."""
+        if kw.get("pace") is None and self.pace is not None:
+            return {**kw, "pace": self.pace}
+        return kw
+
+    def on_busy(self, node: SimProcess, length: float) -> None:
+        """A node's loop is busy for ``length`` from now."""
+        if length > self.stats.longest_step:
+            self.stats.longest_step = length
 
     def make_layer(self, node: SimNode) -> PrimaryLayer | None:
         """The layer above HA a node runs (the TxLog bridge), if the workload has one."""
@@ -545,7 +674,7 @@ class World:
 
     def check_serving(self) -> None:
         """(b): a deposed primary stops within its lease."""
-        servers = self.servers()
+        servers = self._servers = self.servers()
         serving = servers[0] if servers else None
         self._overlapping = len(servers) > 1
         for old in servers[1:]:
@@ -557,6 +686,114 @@ class World:
         if serving is not self.serving_now:
             self.serving_now = serving
             self.on_new_server(serving)
+
+    # -- (f) stability: no election while every node and link is up -------------------------
+
+    def disturb(self, until: float | None = None) -> None:
+        """A fault (or one's effect, until ``until``): (f) is off until the cluster is
+        healthy again and its primary's lease fresh (``check_stable``)."""
+        self.stable = None
+        if until is not None and until > self.disturbed_until:
+            self.disturbed_until = until
+
+    def healthy(self) -> SimNode | None:
+        """The serving primary when every node's process runs (up, not paused), every link
+        is up and known up at both ends, exactly one node serves, and every other node
+        follows it in its epoch (joined; it may still be catching up); else None."""
+        nodes = list(self.nodes.values())
+        if any(not n.alive or n.paused for n in nodes):
+            return None
+        seen = self.seen
+        for pair, link in self.links.items():
+            a, b = tuple(pair)
+            if not link.up or seen.get((a, b)) != link.gen or seen.get((b, a)) != link.gen:
+                return None
+        servers = self._servers
+        if len(servers) != 1:
+            return None
+        primary = servers[0]
+        epoch = primary.election.epoch
+        for node in nodes:
+            if node is not primary and (node.election.epoch != epoch
+                                        or node.ha.core.following != primary.name):
+                return None
+        return primary
+
+    def fresh_lease(self, primary: SimNode) -> bool:
+        """The primary's lease was renewed by its latest heartbeat round (or the one before):
+        what a fault did to it (a pause, a delayed acknowledgement) is over."""
+        t = self.timing
+        return primary.election.lease_valid(self.now + t.lease_timeout - 2 * t.heartbeat_interval)
+
+    def unstable(self, what: str) -> None:
+        """An election happens (a new epoch, a primary stepping down): (f) if armed."""
+        if self.stability and self.stable is not None:
+            primary, since = self.stable
+            self.violate(f"(f) {what}, {self.now - since:.3f}s into a stretch with every node "
+                         f"and link up and every backup following {primary.name} (since "
+                         f"{since:.4f}; no fault since)")
+
+    def check_stable(self) -> None:
+        """(f) stability: no election while every node and link is up.
+
+        Armed at the first instant, after the last fault and its effects (a spiked
+        packet arrived), when the cluster is ``healthy`` and its primary's lease
+        ``fresh``; then, until the next fault, no node takes a new epoch
+        (``SimNode.persist``) and the primary stays the primary: it never steps down
+        (``SimNode.demoted``; checked here too). Its lease may lapse (a stall longer
+        than the lease: it serves nobody and keeps its role, ``Election.lapsed``) and
+        be renewed: no election, but counted (``WorldStats.lapsed``). A catch-up, a
+        purge, a big commit, a slow fsync are no faults: the invariant holds through
+        them.
+        """
+        if not self.stability:
+            return
+        stable = self.stable
+        if stable is None:
+            if self.now >= self.disturbed_until:
+                primary = self.healthy()
+                if primary is not None and self.fresh_lease(primary):
+                    self.stable = (primary, self.now)
+                    self._stable_checked = self.now
+            return
+        primary = stable[0]
+        elapsed = self.now - self._stable_checked
+        self.stats.stable += elapsed
+        self._stable_checked = self.now
+        election = primary.election
+        if not (primary.alive and election.role == "primary" and primary.ha.phase == "primary"):
+            self.unstable(f"{primary.name}, primary of epoch {election.epoch}, is "
+                          f"{election.role} now")
+        elif not election.lease_valid(self.now):
+            self.stats.lapsed += elapsed  # it serves nobody meanwhile (its loop stalled)
+
+    # -- slow operations ---------------------------------------------------------------------
+
+    def slow_operation(self, node: SimProcess, cost: float, done: Callable[[], None], *,
+                       sliced: bool = True, alive: Callable[[], bool] = lambda: True) -> None:
+        """A client operation that takes ``cost`` virtual CPU seconds on ``node`` (a purge
+        of a deep queue, a big transaction's commit), then ``done`` in its last step.
+
+        Sliced (the fix of issue 33): in steps of ``Costs.slice``, each yielding to the
+        loop, so that what came meanwhile (ticks, heartbeats, acks) waits one slice at
+        most. Unsliced: one step, the loop stalled for all of it. ``alive``: whether the
+        operation still goes on (its connection open) at each step.
+        """
+        step = self.costs.slice if sliced and self.costs.slice > 0 else cost
+        left = [cost]
+
+        def one() -> None:
+            if not alive():
+                return
+            part = min(step, left[0])
+            left[0] -= part
+            node.charge(part)
+            if left[0] > 1e-12:
+                node.run(one)  # behind what waits: the loop's next turn
+            else:
+                done()
+
+        node.run(one)
 
     # -- the end of a run --------------------------------------------------------------------
 
@@ -611,10 +848,21 @@ class World:
         if not node.alive:
             return
         self.after(TICK, lambda: self._tick(node))
-        if not node.paused:
-            node.ha.tick()
+        if node.paused:
+            return  # the resume ticks
+        if node.busy or node.inbox:  # a stalled loop: the tick runs once, late
+            if not node.tick_waiting:
+                node.tick_waiting = True
+                node.run(partial(self._late_tick, node))
+            return
+        node.ha.tick()
+
+    def _late_tick(self, node: SimNode) -> None:
+        node.tick_waiting = False
+        node.ha.tick()
 
     def crash(self, node: SimNode, downtime: float) -> None:
+        self.disturb()
         self.note(f"crash {node.name} for {downtime:.2f}s"
                   + (" (primary)" if node.primary is not None else ""))
         self.stats.crashes += 1
@@ -632,7 +880,10 @@ class World:
         self.after(downtime, lambda: self.restart(node.name))
 
     def pause(self, node: SimNode, length: float) -> None:
+        self.disturb()
         node.paused_until = self.now + length
+        if node.busy_until > self.now:
+            node.busy_until += length  # its work goes on after the pause
         self.note(f"pause {node.name} for {length:.2f}s")
         self.after(length, lambda: self._resume(node))
 
@@ -643,11 +894,9 @@ class World:
         # what waited runs in an order the loop does not promise: input (a client's
         # connection in the accept backlog, a peer's packet) may come before the tick
         # that would notice the lease ran out during the pause
-        inbox, node.inbox = node.inbox, []
+        inbox = node.inbox
         inbox.insert(self.rng.randint(0, len(inbox)), node.ha.tick)
-        for work in inbox:
-            node.run(work)
-            self.run_soon()
+        node.drain()
 
     # -- links -------------------------------------------------------------------------------
 
@@ -661,11 +910,15 @@ class World:
             return  # not connected, or the link failed and this end has not noticed yet
         f, rng = self.faults, self.rng
         delay = f.delay[0] + (f.delay[1] - f.delay[0]) * rng.random()
-        if f.spike_p and rng.random() < f.spike_p:
+        spike = f.spike_p and rng.random() < f.spike_p
+        if spike:
             delay += f.spike_max * rng.random()
         key = (src, dst)
-        when = max(self.now + delay, self.last_at.get(key, 0.0))
+        # it leaves once the sender's loop made it (the work charged so far)
+        when = max(max(self.now, self.nodes[src].busy_until) + delay, self.last_at.get(key, 0.0))
         self.last_at[key] = when
+        if spike:
+            self.disturb(until=when)  # congestion, a GC: a fault until it arrived
         packet = wire(packet)
         self.after(when - self.now, lambda: self._deliver(src, dst, gen, msg_id, packet))
 
@@ -679,6 +932,7 @@ class World:
         if self.links[frozenset((src, node.name))].gen != gen:
             return  # the link failed while the node was paused
         if type(packet) is Events:
+            node.charge(len(packet.events) * self.costs.event_applied)
             backup = node.ha.backup
             before = backup.applied_seq if backup is not None else None
             older = packet.epoch < node.election.epoch
@@ -695,6 +949,7 @@ class World:
         self._fail_link(a, b)
 
     def _fail_link(self, a: str, b: str) -> None:
+        self.disturb()
         link = self.links[frozenset((a, b))]
         link.gen += 1
         link.up = False
@@ -782,6 +1037,7 @@ class World:
                          rng.choice([n for n in self.names if n != self.serving_now.name]))
 
     def promote(self, node: SimNode, target: str) -> None:
+        self.disturb()  # a handover is an election on purpose
         try:
             node.ha.promote(target)
         except el.PromoteRefused as exc:
@@ -841,6 +1097,8 @@ class AsyncWorld(World):
         stats = dict(self.counts)
         stats["failover"] = self.stats.failovers
         stats["crash"] = self.stats.crashes
+        stats["stable seconds"] = round(self.stats.stable)
+        stats["lapsed ms"] = round(self.stats.lapsed * 1000)
         return SimResult(self.seed, violation, list(self.trace) if violation else [], stats,
                          self.stuck)
 
