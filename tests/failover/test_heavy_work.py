@@ -1,0 +1,116 @@
+"""Heavy user work and a catch-up cost the primary nothing (issue 33, "Shows it works").
+
+Three real nodes with the shipped timing (``LocalCluster`` without timing keys:
+heartbeat 0.1 s, lease 0.4 s, election 0.6 s), one operation at a time, done
+by ``benchmarks/ha_heavy_work.py``'s code beside its probe (a pika publisher
+with confirms on its own queue, over every URL): the highest epoch the nodes
+report must not move (0 elections), neither the operating client nor the
+probe may lose its connection, and what was committed or confirmed must be
+there afterwards. A failure prints the operation's row of the benchmark's
+table with the "event loop stalled" WARNINGs the nodes logged during it,
+which name the function that held the loop.
+
+Bounded sizes here (each test about 20-60 s); the issue's full sizes under
+``-m slow``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from brokerha.testing import LocalCluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from ha_heavy_work import (  # noqa: E402
+    QUEUE,
+    Operation,
+    Outcome,
+    Published,
+    declare_queue,
+    drain_ids,
+    format_table,
+    run_on,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture()
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3) as c:  # the shipped timing: no timing keys
+        yield c
+
+
+def run(cluster: LocalCluster, op: Operation) -> tuple[Outcome, Published, str]:
+    out, published = run_on(cluster, op, say=print)
+    report = format_table(op.name, [out])
+    print(report)
+    return out, published, report
+
+
+def assert_undisturbed(out: Outcome, report: str) -> None:
+    """0 elections, and no client (the operating one, the probe) saw its connection closed."""
+    assert out.elections == 0, f"{out.elections} election(s) during {out.op}:\n{report}"
+    assert not out.client_errors, f"client errors during {out.op}:\n{report}"
+    assert out.probe_reconnects == 0, f"the probe reconnected during {out.op}:\n{report}"
+
+
+def check_tx(cluster: LocalCluster, count: int) -> None:
+    out, published, report = run(cluster, Operation("tx", count, 512))
+    assert_undisturbed(out, report)
+    assert len(published.confirmed_ids) == count, report
+    assert declare_queue(cluster.urls, QUEUE) == count, report
+
+
+def check_purge(cluster: LocalCluster, count: int) -> None:
+    out, published, report = run(cluster, Operation("purge", count, 512))
+    assert len(published.confirmed_ids) == count, f"the queue was not filled:\n{report}"
+    assert_undisturbed(out, report)
+
+
+def check_catch_up(cluster: LocalCluster, count: int) -> None:
+    out, published, report = run(cluster, Operation("catchup", count, 1024))
+    assert len(published.confirmed_ids) == count, f"the backlog was not confirmed:\n{report}"
+    assert_undisturbed(out, report)
+    assert out.mb_s is not None, f"the restarted backup did not catch up:\n{report}"
+    drained = drain_ids(cluster.urls, QUEUE, count)
+    missing = published.confirmed_ids - set(drained)
+    assert not missing, f"{len(missing)} confirmed messages not drained, e.g. {sorted(missing)[:10]}"
+
+
+def test_a_tx_of_20000_messages_commits_without_an_election(cluster: LocalCluster) -> None:
+    check_tx(cluster, 20_000)
+
+
+def test_purge_and_delete_of_200000_messages_cost_no_election(cluster: LocalCluster) -> None:
+    check_purge(cluster, 200_000)
+
+
+def test_a_backup_150000_messages_behind_catches_up_without_an_election(
+        cluster: LocalCluster) -> None:
+    check_catch_up(cluster, 150_000)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_tx_of_100000_messages_commits_without_an_election(cluster: LocalCluster) -> None:
+    check_tx(cluster, 100_000)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_purge_and_delete_of_1000000_messages_cost_no_election(cluster: LocalCluster) -> None:
+    check_purge(cluster, 1_000_000)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("count", [300_000, 2_000_000])
+def test_a_backup_far_behind_catches_up_without_an_election(cluster: LocalCluster,
+                                                             count: int) -> None:
+    check_catch_up(cluster, count)
