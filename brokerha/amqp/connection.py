@@ -4,7 +4,10 @@ Bytes in (``receive_data``), bytes out (``data_to_send``), time in (``tick``).
 The transport (brokerha/node/transport.py) only moves bytes and calls these.
 States follow spec 2.2.4: protocol header, start/start-ok, tune/tune-ok,
 open/open-ok, then channels; closing waits for close-ok. Errors close the
-channel or the connection with the reply code the spec gives them.
+channel or the connection with the reply code the spec gives them. After the
+close-ok that answers a client's connection.close, the client closes the
+socket: until it does (or RabbitMQ's close timeout passes) the connection
+*lingers*, reading and dropping what still arrives (``_answer_close``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ CLOSED = "closed"
 
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_OK_TIMEOUT = 3.0
+# After our close-ok the client closes the socket; if it does not, we do after the negotiated
+# heartbeat if shorter, else after this: RabbitMQ's ?CLOSING_TIMEOUT (rabbit_reader.erl,
+# close_connection/1, 30 s in 3.10 as today)
+CLOSING_TIMEOUT = 30.0
 
 SERVER_CAPABILITIES = {
     "publisher_confirms": True,
@@ -145,7 +152,9 @@ class ServerConnection:
         self.last_sent = now
         self.close_started: float | None = None  # first tick after we sent connection.close
         self.writable = True
-        self.wants_close = False  # transport should close once output is flushed
+        self.wants_close = False  # transport should close once output is flushed...
+        self.lingering = False  # ...unless the client is to close first (we sent close-ok)
+        self.linger_deadline = 0.0  # when the transport closes if the client has not
         self.close_reason = ""
         self.has_published = False
         self.blocked_notified = False
@@ -168,7 +177,7 @@ class ServerConnection:
     # -- output -----------------------------------------------------------------------------
 
     def write(self, data: bytes) -> None:
-        if self.state == CLOSED:
+        if self.state == CLOSED or self.lingering:  # nothing follows close-ok
             return
         out = self._out
         out.append(data)
@@ -350,8 +359,7 @@ class ServerConnection:
         elif isinstance(method, commands.Connection.Open):
             self._open(method)
         elif isinstance(method, commands.Connection.Close):
-            self.send_method(0, commands.Connection.CloseOk())
-            self._finish("closed by client")
+            self._answer_close("closed by client")
         elif method.index >> 16 != 10:
             raise AMQPError(C.CHANNEL_ERROR, f"{method.name} on channel 0",
                             method.index >> 16, method.index & 0xFFFF)
@@ -490,7 +498,7 @@ class ServerConnection:
     # -- closing -----------------------------------------------------------------------
 
     def _close_connection(self, exc: AMQPError, frame_error: bool = False) -> None:
-        if self.state in (CLOSING_CONN, CLOSED):
+        if self.state in (CLOSING_CONN, CLOSED) or self.wants_close:  # over: nothing to say
             return
         if self.state == AWAIT_START_OK:
             # Before a login RabbitMQ answers only a refused one (rabbit_reader's
@@ -516,6 +524,9 @@ class ServerConnection:
     def shutdown(self, code: int = C.CONNECTION_FORCED,
                  text: str = "broker forced connection closure with reason 'shutdown'") -> None:
         """Server-initiated close (node stopping, failover)."""
+        if self.wants_close:  # already over (answered, refused, timed out): the socket goes now
+            self.lingering = False
+            return
         if self.state == RUNNING:
             self._close_connection(AMQPError(code, text))
         else:
@@ -527,9 +538,33 @@ class ServerConnection:
         index = F.method_index(frame.payload)
         if index == commands.Connection.CloseOk.index:
             self._finish(self.close_reason)
-        elif index == commands.Connection.Close.index:
-            self.send_method(0, commands.Connection.CloseOk())
-            self._finish(self.close_reason)
+        elif index == commands.Connection.Close.index:  # the closes crossed
+            self._answer_close(self.close_reason)
+
+    def _answer_close(self, reason: str) -> None:
+        """close-ok to the client's connection.close; then the client closes the socket.
+
+        The peer that receives close-ok closes the socket (the spec's close-ok "tells the
+        recipient that it is safe to ... close the socket"; RabbitMQ leaves it to the
+        client). Closing it here while the client's publishes are still
+        arriving behind its close (it sent them before it saw our close-ok) would leave
+        them unread, and the kernel answers unread data with a TCP RST: the client gets
+        ECONNRESET or EPIPE instead of its close-ok (amqplib's close callback never
+        fires). So the connection lingers: what arrives is dropped unread, and the
+        transport closes when the client does or at ``linger_deadline`` (RabbitMQ's
+        close timeout). Nothing is bounded by bytes: nothing is kept, and a bound would
+        reset exactly the clients with the longest backlog.
+        """
+        self.send_method(0, commands.Connection.CloseOk())
+        self._finish(reason)
+        self.lingering = True
+        hb = float(self.heartbeat)  # RabbitMQ: the heartbeat if shorter than its timeout
+        deadline = self.last_received + (hb if 0 < hb < CLOSING_TIMEOUT else CLOSING_TIMEOUT)
+        if self.vhost is None:  # not opened yet: no longer than its handshake had left
+            deadline = min(deadline, self.created + HANDSHAKE_TIMEOUT)
+        self.linger_deadline = deadline
+        self._release_resources()  # exclusive queues go now, as RabbitMQ's before close-ok
+        self._set_reading_paused(False)  # an alarm's pause would keep the backlog unread
 
     def _finish(self, reason: str) -> None:
         self.wants_close = True
@@ -549,6 +584,15 @@ class ServerConnection:
         self._release_channels()
         self.channels.clear()
         self.state = CLOSED
+        self.lingering = False
+        self._release_resources()
+        if self.user is not None:
+            log.info("connection %s closed%s", self.name,
+                     f": {self.close_reason}" if self.close_reason else "")
+
+    def _release_resources(self) -> None:
+        """What the connection holds beyond its channels: its exclusive queues (deleted
+        when it closes) and its place among the alarm and flow listeners."""
         if self._resource_alarm in self.broker.alarm_listeners:
             self.broker.alarm_listeners.remove(self._resource_alarm)
         if self._flow in self.broker.flow.listeners:
@@ -557,14 +601,17 @@ class ServerConnection:
             for queue in list(self.exclusive_queues.values()):
                 self.vhost.remove_queue(queue)
         self.exclusive_queues.clear()
-        if self.user is not None:
-            log.info("connection %s closed%s", self.name,
-                     f": {self.close_reason}" if self.close_reason else "")
 
     # -- time ------------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """Heartbeats out, dead peers detected, handshake and close-ok timeouts."""
+        """Heartbeats out, dead peers detected, handshake, close-ok and closing timeouts."""
+        if self.lingering:
+            if now >= self.linger_deadline:  # the client kept the socket open: close it
+                log.info("connection %s: the client did not close the socket after "
+                         "close-ok; closing it", self.name)
+                self.lingering = False
+            return
         if self.state == CLOSED or self.wants_close:
             return
         if self.state in (AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN):
@@ -634,6 +681,8 @@ class ServerConnection:
             self._set_reading_paused(False)
 
     def _set_reading_paused(self, paused: bool) -> None:
+        if paused and self.lingering:  # the client's backlog is read (and dropped) to the end
+            return
         if paused != self.reading_paused:
             self.reading_paused = paused
             if self.on_read_paused is not None:

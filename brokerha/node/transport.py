@@ -100,13 +100,18 @@ class AMQPProtocol(asyncio.Protocol):
         if data:
             transport.write(data)
             conn.sent(self.loop.time())
-        if conn.wants_close:
+        if conn.wants_close and not conn.lingering:  # lingering: the client closes first
             transport.close()
 
     def tick(self, now: float) -> None:
         if self.conn is not None:
             self.conn.tick(now)
             self.flush()
+
+    def eof_received(self) -> bool:
+        """The client closed its side: the end of a lingering connection (it got our
+        close-ok), or a client gone mid-session. Ours closes too (False: asyncio does)."""
+        return False
 
     def _read_paused(self, paused: bool) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -126,7 +131,8 @@ class AMQPProtocol(asyncio.Protocol):
             self._schedule_flush()
 
     def force_close(self) -> None:
-        """320 CONNECTION_FORCED and the socket dropped now (the role ended: failover)."""
+        """320 CONNECTION_FORCED and the socket dropped now (the role ended: failover);
+        a connection lingering after its close-ok is dropped now too."""
         if self.conn is not None:
             self.conn.shutdown()
             self.flush()
