@@ -1,7 +1,8 @@
 """Who is primary: majority vote, epochs and leases, as a sans-I/O state machine.
 
-Inputs are ``start``, ``tick``, ``receive``, ``set_position`` and ``promote``,
-each given the current time ``now`` (seconds, any monotonic origin); outputs
+Inputs are ``start``, ``tick``, ``receive``, ``heard``, ``link_down``,
+``set_position`` and ``promote``, each given the current time ``now`` (seconds,
+any monotonic origin); outputs
 are actions the caller carries out in order (``Send``, ``Persist``,
 ``BecomePrimary``, ``BecomeBackup``, ``StopServing``). A ``Persist`` must be
 durable before any later action of the same list is carried out.
@@ -48,6 +49,23 @@ of docs/ha.md):
   loop longer than the lease (a slow disk, CPU starvation) pauses its clients
   instead of costing them their connections and the cluster an election
   (issue 33; ``Unsafe.step_down_at_lease_end`` is the old rule).
+- Progress, not one tick, is what counts (issue 33): a backup counts any
+  packet of its primary's epoch as hearing it (``heard``: replication
+  events too, which a busy link delivers ahead of the heartbeat queued behind
+  them), and a primary whose own heartbeat goes out more than
+  ``LATE_HEARTBEAT`` intervals after the previous one says so (a WARNING,
+  rate-limited, and ``heartbeats_late``): its loop was held, and the stall's
+  WARNING of ``node/loop_monitor.py`` names by what.
+
+Seen by operators (``status``, ``/metrics``): every campaign this node starts
+is counted by why it stood (``CAMPAIGN_REASONS``: ``no_primary`` -- none heard
+since it started or lost one; ``election_timeout`` -- its primary silent for
+the timeout; ``link_down`` -- its link to its primary closed; ``transfer`` --
+a manual failover named it), and every end of its primary role by why
+(``STEPDOWN_REASONS``: ``lease_lost`` -- no majority within the lease and the
+lapse; ``newer_epoch`` -- deposed; ``links_closed`` -- its links to a majority
+closed; ``transfer`` -- it handed the role over). A campaign is counted once,
+at its first pre-vote round; the rounds that retry it are ``rounds``.
 
 What a deposed primary can do, and for how long. Safety does not rest on one
 node serving at a time: nothing a primary does takes hold without a majority
@@ -77,6 +95,7 @@ events from an older epoch).
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections.abc import Sequence
@@ -87,7 +106,15 @@ from brokerha.cluster.messages import Message, packet
 from brokerha.cluster.quorum import majority
 from brokerha.seed_runner import UnsafeRules
 
+log = logging.getLogger("brokerha.ha")
+
 ROLES = ("joining", "candidate", "primary", "backup")
+# why a node stands for election (``Election.elections``), and what its log says
+CAMPAIGN_REASONS = ("no_primary", "election_timeout", "link_down", "transfer")
+# why a primary stopped being one (``Election.stepdowns``, ``StopServing.cause``)
+STEPDOWN_REASONS = ("lease_lost", "newer_epoch", "links_closed", "transfer")
+LATE_HEARTBEAT = 2.0      # a heartbeat this many intervals after the previous one is late
+LATE_WARNING_EVERY = 5.0  # seconds: at most one WARNING about late heartbeats per this
 
 
 @dataclass(frozen=True, order=True)
@@ -221,7 +248,8 @@ class BecomeBackup:
 
 @dataclass(frozen=True)
 class StopServing:
-    reason: str
+    reason: str      # for the log and the failover history
+    cause: str = ""  # one of STEPDOWN_REASONS ("" from callers other than the election)
 
 
 Action = Send | Persist | BecomePrimary | BecomeBackup | StopServing
@@ -280,6 +308,19 @@ class Election:
         self.lapses_renewed = 0
         # a manual failover this node is the target of: (position to reach, give up at)
         self._transfer: tuple[Position, float] | None = None
+        # seen by operators (status, /metrics): campaigns by why, rounds, step-downs by why
+        self.elections = dict.fromkeys(CAMPAIGN_REASONS, 0)
+        self.rounds = {"pre_vote": 0, "vote": 0}
+        self.last_election: tuple[str, float, int] | None = None  # (reason, at, epoch)
+        self.stepdowns = dict.fromkeys(STEPDOWN_REASONS, 0)
+        self.last_stepdown: tuple[str, float, int] | None = None
+        # the primary's own heartbeats: when the last went out, and how many went out late
+        self._heartbeat_sent_at = -math.inf
+        self.heartbeats_late = 0
+        self.heartbeat_gap_max = 0.0  # the longest time between two heartbeats sent, seconds
+        self._late_seen: float = -math.inf  # the heartbeat after which a late one was counted
+        self._late_logged_at = -math.inf
+        self._late_unlogged = 0  # late heartbeats counted since the last WARNING
 
     # ---- properties ---------------------------------------------------------------------
 
@@ -350,6 +391,13 @@ class Election:
             out["lapsed"] = self._now >= self._lease_expiry
         out["lapses"] = self.lapses
         out["lapses_renewed"] = self.lapses_renewed
+        out["elections"] = dict(self.elections)
+        out["rounds"] = dict(self.rounds)
+        out["last_election"] = _event(self.last_election)
+        out["stepdowns"] = dict(self.stepdowns)
+        out["last_stepdown"] = _event(self.last_stepdown)
+        out["heartbeats_late"] = self.heartbeats_late
+        out["heartbeat_gap_max"] = round(self.heartbeat_gap_max, 3)
         if self._role == "primary":
             out["backups"] = {
                 peer: {"position": [p.epoch, p.seq], "ready": self._peer_ready[peer][0],
@@ -367,9 +415,10 @@ class Election:
     def tick(self, now: float) -> list[Action]:
         self._now = now
         if self._role == "primary":
+            self._check_late(now)
             if now >= self._lease_expiry + self.lapse_timeout:
                 return self._stop(now, f"no majority heard within {self.timing.lease_timeout}s "
-                                  f"(and {self.lapse_timeout}s more)")
+                                  f"(and {self.lapse_timeout}s more)", "lease_lost")
             if now >= self._lease_expiry and self._lapse_started is None:
                 self._lapse_started = now
                 self.lapses += 1
@@ -385,6 +434,8 @@ class Election:
         if not self.position.valid:
             self._deadline = now + self._timeout()  # catching up: never stand
             return []
+        if self._role != "candidate":  # a new campaign; a candidate's is retried
+            self._count_election(now, self._why_stand())
         return self._pre_vote(now)
 
     def set_position(self, pos: Position) -> list[Action]:
@@ -403,11 +454,14 @@ class Election:
         self._now = now
         if sender == self.me or sender not in self.members:
             return []
+        if self._role == "primary":
+            self._check_late(now)
         if self._role == "primary" and now >= self._lease_expiry + self.lapse_timeout:
             # past the lapse: stepped down before anything else is read (a late ack
             # renews nothing; somebody else may have been elected meanwhile)
             return self._stop(now, f"no majority heard within {self.timing.lease_timeout}s "
-                              f"(and {self.lapse_timeout}s more)") + self.receive(now, sender, msg)
+                              f"(and {self.lapse_timeout}s more)",
+                              "lease_lost") + self.receive(now, sender, msg)
         if isinstance(msg, VoteRequest):
             return self._on_vote_request(now, sender, msg)
         if isinstance(msg, VoteReply) and msg.pre and msg.granted:
@@ -443,7 +497,7 @@ class Election:
             raise PromoteRefused(f"{target} is not a ready backup (last heard "
                                  f"{'never' if seen == -math.inf else f'{now - seen:.1f}s ago'}, "
                                  f"ready {ready})")
-        actions = self._stop(now, f"handing the primary role over to {target}")
+        actions = self._stop(now, f"handing the primary role over to {target}", "transfer")
         pos = self.position
         actions.append(Send(target, TransferPrimary(self._epoch, target, pos.epoch, pos.seq)))
         return actions
@@ -497,12 +551,44 @@ class Election:
             return False
         return now - self._heard_primary_at < self.timing.election_timeout
 
+    def _why_stand(self) -> str:
+        """Why this node starts a campaign now (one of ``CAMPAIGN_REASONS``)."""
+        if self._primary_link_down:
+            return "link_down"
+        if self._role == "backup":
+            return "election_timeout"
+        return "no_primary"
+
+    def _count_election(self, now: float, reason: str) -> None:
+        self.elections[reason] += 1
+        self.last_election = (reason, now, self._epoch + 1)
+        primary = self._primary
+        if reason == "link_down":
+            why = f"its link to primary {primary} closed"
+        elif reason == "election_timeout":
+            why = (f"nothing heard from primary {primary} for "
+                   f"{now - self._heard_primary_at:.3f}s (election_timeout "
+                   f"{self.timing.election_timeout}s)")
+        elif reason == "transfer":
+            why = "a manual failover names it"
+        else:
+            why = "no primary heard since it started or last lost one"
+        log.warning("node %s stands for election (%s: %s); position %s, asks for epoch %d",
+                    self.me, reason, why, self.position, self._epoch + 1)
+
+    def _count_stepdown(self, now: float, cause: str) -> None:
+        self.stepdowns[cause] += 1
+        self.last_stepdown = (cause, now, self._epoch)
+
     def _pre_vote(self, now: float) -> list[Action]:
+        self.rounds["pre_vote"] += 1
         self._role, self._primary, self._pre = "candidate", None, True
         self._votes = {self.me}
         self._deadline = now + self._timeout()
         if self._primary_link_down:
             self._fast_rounds += 1
+        log.debug("node %s: pre-vote round %d for epoch %d", self.me, self.rounds["pre_vote"],
+                  self._epoch + 1)
         if len(self._votes) >= self._majority:
             return self._campaign(now)
         pos = self.position
@@ -516,6 +602,7 @@ class Election:
         return self._campaign(now) if len(self._votes) >= self._majority else []
 
     def _campaign(self, now: float, transfer: bool = False) -> list[Action]:
+        self.rounds["vote"] += 1
         self._epoch += 1
         self.voted_for = self.me
         self._transfer = None
@@ -541,7 +628,8 @@ class Election:
     def _adopt(self, now: float, epoch: int, persist: bool = True) -> list[Action]:
         actions: list[Action] = []
         if self._role == "primary":
-            actions.append(StopServing(f"deposed: a node is in epoch {epoch}"))
+            self._count_stepdown(now, "newer_epoch")
+            actions.append(StopServing(f"deposed: a node is in epoch {epoch}", "newer_epoch"))
             self._deadline = now + self._timeout()
         self._epoch, self.voted_for = epoch, None
         self._role, self._primary, self._pre = "joining", None, False
@@ -570,6 +658,10 @@ class Election:
         return [BecomePrimary(self._epoch), *self._heartbeats(now)]
 
     def _heartbeats(self, now: float) -> list[Action]:
+        gap = now - self._heartbeat_sent_at
+        if gap < math.inf:
+            self.heartbeat_gap_max = max(self.heartbeat_gap_max, gap)
+        self._heartbeat_sent_at = now
         self._next_heartbeat = now + self.timing.heartbeat_interval
         beat = Heartbeat(self._epoch, self.me, now)
         return [Send(peer, beat) for peer in self.peers]
@@ -595,13 +687,39 @@ class Election:
         self._lease_expiry = (stamps[need - 1] + self.timing.lease_timeout
                               if len(stamps) >= need else -math.inf)
 
-    def _stop(self, now: float, reason: str) -> list[Action]:
+    def _stop(self, now: float, reason: str, cause: str) -> list[Action]:
+        self._count_stepdown(now, cause)
         self._lapse_started = None
         self._role, self._primary = "joining", None
         self._lease_expiry = -math.inf
         self._next_heartbeat = math.inf
+        self._heartbeat_sent_at = -math.inf
         self._deadline = now + self._timeout()
-        return [StopServing(reason)]
+        return [StopServing(reason, cause)]
+
+    def _check_late(self, now: float) -> None:
+        """Count (and log, rate-limited) a heartbeat overdue by more than ``LATE_HEARTBEAT``
+        intervals: the primary's loop was held (etcd warns the same way). Once per gap
+        between two heartbeats sent, however many inputs arrive in it."""
+        gap = now - self._heartbeat_sent_at
+        interval = self.timing.heartbeat_interval
+        if gap <= LATE_HEARTBEAT * interval or self._late_seen == self._heartbeat_sent_at:
+            return
+        self._late_seen = self._heartbeat_sent_at
+        self.heartbeats_late += 1
+        self._late_unlogged += 1
+        if now - self._late_logged_at < LATE_WARNING_EVERY:
+            return
+        lease = ("its lease lapsed: it serves nobody until a majority acknowledges again"
+                 if now >= self._lease_expiry else "its lease held")
+        more = (f"; {self._late_unlogged - 1} more late since the last warning"
+                if self._late_unlogged > 1 else "")
+        log.warning("node %s (primary, epoch %d): heartbeat %.3fs late (%.3fs since the last "
+                    "one, due every %gs): its event loop was held (the 'event loop stalled' "
+                    "warning names by what); %s%s", self.me, self._epoch, gap - interval, gap,
+                    interval, lease, more)
+        self._late_logged_at = now
+        self._late_unlogged = 0
 
     # ---- following ----------------------------------------------------------------------
 
@@ -621,6 +739,24 @@ class Election:
                                                  pos.seq, self.ready)))
         return actions
 
+    def heard(self, now: float, sender: str, epoch: int) -> None:
+        """Any packet from ``sender`` of ``epoch`` (replication ``Events``, a verification
+        request), not only its heartbeat: if it is the primary this backup follows, in
+        this epoch, it is alive and its loop makes progress.
+
+        A busy link delivers replication events ahead of the heartbeat queued
+        behind them; they are as good evidence of a live primary (stickiness,
+        the election timeout) as the heartbeat itself. Nothing else changes:
+        the heartbeat alone is acknowledged, so the primary's lease still rests
+        on its own stamps.
+        """
+        self._now = now
+        if self._role != "backup" or sender != self._primary or epoch != self._epoch:
+            return
+        self._heard_primary_at = now
+        self._primary_link_down = False
+        self._deadline = now + self._timeout()
+
     def link_down(self, now: float, peer: str) -> list[Action]:
         """The cluster link to ``peer`` closed (its process died, or the connection broke).
 
@@ -639,15 +775,18 @@ class Election:
 
         On the primary: that backup's acknowledgements no longer hold up the
         lease; a primary whose links to a majority all closed stops serving
-        at once instead of at the end of its lease.
+        at once instead of at the end of its lease. One link closing while
+        the others still make a majority never does, even during a lapse (a
+        stall longer than the lease): the lapse is renewed by the backups
+        still linked, or ends as any lapse does.
         """
         if self._role == "primary":
             if self._stamps.pop(peer, None) is None:
                 return []
             self._update_lease()
-            if now >= self._lease_expiry:
-                return self._stop(now, "the cluster links to a majority closed")
-            return []
+            if len(self._stamps) < self._majority - 1:
+                return self._stop(now, "the cluster links to a majority closed", "links_closed")
+            return []  # lapsed or not: the lapse's own rule decides (tick)
         if self._role != "backup" or peer != self._primary:
             return []
         self._primary_link_down = True
@@ -673,6 +812,7 @@ class Election:
         if not self.position.valid or self.position < needed:
             return []
         self._transfer = None
+        self._count_election(now, "transfer")
         return self._campaign(now, transfer=True)
 
     def _timeout(self) -> float:
@@ -688,3 +828,11 @@ class Election:
         if self._primary_link_down:
             t = min(t, self.timing.heartbeat_interval * 2 ** min(self._fast_rounds, 16))
         return t + self.rng.random() * t / 2
+
+
+def _event(event: tuple[str, float, int] | None) -> dict[str, Any] | None:
+    """A counted election or step-down as ``status`` shows it (``at`` on the election's clock)."""
+    if event is None:
+        return None
+    reason, at, epoch = event
+    return {"reason": reason, "at": at, "epoch": epoch}

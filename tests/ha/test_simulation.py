@@ -289,9 +289,6 @@ def test_the_stability_invariant_is_off_from_a_fault_until_the_cluster_settled()
     assert sim.stable is not None and sim.stable[0] is sim.serving_now  # armed again
 
 
-@pytest.mark.xfail(strict=True, reason="cluster/election.py link_down (f0ea813): on the primary, "
-                   "a lease lapsed by the stall reads as 'the cluster links to a majority "
-                   "closed' when one backup's link closes, although the other's is up")
 def test_a_lapsed_primary_that_loses_one_backup_keeps_its_role() -> None:
     """A stall a little longer than the lease lapses it (no election); one backup's link
     closing meanwhile must not turn the lapse into a step-down while the other backup,
