@@ -6,12 +6,14 @@ explicitly: who ticks when, what arrives, who is cut off.
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, field
 
 import pytest
 
 from brokerha.cluster.election import (
+    LATE_WARNING_EVERY,
     Action,
     BecomeBackup,
     BecomePrimary,
@@ -44,14 +46,15 @@ class Mesh:
     actions: dict[str, list[Action]] = field(default_factory=dict)
     cut: set[str] = field(default_factory=set)       # isolated nodes: nothing in or out
     paused: set[str] = field(default_factory=set)    # neither ticked nor delivered to
+    dropped: set[tuple[str, str]] = field(default_factory=set)  # one way only: (from, to)
 
     @classmethod
     def of(cls, n: int = 3, positions: dict[str, Position] | None = None,
-           unsafe: Unsafe | None = None) -> Mesh:
+           unsafe: Unsafe | None = None, timing: ElectionTiming = TIMING) -> Mesh:
         names = [f"n{i + 1}" for i in range(n)]
         positions = positions or {}
         nodes = {name: Election(name, names, epoch=0, voted_for=None,
-                                position=positions.get(name, Position(0, 0)), timing=TIMING,
+                                position=positions.get(name, Position(0, 0)), timing=timing,
                                 rng=random.Random(i), unsafe=unsafe)
                  for i, name in enumerate(names)}
         mesh = cls(nodes)
@@ -69,7 +72,7 @@ class Mesh:
     def deliver(self) -> None:
         while self.inflight:
             src, dst, msg = self.inflight.pop(0)
-            if src in self.cut or dst in self.cut:
+            if src in self.cut or dst in self.cut or (src, dst) in self.dropped:
                 continue
             if dst in self.paused:
                 continue
@@ -553,3 +556,225 @@ def test_a_backup_cut_off_from_a_healthy_primary_backs_off_its_pre_votes() -> No
     # log2(T / hb) fast ones and then one per election timeout
     assert 1 <= rounds <= 12, rounds
     assert mesh.primaries() == [primary]
+
+
+# ---- failure detection judged on progress (issue 33) ----------------------------------------
+
+
+def test_a_backup_that_stopped_hearing_the_primary_cannot_depose_it_while_its_peer_hears_it() -> None:
+    """Check-quorum and pre-vote with stickiness: only the primary's packets to one backup
+    are lost (a half-broken link, a stalled socket). That backup times out and asks for
+    pre-votes, again and again; the other backup still hears the primary and refuses, and
+    so does the primary, whose lease the other backup's acknowledgements keep: no epoch
+    is ever raised, and the primary serves throughout."""
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    epoch = mesh.nodes[primary].epoch
+    deaf, peer = sorted(n for n in mesh.nodes if n != primary)
+    mesh.dropped = {(primary, deaf)}
+    end = mesh.now + 10 * TIMING.election_timeout
+    while mesh.now < end:
+        mesh.run(mesh.now + STEP)
+        assert mesh.serving() == [primary], mesh.status()
+    node = mesh.nodes[deaf]
+    assert node.role == "candidate" and node.epoch == epoch  # it stood, never won a pre-vote
+    assert all(n.epoch == epoch for n in mesh.nodes.values())
+    refused = [a.message for a in mesh.actions[peer] if isinstance(a, Send) and a.to == deaf
+               and isinstance(a.message, VoteReply)]
+    assert refused and not any(r.granted for r in refused)
+    # one campaign, counted once with why it began; the rounds that retried it apart
+    assert node.status()["elections"] == {"no_primary": 0, "election_timeout": 1,
+                                          "link_down": 0, "transfer": 0}
+    assert node.rounds["pre_vote"] >= 5 and node.rounds["vote"] == 0
+    mesh.dropped = set()
+    mesh.run(mesh.now + 2 * TIMING.heartbeat_interval)
+    assert node.role == "backup" and node.primary == primary and mesh.primaries() == [primary]
+
+
+def test_any_packet_of_the_primary_counts_as_hearing_it() -> None:
+    """Replication events fill the link ahead of the heartbeats queued behind them: a backup
+    that gets the primary's events (``heard``) and no heartbeat neither stands nor grants a
+    pre-vote; only packets of its primary, in its epoch, count."""
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    epoch = mesh.nodes[primary].epoch
+    backup, other = sorted(n for n in mesh.nodes if n != primary)
+    node = mesh.nodes[backup]
+    mesh.dropped = {(primary, backup)}  # no heartbeat reaches it
+    end = mesh.now + 4 * TIMING.election_timeout
+    while mesh.now < end:
+        mesh.run(mesh.now + STEP)
+        node.heard(mesh.now, primary, epoch)  # an Events packet, each step
+    assert node.role == "backup" and node.rounds["pre_vote"] == 0
+    pre = node.receive(mesh.now, other, VoteRequest(epoch + 1, other, 99, 99, True))
+    assert pre == [Send(other, VoteReply(epoch, backup, False, True, 0, 0))]
+    # another node's packet, or one of an older epoch, is no evidence of this primary
+    silent_from = mesh.now
+    while node.role == "backup":
+        mesh.run(mesh.now + STEP)
+        node.heard(mesh.now, other, epoch)
+        node.heard(mesh.now, primary, epoch - 1)
+    assert mesh.now - silent_from >= TIMING.election_timeout - STEP
+    assert node.elections["election_timeout"] == 1
+
+
+def test_each_campaign_is_counted_by_why_the_node_stood(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="brokerha.ha"):
+        mesh = Mesh.of(3)
+        first = mesh.elect()
+    assert mesh.nodes[first].elections["no_primary"] == 1  # nobody was primary at start
+    assert mesh.nodes[first].status()["last_election"]["reason"] == "no_primary"
+    assert any("stands for election (no_primary" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+
+    # a hang: nothing closes, the backups hear nothing for the election timeout
+    mesh.paused = {first}
+    with caplog.at_level(logging.WARNING, logger="brokerha.ha"):
+        while not [n for n in mesh.primaries() if n != first]:
+            mesh.run(mesh.now + STEP)
+    second = next(n for n in mesh.primaries() if n != first)
+    assert mesh.nodes[second].elections["election_timeout"] == 1
+    line = next(r.getMessage() for r in caplog.records if "stands for election" in r.getMessage())
+    assert f"election_timeout: nothing heard from primary {first} for" in line
+    mesh.paused = set()
+    mesh.run(mesh.now + 1.0)
+    assert mesh.nodes[first].stepdowns["newer_epoch"] == 1  # it woke up deposed
+
+    # a kill: the links close
+    mesh.cut = {second}
+    for name, node in mesh.nodes.items():
+        if name != second:
+            mesh.carry(name, node.link_down(mesh.now, second))
+    while not [n for n in mesh.primaries() if n != second]:
+        mesh.run(mesh.now + STEP)
+    third = next(n for n in mesh.primaries() if n != second)
+    assert mesh.nodes[third].elections["link_down"] == 1
+    assert mesh.nodes[third].status()["last_election"] == {
+        "reason": "link_down", "at": mesh.nodes[third].last_election[1],  # type: ignore[index]
+        "epoch": mesh.nodes[third].epoch}
+    mesh.cut = set()
+    mesh.run(mesh.now + 2.0)
+
+    # a manual failover
+    epoch = mesh.nodes[third].epoch
+    target = next(n for n in mesh.nodes if n != third)
+    for name, node in mesh.nodes.items():
+        if name != third:
+            node.set_position(Position(epoch, 0))
+    mesh.run(mesh.now + 0.5)
+    mesh.carry(third, mesh.nodes[third].promote(mesh.now, target))
+    mesh.deliver()
+    assert mesh.primaries() == [target] and mesh.nodes[target].elections["transfer"] == 1
+    assert mesh.nodes[third].stepdowns["transfer"] == 1
+    total = {r: sum(n.elections[r] for n in mesh.nodes.values()) for r in mesh.nodes[first].elections}
+    assert total["election_timeout"] >= 1 and total["link_down"] >= 1 and total["transfer"] == 1
+
+
+def test_each_step_down_is_counted_by_why_the_primary_stopped() -> None:
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    node = mesh.nodes[primary]
+    mesh.cut = {primary}
+    while node.role == "primary":
+        mesh.run(mesh.now + STEP)
+    stop = next(a for a in mesh.actions[primary] if isinstance(a, StopServing))
+    assert stop.cause == "lease_lost" and node.stepdowns["lease_lost"] == 1
+    assert node.status()["last_stepdown"]["reason"] == "lease_lost"
+
+    five = Mesh.of(5)
+    primary = five.elect()
+    node = five.nodes[primary]
+    for backup in sorted(n for n in five.nodes if n != primary)[:3]:
+        five.carry(primary, node.link_down(five.now, backup))
+    assert node.stepdowns == {"lease_lost": 0, "newer_epoch": 0, "links_closed": 1,
+                              "transfer": 0}
+
+
+def test_a_lapsed_primary_losing_one_link_of_two_keeps_its_role() -> None:
+    """The stall lapsed its lease; one backup's link closes meanwhile. The other backup
+    (a majority with the primary) still hears it: the lapse is renewed, nobody is elected."""
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    node = mesh.nodes[primary]
+    epoch = node.epoch
+    gone, stays = sorted(n for n in mesh.nodes if n != primary)
+    mesh.paused = {primary}
+    mesh.cut = {gone}
+    mesh.run(mesh.now + TIMING.lease_timeout + 0.1)
+    mesh.paused = set()
+    assert node.lapsed(mesh.now)
+    assert mesh.carry(primary, node.link_down(mesh.now, gone)) == []
+    mesh.run(mesh.now + 2 * TIMING.heartbeat_interval)
+    assert node.serving and node.epoch == epoch and mesh.primaries() == [primary]
+    assert node.lapses_renewed == 1 and sum(node.stepdowns.values()) == 0
+
+
+def test_a_late_heartbeat_is_counted_and_warned_once_per_stall(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """etcd warns when a leader missed a heartbeat because it was busy: so does the primary,
+    once per stall and at most once per ``LATE_WARNING_EVERY`` (the rest counted)."""
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    node = mesh.nodes[primary]
+    mesh.run(mesh.now + 5.0)
+    assert node.heartbeats_late == 0  # on time: one every interval, ticks of STEP
+    assert node.heartbeat_gap_max <= TIMING.heartbeat_interval + STEP + 1e-9
+
+    def stall(seconds: float) -> None:
+        mesh.paused = {primary}
+        mesh.run(mesh.now + seconds)
+        mesh.paused = set()
+        mesh.run(mesh.now + 4 * STEP)
+
+    with caplog.at_level(logging.WARNING, logger="brokerha.ha"):
+        stall(3 * TIMING.heartbeat_interval)
+        stall(3 * TIMING.heartbeat_interval)  # within LATE_WARNING_EVERY: counted, not logged
+        mesh.run(mesh.now + LATE_WARNING_EVERY)
+        stall(4 * TIMING.heartbeat_interval)
+    assert node.heartbeats_late == 3 and node.role == "primary"
+    assert node.status()["heartbeats_late"] == 3
+    assert node.heartbeat_gap_max >= 4 * TIMING.heartbeat_interval
+    lines = [r.getMessage() for r in caplog.records if "heartbeat" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert f"node {primary} (primary, epoch {node.epoch}): heartbeat 0." in lines[0]
+    assert "late" in lines[0] and "its lease held" in lines[0]
+    assert "1 more late since the last warning" in lines[1]
+
+
+SHIPPED = ElectionTiming()  # heartbeat 0.1, lease 0.4, election 0.6 (docs/ha.md)
+
+
+def _stall_the_primary(seconds: float, seed: int) -> tuple[Election, int, Mesh]:
+    """A 3-node cluster with the shipped timing; its primary's loop held ``seconds`` from
+    one tick after a heartbeat (as a real loop: nothing read, nothing sent)."""
+    mesh = Mesh.of(3, timing=SHIPPED)
+    for i, node in enumerate(mesh.nodes.values()):
+        node.rng = random.Random(seed * 10 + i)
+    primary = mesh.elect()
+    node = mesh.nodes[primary]
+    for name, other in mesh.nodes.items():  # caught up: the backups hold what it holds
+        if name != primary:
+            other.set_position(node.position)
+    while node._heartbeat_sent_at != mesh.now:  # noqa: SLF001 -- a heartbeat just went out
+        mesh.run(mesh.now + STEP)
+    mesh.run(mesh.now + STEP)
+    epoch = node.epoch
+    mesh.paused = {primary}
+    mesh.run(mesh.now + seconds)
+    mesh.paused = set()
+    mesh.run(mesh.now + 3.0)
+    return node, epoch, mesh
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_what_a_stall_of_the_primary_costs_with_the_shipped_timing(seed: int) -> None:
+    """docs/ha.md "When the primary's loop is busy": below the lease nothing; past it a
+    lapse, renewed once the loop runs; past the backups' election timeout an election."""
+    node, epoch, mesh = _stall_the_primary(0.2, seed)
+    assert node.epoch == epoch and node.lapses == 0 and node.heartbeats_late == 1
+    node, epoch, mesh = _stall_the_primary(0.45, seed)
+    assert node.epoch == epoch and node.role == "primary"
+    assert node.lapses == 1 and node.lapses_renewed == 1
+    node, epoch, mesh = _stall_the_primary(1.0, seed)
+    assert node.epoch > epoch and sum(node.stepdowns.values()) == 1
+    assert sum(n.elections["election_timeout"] for n in mesh.nodes.values()) >= 1
