@@ -289,6 +289,7 @@ def queue_list(node: Node) -> list[dict[str, Any]]:
 async def cluster_view(node: Node) -> dict[str, Any]:
     """Every member's own status (role ``down`` when it does not answer), asked in parallel."""
     own = node.status()
+    own["node"].setdefault("loop", node.loop_monitor.status())  # a standalone node's too
     members = own.get("members") or []
     me = node.config.name
 

@@ -14,6 +14,7 @@ import argparse
 import json
 import ssl
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -61,7 +62,16 @@ def cluster_status(node: str) -> dict[str, Any]:
     primaries = [n for n in nodes if n.get("role") == "primary"]
     return {"cluster": first.get("cluster"), "nodes": nodes,
             "primary": primaries[0]["name"] if len(primaries) == 1 else None,
-            "replication": next((n.get("replication") for n in primaries), None)}
+            "replication": next((n.get("replication") for n in primaries), None),
+            "last_election": last_election(nodes)}
+
+
+def last_election(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The latest campaign any answering member started: node, reason, epoch asked for,
+    Unix time (each node counts its own, ``election.last_election``)."""
+    started = [{"node": n["name"], **n["election"]["last_election"]} for n in nodes
+               if (n.get("election") or {}).get("last_election")]
+    return max(started, key=lambda e: float(e.get("at", 0.0)), default=None)
 
 
 def _print_status(status: dict[str, Any]) -> None:
@@ -72,6 +82,21 @@ def _print_status(status: dict[str, Any]) -> None:
         print(f"{n['name']:<12} {n['role']:<9} {n['epoch'] if n['epoch'] is not None else '-':>5} "
               f"{'yes' if n.get('ready') else 'no':<5} {n.get('pid') or '-':>7}  "
               f"{n.get('amqp_url') or ''}")
+    last = status.get("last_election")
+    if last:
+        ago = max(0.0, time.time() - float(last.get("at", 0.0)))
+        print(f"last election: {last['node']} stood ({last.get('reason')}) for epoch "
+              f"{last.get('epoch')}, {ago:.0f} s ago")
+    for n in status["nodes"]:
+        election, loop = n.get("election") or {}, n.get("loop") or {}
+        stood = ", ".join(f"{k} {v}" for k, v in sorted((election.get("elections") or {}).items())
+                          if v)
+        stepped = ", ".join(f"{k} {v}" for k, v in
+                            sorted((election.get("stepdowns") or {}).items()) if v)
+        if stood or stepped or loop.get("stalls"):
+            print(f"  {n['name']:<12} elections: {stood or 'none'}; stepped down: "
+                  f"{stepped or 'never'}; loop lag p99/max {loop.get('lag_p99', 0) * 1000:.0f}/"
+                  f"{loop.get('lag_max', 0) * 1000:.0f} ms, {loop.get('stalls', 0)} stalls")
     replication = status.get("replication") or {}
     backups = replication.get("backups") or {}
     if backups:

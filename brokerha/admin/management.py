@@ -431,7 +431,9 @@ class ManagementAPI:
     async def nodes(self, call: Call) -> list[dict[str, Any]]:
         ha = self.node.ha
         if ha is None:
-            return [self._node_entry(self.node.status())]
+            status = self.node.status()
+            status["node"].setdefault("loop", self.node.loop_monitor.status())
+            return [self._node_entry(status)]
         from brokerha.admin.api import cluster_view  # one way to ask every member
 
         view = await cluster_view(self.node)
@@ -453,9 +455,10 @@ class ManagementAPI:
             "mem_limit": me.get("memory_limit", 0), "fd_used": 0, "sockets_used":
             me.get("connections", 0), "disk_free": min(
                 [v for v in ((me.get("disk") or {}).get("free") or {}).values() if v] or [0]),
-            # brokerha's own: its HA role, epoch, readiness and each backup's lag
+            # brokerha's own: its HA role, epoch, readiness, each backup's lag, elections
+            # and step-downs by reason, the event loop's lag (p99 and max of the last minute)
             "brokerha": {k: me.get(k) for k in ("role", "epoch", "ready", "serving", "primary",
-                                                "position", "phase")},
+                                                "position", "phase", "election", "loop")},
         }
         replication = me.get("replication") or {}
         if replication.get("backups"):

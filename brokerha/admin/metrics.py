@@ -3,7 +3,8 @@
 Nothing is instrumented on the message path: a per-node ``CollectorRegistry``
 holds one collector that reads the live objects when Prometheus scrapes —
 the queues (their ``published``/``delivered`` counters and depths), the AMQP
-connections, the HA layer (role, epoch, readiness, failover history) and, on
+connections, the HA layer (role, epoch, readiness, failover history, elections
+and step-downs by reason, late heartbeats, lease lapses) and, on
 the primary, each backup's replication session, and the TxLog master where
 the node runs one (its queues, view and agreement latency). The latency
 histograms are kept where the time is measured: the broker's
@@ -159,6 +160,7 @@ class NodeCollector:
         yield GaugeMetricFamily("brokerha_serving", "1 while the AMQP listener is open",
                                 value=1 if me.get("serving") else 0)
         yield from self._failovers(status)
+        yield from self._election(me.get("election"))
         yield from self._replication(me.get("replication"))
         yield from self._queues()
         yield from self._connections()
@@ -184,7 +186,8 @@ class NodeCollector:
         monitor = node.loop_monitor
         loop_lag = HistogramMetricFamily(
             "brokerha_event_loop_lag_seconds", "How late the node's event loop woke a timer "
-            "due every 20 ms (a stall over the lease costs a primary its role, docs/ha.md)")
+            "due every 20 ms (a stall over the lease lapses a primary's lease, a longer one may "
+            "cost it its role: docs/ha.md)")
         loop_lag.add_metric([], monitor.lag.cumulative(), monitor.lag.sum)
         yield loop_lag
         yield CounterMetricFamily("brokerha_event_loop_stalls", "Event loop stalls over 100 ms "
@@ -278,6 +281,54 @@ class NodeCollector:
         last = max((float(e.get("at", 0.0)) for e in status.get("failovers") or []), default=0.0)
         yield GaugeMetricFamily("brokerha_last_failover_timestamp_seconds", "Unix time of the "
                                 "last role change seen by this node (0: none)", value=last)
+
+    @staticmethod
+    def _election(election: dict[str, Any] | None) -> Iterator[Metric]:
+        """An HA member's elections by reason, its step-downs as primary by reason, late
+        heartbeats and lease lapses (``cluster/election.py``; node/ha.py's status)."""
+        if not election:
+            return
+        started = CounterMetricFamily(
+            "brokerha_elections", "Campaigns this node started (it stood for primary), by why: "
+            "no_primary (none heard since it started or lost one), election_timeout (its "
+            "primary silent for the timeout), link_down (its link to its primary closed), "
+            "transfer (a manual failover named it)", labels=["reason"])
+        for reason, count in election["elections"].items():
+            started.add_metric([reason], count)
+        yield started
+        rounds = CounterMetricFamily(
+            "brokerha_election_rounds", "Vote rounds this node ran as a candidate: pre_vote "
+            "(nothing changes on the voters; a refused campaign retries them), vote (each "
+            "raised the epoch)", labels=["phase"])
+        for phase, count in election["rounds"].items():
+            rounds.add_metric([phase], count)
+        yield rounds
+        last = election.get("last_election")
+        yield GaugeMetricFamily("brokerha_last_election_timestamp_seconds", "Unix time of the "
+                                "last campaign this node started (0: none)",
+                                value=last["at"] if last else 0)
+        stepdowns = CounterMetricFamily(
+            "brokerha_primary_stepdowns", "Ends of this node's primary role, by why: lease_lost "
+            "(no majority within the lease and the lapse after it), newer_epoch (deposed), "
+            "links_closed (its links to a majority closed), transfer (it handed the role over)",
+            labels=["reason"])
+        for reason, count in election["stepdowns"].items():
+            stepdowns.add_metric([reason], count)
+        yield stepdowns
+        yield CounterMetricFamily(
+            "brokerha_heartbeats_late", "Heartbeats this node sent as primary more than two "
+            "heartbeat intervals after the previous one (its event loop was held; each logged "
+            "at WARNING, at most one line per 5 s)", value=election["heartbeats_late"])
+        yield GaugeMetricFamily("brokerha_heartbeat_gap_max_seconds", "The longest time "
+                                "between two heartbeats this node sent as primary",
+                                value=election["heartbeat_gap_max"])
+        yield CounterMetricFamily(
+            "brokerha_lease_lapses", "Times this node's lease as primary ran out (it served "
+            "nobody until a majority acknowledged again, or stepped down)",
+            value=election["lapses"])
+        yield CounterMetricFamily(
+            "brokerha_lease_lapses_renewed", "Lapsed leases renewed in time: the primary "
+            "served again without an election", value=election["lapses_renewed"])
 
     def _replication(self, replication: dict[str, Any] | None) -> Iterator[Metric]:
         if not replication:

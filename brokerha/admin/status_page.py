@@ -4,7 +4,8 @@ One small HTML document, no external assets: the node renders it on the
 server from ``api.cluster_view`` (every member's own status, gathered by this
 node), and a few lines of inline script fetch ``/status?part=body`` every 2 seconds
 and swap the content in, so the page refreshes on its own (without script,
-reload by hand). It shows the datacenter's nodes (role, epoch, readiness),
+reload by hand). It shows the datacenter's nodes (role, epoch, readiness,
+elections and step-downs by reason, the event loop's lag),
 replication per backup and per queue, recent failovers and the TxLog's state.
 """
 
@@ -84,6 +85,40 @@ def _alarms(alarms: Any) -> str:
                        f": {escape(str(why))}" for name, why in sorted(alarms.items()))
 
 
+def _counts(counts: Any) -> str:
+    return ", ".join(f"{escape(str(k))} {escape(str(v))}"
+                     for k, v in sorted((counts or {}).items()) if v)
+
+
+def _elections(election: Any, now: float) -> str:
+    """An HA member's campaigns by why it stood, its step-downs as primary by why, the last
+    campaign and late heartbeats (cluster/election.py, node/ha.py's status)."""
+    if not election:
+        return "–"
+    out = [f"stood: {_counts(election.get('elections'))}" if _counts(election.get("elections"))
+           else "<span class=muted>never stood</span>"]
+    if _counts(election.get("stepdowns")):
+        out.append(f"stepped down: {_counts(election.get('stepdowns'))}")
+    last = election.get("last_election")
+    if last:
+        out.append(f"<span class=muted>last: {escape(str(last.get('reason')))}, "
+                   f"{escape(_ago(float(last.get('at', now)), now))}</span>")
+    if election.get("heartbeats_late"):
+        out.append(f"late heartbeats: {escape(str(election['heartbeats_late']))}")
+    return "<br>".join(out)
+
+
+def _loop(loop: Any) -> str:
+    """The event loop's lag over the last minute (node/loop_monitor.py): p99 / max."""
+    if not loop:
+        return "–"
+    p99, worst = float(loop.get("lag_p99", 0)) * 1000, float(loop.get("lag_max", 0)) * 1000
+    text = f"{p99:.1f} / {worst:.1f} ms"
+    if loop.get("stalls"):
+        text += f" <span class=muted>({escape(str(loop['stalls']))} stalls)</span>"
+    return text
+
+
 def _ago(at: float, now: float) -> str:
     seconds = max(0.0, now - at)
     if seconds < 120:
@@ -100,7 +135,7 @@ def render_body(view: dict[str, Any]) -> str:
            f"<b>{escape(str(view.get('primary') or '(none serving)'))}</b></p>"]
     out.append("<h2>Nodes</h2><table id=nodes><tr><th>node</th><th>role</th><th>epoch</th>"
                "<th>ready</th><th>serving</th><th>position</th><th>pid</th><th>AMQP</th>"
-               "<th>admin</th><th>alarms</th></tr>")
+               "<th>admin</th><th>elections</th><th>loop lag p99 / max</th><th>alarms</th></tr>")
     for n in view.get("nodes") or []:
         role = str(n.get("role") or "?")
         admin = n.get("admin_url")
@@ -113,6 +148,8 @@ def render_body(view: dict[str, Any]) -> str:
                    f"<td>{_yes(n.get('serving'))}</td>"
                    f"{_cell('/'.join(map(str, pos)) if pos else None)}{_cell(n.get('pid'), 'num')}"
                    f"{_cell(n.get('amqp_url'))}<td>{link}</td>"
+                   f"<td class=elections>{_elections(n.get('election'), now)}</td>"
+                   f"<td class=loop>{_loop(n.get('loop'))}</td>"
                    f"<td class=alarms>{_alarms(n.get('alarms'))}</td></tr>")
     out.append("</table>")
 

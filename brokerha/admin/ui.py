@@ -4,7 +4,8 @@ The page (``static/index.html``, ``static/app.js``, ``static/app.css``) holds no
 data: it asks for a user's credentials and calls ``/api/...`` (management.py)
 with them, so it shows and does exactly what that user may. Overview (message
 rates and queued messages over time, charted with the vendored uPlot; the
-nodes with their HA role, epoch, readiness and backups' lag; the TxLog),
+nodes with their HA role, epoch, readiness and backups' lag, their elections
+and step-downs by reason and their event loop's lag; the TxLog),
 queues (sortable, with rates; declare, delete, purge, publish, get), exchanges
 (declare, delete, publish), connections, channels, users and permissions. No
 external network: everything it loads is served here. The server-rendered

@@ -249,3 +249,20 @@ class HANode:
                               else f"amqps://{m.amqps[0]}:{m.amqps[1]}"}
                              for m in self.cluster.members]
         status["failovers"] = list(self.failovers)
+        me["election"] = self.election_status()
+        me["loop"] = self.node.loop_monitor.status()
+
+    def election_status(self) -> dict[str, Any]:
+        """What ``ctl status --json``, ``/metrics`` and the UI show of the election: campaigns
+        this node started by reason, its step-downs as primary by reason, the last of each
+        (``at`` in Unix time), late heartbeats and lease lapses (docs/operations.md)."""
+        st = self.election.status()
+        wall = time.time() - self._now()  # the election's clock is time.monotonic()
+        out = {k: st[k] for k in ("elections", "rounds", "stepdowns", "heartbeats_late",
+                                  "heartbeat_gap_max", "lapses", "lapses_renewed")}
+        for key in ("last_election", "last_stepdown"):
+            event = st[key]
+            out[key] = None if event is None else {**event, "at": round(event["at"] + wall, 3)}
+        if "lease_remaining" in st:
+            out["lease_remaining"] = st["lease_remaining"]
+        return out

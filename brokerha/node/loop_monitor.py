@@ -7,18 +7,24 @@ A small watchdog thread notices when the loop has not woken for
 brokerha function running, and the outermost one that led to it -- so the
 WARNING that follows the stall names the operation (a join's catch-up, a
 purge, a commit) without instrumenting each of them. On an HA member a stall
-longer than the lease costs the primary its role (docs/ha.md): this is how an
-operator sees why.
+longer than the lease lapses the primary's lease, and a longer one may cost it
+its role (docs/ha.md, "When the primary's loop is busy"): this is how an
+operator sees why. ``status`` gives the lag's p99 and max over the last
+``RECENT`` wake-ups (about a minute) for ``ctl status`` and the management UI's
+overview; the histogram, since the node started, is for Prometheus.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import sys
 import threading
 import time
+from collections import deque
 from types import FrameType
+from typing import Any
 
 from brokerha.broker.stats import LatencyHistogram
 
@@ -26,6 +32,7 @@ log = logging.getLogger("brokerha.node")
 
 INTERVAL = 0.02       # the monitor's own wake-ups
 STALL_WARNING = 0.1   # a stall longer than this is logged, with what ran
+RECENT = 3000         # wake-ups ``status`` looks at: about a minute at INTERVAL
 PACKAGE = "brokerha"
 
 
@@ -53,6 +60,7 @@ class LoopMonitor:
         self.lag = LatencyHistogram()
         self.max_lag = 0.0
         self.stalls = 0           # stalls over STALL_WARNING
+        self.recent: deque[float] = deque(maxlen=RECENT)  # the latest lags, seconds
         self._beat = time.monotonic()
         self._sample: str | None = None
         self._main: int | None = None  # the loop's thread, known at start
@@ -79,14 +87,28 @@ class LoopMonitor:
             await asyncio.sleep(INTERVAL)
             now = time.monotonic()
             lag = max(0.0, now - due)
-            self.lag.observe(lag)
-            self.max_lag = max(self.max_lag, lag)
+            self.observe(lag)
             self._beat = now
             if lag > STALL_WARNING:
                 self.stalls += 1
                 where, self._sample = self._sample, None
                 log.warning("event loop stalled %.3fs (running: %s)", lag,
                             where or "not sampled")
+
+    def observe(self, lag: float) -> None:
+        """One wake-up ``lag`` seconds late."""
+        self.lag.observe(lag)
+        self.recent.append(lag)
+        self.max_lag = max(self.max_lag, lag)
+
+    def status(self) -> dict[str, Any]:
+        """The lag lately (p99 and max of the last ``RECENT`` wake-ups, about a minute),
+        the longest since start and the stalls; seconds."""
+        recent = sorted(self.recent)
+        p99 = recent[max(0, math.ceil(0.99 * len(recent)) - 1)] if recent else 0.0  # nearest rank
+        return {"lag_p99": round(p99, 4), "lag_max": round(recent[-1] if recent else 0.0, 4),
+                "window": round(len(recent) * INTERVAL + sum(recent), 1),
+                "max_lag": round(self.max_lag, 4), "stalls": self.stalls}
 
     def _watch(self) -> None:
         """Sample the main thread once per stall, while it lasts."""

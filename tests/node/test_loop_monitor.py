@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from brokerha.node.loop_monitor import LoopMonitor
+from brokerha.node.loop_monitor import RECENT, LoopMonitor
 
 
 def busy_purging_a_deep_queue(seconds: float) -> None:
@@ -35,3 +35,20 @@ def test_a_stall_is_logged_with_the_function_that_held_the_loop(
     assert len(lines) == 1 and "busy_purging_a_deep_queue" in lines[0], lines
     counts = dict(monitor.lag.cumulative())
     assert counts["0.1"] < counts["+Inf"] == sum(monitor.lag.counts)
+
+
+def test_status_gives_the_lag_of_the_last_minute_p99_and_max() -> None:
+    loop = asyncio.new_event_loop()
+    monitor = LoopMonitor(loop)
+    loop.close()
+    assert monitor.status() == {"lag_p99": 0.0, "lag_max": 0.0, "window": 0.0,
+                                "max_lag": 0.0, "stalls": 0}
+    monitor.observe(2.0)  # long ago: out of the window once RECENT newer wake-ups came
+    for i in range(RECENT):
+        monitor.observe(0.001 if i % 100 else 0.04)  # 1 % of wake-ups 40 ms late
+    status = monitor.status()
+    assert status["lag_p99"] == 0.001 and status["lag_max"] == 0.04
+    assert status["max_lag"] == 2.0  # since the node started
+    assert 60.0 <= status["window"] <= 65.0  # about a minute of wake-ups
+    monitor.observe(0.3)
+    assert monitor.status()["lag_max"] == 0.3

@@ -180,6 +180,42 @@
 
   function samples(details) { return (details && details.samples) || []; }
 
+  // an HA member's campaigns by why it stood, its step-downs as primary by why
+  // (cluster/election.py), the last campaign, late heartbeats
+  function elections(e) {
+    if (!e) return '<span class="muted">–</span>';
+    function counts(c) {
+      return Object.keys(c || {}).sort().filter(function (k) { return c[k] > 0; })
+        .map(function (k) {
+          return '<span data-reason="' + esc(k) + '">' + esc(k) + " " + esc(c[k]) + "</span>";
+        }).join(", ");
+    }
+    var started = counts(e.elections), stepped = counts(e.stepdowns), out = [];
+    out.push(started ? "stood: " + started : '<span class="muted">never stood</span>');
+    if (stepped) out.push("stepped down: " + stepped);
+    if (e.last_election) {
+      var ago = Math.max(0, Date.now() / 1000 - e.last_election.at);
+      out.push('<span class="muted">last: ' + esc(e.last_election.reason) + ", " +
+        (ago < 120 ? ago.toFixed(0) + " s" : (ago / 60).toFixed(0) + " min") + " ago</span>");
+    }
+    if (e.heartbeats_late) out.push("late heartbeats: " + esc(e.heartbeats_late));
+    return '<span data-elections="' + esc(JSON.stringify(e.elections || {})) + '">' +
+      out.join("<br>") + "</span>";
+  }
+
+  function ms(seconds) {
+    var v = Number(seconds || 0) * 1000;
+    return (v < 10 ? v.toFixed(1) : v.toFixed(0)) + " ms";
+  }
+
+  // the event loop's lag over the last minute (node/loop_monitor.py): p99 / max, stalls
+  function loopLag(l) {
+    if (!l) return '<span class="muted">–</span>';
+    return '<span data-loop-p99="' + esc(l.lag_p99) + '" data-loop-max="' + esc(l.lag_max) +
+      '">' + ms(l.lag_p99) + " / " + ms(l.lag_max) + "</span>" +
+      (l.stalls ? ' <span class="muted">(' + esc(l.stalls) + " stalls over 100 ms)</span>" : "");
+  }
+
   function overview() {
     return Promise.all([
       api("GET", "overview?lengths_age=" + AGE + "&msg_rates_age=" + AGE),
@@ -244,6 +280,10 @@
             return esc(k) + ": " + esc(x.acked) + (x.lag !== undefined ? " (lag " + esc(x.lag) + ")" : "") +
               (x.ready ? "" : " catching up");
           }).join("<br>"); }},
+        {title: "Elections (why)", html: function (r) {
+          return elections((r.brokerha || {}).election); }},
+        {title: "Loop lag p99 / max (1 min)", html: function (r) {
+          return loopLag((r.brokerha || {}).loop); }},
         {title: "Alarms", html: function (r) {
           return (r.mem_alarm ? "memory " : "") + (r.disk_free_alarm ? "disk" : ""); }}
       ], nodes, function (r) { return 'data-node="' + esc(r.name) + '"'; });
