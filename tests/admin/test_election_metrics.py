@@ -132,3 +132,36 @@ def test_ctl_status_names_the_last_election_of_the_cluster() -> None:
     assert last is not None and last["node"] == new.me and last["reason"] == "link_down"
     assert last["epoch"] == new.epoch
     assert last_election([{"name": "solo", "role": "standalone"}]) is None
+
+
+def test_a_killed_primary_is_seen_as_a_link_down_election_on_a_real_cluster() -> None:
+    """End to end: SIGKILL the primary of three real nodes; its successor's ``/metrics`` and
+    ``ctl status --json`` say that it stood because its link to the primary closed."""
+    import json
+    import subprocess
+    import sys
+    import urllib.request
+
+    from brokerha.testing import LocalCluster
+
+    with LocalCluster(3) as cluster:
+        old = cluster.wait_primary(30)
+        for name in cluster.names:
+            if name != old:
+                cluster.wait_ready(name, 30)
+        cluster.kill(old)
+        new = cluster.wait_primary(30, other_than=old)
+        with urllib.request.urlopen(cluster.admin_url(new) + "/metrics", timeout=5) as resp:
+            got = samples(resp.read().decode())
+        assert got[("brokerha_elections_total", (("reason", "link_down"),))] >= 1
+        assert got[("brokerha_last_election_timestamp_seconds", ())] > time.time() - 60
+        done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
+                               cluster.url(new), "status", "--json"],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        status = json.loads(done.stdout)
+        last = status["last_election"]
+        assert last["reason"] == "link_down" and last["at"] > time.time() - 60, last
+        entry = next(n for n in status["nodes"] if n["name"] == new)
+        assert entry["election"]["elections"]["link_down"] >= 1
+        assert set(entry["loop"]) >= {"lag_p99", "lag_max", "stalls"}
