@@ -653,6 +653,7 @@ class Election:
         self._votes.discard(self.me)
         self._stamps = {voter: self._campaign_at for voter in self._votes}
         self._peer_pos, self._peer_ready = {}, {}
+        self._heartbeat_sent_at = -math.inf  # gaps are measured within one role
         self._update_lease()
         self.set_position(Position(self._epoch, 0))  # a primary numbers its events from 0
         return [BecomePrimary(self._epoch), *self._heartbeats(now)]

@@ -778,3 +778,19 @@ def test_what_a_stall_of_the_primary_costs_with_the_shipped_timing(seed: int) ->
     node, epoch, mesh = _stall_the_primary(1.0, seed)
     assert node.epoch > epoch and sum(node.stepdowns.values()) == 1
     assert sum(n.elections["election_timeout"] for n in mesh.nodes.values()) >= 1
+
+
+def test_the_heartbeat_gap_is_measured_within_one_primary_role() -> None:
+    """Deposed, then elected again: the time between its two roles is no late heartbeat."""
+    mesh = Mesh.of(3)
+    primary = mesh.elect()
+    node = mesh.nodes[primary]
+    other = next(n for n in mesh.nodes if n != primary)
+    mesh.carry(primary, node.receive(mesh.now, other, NewEpoch(node.epoch + 1, other)))
+    for name, backup in mesh.nodes.items():
+        if name != primary:
+            backup.set_position(Position.INVALID)  # catching up: only the old primary stands
+    mesh.run(mesh.now + 5.0)
+    assert mesh.primaries() == [primary] and node.stepdowns["newer_epoch"] == 1
+    assert node.heartbeats_late == 0
+    assert node.heartbeat_gap_max <= TIMING.heartbeat_interval + STEP + 1e-9
