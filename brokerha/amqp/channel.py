@@ -370,6 +370,25 @@ class Channel:
         self.block()
         broker.after_durable(lambda: self.reply_unblocked(method))
 
+    def reply_when_done(self, method: Any) -> None:
+        """Answer once the broker's background work handed over so far is done (what a
+        purge left to do per entry: on an HA primary its dequeues reach the backups
+        then), and durable where it must be (``reply_when_durable``). The channel's later
+        frames wait their turn."""
+        background = self.conn.broker.background
+        if not background.pending:
+            self.reply_when_durable(method)
+            return
+        self.block()
+        background.after(lambda: self._reply_durable_unblocked(method))
+
+    def _reply_durable_unblocked(self, method: Any) -> None:
+        broker = self.conn.broker
+        if broker.durability_gate is None:
+            self.reply_unblocked(method)
+        else:
+            broker.after_durable(lambda: self.reply_unblocked(method))
+
     def unblock(self) -> None:
         """Asynchronous work done: handle the frames that waited, in order."""
         self._blocked = False

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from brokerha.broker.auth import UserDatabase
+from brokerha.broker.background import Background
 from brokerha.broker.dtx import DtxBranch, DtxManager, Xid
 from brokerha.broker.errors import NotAllowed
 from brokerha.broker.flow import PublishFlow
@@ -80,6 +81,9 @@ class Broker:
         self.clock = clock
         self.observers = Observers()
         self.memory = MemoryMeter()
+        # per-entry work of a purge or delete, in slices between loop turns once the
+        # node installs ``background.schedule`` (broker/background.py)
+        self.background = Background()
         self.users = UserDatabase()
         self.vhosts: dict[str, VirtualHost] = {}
         self.store = store or MemoryStore()
@@ -178,7 +182,8 @@ class Broker:
     def add_vhost(self, name: str) -> VirtualHost:
         vhost = self.vhosts.get(name)
         if vhost is None:
-            vhost = VirtualHost(name, self.observers, self.memory, self.clock)
+            vhost = VirtualHost(name, self.observers, self.memory, self.clock,
+                                self.background)
             self.vhosts[name] = vhost
         return vhost
 

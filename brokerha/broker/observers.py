@@ -47,6 +47,15 @@ class QueueObserver:
     enqueued: the entry is on the queue; acquired: handed to a consumer or
     basic.get; dequeued: gone for good (acked, expired, dropped, purged);
     requeued: back on the queue after a reject, nack, recover or lost consumer.
+    The ready entries of a deleted queue get no ``dequeued``: ``queue_deleted``
+    (a ConfigurationObserver's) covers them.
+
+    purged: a queue.purge in one call, instead of a ``dequeued`` per purged
+    entry (an observer that overrides it gets none for them): ``ranges`` are
+    (first, last) positions, inclusive, that hold every purged entry and no
+    entry still on the queue (acquired ones); positions of entries settled
+    before may be in them. Not called if the queue was deleted before the
+    purge's ranges were known (``broker/drain.py``).
     """
 
     @noop_hook
@@ -57,6 +66,8 @@ class QueueObserver:
     def dequeued(self, queue: Queue, entry: Entry) -> None: ...
     @noop_hook
     def requeued(self, queue: Queue, entry: Entry) -> None: ...
+    @noop_hook
+    def purged(self, queue: Queue, ranges: list[tuple[int, int]]) -> None: ...
 
 
 class Observers:

@@ -14,10 +14,12 @@ from typing import Any, Protocol
 
 from mypy_extensions import mypyc_attr
 
+from brokerha.broker.background import Background
 from brokerha.broker.dedup import WINDOW_ARG, DedupWindow
+from brokerha.broker.drain import Ranges, ReadyDrain
 from brokerha.broker.errors import AccessRefused
 from brokerha.broker.message import Entry, Message
-from brokerha.broker.paging import PAGED, Pager
+from brokerha.broker.paging import PAGED, PENDING, RESIDENT, Pager
 
 
 def noop_hook(method: Callable[..., None]) -> Callable[..., None]:
@@ -32,13 +34,23 @@ class QueueHooks:
     Queues call these on every message, so a no-op default costs nothing.
     """
 
-    EVENTS = ("enqueued", "acquired", "dequeued", "requeued")
+    EVENTS = ("enqueued", "acquired", "dequeued", "requeued", "purged")
 
     def __init__(self) -> None:
         self.enqueued: list[Callable[[Queue, Entry], None]] = []
         self.acquired: list[Callable[[Queue, Entry], None]] = []
         self.dequeued: list[Callable[[Queue, Entry], None]] = []
         self.requeued: list[Callable[[Queue, Entry], None]] = []
+        # observers that take a purge in one call: they get no ``dequeued`` for its entries
+        self.purged: list[Callable[[Queue, Ranges], None]] = []
+
+    def dequeued_singly(self) -> list[Callable[[Queue, Entry], None]]:
+        """The ``dequeued`` hooks of observers without ``purged``: a purge's entries one by one."""
+        if not self.purged:
+            return list(self.dequeued)
+        whole = [getattr(hook, "__self__", None) for hook in self.purged]
+        return [hook for hook in self.dequeued
+                if not any(getattr(hook, "__self__", None) is o for o in whole)]
 
     def add(self, observer: object) -> None:
         """Register an observer's overridden event methods (see observers.QueueObserver)."""
@@ -185,6 +197,13 @@ class ReadyList:
             level.clear()
         self._count = 0
         return out
+
+    def detach(self) -> list[deque[Entry]]:
+        """Every entry at once, in O(1): the levels as they are (in delivery order); empty after."""
+        levels = list(reversed(self._levels))
+        self._levels = [deque() for _ in range(self._max + 1)]
+        self._count = 0
+        return levels
 
     def __iter__(self) -> Iterator[Entry]:
         for level in reversed(self._levels):
@@ -573,12 +592,30 @@ class Queue:
         return now - self.last_used
 
     def purge(self) -> int:
-        entries = self.ready.clear()
-        for entry in entries:
-            self._left_ready(entry)
-            for hook in self.hooks.dequeued:
-                hook(self, entry)
-        return len(entries)
+        """queue.purge, all of it now (see ``begin_purge``); the count."""
+        return self.begin_purge().finish()
+
+    def begin_purge(self) -> ReadyDrain:
+        """queue.purge: every ready entry leaves now; the rest is the returned work's.
+
+        The queue is empty from this instant (acquired entries stay: a purge
+        takes only ready ones). Observers with ``purged`` get it in one call
+        (the store: one operation) and no ``dequeued`` for these entries; the
+        others get ``dequeued`` per entry, as the work runs (``broker/drain.py``).
+        """
+        hooks = self.hooks
+        return ReadyDrain(self, self._detach_ready(), purged=list(hooks.purged),
+                          dequeued=hooks.dequeued_singly()).start()
+
+    def _detach_ready(self) -> list[deque[Entry]]:
+        """Take every ready entry off (O(1) but for bodies waiting to be paged out)."""
+        levels = self.ready.detach()
+        self.ready_bytes = 0
+        self.paged_bytes = 0
+        for entry in self.page_pending:
+            if entry.paged == PENDING:
+                entry.paged = RESIDENT  # off the queue: the pager leaves it alone
+        return levels
 
     # -- consumers ---------------------------------------------------------------------
 
@@ -603,15 +640,19 @@ class Queue:
         if self.auto_delete and not self.consumers and self.on_unused is not None:
             self.on_unused(self)
 
-    def delete(self) -> int:
-        """Mark deleted, drop ready entries, tell consumers; returns the ready count."""
+    def delete(self, background: Background | None = None) -> int:
+        """Mark deleted, drop ready entries, tell consumers; returns the ready count.
+
+        Observers get no ``dequeued`` for the ready entries: ``queue_deleted``
+        covers them. Letting go of them is done by ``background`` in slices
+        (``broker/drain.py``), or now without one.
+        """
         self.deleted = True
-        count = len(self.ready)
-        for entry in self.ready.clear():
-            self._left_ready(entry)
-            for hook in self.hooks.dequeued:
-                hook(self, entry)
+        drain = ReadyDrain(self, self._detach_ready())
         consumers, self.consumers = self.consumers, []
         for consumer in consumers:
             consumer.cancelled_by_server(self)
-        return count
+        if background is None:
+            return drain.finish()
+        background.run(drain)
+        return drain.count

@@ -320,5 +320,13 @@ class MemoryStore(Store):
                 record.delivered = True
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
-        if keeps(queue, entry):
+        # of a deleted queue: gone with it (and a queue of the same name may use the position)
+        if keeps(queue, entry) and not queue.deleted:
             self.messages.pop((queue.vhost, queue.name, entry.position), None)
+
+    def purged(self, queue: Queue, ranges: list[tuple[int, int]]) -> None:
+        if queue.durable:
+            key = (queue.vhost, queue.name)
+            for k in [k for k in self.messages
+                      if k[:2] == key and any(lo <= k[2] <= hi for lo, hi in ranges)]:
+                del self.messages[k]

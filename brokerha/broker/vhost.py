@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from brokerha.broker import arguments as A
+from brokerha.broker.background import Background
 from brokerha.broker.content import rewrite_properties, update_headers
 from brokerha.broker.errors import (
     AccessRefused,
@@ -74,11 +75,14 @@ STANDARD_EXCHANGES = (
 
 class VirtualHost:
     def __init__(self, name: str, observers: Observers, memory: MemoryMeter,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 background: Background | None = None) -> None:
         self.name = name
         self.observers = observers
         self.memory = memory
         self.clock = clock
+        # what a purge or delete leaves to do per entry runs here, in slices
+        self.background = background or Background()
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self.timed_queues: set[Queue] = set()
@@ -259,7 +263,7 @@ class VirtualHost:
         for ex in list(self.exchanges.values()):
             for binding in [b for b in ex.bindings.values() if b.destination is q]:
                 self._remove_binding(binding)
-        count = q.delete()
+        count = q.delete(self.background)
         self.queues.pop(q.name, None)
         self.timed_queues.discard(q)
         for obs in self.observers.configuration:
@@ -270,10 +274,14 @@ class VirtualHost:
         self.remove_queue(q)
 
     def purge_queue(self, name: str, owner: object) -> int:
+        """Empty the queue now; the count. What is left per entry runs in ``background``."""
         q = self.queue_for(name, owner)
         if q.ordering is not None:  # a purge is not an ordered operation
             raise PreconditionFailed(q.ordering.refuse_purge(q))
-        return q.purge()
+        drain = q.begin_purge()
+        if drain.count:
+            self.background.run(drain)
+        return drain.count
 
     # -- bindings --------------------------------------------------------------------
 

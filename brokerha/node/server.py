@@ -187,6 +187,8 @@ class Node:
         definitions = (self.store.load(stream_messages=True)  # type: ignore[call-arg]
                        if self.broker.memory.pager is not None else self.store.load())
         self.broker.restore(definitions)
+        # a purge's or delete's per-entry work: in slices between loop turns from now on
+        self.broker.background.schedule = self.loop.call_soon
         self.store.start(self.loop)
         self.loop_monitor.start()
         await self._start_admin()

@@ -11,6 +11,7 @@ everything logged since the previous apply, so the window is much wider.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -30,6 +31,7 @@ ACQUIRED = 1  # (ACQUIRED, vhost, queue, position)
 DEQUEUED = 2  # (DEQUEUED, vhost, queue, position)
 STATEMENT = 3  # (STATEMENT, statement name, params): exchanges, queues, bindings, ...
 QUEUE_DELETED = 4  # (QUEUE_DELETED, vhost, queue)
+PURGED = 5  # (PURGED, vhost, queue, [(first, last), ...]): a queue.purge, positions inclusive
 PUT_META = "put_meta"  # a STATEMENT folded per key: only the last value is written
 APPLIED_KEY = "oplog_applied"  # meta: the newest operation log generation wholly in SQL
 
@@ -62,6 +64,9 @@ class Batch:
     meta: dict[str, str] = field(default_factory=dict)  # put_meta, last value per key
     # (vhost, queue) -> position -> [state, content, delivered]
     messages: dict[tuple[str, str], dict[int, list[Any]]] = field(default_factory=dict)
+    # (vhost, queue, first, last): purged ranges, deleted after the statements, before
+    # the message rows (a position in one has no pending state left in ``messages``)
+    purges: list[tuple[str, str, int, int]] = field(default_factory=list)
     callbacks: list[Callback] = field(default_factory=list)
     cancelled: int = 0
     closes: int | None = None  # the newest log generation this batch completes
@@ -72,7 +77,8 @@ class Batch:
 
     @property
     def empty(self) -> bool:
-        return not self.statements and not self.meta and not any(self.messages.values())
+        return (not self.statements and not self.meta and not self.purges
+                and not any(self.messages.values()))
 
     def add(self, unit: Unit) -> None:
         """Fold one more unit in (units in submission order)."""
@@ -87,6 +93,9 @@ class Batch:
                 continue
             if kind == QUEUE_DELETED:
                 _queue_deleted(self, op[1], op[2])
+                continue
+            if kind == PURGED:
+                _purged(self, op[1], op[2], op[3])
                 continue
             states = messages.get((op[1], op[2]))
             if states is None:
@@ -158,3 +167,33 @@ def _queue_deleted(batch: Batch, vhost: str, queue: str) -> None:
     batch.messages.pop((vhost, queue), None)
     batch.statements.append(("delete_queue", (vhost, queue)))
     batch.statements.append(("purge_queue", (vhost, queue)))
+
+
+def _purged(batch: Batch, vhost: str, queue: str, ranges: list[tuple[int, int]]) -> None:
+    """Pending states inside the ranges are moot: the ranges' rows all go (one operation).
+
+    Any position a later op of the batch names is outside them: positions grow,
+    and purged entries are gone (a queue deleted and declared again starts its
+    positions anew, but its rows are written after the ranges are deleted).
+    """
+    states = batch.messages.get((vhost, queue))
+    if states:
+        inside = within(ranges)
+        for position in [p for p in states if inside(p)]:
+            del states[position]
+    batch.purges.extend((vhost, queue, first, last) for first, last in ranges)
+
+
+def within(ranges: list[tuple[int, int]]) -> Callable[[int], bool]:
+    """A membership test for inclusive ranges (sorted once, then bisected)."""
+    if len(ranges) == 1:
+        lo, hi = ranges[0]
+        return lambda p: lo <= p <= hi
+    ordered = sorted(ranges)
+    starts = [lo for lo, _ in ordered]
+
+    def inside(p: int) -> bool:
+        i = bisect_right(starts, p) - 1
+        return i >= 0 and p <= ordered[i][1]
+
+    return inside

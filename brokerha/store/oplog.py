@@ -52,6 +52,7 @@ from brokerha.store.batch import (
     ACQUIRED,
     DEQUEUED,
     ENQUEUED,
+    PURGED,
     QUEUE_DELETED,
     STATEMENT,
     Batch,
@@ -102,6 +103,8 @@ def decode_ops(payload: bytes) -> list[Op]:
             ops.append((STATEMENT, row[1], tuple(row[2])))
         elif kind in (ACQUIRED, DEQUEUED, QUEUE_DELETED):
             ops.append(tuple(row))
+        elif kind == PURGED:
+            ops.append((PURGED, row[1], row[2], [(lo, hi) for lo, hi in row[3]]))
         else:
             raise OpLogError(f"unknown operation kind {kind!r}")
     return ops

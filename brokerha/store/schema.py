@@ -192,6 +192,13 @@ def delete_sql(table: Table, placeholder: str, columns: list[str] | None = None)
     return f"DELETE FROM {_q(table.name)} WHERE {_where(columns or _key_columns(table), placeholder)}"
 
 
+def delete_range_sql(placeholder: str) -> str:
+    """Delete one queue's messages whose positions lie in an inclusive range (a purge)."""
+    p = placeholder
+    return (f"DELETE FROM {_q(messages.name)} WHERE {_q('vhost')} = {p} AND {_q('queue')} = {p} "
+            f"AND {_q('position')} >= {p} AND {_q('position')} <= {p}")
+
+
 def set_delivered_sql(placeholder: str) -> str:
     return (f"UPDATE {_q(messages.name)} SET {_q('delivered')} = {placeholder} "
             f"WHERE {_where(_key_columns(messages), placeholder)}")
@@ -212,6 +219,7 @@ class Statements:
         self.put_message = upsert_sql(messages, p)
         self.set_delivered = set_delivered_sql(p)
         self.delete_message = delete_sql(messages, p)
+        self.delete_message_range = delete_range_sql(p)
         self.put_dtx_branch = upsert_sql(dtx_branches, p)
         self.delete_dtx_branch = delete_sql(dtx_branches, p)
         self.put_ha_transaction = upsert_sql(ha_transactions, p)

@@ -53,6 +53,7 @@ from brokerha.store.batch import (
     APPLIED_KEY,
     DEQUEUED,
     ENQUEUED,
+    PURGED,
     PUT_META,
     QUEUE_DELETED,
     STATEMENT,
@@ -476,8 +477,15 @@ class SQLStore(Store):
             self._record((ACQUIRED, queue.vhost, queue.name, entry.position))
 
     def dequeued(self, queue: Queue, entry: Entry) -> None:
-        if keeps(queue, entry):
+        # of a deleted queue: its rows went with it (and a queue of the same name may
+        # already use the position)
+        if keeps(queue, entry) and not queue.deleted:
             self._record((DEQUEUED, queue.vhost, queue.name, entry.position))
+
+    def purged(self, queue: Queue, ranges: list[tuple[int, int]]) -> None:
+        """A purge as one operation: a crash never brings part of it back."""
+        if queue.durable:
+            self._record((PURGED, queue.vhost, queue.name, ranges))
 
     # -- prepared XA branches ----------------------------------------------------------------
 

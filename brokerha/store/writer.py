@@ -349,6 +349,8 @@ def commit_batch(conn: Any, statements: Statements, batch: Batch) -> int:
     rows = batch.statement_rows()
     for name, params in rows:
         cur.execute(getattr(st, name), params)
+    if batch.purges:
+        cur.executemany(st.delete_message_range, batch.purges)
     if inserts:
         cur.executemany(st.put_message, inserts)
     if delivered:
@@ -356,4 +358,4 @@ def commit_batch(conn: Any, statements: Statements, batch: Batch) -> int:
     if deletes:
         cur.executemany(st.delete_message, deletes)
     conn.commit()
-    return len(rows) + len(inserts) + len(delivered) + len(deletes)
+    return len(rows) + len(batch.purges) + len(inserts) + len(delivered) + len(deletes)

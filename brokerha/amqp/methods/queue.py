@@ -77,24 +77,36 @@ def unbind(ch: Channel, m: commands.Queue.Unbind) -> None:
 
 
 def purge(ch: Channel, m: commands.Queue.Purge) -> None:
+    """The queue is empty at once, for every client, and the count is known at once.
+
+    What the purge leaves to do per entry runs in slices (``broker/drain.py``);
+    purge-ok follows it, durable where it must be (on an HA member: on the backups).
+    """
     name = ch.resolve_queue(m.queue)
     ch.user.check("read", ch.vhost.name, "queue", name)
     count = ch.vhost.purge_queue(name, ch.conn)
     if not m.nowait:
-        ch.send(commands.Queue.PurgeOk(message_count=count))
+        ch.reply_when_done(commands.Queue.PurgeOk(message_count=count))
 
 
 def delete(ch: Channel, m: commands.Queue.Delete) -> None:
+    """Gone at once (its ready entries are let go of in slices); delete-ok of a durable
+    queue once that is durable where it must be, as its declare-ok."""
     name = ch.resolve_queue(m.queue)
     ch.user.check("configure", ch.vhost.name, "queue", name)
-    if name in ch.vhost.queues:
+    queue = ch.vhost.queues.get(name)
+    if queue is not None:
         count = ch.vhost.delete_queue(name, owner=ch.conn, if_unused=m.if_unused,
                                       if_empty=m.if_empty)
         ch.conn.exclusive_queues.pop(name, None)
     else:
         count = 0  # deleting a missing queue succeeds, as in RabbitMQ 3.x
     if not m.nowait:
-        ch.send(commands.Queue.DeleteOk(message_count=count))
+        ok = commands.Queue.DeleteOk(message_count=count)
+        if queue is not None and queue.durable:
+            ch.reply_when_durable(ok)
+        else:
+            ch.send(ok)
 
 
 HANDLERS: dict[type, Callable[[Any, Any], None]] = {
