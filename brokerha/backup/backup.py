@@ -98,6 +98,7 @@ class Backup:
         self.ack_due = False  # applied something that needs a prompt acknowledgement
         self.caught_up = False
         self._catching_up = False
+        self._valid_at: int | None = None  # the marker's: caught up once applied so far
         self.config = BrokerReplicator(broker, self._queue_gone)
         self._queues: dict[tuple[str, str], QueueReplicator] = {}
         self.transactions = TransactionReplicator(broker, self._replicator, me, epoch)
@@ -128,6 +129,7 @@ class Backup:
         self.session = next(_sessions)
         self.applied_seq = -1
         self.caught_up = self._catching_up = False
+        self._valid_at = None
         self.transactions.release_local_branches()
         epoch, seq = self.last_position
         return Join(self.epoch, self.me, epoch, seq, self._inventory(), self.session)
@@ -183,6 +185,10 @@ class Backup:
             self.applied_seq = event.seq if event.kind == R.CAUGHT_UP else seq
             if event.kind != R.DEQUEUED:
                 self.ack_due = True
+            valid_at = self._valid_at
+            if valid_at is not None and self.applied_seq >= valid_at:
+                self._valid_at = None  # a consistent copy from here: our position is valid
+                self.caught_up, self._catching_up = True, False
 
     def take_ack_due(self) -> bool:
         """Whether what was applied since the last call needs a prompt acknowledgement.
@@ -226,7 +232,7 @@ class Backup:
             if event.seq < seq:
                 raise ReplicationError(f"CaughtUp marker for {event.seq} at seq {seq}")
             self.transactions.caught_up()
-            self.caught_up, self._catching_up = True, False
+            self._valid_at = event.valid_at  # caught up once applied that far (receive)
         else:
             raise ReplicationError(f"unknown event {kind!r}")
 

@@ -198,7 +198,8 @@ class SnapshotDone(NamedTuple):
 
 class CaughtUp(NamedTuple):
     kind: str
-    seq: int
+    seq: int       # the join's seq: live events follow from seq + 1
+    valid_at: int  # the backup holds a consistent copy once it applied this seq (>= seq)
 
 
 class AckPromptly(NamedTuple):

@@ -303,6 +303,10 @@ class HAMember:
                 self.effects.reply(peer, msg_id, Error(
                     ErrorCode.OLD_EPOCH, f"epoch {epoch} is older than {self.election.epoch}"))
                 return
+        if isinstance(msg, Events | VerifyRequest):
+            # any packet of the primary this node follows counts as hearing it, not only
+            # its heartbeat (issue 33): a busy link delivers events ahead of the heartbeat
+            self.election.heard(self.clock(), peer, msg.epoch)
         if isinstance(msg, Events):
             self.core.on_events(peer, msg)
         elif isinstance(msg, Join):

@@ -32,7 +32,7 @@ invariant must catch it (the primary's loop stalls past its lease).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from brokerha.cluster import replication as R
@@ -62,8 +62,16 @@ class Pace:
 class CatchUp:
     def __init__(self, join_seq: int, head: list[Event],
                  queues: list[tuple[QueueGuard, Iterable[Event | None]]],
-                 tail: list[Event]) -> None:
+                 tail: list[Event], seq_now: Callable[[], int] | None = None) -> None:
         self.join_seq = join_seq
+        # A queue is walked as it is when its turn comes, after live events the backup
+        # applies only behind the catch-up: its copy is consistent once it applied
+        # everything up to the primary's seq at the last read of the last queue (a
+        # message a transaction took off a queue after the join, and that the walk no
+        # longer finds, is restored by nothing if that transaction is lost with the
+        # primary). The marker carries that seq (``valid_at``).
+        self.valid_at = join_seq
+        self._seq_now = seq_now or (lambda: join_seq)
         self.first_seq = join_seq - CATCH_UP_SPAN
         self.next_seq = self.first_seq  # the seq of the next event made
         self.done = False
@@ -73,11 +81,16 @@ class CatchUp:
     def _all(self, head: list[Event], queues: list[tuple[QueueGuard, Iterable[Event | None]]],
              tail: list[Event]) -> Iterator[Event | None]:
         yield from head
+        seq_now = self._seq_now
         for guard, events in queues:
-            yield from events
+            self.valid_at = max(self.valid_at, seq_now())
+            for event in events:
+                self.valid_at = max(self.valid_at, seq_now())  # after each read of the queue
+                yield event
+            self.valid_at = max(self.valid_at, seq_now())
             guard.ready_seq = self.next_seq - 1
         yield from tail
-        yield R.CaughtUp(R.CAUGHT_UP, self.join_seq)
+        yield R.CaughtUp(R.CAUGHT_UP, self.join_seq, self.valid_at)
 
     def take(self, max_bytes: float, max_events: int, max_work: float) -> tuple[list[Event], int]:
         """The next events (at least one if any is left and ``max_work`` >= 1), and the work

@@ -131,6 +131,13 @@ class Primary(ConfigurationObserver, QueueObserver):
                 if self._policy(q) != REPLICATE_NONE and R.HA_ID not in q.arguments:
                     q.arguments[R.HA_ID] = f"{self.epoch}.{self.seq}.{q.name}"
                     self.broker.store.queue_declared(q)  # an upsert: the store keeps the id
+        # entries held by prepared XA branches that survived the role change are still on
+        # their queues: a join's catch-up sends them (found by the simulation)
+        for branch in self.broker.dtx.branches.values():
+            held = [*branch.accepts, *((q, e) for q, e, _ in branch.rejects)]
+            for q, entry in held:
+                if self._messages_replicated(q):
+                    self._acquired.setdefault(q, {})[entry.position] = entry
 
     def close(self) -> None:
         """Unregister from the broker; pending confirms are never released."""
@@ -417,7 +424,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             tail.extend(txq.replay())
         for provider in self.catch_up_providers:
             tail.extend(provider())
-        catch_up = CatchUp(join_seq, head, queues, tail)
+        catch_up = CatchUp(join_seq, head, queues, tail, lambda: self.seq)
         session = RemoteBackup(join.node, catch_up, now, self.events_per_packet, self.pace)
         session.subscriptions = subscriptions
         session.guards = guards

@@ -45,6 +45,7 @@ class RemoteBackup:
         self.pace = pace or Pace()
         self.catch_up: CatchUp | None = catch_up  # None once its last event is sent
         self.join_seq = catch_up.join_seq    # the CaughtUp marker's seq
+        self.valid_at: int | None = None     # from the marker: a consistent copy from there
         self.first_seq = catch_up.first_seq  # the catch-up's first seq (acks below: progress)
         self.outbox: deque[tuple[int, Event]] = deque()  # live events (after the join)
         self.sent_seq = self.first_seq - 1
@@ -75,7 +76,8 @@ class RemoteBackup:
 
     @property
     def caught_up(self) -> bool:
-        return self.progress >= self.join_seq
+        """It acknowledged everything up to the marker's ``valid_at``: it holds a copy."""
+        return self.valid_at is not None and self.progress >= self.valid_at
 
     @property
     def acked(self) -> int | None:
@@ -176,6 +178,7 @@ class RemoteBackup:
             self._in_flight.append((self.sent_seq, size))
             self._in_flight_bytes += size
         if catch_up.done:
+            self.valid_at = catch_up.valid_at
             self.catch_up = None
             self.sent_seq = self.join_seq  # the marker's: the backup's applied seq moves to it
 

@@ -20,9 +20,6 @@ CI_SEEDS = 300  # 30 virtual seconds each: about 6.5 failovers and 80 transactio
 # CaughtUp marker, its outcome still on its way: a backup at a valid position that misses
 # a message (seeds 138 and 703 of 1,000 at 40049d1). Reported as an expected failure until
 # it is fixed; any other violation fails.
-CATCH_UP_DEFECT = re.compile(r"\(backup\): not atomic: missing \[")
-
-
 def totals(results: list[SimResult]) -> Counter[str]:
     out: Counter[str] = Counter()
     for r in results:
@@ -32,8 +29,7 @@ def totals(results: list[SimResult]) -> Counter[str]:
 
 def test_three_hundred_seeds_keep_every_transaction_atomic_agreed_and_durable() -> None:
     results = run_many(range(CI_SEEDS), jobs=2)
-    known = [r for r in results if r.violation and CATCH_UP_DEFECT.search(r.violation)]
-    assert [r.summary() for r in results if r.violation and r not in known] == []
+    assert [r.summary() for r in results if r.violation] == []
     # liveness, not safety (docs/ha.md "Simulation"): a run may end with nobody electable
     assert sum(1 for r in results if r.stuck) < CI_SEEDS // 50
     seen = totals(results)
@@ -44,9 +40,6 @@ def test_three_hundred_seeds_keep_every_transaction_atomic_agreed_and_durable() 
     assert seen["verify in doubt"] > CI_SEEDS and seen["verify rollback"] == 0
     # big commits (sliced) ran, and (f) held over the fault-free stretches
     assert seen["big commit"] > 2 * CI_SEEDS and seen["stable seconds"] > 3 * CI_SEEDS
-    if known:
-        pytest.xfail("the streamed catch-up's defect (CATCH_UP_DEFECT): "
-                     + "; ".join(r.summary() for r in known))
 
 
 @pytest.mark.parametrize(("rule", "says"), [
