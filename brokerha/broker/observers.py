@@ -46,7 +46,8 @@ class QueueObserver:
 
     enqueued: the entry is on the queue; acquired: handed to a consumer or
     basic.get; dequeued: gone for good (acked, expired, dropped, purged);
-    requeued: back on the queue after a reject, nack, recover or lost consumer.
+    requeued: back on the queue after a reject, nack, recover or lost consumer;
+    enqueued_many: ``enqueued`` for a batch, the entries of one call in order.
     The ready entries of a deleted queue get no ``dequeued``: ``queue_deleted``
     (a ConfigurationObserver's) covers them.
 
@@ -68,6 +69,10 @@ class QueueObserver:
     def requeued(self, queue: Queue, entry: Entry) -> None: ...
     @noop_hook
     def purged(self, queue: Queue, ranges: list[tuple[int, int]]) -> None: ...
+    @noop_hook
+    def enqueued_many(self, queue: Queue, entries: list[Entry]) -> None:
+        """A batch of enqueues (a transaction's, in order) in one call: an observer that
+        overrides it gets no ``enqueued`` for them."""
 
 
 class Observers:

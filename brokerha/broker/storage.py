@@ -313,6 +313,10 @@ class MemoryStore(Store):
         if keeps(queue, entry):
             self.messages[(queue.vhost, queue.name, entry.position)] = stored(queue, entry)
 
+    def enqueued_many(self, queue: Queue, entries: list[Entry]) -> None:
+        for entry in entries:
+            self.enqueued(queue, entry)
+
     def acquired(self, queue: Queue, entry: Entry) -> None:
         if keeps(queue, entry):
             record = self.messages.get((queue.vhost, queue.name, entry.position))

@@ -88,6 +88,10 @@ class Transaction:
         self.on_outcome = on_outcome
         self.prepare_started = False
         self.publishes: list[tuple[list[Queue], Message]] = []
+        # the publishes by queue, kept as they come (the commit's batches, ``apply``);
+        # valid while it covers ``_grouped`` publishes and that is all of them
+        self._by_queue: dict[Queue, list[Message]] = {}
+        self._grouped = 0
         self.accepts: list[tuple[Queue, Entry]] = []
         self.rejects: list[tuple[Queue, Entry, bool]] = []
         self.observers: list[TransactionObserver] = []
@@ -102,8 +106,17 @@ class Transaction:
 
     def publish(self, queues: list[Queue], message: Message) -> None:
         self.publishes.append((queues, message))
-        if self.client_id is None:
-            named = message.headers.get(TX_ID_HEADER) if message.header else None
+        if self._grouped == len(self.publishes) - 1:
+            self._grouped += 1
+            by_queue = self._by_queue
+            for queue in queues:
+                batch = by_queue.get(queue)
+                if batch is None:
+                    by_queue[queue] = [message]
+                else:
+                    batch.append(message)
+        if self.client_id is None and message._headers_at >= 0:  # it has a headers table
+            named = message.headers.get(TX_ID_HEADER)
             if named is not None:
                 self.client_id = (named.decode("utf-8", "replace")
                                   if isinstance(named, bytes | bytearray) else str(named))
@@ -157,6 +170,7 @@ class Transaction:
             if local:
                 kept.append((local, message))
         self.publishes[:] = kept
+        self._grouped = -1  # regrouped at the commit
 
     def commit_prepared(self) -> None:
         """Phase two: the local commit and its outcome record, then the observers'."""
@@ -173,11 +187,24 @@ class Transaction:
             self.on_outcome(self, outcome)
 
     def apply(self) -> None:
-        """The local commit: enqueue, dequeue, requeue, in the order the client asked."""
-        for queues, message in self.publishes:
-            for queue in queues:
+        """The local commit: enqueue, dequeue, requeue, in the order the client asked.
+
+        When every queue published to takes its messages as a batch (no limit,
+        no deduplication: nothing one enqueue does changes another queue), each
+        gets its messages in one ``enqueue_many``, the order per queue kept;
+        grouped as they were published, so the commit does the least it can
+        in its one loop callback. Otherwise message by message.
+        """
+        by_queue = self._batches()
+        if all(queue.batchable for queue in by_queue):
+            for queue, messages in by_queue.items():
                 if not queue.deleted:
-                    queue.enqueue(message)
+                    queue.enqueue_many(messages)
+        else:
+            for queues, message in self.publishes:
+                for queue in queues:
+                    if not queue.deleted:
+                        queue.enqueue(message)
         for queue, entry in self.accepts:
             queue.settle(entry)
         for queue, entry, requeue in self.rejects:
@@ -185,6 +212,16 @@ class Transaction:
                 queue.requeue(entry)
             else:
                 queue.reject(entry)
+
+    def _batches(self) -> dict[Queue, list[Message]]:
+        """The publishes by queue (regrouped if they changed other than by ``publish``)."""
+        if self._grouped != len(self.publishes):
+            self._by_queue = {}
+            for queues, message in self.publishes:
+                for queue in queues:
+                    self._by_queue.setdefault(queue, []).append(message)
+            self._grouped = len(self.publishes)
+        return self._by_queue
 
     def rollback(self) -> None:
         """Discard publishes; acked entries stay unacknowledged (AMQP 0-9-1 tx.rollback)."""
@@ -196,5 +233,7 @@ class Transaction:
 
     def _clear(self) -> None:
         self.publishes.clear()
+        self._by_queue = {}
+        self._grouped = 0
         self.accepts.clear()
         self.rejects.clear()

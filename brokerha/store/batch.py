@@ -32,6 +32,9 @@ DEQUEUED = 2  # (DEQUEUED, vhost, queue, position)
 STATEMENT = 3  # (STATEMENT, statement name, params): exchanges, queues, bindings, ...
 QUEUE_DELETED = 4  # (QUEUE_DELETED, vhost, queue)
 PURGED = 5  # (PURGED, vhost, queue, [(first, last), ...]): a queue.purge, positions inclusive
+# (ENQUEUED_MANY, vhost, queue, [entry, ...]): a batch of enqueues (a TX's); only the
+# entries of persistent messages are stored (``persistent_entries``)
+ENQUEUED_MANY = 6
 PUT_META = "put_meta"  # a STATEMENT folded per key: only the last value is written
 APPLIED_KEY = "oplog_applied"  # meta: the newest operation log generation wholly in SQL
 
@@ -102,6 +105,9 @@ class Batch:
                 states = messages[(op[1], op[2])] = {}
             if kind == ENQUEUED:
                 states[op[3]] = [_INSERT, op[4], False]
+            elif kind == ENQUEUED_MANY:
+                for position, content in persistent_entries(op[3]):
+                    states[position] = [_INSERT, content, False]
             elif kind == ACQUIRED:
                 _acquired(states, op[3])
             elif _dequeued(states, op[3], self.cancel):
@@ -130,6 +136,16 @@ class Batch:
                 else:
                     deletes.append((vhost, queue, position))
         return inserts, delivered, deletes
+
+
+def persistent_entries(entries: list[Any]) -> list[tuple[int, Any]]:
+    """(position, message) of an ``ENQUEUED_MANY``'s entries whose message is persistent."""
+    out = []
+    for entry in entries:
+        message = entry.message
+        if message.persistent:
+            out.append((entry.position, message))
+    return out
 
 
 def _acquired(states: dict[int, list[Any]], position: int) -> None:

@@ -53,6 +53,7 @@ from brokerha.store.batch import (
     APPLIED_KEY,
     DEQUEUED,
     ENQUEUED,
+    ENQUEUED_MANY,
     PURGED,
     PUT_META,
     QUEUE_DELETED,
@@ -471,6 +472,16 @@ class SQLStore(Store):
     def enqueued(self, queue: Queue, entry: Entry) -> None:
         if keeps(queue, entry):
             self._record((ENQUEUED, queue.vhost, queue.name, entry.position, entry.message))
+
+    def enqueued_many(self, queue: Queue, entries: list[Entry]) -> None:
+        """A transaction's enqueues on one queue: one operation, nothing per entry here.
+
+        The writer's threads read the entries (``store/batch.py``): their
+        positions never change, and their messages are replaced (paged out)
+        only after this operation's insert is readable, so after they read them.
+        """
+        if queue.durable:
+            self._record((ENQUEUED_MANY, queue.vhost, queue.name, entries))
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
         if keeps(queue, entry):

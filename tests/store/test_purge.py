@@ -1,8 +1,10 @@
-"""A purge in the store: one operation, so a crash in its middle brings nothing back.
+"""A purge and a transaction's enqueues in the store: one operation each.
 
 The broker records a queue.purge as one ``PURGED`` operation (ranges of
-positions) before it lets go of the entries in slices (``broker/drain.py``);
-here the slices are turned by hand, and the node "crashes" between them.
+positions) before it lets go of the entries in slices (``broker/drain.py``),
+so a crash in the middle brings nothing back; here the slices are turned by
+hand, and the node "crashes" between them. A TX's enqueues on one queue are one
+``ENQUEUED_MANY`` operation, expanded by the store's threads.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pytest
 
 from brokerha.broker.broker import Limits
 from brokerha.broker.paging import PAGED, PENDING
-from brokerha.store.batch import ENQUEUED, PURGED, Batch, Unit, within
+from brokerha.store.batch import ENQUEUED, ENQUEUED_MANY, PURGED, Batch, Unit, within
 from brokerha.store.oplog import decode_ops, encode_ops
 from tests.broker.test_purge import Loop
 from tests.store.harness import LIMIT, StoreNode, body, message
@@ -169,3 +171,63 @@ def test_the_store_ignores_dequeues_of_a_deleted_queue(store_url: str) -> None:
     node.sync()
     node.close()
     assert stored_bodies(store_url) == [(1, body(1), False)]
+
+
+# -- a transaction's enqueues: one ENQUEUED_MANY operation ---------------------------------
+
+
+def test_a_transactions_batch_is_stored_whole_and_recovered(store_url: str) -> None:
+    node = StoreNode(store_url)
+    q = node.queue()
+    tx = node.broker.new_transaction()
+    for i in range(20):
+        tx.publish([q], message(body(i), persistent=i % 5 != 0))  # transient ones: not stored
+    node.call(tx.commit_prepared)
+    node.sync()
+    node.close()
+    assert stored_bodies(store_url) == [(i + 1, body(i), False) for i in range(20) if i % 5]
+
+
+@pytest.mark.usefixtures("lazy_writer")
+def test_a_logged_transaction_is_replayed_after_a_crash(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    node = open_node(db, apply_policy=lazy())
+    q = node.queue()
+    tx = node.broker.new_transaction()
+    for i in range(10):
+        tx.publish([q], message(body(i)))
+    node.call(tx.commit_prepared)
+    node.sync()  # logged, not applied
+    crash(node)
+    node = open_node(db)
+    try:
+        assert [m.body for m in node.store.load().messages] == [body(i) for i in range(10)]
+    finally:
+        node.close()
+
+
+def test_a_batch_is_logged_as_the_enqueues_it_stands_for() -> None:
+    import msgpack
+
+    from brokerha.broker.message import Entry
+
+    entries = [Entry(7, message(b"a"), None), Entry(8, message(b"t", persistent=False), None),
+               Entry(9, message(b"b"), None)]
+    ops = decode_ops(encode_ops(msgpack.Packer(use_bin_type=True),
+                                [(ENQUEUED_MANY, "/", "q", entries)]))
+    assert [(op[0], op[3], op[4].body) for op in ops] == [(ENQUEUED, 7, b"a"), (ENQUEUED, 9, b"b")]
+    batch = Batch()
+    batch.add(Unit([(ENQUEUED_MANY, "/", "q", entries)], []))
+    assert sorted(row[2] for row in batch.rows()[0]) == [7, 9]
+
+
+def test_a_big_record_is_packed_a_chunk_at_a_time_into_the_same_bytes() -> None:
+    """One C call over a big commit's rows would hold the GIL (and the loop) for all of it."""
+    import msgpack
+
+    from brokerha.store.oplog import PACK_CHUNK
+
+    ops: list[tuple[object, ...]] = [(3, "put_meta", ("k", "v"))]
+    ops += [(2, "/", "q", i) for i in range(3 * PACK_CHUNK + 7)]
+    packer = msgpack.Packer(use_bin_type=True)
+    assert encode_ops(packer, ops) == packer.pack(ops)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from brokerha.broker.storage import PreparedBranch
-from brokerha.store.batch import Batch
+from brokerha.store.batch import ENQUEUED_MANY, Batch
 from brokerha.store.sql import SQLStore, StoreError
 from tests.store.harness import StoreNode, message
 
@@ -197,7 +197,8 @@ def test_a_transaction_lands_in_one_commit(node: StoreNode) -> None:
     node.call(tx.apply)
     node.spin(0.05)
     waiting = node.store._writer._units  # handed over, not yet taken by the blocked writer
-    assert [len(unit.ops) for unit in waiting] == [20]  # one unit: never split by a commit
+    # one unit (never split by a commit), with one operation for the 20 enqueues
+    assert [[(op[0], len(op[3])) for op in unit.ops] for unit in waiting] == [[(ENQUEUED_MANY, 20)]]
     gate.set()
     node.sync()
     assert len(stored_bodies(node)) == 21
