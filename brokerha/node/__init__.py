@@ -205,8 +205,8 @@ def main(args: argparse.Namespace) -> int:
             from brokerha.node.ha import HANode
 
             node.ha = HANode(node, cluster)
-        # recovered state frozen too
-        await node.run_until_stopped(after_start=lambda: tune_gc(node.gc))
+        # recovered state frozen too, before the node serves (a full collection over it)
+        await node.run_until_stopped(after_recovery=lambda: tune_gc(node.gc))
         return node.exit_code
 
     try:

@@ -179,14 +179,29 @@ class Node:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def start(self) -> None:
+    async def start(self, after_recovery: Callable[[], None] | None = None) -> None:
+        """Recover, then serve; ``after_recovery`` runs in between (the GC's tuning).
+
+        Recovery (millions of stored messages take seconds) runs before
+        anything listens, joins a cluster or takes a lease, so its length stalls
+        nobody; what it leaves behind (a full collection of the cyclic GC over
+        everything recovered: 0.4 s at 1,000,000 messages) is done before too.
+        """
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         # recovery finishes before anyone can connect; a store that pages streams
         # the stored messages so their bodies are not all in memory at once
-        definitions = (self.store.load(stream_messages=True)  # type: ignore[call-arg]
-                       if self.broker.memory.pager is not None else self.store.load())
-        self.broker.restore(definitions)
+        collecting = gc.isenabled()
+        gc.disable()  # the recovered objects are not garbage: no collections while they come
+        try:
+            definitions = (self.store.load(stream_messages=True)  # type: ignore[call-arg]
+                           if self.broker.memory.pager is not None else self.store.load())
+            self.broker.restore(definitions)
+        finally:
+            if collecting:
+                gc.enable()
+        if after_recovery is not None:
+            after_recovery()
         # a purge's or delete's per-entry work: in slices between loop turns from now on
         self.broker.background.schedule = self.loop.call_soon
         self.store.start(self.loop)
@@ -421,14 +436,15 @@ class Node:
     def request_stop(self) -> None:
         self._stopping.set()
 
-    async def run_until_stopped(self, after_start: Callable[[], None] | None = None) -> None:
-        """The node's process: start, run until a signal or a stop request, stop."""
+    async def run_until_stopped(self, after_recovery: Callable[[], None] | None = None) -> None:
+        """The node's process: start, run until a signal or a stop request, stop.
+
+        ``after_recovery``: called once the stored state is recovered, before the
+        node serves or joins anything (``start``)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.request_stop)
         self.loop.add_signal_handler(signal.SIGHUP, self._sighup)
-        await self.start()
-        if after_start is not None:
-            after_start()
+        await self.start(after_recovery)
         await self._stopping.wait()
         await self.stop()
 
