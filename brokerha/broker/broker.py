@@ -91,7 +91,7 @@ class Broker:
         self.observers.add_queue_observer(self.store)
         if self.store.can_page and (self.limits.queue_max_memory or self.limits.node_max_memory):
             self.memory.pager = Pager(self.store, self.limits.queue_max_memory,
-                                      self.limits.node_max_memory)
+                                      self.limits.node_max_memory, background=self.background)
         self._spawn = spawn
         self._tx_ids = itertools.count(1)
         self.outcomes = TxOutcomes(self.store)

@@ -86,8 +86,9 @@ class Pager:
     """Decides which entries to page, pages them after commit, reads them back."""
 
     def __init__(self, store: Any, queue_limit: int = 0, node_limit: int = 0,
-                 read_ahead: int = READ_AHEAD) -> None:
+                 read_ahead: int = READ_AHEAD, background: Any = None) -> None:
         self.store = store
+        self.background = background  # the broker's (broker/background.py): paging in slices
         self.queue_limit = queue_limit or _UNLIMITED
         self.node_limit = node_limit or _UNLIMITED
         self.read_ahead = max(1, read_ahead)
@@ -126,16 +127,17 @@ class Pager:
         self.store.after_readable(lambda: self._durable(queue, covered))
 
     def _durable(self, queue: Queue, covered: int) -> None:
-        """The inserts of the first ``covered`` pending entries are committed."""
-        pending = queue.page_pending
-        batch = pending[:covered]
-        del pending[:covered]
-        queue.page_scheduled = False
-        for entry in batch:
-            if entry.paged == PENDING:  # still ready (leaving the ready list resets it)
-                self._page(queue, entry, entry.message.size)
-        if pending and not queue.deleted:
-            self._schedule(queue)
+        """The inserts of the first ``covered`` pending entries are committed.
+
+        They are paged out by a sliced work (``broker/background.py``): a TX of
+        100,000 past the limit makes 100,000 stubs, too many for one loop turn.
+        """
+        work = PageOut(self, queue, covered)
+        if self.background is None:
+            while not work.step(PAGE_SLICE):
+                pass
+        else:
+            self.background.run(work)
 
     def _page(self, queue: Queue, entry: Entry, size: int) -> None:
         entry.message = paged_copy(entry.message)
@@ -185,3 +187,37 @@ class Pager:
             e.message = resident_copy(e.message, found[0], found[1])
             e.paged = RESIDENT
         self.read_back += len(entries)
+
+
+PAGE_SLICE = 4096  # entries paged out at once without a background (no loop)
+
+
+class PageOut:
+    """Page out the first ``covered`` pending entries of ``queue``, ``budget`` at a time.
+
+    They stay on ``page_pending`` until their step, so a purge meanwhile still
+    finds (and resets) them; the queue's next page-out is scheduled once done.
+    """
+
+    def __init__(self, pager: Pager, queue: Queue, covered: int) -> None:
+        self.pager = pager
+        self.queue = queue
+        self.left = covered
+
+    def step(self, budget: int) -> bool:
+        queue = self.queue
+        pending = queue.page_pending
+        n = min(self.left, budget)
+        batch = pending[:n]
+        del pending[:n]
+        self.left -= n
+        for entry in batch:
+            if entry.paged == PENDING:  # still ready (leaving the ready list resets it)
+                self.pager._page(queue, entry, entry.message.size)
+        if self.left:
+            return False
+        queue.page_scheduled = False
+        if pending and not queue.deleted:
+            self.pager._schedule(queue)
+        return True
+

@@ -20,7 +20,7 @@ from brokerha.store.oplog import decode_ops, encode_ops
 from tests.broker.test_purge import Loop
 from tests.store.harness import LIMIT, StoreNode, body, message
 from tests.store.test_oplog import crash, lazy, lazy_writer, open_node, sql_messages  # noqa: F401
-from tests.store.test_paging import fill, settle
+from tests.store.test_paging import fill
 
 
 def sliced(node: StoreNode, entries: int = 50) -> Loop:
@@ -103,10 +103,14 @@ def test_a_purge_of_a_paged_queue_pages_nothing_more_and_releases_its_memory(
         loop = sliced(node)
         assert node.call(lambda: node.vhost.purge_queue("q", None)) == 260
         assert (q.ready_bytes, q.paged_bytes) == (0, 0)
-        settle(node)
+        for _ in range(20):  # the page-outs due run as sliced works too
+            node.sync()
+            loop.run()
+            if not q.page_pending:
+                break
         assert pager.paged_out == paged_out  # the pending ones were not paged after all
-        loop.run()
         assert node.broker.memory.used == 0
+        node.broker.background.schedule = None  # from here, everything at once
         fill(node, q, 100, start=300)  # the queue pages as before
         assert node.broker.memory.used == q.ready_bytes - q.paged_bytes
         entries = []
@@ -231,3 +235,35 @@ def test_a_big_record_is_packed_a_chunk_at_a_time_into_the_same_bytes() -> None:
     ops += [(2, "/", "q", i) for i in range(3 * PACK_CHUNK + 7)]
     packer = msgpack.Packer(use_bin_type=True)
     assert encode_ops(packer, ops) == packer.pack(ops)  # type: ignore[arg-type]
+
+
+def test_a_big_commit_past_the_limit_is_paged_out_in_slices(store_url: str) -> None:
+    node = StoreNode(store_url, limits=Limits(queue_max_memory=LIMIT))
+    try:
+        q = node.queue()
+        loop = sliced(node, entries=50)
+        tx = node.broker.new_transaction()
+        for i in range(500):
+            tx.publish([q], message(body(i)))
+        node.call(tx.commit_prepared)
+        pager = node.broker.memory.pager
+        assert pager is not None
+        for _ in range(50):  # the inserts become readable; the page-out is a sliced work
+            node.sync()
+            if loop.calls:
+                break
+        paged = [pager.paged_out]
+        while loop.calls:
+            loop.turn()
+            paged.append(pager.paged_out)
+        steps = [b - a for a, b in zip(paged, paged[1:], strict=False)]
+        assert max(steps) <= 50 and len(steps) >= 9  # ~480 stubs, 50 a slice at most
+        assert sum(1 for e in q.ready if e.paged == PAGED) == pager.paged_out > 450
+        assert node.broker.memory.used == q.ready_bytes - q.paged_bytes
+        node.broker.background.schedule = None
+        got = []
+        while (e := node.call(q.get)) is not None:
+            got.append(e.message.body)
+        assert got == [body(i) for i in range(500)]
+    finally:
+        node.close()
