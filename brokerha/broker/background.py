@@ -11,6 +11,11 @@ runs it in slices of at most ``SLICE_ENTRIES`` entries per step and
 
 The node installs ``schedule`` (``loop.call_soon``); without it (tests,
 tools, a broker with no loop) every work runs to its end at once, as before.
+
+While the broker holds its publishers (``broker/flow.py``: on an HA primary,
+a backup has not acknowledged for ``flow_lag``), no slice runs: a purge's
+dequeues are replication traffic too, and the backups apply them slower
+than the primary makes them; the work goes on once the flow is released.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class Background:
         self.seconds = seconds
         self._works: deque[tuple[SlicedWork | None, Callable[[], None] | None]] = deque()
         self._scheduled = False
+        self.held = False  # the broker's publishers are held: no slice runs
         self.slices = 0  # loop turns given to background work (tests, metrics)
 
     @property
@@ -67,6 +73,12 @@ class Background:
             return
         self._works.append((None, callback))
 
+    def flow_changed(self, held: bool) -> None:
+        """A ``PublishFlow`` listener: slices pause while publishers are held."""
+        self.held = held
+        if not held and self._works:
+            self._wake()
+
     def finish(self) -> None:
         """Do everything pending now, in one go (shutdown, or a caller that must see it done)."""
         while self._works:
@@ -80,6 +92,8 @@ class Background:
     def _slice(self) -> None:
         """One loop turn's share: steps until the works are done or the time is up."""
         self._scheduled = False
+        if self.held:
+            return  # ``flow_changed`` wakes it
         self.slices += 1
         deadline = self.clock() + self.seconds
         while self._works:

@@ -106,8 +106,10 @@ class Broker:
         # ready backup's); while any is, publishers are blocked (connection.blocked)
         self.alarms: dict[str, str] = {}
         self.alarm_listeners: list[Callable[[bool], None]] = []
-        # internal back-pressure (the HA primary's): publishers are not read, not told
+        # internal back-pressure (the HA primary's): publishers are not read, not told;
+        # background work (a purge's dequeues) pauses too
         self.flow = PublishFlow()
+        self.flow.listeners.append(self.background.flow_changed)
         # Replication barriers (the HA primary adds one): each runs a callback once
         # every ready backup holds what was done so far. See ``after_durable``.
         self.replication_barriers: list[Callable[[Callable[[], None]], None]] = []

@@ -296,3 +296,20 @@ def test_a_failing_work_is_dropped_and_what_waits_behind_it_still_runs() -> None
     background.after(lambda: done.append("after"))
     loop.run()
     assert done == ["after"] and background.pending == 0
+
+
+def test_slices_pause_while_publishers_are_held_and_go_on_once_released() -> None:
+    """On an HA primary a lagging backup holds publishers (``flow_lag``): a purge's
+    dequeues are replication traffic too, so its slices wait as well."""
+    broker, loop, singly, _ = sliced()
+    q = broker.vhosts["/"].declare_queue("q", owner=None)
+    fill(q, 1000)
+    broker.vhosts["/"].purge_queue("q", None)
+    loop.turn()
+    assert len(singly.positions) == STEP
+    broker.flow.hold("replication", "a backup lags")
+    loop.run()
+    assert len(singly.positions) == STEP and broker.background.pending == 1
+    broker.flow.release("replication")
+    loop.run()
+    assert len(singly.positions) == 1000 and broker.background.pending == 0
