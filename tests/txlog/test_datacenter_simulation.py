@@ -42,7 +42,8 @@ def test_sixty_seeds_keep_the_txlog_agreed_durable_and_applied_through_failovers
     seen = totals(results)
     # the runs did exercise what they claim: A's master moved between nodes, crashes cut
     # journals, both datacenters' clients committed, and some commits were refused
-    assert seen["failover"] > 3 * CI_SEEDS and seen["crash"] > CI_SEEDS
+    # fewer since a lapsed lease pauses a stalled primary instead of deposing it (issue 33)
+    assert seen["failover"] > 2 * CI_SEEDS and seen["crash"] > CI_SEEDS
     assert seen["commit-ok"] > 50 * CI_SEEDS and seen["ordered"] > 80 * CI_SEEDS
     assert seen["refused"] > 5 * CI_SEEDS and seen["unknown"] > CI_SEEDS
 
