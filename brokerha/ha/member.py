@@ -161,27 +161,23 @@ class HAMember:
         is asked for and again when it would be released (``Broker.after_durable``),
         the client admission when a connection is handed over.
         """
-        primary = self.core.primary
-        if primary is None or self.core.phase != "primary":
-            return None
-        if primary.epoch != self.election.epoch or not self.election.lease_valid(self.clock()):
-            return None
-        return primary.epoch
+        term = self.role_term()
+        return term if term is not None and self.election.lease_valid(self.clock()) else None
 
     def lapsed(self) -> int | None:
         """The epoch whose serving primary this node is, its lease lapsed (``Election.lapsed``):
         it serves nobody now and may again in that epoch if its lease is renewed; None
         otherwise. A confirm asked for or due meanwhile waits (``defer``)."""
+        term = self.role_term()
+        return term if term is not None and self.election.lapsed(self.clock()) else None
+
+    def role_term(self) -> int | None:
+        """The epoch whose verified primary this node is, its lease valid or lapsed (``term``
+        or ``lapsed``): what the shell opens for."""
         primary = self.core.primary
         if primary is None or self.core.phase != "primary" or primary.epoch != self.election.epoch:
             return None
-        return primary.epoch if self.election.lapsed(self.clock()) else None
-
-    def role_term(self) -> int | None:
-        """The epoch whose verified primary this node is, serving or lapsed (``term`` or
-        ``lapsed``): what the shell opens for."""
-        term = self.term()
-        return term if term is not None else self.lapsed()
+        return primary.epoch
 
     def defer(self, release: Callable[[], None]) -> None:
         """Run ``release`` (which reads ``term`` again) once the lease is renewed; dropped,
@@ -195,10 +191,10 @@ class HAMember:
                 release()
 
     def refused(self) -> None:
-        """A confirm was refused (``term`` was None or changed): if the election still
-        believes it serves, its lease ran out -- step down at the next turn, which closes
-        the connection that waits (the lease cannot be renewed meanwhile, see
-        ``Election.receive``)."""
+        """A confirm was refused (neither ``term`` nor ``lapsed`` is its term any more): if
+        the election still holds the primary role, its lapse may be over before its tick
+        noticed -- tick it at the next turn, which steps it down and closes the
+        connection that waits."""
         if not self._lapse_scheduled:
             self._lapse_scheduled = True
             self.effects.soon(self._lapse)

@@ -75,7 +75,6 @@ class CatchUp:
         self.first_seq = join_seq - CATCH_UP_SPAN
         self.next_seq = self.first_seq  # the seq of the next event made
         self.done = False
-        self.events = 0
         self._stream = self._all(head, queues, tail)
 
     def _all(self, head: list[Event], queues: list[tuple[QueueGuard, Iterable[Event | None]]],
@@ -83,7 +82,6 @@ class CatchUp:
         yield from head
         seq_now = self._seq_now
         for guard, events in queues:
-            self.valid_at = max(self.valid_at, seq_now())
             for event in events:
                 self.valid_at = max(self.valid_at, seq_now())  # after each read of the queue
                 yield event
@@ -110,5 +108,4 @@ class CatchUp:
                 break
         else:
             self.done = True
-        self.events += len(out)
         return out, work
