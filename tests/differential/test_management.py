@@ -8,49 +8,16 @@ or names of the node). Skipped when rabbitmq-server is not installed.
 from __future__ import annotations
 
 import json
-import sys
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from brokerha.testing import NodeProcess, free_base_port, free_port
-from tests.management_http import USERS, call
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from rabbitmq_ref import RabbitMQRef, available  # noqa: E402
+from tests.management_http import call
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(180)]
 
-
-
-@pytest.fixture(scope="module")
-def rabbit_api() -> Iterator[str]:
-    if not available():
-        pytest.skip("rabbitmq-server is not installed (scripts/ensure-rabbitmq installs it)")
-    port = free_port()
-    ref = RabbitMQRef(plugins=("rabbitmq_management",),
-                      extra_config=f"management.tcp.port = {port}\n"
-                                   "management.tcp.ip = 127.0.0.1\n")
-    with ref:
-        for args in (("add_user", "watcher", "w-secret"),
-                     ("set_user_tags", "watcher", "monitoring"),
-                     ("set_permissions", "watcher", ".*", ".*", ".*"),
-                     ("add_user", "app", "p-secret")):
-            done = ref.ctl(*args)
-            assert done.returncode == 0, done.stderr
-        yield f"http://127.0.0.1:{port}/api"
-
-
-@pytest.fixture(scope="module")
-def brokerha_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    config = tmp_path_factory.mktemp("diff-mgmt") / "node.toml"
-    config.write_text(USERS)
-    with NodeProcess("diff-mgmt", port=free_base_port(1),
-                     extra_args=["--config", str(config)]) as node:
-        yield f"http://127.0.0.1:{node.port + 10000}/api"
+# rabbit_api and brokerha_api: conftest.py
 
 
 CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
