@@ -27,6 +27,12 @@ class QueueReplicator:
         message = Message(exchange, routing_key, bytes(header), bytes(body))
         self.queue.add_entry(Entry(position, message, expires_at))
 
+    def enqueue_run(self, position: int, messages: list[Message]) -> None:
+        """A transaction's run (``OpRefs``): ``messages`` at ``position``.. in one batch
+        (``Queue.add_entries``: the store's hooks take it in one call)."""
+        self.queue.add_entries([Entry(position + i, message, None)
+                                for i, message in enumerate(messages)])
+
     def dequeue(self, positions: list[Any]) -> None:
         q = self.queue
         for position in positions:

@@ -105,12 +105,18 @@ class TransactionReplicator:
             problem = self._cannot_apply(buffer)
             if problem is not None:  # diverged from the primary: join again (a catch-up)
                 raise ReplicationError(f"cannot commit {txid}: {problem}")
-        for op in ops:  # OpRef, Enqueued and Dequeued records
+        for op in ops:  # OpRef(s), Enqueued and Dequeued records
             kind = op.kind
             if kind == R.OP_REF:
                 _, _, exchange, routing_key, header, body = buffer.messages[op.message]
                 self.replicator(op.vhost, op.queue).enqueue(op.position, exchange, routing_key,
                                                             header, body, op.expires_in)
+            elif kind == R.OP_REFS:
+                run = buffer.built[op.message:op.message + op.count]
+                if len(run) != op.count or op.message < 0:
+                    raise ReplicationError(f"commit of {txid} refers to te events this "
+                                           f"backup does not hold")
+                self.replicator(op.vhost, op.queue).enqueue_run(op.position, run)
             elif kind == R.ENQUEUED:
                 self.replicator(op.vhost, op.queue).enqueue(*op[3:])
             elif kind == R.DEQUEUED:

@@ -18,6 +18,8 @@ from typing import Any
 
 import msgpack
 
+from brokerha.broker.message import Message
+
 # (vhost, [queue names], exchange, routing_key, header, body)
 BufferedMessage = tuple[str, list[str], str, str, bytes, bytes]
 
@@ -26,6 +28,9 @@ BufferedMessage = tuple[str, list[str], str, str, bytes, bytes]
 class TxBuffer:
     txid: str
     messages: list[BufferedMessage] = field(default_factory=list)
+    # the same contents as Messages, made as each te arrives (not all at the commit:
+    # a TX of 100,000 messages would make them in one step of the backup's loop)
+    built: list[Message] = field(default_factory=list)
     dequeues: list[tuple[str, str, list[int]]] = field(default_factory=list)
     client_id: str | None = None
     prepared: bool = False
@@ -34,8 +39,9 @@ class TxBuffer:
 
     def enqueue(self, vhost: str, queues: list[str], exchange: str, routing_key: str,
                 header: bytes, body: bytes) -> None:
-        self.messages.append((vhost, list(queues), exchange, routing_key, bytes(header),
-                              bytes(body)))
+        header, body = bytes(header), bytes(body)
+        self.messages.append((vhost, list(queues), exchange, routing_key, header, body))
+        self.built.append(Message(exchange, routing_key, header, body))
 
     def dequeue(self, vhost: str, queue: str, positions: list[int]) -> None:
         self.dequeues.append((vhost, queue, list(positions)))
@@ -52,8 +58,8 @@ class TxBuffer:
         buffer: TxBuffer = (DtxBuffer(txid) if doc.get("xid") else TxBuffer(txid))
         buffer.xid = doc.get("xid")
         buffer.client_id = doc.get("client_id")
-        buffer.messages = [(v, list(qs), ex, rk, bytes(h), bytes(b))
-                           for v, qs, ex, rk, h, b in doc["messages"]]
+        for v, qs, ex, rk, h, b in doc["messages"]:
+            buffer.enqueue(v, qs, ex, rk, h, b)
         buffer.dequeues = [(v, q, list(ps)) for v, q, ps in doc["dequeues"]]
         buffer.prepared = True
         return buffer

@@ -110,6 +110,7 @@ TX_OUTCOMES = "to"
 TX_EVENTS = frozenset([TX_BEGIN, TX_ENQUEUE, TX_DEQUEUE, TX_PREPARE, TX_COMMIT, TX_ROLLBACK,
                        TX_OUTCOMES])
 OP_REF = "r"  # a tc op: enqueue of a message the tx-queue carried
+OP_REFS = "rs"  # a tc op: a run of them, consecutive positions and te events, no expiry
 TXLOG_RECORD = "lr"
 TXLOG_SNAPSHOT = "ls"
 TXLOG_APPLIED = "la"
@@ -241,7 +242,7 @@ class TxCommit(NamedTuple):
     kind: str
     txid: str
     client_id: str | None
-    ops: list[Any]  # OpRef, Enqueued and Dequeued records, in the order applied
+    ops: list[Any]  # OpRef(s), Enqueued and Dequeued records, in the order applied
 
 
 class TxRollback(NamedTuple):
@@ -262,6 +263,17 @@ class OpRef(NamedTuple):
     position: int
     message: int  # the index of the tx-queue's ``te`` event that carries the content
     expires_in: int | None
+
+
+class OpRefs(NamedTuple):
+    """``count`` OpRefs without expiry: positions ``position``.. for te events ``message``.."""
+
+    kind: str
+    vhost: str
+    queue: str
+    position: int
+    message: int
+    count: int
 
 
 class TxLogRecord(NamedTuple):
@@ -300,7 +312,7 @@ RECORDS: dict[str, Any] = {
     CATCH_UP_BEGINS: CatchUpBegins, SNAPSHOT_DONE: SnapshotDone, CAUGHT_UP: CaughtUp,
     ACK_PROMPTLY: AckPromptly, TX_BEGIN: TxBegin, TX_ENQUEUE: TxEnqueue, TX_DEQUEUE: TxDequeue,
     TX_PREPARE: TxPrepare, TX_COMMIT: TxCommit, TX_ROLLBACK: TxRollback,
-    TX_OUTCOMES: TxOutcomes, OP_REF: OpRef, TXLOG_RECORD: TxLogRecord,
+    TX_OUTCOMES: TxOutcomes, OP_REF: OpRef, OP_REFS: OpRefs, TXLOG_RECORD: TxLogRecord,
     TXLOG_SNAPSHOT: TxLogSnapshot, TXLOG_APPLIED: TxLogApplied,
     TXLOG_BROKER_BACKUP: TxLogBrokerBackup, TXLOG_PEERS: TxLogPeers,
 }

@@ -16,8 +16,11 @@ quorum of acknowledgements of it as a confirm does, so one backup round trip
 per commit is enough (docs/ha.md, "One round trip for TX"). So a TX sends
 its publishes with its commit: the ``tc`` carries their content (``e`` ops,
 right after the ``tb`` if nothing opened the tx-queue before); only a message
-routed to several replicated queues, or what exceeds ``TC_CONTENT_BYTES``,
-goes once as a ``te`` the ``tc`` refers to.
+routed to several replicated queues goes once as a ``te`` the ``tc`` refers to.
+A TX whose content passes ``TC_CONTENT_BYTES`` sends the rest as ``te`` events
+as it is published (issue 33: sent all at the commit, 100,000 of them held the
+primary's loop 0.64 s); the ``tc`` refers to them by runs (``OpRefs``), and
+each backup made their messages as they came.
 A ``te`` per message ahead of the commit cost each backup a buffered copy, an
 event and a record per message, for nothing it could use before the ``tc``.
 Its accepts still go as ``td`` events when they happen: the backup checks
@@ -106,6 +109,11 @@ class PrimaryTxObserver(TransactionObserver):
         self.queue: TxQueue | None = None
         self._last: tuple[Message, R.TxEnqueue] | None = None  # the last te, for more queues
         self._at_commit = False  # a TX published to a replicated queue: its content in its tc
+        # a TX's content counted as it is published; past TC_CONTENT_BYTES the rest goes
+        # as te events at once (from ``_eager``, a message), not all at the commit
+        self._inline_bytes = 0
+        self._counted: Message | None = None
+        self._eager: Message | None = None
 
     def _tx_queue(self) -> TxQueue:
         if self.queue is None:
@@ -125,7 +133,13 @@ class PrimaryTxObserver(TransactionObserver):
             return
         if self.xid is None:
             self._replicated_at_commit()
-            return
+            if self._eager is None and self._counted is not message:
+                self._counted = message
+                self._inline_bytes += message.size
+                if self._inline_bytes > TC_CONTENT_BYTES:
+                    self._eager = message
+            if self._eager is None:
+                return
         self._send_content(queue, message)
 
     def _send_content(self, queue: Queue, message: Message) -> None:
@@ -182,7 +196,13 @@ class PrimaryTxObserver(TransactionObserver):
             # a message for several queues still goes once, as a te the tc refers to,
             # and so does what exceeds TC_CONTENT_BYTES
             room = TC_CONTENT_BYTES
+            eager = self._eager
+            sent = self.queue.message_index if self.queue is not None else {}
             for queues, message in self.transaction.publishes:
+                if message is eager:
+                    break  # from here on sent as te events when published
+                if message.msg_id in sent:
+                    continue
                 replicated = [q for q in queues if self.primary.messages_replicated(q)]
                 if not replicated:
                     continue
