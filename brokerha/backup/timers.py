@@ -5,6 +5,9 @@ Message TTL and ``x-expires`` run from ``VirtualHost.tick`` over the vhost's
 authoritative (a backup that expired messages by its own clock would disagree
 with the primary about what a queue holds), so its queues are taken off that
 set; a promoted node puts them back, counting ``x-expires`` from the promotion.
+Their vhosts are marked ``following`` meanwhile, so that a policy that
+gives a queue a TTL or a lower limit (``broker/policy_effects.py``) starts no
+timer and trims nothing there either.
 """
 
 from __future__ import annotations
@@ -15,16 +18,19 @@ from brokerha.broker.vhost import VirtualHost
 
 
 def hold_timers(vhost: VirtualHost, queue: Queue) -> None:
+    vhost.following = True
     vhost.timed_queues.discard(queue)
 
 
 def hold_all_timers(broker: Broker) -> None:
     for vhost in broker.vhosts.values():
+        vhost.following = True
         vhost.timed_queues.clear()
 
 
 def resume_timers(broker: Broker, now: float) -> None:
     for vhost in broker.vhosts.values():
+        vhost.following = False
         for queue in vhost.queues.values():
             if queue.has_timers and queue not in vhost.timed_queues:
                 queue.last_used = now

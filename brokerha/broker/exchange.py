@@ -47,10 +47,12 @@ class Exchange:
         self.arguments = dict(arguments or {})
         self.bindings: dict[tuple[Any, ...], Binding] = {}
         self.deleted = False
+        # a policy's alternate-exchange (broker/policy_effects.py); the argument wins over it
+        self.policy_alternate: str | None = None
 
     @property
     def alternate(self) -> str | None:
-        value = self.arguments.get("alternate-exchange")
+        value = self.arguments.get("alternate-exchange", self.policy_alternate)
         return value if isinstance(value, str) and value else None
 
     def add_binding(self, binding: Binding) -> bool:

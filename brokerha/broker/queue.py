@@ -486,13 +486,29 @@ class Queue:
     def _make_room(self, message: Message) -> bool:
         if self.overflow != "drop-head":
             return False
+        self._drop_oldest(lambda: self._full(message), -1)
+        return not self._full(message)
+
+    def over_limit(self) -> bool:
+        """More ready entries or bytes than ``max_length``/``max_length_bytes`` allow."""
+        return ((self.max_length is not None and len(self.ready) > self.max_length)
+                or (self.max_length_bytes is not None
+                    and self.ready_bytes > self.max_length_bytes))
+
+    def drop_head(self, budget: int) -> int:
+        """Drop (dead-letter as ``maxlen``) at most ``budget`` of the oldest ready entries
+        while the queue is ``over_limit``; how many. A policy that lowers a limit trims
+        an existing queue with it, in slices (``broker/policy_effects.py``)."""
+        return self._drop_oldest(self.over_limit, budget)
+
+    def _drop_oldest(self, while_: Callable[[], bool], budget: int) -> int:
         dropped: list[Entry] = []
-        while self.ready and self._full(message):
+        while self.ready and len(dropped) != budget and while_():
             entry = self.ready.pop_oldest()
             self._left_ready(entry)
             dropped.append(entry)
         self._discard(dropped, "maxlen")
-        return not self._full(message)
+        return len(dropped)
 
     def _dead_letter_new(self, message: Message) -> None:
         """A message refused or discarded on arrival goes to the DLX without being queued."""

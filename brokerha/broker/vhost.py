@@ -86,6 +86,9 @@ class VirtualHost:
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self.timed_queues: set[Queue] = set()
+        # its queues' contents follow another node's (an HA backup's, backup/timers.py): no
+        # timers of their own, and a policy that lowers a limit trims nothing here
+        self.following = False
         self.exchanges[""] = EXCHANGE_CLASSES["direct"](name, "", durable=True)
         for ex_name, ex_type in STANDARD_EXCHANGES:
             self.exchanges[ex_name] = EXCHANGE_CLASSES[ex_type](name, ex_name, durable=True)
