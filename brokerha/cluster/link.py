@@ -21,6 +21,7 @@ import random
 import socket
 import ssl
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -47,6 +48,10 @@ PING_INTERVAL = 1.0
 IDLE_TIMEOUT = 5.0
 REPEAT_WARNING_AFTER = 30.0     # the same refusal is logged at WARNING at most this often
 _LINK_CODES = range(1, 10)      # handshake and ping: never handed to on_message
+# packets handled per loop turn, in seconds: past it the rest waits for the next turn with
+# the socket not read (one read of 256 KiB of dequeue events took a backup 0.1-0.5 s, the
+# heartbeats and the other links waiting behind it; issue 33)
+DELIVER_SLICE = 0.02
 _MSG_ID_WRAP = 0xFFFFFFFF
 
 OnMessage = Callable[[str, int, Message], None]
@@ -124,6 +129,10 @@ class _Connection(asyncio.Protocol):
         self._tls_task: asyncio.Task[None] | None = None
         self._tls_start: ServerTLSStart | None = None
         self._early: list[bytes] | None = None   # data decrypted before start_tls returned
+        # decoded packets not handled yet (``DELIVER_SLICE``), the socket paused meanwhile
+        self._inbox: deque[tuple[int, Message]] = deque()
+        self._inbox_error: ProtocolError | None = None
+        self._paused = False
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -224,15 +233,29 @@ class _Connection(asyncio.Protocol):
 
     def _deliver(self, data: bytes) -> None:
         assert self.codec is not None and self.peer is not None
-        error: ProtocolError | None = None
         try:
             packets = self.codec.feed(data)
         except ProtocolError as exc:
-            packets, error = exc.decoded, exc
+            packets, self._inbox_error = exc.decoded, exc
+        self._inbox.extend(packets)
+        if not self._paused:
+            self._handle_inbox()
+
+    def _handle_inbox(self) -> None:
+        """Hand the decoded packets to ``on_message``, for at most ``DELIVER_SLICE`` a turn.
+
+        Past the slice the socket stops being read and the rest waits for the
+        next loop turn, in order: timers, heartbeats and other links go first.
+        """
+        assert self.peer is not None
+        inbox = self._inbox
         on_message = self.links.on_message
-        for msg_id, msg in packets:
+        deadline = time.perf_counter() + DELIVER_SLICE
+        while inbox:
             if self.closed:
+                inbox.clear()
                 return
+            msg_id, msg = inbox.popleft()
             if msg.CODE in _LINK_CODES:
                 continue
             try:
@@ -240,6 +263,18 @@ class _Connection(asyncio.Protocol):
             except Exception:
                 log.exception("cluster link with %s: handling %s failed", self.peer,
                               type(msg).__name__)
+            if inbox and time.perf_counter() > deadline and not self.closed:
+                if not self._paused:
+                    self._paused = True
+                    if self.transport is not None:
+                        self.transport.pause_reading()
+                asyncio.get_running_loop().call_soon(self._handle_inbox)
+                return
+        if self._paused:
+            self._paused = False
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
+        error, self._inbox_error = self._inbox_error, None
         if error is not None and not self.closed:
             self.links._warn(f"cluster link with {self.peer} ({self.remote}): {error.reason}; "
                              f"closing")

@@ -71,6 +71,11 @@ def join_dequeue(event: Event, q: Queue, position: int) -> bool:
     return True
 
 
+def event_work(event: Event) -> int:
+    """Rough work of applying an event on a backup (to cut packets): entries it touches."""
+    return len(event.positions) if event[0] == R.DEQUEUED else 1
+
+
 def event_size(event: Event) -> int:
     """Rough bytes of an event on the wire (to cut packets)."""
     kind = event[0]

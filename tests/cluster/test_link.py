@@ -116,6 +116,52 @@ def test_two_nodes_connect_and_exchange_messages() -> None:
     asyncio.run(main())
 
 
+def test_slow_handling_is_sliced_timers_run_between_and_the_order_holds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: one read of many packets was handled in one step of the loop (a
+    backup applying 256 KiB of dequeue events: 0.1-0.5 s, its heartbeats behind it)."""
+    import time as _time
+
+    from brokerha.cluster import link
+
+    monkeypatch.setattr(link, "DELIVER_SLICE", 0.005)
+
+    async def main() -> None:
+        ports = mesh(["n1", "n2"])
+        n1, n2 = await started(Node("n1", ports), Node("n2", ports))
+        try:
+            await all_up(n1, n2)
+            handled = n1._on_message
+            ticks: list[int] = []  # how many packets were handled when each tick ran
+
+            def slow(peer: str, msg_id: int, msg: Message) -> None:
+                _time.sleep(0.001)  # a packet that costs 1 ms to apply
+                handled(peer, msg_id, msg)
+
+            n1.links.on_message = slow
+            loop = asyncio.get_running_loop()
+
+            def tick() -> None:
+                ticks.append(len(n1.inbox))
+                if len(n1.inbox) < 200:
+                    loop.call_soon(tick)
+
+            sent = [f"m{i}" for i in range(200)]
+            n2.links.send_many("n1", [note(t) for t in sent])
+            loop.call_soon(tick)
+            await wait_until(lambda: len(n1.inbox) == 200)
+            assert n1.texts() == sent  # in order
+            # other callbacks ran while the 200 ms of packets were handled, in slices
+            progress = sorted(set(t for t in ticks if 0 < t < 200))
+            assert len(progress) >= 5, ticks
+            assert max(b - a for a, b in zip([0, *progress], [*progress, 200], strict=True)) <= 50
+            n2.links.send("n1", note("after"))  # reading resumed
+            await wait_until(lambda: n1.texts()[-1:] == ["after"])
+        finally:
+            await closed(n1, n2)
+    asyncio.run(main())
+
+
 def test_three_nodes_make_one_link_per_pair() -> None:
     async def main() -> None:
         ports = mesh(["n1", "n2", "n3"])

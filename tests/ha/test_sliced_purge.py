@@ -102,3 +102,26 @@ def test_a_backup_joining_during_the_slices_converges() -> None:
     c.pump()
     same(c)
     assert c.primary.ready_backups() == ["n2", "n3"]
+
+
+def test_a_packet_carries_at_most_work_per_packet_dequeued_positions() -> None:
+    """A backup applies a packet in one step: bounded in entries touched, not only bytes
+    (1 MiB of dequeue events was ~110,000 positions; issue 33)."""
+    from brokerha.primary.remote_backup import WORK_PER_PACKET
+
+    c = Cluster(2)
+    n = 6 * WORK_PER_PACKET
+    deep(c, n)
+    c.follow("n2")
+    c.pump()
+    c.broker.vhosts["/"].purge_queue("q", None)  # no slices here: all dequeues at once
+    packets = c.primary.take_outbox("n2")
+    work = [sum(len(e.positions) for e in p.events if e.kind == R.DEQUEUED) for p in packets]
+    assert sum(work) == n
+    assert max(work) <= WORK_PER_PACKET and len(packets) >= 6
+    backup = c.nodes["n2"].backup
+    assert backup is not None
+    for packet in packets:
+        backup.receive(wire(packet))  # type: ignore[arg-type]
+    c.pump()
+    same(c)
