@@ -33,6 +33,7 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.exchange import Binding, Exchange
 from brokerha.broker.message import Entry
 from brokerha.broker.observers import ConfigurationObserver, QueueObserver
+from brokerha.broker.policy_effects import PolicyEffects
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
 from brokerha.cluster.quorum import replicated_seq
@@ -167,7 +168,8 @@ class Primary(ConfigurationObserver, QueueObserver):
     def _policy(self, q: Queue) -> str:
         policy = self._policies.get(q)
         if policy is None:
-            policy = self._policies[q] = queue_policy(q, self.default_policy, self.policies)
+            policy = self._policies[q] = queue_policy(q, self.default_policy, self.policies,
+                                                      PolicyEffects.of(self.broker))
         return policy
 
     def _replicated(self, q: Queue) -> bool:

@@ -56,3 +56,45 @@ def test_cluster_policies_are_parsed_and_checked() -> None:
                      ({"pattern": "x", "replicate": "all", "color": 1}, "unknown key")]:
         with pytest.raises(ConfigError, match=why):
             parse_cluster({**table, "policies": [bad]}, "t", Path("."))
+
+
+def test_the_toml_policies_seeded_as_ha_replicate_policies_decide_alike() -> None:
+    """One way to decide replication: [[cluster.policies]] as policies give what they gave."""
+    import re
+
+    from brokerha.broker.broker import Broker
+    from brokerha.broker.policies import POLICY
+    from brokerha.broker.policy_effects import PolicyEffects
+    from brokerha.primary.policy import ReplicationPolicy, as_policies, queue_policy
+
+    broker = Broker("t")
+    effects = PolicyEffects(broker)
+    vh = broker.add_vhost("/")
+    broker.add_vhost("other").declare_queue("tmp.x", owner=None)
+    toml = [ReplicationPolicy(re.compile(r"^tmp\."), "none", "/"),
+            ReplicationPolicy(re.compile(r"^(cfg|tmp)\."), "configuration")]
+    for policy in as_policies(toml, ["/", "other"]):
+        effects.set_policy(POLICY, policy)
+    queues = [vh.declare_queue("tmp.a", owner=None), vh.declare_queue("cfg.a", owner=None),
+              vh.declare_queue("tmp.b", owner=None, arguments={"x-ha-replicate": "all"}),
+              vh.declare_queue("orders", owner=None), broker.vhost("other").queues["tmp.x"]]
+    assert [queue_policy(q, "all", (), effects) for q in queues] == \
+        [queue_policy(q, "all", toml) for q in queues] == \
+        ["none", "configuration", "all", "all", "configuration"]
+
+
+def test_a_primary_replicates_as_the_ha_replicate_policy_says() -> None:
+    from brokerha.broker.broker import Broker
+    from brokerha.broker.policies import POLICY, Policy
+    from brokerha.broker.policy_effects import PolicyEffects
+    from brokerha.primary.primary import Primary
+
+    broker = Broker("t")
+    effects = PolicyEffects(broker)
+    vh = broker.add_vhost("/")
+    effects.set_policy(POLICY, Policy("/", "scratch", "^tmp\\.", {"ha-replicate": "none"}))
+    primary = Primary(broker, me="n1", members=3, epoch=1, start_seq=0, clock=lambda: 0.0,
+                      backup_timeout=5.0)
+    tmp = vh.declare_queue("tmp.a", owner=None)
+    kept = vh.declare_queue("orders", owner=None)
+    assert not primary.messages_replicated(tmp) and primary.messages_replicated(kept)
