@@ -239,3 +239,132 @@ def test_users_page_for_an_administrator_and_refused_to_monitoring(
     assert "Not administrator user" in denied
     assert json.dumps(api(node, "GET", "users", "watcher", "w-secret")[1]) == json.dumps(
         {"error": "not_authorised", "reason": "Not administrator user"})
+
+
+# -- the definitions pages (issue 34): virtual hosts, users and permissions, policies ----------
+
+def choose(form: Any, name: str, text: str) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    select = form.find_element("name", name)
+    wait(form.parent, lambda: text in [o.text for o in Select(select).options])
+    Select(select).select_by_visible_text(text)
+
+
+def fill_in(form: Any, **values: str) -> None:
+    for name, value in values.items():
+        field = form.find_element("name", name)
+        field.clear()
+        field.send_keys(value)
+
+
+def whoami(node: NodeProcess, user: str, password: str) -> int:
+    return api(node, "GET", "whoami", user, password)[0]
+
+
+def test_vhosts_page_adds_and_deletes_a_vhost(browser: Any, node: NodeProcess,
+                                              artefacts: Path) -> None:
+    login(browser, node)
+    show(browser, node, "vhosts")
+    form = wait(browser, lambda: css(browser, "#add-vhost"))
+    fill_in(form, name="ui-v", description="made in the UI")
+    form.find_element("css selector", "button").click()
+    row = wait(browser, lambda: css(browser, '[data-table="vhost-table"] [data-vhost="ui-v"]'))
+    assert "made in the UI" in row.text
+    assert api(node, "GET", "vhosts/ui-v")[1]["description"] == "made in the UI"
+    assert {r.get_attribute("data-vhost") for r in all_css(
+        browser, '[data-table="vhost-table"] tbody tr')} == {v["name"] for v in
+                                                             api(node, "GET", "vhosts")[1]}
+    browser.save_screenshot(str(artefacts / "ui-vhosts.png"))
+    css(browser, '[data-vhost="ui-v"] button[data-act="delete"]').click()
+    browser.switch_to.alert.accept()
+    wait(browser, lambda: api(node, "GET", "vhosts/ui-v")[0] == 404)
+    wait(browser, lambda: not all_css(browser, '[data-table="vhost-table"] [data-vhost="ui-v"]'))
+
+
+def test_users_page_adds_a_user_changes_password_and_tags_sets_permissions_and_deletes(
+        browser: Any, node: NodeProcess, artefacts: Path) -> None:
+    login(browser, node)
+    show(browser, node, "admin")
+    form = wait(browser, lambda: css(browser, "#add-user"))
+    fill_in(form, name="ui-u", password="one", tags="management")
+    form.find_element("css selector", "button").click()
+    wait(browser, lambda: css(browser, '[data-user="ui-u"]'))
+    assert whoami(node, "ui-u", "one") == 200
+
+    form = css(browser, "#set-password")
+    choose(form, "user", "ui-u")
+    fill_in(form, password="two")
+    form.find_element("css selector", "button").click()
+    wait(browser, lambda: whoami(node, "ui-u", "one") == 401)
+    assert whoami(node, "ui-u", "two") == 200
+
+    form = css(browser, "#set-tags")
+    choose(form, "user", "ui-u")
+    fill_in(form, tags="monitoring, policymaker")
+    form.find_element("css selector", "button").click()
+    wait(browser, lambda: api(node, "GET", "users/ui-u")[1]["tags"] == ["monitoring",
+                                                                         "policymaker"])
+    assert whoami(node, "ui-u", "two") == 200  # the password stayed
+    wait(browser, lambda: "monitoring, policymaker" in css(browser, '[data-user="ui-u"]').text)
+
+    form = css(browser, "#set-permission")
+    choose(form, "user", "ui-u")
+    choose(form, "vhost", "orders")
+    fill_in(form, configure="^ui-", write="^ui-", read=".*")
+    form.find_element("css selector", "button").click()
+    wait(browser, lambda: api(node, "GET", "permissions/orders/ui-u")[0] == 200)
+    assert api(node, "GET", "permissions/orders/ui-u")[1] == {
+        "user": "ui-u", "vhost": "orders", "configure": "^ui-", "write": "^ui-", "read": ".*"}
+    row = wait(browser, lambda: css(browser, '[data-permission="orders/ui-u"]'))
+    assert "^ui-" in row.text
+    browser.save_screenshot(str(artefacts / "ui-users-permissions.png"))
+    row.find_element("css selector", 'button[data-act="clear"]').click()
+    wait(browser, lambda: api(node, "GET", "permissions/orders/ui-u")[0] == 404)
+
+    css(browser, '[data-user="ui-u"] button[data-act="delete"]').click()
+    browser.switch_to.alert.accept()
+    wait(browser, lambda: api(node, "GET", "users/ui-u")[0] == 404)
+    wait(browser, lambda: not all_css(browser, '[data-user="ui-u"]'))
+    assert whoami(node, "ui-u", "two") == 401
+
+
+def test_policies_page_sets_and_clears_policies_and_shows_refusals(
+        browser: Any, node: NodeProcess, artefacts: Path) -> None:
+    login(browser, node)
+    show(browser, node, "policies")
+    form = wait(browser, lambda: css(browser, "#set-policy"))
+    choose(form, "vhost", "/")
+    fill_in(form, name="ui-p", pattern="^ui\\.", priority="3",
+            definition='{"max-length": 5, "message-ttl": 60000}')
+    choose(form, "applyto", "queues")
+    form.find_element("css selector", "button").click()
+    row = wait(browser, lambda: css(browser, '[data-policy="//ui-p"]'))
+    assert api(node, "GET", "policies/%2F/ui-p")[1] == {
+        "vhost": "/", "name": "ui-p", "pattern": "^ui\\.", "apply-to": "queues",
+        "definition": {"max-length": 5, "message-ttl": 60000}, "priority": 3}
+    assert '"max-length":5' in row.text
+
+    # RabbitMQ's reason for a key it does not know, shown; nothing set
+    fill_in(form, name="ui-bad", definition='{"nonesuch": 1}')
+    form.find_element("css selector", "button").click()
+    assert "are not recognised policy settings" in wait(
+        browser, lambda: css(browser, "#message").text)
+    assert api(node, "GET", "policies/%2F/ui-bad")[0] == 404
+    fill_in(form, definition="{not json")
+    form.find_element("css selector", "button").click()
+    wait(browser, lambda: "not JSON" in css(browser, "#message").text)
+
+    choose(form, "kind", "operator policy")
+    fill_in(form, name="ui-op", pattern=".*", definition='{"max-length": 100}')
+    form.find_element("css selector", "button").click()
+    wait(browser, lambda: css(browser, '[data-operator-policy="//ui-op"]'))
+    assert api(node, "GET", "operator-policies/%2F/ui-op")[1]["definition"] == {
+        "max-length": 100}
+    browser.save_screenshot(str(artefacts / "ui-policies.png"))
+
+    css(browser, '[data-policy="//ui-p"] button[data-act="clear"]').click()
+    wait(browser, lambda: api(node, "GET", "policies/%2F/ui-p")[0] == 404)
+    css(browser, '[data-operator-policy="//ui-op"] button[data-act="clear"]').click()
+    wait(browser, lambda: api(node, "GET", "operator-policies/%2F/ui-op")[0] == 404)
+    wait(browser, lambda: not all_css(browser, "[data-policy], [data-operator-policy]"))

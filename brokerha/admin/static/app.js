@@ -5,7 +5,7 @@
   var REFRESH_MS = 5000;
   var AGE = 600; // seconds of history in the overview's charts
   var state = {auth: sessionStorage.getItem("brokerha-auth"), page: null, timer: null,
-               sort: {}, charts: {}};
+               sort: {}, charts: {}, users: {}};
   var $ = function (id) { return document.getElementById(id); };
 
   function esc(v) {
@@ -76,7 +76,8 @@
   // -- pages ------------------------------------------------------------------------------
 
   var pages = {overview: overview, queues: queues, exchanges: exchanges,
-               connections: connections, channels: channels, admin: admin};
+               connections: connections, channels: channels, vhosts: vhosts, admin: admin,
+               policies: policies};
 
   function route() {
     var name = (location.hash || "#overview").slice(1);
@@ -449,17 +450,85 @@
     });
   }
 
+  // a select's options from names, keeping what was chosen (the lists change under a form)
+  function fill(select, names) {
+    var chosen = select.value;
+    select.innerHTML = names.map(function (n) { return "<option>" + esc(n) + "</option>"; })
+      .join("");
+    if (names.indexOf(chosen) >= 0) select.value = chosen;
+  }
+  function names(list, key) { return list.map(function (x) { return x[key || "name"]; }); }
+  function submit(el, id, handler) {
+    el.querySelector("#" + id).addEventListener("submit", function (e) {
+      e.preventDefault();
+      handler(e.target);
+    });
+  }
+  function rowButtons(el, handler) {
+    el.querySelectorAll("button[data-act]").forEach(function (b) {
+      b.addEventListener("click", function () { handler(b.dataset.act, b.closest("tr").dataset); });
+    });
+  }
+  function tagList(text) {
+    return text.split(",").map(function (t) { return t.trim(); }).filter(Boolean).join(",");
+  }
+
+  // users (add, delete, password, tags) and their permissions (set, clear): administrators
   function admin() {
-    return Promise.all([api("GET", "users"), api("GET", "permissions")]).then(function (got) {
-      part("users-title").innerHTML = "<h2>Users</h2><p class=\"muted\">From the nodes' " +
-        "configuration ([[users]], [[permissions]]); change them there.</p>";
-      table("user-table", [{title: "Name", key: "name"}, {title: "Tags", html: function (r) {
-        return esc(r.tags.join(", ")); }}], got[0], function (r) {
-        return 'data-user="' + esc(r.name) + '"'; });
-      part("permissions-title").innerHTML = "<h2>Permissions</h2>";
-      table("permission-table", [{title: "User", key: "user"}, {title: "Virtual host", key: "vhost"},
-        {title: "Configure", key: "configure"}, {title: "Write", key: "write"},
-        {title: "Read", key: "read"}], got[1]);
+    return Promise.all([api("GET", "users"), api("GET", "permissions"), api("GET", "vhosts"),
+                        api("GET", "topic-permissions")]).then(function (got) {
+      var users = got[0], perms = got[1], vhosts = got[2], topics = got[3];
+      var byName = {};
+      users.forEach(function (u) { byName[u.name] = u; });
+      part("users-title").innerHTML = "<h2>Users</h2>";
+      once("user-forms",
+        '<form class="inline" id="add-user"><b>Add a user</b> ' +
+        '<label>name <input name="name" required></label>' +
+        '<label>password <input name="password" type="password" autocomplete="new-password"></label>' +
+        '<label>tags <input name="tags" placeholder="administrator, monitoring"></label>' +
+        '<button type="submit">Add user</button></form> ' +
+        '<form class="inline" id="set-password"><b>Change a password</b> ' +
+        '<label>user <select name="user"></select></label>' +
+        '<label>new password <input name="password" type="password" autocomplete="new-password" required></label>' +
+        '<button type="submit">Set password</button></form> ' +
+        '<form class="inline" id="set-tags"><b>Set tags</b> ' +
+        '<label>user <select name="user"></select></label>' +
+        '<label>tags <input name="tags"></label>' +
+        '<button type="submit">Set tags</button></form>',
+        function (el) {
+          submit(el, "add-user", function (f) {
+            var body = {tags: tagList(f.tags.value)};
+            if (f.password.value) body.password = f.password.value;
+            act(api("PUT", "users/" + enc(f.name.value), body), function () {
+              f.name.value = ""; f.password.value = ""; f.tags.value = "";
+            });
+          });
+          submit(el, "set-password", function (f) {
+            var u = state.users[f.user.value];
+            act(api("PUT", "users/" + enc(f.user.value),
+                    {password: f.password.value, tags: u.tags.join(",")}),
+                function () { f.password.value = ""; say("password of " + u.name + " changed"); });
+          });
+          submit(el, "set-tags", function (f) {
+            var u = state.users[f.user.value];  // the password stays: its hash goes back
+            act(api("PUT", "users/" + enc(f.user.value),
+                    {password_hash: u.password_hash, hashing_algorithm: u.hashing_algorithm,
+                     tags: tagList(f.tags.value)}), function () { f.tags.value = ""; });
+          });
+        });
+      state.users = byName;
+      fill($("set-password").user, names(users));
+      fill($("set-tags").user, names(users));
+      rowButtons(table("user-table", [
+        {title: "Name", key: "name"},
+        {title: "Tags", html: function (r) { return esc(r.tags.join(", ")); }},
+        {title: "Password", html: function (r) { return r.password_hash ? "set" :
+          '<span class="muted">none (no password login)</span>'; }},
+        {title: "", html: function () { return '<button data-act="delete">Delete</button>'; }}
+      ], users, function (r) { return 'data-user="' + esc(r.name) + '"'; }), function (act_, row) {
+        if (confirm("Delete user " + row.user + "?")) act(api("DELETE", "users/" + enc(row.user)));
+      });
+      permissionsPart(perms, topics, users, vhosts);
     }).catch(function (err) {
       if (err.status === 401 && state.auth) {
         part("users-title").innerHTML = '<p class="muted" data-denied="users">' +
@@ -468,6 +537,128 @@
       }
       throw err;
     });
+  }
+
+  function permissionsPart(perms, topics, users, vhosts) {
+    once("permission-forms",
+      '<h2>Permissions</h2><form class="inline" id="set-permission"><b>Set permissions</b> ' +
+      '<label>user <select name="user"></select></label>' +
+      '<label>vhost <select name="vhost"></select></label>' +
+      '<label>configure <input name="configure" value=".*" size="8"></label>' +
+      '<label>write <input name="write" value=".*" size="8"></label>' +
+      '<label>read <input name="read" value=".*" size="8"></label>' +
+      '<button type="submit">Set permission</button></form>',
+      function (el) {
+        submit(el, "set-permission", function (f) {
+          act(api("PUT", "permissions/" + enc(f.vhost.value) + "/" + enc(f.user.value),
+                  {configure: f.configure.value, write: f.write.value, read: f.read.value}));
+        });
+      });
+    fill($("set-permission").user, names(users));
+    fill($("set-permission").vhost, names(vhosts));
+    rowButtons(table("permission-table", [
+      {title: "User", key: "user"}, {title: "Virtual host", key: "vhost"},
+      {title: "Configure", key: "configure"}, {title: "Write", key: "write"},
+      {title: "Read", key: "read"},
+      {title: "", html: function () { return '<button data-act="clear">Clear</button>'; }}
+    ], perms, function (r) {
+      return 'data-permission="' + esc(r.vhost + "/" + r.user) + '" data-user-name="' +
+        esc(r.user) + '" data-vhost="' + esc(r.vhost) + '"';
+    }), function (act_, row) {
+      act(api("DELETE", "permissions/" + enc(row.vhost) + "/" + enc(row.userName)));
+    });
+    part("topic-title").innerHTML = "<h2>Topic permissions</h2>";
+    rowButtons(table("topic-permission-table", [
+      {title: "User", key: "user"}, {title: "Virtual host", key: "vhost"},
+      {title: "Exchange", key: "exchange"}, {title: "Write", key: "write"},
+      {title: "Read", key: "read"},
+      {title: "", html: function () { return '<button data-act="clear">Clear</button>'; }}
+    ], topics, function (r) {
+      return 'data-topic-permission="' + esc(r.vhost + "/" + r.user) + '" data-user-name="' +
+        esc(r.user) + '" data-vhost="' + esc(r.vhost) + '"';
+    }), function (act_, row) {
+      act(api("DELETE", "topic-permissions/" + enc(row.vhost) + "/" + enc(row.userName)));
+    });
+  }
+
+  // virtual hosts (add, delete): administrators change them, the others see theirs
+  function vhosts() {
+    return api("GET", "vhosts").then(function (list) {
+      once("vhost-forms",
+        '<form class="inline" id="add-vhost"><b>Add a virtual host</b> ' +
+        '<label>name <input name="name" required></label>' +
+        '<label>description <input name="description"></label>' +
+        '<button type="submit">Add virtual host</button></form>',
+        function (el) {
+          submit(el, "add-vhost", function (f) {
+            act(api("PUT", "vhosts/" + enc(f.name.value), {description: f.description.value}),
+                function () { f.name.value = ""; f.description.value = ""; });
+          });
+        });
+      rowButtons(table("vhost-table", [
+        {title: "Name", key: "name"}, {title: "Description", key: "description"},
+        {title: "Messages", key: "messages", num: true},
+        {title: "", html: function () { return '<button data-act="delete">Delete</button>'; }}
+      ], list, function (r) { return 'data-vhost="' + esc(r.name) + '"'; }), function (a, row) {
+        if (confirm("Delete virtual host " + row.vhost + " and everything in it?")) {
+          act(api("DELETE", "vhosts/" + enc(row.vhost)));
+        }
+      });
+    });
+  }
+
+  // policies and operator policies (set, clear); policymakers and administrators change them
+  var POLICY_KINDS = {policies: "policy", "operator-policies": "operator-policy"};
+
+  function policies() {
+    return Promise.all([api("GET", "policies"), api("GET", "vhosts"),
+                        api("GET", "operator-policies").catch(function () { return []; })])
+      .then(function (got) {
+        once("policy-forms",
+          '<form class="inline" id="set-policy"><b>Set a policy</b> ' +
+          '<label>kind <select name="kind"><option value="policies">policy</option>' +
+          '<option value="operator-policies">operator policy</option></select></label>' +
+          '<label>vhost <select name="vhost"></select></label>' +
+          '<label>name <input name="name" required></label>' +
+          '<label>pattern <input name="pattern" required></label>' +
+          '<label>apply to <select name="applyto"><option>all</option><option>queues</option>' +
+          '<option>exchanges</option></select></label>' +
+          '<label>priority <input name="priority" type="number" value="0" size="4"></label>' +
+          '<label>definition <textarea name="definition" rows="2" cols="36" required ' +
+          'placeholder=\'{"max-length": 1000, "message-ttl": 60000}\'></textarea></label>' +
+          '<button type="submit">Set policy</button></form>',
+          function (el) {
+            submit(el, "set-policy", function (f) {
+              var definition;
+              try { definition = JSON.parse(f.definition.value); } catch (e) {
+                say("the definition is not JSON: " + e.message);
+                return;
+              }
+              act(api("PUT", f.kind.value + "/" + enc(f.vhost.value) + "/" + enc(f.name.value),
+                      {pattern: f.pattern.value, "apply-to": f.applyto.value,
+                       priority: Number(f.priority.value || 0), definition: definition}),
+                  function () { f.name.value = ""; });
+            });
+          });
+        fill($("set-policy").vhost, names(got[1]));
+        [["policies", got[0]], ["operator-policies", got[2]]].forEach(function (k) {
+          part(k[0] + "-title").innerHTML = "<h2>" + (k[0] === "policies" ? "Policies" :
+            "Operator policies") + "</h2>";
+          rowButtons(table(k[0] + "-table", [
+            {title: "Virtual host", key: "vhost"}, {title: "Name", key: "name"},
+            {title: "Pattern", key: "pattern"}, {title: "Apply to", key: "apply-to"},
+            {title: "Priority", key: "priority", num: true},
+            {title: "Definition", html: function (r) {
+              return "<code>" + esc(JSON.stringify(r.definition)) + "</code>"; }},
+            {title: "", html: function () { return '<button data-act="clear">Clear</button>'; }}
+          ], k[1], function (r) {
+            return "data-" + POLICY_KINDS[k[0]] + '="' + esc(r.vhost + "/" + r.name) +
+              '" data-vhost="' + esc(r.vhost) + '" data-name="' + esc(r.name) + '"';
+          }), function (a, row) {
+            act(api("DELETE", k[0] + "/" + enc(row.vhost) + "/" + enc(row.name)));
+          });
+        });
+      });
   }
 
   if (state.auth) {
