@@ -145,6 +145,10 @@ CASES: dict[str, list[Step]] = {
         put("/users/u-{s}", {"password": "pw", "tags": "management"}),
         put("/users/u-{s}", {"password": "pw", "tags": "monitoring"}),
         get("/users/u-{s}"), get("/whoami", user="u-{s}", password="pw")],
+    "a user changed without a password can no longer log in with it": [
+        put("/users/u-{s}", {"password": "pw", "tags": "management"}),
+        put("/users/u-{s}", {"tags": "monitoring"}), get("/users/u-{s}"),
+        get("/whoami", user="u-{s}", password="pw")],
     "a missing user": [get("/users/nonesuch-{s}"), delete("/users/nonesuch-{s}")],
     "users deleted in bulk": [
         put("/users/u-{s}", {"password": "pw", "tags": ""}),
