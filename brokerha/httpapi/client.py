@@ -43,8 +43,12 @@ def request(base: str, path: str, *, body: Any = None, user: str | None = None,
             return json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
         try:
-            message = json.loads(exc.read()).get("error", exc.reason)
-        except ValueError:
+            answer = json.loads(exc.read())
+            message = answer.get("error", exc.reason)
+            reason = answer.get("reason")
+            if reason:  # RabbitMQ's 400s say why there (a text, or an Erlang term as a list)
+                message += ": " + (reason if isinstance(reason, str) else json.dumps(reason))
+        except (ValueError, AttributeError):
             message = exc.reason
         raise CtlError(f"{base}{path}: {exc.code} {message}") from exc
     except (urllib.error.URLError, OSError) as exc:
