@@ -178,6 +178,7 @@ class ManagementAPI:
         self.node = node
         self.routes: list[tuple[str, tuple[str, ...], Handler]] = []
         self.sampler = Sampler(self._counters)
+        self.policies: Any = None  # /api/policies (policies_api.py): set by ``install``
         self._task: asyncio.Task[None] | None = None
         r = self._route
         r("GET", "overview", self.overview)
@@ -583,7 +584,8 @@ class ManagementAPI:
         out = []
         for name in names:
             vh = self._vhost(call, name)
-            out += [_exchange_entry(ex) for ex in vh.exchanges.values()]
+            out += [{**_exchange_entry(ex), **self.policies.fields(ex, "exchange")}
+                    for ex in vh.exchanges.values()]
         return sorted(out, key=lambda e: (e["vhost"], e["name"]))
 
     def one_exchange(self, call: Call) -> dict[str, Any]:
@@ -592,7 +594,7 @@ class ManagementAPI:
         ex = vh.exchanges.get(name)
         if ex is None:
             raise not_found()
-        return _exchange_entry(ex)
+        return {**_exchange_entry(ex), **self.policies.fields(ex, "exchange")}
 
     def declare_exchange(self, call: Call) -> Response:
         vh = self._vhost(call, call.params["vhost"])
@@ -692,7 +694,8 @@ class ManagementAPI:
             "name": q.name, "vhost": q.vhost, "type": "classic", "node": self._node_name(),
             "durable": q.durable, "auto_delete": q.auto_delete,
             "exclusive": q.exclusive_owner is not None,
-            "arguments": json_safe(dict(q.arguments)), "state": "running", "policy": None,
+            "arguments": json_safe(dict(q.arguments)), "state": "running",
+            **self.policies.fields(q, "queue"),
             "messages": ready + unacked, "messages_details": details(s, (*key, "messages")),
             "messages_ready": ready, "messages_ready_details": details(s, (*key, "ready")),
             "messages_unacknowledged": unacked,
@@ -962,8 +965,7 @@ def _exchange_name(name: str) -> str:
 def _exchange_entry(ex: Any) -> dict[str, Any]:
     return {"name": ex.name, "vhost": ex.vhost, "type": ex.type, "durable": ex.durable,
             "auto_delete": ex.auto_delete, "internal": ex.internal,
-            "arguments": json_safe(dict(ex.arguments)), "user_who_performed_action": "",
-            "policy": None}
+            "arguments": json_safe(dict(ex.arguments)), "user_who_performed_action": ""}
 
 
 def _props_key(routing_key: str, arguments: dict[str, Any]) -> str:
@@ -1126,6 +1128,9 @@ async def forward(base: str, request: Request, tls: Any) -> Response:
 
 
 def install(node: Node) -> ManagementAPI:
+    from brokerha.admin import policies_api  # it builds on this module: imported once it is
+
     api = ManagementAPI(node)
+    api.policies = policies_api.install(api)
     node.admin.fallback("/api/", api.handle)
     return api

@@ -174,9 +174,9 @@ class Policy:
 def parse(kind: str, vhost: str, name: str, body: dict[str, Any]) -> Policy:
     """A policy from what ``PUT /api/policies/vhost/name`` got; PolicyInvalid with RabbitMQ's
     reason. ``priority`` defaults to 0 and ``apply-to`` to ``all``."""
-    for key in ("pattern", "definition"):
-        if key not in body:
-            raise PolicyInvalid(f"[{{key_missing,{key}}}]")
+    missing = [key for key in ("pattern", "definition") if key not in body]
+    if missing:
+        raise PolicyInvalid("[" + ",".join(f"{{key_missing,{key}}}" for key in missing) + "]")
     definition = body["definition"]
     if not isinstance(definition, dict):
         raise PolicyInvalid("", status=500)  # RabbitMQ's handler crashes on it

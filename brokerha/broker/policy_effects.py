@@ -11,8 +11,9 @@ exchange set as the book says:
   enqueued after it (those queued keep their expiry, as RabbitMQ's), a new
   ``expires`` counts from now, a lower ``max-length``/``max-length-bytes``
   (with ``overflow`` drop-head) trims the queue's oldest messages now,
-  dead-lettered as ``maxlen`` -- a big trim in slices of the broker's
-  ``Background`` (the loop must not stall on a million drops), the queue's
+  dead-lettered as ``maxlen`` -- at once up to a slice (``SLICE_ENTRIES``), a
+  bigger trim in slices of the broker's ``Background`` (the loop must not
+  stall on a million drops), the queue's
   limit stepping down with it so that a publish between slices drops one
   message, not the rest of the trim;
 - an exchange's ``alternate-exchange`` (its argument wins).
@@ -223,6 +224,9 @@ class PolicyEffects(ConfigurationObserver):
             trim.cancelled = True
         q.max_length, q.max_length_bytes = max_length, max_length_bytes
         if vhost.following or q.overflow != "drop-head" or not q.over_limit():
+            return
+        budget = vhost.background.entries
+        if q.drop_head(budget) < budget:  # the usual case: done now, before the answer
             return
         trim = LengthTrim(q, max_length, max_length_bytes)
         self._trims[q] = trim

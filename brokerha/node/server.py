@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from brokerha.admin.node_view import HAView
 from brokerha.broker.broker import Broker
+from brokerha.broker.policy_effects import PolicyEffects
 from brokerha.broker.storage import Store
 from brokerha.cluster.link import ClusterLinks, links_reload
 from brokerha.cluster.ports import ADMIN_OFFSET
@@ -46,6 +47,7 @@ def build_broker(config: NodeConfig, spawn: Callable[..., None] | None = None,
                  store: Store | None = None) -> Broker:
     """The broker model with vhosts, users and permissions from the configuration."""
     broker = Broker(config.name, limits=config.limits, store=store, spawn=spawn)
+    PolicyEffects(broker)  # policies act on its queues and exchanges (broker/policy_effects.py)
     broker.users.loopback_users = set(config.loopback_users)
     for vhost in config.vhosts:
         broker.add_vhost(vhost)

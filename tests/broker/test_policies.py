@@ -43,6 +43,7 @@ def test_a_valid_policy_gets_rabbitmqs_defaults() -> None:
 
 @pytest.mark.parametrize(("body", "expected"), [
     ({"pattern": "^x"}, "[{key_missing,definition}]"),
+    ({}, "[{key_missing,pattern},{key_missing,definition}]"),
     ({"definition": {"max-length": 1}}, "[{key_missing,pattern}]"),
     ({"pattern": "^x", "definition": {"max-length": -1}},
      failed("-1 is not a valid maximum length")),
