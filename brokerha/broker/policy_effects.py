@@ -35,20 +35,34 @@ reason).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerha.broker.arguments import GLOBAL_ARG, LOCAL_ONLY_ARGS
 from brokerha.broker.exchange import Exchange
 from brokerha.broker.observers import ConfigurationObserver
 from brokerha.broker.policies import (
     HA_REPLICATE,
+    KINDS,
     NONE,
     Applied,
     Policy,
     PolicyBook,
+    from_value,
     resolve,
 )
 from brokerha.broker.queue import Queue
+
+
+class DefinitionChangeLike(Protocol):
+    """What this reads of a ``broker/definitions.py`` change."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def key(self) -> tuple[str, ...]: ...
+    @property
+    def value(self) -> dict[str, Any] | None: ...
+
 
 if TYPE_CHECKING:
     from brokerha.broker.broker import Broker
@@ -103,6 +117,11 @@ class PolicyEffects(ConfigurationObserver):
         self._applied: dict[Queue | Exchange, Applied] = {}
         self._trims: dict[Queue, LengthTrim] = {}
         broker.observers.add_configuration_observer(self)
+        definitions = getattr(broker, "definitions", None)  # broker/definitions.py
+        if definitions is not None:
+            for change in definitions.changes():
+                self.definition_changed(change)
+            definitions.subscribe(self.definition_changed)
 
     @staticmethod
     def of(broker: Broker) -> PolicyEffects | None:
@@ -129,6 +148,17 @@ class PolicyEffects(ConfigurationObserver):
         return None if value is None else str(value)
 
     # -- changes ---------------------------------------------------------------------------
+
+    def definition_changed(self, change: DefinitionChangeLike) -> None:
+        """A listener of the broker's definitions: a policy or operator policy set or
+        cleared (on every node alike: the primary's API, a backup's replication, recovery)."""
+        if change.kind not in KINDS:
+            return
+        vhost, name = change.key
+        if change.value is None:
+            self.clear_policy(change.kind, vhost, name)
+        else:
+            self.set_policy(change.kind, from_value(vhost, name, change.value))
 
     def set_policy(self, kind: str, policy: Policy) -> None:
         self.book.set(kind, policy)

@@ -190,3 +190,29 @@ def test_ha_replicate_resolves_with_the_argument_winning() -> None:
     assert effects.replicate(vh.declare_queue("tmp.b", owner=None,
                                               arguments={"x-ha-replicate": "all"})) == "all"
     assert effects.replicate(vh.declare_queue("keep", owner=None)) is None
+
+
+def test_definition_changes_set_and_clear_policies() -> None:
+    """A listener of broker/definitions.py: the primary's API, a backup's replication and
+    recovery all come as these changes, so every node derives the same effective policy."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Change:
+        kind: str
+        key: tuple[str, ...]
+        value: dict[str, object] | None
+
+    broker, _, effects = setup()
+    q = broker.vhosts["v"].declare_queue("pol.q", owner=None)
+    value = {"pattern": "^pol\\.", "apply-to": "queues", "definition": {"max-length": 2},
+             "priority": 0}
+    effects.definition_changed(Change("vhost", ("v",), {"description": ""}))  # not a policy
+    effects.definition_changed(Change(POLICY, ("v", "p"), value))
+    effects.definition_changed(Change(OPERATOR_POLICY, ("v", "o"), {**value, "definition": {
+        "max-length": 1}}))
+    assert q.max_length == 1 and effects.applied(q).policy_name == "p"
+    effects.definition_changed(Change(OPERATOR_POLICY, ("v", "o"), None))
+    assert q.max_length == 2
+    effects.definition_changed(Change(POLICY, ("v", "p"), None))
+    assert q.max_length is None and effects.book.list(POLICY) == []
