@@ -333,6 +333,8 @@ def drain_ids(urls: list[str], queue: str, expected: int, idle: float = 3.0,
 # -- what the primary shows: /metrics, its log, its RSS --------------------------------
 
 STALL = re.compile(r"^(\S+ \S+) WARNING \[(\S+)\] \S+: event loop stalled ([\d.]+)s \(running: (.*)\)$")
+GC_PAUSE = re.compile(r"^(\S+ \S+) WARNING \[(\S+)\] \S+: cyclic GC \(generation (\d)\) "
+                      r"paused the node ([\d.]+)s")
 LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"
 
 
@@ -391,6 +393,10 @@ def stall_lines(cluster: LocalCluster, since: float, until: float) -> list[str]:
             if m and since <= datetime.strptime(m.group(1), LOG_TIME).timestamp() <= until:
                 found.append(f"{m.group(1)[11:]} [{m.group(2)}] stalled {m.group(3)}s "
                              f"(running: {m.group(4)})")
+            g = GC_PAUSE.match(line)
+            if g and since <= datetime.strptime(g.group(1), LOG_TIME).timestamp() <= until:
+                found.append(f"{g.group(1)[11:]} [{g.group(2)}] GC generation {g.group(3)} "
+                             f"paused {g.group(4)}s")
     return sorted(found)
 
 
@@ -846,9 +852,9 @@ def summary(results: Sequence[Outcome]) -> str:
     elections = sum(r.elections or 0 for r in ours)
     unknown = sum(r.elections is None for r in ours)
     closed = sum(bool(r.client_errors) or r.probe_reconnects > 0 for r in ours)
-    stalls = sum(len(r.stalls) for r in ours)
-    worst = max((float(s.split("stalled ")[1].split("s ")[0]) for r in ours for s in r.stalls),
-                default=0.0)
+    stalls = sum(1 for r in ours for s in r.stalls if "stalled " in s)
+    worst = max((float(s.split("stalled ")[1].split("s ")[0]) for r in ours for s in r.stalls
+                 if "stalled " in s), default=0.0)
     rates = [r.mb_s for r in ours if r.mb_s]
     text = (f"SUMMARY brokerha: {len(ours)} operations, {elections} elections"
             f"{f' ({unknown} unknown)' if unknown else ''}, {closed} with a client closed or "

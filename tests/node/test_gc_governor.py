@@ -1,4 +1,4 @@
-"""The node's cyclic GC: survivors of a full collection frozen, thawed when cheap."""
+"""The node's cyclic GC: survivors of a middle or full collection frozen, thawed when cheap."""
 
 from __future__ import annotations
 
@@ -38,6 +38,22 @@ def test_a_full_collection_freezes_its_survivors(governor: GCGovernor) -> None:
     gc.collect(2)  # walks only what is not frozen: the survivors are not walked again
     assert sum(gc.get_count()) <= before
     assert governor.stats()["frozen"] == gc.get_freeze_count()
+
+
+def test_a_middle_collection_freezes_its_survivors_too(governor: GCGovernor) -> None:
+    """Generation 1 walks survivors of young collections: a filling queue's messages and
+    what is in flight for them; frozen after it, they are not walked again (issue 33)."""
+    gc.unfreeze()
+    kept = [[i] for i in range(10_000)]
+    gc.collect(1)
+    assert governor.collections[1] >= 1 and gc.get_freeze_count() >= len(kept)
+
+
+def test_the_node_collects_its_middle_generation_often_enough_to_stay_short() -> None:
+    from brokerha.node.server import GC_THRESHOLDS
+
+    young, middle, _ = GC_THRESHOLDS
+    assert young * (middle + 1) <= 60_000  # objects walked by one middle collection, at most
 
 
 def test_frozen_objects_are_still_freed_by_reference_counting(governor: GCGovernor) -> None:
