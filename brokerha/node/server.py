@@ -44,26 +44,66 @@ def _log_failure(exc: BaseException | None) -> None:
 
 
 def build_broker(config: NodeConfig, spawn: Callable[..., None] | None = None,
-                 store: Store | None = None) -> Broker:
-    """The broker model with vhosts, users and permissions from the configuration."""
+                 store: Store | None = None, *, seed: bool = True) -> Broker:
+    """The broker model; with ``seed``, the configuration's vhosts, users and permissions
+    defined at once (a node seeds after recovery instead: ``seed_definitions``)."""
     broker = Broker(config.name, limits=config.limits, store=store, spawn=spawn)
     PolicyEffects(broker)  # policies act on its queues and exchanges (broker/policy_effects.py)
     broker.users.loopback_users = set(config.loopback_users)
-    for vhost in config.vhosts:
-        broker.add_vhost(vhost)
-    if config.default_user:
-        broker.users.add_user("guest", "guest", tags=["administrator"])
-        broker.users.set_permissions("guest", "/")
-    for user in config.users:
-        broker.users.add_user(user.name, user.password, password_hash=user.password_hash,
-                              tags=user.tags)
-    for p in config.permissions:
-        broker.users.set_permissions(p.user, p.vhost, p.configure, p.write, p.read)
+    if seed:
+        broker.definitions.apply_all(configured_definitions(config))
     return broker
 
 
+def configured_definitions(config: NodeConfig) -> list[DefinitionChange]:
+    """The TOML's vhosts, users (``guest`` unless ``default_user = false``) and
+    permissions, as the definitions they seed."""
+    changes = [D.vhost_set(vhost) for vhost in config.vhosts]
+    if config.default_user:
+        changes += [D.user_set("guest", hash_password("guest"), ["administrator"]),
+                    D.permission_set("guest", "/")]
+    for user in config.users:
+        password_hash = user.password_hash
+        if password_hash is None:
+            assert user.password is not None  # the configuration checks it
+            password_hash = hash_password(user.password)
+        changes.append(D.user_set(user.name, password_hash, user.tags))
+    changes += [D.permission_set(p.user, p.vhost, p.configure, p.write, p.read)
+                for p in config.permissions]
+    return changes
+
+
+SEEDED = "definitions_seeded"  # store meta: the configuration seeded its definitions once
+
+
+def seed_definitions(broker: Broker, config: NodeConfig, *, reset: bool = False) -> None:
+    """A new store's definitions come from the configuration; then the store's win.
+
+    Once seeded (the store's ``definitions_seeded``), the definitions are what
+    the API, ``brokerha ctl`` and imports made of them, and the TOML's
+    ``[[users]]``, ``[[vhosts]]`` and ``[[permissions]]`` are not read again.
+    ``reset`` (``brokerha node --reset-definitions``) makes them the
+    configuration's again: whatever else is defined is deleted (a vhost with
+    its queues and exchanges). An HA backup takes its primary's at its join.
+    """
+    store, definitions = broker.store, broker.definitions
+    if store.get_meta(SEEDED) is not None and not reset:
+        return
+    seed = configured_definitions(config)
+    if reset:
+        changes = definitions.changes_to(seed)
+        log.warning("definitions reset to the configuration's: %d changes", len(changes))
+    else:
+        changes = seed
+        log.info("definitions seeded from the configuration (%d)", len(changes))
+    definitions.apply_all(changes)
+    store.put_meta(SEEDED, "1")
+
+
 # Cyclic GC thresholds of a running node (CPython's defaults: 700, 10, 10).
-GC_THRESHOLDS = (20_000, 20, 50)
+# The middle generation every 2 young collections: its walk stays ~60,000 objects
+# (20 made it 400,000: 0.3-0.45 s pauses while a queue filled; node/gc_governor.py).
+GC_THRESHOLDS = (20_000, 2, 50)
 
 
 def tune_gc(governor: GCGovernor | None = None) -> None:
