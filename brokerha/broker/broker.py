@@ -9,8 +9,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from brokerha.broker import definitions as D
 from brokerha.broker.auth import UserDatabase
 from brokerha.broker.background import Background
+from brokerha.broker.definitions import DefinitionChange, Definitions
 from brokerha.broker.dtx import DtxBranch, DtxManager, Xid
 from brokerha.broker.errors import NotAllowed
 from brokerha.broker.flow import PublishFlow
@@ -19,10 +21,11 @@ from brokerha.broker.observers import Observers
 from brokerha.broker.paging import Pager
 from brokerha.broker.queue import MemoryMeter
 from brokerha.broker.stats import BrokerStats
-from brokerha.broker.storage import Definitions, MemoryStore, PreparedBranch, Store, prepared_branch
+from brokerha.broker.storage import Definitions as Recovered
+from brokerha.broker.storage import MemoryStore, PreparedBranch, Store, prepared_branch
 from brokerha.broker.transaction import Transaction
 from brokerha.broker.tx_outcomes import TxOutcomes
-from brokerha.broker.vhost import VirtualHost
+from brokerha.broker.vhost import STANDARD_EXCHANGES, VirtualHost
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +87,14 @@ class Broker:
         # per-entry work of a purge or delete, in slices between loop turns once the
         # node installs ``background.schedule`` (broker/background.py)
         self.background = Background()
-        self.users = UserDatabase()
+        # vhosts, users, permissions, policies (broker/definitions.py): the store keeps
+        # them, the HA layer replicates them; the vhosts and users below follow them
+        self.definitions = Definitions()
+        self.users = UserDatabase(definitions=self.definitions)
         self.vhosts: dict[str, VirtualHost] = {}
+        self.definitions.subscribe(self._definition_changed)
         self.store = store or MemoryStore()
+        self.definitions.subscribe(self._store_definition)
         self.observers.add_configuration_observer(self.store)
         self.observers.add_queue_observer(self.store)
         if self.store.can_page and (self.limits.queue_max_memory or self.limits.node_max_memory):
@@ -182,12 +190,36 @@ class Broker:
     # -- vhosts ------------------------------------------------------------------------
 
     def add_vhost(self, name: str) -> VirtualHost:
+        """The vhost ``name``, defined (``Definitions``) with no metadata if it was not."""
+        if name not in self.vhosts:
+            self.definitions.apply(D.vhost_set(name))
+        return self.vhosts[name]
+
+    def _definition_changed(self, change: DefinitionChange) -> None:
+        """A vhost defined exists; a vhost deleted goes with its queues and exchanges."""
+        if change.kind != D.VHOST:
+            return
+        name = change.key[0]
+        if change.value is not None:
+            if name not in self.vhosts:
+                self.vhosts[name] = VirtualHost(name, self.observers, self.memory, self.clock,
+                                                self.background)
+            return
         vhost = self.vhosts.get(name)
         if vhost is None:
-            vhost = VirtualHost(name, self.observers, self.memory, self.clock,
-                                self.background)
-            self.vhosts[name] = vhost
-        return vhost
+            return
+        for q in list(vhost.queues.values()):
+            vhost.remove_queue(q)
+        standard = {"", *dict(STANDARD_EXCHANGES)}
+        for ex in [e for e in vhost.exchanges.values() if e.name not in standard]:
+            if ex.name in vhost.exchanges:  # not auto-deleted meanwhile
+                vhost.delete_exchange(ex.name)
+        del self.vhosts[name]
+        log.info("vhost '%s' deleted with its queues and exchanges", name)
+
+    def _store_definition(self, change: DefinitionChange) -> None:
+        if not self.definitions.restoring:
+            self.store.definition_changed(change)
 
     def vhost(self, name: str) -> VirtualHost:
         vhost = self.vhosts.get(name)
@@ -197,8 +229,9 @@ class Broker:
 
     # -- recovery ----------------------------------------------------------------------
 
-    def restore(self, definitions: Definitions) -> None:
+    def restore(self, definitions: Recovered) -> None:
         """Rebuild durable state from the store, without telling the store again."""
+        self.definitions.restore(D.DefinitionChange.from_wire(w) for w in definitions.definitions)
         for ex in definitions.exchanges:
             self.add_vhost(ex.vhost).restore_exchange(ex)
         for q in definitions.queues:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from brokerha.broker.definitions import KINDS, DefinitionChange
 from brokerha.broker.exchange import Binding, Exchange
 from brokerha.broker.message import Entry
 from brokerha.broker.observers import ConfigurationObserver, QueueObserver
@@ -89,6 +90,9 @@ class Definitions:
     ha_transactions: list[tuple[str, bytes]] = field(default_factory=list)
     # (txid, client id, outcome, at): brokerha.broker.tx_outcomes
     outcomes: list[tuple[str, str | None, str, float]] = field(default_factory=list)
+    # vhosts, users, permissions, policies: DefinitionChange.as_wire() of each one defined
+    # (brokerha.broker.definitions), in KINDS order
+    definitions: list[list[Any]] = field(default_factory=list)
 
 
 def prepared_branch(xid: str, publishes: list[tuple[list[Queue], Any]],
@@ -102,6 +106,12 @@ def prepared_branch(xid: str, publishes: list[tuple[list[Queue], Any]],
     for q, e in accepts:
         record.accepts.append((q.vhost, q.name, e.position))
     return record
+
+
+def stored_definitions(changes: Iterable[DefinitionChange]) -> list[list[Any]]:
+    """The definitions a store holds, as ``Definitions.definitions`` lists them."""
+    order = {kind: i for i, kind in enumerate(KINDS)}
+    return [c.as_wire() for c in sorted(changes, key=lambda c: (order[c.kind], c.key))]
 
 
 def exchange_record(ex: Exchange) -> ExchangeRecord:
@@ -214,6 +224,13 @@ class Store(ConfigurationObserver, QueueObserver):
     def tx_outcome_deleted(self, txid: str) -> None:
         raise NotImplementedError
 
+    def definition_changed(self, change: DefinitionChange) -> None:
+        """A vhost, user, permission or policy set or deleted (``broker/definitions.py``).
+
+        Written in order with everything else; ``load`` returns what is defined.
+        """
+        raise NotImplementedError
+
     def put_meta(self, key: str, value: str) -> None:
         """Record a small named value, written with everything recorded before it.
 
@@ -247,6 +264,13 @@ class MemoryStore(Store):
         self.ha_transactions: dict[str, bytes] = {}
         self.outcomes: dict[str, tuple[str, str | None, str, float]] = {}
         self.meta: dict[str, str] = {}
+        self.definitions: dict[tuple[str, tuple[str, ...]], DefinitionChange] = {}
+
+    def definition_changed(self, change: DefinitionChange) -> None:
+        if change.value is None:
+            self.definitions.pop((change.kind, change.key), None)
+        else:
+            self.definitions[(change.kind, change.key)] = change
 
     def put_meta(self, key: str, value: str) -> None:
         self.meta[key] = value
@@ -283,7 +307,8 @@ class MemoryStore(Store):
                            sorted(self.messages.values(),
                                   key=lambda m: (m.vhost, m.queue, m.position)),
                            list(self.prepared.values()), list(self.ha_transactions.items()),
-                           list(self.outcomes.values()))
+                           list(self.outcomes.values()), stored_definitions(
+                               self.definitions.values()))
 
     def exchange_declared(self, exchange: Exchange) -> None:
         if exchange.durable:

@@ -12,7 +12,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from brokerha.admin.node_view import HAView
+from brokerha.broker import definitions as D
+from brokerha.broker.auth import hash_password
 from brokerha.broker.broker import Broker
+from brokerha.broker.definitions import DefinitionChange
 from brokerha.broker.policy_effects import PolicyEffects
 from brokerha.broker.storage import Store
 from brokerha.cluster.link import ClusterLinks, links_reload
@@ -154,15 +157,17 @@ class Node:
     def __init__(self, config: NodeConfig, cluster: ClusterConfig | None = None) -> None:
         self.config = config
         self.cluster = cluster
+        self.reset_definitions = False  # ``brokerha node --reset-definitions``: seed_definitions
         self.loop = asyncio.get_event_loop()
         self.store = open_store(config.store.url, config.data_dir, config.store.synchronous,
                                 config.store.oplog)
         self.store.on_failure = self._store_failed
-        self.broker = build_broker(config, spawn=self._spawn, store=self.store)
+        self.broker = build_broker(config, spawn=self._spawn, store=self.store, seed=False)
         self.store.on_disk_full = partial(self.broker.set_alarm, "disk:store")
         # the disk alarm: free space where this node writes, checked on the sweep
         self.disk = DiskMonitor([config.data_dir, *self.store.local_directories()],
                                 config.disk_free_limit, self.broker.set_alarm)
+        self.broker.definitions.subscribe(self._definition_changed)
         self.exit_code = 0
         self.servers: list[asyncio.base_events.Server] = []  # AMQP and amqps listeners
         # admission: which accepted connections are this node's clients (a standalone
@@ -242,6 +247,7 @@ class Node:
         finally:
             if collecting:
                 gc.enable()
+        seed_definitions(self.broker, cfg, reset=self.reset_definitions)
         if after_recovery is not None:
             after_recovery()
         # a purge's or delete's per-entry work: in slices between loop turns from now on
@@ -430,6 +436,23 @@ class Node:
         for server in self.servers:
             server.close()
         self.servers = []
+
+    def _definition_changed(self, change: DefinitionChange) -> None:
+        """A deleted user's or vhost's connections are closed (320), as RabbitMQ's
+        ``rabbit_connection_tracking``; the broker has deleted the vhost's queues by now."""
+        if change.value is not None or change.kind not in (D.USER, D.VHOST):
+            return
+        name = change.key[0]
+        text = f"{change.kind} '{name}' is deleted"
+        for proto in self.connections:
+            conn = proto.conn
+            if conn is None:
+                continue
+            if (conn.user is not None and conn.user.name == name if change.kind == D.USER
+                    else conn.vhost is not None and conn.vhost.name == name):
+                log.info("closing connection %s: %s", conn.name, text)
+                conn.shutdown(text=text)
+                proto.flush()
 
     def close_connections(self) -> None:
         """Tell every client 320 CONNECTION_FORCED (the node stops; sockets closed after)."""

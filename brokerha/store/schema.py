@@ -81,21 +81,13 @@ messages = Table(
     Column("delivered", Boolean, nullable=False),
 )
 
-# Runtime-defined users and permissions (configuration-file users are not stored).
-users = Table(
-    "users", metadata,
-    Column("name", Text, primary_key=True),
-    Column("password_hash", Text, nullable=False),
-    Column("tags", Text, nullable=False, default=""),  # comma-separated
-)
-
-permissions = Table(
-    "permissions", metadata,
-    Column("user", Text, primary_key=True),
-    Column("vhost", Text, primary_key=True),
-    Column("configure", Text, nullable=False),
-    Column("write", Text, nullable=False),
-    Column("read", Text, nullable=False),
+# The definitions (brokerha/broker/definitions.py): vhosts, users, permissions, topic
+# permissions, policies and operator policies, one row each, the value as JSON text.
+definitions = Table(
+    "definitions", metadata,
+    Column("kind", String(32), primary_key=True),
+    Column("key", Text, primary_key=True),  # the key's fields as a JSON array
+    Column("value", Text, nullable=False),
 )
 
 # Prepared XA branches: a prepared branch must survive a crash until commit/rollback.
@@ -227,3 +219,5 @@ class Statements:
         self.put_tx_outcome = upsert_sql(tx_outcomes, p)
         self.put_meta = upsert_sql(meta, p)
         self.delete_tx_outcome = delete_sql(tx_outcomes, p)
+        self.put_definition = upsert_sql(definitions, p)
+        self.delete_definition = delete_sql(definitions, p)

@@ -22,6 +22,7 @@ A failed commit is fatal: its callbacks and all later ones never run, and
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -32,6 +33,8 @@ from sqlalchemy import Engine, Table, create_engine, event, insert, select
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
+from brokerha.broker.definitions import DefinitionChange
+from brokerha.broker.definitions import encode as definitions_encode
 from brokerha.broker.exchange import Binding, Exchange
 from brokerha.broker.message import Entry
 from brokerha.broker.queue import Queue
@@ -46,6 +49,7 @@ from brokerha.broker.storage import (
     binding_record,
     is_durable_binding,
     keeps,
+    stored_definitions,
 )
 from brokerha.store import schema
 from brokerha.store.batch import (
@@ -523,6 +527,14 @@ class SQLStore(Store):
     def tx_outcome_deleted(self, txid: str) -> None:
         self._record((STATEMENT, "delete_tx_outcome", (txid,)))
 
+    def definition_changed(self, change: DefinitionChange) -> None:
+        key = json.dumps(list(change.key), separators=(",", ":"))
+        if change.value is None:
+            self._record((STATEMENT, "delete_definition", (change.kind, key)))
+        else:
+            self._record((STATEMENT, "put_definition",
+                          (change.kind, key, definitions_encode(change.value))))
+
     def put_meta(self, key: str, value: str) -> None:
         self._meta[key] = value
         self._record((STATEMENT, PUT_META, (key, value)))
@@ -563,6 +575,9 @@ class SQLStore(Store):
                                  for r in rows(schema.ha_transactions)],
                 outcomes=[(r.txid, r.client_id, r.outcome, float(r.at))
                           for r in rows(schema.tx_outcomes)],
+                definitions=stored_definitions(
+                    DefinitionChange.from_wire((r.kind, json.loads(r.key), r.value))
+                    for r in rows(schema.definitions)),
             )
 
     def _stream_messages(self) -> Iterator[StoredMessage]:

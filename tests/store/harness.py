@@ -50,8 +50,9 @@ class StoreNode:
         self.store = SQLStore(url, **options)
         self.broker = Broker("t", store=self.store, limits=limits)
         self.broker.restore(self.store.load())
-        self.vhost: VirtualHost = self.broker.add_vhost("/")
         self.store.start(self.loop)
+        # defined (a store record) on a new store: written with the first batch
+        self.vhost: VirtualHost = self.broker.add_vhost("/")
         self.loop_thread = threading.get_ident()
 
     def queue(self, name: str = "q", durable: bool = True) -> Queue:
