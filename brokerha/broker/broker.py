@@ -116,7 +116,7 @@ class Broker:
         self.alarm_listeners: list[Callable[[bool], None]] = []
         # internal back-pressure (the HA primary's): publishers are not read, not told;
         # background work (a purge's dequeues) pauses too
-        self.flow = PublishFlow()
+        self.flow = PublishFlow(clock)
         self.flow.listeners.append(self.background.flow_changed)
         # Replication barriers (the HA primary adds one): each runs a callback once
         # every ready backup holds what was done so far. See ``after_durable``.

@@ -613,18 +613,22 @@ class Primary(ConfigurationObserver, QueueObserver):
         applies what a publisher without confirms sends at most as fast as the
         primary takes it; without a bound the replication link fills up, and
         the heartbeats behind it (and the confirms waiting for it) come later
-        and later, until the lease runs out. Released at half the lag.
+        and later, until the lease runs out. Released at half the lag. While held,
+        the hold is renewed with the backup lagging most (the flow's cause: metrics,
+        and the WARNING of a hold that lasts).
         """
         limit = self.flow_lag
         if limit is None:
             return
-        lag = max((s.ack_lag(now) for s in self.sessions.values() if s.holds_copy), default=0.0)
+        lag, node = max(((s.ack_lag(now), n) for n, s in self.sessions.items() if s.holds_copy),
+                        default=(0.0, ""))
         flow = self.broker.flow
-        if FLOW in flow.holds:
-            if lag <= limit / 2:
-                flow.release(FLOW)
-        elif lag > limit:
-            flow.hold(FLOW, f"a backup has not acknowledged for {lag:.2f}s (flow_lag {limit}s)")
+        held = FLOW in flow.holds
+        if held and lag <= limit / 2:
+            flow.release(FLOW)
+        elif held or lag > limit:
+            flow.hold(FLOW, f"backup {node} has not acknowledged for {lag:.2f}s (flow_lag "
+                      f"{limit}s)", cause=node)
 
     def take_outbox(self, node: str, hold_lazy: bool = False) -> list[Events]:
         """The packets for ``node``; ``hold_lazy``: a tail of dequeues only stays for later."""
@@ -709,8 +713,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             "members": self.members,
             "replicate": self.default_policy,
             "waiting_confirms": len(self._waiters),
-            "publishers_held": FLOW in self.broker.flow.holds,
-            "publisher_holds": self.broker.flow.episodes,
+            **self.broker.flow.status(),  # publishers_held, publisher_holds, ...
             "transactions": len(self.tx_queues),
             "ready_backups": self.ready_backups(),
             "backups": {n: s.status(self.seq) for n, s in sorted(self.sessions.items())},
