@@ -37,11 +37,11 @@ from brokerha.admin.management import (
     not_authorised,
     not_found,
 )
+from brokerha.broker.definitions import DefinitionChange
 from brokerha.broker.exchange import Exchange
 from brokerha.broker.policies import (
     OPERATOR_POLICY,
     POLICY,
-    Policy,
     PolicyBook,
     PolicyInvalid,
     parse,
@@ -52,9 +52,6 @@ from brokerha.httpapi.server import Response
 
 log = logging.getLogger("brokerha.management")
 
-# (kind, vhost, name, the policy's value or None to clear, who): stores and applies a change
-PolicyWriter = Callable[[str, str, str, "dict[str, Any] | None", str], None]
-
 PATHS = {"policies": POLICY, "operator-policies": OPERATOR_POLICY}
 NOUN = {POLICY: "policy", OPERATOR_POLICY: "operator policy"}
 
@@ -62,11 +59,9 @@ NOUN = {POLICY: "policy", OPERATOR_POLICY: "operator policy"}
 class PoliciesAPI:
     """The handlers, registered on the management API's router."""
 
-    def __init__(self, api: ManagementAPI, effects: PolicyEffects,
-                 write: PolicyWriter | None = None) -> None:
+    def __init__(self, api: ManagementAPI, effects: PolicyEffects) -> None:
         self.api = api
         self.effects = effects
-        self.write = write or self._apply_locally
         for path, kind in PATHS.items():
             api._route("GET", path, self._lister(kind))
             api._route("GET", f"{path}/{{vhost}}", self._lister(kind))
@@ -88,15 +83,9 @@ class PoliciesAPI:
                 "operator_policy": applied.operator_policy_name or None,
                 "effective_policy_definition": applied.definition}
 
-    def _apply_locally(self, kind: str, vhost: str, name: str, value: dict[str, Any] | None,
-                       who: str) -> None:
-        """A node without replicated definitions: the change applies to this broker only."""
-        if value is None:
-            self.effects.clear_policy(kind, vhost, name)
-        else:
-            self.effects.set_policy(kind, Policy(vhost, name, value["pattern"],
-                                                 dict(value["definition"]), value["priority"],
-                                                 value["apply-to"]))
+    def _write(self, kind: str, vhost: str, name: str, value: dict[str, Any] | None) -> None:
+        """Into the broker's definitions: stored, replicated, applied (policy_effects.py)."""
+        self.api.node.broker.definitions.apply(DefinitionChange(kind, (vhost, name), value))
 
     # -- who may ---------------------------------------------------------------------------
 
@@ -157,7 +146,7 @@ class PoliciesAPI:
             raise bad_request(exc.reason) from None
         existed = self.book.get(kind, vhost, name) is not None
         if self.book.get(kind, vhost, name) != policy:
-            self.write(kind, vhost, name, policy.value(), call.user.name)
+            self._write(kind, vhost, name, policy.value())
             log.info("management API: %s set %s '%s' in vhost '%s': pattern %r, apply-to %s, "
                      "priority %s, definition %s", call.user.name, NOUN[kind], name, vhost,
                      policy.pattern, policy.apply_to, policy.priority,
@@ -168,7 +157,7 @@ class PoliciesAPI:
         vhost, name = call.params["vhost"], call.params["name"]
         if self.book.get(kind, vhost, name) is None:
             raise not_found()
-        self.write(kind, vhost, name, None, call.user.name)
+        self._write(kind, vhost, name, None)
         log.info("management API: %s cleared %s '%s' in vhost '%s'", call.user.name, NOUN[kind],
                  name, vhost)
 
@@ -191,8 +180,8 @@ def _body(call: Call) -> dict[str, Any]:
     return value
 
 
-def install(api: ManagementAPI, write: PolicyWriter | None = None) -> PoliciesAPI:
+def install(api: ManagementAPI) -> PoliciesAPI:
     """The routes on ``api``; the broker gets its ``PolicyEffects`` if it had none."""
     broker = api.node.broker
     effects = PolicyEffects.of(broker) or PolicyEffects(broker)
-    return PoliciesAPI(api, effects, write)
+    return PoliciesAPI(api, effects)

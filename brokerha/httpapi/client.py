@@ -18,9 +18,12 @@ TIMEOUT = 3.0
 class CtlError(Exception):
     """A refused or failed request; ``code`` is the exit code (2: the node did not answer)."""
 
-    def __init__(self, message: str, code: int = 1) -> None:
+    def __init__(self, message: str, code: int = 1, status: int | None = None,
+                 reason: Any = None) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status  # the HTTP status of a refusal, and its body's reason
+        self.reason = reason
 
 
 # every request of a command carries --user/--password (main sets them): the node
@@ -29,9 +32,12 @@ CREDENTIALS: dict[str, str] = {"user": "guest", "password": "guest"}
 
 
 def request(base: str, path: str, *, body: Any = None, user: str | None = None,
-            password: str | None = None, timeout: float = TIMEOUT) -> Any:
+            password: str | None = None, timeout: float = TIMEOUT,
+            method: str | None = None) -> Any:
+    """``method`` defaults to GET, or POST with a ``body``."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, method="GET" if data is None else "POST")
+    req = urllib.request.Request(base + path, data=data,
+                                 method=method or ("GET" if data is None else "POST"))
     req.add_header("Content-Type", "application/json")
     if user is None:
         user, password = CREDENTIALS["user"], CREDENTIALS["password"]
@@ -42,6 +48,7 @@ def request(base: str, path: str, *, body: Any = None, user: str | None = None,
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
+        reason = None
         try:
             answer = json.loads(exc.read())
             message = answer.get("error", exc.reason)
@@ -50,7 +57,8 @@ def request(base: str, path: str, *, body: Any = None, user: str | None = None,
                 message += ": " + (reason if isinstance(reason, str) else json.dumps(reason))
         except (ValueError, AttributeError):
             message = exc.reason
-        raise CtlError(f"{base}{path}: {exc.code} {message}") from exc
+        raise CtlError(f"{base}{path}: {exc.code} {message}", status=exc.code,
+                       reason=reason) from exc
     except (urllib.error.URLError, OSError) as exc:
         raise CtlError(f"{base}{path}: cannot reach the node: {exc}", 2) from exc
     except ValueError as exc:

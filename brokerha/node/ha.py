@@ -79,7 +79,9 @@ class HANode:
         self.ha = HAMember(
             self.broker, self.me, [m.name for m in cluster.members], self.state.state, self,
             PrimarySettings(len(cluster.members), cluster.backup_timeout, cluster.replicate,
-                            tuple(cluster.policies), cluster.tx_prepare_timeout,
+                            # [[cluster.policies]] seeded the definitions' ha-replicate
+                            # policies (node/server.py): the broker's policies decide
+                            (), cluster.tx_prepare_timeout,
                             backup_unheard_timeout=cluster.backup_unheard_timeout,
                             flow_lag=cluster.flow_lag),
             self._now,

@@ -30,6 +30,7 @@ from brokerha.node.loop_monitor import LoopMonitor
 from brokerha.node.relay import Refuse, RelayProtocol, RelayTarget
 from brokerha.node.tls import NodeTLS
 from brokerha.node.transport import AMQPProtocol
+from brokerha.primary.policy import as_policies
 from brokerha.store.factory import open_store
 
 if TYPE_CHECKING:
@@ -58,9 +59,11 @@ def build_broker(config: NodeConfig, spawn: Callable[..., None] | None = None,
     return broker
 
 
-def configured_definitions(config: NodeConfig) -> list[DefinitionChange]:
-    """The TOML's vhosts, users (``guest`` unless ``default_user = false``) and
-    permissions, as the definitions they seed."""
+def configured_definitions(config: NodeConfig,
+                           cluster: ClusterConfig | None = None) -> list[DefinitionChange]:
+    """The TOML's vhosts, users (``guest`` unless ``default_user = false``),
+    permissions and ``[[cluster.policies]]`` (``ha-replicate`` policies,
+    ``primary/policy.py``), as the definitions they seed."""
     changes = [D.vhost_set(vhost) for vhost in config.vhosts]
     if config.default_user:
         changes += [D.user_set("guest", hash_password("guest"), ["administrator"]),
@@ -73,13 +76,17 @@ def configured_definitions(config: NodeConfig) -> list[DefinitionChange]:
         changes.append(D.user_set(user.name, password_hash, user.tags))
     changes += [D.permission_set(p.user, p.vhost, p.configure, p.write, p.read)
                 for p in config.permissions]
+    if cluster is not None:
+        changes += [DefinitionChange(D.POLICY, (p.vhost, p.name), p.value())
+                    for p in as_policies(cluster.policies, config.vhosts)]
     return changes
 
 
 SEEDED = "definitions_seeded"  # store meta: the configuration seeded its definitions once
 
 
-def seed_definitions(broker: Broker, config: NodeConfig, *, reset: bool = False) -> None:
+def seed_definitions(broker: Broker, config: NodeConfig, *, reset: bool = False,
+                     cluster: ClusterConfig | None = None) -> None:
     """A new store's definitions come from the configuration; then the store's win.
 
     Once seeded (the store's ``definitions_seeded``), the definitions are what
@@ -92,7 +99,7 @@ def seed_definitions(broker: Broker, config: NodeConfig, *, reset: bool = False)
     store, definitions = broker.store, broker.definitions
     if store.get_meta(SEEDED) is not None and not reset:
         return
-    seed = configured_definitions(config)
+    seed = configured_definitions(config, cluster)
     if reset:
         changes = definitions.changes_to(seed)
         log.warning("definitions reset to the configuration's: %d changes", len(changes))
@@ -247,7 +254,10 @@ class Node:
         finally:
             if collecting:
                 gc.enable()
-        seed_definitions(self.broker, cfg, reset=self.reset_definitions)
+        seed_definitions(self.broker, cfg, reset=self.reset_definitions, cluster=self.cluster)
+        effects = PolicyEffects.of(self.broker)
+        if effects is not None:  # recovered queues and exchanges were restored unobserved
+            effects.apply_all()
         if after_recovery is not None:
             after_recovery()
         # a purge's or delete's per-entry work: in slices between loop turns from now on

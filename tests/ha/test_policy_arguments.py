@@ -98,3 +98,31 @@ def test_a_primary_replicates_as_the_ha_replicate_policy_says() -> None:
     tmp = vh.declare_queue("tmp.a", owner=None)
     kept = vh.declare_queue("orders", owner=None)
     assert not primary.messages_replicated(tmp) and primary.messages_replicated(kept)
+
+
+def test_cluster_policies_seed_a_new_clusters_definitions_as_policies() -> None:
+    from pathlib import Path
+
+    from brokerha.broker.broker import Broker
+    from brokerha.broker.policies import POLICY
+    from brokerha.broker.policy_effects import PolicyEffects
+    from brokerha.node.cluster_config import parse_cluster
+    from brokerha.node.config import NodeConfig
+    from brokerha.node.server import configured_definitions
+    from brokerha.primary.policy import queue_policy
+
+    cluster = parse_cluster({"name": "dc1", "secret": "0123456789abcdef",
+                             "nodes": [{"name": "n1", "amqp": "127.0.0.1:5672"}],
+                             "policies": [{"pattern": "^tmp\\.", "replicate": "none"}]},
+                            "t", Path("."))
+    broker = Broker("t")
+    effects = PolicyEffects(broker)
+    broker.definitions.apply_all(configured_definitions(NodeConfig(name="t"), cluster))
+    (seeded,) = effects.book.list(POLICY)
+    assert seeded.as_json() == {"vhost": "/", "name": "cluster-policy-1", "pattern": "^tmp\\.",
+                                "apply-to": "queues", "definition": {"ha-replicate": "none"},
+                                "priority": -1}
+    tmp = broker.vhost("/").declare_queue("tmp.a", owner=None)
+    assert queue_policy(tmp, "all", (), effects) == "none"
+    broker.definitions.apply_all(broker.definitions.deleting(POLICY, "/", "cluster-policy-1"))
+    assert effects.replicate(tmp) is None  # deleted like any policy: the default again

@@ -8,6 +8,8 @@ existing queue at once; ``/api/queues`` shows ``policy``, ``operator_policy`` an
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -142,3 +144,36 @@ def test_bad_policies_get_rabbitmqs_400_and_change_nothing(node: NodeProcess) ->
                                                       "definition": {"max-length": 1}}) == (
         404, {"error": "not_found", "reason": "vhost_not_found"})
     assert api(node, "DELETE", "/policies/%2F/p")[0] == 404
+
+
+def ctl(node: NodeProcess, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
+                           f"http://127.0.0.1:{node.port + 10000}", *argv],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_ctl_sets_lists_and_clears_policies_as_rabbitmqctl(node: NodeProcess) -> None:
+    done = ctl(node, "set_policy", "--priority", "3", "--apply-to", "queues", "c1", "^c\\.",
+               '{"max-length":4}')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ('Setting policy "c1" for pattern "^c\\." to "{"max-length":4}" '
+                           'with priority "3" for vhost "/" ...\n')
+    assert ctl(node, "set_operator_policy", "-p", "/", "o1", ".", '{"message-ttl":100}'
+               ).returncode == 0
+    listed = ctl(node, "list_policies")
+    assert listed.stdout == ('Listing policies for vhost "/" ...\n'
+                             "vhost\tname\tpattern\tapply-to\tdefinition\tpriority\n"
+                             '/\tc1\t^c\\.\tqueues\t{"max-length":4}\t3\n')
+    assert "o1\t.\tall\t{\"message-ttl\":100}\t0" in ctl(node, "list_operator_policies").stdout
+    assert api(node, "GET", "/policies/%2F/c1")[1]["definition"] == {"max-length": 4}
+    refused = ctl(node, "set_policy", "bad", "^c", '{"max-length":-1}')
+    assert refused.returncode == 1
+    assert "Error:\nValidation failed\n\n-1 is not a valid maximum length" in refused.stderr
+    assert ctl(node, "set_policy", "bad", "^c", "nojson").returncode == 1
+    assert api(node, "GET", "/policies/%2F/bad")[0] == 404
+    cleared = ctl(node, "clear_policy", "c1")
+    assert (cleared.returncode, cleared.stdout) == (0, 'Clearing policy "c1" on vhost "/" ...\n')
+    again = ctl(node, "clear_policy", "c1")
+    assert again.returncode == 1 and "Parameter does not exist" in again.stderr
+    assert ctl(node, "clear_operator_policy", "o1").returncode == 0
+    assert ctl(node, "list_policies").stdout == 'Listing policies for vhost "/" ...\n'
