@@ -46,6 +46,7 @@ from brokerha.admin.node_view import NodeView
 from brokerha.broker.auth import AuthenticationFailed, User
 from brokerha.broker.content import build_header, decode_header
 from brokerha.broker.errors import BrokerError
+from brokerha.broker.flow import STATUS_KEYS as FLOW_STATUS_KEYS
 from brokerha.broker.message import Message
 from brokerha.httpapi.server import (
     READ_TAGS,
@@ -457,13 +458,17 @@ class ManagementAPI:
             me.get("connections", 0), "disk_free": min(
                 [v for v in ((me.get("disk") or {}).get("free") or {}).values() if v] or [0]),
             # brokerha's own: its HA role, epoch, readiness, each backup's lag, elections
-            # and step-downs by reason, the event loop's lag (p99 and max of the last minute)
+            # and step-downs by reason, the event loop's lag (p99 and max of the last minute),
+            # the cyclic GC's collections and pauses (node/gc_governor.py)
             "brokerha": {k: me.get(k) for k in ("role", "epoch", "ready", "serving", "primary",
-                                                "position", "phase", "election", "loop")},
+                                                "position", "phase", "election", "loop",
+                                                "gc")},
         }
         replication = me.get("replication") or {}
         if replication.get("backups"):
             entry["brokerha"]["backups"] = replication["backups"]
+        if "publishers_held" in replication:  # a primary's publisher flow control (flow.py)
+            entry["brokerha"]["flow"] = {k: replication.get(k) for k in FLOW_STATUS_KEYS}
         return entry
 
     async def one_node(self, call: Call) -> dict[str, Any]:

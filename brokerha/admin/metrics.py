@@ -5,12 +5,14 @@ holds one collector that reads the live objects when Prometheus scrapes —
 the queues (their ``published``/``delivered`` counters and depths), the AMQP
 connections, the HA layer (role, epoch, readiness, failover history, elections
 and step-downs by reason, late heartbeats, lease lapses) and, on
-the primary, each backup's replication session, and the TxLog master where
+the primary, each backup's replication session, publisher flow control
+(holds, seconds held, whose lag), the cyclic GC (the node's ``GCGovernor``:
+collections, pauses, frozen objects), and the TxLog master where
 the node runs one (its queues, view and agreement latency). The latency
 histograms are kept where the time is measured: the broker's
-``stats.commit_latency`` and the TxLog driver's ``latency`` (the samples of
-its ``latency_ms``). Every name is listed with its meaning in
-``docs/operations.md``.
+``stats.commit_latency``, the governor's ``pauses`` and the TxLog driver's
+``latency`` (the samples of its ``latency_ms``). Every name is listed with
+its meaning in ``docs/operations.md``.
 """
 
 from __future__ import annotations
@@ -194,6 +196,8 @@ class NodeCollector:
                                   "(each logged at WARNING with what ran)", value=monitor.stalls)
         yield GaugeMetricFamily("brokerha_event_loop_lag_max_seconds", "The longest event loop "
                                 "stall since the node started", value=monitor.max_lag)
+        yield from self._flow()
+        yield from self._gc()
         latency = HistogramMetricFamily(
             "brokerha_commit_latency_seconds", "tx.commit received to tx.commit-ok sent (the "
             "store and every ready backup included)")
@@ -212,6 +216,53 @@ class NodeCollector:
         yield from self._disk(status)
         yield from self._txlog()
         yield from self._tls()
+
+    def _flow(self) -> Iterator[Metric]:
+        """Publisher flow control (broker/flow.py): on an HA primary, publishers are not read
+        while a backup holding a copy lags ``flow_lag``; how often, how long, whose lag."""
+        flow = self.node.broker.flow
+        yield GaugeMetricFamily("brokerha_publishers_held", "1 while publishers are held by flow "
+                                "control (not read, not told: a backup lags flow_lag)",
+                                value=1 if flow.held else 0)
+        yield CounterMetricFamily("brokerha_publisher_flow_holds", "Times publishers were held "
+                                  "by flow control (episodes)", value=flow.episodes)
+        yield CounterMetricFamily("brokerha_publisher_flow_held_seconds", "Seconds publishers "
+                                  "were held by flow control (the hold in force included)",
+                                  value=flow.held_seconds())
+        by_backup = CounterMetricFamily("brokerha_backup_flow_holds", "Publisher flow holds "
+                                        "started by this backup's lag", labels=["backup"])
+        for backup, count in sorted(flow.episodes_by_cause.items()):
+            by_backup.add_metric([backup], count)
+        yield by_backup
+
+    def _gc(self) -> Iterator[Metric]:
+        """The cyclic GC of the node's process, as its governor saw it (node/gc_governor.py):
+        collections and pauses by generation, survivors frozen, thaws."""
+        governor = getattr(self.node, "gc", None)
+        if governor is None:
+            return
+        stats = governor.stats()
+        collections = CounterMetricFamily("brokerha_gc_collections", "Cyclic GC collections "
+                                          "by generation (2: full)", labels=["generation"])
+        pauses = HistogramMetricFamily("brokerha_gc_pause_seconds", "How long each cyclic GC "
+                                       "collection held the node (the event loop included), "
+                                       "by generation", labels=["generation"])
+        for generation, histogram in enumerate(governor.pauses):
+            collections.add_metric([str(generation)], stats["collections"][generation])
+            pauses.add_metric([str(generation)], histogram.cumulative(), histogram.sum)
+        yield collections
+        yield pauses
+        yield GaugeMetricFamily("brokerha_gc_pause_max_seconds", "The longest cyclic GC pause "
+                                "since the node started", value=stats["pause_seconds_max"])
+        yield GaugeMetricFamily("brokerha_gc_frozen_objects", "Objects frozen out of the cyclic "
+                                "GC's walk (the survivors of its collections of generation 1 "
+                                "and 2: the backlog among them)", value=stats["frozen"])
+        yield CounterMetricFamily("brokerha_gc_thaws", "Times the frozen objects were thawed "
+                                  "and collected once (cycles among them freed)",
+                                  value=stats["thaws"])
+        yield CounterMetricFamily("brokerha_gc_thaws_skipped", "Thaws put off because too many "
+                                  "objects were frozen (a deep backlog)",
+                                  value=stats["thaws_skipped"])
 
     def _tls(self) -> Iterator[Metric]:
         tls = getattr(self.node, "tls", None)

@@ -5,8 +5,9 @@ server from ``api.cluster_view`` (every member's own status, gathered by this
 node), and a few lines of inline script fetch ``/status?part=body`` every 2 seconds
 and swap the content in, so the page refreshes on its own (without script,
 reload by hand). It shows the datacenter's nodes (role, epoch, readiness,
-elections and step-downs by reason, the event loop's lag),
-replication per backup and per queue, recent failovers and the TxLog's state.
+elections and step-downs by reason, the event loop's lag, the GC's longest pause),
+replication (publisher flow holds included) per backup and per queue, recent
+failovers and the TxLog's state.
 """
 
 from __future__ import annotations
@@ -119,6 +120,28 @@ def _loop(loop: Any) -> str:
     return text
 
 
+def _gc(stats: Any) -> str:
+    """The cyclic GC (node/gc_governor.py): the longest pause, collections by generation."""
+    if not stats:
+        return "–"
+    worst = float(stats.get("pause_seconds_max", 0)) * 1000
+    collections = "/".join(str(c) for c in stats.get("collections") or [])
+    return (f"{worst:.1f} ms <span class=muted>(collections {escape(collections)}, "
+            f"{escape(str(stats.get('frozen')))} frozen)</span>")
+
+
+def _flow(rep: dict[str, Any]) -> str:
+    """Publisher flow control on the primary (broker/flow.py): held now, by whose lag, and
+    the holds so far."""
+    if "publishers_held" not in rep:
+        return ""
+    now = (f"<span class=down>held</span> ({escape(str(rep.get('publishers_held_by')))})"
+           if rep.get("publishers_held") else "no")
+    return (f"; publishers held (flow): <span id=flow>{now}</span> <span class=muted>"
+            f"({escape(str(rep.get('publisher_holds')))} holds, "
+            f"{float(rep.get('publishers_held_seconds') or 0):.1f} s)</span>")
+
+
 def _ago(at: float, now: float) -> str:
     seconds = max(0.0, now - at)
     if seconds < 120:
@@ -135,7 +158,8 @@ def render_body(view: dict[str, Any]) -> str:
            f"<b>{escape(str(view.get('primary') or '(none serving)'))}</b></p>"]
     out.append("<h2>Nodes</h2><table id=nodes><tr><th>node</th><th>role</th><th>epoch</th>"
                "<th>ready</th><th>serving</th><th>position</th><th>pid</th><th>AMQP</th>"
-               "<th>admin</th><th>elections</th><th>loop lag p99 / max</th><th>alarms</th></tr>")
+               "<th>admin</th><th>elections</th><th>loop lag p99 / max</th><th>GC pause max</th>"
+               "<th>alarms</th></tr>")
     for n in view.get("nodes") or []:
         role = str(n.get("role") or "?")
         admin = n.get("admin_url")
@@ -150,6 +174,7 @@ def render_body(view: dict[str, Any]) -> str:
                    f"{_cell(n.get('amqp_url'))}<td>{link}</td>"
                    f"<td class=elections>{_elections(n.get('election'), now)}</td>"
                    f"<td class=loop>{_loop(n.get('loop'))}</td>"
+                   f"<td class=gc>{_gc(n.get('gc'))}</td>"
                    f"<td class=alarms>{_alarms(n.get('alarms'))}</td></tr>")
     out.append("</table>")
 
@@ -157,7 +182,8 @@ def render_body(view: dict[str, Any]) -> str:
     if rep:
         out.append(f"<h2>Replication</h2><p>seq {escape(str(rep.get('seq')))}, replicated "
                    f"{escape(str(rep.get('replicated')))}, confirms waiting "
-                   f"{escape(str(rep.get('waiting_confirms')))}</p><table id=backups><tr>"
+                   f"{escape(str(rep.get('waiting_confirms')))}{_flow(rep)}</p>"
+                   "<table id=backups><tr>"
                    "<th>backup</th><th>state</th><th>acked</th><th>lag (events)</th>"
                    "<th>queues caught up</th></tr>")
         for name, b in sorted((rep.get("backups") or {}).items()):

@@ -25,6 +25,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 HELD_WARNING = 5.0  # seconds: a hold in force longer than this is logged at WARNING
+# what ``PublishFlow.status`` gives (in the HA primary's replication status)
+STATUS_KEYS = ("publishers_held", "publisher_holds", "publishers_held_seconds",
+               "publishers_held_by", "publisher_holds_by")
 
 
 class PublishFlow:
@@ -81,10 +84,9 @@ class PublishFlow:
 
     def status(self) -> dict[str, Any]:
         """For the HA primary's replication status (``ctl status --json``) and the UI."""
-        return {"publishers_held": self.held, "publisher_holds": self.episodes,
-                "publishers_held_seconds": round(self.held_seconds(), 3),
-                "publishers_held_by": self.cause,
-                "publisher_holds_by": dict(sorted(self.episodes_by_cause.items()))}
+        values = (self.held, self.episodes, round(self.held_seconds(), 3), self.cause,
+                  dict(sorted(self.episodes_by_cause.items())))
+        return dict(zip(STATUS_KEYS, values, strict=True))
 
     def _notify(self, held: bool) -> None:
         for listener in list(self.listeners):

@@ -27,7 +27,8 @@ thaw: every ``THAW_INTERVAL`` seconds, if at most ``THAW_MAX_OBJECTS`` are
 frozen (a full collection of that many costs a few tens of milliseconds),
 everything is unfrozen and collected once; with a deeper backlog the thaw
 waits for the backlog to drain. ``stats`` feeds the node's status and
-``/metrics``; a collection longer than ``STALL_WARNING`` is logged.
+``/metrics`` (with ``pauses``, a histogram per generation); a collection
+longer than ``STALL_WARNING`` is logged.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import gc
 import logging
 import time
 from typing import Any
+
+from brokerha.broker.stats import LatencyHistogram
 
 log = logging.getLogger("brokerha.node")
 
@@ -48,6 +51,7 @@ class GCGovernor:
     def __init__(self, clock: Any = time.monotonic) -> None:
         self.clock = clock
         self.collections = [0, 0, 0]
+        self.pauses = [LatencyHistogram() for _ in range(3)]  # by generation (/metrics)
         self.pause_total = 0.0
         self.pause_max = 0.0
         self.thaws = 0
@@ -73,6 +77,7 @@ class GCGovernor:
         pause = time.perf_counter() - self._started
         generation = int(info.get("generation", 0))
         self.collections[generation] += 1
+        self.pauses[generation].observe(pause)
         self.pause_total += pause
         self.pause_max = max(self.pause_max, pause)
         if pause > STALL_WARNING:

@@ -217,6 +217,27 @@
       (l.stalls ? ' <span class="muted">(' + esc(l.stalls) + " stalls over 100 ms)</span>" : "");
   }
 
+  // publisher flow control on a primary (broker/flow.py): held now, and by whose lag;
+  // the holds so far and the seconds held in all
+  function flowHolds(f) {
+    if (!f) return '<span class="muted">–</span>';
+    var now = f.publishers_held ? '<span class="down">held</span>' +
+      (f.publishers_held_by ? " (" + esc(f.publishers_held_by) + ")" : "") : "no";
+    return '<span data-flow-held="' + (f.publishers_held ? 1 : 0) + '" data-flow-holds="' +
+      esc(f.publisher_holds) + '">' + now + ' <span class="muted">(' + esc(f.publisher_holds) +
+      " holds, " + Number(f.publishers_held_seconds || 0).toFixed(1) + " s)</span></span>";
+  }
+
+  // the cyclic GC (node/gc_governor.py): the longest pause since start, collections by
+  // generation, objects frozen out of its walk
+  function gcPauses(g) {
+    if (!g) return '<span class="muted">–</span>';
+    var c = g.collections || [];
+    return '<span data-gc-pause-max="' + esc(g.pause_seconds_max) + '">' +
+      ms(g.pause_seconds_max) + '</span> <span class="muted">(collections ' + esc(c.join("/")) +
+      ", " + num(g.frozen) + " frozen)</span>";
+  }
+
   function overview() {
     return Promise.all([
       api("GET", "overview?lengths_age=" + AGE + "&msg_rates_age=" + AGE),
@@ -285,6 +306,10 @@
           return elections((r.brokerha || {}).election); }},
         {title: "Loop lag p99 / max (1 min)", html: function (r) {
           return loopLag((r.brokerha || {}).loop); }},
+        {title: "Publishers held (flow)", html: function (r) {
+          return flowHolds((r.brokerha || {}).flow); }},
+        {title: "GC pause max", html: function (r) {
+          return gcPauses((r.brokerha || {}).gc); }},
         {title: "Alarms", html: function (r) {
           return (r.mem_alarm ? "memory " : "") + (r.disk_free_alarm ? "disk" : ""); }}
       ], nodes, function (r) { return 'data-node="' + esc(r.name) + '"'; });
