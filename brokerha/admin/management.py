@@ -219,10 +219,6 @@ class ManagementAPI:
         r("GET", "aliveness-test/{vhost}", self.aliveness)
         r("GET", "health/checks/alarms", self.alarms_check)
         r("GET", "health/checks/local-alarms", self.local_alarms_check)
-        r("GET", "definitions", self.export_definitions)
-        r("GET", "definitions/{vhost}", self.export_definitions)
-        r("POST", "definitions", self.import_definitions)
-        r("POST", "definitions/{vhost}", self.import_definitions)
 
     def _route(self, method: str, pattern: str, handler: Handler) -> None:
         self.routes.append((method, tuple(pattern.split("/")), handler))
@@ -868,90 +864,6 @@ class ManagementAPI:
         self._check(call, "read", vh.name, "exchange", source.name)
         vh.unbind(source.name, dest, b.routing_key, b.arguments)
 
-    # -- definitions -------------------------------------------------------------------
-
-    def export_definitions(self, call: Call) -> dict[str, Any]:
-        self._admin(call)
-        names = [call.params["vhost"]] if "vhost" in call.params else self._visible_vhosts(call)
-        queues, exchanges, bindings = [], [], []
-        for name in names:
-            vh = self._vhost(call, name)
-            for q in sorted(vh.queues.values(), key=lambda q: q.name):
-                if q.exclusive_owner is None:
-                    queues.append({"name": q.name, "vhost": vh.name, "durable": q.durable,
-                                   "auto_delete": q.auto_delete,
-                                   "arguments": json_safe(dict(q.arguments))})
-            for ex in sorted(vh.exchanges.values(), key=lambda e: e.name):
-                if ex.name and not ex.name.startswith("amq."):
-                    exchanges.append({k: v for k, v in _exchange_entry(ex).items()
-                                      if k in ("name", "vhost", "type", "durable", "auto_delete",
-                                               "internal", "arguments")})
-            bindings += [{k: v for k, v in b.items() if k != "properties_key"}
-                         for b in self._binding_entries(vh) if b["source"]]
-        out: dict[str, Any] = {"rabbit_version": RABBITMQ_VERSION,
-                               "rabbitmq_version": RABBITMQ_VERSION, "product_name": PRODUCT,
-                               "product_version": _version(), "queues": queues,
-                               "exchanges": exchanges, "bindings": bindings,
-                               "policies": [], "parameters": [], "global_parameters": [],
-                               "topic_permissions": []}
-        if "vhost" not in call.params:
-            out["users"] = [{"name": u["name"], "tags": ",".join(u["tags"]), "password_hash": "",
-                             "hashing_algorithm": u["hashing_algorithm"], "limits": {}}
-                            for u in self.users(call)]
-            out["vhosts"] = [{"name": v, "limits": [], "metadata": {"description": "",
-                                                                     "tags": []}}
-                             for v in names]
-            out["permissions"] = self.permissions(call)
-        return out
-
-    def import_definitions(self, call: Call) -> None:
-        """Exchanges, queues and bindings (the replicated part); users, vhosts and
-        permissions come from the nodes' configuration and are checked, not changed."""
-        self._admin(call)
-        body = call.body()
-        only = call.params.get("vhost")
-        brokers = self.node.broker.vhosts
-        for kind in ("vhosts", "users"):
-            for item in body.get(kind) or []:
-                name = item.get("name") if isinstance(item, dict) else None
-                known = brokers if kind == "vhosts" else self.node.broker.users.users
-                if name not in known:
-                    raise bad_request(f"{kind[:-1]} '{name}' is not in this broker's "
-                                      "configuration (users and vhosts are configured, not "
-                                      "imported)")
-
-        def target(item: dict[str, Any]) -> Any:
-            name = only or item.get("vhost", "/")
-            if name not in brokers:
-                raise bad_request(f"vhost '{name}' is not in this broker's configuration")
-            return brokers[name]
-
-        for item in body.get("exchanges") or []:
-            target(item).declare_exchange(
-                item["name"], item.get("type", "direct"), durable=_bool(item.get("durable"), True),
-                auto_delete=_bool(item.get("auto_delete"), False),
-                internal=_bool(item.get("internal"), False),
-                arguments=dict(item.get("arguments") or {}))
-        for item in body.get("queues") or []:
-            target(item).declare_queue(
-                item["name"], owner=None, durable=_bool(item.get("durable"), True),
-                auto_delete=_bool(item.get("auto_delete"), False),
-                arguments=dict(item.get("arguments") or {}))
-        for item in body.get("bindings") or []:
-            vh = target(item)
-            table = vh.queues if item.get("destination_type", "queue") == "queue" \
-                else vh.exchanges
-            dest = table.get(item.get("destination"))
-            if dest is None:
-                raise bad_request(f"binding to unknown {item.get('destination_type')} "
-                                  f"'{item.get('destination')}'")
-            vh.bind(item["source"], dest, item.get("routing_key", ""),
-                    dict(item.get("arguments") or {}))
-        log.info("management API: %s imported definitions (%d exchanges, %d queues, "
-                 "%d bindings)", call.user.name, len(body.get("exchanges") or []),
-                 len(body.get("queues") or []), len(body.get("bindings") or []))
-
-
 # -- helpers ---------------------------------------------------------------------------
 
 def _version() -> str:
@@ -1133,9 +1045,13 @@ async def forward(base: str, request: Request, tls: Any) -> Response:
 
 
 def install(node: Node) -> ManagementAPI:
-    from brokerha.admin import policies_api  # it builds on this module: imported once it is
+    from brokerha.admin import (  # they build on this module: imported once it is
+        definitions_file,
+        policies_api,
+    )
 
     api = ManagementAPI(node)
     api.policies = policies_api.install(api)
+    definitions_file.install(api)  # /api/definitions: export and import
     node.admin.fallback("/api/", api.handle)
     return api

@@ -115,6 +115,11 @@ class PrimaryTxObserver(TransactionObserver):
         self._counted: Message | None = None
         self._eager: Message | None = None
 
+    @property
+    def content_ahead(self) -> bool:
+        """A TX whose content passed ``TC_CONTENT_BYTES``: the rest went as te events."""
+        return self._eager is not None
+
     def _tx_queue(self) -> TxQueue:
         if self.queue is None:
             self.queue = self.primary.tx_begin(self.name, self.xid)

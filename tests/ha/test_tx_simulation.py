@@ -40,6 +40,8 @@ def test_three_hundred_seeds_keep_every_transaction_atomic_agreed_and_durable() 
     assert seen["verify in doubt"] > CI_SEEDS and seen["verify rollback"] == 0
     # big commits (sliced) ran, and (f) held over the fault-free stretches
     assert seen["big commit"] > 2 * CI_SEEDS and seen["stable seconds"] > 3 * CI_SEEDS
+    # odd seeds: TX content past the tc's room went ahead as te events (SMALL_TC_ROOM)
+    assert seen["tx content ahead"] > CI_SEEDS
 
 
 @pytest.mark.parametrize(("rule", "says"), [

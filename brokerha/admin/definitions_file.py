@@ -1,0 +1,304 @@
+"""Definitions export and import in RabbitMQ 3.10's JSON (``GET``/``POST /api/definitions``).
+
+The same file as ``rabbitmqctl export_definitions`` and the management
+plugin's ``/api/definitions`` write, so a RabbitMQ node's definitions import
+into brokerha (its users log in with their RabbitMQ passwords: the salted
+hashes move as they are) and brokerha's import into RabbitMQ:
+
+- ``rabbit_version``/``rabbitmq_version`` (the API version brokerha answers
+  as), ``product_name``/``product_version`` (brokerha's);
+- ``users`` (``password_hash``, ``hashing_algorithm``, ``tags``, ``limits``),
+  ``vhosts`` (the name, as RabbitMQ 3.10 exports them), ``permissions``,
+  ``topic_permissions``, ``policies``; operator policies are ``parameters`` of
+  component ``operator_policy``, as RabbitMQ keeps them; ``global_parameters``
+  empty (RabbitMQ's ``internal_cluster_id`` names its own cluster);
+- ``queues`` (not exclusive ones), ``exchanges`` (not the standard ones),
+  ``bindings`` (not the default exchange's).
+
+``/api/definitions/{vhost}`` exports one vhost's policies, parameters, queues,
+exchanges and bindings without the vhost in each entry (RabbitMQ's shape), and
+imports only those kinds, into that vhost.
+
+An import applies the definitions through the broker's ``Definitions`` (one
+``DefinitionChange`` each: stored, replicated to the backups, acted on, as a
+change made through the API), so the file's users, vhosts, permissions and
+policies are checked whole first — RabbitMQ's 400 reasons: ``["not_base64",
+hash]``, ``["no_such_user", name]``, ``["no_such_vhost", name]``, a policy's
+``Validation failed`` text — and a bad file changes nothing (RabbitMQ keeps
+what it applied before the error). Exchanges, queues and bindings are then
+declared in that order by the broker's own paths, as the AMQP methods do.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import re
+from typing import Any
+
+from brokerha.admin.management import (
+    PRODUCT,
+    RABBITMQ_VERSION,
+    Call,
+    ManagementAPI,
+    ManagementError,
+    _bool,
+    _exchange_entry,
+    _version,
+    bad_request,
+)
+from brokerha.broker import definitions as D
+from brokerha.broker.auth import HASHES, hash_password
+from brokerha.broker.definitions import DefinitionChange, Definitions
+from brokerha.broker.policies import OPERATOR_POLICY, POLICY, PolicyInvalid, parse
+from brokerha.httpapi.server import json_safe
+
+log = logging.getLogger("brokerha.management")
+
+QUEUE_FIELDS = ("name", "vhost", "durable", "auto_delete", "arguments")
+EXCHANGE_FIELDS = ("name", "vhost", "type", "durable", "auto_delete", "internal", "arguments")
+PER_VHOST = ("parameters", "policies", "queues", "exchanges", "bindings")
+
+
+# -- export --------------------------------------------------------------------------------
+
+def export(api: ManagementAPI, call: Call) -> dict[str, Any]:
+    api._admin(call)
+    only = call.params.get("vhost")
+    if only is not None and only not in api.node.broker.vhosts:
+        raise bad_request("vhost_not_found")
+    defs = api.node.broker.definitions
+    vhosts = [only] if only is not None else sorted(api.node.broker.vhosts)
+    objects = _objects(api, vhosts)
+    if only is not None:  # RabbitMQ's per-vhost file: no vhost in the entries it implies
+        for kind in ("queues", "exchanges", "bindings"):
+            objects[kind] = [{k: v for k, v in e.items() if k != "vhost"}
+                             for e in objects[kind]]
+        return {"rabbit_version": RABBITMQ_VERSION,
+                "parameters": _parameters(defs, only), "policies": _policies(defs, only),
+                **objects}
+    return {"rabbit_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
+            "product_name": PRODUCT, "product_version": _version(),
+            "users": [{"name": name, "password_hash": v["password_hash"],
+                       "hashing_algorithm": v.get("hashing_algorithm", D.SHA256),
+                       "tags": list(v.get("tags", [])), "limits": {}}
+                      for (name,), v in defs.items(D.USER)],
+            "vhosts": [{"name": name} for name in vhosts],
+            "permissions": [{"user": u, "vhost": vh, **v} for (u, vh), v in defs.permissions()],
+            "topic_permissions": [{"user": u, "vhost": vh, "exchange": ex, **v}
+                                  for (u, vh, ex), v in defs.topic_permissions()],
+            "parameters": _parameters(defs, None), "global_parameters": [],
+            "policies": _policies(defs, None), **objects}
+
+
+def _policies(defs: Definitions, vhost: str | None) -> list[dict[str, Any]]:
+    return [{"vhost": vh, "name": name, **value} for (vh, name), value in defs.items(POLICY)
+            if vhost is None or vh == vhost]
+
+
+def _parameters(defs: Definitions, vhost: str | None) -> list[dict[str, Any]]:
+    return [{"value": value, "vhost": vh, "component": OPERATOR_POLICY, "name": name}
+            for (vh, name), value in defs.items(OPERATOR_POLICY)
+            if vhost is None or vh == vhost]
+
+
+def _objects(api: ManagementAPI, vhosts: list[str]) -> dict[str, list[dict[str, Any]]]:
+    queues, exchanges, bindings = [], [], []
+    for name in vhosts:
+        vh = api.node.broker.vhosts[name]
+        queues += [{"name": q.name, "vhost": vh.name, "durable": q.durable,
+                    "auto_delete": q.auto_delete, "arguments": json_safe(dict(q.arguments))}
+                   for q in sorted(vh.queues.values(), key=lambda q: q.name)
+                   if q.exclusive_owner is None]
+        exchanges += [{k: v for k, v in _exchange_entry(ex).items() if k in EXCHANGE_FIELDS}
+                      for ex in sorted(vh.exchanges.values(), key=lambda e: e.name)
+                      if ex.name and not ex.name.startswith("amq.")]
+        bindings += [{k: v for k, v in b.items() if k != "properties_key"}
+                     for b in api._binding_entries(vh) if b["source"]]
+    return {"queues": queues, "exchanges": exchanges, "bindings": bindings}
+
+
+# -- import --------------------------------------------------------------------------------
+
+def import_(api: ManagementAPI, call: Call) -> None:
+    api._admin(call)
+    body = call.body()
+    only = call.params.get("vhost")
+    broker = api.node.broker
+    if only is not None and only not in broker.vhosts:
+        raise ManagementError(404, "not_found", "vhost_not_found")
+    if only is not None:  # RabbitMQ's per-vhost import: these kinds, into that vhost
+        body = {kind: [{**e, "vhost": only} if isinstance(e, dict) else e
+                       for e in _entries(body, kind)] for kind in PER_VHOST}
+    changes = changes_of(body, broker.definitions)
+    known = set(broker.vhosts) | {c.key[0] for c in changes if c.kind == D.VHOST}
+    for kind in ("queues", "exchanges", "bindings"):
+        for entry in _entries(body, kind):
+            if _vhost_of(entry) not in known:
+                raise refused(["no_such_vhost", _vhost_of(entry)])
+    broker.definitions.apply_all(changes)
+    declared = _declare(api, body)
+    log.info("management API: %s imported definitions%s: %d changes of users, vhosts, "
+             "permissions and policies; %d exchanges, %d queues, %d bindings", call.user.name,
+             f" into vhost '{only}'" if only else "", len(changes), *declared)
+
+
+def changes_of(body: dict[str, Any], defs: Definitions) -> list[DefinitionChange]:
+    """The file's users, vhosts, permissions, topic permissions, policies and operator
+    policies as changes to ``defs``, checked whole (a 400 ManagementError for the first
+    bad entry); what ``defs`` already holds as the file says is left out."""
+    changes = [*map(_vhost, _entries(body, "vhosts")), *map(_user, _entries(body, "users"))]
+    users = set(defs.users) | {c.key[0] for c in changes if c.kind == D.USER}
+    vhosts = set(defs.vhosts) | {c.key[0] for c in changes if c.kind == D.VHOST}
+
+    def known(user: str | None, vhost: str) -> None:
+        if user is not None and user not in users:
+            raise refused(["no_such_user", user])
+        if vhost not in vhosts:
+            raise refused(["no_such_vhost", vhost])
+
+    for entry in _entries(body, "permissions"):
+        user, vhost = _text(entry, "user"), _text(entry, "vhost")
+        known(user, vhost)
+        changes.append(D.permission_set(user, vhost, *(_regex(entry, k) for k in
+                                                      ("configure", "write", "read"))))
+    for entry in _entries(body, "topic_permissions"):
+        user, vhost = _text(entry, "user"), _text(entry, "vhost")
+        known(user, vhost)
+        changes.append(D.topic_permission_set(user, vhost, _text(entry, "exchange"),
+                                              _regex(entry, "write"), _regex(entry, "read")))
+    for entry in _entries(body, "policies"):
+        changes.append(_policy(POLICY, entry, known))
+    for entry in _entries(body, "parameters"):
+        if entry.get("component") != OPERATOR_POLICY:
+            raise bad_request(f"parameters of component '{entry.get('component')}' are not "
+                              "supported (brokerha has operator policies only)")
+        changes.append(_policy(OPERATOR_POLICY, {**_object(entry.get("value")),
+                                                 "vhost": entry.get("vhost"),
+                                                 "name": entry.get("name")}, known))
+    return [c for c in changes if defs.get(c.kind, *c.key) != c.value]
+
+
+def _entries(body: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    found = body.get(kind) or []
+    if not isinstance(found, list) or not all(isinstance(e, dict) for e in found):
+        raise bad_request(f"'{kind}' must be a list of JSON objects")
+    return found
+
+
+def _object(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad_request("an operator policy parameter's value must be a JSON object")
+    return value
+
+
+def _text(entry: dict[str, Any], key: str, default: str | None = None) -> str:
+    value = entry.get(key, default)
+    if not isinstance(value, str):
+        raise bad_request(f"[{{key_missing,{key}}}]" if value is None else
+                          f"'{key}' must be a string, not {value!r}")
+    return value
+
+
+def _regex(entry: dict[str, Any], key: str) -> str:
+    pattern = _text(entry, key)
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise refused(["invalid_regexp", pattern, exc.msg]) from None
+    return pattern
+
+
+def _tags(value: Any) -> list[str]:
+    """A user's or vhost's tags: RabbitMQ's comma-separated text or a list."""
+    if isinstance(value, str):
+        return [t.strip() for t in value.split(",") if t.strip()]
+    if isinstance(value, list) and all(isinstance(t, str) for t in value):
+        return list(value)
+    if value is None:
+        return []
+    raise bad_request(f"tags must be a text or a list of texts, not {value!r}")
+
+
+def _vhost(entry: dict[str, Any]) -> DefinitionChange:
+    metadata = entry.get("metadata") if isinstance(entry.get("metadata"), dict) else entry
+    description = metadata.get("description", "")
+    if not isinstance(description, str):
+        raise bad_request("a vhost's description must be a string")
+    return D.vhost_set(_text(entry, "name"), description=description,
+                       tags=_tags(metadata.get("tags")))
+
+
+def _user(entry: dict[str, Any]) -> DefinitionChange:
+    name = _text(entry, "name")
+    algorithm = _text(entry, "hashing_algorithm", D.SHA256)
+    if "password_hash" in entry:
+        password_hash = _text(entry, "password_hash")
+        if password_hash:
+            try:
+                base64.b64decode(password_hash, validate=True)
+            except (binascii.Error, ValueError):
+                raise refused(["not_base64", password_hash]) from None
+    elif "password" in entry:
+        if algorithm not in HASHES:
+            raise bad_request(f"unknown hashing_algorithm '{algorithm}'")
+        password_hash = hash_password(_text(entry, "password"), algorithm=algorithm)
+    else:
+        password_hash = ""  # no password login, as RabbitMQ's import of such a user
+    return D.user_set(name, password_hash, _tags(entry.get("tags")), algorithm)
+
+
+def _policy(kind: str, entry: dict[str, Any], known: Any) -> DefinitionChange:
+    vhost, name = _text(entry, "vhost"), _text(entry, "name")
+    known(None, vhost)
+    try:
+        policy = parse(kind, vhost, name, entry)
+    except PolicyInvalid as exc:
+        raise bad_request(f"{exc.reason} ({vhost}/{name})" if exc.reason else
+                          f"bad {kind} ({vhost}/{name})") from None
+    return DefinitionChange(kind, (vhost, name), policy.value())
+
+
+def _vhost_of(entry: dict[str, Any]) -> str:
+    vhost = entry.get("vhost", "/")
+    return vhost if isinstance(vhost, str) else "/"
+
+
+def _declare(api: ManagementAPI, body: dict[str, Any]) -> tuple[int, int, int]:
+    """Exchanges, queues, then bindings, by the broker's own paths (checked as AMQP's)."""
+    brokers = api.node.broker.vhosts
+    exchanges, queues, bindings = (_entries(body, k) for k in ("exchanges", "queues",
+                                                               "bindings"))
+    for item in exchanges:
+        brokers[_vhost_of(item)].declare_exchange(
+            _text(item, "name"), _text(item, "type", "direct"),
+            durable=_bool(item.get("durable"), True),
+            auto_delete=_bool(item.get("auto_delete"), False),
+            internal=_bool(item.get("internal"), False),
+            arguments=dict(item.get("arguments") or {}))
+    for item in queues:
+        brokers[_vhost_of(item)].declare_queue(
+            _text(item, "name"), owner=None, durable=_bool(item.get("durable"), True),
+            auto_delete=_bool(item.get("auto_delete"), False),
+            arguments=dict(item.get("arguments") or {}))
+    for item in bindings:
+        vh = brokers[_vhost_of(item)]
+        kind = item.get("destination_type", "queue")
+        dest = (vh.queues if kind == "queue" else vh.exchanges).get(item.get("destination"))
+        if dest is None:
+            raise bad_request(f"binding to unknown {kind} '{item.get('destination')}'")
+        vh.bind(_text(item, "source"), dest, _text(item, "routing_key", ""),
+                dict(item.get("arguments") or {}))
+    return len(exchanges), len(queues), len(bindings)
+
+
+def refused(reason: Any) -> ManagementError:
+    """RabbitMQ's 400, whose reason is an Erlang term shown as JSON (``["no_such_user", u]``)."""
+    return ManagementError(400, "bad_request", reason)
+
+
+def install(api: ManagementAPI) -> None:
+    for path in ("definitions", "definitions/{vhost}"):
+        api._route("GET", path, lambda call: export(api, call))
+        api._route("POST", path, lambda call: import_(api, call))
