@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from brokerha.backup.timers import hold_all_timers, resume_timers
 from brokerha.broker.broker import Broker
 from brokerha.broker.policies import OPERATOR_POLICY, POLICY, Policy
@@ -216,3 +219,36 @@ def test_definition_changes_set_and_clear_policies() -> None:
     assert q.max_length == 2
     effects.definition_changed(Change(POLICY, ("v", "p"), None))
     assert q.max_length is None and effects.book.list(POLICY) == []
+
+
+@given(st.lists(st.one_of(st.tuples(st.just("publish"), st.integers(1, 30)),
+                          st.tuples(st.just("policy"), st.integers(0, 20)),
+                          st.tuples(st.just("operator"), st.integers(0, 20)),
+                          st.tuples(st.just("clear"), st.integers(0, 1))), max_size=25),
+       st.one_of(st.none(), st.integers(0, 20)))
+def test_a_drop_head_queue_never_holds_more_than_its_effective_limit(
+        steps: list[tuple[str, int]], argument: int | None) -> None:
+    broker, _, effects = setup()
+    broker.background.entries = 7  # trims of more than 7 go on in slices (no loop: at once)
+    args = {} if argument is None else {"x-max-length": argument}
+    q = broker.vhosts["v"].declare_queue("pol.q", owner=None, arguments=args)
+    sent = 0
+    for action, n in steps:
+        if action == "publish":
+            for _ in range(n):
+                sent += 1
+                q.enqueue(msg(str(sent).encode()))
+        elif action == "policy":
+            effects.set_policy(POLICY, pol("p", "^pol", max_length=n))
+        elif action == "operator":
+            effects.set_policy(OPERATOR_POLICY, pol("o", ".", max_length=n))
+        else:
+            effects.clear_policy(OPERATOR_POLICY if n else POLICY, "v", "o" if n else "p")
+        limits = [v for v in (argument, effects.applied(q).definition.get("max-length"))
+                  if v is not None]
+        expected = min(limits) if limits else None
+        assert q.max_length == expected
+        if expected is not None:
+            assert q.message_count <= expected
+    kept = [int(body) for body in drain(q)]
+    assert kept == list(range(sent - len(kept) + 1, sent + 1))  # the newest, in order
