@@ -248,8 +248,9 @@ class NodeCollector:
                                        "collection held the node (the event loop included), "
                                        "by generation", labels=["generation"])
         for generation, histogram in enumerate(governor.pauses):
-            collections.add_metric([str(generation)], stats["collections"][generation])
-            pauses.add_metric([str(generation)], histogram.cumulative(), histogram.sum)
+            buckets = histogram.cumulative()  # its +Inf bucket: every collection, read once
+            collections.add_metric([str(generation)], buckets[-1][1])
+            pauses.add_metric([str(generation)], buckets, histogram.sum)
         yield collections
         yield pauses
         yield GaugeMetricFamily("brokerha_gc_pause_max_seconds", "The longest cyclic GC pause "
