@@ -12,8 +12,9 @@ hashes move as they are) and brokerha's import into RabbitMQ:
   ``topic_permissions``, ``policies``; operator policies are ``parameters`` of
   component ``operator_policy``, as RabbitMQ keeps them; ``global_parameters``
   empty (RabbitMQ's ``internal_cluster_id`` names its own cluster);
-- ``queues`` (not exclusive ones), ``exchanges`` (not the standard ones),
-  ``bindings`` (not the default exchange's).
+- ``queues`` (not exclusive ones; without brokerha's internal ``x-ha-id``),
+  ``exchanges`` (not the standard ones), ``bindings`` (not the default
+  exchange's).
 
 ``/api/definitions/{vhost}`` exports one vhost's policies, parameters, queues,
 exchanges and bindings without the vhost in each entry (RabbitMQ's shape), and
@@ -52,6 +53,7 @@ from brokerha.broker import definitions as D
 from brokerha.broker.auth import HASHES, hash_password
 from brokerha.broker.definitions import DefinitionChange, Definitions
 from brokerha.broker.policies import OPERATOR_POLICY, POLICY, PolicyInvalid, parse
+from brokerha.cluster.replication import HA_ID
 from brokerha.httpapi.server import json_safe
 
 log = logging.getLogger("brokerha.management")
@@ -108,7 +110,7 @@ def _objects(api: ManagementAPI, vhosts: list[str]) -> dict[str, list[dict[str, 
     for name in vhosts:
         vh = api.node.broker.vhosts[name]
         queues += [{"name": q.name, "vhost": vh.name, "durable": q.durable,
-                    "auto_delete": q.auto_delete, "arguments": json_safe(dict(q.arguments))}
+                    "auto_delete": q.auto_delete, "arguments": _arguments(q.arguments)}
                    for q in sorted(vh.queues.values(), key=lambda q: q.name)
                    if q.exclusive_owner is None]
         exchanges += [{k: v for k, v in _exchange_entry(ex).items() if k in EXCHANGE_FIELDS}
@@ -260,6 +262,12 @@ def _policy(kind: str, entry: dict[str, Any], known: Any) -> DefinitionChange:
     return DefinitionChange(kind, (vhost, name), policy.value())
 
 
+def _arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A queue's arguments without brokerha's ``x-ha-id``: the identity a cluster gave its
+    replicated queue (cluster/replication.py) is not the file's to carry elsewhere."""
+    return json_safe({k: v for k, v in arguments.items() if k != HA_ID})
+
+
 def _vhost_of(entry: dict[str, Any]) -> str:
     vhost = entry.get("vhost", "/")
     return vhost if isinstance(vhost, str) else "/"
@@ -281,7 +289,7 @@ def _declare(api: ManagementAPI, body: dict[str, Any]) -> tuple[int, int, int]:
         brokers[_vhost_of(item)].declare_queue(
             _text(item, "name"), owner=None, durable=_bool(item.get("durable"), True),
             auto_delete=_bool(item.get("auto_delete"), False),
-            arguments=dict(item.get("arguments") or {}))
+            arguments=_arguments(item.get("arguments") or {}))
     for item in bindings:
         vh = brokers[_vhost_of(item)]
         kind = item.get("destination_type", "queue")
