@@ -24,7 +24,11 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-HELD_WARNING = 5.0  # seconds: a hold in force longer than this is logged at WARNING
+# seconds: a hold in force longer than this is logged at WARNING. A hold lasts a fraction
+# of flow_lag while the backups keep up; one backup holds publishers at most until it is
+# cut out (backup_unheard_timeout, 0.5 s, when silent) or times out (backup_timeout, 5 s,
+# when heard but not acknowledging) -- so a bound of 5 s would never be reached.
+HELD_WARNING = 1.0
 # what ``PublishFlow.status`` gives (in the HA primary's replication status)
 STATUS_KEYS = ("publishers_held", "publisher_holds", "publishers_held_seconds",
                "publishers_held_by", "publisher_holds_by")

@@ -90,22 +90,22 @@ def flow_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
 
 def test_a_long_hold_is_a_warning_naming_the_backup_and_its_release_says_how_long(
         caplog: pytest.LogCaptureFixture) -> None:
-    c, _ = held_cluster()
+    c, _ = held_cluster()  # held at 0.15 s
+    bound = flow_module.HELD_WARNING
     with caplog.at_level(logging.INFO, logger=flow_module.log.name):
-        later(c, flow_module.HELD_WARNING - 1)
+        later(c, 0.9 * bound)
         assert not flow_lines(caplog, logging.WARNING)
-        later(c, 2.0)
-        later(c, 2.0)  # once per hold, not at every check
+        later(c, 0.2 * bound)
+        later(c, bound)  # once per hold, not at every check
         warnings = flow_lines(caplog, logging.WARNING)
-        assert len(warnings) == 1, warnings
-        assert warnings[0].startswith("publishers held (flow) for 6.0s: backup n2 has not "
-                                      "acknowledged"), warnings
+        assert warnings == [f"publishers held (flow) for {1.1 * bound:.1f}s: backup n2 has not "
+                            f"acknowledged for {1.1 * bound + 0.15:.2f}s (flow_lag 0.1s)"]
         backup = c.nodes["n2"].backup
         assert backup is not None
         c.primary.backup_acked("n2", backup.applied_seq)
     released = [line for line in flow_lines(caplog, logging.INFO) if "released" in line]
-    assert released == ["publishers released (flow) after 8.00s (held: backup n2 has not "
-                        "acknowledged for 0.15s (flow_lag 0.1s))"], released
+    assert released == [f"publishers released (flow) after {2.1 * bound:.2f}s (held: backup n2 "
+                        "has not acknowledged for 0.15s (flow_lag 0.1s))"], released
 
 
 @pytest.fixture

@@ -7,8 +7,9 @@
   hold lasts long enough to be looked at). ``/metrics`` shows the hold while
   it lasts (and the queue taking nothing in meanwhile), then its release, the
   seconds held and the paused backup as its cause; ``ctl status --json`` the
-  same; the primary's log the release with its duration; and every message
-  published is delivered.
+  same; the primary's log a WARNING naming the backup once the hold passed
+  ``HELD_WARNING`` (1 s), and the release with its duration; and every
+  message published is delivered.
 - One node, a queue filled until the cyclic GC collected its middle
   generation: ``/metrics`` shows the collections and their pauses, and the
   backlog frozen out of the collector's walk (``brokerha_gc_frozen_objects``
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.timeout(120)
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 QUEUE = "flow"
 UNHEARD = 2.0  # backup_unheard_timeout: how long the paused backup holds publishers
+OPTIONS = {"backup_unheard_timeout": UNHEARD}
 
 
 def scrape(admin_url: str) -> Samples:
@@ -92,7 +94,7 @@ def queue_depth(url: str) -> int:
 
 
 def test_a_lagging_backup_holds_publishers_and_metrics_and_status_show_it() -> None:
-    with LocalCluster(3, options={"backup_unheard_timeout": UNHEARD}) as cluster:
+    with LocalCluster(3, options=OPTIONS) as cluster:
         primary = cluster.wait_primary(30)
         lagging, other = (n for n in cluster.names if n != primary)
         for name in (lagging, other):
@@ -149,6 +151,9 @@ def test_a_lagging_backup_holds_publishers_and_metrics_and_status_show_it() -> N
         assert replication["publishers_held_seconds"] >= 0.5 * (UNHEARD - 0.1)
         log = "\n".join(cluster.nodes[primary].log)
         assert f"publishers held (flow): backup {lagging} has not acknowledged" in log, log
+        warnings = [line for line in log.splitlines()  # held past HELD_WARNING (1 s)
+                    if " WARNING " in line and "publishers held (flow) for " in line]
+        assert warnings and f"backup {lagging} has not acknowledged" in warnings[0], log
         assert "publishers released (flow) after " in log, log
 
         cluster.resume(lagging)
