@@ -174,13 +174,26 @@ class Backup:
                 return  # an earlier session's tail, before the answer to our join
             self._catching_up = True
             self.applied_seq = msg.first_seq - 1
-        for offset, event in enumerate(events):
-            seq = msg.first_seq + offset
+        first_seq, count = msg.first_seq, len(events)
+        offset = 0
+        while offset < count:
+            event = events[offset]
+            seq = first_seq + offset
+            offset += 1
             if seq <= self.applied_seq:
                 continue
             if seq != self.applied_seq + 1:
                 raise ReplicationError(f"gap: event {seq} after {self.applied_seq}")
-            self._apply(seq, event)
+            run = _enqueue_run(events, offset - 1) if event.kind == R.ENQUEUED else 1
+            if run > 1:
+                # enqueues on one queue in a row (a catch-up's, a burst of publishes):
+                # one batch, the store's hooks called once (Queue.add_entries)
+                self._replicator(event.vhost, event.queue).enqueue_many(
+                    events[offset - 1:offset - 1 + run])
+                offset += run - 1
+                seq += run - 1
+            else:
+                self._apply(seq, event)
             # the CaughtUp marker names the join's seq: live events go on from there
             self.applied_seq = event.seq if event.kind == R.CAUGHT_UP else seq
             if event.kind != R.DEQUEUED:
@@ -249,3 +262,17 @@ class Backup:
 
     def _queue_gone(self, q: Queue) -> None:
         self._queues.pop((q.vhost, q.name), None)
+
+
+def _enqueue_run(events: list[Any], start: int) -> int:
+    """How many events from ``start`` on are enqueues on the queue of the first."""
+    first = events[start]
+    vhost, queue = first.vhost, first.queue
+    end = start + 1
+    count = len(events)
+    while end < count:
+        e = events[end]
+        if e.kind != R.ENQUEUED or e.queue != queue or e.vhost != vhost:
+            break
+        end += 1
+    return end - start

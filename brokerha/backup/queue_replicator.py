@@ -27,6 +27,14 @@ class QueueReplicator:
         message = Message(exchange, routing_key, bytes(header), bytes(body))
         self.queue.add_entry(Entry(position, message, expires_at))
 
+    def enqueue_many(self, events: list[Any]) -> None:
+        """Enqueue events of this queue in a row (``Enqueued`` records), as one batch."""
+        now = self.clock()
+        self.queue.add_entries([
+            Entry(e.position, Message(e.exchange, e.routing_key, bytes(e.header), bytes(e.body)),
+                  None if e.expires_in is None else now + e.expires_in / 1000.0)
+            for e in events])
+
     def enqueue_run(self, position: int, messages: list[Message]) -> None:
         """A transaction's run (``OpRefs``): ``messages`` at ``position``.. in one batch
         (``Queue.add_entries``: the store's hooks take it in one call)."""
