@@ -222,7 +222,7 @@ class ServerConnection:
         try:
             frames = reader.frames()
         except FrameError as exc:
-            frames = None
+            frames = exc.frames  # the complete frames before the broken one: handled first
             error: AMQPError | None = exc
         else:
             error = None

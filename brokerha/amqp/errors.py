@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from brokerha.amqp import constants as C
 
 
@@ -36,10 +38,16 @@ def reply_text(text: str) -> str:
 
 
 class FrameError(AMQPError):
-    """Broken framing: the stream cannot be trusted any more (501)."""
+    """Broken framing: the stream cannot be trusted any more (501).
+
+    ``frames``: the complete frames that came before the broken one in the same
+    read (``FrameReader.frames``), handled before the error, as RabbitMQ reads a
+    stream frame by frame: a connection.close ahead of garbage is still answered.
+    """
 
     def __init__(self, text: str) -> None:
         super().__init__(C.FRAME_ERROR, text)
+        self.frames: list[Any] = []
 
 
 class ProtocolHeaderMismatch(Exception):

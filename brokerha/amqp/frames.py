@@ -89,8 +89,16 @@ class FrameReader:
         return len(self._buf) + (len(self._data) if self._data is not None else 0)
 
     def frames(self) -> list[Frame]:
-        """All complete frames buffered; raises FrameError on a broken one."""
+        """All complete frames buffered; raises FrameError on a broken one, carrying
+        (``FrameError.frames``) the complete frames before it."""
         out: list[Frame] = []
+        try:
+            return self._frames(out)
+        except FrameError as exc:
+            exc.frames = out
+            raise
+
+    def _frames(self, out: list[Frame]) -> list[Frame]:
         data, self._data = self._data, None
         buf = self._buf
         if data is None:

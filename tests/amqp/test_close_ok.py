@@ -92,6 +92,24 @@ def test_publishes_before_the_close_are_taken_those_after_are_not() -> None:
     assert w.broker.vhosts["/"].queues["q"].message_count == 2
 
 
+def test_a_close_followed_by_a_broken_frame_in_the_same_read_still_gets_close_ok() -> None:
+    """The frames before a broken one are handled first (they were lost with the error)."""
+    w = Wire().connected()
+    w.method(1, commands.Queue.Declare(queue="q"))
+    w.frames()
+    broken = b"\x01\x00\x01\x00\x00\x00\x02ab\x00"  # a method frame whose end octet is 0
+    lingering_after_close(w, broken)
+    # publishes ahead of the garbage are taken, and then the connection is closed with 501
+    w2 = Wire().connected()
+    w2.method(1, commands.Queue.Declare(queue="q"))
+    w2.frames()
+    w2.raw(publish_frames(1, "q", b"kept", 2) + broken)
+    methods = w2.methods()
+    assert [type(m) for m in methods] == [commands.Connection.Close]
+    assert methods[0].reply_code == C.FRAME_ERROR
+    assert w2.broker.vhosts["/"].queues["q"].message_count == 2
+
+
 @pytest.mark.parametrize(("heartbeat_s", "timeout"), [(0, CLOSING_TIMEOUT), (5, 5.0),
                                                       (60, CLOSING_TIMEOUT)])
 def test_the_socket_stays_open_until_rabbitmqs_close_timeout(heartbeat_s: int,
