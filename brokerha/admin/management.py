@@ -190,9 +190,6 @@ class ManagementAPI:
         r("GET", "vhosts", self.vhosts)
         r("GET", "vhosts/{vhost}", self.one_vhost)
         r("GET", "whoami", self.whoami)
-        r("GET", "users", self.users)
-        r("GET", "users/{user}", self.one_user)
-        r("GET", "permissions", self.permissions)
         r("GET", "exchanges", self.exchanges)
         r("GET", "exchanges/{vhost}", self.exchanges)
         r("GET", "exchanges/{vhost}/{name}", self.one_exchange)
@@ -548,7 +545,9 @@ class ManagementAPI:
         vh = self.node.broker.vhosts[name]
         ready = sum(q.message_count for q in vh.queues.values())
         unacked = sum(q.unacked for q in vh.queues.values())
-        return {"name": name, "description": "", "tags": [], "tracing": False,
+        defined = self.node.broker.definitions.vhosts.get(name, {})
+        return {"name": name, **vhost_fields(defined), "tracing": False,
+                "cluster_state": {self._node_name(): "running"},
                 "messages": ready + unacked, "messages_ready": ready,
                 "messages_unacknowledged": unacked}
 
@@ -558,25 +557,6 @@ class ManagementAPI:
     def _admin(self, call: Call) -> None:
         if not call.admin:
             raise not_authorised("Not administrator user")
-
-    def users(self, call: Call) -> list[dict[str, Any]]:
-        self._admin(call)
-        return [{"name": u.name, "tags": sorted(u.tags), "password_hash": "",
-                 "hashing_algorithm": "rabbit_password_hashing_sha256"}
-                for u in sorted(self.node.broker.users.users.values(), key=lambda u: u.name)]
-
-    def one_user(self, call: Call) -> dict[str, Any]:
-        for entry in self.users(call):
-            if entry["name"] == call.params["user"]:
-                return entry
-        raise not_found()
-
-    def permissions(self, call: Call) -> list[dict[str, Any]]:
-        self._admin(call)
-        return [{"user": u.name, "vhost": vhost, "configure": p.configure, "write": p.write,
-                 "read": p.read}
-                for u in sorted(self.node.broker.users.users.values(), key=lambda u: u.name)
-                for vhost, p in sorted(u.permissions.items())]
 
     # -- exchanges ---------------------------------------------------------------------
 
@@ -875,6 +855,14 @@ def _version() -> str:
         return "dev"
 
 
+def vhost_fields(value: dict[str, Any]) -> dict[str, Any]:
+    """A vhost's definition as RabbitMQ 3.10 shows it (``rabbit_vhost:info``)."""
+    description, tags = value.get("description", ""), list(value.get("tags", []))
+    return {"description": description, "tags": tags,
+            "default_queue_type": value.get("default_queue_type") or "undefined",
+            "metadata": {"description": description, "tags": tags}}
+
+
 def _exchange_name(name: str) -> str:
     return "" if name == "amq.default" else name
 
@@ -1046,12 +1034,15 @@ async def forward(base: str, request: Request, tls: Any) -> Response:
 
 def install(node: Node) -> ManagementAPI:
     from brokerha.admin import (  # they build on this module: imported once it is
+        definitions_api,
         definitions_file,
         policies_api,
     )
 
     api = ManagementAPI(node)
     api.policies = policies_api.install(api)
-    definitions_file.install(api)  # /api/definitions: export and import
+    # /api/vhosts, users, permissions, topic-permissions changes; their checks serve imports
+    checks = definitions_api.install(api)
+    definitions_file.install(api, checks)  # /api/definitions: export and import
     node.admin.fallback("/api/", api.handle)
     return api

@@ -1,4 +1,10 @@
-"""BrokerReplicator (seed 002): the primary's exchanges, queues and bindings on a backup.
+"""BrokerReplicator (seed 002): the primary's definitions, exchanges, queues and bindings
+on a backup.
+
+Definitions (vhosts, users, permissions, policies: ``broker/definitions.py``)
+are applied with the backup's own ``Definitions.apply``, so its store keeps
+them and its broker acts on them as the primary's did; at a join the
+primary's whole set replaces the backup's (``ds``, first in the snapshot).
 
 Declarations go through the backup's own VirtualHost, so its store records
 the durable ones exactly as on any node. A declaration that differs from what
@@ -18,6 +24,7 @@ from typing import Any
 
 from brokerha.backup.timers import hold_timers
 from brokerha.broker.broker import Broker
+from brokerha.broker.definitions import VHOST, DefinitionChange
 from brokerha.broker.errors import BrokerError
 from brokerha.broker.exchange import Exchange
 from brokerha.broker.queue import Queue
@@ -75,6 +82,24 @@ class BrokerReplicator:
 
     def vhost(self, name: str) -> None:
         self.broker.add_vhost(name)
+
+    def definition_changed(self, change: list[Any]) -> None:
+        self._apply_definitions([DefinitionChange.from_wire(change)])
+
+    def definitions(self, changes: list[list[Any]]) -> None:
+        """The primary's every definition at the join: this node's become the same."""
+        wanted = [DefinitionChange.from_wire(c) for c in changes]
+        self._apply_definitions(self.broker.definitions.changes_to(wanted))
+
+    def _apply_definitions(self, changes: list[DefinitionChange]) -> None:
+        """Applied as on the primary; a deleted vhost's queues go as the primary's do
+        (``on_queue_gone``) if its deletes did not come first."""
+        for change in changes:
+            if change.kind == VHOST and change.value is None:
+                vhost = self.broker.vhosts.get(change.key[0])
+                for q in list(vhost.queues.values()) if vhost is not None else []:
+                    self._remove_queue(vhost, q)  # type: ignore[arg-type]
+            self.broker.definitions.apply(change)
 
     def exchange_declared(self, vhost_name: str, name: str, ex_type: str, durable: bool,
                           auto_delete: bool, internal: bool, arguments: bytes) -> None:
@@ -144,6 +169,8 @@ class BrokerReplicator:
 
 _HANDLERS = {
     R.VHOST: "vhost",
+    R.DEFINITION: "definition_changed",
+    R.DEFINITIONS: "definitions",
     R.EXCHANGE_DECLARED: "exchange_declared",
     R.EXCHANGE_DELETED: "exchange_deleted",
     R.QUEUE_DECLARED: "queue_declared",

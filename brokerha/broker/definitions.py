@@ -169,9 +169,15 @@ class Definitions:
     # -- changing ------------------------------------------------------------------------
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
-        """Call ``listener`` after each change is applied; returns what unsubscribes it."""
+        """Call ``listener`` after each change is applied; returns what unsubscribes it
+        (once or more)."""
         self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
 
     def apply(self, change: DefinitionChange) -> Value | None:
         """Apply one change and tell the listeners (in subscription order); the old value.

@@ -11,6 +11,8 @@ both sides read fields by name; every event of a primary's log has its own seque
 kind     fields after the kind                                           meaning
 =======  ==============================================================  ==========
 ``v``    vhost                                                           vhost exists
+``df``   [kind, key, value JSON or None]                                 a definition changed
+``ds``   [[kind, key, value JSON], ...]                                  every definition (catch-up)
 ``xd``   vhost, name, type, durable, auto_delete, internal, arguments   exchange declared
 ``xx``   vhost, name                                                     exchange deleted
 ``qd``   vhost, name, durable, auto_delete, arguments                    queue declared
@@ -88,6 +90,8 @@ from pamqp import decode, encode
 from brokerha.cluster.messages import Message, packet
 
 VHOST = "v"
+DEFINITION = "df"  # a DefinitionChange.as_wire() (brokerha/broker/definitions.py)
+DEFINITIONS = "ds"  # every definition at a join: the backup's become the primary's
 EXCHANGE_DECLARED = "xd"
 EXCHANGE_DELETED = "xx"
 QUEUE_DECLARED = "qd"
@@ -125,6 +129,16 @@ TXLOG_EVENTS = frozenset([TXLOG_RECORD, TXLOG_SNAPSHOT, TXLOG_APPLIED, TXLOG_BRO
 class VhostExists(NamedTuple):
     kind: str
     vhost: str
+
+
+class DefinitionChanged(NamedTuple):
+    kind: str
+    change: list[Any]
+
+
+class DefinitionsSnapshot(NamedTuple):
+    kind: str
+    changes: list[list[Any]]
 
 
 class ExchangeDeclared(NamedTuple):
@@ -306,7 +320,8 @@ class TxLogPeers(NamedTuple):
 
 
 RECORDS: dict[str, Any] = {
-    VHOST: VhostExists, EXCHANGE_DECLARED: ExchangeDeclared, EXCHANGE_DELETED: ExchangeDeleted,
+    VHOST: VhostExists, DEFINITION: DefinitionChanged, DEFINITIONS: DefinitionsSnapshot,
+    EXCHANGE_DECLARED: ExchangeDeclared, EXCHANGE_DELETED: ExchangeDeleted,
     QUEUE_DECLARED: QueueDeclared, QUEUE_DELETED: QueueDeleted, BINDING_CREATED: BindingChanged,
     BINDING_DELETED: BindingChanged, ENQUEUED: Enqueued, DEQUEUED: Dequeued,
     CATCH_UP_BEGINS: CatchUpBegins, SNAPSHOT_DONE: SnapshotDone, CAUGHT_UP: CaughtUp,

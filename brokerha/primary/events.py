@@ -4,12 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from brokerha.broker.definitions import DefinitionChange, Definitions
 from brokerha.broker.exchange import Binding, Exchange
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
 
 Event = Any  # one of cluster.replication's records (a NamedTuple; an array on the wire)
+
+
+def definition_changed(change: DefinitionChange) -> Event:
+    return R.DefinitionChanged(R.DEFINITION, change.as_wire())
+
+
+def definitions(defs: Definitions) -> Event:
+    """Every definition: a joining backup's become these (``BrokerReplicator``)."""
+    return R.DefinitionsSnapshot(R.DEFINITIONS, [c.as_wire() for c in defs.changes()])
 
 
 def exchange_declared(ex: Exchange) -> Event:
@@ -85,4 +95,6 @@ def event_size(event: Event) -> int:
         return 32 + 9 * len(event.positions)
     if kind in (R.TXLOG_RECORD, R.TXLOG_SNAPSHOT, R.TXLOG_BROKER_BACKUP, R.TXLOG_PEERS):
         return 64 + len(event[-1] or b"")  # an lp of None: back to the configured peers
+    if kind == R.DEFINITIONS:
+        return 64 + sum(64 + len(change[2]) for change in event.changes)
     return 64

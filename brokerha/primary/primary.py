@@ -30,6 +30,7 @@ from typing import Any
 from brokerha.backup.timers import resume_timers
 from brokerha.broker.arguments import REPLICATE_ALL, REPLICATE_NONE
 from brokerha.broker.broker import Broker
+from brokerha.broker.definitions import DefinitionChange
 from brokerha.broker.exchange import Binding, Exchange
 from brokerha.broker.message import Entry
 from brokerha.broker.observers import ConfigurationObserver, QueueObserver
@@ -121,6 +122,9 @@ class Primary(ConfigurationObserver, QueueObserver):
         broker.replication_barriers.append(self.barrier)
         self.tx_factory = PrimaryTxObserverFactory(self)
         broker.observers.add_transaction_observer_factory(self.tx_factory)
+        # definitions changed here (the API, ctl, an import) go to the backups as they are
+        # applied, after the broker acted on them (a deleted vhost's queues went first)
+        self._unsubscribe_definitions = broker.definitions.subscribe(self._definition_changed)
 
     def _take_over(self) -> None:
         """Make the broker a primary's: own timers, epoch-unique ids, queue identities."""
@@ -153,6 +157,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             self.broker.replication_barriers.remove(self.barrier)
         if self.tx_factory in observers.transactions:
             observers.transactions.remove(self.tx_factory)
+        self._unsubscribe_definitions()
         self.closed = True
         self.broker.flow.release(FLOW)
         for txq in list(self.tx_queues.values()):
@@ -214,6 +219,9 @@ class Primary(ConfigurationObserver, QueueObserver):
         self._tail_lazy = False
 
     # -- configuration observer ----------------------------------------------------------
+
+    def _definition_changed(self, change: DefinitionChange) -> None:
+        self._emit(ev.definition_changed(change))
 
     def exchange_declared(self, exchange: Exchange) -> None:
         self._emit(ev.exchange_declared(exchange))

@@ -1,6 +1,6 @@
 """The configuration part of a catch-up (BrokerReplicator's input on the backup).
 
-Every vhost, every exchange but the standard ones (every vhost has those),
+Every definition (vhosts, users, permissions, policies), every vhost, every exchange but the standard ones (every vhost has those),
 every replicated queue and every binding whose destination is replicated. The
 backup deletes whatever of its own the snapshot does not name.
 """
@@ -25,6 +25,7 @@ def is_standard(ex: Exchange) -> bool:
 
 
 def configuration(broker: Broker, replicated: Callable[[Queue], bool]) -> Iterator[Event]:
+    yield ev.definitions(broker.definitions)  # first: the vhosts the rest is in, the policies
     for vhost in broker.vhosts.values():
         yield R.VhostExists(R.VHOST, vhost.name)
     for vhost in broker.vhosts.values():

@@ -145,9 +145,9 @@ def test_returning_backup_drops_ids_only_it_has_and_skips_ids_both_have() -> Non
     assert {k: status["catch_up"][k] for k in ("sent", "skipped", "dropped")} == {
         "sent": 4, "skipped": 7, "dropped": 3}
     assert status["ready"]
-    # b, v, qd, s, one d event, four e events, to (outcomes), c: the seven kept
-    # messages are not sent
-    assert c.sent_events["n2"] - before == 11
+    # b, ds (definitions), v, qd, s, one d event, four e events, to (outcomes), c: the
+    # seven kept messages are not sent
+    assert c.sent_events["n2"] - before == 12
 
 
 def test_confirm_waits_for_the_guarded_backup_then_runs() -> None:
