@@ -13,7 +13,8 @@ import pytest
 from brokerha.ha.simulation.transactions import TRACE_TAIL, SimResult, Unsafe, run_many, run_seed
 from tests.seeds import first_failing
 
-CI_SEEDS = 300  # 30 virtual seconds each: about 6.5 failovers and 80 transactions a seed
+CI_SEEDS = 100  # 30 virtual seconds each: about 6.5 failovers and 80 transactions a seed
+# (``-m slow``: the 3,000 after them, the former CI count of 300 among them)
 # A defect of the product the simulation found, not fixed yet: the streamed catch-up
 # (primary/catch_up.py, af236b7) walks a queue after the join, so a commit made after the
 # join but before the walk is already in the backup's queue when it acknowledges the
@@ -27,21 +28,28 @@ def totals(results: list[SimResult]) -> Counter[str]:
     return out
 
 
-def test_three_hundred_seeds_keep_every_transaction_atomic_agreed_and_durable() -> None:
-    results = run_many(range(CI_SEEDS), jobs=2)
+def assert_atomic_and_exercised(results: list[SimResult]) -> Counter[str]:
+    """No violation, few runs stuck, and the runs did exercise what they claim to; the
+    totals of their stats."""
+    seeds = len(results)
     assert [r.summary() for r in results if r.violation] == []
     # liveness, not safety (docs/ha.md "Simulation"): a run may end with nobody electable
-    assert sum(1 for r in results if r.stuck) < CI_SEEDS // 50
+    assert sum(1 for r in results if r.stuck) < seeds // 50
     seen = totals(results)
-    # the runs did exercise what they claim to: real elections, crashes, both kinds of client
-    assert seen["failover"] > 3 * CI_SEEDS and seen["crash"] > CI_SEEDS
-    assert seen["commit-ok"] > 10 * CI_SEEDS and seen["xa committed"] > 2 * CI_SEEDS
+    # real elections, crashes, both kinds of client
+    assert seen["failover"] > 3 * seeds and seen["crash"] > seeds
+    assert seen["commit-ok"] > 10 * seeds and seen["xa committed"] > 2 * seeds
     # prepared records are XA branches only (a TX has no vote round, docs/ha.md)
-    assert seen["verify in doubt"] > CI_SEEDS and seen["verify rollback"] == 0
+    assert seen["verify in doubt"] > seeds and seen["verify rollback"] == 0
     # big commits (sliced) ran, and (f) held over the fault-free stretches
-    assert seen["big commit"] > 2 * CI_SEEDS and seen["stable seconds"] > 3 * CI_SEEDS
+    assert seen["big commit"] > 2 * seeds and seen["stable seconds"] > 3 * seeds
     # odd seeds: TX content past the tc's room went ahead as te events (SMALL_TC_ROOM)
-    assert seen["tx content ahead"] > CI_SEEDS
+    assert seen["tx content ahead"] > seeds
+    return seen
+
+
+def test_seeds_keep_every_transaction_atomic_agreed_and_durable() -> None:
+    assert_atomic_and_exercised(run_many(range(CI_SEEDS), jobs=2))
 
 
 @pytest.mark.parametrize(("rule", "says"), [
@@ -110,7 +118,6 @@ def test_a_healthy_run_commits_and_ends_with_every_node_equal() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_three_thousand_seeds_keep_every_transaction_atomic_agreed_and_durable() -> None:
-    results = run_many(range(CI_SEEDS, CI_SEEDS + 3_000), jobs=os.cpu_count() or 2)
-    assert [r.summary() for r in results if r.violation] == []
-    assert sum(1 for r in results if r.stuck) < 3_000 // 50
-    assert totals(results)["verify commit"] > 0
+    seen = assert_atomic_and_exercised(run_many(range(CI_SEEDS, CI_SEEDS + 3_000),
+                                                jobs=os.cpu_count() or 2))
+    assert seen["verify commit"] > 0
