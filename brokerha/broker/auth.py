@@ -184,6 +184,10 @@ class UserDatabase:
         user.tags = list(value.get("tags", []))
 
     def authenticate(self, name: str, password: str, peer_host: str | None) -> User:
+        if password == "":  # RabbitMQ's internal backend: a blank password never logs in
+            raise AuthenticationFailed(f"user '{name}' attempted to log in with a blank "
+                                       "password, which is prohibited by the internal "
+                                       "authN backend")
         user = self.users.get(name)
         if user is None or not check_password(password, user.password_hash,
                                                 user.hashing_algorithm):
