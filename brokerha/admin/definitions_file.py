@@ -32,12 +32,18 @@ declared in that order by the broker's own paths, as the AMQP methods do.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
-import re
 from typing import Any
 
+from brokerha.admin.definitions_api import (
+    DefinitionsAPI,
+    apply_durably,
+    checked_regex,
+    permission_entry,
+    tag_list,
+    topic_permission_entry,
+    user_entry,
+)
 from brokerha.admin.management import (
     PRODUCT,
     RABBITMQ_VERSION,
@@ -50,7 +56,6 @@ from brokerha.admin.management import (
     bad_request,
 )
 from brokerha.broker import definitions as D
-from brokerha.broker.auth import HASHES, hash_password
 from brokerha.broker.definitions import DefinitionChange, Definitions
 from brokerha.broker.policies import OPERATOR_POLICY, POLICY, PolicyInvalid, parse
 from brokerha.cluster.replication import HA_ID
@@ -82,14 +87,11 @@ def export(api: ManagementAPI, call: Call) -> dict[str, Any]:
                 **objects}
     return {"rabbit_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
             "product_name": PRODUCT, "product_version": _version(),
-            "users": [{"name": name, "password_hash": v["password_hash"],
-                       "hashing_algorithm": v.get("hashing_algorithm", D.SHA256),
-                       "tags": list(v.get("tags", [])), "limits": {}}
-                      for (name,), v in defs.items(D.USER)],
+            "users": [user_entry(name, v) for (name,), v in defs.items(D.USER)],
             "vhosts": [{"name": name} for name in vhosts],
-            "permissions": [{"user": u, "vhost": vh, **v} for (u, vh), v in defs.permissions()],
-            "topic_permissions": [{"user": u, "vhost": vh, "exchange": ex, **v}
-                                  for (u, vh, ex), v in defs.topic_permissions()],
+            "permissions": [permission_entry(k, v) for k, v in defs.permissions()],
+            "topic_permissions": [topic_permission_entry(k, v)
+                                  for k, v in defs.topic_permissions()],
             "parameters": _parameters(defs, None), "global_parameters": [],
             "policies": _policies(defs, None), **objects}
 
@@ -123,7 +125,7 @@ def _objects(api: ManagementAPI, vhosts: list[str]) -> dict[str, list[dict[str, 
 
 # -- import --------------------------------------------------------------------------------
 
-def import_(api: ManagementAPI, call: Call) -> None:
+async def import_(api: ManagementAPI, checks: DefinitionsAPI, call: Call) -> None:
     api._admin(call)
     body = call.body()
     only = call.params.get("vhost")
@@ -133,24 +135,28 @@ def import_(api: ManagementAPI, call: Call) -> None:
     if only is not None:  # RabbitMQ's per-vhost import: these kinds, into that vhost
         body = {kind: [{**e, "vhost": only} if isinstance(e, dict) else e
                        for e in _entries(body, kind)] for kind in PER_VHOST}
-    changes = changes_of(body, broker.definitions)
+    changes = changes_of(body, checks)
     known = set(broker.vhosts) | {c.key[0] for c in changes if c.kind == D.VHOST}
     for kind in ("queues", "exchanges", "bindings"):
         for entry in _entries(body, kind):
             if _vhost_of(entry) not in known:
                 raise refused(["no_such_vhost", _vhost_of(entry)])
-    broker.definitions.apply_all(changes)
+    await apply_durably(broker, changes)  # answered once durable, as the API's changes
     declared = _declare(api, body)
     log.info("management API: %s imported definitions%s: %d changes of users, vhosts, "
              "permissions and policies; %d exchanges, %d queues, %d bindings", call.user.name,
              f" into vhost '{only}'" if only else "", len(changes), *declared)
 
 
-def changes_of(body: dict[str, Any], defs: Definitions) -> list[DefinitionChange]:
+def changes_of(body: dict[str, Any], checks: DefinitionsAPI) -> list[DefinitionChange]:
     """The file's users, vhosts, permissions, topic permissions, policies and operator
-    policies as changes to ``defs``, checked whole (a 400 ManagementError for the first
-    bad entry); what ``defs`` already holds as the file says is left out."""
-    changes = [*map(_vhost, _entries(body, "vhosts")), *map(_user, _entries(body, "users"))]
+    policies as changes to the broker's definitions, checked whole by the API's own checks
+    (a 400 ManagementError for the first bad entry); what the definitions already hold as
+    the file says is left out."""
+    defs = checks.definitions
+    changes = [*map(_vhost, _entries(body, "vhosts"))]
+    changes += [DefinitionChange(D.USER, (name,), checks.user_value(name, entry))
+                for entry in _entries(body, "users") for name in [_text(entry, "name")]]
     users = set(defs.users) | {c.key[0] for c in changes if c.kind == D.USER}
     vhosts = set(defs.vhosts) | {c.key[0] for c in changes if c.kind == D.VHOST}
 
@@ -163,13 +169,14 @@ def changes_of(body: dict[str, Any], defs: Definitions) -> list[DefinitionChange
     for entry in _entries(body, "permissions"):
         user, vhost = _text(entry, "user"), _text(entry, "vhost")
         known(user, vhost)
-        changes.append(D.permission_set(user, vhost, *(_regex(entry, k) for k in
+        changes.append(D.permission_set(user, vhost, *(_regex(entry, k, True) for k in
                                                       ("configure", "write", "read"))))
     for entry in _entries(body, "topic_permissions"):
         user, vhost = _text(entry, "user"), _text(entry, "vhost")
         known(user, vhost)
         changes.append(D.topic_permission_set(user, vhost, _text(entry, "exchange"),
-                                              _regex(entry, "write"), _regex(entry, "read")))
+                                              _regex(entry, "write", False),
+                                              _regex(entry, "read", False)))
     for entry in _entries(body, "policies"):
         changes.append(_policy(POLICY, entry, known))
     for entry in _entries(body, "parameters"):
@@ -203,24 +210,10 @@ def _text(entry: dict[str, Any], key: str, default: str | None = None) -> str:
     return value
 
 
-def _regex(entry: dict[str, Any], key: str) -> str:
+def _regex(entry: dict[str, Any], key: str, as_chars: bool) -> str:
     pattern = _text(entry, key)
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise refused(["invalid_regexp", pattern, exc.msg]) from None
+    checked_regex(pattern, as_chars)  # RabbitMQ's invalid_regexp, as the API answers it
     return pattern
-
-
-def _tags(value: Any) -> list[str]:
-    """A user's or vhost's tags: RabbitMQ's comma-separated text or a list."""
-    if isinstance(value, str):
-        return [t.strip() for t in value.split(",") if t.strip()]
-    if isinstance(value, list) and all(isinstance(t, str) for t in value):
-        return list(value)
-    if value is None:
-        return []
-    raise bad_request(f"tags must be a text or a list of texts, not {value!r}")
 
 
 def _vhost(entry: dict[str, Any]) -> DefinitionChange:
@@ -229,26 +222,7 @@ def _vhost(entry: dict[str, Any]) -> DefinitionChange:
     if not isinstance(description, str):
         raise bad_request("a vhost's description must be a string")
     return D.vhost_set(_text(entry, "name"), description=description,
-                       tags=_tags(metadata.get("tags")))
-
-
-def _user(entry: dict[str, Any]) -> DefinitionChange:
-    name = _text(entry, "name")
-    algorithm = _text(entry, "hashing_algorithm", D.SHA256)
-    if "password_hash" in entry:
-        password_hash = _text(entry, "password_hash")
-        if password_hash:
-            try:
-                base64.b64decode(password_hash, validate=True)
-            except (binascii.Error, ValueError):
-                raise refused(["not_base64", password_hash]) from None
-    elif "password" in entry:
-        if algorithm not in HASHES:
-            raise bad_request(f"unknown hashing_algorithm '{algorithm}'")
-        password_hash = hash_password(_text(entry, "password"), algorithm=algorithm)
-    else:
-        password_hash = ""  # no password login, as RabbitMQ's import of such a user
-    return D.user_set(name, password_hash, _tags(entry.get("tags")), algorithm)
+                       tags=tag_list(metadata.get("tags") or []))
 
 
 def _policy(kind: str, entry: dict[str, Any], known: Any) -> DefinitionChange:
@@ -306,7 +280,8 @@ def refused(reason: Any) -> ManagementError:
     return ManagementError(400, "bad_request", reason)
 
 
-def install(api: ManagementAPI) -> None:
+def install(api: ManagementAPI, checks: DefinitionsAPI) -> None:
+    """The routes on ``api``; ``checks`` (definitions_api.py) checks a file's users."""
     for path in ("definitions", "definitions/{vhost}"):
         api._route("GET", path, lambda call: export(api, call))
-        api._route("POST", path, lambda call: import_(api, call))
+        api._route("POST", path, lambda call: import_(api, checks, call))
