@@ -101,6 +101,8 @@ class User:
         for the exchange allows every routing key. ``{username}`` and
         ``{vhost}`` in a pattern stand for the user's name and the vhost.
         """
+        if not self.topic_permissions:
+            return
         found = self.topic_permissions.get((vhost, exchange))
         if found is None:
             return

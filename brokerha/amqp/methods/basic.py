@@ -73,6 +73,8 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
         raise NotFound(f"no exchange '{name}' in vhost '{vhost.name}'")
     if exchange.internal:
         raise AccessRefused(f"cannot publish to internal exchange '{name}' in vhost '{vhost.name}'")
+    if exchange.type == "topic" and ch.user.topic_permissions:  # RabbitMQ's topic authorisation
+        ch.user.check_topic("write", vhost.name, name, publish.routing_key)
     message = message_from_publish(publish, header, body)
     if message.user_id is not None and message.user_id != ch.user.name:
         raise PreconditionFailed(f"user_id property set to '{message.user_id}' but "

@@ -43,7 +43,9 @@ def _bind_args(ch: Channel, m: commands.Exchange.Bind | commands.Exchange.Unbind
     ch.user.check("write", vhost.name, "exchange", m.destination)
     ch.user.check("read", vhost.name, "exchange", m.source)
     destination = vhost.exchange(m.destination)
-    vhost.exchange(m.source)
+    source = vhost.exchange(m.source)
+    if source.type == "topic":
+        ch.user.check_topic("read", vhost.name, source.name, m.routing_key)
     return destination, m.routing_key, m.arguments
 
 
@@ -60,6 +62,9 @@ def unbind(ch: Channel, m: commands.Exchange.Unbind) -> None:
     ch.user.check("write", vhost.name, "exchange", m.destination)
     ch.user.check("read", vhost.name, "exchange", m.source)
     destination = vhost.exchanges.get(m.destination)
+    source = vhost.exchanges.get(m.source)
+    if source is not None and source.type == "topic":
+        ch.user.check_topic("read", vhost.name, source.name, m.routing_key)
     if destination is not None and m.source in vhost.exchanges:
         vhost.unbind(m.source, destination, m.routing_key, m.arguments)
     if not m.nowait:

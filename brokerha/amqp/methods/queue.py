@@ -44,8 +44,10 @@ def _binding(ch: Channel, m: commands.Queue.Bind | commands.Queue.Unbind) -> tup
     ch.user.check("write", vhost.name, "queue", name)
     ch.user.check("read", vhost.name, "exchange", m.exchange)
     queue = vhost.queue_for(name, ch.conn)
-    vhost.exchange(m.exchange)
+    exchange = vhost.exchange(m.exchange)
     key = m.routing_key if (m.routing_key or m.queue) else name
+    if exchange.type == "topic":
+        ch.user.check_topic("read", vhost.name, exchange.name, key)
     return queue, key, m.arguments
 
 
@@ -70,6 +72,8 @@ def unbind(ch: Channel, m: commands.Queue.Unbind) -> None:
     ch.user.check("read", vhost.name, "exchange", m.exchange)
     queue, exchange = vhost.queues.get(name), vhost.exchanges.get(m.exchange)
     key = m.routing_key if (m.routing_key or m.queue) else name
+    if exchange is not None and exchange.type == "topic":
+        ch.user.check_topic("read", vhost.name, exchange.name, key)
     if queue is not None and exchange is not None and \
             vhost.has_binding(exchange, queue, key, m.arguments):
         vhost.unbind(m.exchange, vhost.queue_for(name, ch.conn), key, m.arguments)
