@@ -112,8 +112,8 @@ class TransactionReplicator:
                 self.replicator(op.vhost, op.queue).enqueue(op.position, exchange, routing_key,
                                                             header, body, op.expires_in)
             elif kind == R.OP_REFS:
-                run = buffer.built[op.message:op.message + op.count]
-                if len(run) != op.count or op.message < 0:
+                run = buffer.built[op.message:op.message + op.length]
+                if len(run) != op.length or op.message < 0:
                     raise ReplicationError(f"commit of {txid} refers to te events this "
                                            f"backup does not hold")
                 self.replicator(op.vhost, op.queue).enqueue_run(op.position, run)

@@ -280,14 +280,14 @@ class OpRef(NamedTuple):
 
 
 class OpRefs(NamedTuple):
-    """``count`` OpRefs without expiry: positions ``position``.. for te events ``message``.."""
+    """``length`` OpRefs without expiry: positions ``position``.. for te events ``message``.."""
 
     kind: str
     vhost: str
     queue: str
     position: int
     message: int
-    count: int
+    length: int
 
 
 class TxLogRecord(NamedTuple):
