@@ -143,7 +143,9 @@ class PoliciesAPI:
         except PolicyInvalid as exc:
             if exc.status == 500:
                 raise ManagementError(500, "", "") from None
-            raise bad_request(exc.reason) from None
+            # the policy handler escapes HTML in its reasons, the operator policy one does not
+            raise bad_request(_escape_html(exc.reason) if kind == POLICY else exc.reason) \
+                from None
         existed = self.book.get(kind, vhost, name) is not None
         if self.book.get(kind, vhost, name) != policy:
             self._write(kind, vhost, name, policy.value())
@@ -185,3 +187,8 @@ def install(api: ManagementAPI) -> PoliciesAPI:
     broker = api.node.broker
     effects = PolicyEffects.of(broker) or PolicyEffects(broker)
     return PoliciesAPI(api, effects)
+
+
+def _escape_html(text: str) -> str:
+    """RabbitMQ's ``rabbit_mgmt_format:escape_html_tags``: <, > and & only."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -140,6 +140,13 @@ def test_bad_policies_get_rabbitmqs_400_and_change_nothing(node: NodeProcess) ->
         400, {"error": "bad_request",
               "reason": "Validation failed\n\n-1 is not a valid maximum length\n"})
     assert api(node, "GET", "/policies/%2F/p")[0] == 404
+    # RabbitMQ escapes HTML in a policy's reasons, not in an operator policy's
+    assert api(node, "PUT", "/policies/%2F/p", {"pattern": "^x",
+                                                 "definition": {"overflow": "x"}})[1]["reason"] \
+        == "Validation failed\n\n&lt;&lt;\"x\"&gt;&gt; is not a valid overflow value\n"
+    assert api(node, "PUT", "/operator-policies/%2F/o", {
+        "pattern": "^x", "definition": {"max-length": "x"}})[1]["reason"] \
+        == "Validation failed\n\n<<\"x\">> is not a valid maximum length\n"
     assert api(node, "PUT", "/policies/nonesuch/p", {"pattern": "^x",
                                                       "definition": {"max-length": 1}}) == (
         404, {"error": "not_found", "reason": "vhost_not_found"})
