@@ -20,7 +20,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
-from brokerha.admin import definitions_ctl, policies_ctl
+from brokerha.admin import definitions_ctl, policies_ctl, users_ctl
 from brokerha.cluster.ports import ADMIN_OFFSET
 from brokerha.httpapi.client import CREDENTIALS, CtlError, request
 
@@ -372,6 +372,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(ctl_handler=cmd_permissions)
     definitions_ctl.register(sub, _serving_node)
     policies_ctl.register(sub, _serving_node)
+    users_ctl.register(sub, _serving_node)
     p = sub.add_parser("tls", help="the node's TLS certificate; reload the files (SIGHUP's "
                        "equivalent, administrator)")
     tls_sub = p.add_subparsers(dest="tls_command", metavar="COMMAND", required=True)

@@ -1,0 +1,93 @@
+"""``brokerha ctl`` user, vhost and permission verbs, named and worded as rabbitmqctl's,
+on a running node: each change acts (logins, permissions) and is what the API shows."""
+
+from __future__ import annotations
+
+import uuid
+
+import pika
+import pytest
+from pika.exceptions import ChannelClosedByBroker, ProbableAuthenticationError
+
+from brokerha.testing import NodeProcess
+from tests.ops.test_policies import api, ctl
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def ok(node: NodeProcess, *argv: str) -> str:
+    done = ctl(node, *argv)
+    assert done.returncode == 0, (argv, done.stdout, done.stderr)
+    return done.stdout
+
+
+def refused(node: NodeProcess, *argv: str) -> str:
+    done = ctl(node, *argv)
+    assert done.returncode == 1, (argv, done.stdout, done.stderr)
+    return done.stderr.strip()
+
+
+def login(node: NodeProcess, vhost: str, user: str, password: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.ConnectionParameters(
+        "127.0.0.1", node.port, vhost, pika.PlainCredentials(user, password),
+        connection_attempts=1, socket_timeout=5))
+
+
+def test_a_service_account_made_and_unmade_with_ctl(managed_node: NodeProcess) -> None:
+    node, s = managed_node, uuid.uuid4().hex[:8]
+    v, u = f"v-{s}", f"u-{s}"
+    assert ok(node, "add_vhost", v, "--description", "team", "--tags", "a,b") == \
+        f'Adding vhost "{v}" ...\n'
+    assert ok(node, "add_user", u, "pw1") == f'Adding user "{u}" ...\n'
+    assert refused(node, "add_user", u, "pw1").endswith(f'Error:\nUser "{u}" already exists')
+    assert ok(node, "set_permissions", "-p", v, u, "^q-", ".*", ".*") == \
+        f'Setting permissions for user "{u}" in vhost "{v}" ...\n'
+    assert ok(node, "set_topic_permissions", "-p", v, u, "amq.topic", "^t\\.", ".*") == \
+        f'Setting topic permissions on "amq.topic" for user "{u}" in vhost "{v}" ...\n'
+    assert api(node, "GET", f"/vhosts/{v}")[1]["tags"] == ["a", "b"]
+
+    conn = login(node, v, u, "pw1")
+    ch = conn.channel()
+    ch.queue_declare(f"q-{s}")
+    with pytest.raises(ChannelClosedByBroker, match="403"):
+        ch.queue_declare(f"other-{s}")  # configure only ^q-
+    conn.close()
+
+    lines = ok(node, "list_permissions", "-p", v).splitlines()
+    assert lines[0] == f'Listing permissions for vhost "{v}" ...'
+    assert lines[1] == "user\tconfigure\twrite\tread"
+    assert f"{u}\t^q-\t.*\t.*" in lines
+    assert ok(node, "list_user_permissions", u).splitlines()[1:] == [
+        "vhost\tconfigure\twrite\tread", f"{v}\t^q-\t.*\t.*"]
+    assert f"{u}\tamq.topic\t^t\\.\t.*" in ok(node, "list_topic_permissions", "-p", v)
+    assert v in ok(node, "list_vhosts").splitlines()
+
+    assert ok(node, "set_user_tags", u, "monitoring", "management") == \
+        f'Setting tags for user "{u}" to [monitoring, management] ...\n'
+    assert f"{u}\t[monitoring, management]" in ok(node, "list_users").splitlines()
+    login(node, v, u, "pw1").close()  # the tags kept the password
+    assert ok(node, "change_password", u, "pw2") == f'Changing password for user "{u}" ...\n'
+    with pytest.raises(ProbableAuthenticationError):
+        login(node, v, u, "pw1")
+    login(node, v, u, "pw2").close()
+
+    assert ok(node, "clear_topic_permissions", "-p", v, u).startswith("Clearing topic")
+    assert ok(node, "clear_permissions", "-p", v, u) == \
+        f'Clearing permissions for user "{u}" in vhost "{v}" ...\n'
+    assert api(node, "GET", f"/permissions/{v}/{u}")[0] == 404
+    assert ok(node, "delete_user", u) == f'Deleting user "{u}" ...\n'
+    assert refused(node, "delete_user", u).endswith(f'Error:\nUser "{u}" does not exist')
+    assert refused(node, "change_password", u, "x").endswith(f'User "{u}" does not exist')
+    assert refused(node, "set_permissions", "-p", v, u, ".*", ".*", ".*").endswith(
+        f"Error:\nUser {u} does not exist")
+    assert ok(node, "delete_vhost", v) == f'Deleting vhost "{v}" ...\n'
+    assert refused(node, "delete_vhost", v).endswith(f"Error:\nVirtual host {v} does not exist")
+    assert api(node, "GET", f"/vhosts/{v}")[0] == 404
+
+
+def test_only_an_administrator_changes_definitions(managed_node: NodeProcess) -> None:
+    s = uuid.uuid4().hex[:8]
+    done = ctl(managed_node, "--user", "watcher", "--password", "w-secret", "add_vhost",
+               f"v-{s}")
+    assert done.returncode == 1 and "Not administrator user" in done.stderr, done.stderr
+    assert api(managed_node, "GET", f"/vhosts/v-{s}")[0] == 404
