@@ -77,6 +77,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                         help="SQLite: confirm after an append to the operation log and apply "
                              "to the database later (on, the default), or commit every batch "
                              "to the database (off)")
+    parser.add_argument("--reset-definitions", action="store_true",
+                        help="make the vhosts, users and permissions the configuration's "
+                             "again, deleting every other one (a vhost with its queues): "
+                             "otherwise the store's win once it has any "
+                             "(docs/configuration.md)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
                         help="auto (default): uvloop if installed, else asyncio's own loop")
@@ -200,6 +205,7 @@ def main(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         node = Node(cfg, cluster)
+        node.reset_definitions = args.reset_definitions
         install_admin_api(node)  # /, /metrics, /api/queues, ... (brokerha/admin/)
         if cluster is not None:
             from brokerha.node.ha import HANode
