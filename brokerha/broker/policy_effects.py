@@ -43,7 +43,6 @@ from brokerha.broker.observers import ConfigurationObserver
 from brokerha.broker.policies import (
     HA_REPLICATE,
     KINDS,
-    NONE,
     Applied,
     Policy,
     PolicyBook,
@@ -206,19 +205,13 @@ class PolicyEffects(ConfigurationObserver):
 
     def _apply_exchange(self, ex: Exchange) -> None:
         applied = self.book.applied(ex.vhost, "exchange", ex.name)
-        self._remember(ex, applied)
+        self._applied[ex] = applied
         value = applied.definition.get("alternate-exchange")
         ex.policy_alternate = value if isinstance(value, str) else None
 
-    def _remember(self, obj: Queue | Exchange, applied: Applied) -> None:
-        if applied is NONE:
-            self._applied.pop(obj, None)
-        else:
-            self._applied[obj] = applied
-
     def _apply_queue(self, vhost: VirtualHost, q: Queue) -> None:
         applied = self.book.applied(q.vhost, "queue", q.name)
-        self._remember(q, applied)
+        self._applied[q] = applied
         definition = applied.definition
         if q.arguments.get(GLOBAL_ARG) and any(k in definition for k in _LOCAL_ONLY_KEYS):
             log.warning("global queue '%s' in vhost '%s': policy '%s' keys %s not applied "
