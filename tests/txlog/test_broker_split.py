@@ -94,10 +94,15 @@ def ack(dc: DC, wanted: str) -> None:
             method, props, _ = ch.basic_get(Q, auto_ack=False)
             assert method is not None, f"{wanted} not in {dc.name}'s queue ({seen})"
             if props.message_id == wanted:
+                dequeued = counters(dc)["dequeued"]
                 ch.basic_ack(method.delivery_tag)
                 break
             seen.append(props.message_id)
-        for _ in range(50):  # the ack leaves when its dequeue is ordered (a round or so)
+        # the ack leaves when its dequeue is ordered (a round or so): the connection stays
+        # until this DC applied it from the log (no other ack of this DC runs meanwhile),
+        # at most 2.5 s
+        deadline = time.monotonic() + 2.5
+        while counters(dc)["dequeued"] == dequeued and time.monotonic() < deadline:
             conn.process_data_events(0.05)
 
 
