@@ -287,16 +287,23 @@ class ConfirmSimulation(World):
 def run_seed(seed: int, *, nodes: int = 3, duration: float = 60.0,
              faults: Faults | None = None, **kw: Any) -> SimResult:
     """One seed; the result names the first violation (and the trace tail leading to it)."""
-    logging.disable(logging.WARNING)  # the nodes' warnings: the trace says what happened
+    return quietly(ConfirmSimulation(seed, nodes=nodes, duration=duration, faults=faults, **kw))
+
+
+def quietly(simulation: ConfirmSimulation) -> SimResult:
+    """Run it with the nodes' warnings off: the trace says what happened."""
+    logging.disable(logging.WARNING)
     try:
-        return ConfirmSimulation(seed, nodes=nodes, duration=duration, faults=faults, **kw).run()
+        return simulation.run()
     finally:
         logging.disable(logging.NOTSET)
 
 
-def run_many(seeds: Sequence[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:
-    """Run every seed (over ``jobs`` processes); results in seed order, traces kept for failures."""
-    results = seed_runner.run_many(run_seed, seeds, jobs=jobs, **kw)
+def run_many(seeds: Sequence[int], *, jobs: int = 1, seed_fn: Any = None,
+             **kw: Any) -> list[SimResult]:
+    """Run every seed (over ``jobs`` processes) with ``seed_fn`` (a module-level function,
+    ``run_seed`` by default); results in seed order, traces kept for failures only."""
+    results = seed_runner.run_many(seed_fn or run_seed, seeds, jobs=jobs, **kw)
     for result in results:
         if result.violation is None:
             result.trace = []

@@ -33,12 +33,11 @@ monolithic_catch_up | step_down_at_lease_end] [--unsliced-operations]``.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from brokerha import seed_runner
+from brokerha.ha.simulation import confirms
 from brokerha.ha.simulation.confirms import ConfirmSimulation, SimResult
 from brokerha.ha.simulation.world import Faults, SimConnection, SimNode, Unsafe
 
@@ -178,17 +177,9 @@ class HeavyWork(ConfirmSimulation):
 
 def run_seed(seed: int, **kw: Any) -> SimResult:
     """One seed; the result names the first violation (and the trace tail leading to it)."""
-    logging.disable(logging.WARNING)
-    try:
-        return HeavyWork(seed, **kw).run()
-    finally:
-        logging.disable(logging.NOTSET)
+    return confirms.quietly(HeavyWork(seed, **kw))
 
 
 def run_many(seeds: Sequence[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:
     """Run every seed (over ``jobs`` processes); results in seed order, traces kept for failures."""
-    results = seed_runner.run_many(run_seed, seeds, jobs=jobs, **kw)
-    for result in results:
-        if result.violation is None:
-            result.trace = []
-    return results
+    return confirms.run_many(seeds, jobs=jobs, seed_fn=run_seed, **kw)
