@@ -32,7 +32,9 @@ declared in that order by the broker's own paths, as the AMQP methods do.
 
 from __future__ import annotations
 
+import html
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from brokerha.admin.definitions_api import (
@@ -180,12 +182,14 @@ def changes_of(body: dict[str, Any], checks: DefinitionsAPI) -> list[DefinitionC
     for entry in _entries(body, "policies"):
         changes.append(_policy(POLICY, entry, known))
     for entry in _entries(body, "parameters"):
-        if entry.get("component") != OPERATOR_POLICY:
-            raise bad_request(f"parameters of component '{entry.get('component')}' are not "
-                              "supported (brokerha has operator policies only)")
+        component = entry.get("component")
+        where = f"{entry.get('vhost')}/{component}/{entry.get('name')}"
+        if component != OPERATOR_POLICY:  # brokerha has no federation, shovels, ...
+            raise bad_request(f"Validation failed\n\ncomponent {component} not found\n "
+                              f"({where})")
         changes.append(_policy(OPERATOR_POLICY, {**_object(entry.get("value")),
                                                  "vhost": entry.get("vhost"),
-                                                 "name": entry.get("name")}, known))
+                                                 "name": entry.get("name")}, known, where))
     return [c for c in changes if defs.get(c.kind, *c.key) != c.value]
 
 
@@ -217,7 +221,8 @@ def _regex(entry: dict[str, Any], key: str, as_chars: bool) -> str:
 
 
 def _vhost(entry: dict[str, Any]) -> DefinitionChange:
-    metadata = entry.get("metadata") if isinstance(entry.get("metadata"), dict) else entry
+    metadata: dict[str, Any] = entry["metadata"] if isinstance(entry.get("metadata"), dict) \
+        else entry
     description = metadata.get("description", "")
     if not isinstance(description, str):
         raise bad_request("a vhost's description must be a string")
@@ -225,21 +230,26 @@ def _vhost(entry: dict[str, Any]) -> DefinitionChange:
                        tags=tag_list(metadata.get("tags") or []))
 
 
-def _policy(kind: str, entry: dict[str, Any], known: Any) -> DefinitionChange:
+def _policy(kind: str, entry: dict[str, Any], known: Callable[[str | None, str], None],
+            where: str | None = None) -> DefinitionChange:
+    """A policy (an operator policy) of the file; RabbitMQ's import reason for a bad one: the
+    validation text, HTML-escaped as its definitions import does for both kinds, and which
+    (``vhost/name``, ``vhost/operator_policy/name``)."""
     vhost, name = _text(entry, "vhost"), _text(entry, "name")
     known(None, vhost)
     try:
         policy = parse(kind, vhost, name, entry)
     except PolicyInvalid as exc:
-        raise bad_request(f"{exc.reason} ({vhost}/{name})" if exc.reason else
-                          f"bad {kind} ({vhost}/{name})") from None
+        text = html.escape(exc.reason, quote=False) if exc.reason else f"bad {kind}"
+        raise bad_request(f"{text} ({where or f'{vhost}/{name}'})") from None
     return DefinitionChange(kind, (vhost, name), policy.value())
 
 
 def _arguments(arguments: dict[str, Any]) -> dict[str, Any]:
     """A queue's arguments without brokerha's ``x-ha-id``: the identity a cluster gave its
     replicated queue (cluster/replication.py) is not the file's to carry elsewhere."""
-    return json_safe({k: v for k, v in arguments.items() if k != HA_ID})
+    safe: dict[str, Any] = json_safe({k: v for k, v in arguments.items() if k != HA_ID})
+    return safe
 
 
 def _vhost_of(entry: dict[str, Any]) -> str:
@@ -267,9 +277,10 @@ def _declare(api: ManagementAPI, body: dict[str, Any]) -> tuple[int, int, int]:
     for item in bindings:
         vh = brokers[_vhost_of(item)]
         kind = item.get("destination_type", "queue")
-        dest = (vh.queues if kind == "queue" else vh.exchanges).get(item.get("destination"))
+        name = _text(item, "destination")
+        dest = (vh.queues if kind == "queue" else vh.exchanges).get(name)
         if dest is None:
-            raise bad_request(f"binding to unknown {kind} '{item.get('destination')}'")
+            raise bad_request(f"binding to unknown {kind} '{name}'")
         vh.bind(_text(item, "source"), dest, _text(item, "routing_key", ""),
                 dict(item.get("arguments") or {}))
     return len(exchanges), len(queues), len(bindings)
