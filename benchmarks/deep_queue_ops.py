@@ -66,8 +66,13 @@ class Lag:
 
 def scrape(admin: str) -> Lag:
     with urllib.request.urlopen(admin + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    buckets, max_gauge = [], 0.0
+        return parse_lag(response.read().decode())
+
+
+def parse_lag(text: str) -> Lag:
+    """The loop-lag histogram and max gauge of a node's ``/metrics`` text."""
+    buckets: list[tuple[float, float]] = []
+    max_gauge = 0.0
     for line in text.splitlines():
         if line.startswith("brokerha_event_loop_lag_seconds_bucket{le="):
             le = line.split('"')[1]
@@ -78,7 +83,7 @@ def scrape(admin: str) -> Lag:
 
 
 def lag_between(before: Lag, after: Lag) -> tuple[str, str]:
-    """(p99, max) between two scrapes: bucket bounds, or the max gauge if it grew."""
+    """(p99, max) between two scrapes: bucket bounds ("<=0.025"), or the max gauge if it grew."""
     old = dict(before.buckets)
     delta = [(le, n - old.get(le, 0.0)) for le, n in after.buckets]
     total = delta[-1][1] if delta else 0
@@ -87,8 +92,12 @@ def lag_between(before: Lag, after: Lag) -> tuple[str, str]:
     p99 = next(le for le, n in delta if n >= 0.99 * total)
     top = next(le for le, n in delta if n >= total)
     if after.max_gauge > before.max_gauge:
-        return f"<={min(p99, after.max_gauge):.3g}", f"{after.max_gauge:.3f}"
-    return f"<={p99:.3g}", f"<={top:.3g}"
+        return _bound(min(p99, after.max_gauge)), f"{after.max_gauge:.3f}"
+    return _bound(p99), _bound(top)
+
+
+def _bound(le: float) -> str:
+    return ">10" if le == float("inf") else f"<={le:.3g}"
 
 
 # -- clients (the load generator) --------------------------------------------------------

@@ -77,6 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))      # loadgen, ha_clus
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.*
 
 import loadgen  # noqa: E402
+from deep_queue_ops import Lag, lag_between, parse_lag  # noqa: E402
 from ha_cluster import RabbitCluster  # noqa: E402
 from pamqp import commands  # noqa: E402
 from rabbitmq_ref import RABBITMQCTL, available  # noqa: E402
@@ -338,50 +339,18 @@ GC_PAUSE = re.compile(r"^(\S+ \S+) WARNING \[(\S+)\] \S+: cyclic GC \(generation
 LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"
 
 
-@dataclass
-class LoopLag:
-    buckets: list[tuple[float, float]]  # (le, cumulative count)
-    max_gauge: float
-
-    def minus(self, before: LoopLag) -> list[tuple[float, float]]:
-        old = dict(before.buckets)
-        return [(le, n - old.get(le, 0.0)) for le, n in self.buckets]
-
-
-def scrape_lag(cluster: LocalCluster, name: str) -> LoopLag | None:
+def scrape_lag(cluster: LocalCluster, name: str) -> Lag | None:
     try:
-        text = get(cluster.admin_url(name) + "/metrics", 3).decode()
+        return parse_lag(get(cluster.admin_url(name) + "/metrics", 3).decode())
     except (OSError, ValueError):
         return None
-    buckets: list[tuple[float, float]] = []
-    max_gauge = 0.0
-    for line in text.splitlines():
-        if line.startswith("brokerha_event_loop_lag_seconds_bucket{le="):
-            le = line.split('"')[1]
-            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
-        elif line.startswith("brokerha_event_loop_lag_max_seconds "):
-            max_gauge = float(line.split()[-1])
-    return LoopLag(buckets, max_gauge)
 
 
-def lag_figures(before: LoopLag | None, after: LoopLag | None) -> tuple[str, str]:
+def lag_figures(before: Lag | None, after: Lag | None) -> tuple[str, str]:
     """(p99, max) of the loop lag between two scrapes, as text ("<=0.025" for a bucket bound)."""
     if before is None or after is None or not after.buckets:
         return "-", "-"
-    delta = after.minus(before)
-    total = delta[-1][1]
-    if total <= 0:
-        return "-", "-"
-    p99 = next(le for le, n in delta if n >= 0.99 * total)
-    top = next(le for le, n in delta if n >= total)
-    exact_max = after.max_gauge if after.max_gauge > before.max_gauge else None
-    if exact_max is None:
-        return _bound(p99), _bound(top)
-    return _bound(min(p99, exact_max)), f"{exact_max:.3f}"
-
-
-def _bound(le: float) -> str:
-    return ">10" if le == float("inf") else f"<={le:.3g}"
+    return lag_between(before, after)
 
 
 def stall_lines(cluster: LocalCluster, since: float, until: float) -> list[str]:
