@@ -8,7 +8,8 @@ nodes with their HA role, epoch, readiness and backups' lag, their elections
 and step-downs by reason and their event loop's lag; the TxLog),
 queues (sortable, with rates; declare, delete, purge, publish, get), exchanges
 (declare, delete, publish), connections, channels; the definitions (issue 34):
-virtual hosts (add, delete), users (add, delete, change a password, set tags;
+virtual hosts (add, delete; definitions export as a download, import of a
+file: ``/api/definitions``), users (add, delete, change a password, set tags;
 set tags sends the user's password hash back, as a PUT without one clears the
 password on RabbitMQ), permissions and topic permissions (set, clear), policies
 and operator policies (set with a JSON definition, clear). No

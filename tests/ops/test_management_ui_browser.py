@@ -375,3 +375,40 @@ def test_policies_page_sets_and_clears_policies_and_shows_refusals(
     click(browser, '[data-operator-policy="//ui-op"] button[data-act="clear"]')
     wait(browser, lambda: api(node, "GET", "operator-policies/%2F/ui-op")[0] == 404)
     wait(browser, lambda: not all_css(browser, "[data-policy], [data-operator-policy]"))
+
+
+def test_vhosts_page_exports_and_imports_definitions(browser: Any, node: NodeProcess,
+                                                     tmp_path: Path) -> None:
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    browser.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow",
+                                                         "downloadPath": str(downloads)})
+    login(browser, node)
+    show(browser, node, "vhosts")
+    form = wait(browser, lambda: css(browser, "#export-definitions"))
+    form.find_element("css selector", "button").click()
+    saved = downloads / "definitions.json"
+    wait(browser, saved.exists)  # the file the browser saved: the API's export
+    wait(browser, lambda: json.loads(saved.read_text() or "null") == api(
+        node, "GET", "definitions")[1])
+
+    file = tmp_path / "defs.json"
+    file.write_text(json.dumps({
+        "vhosts": [{"name": "ui-imported"}],
+        "users": [{"name": "ui-imported-user", "password_hash": "", "tags": ["monitoring"]}],
+        "permissions": [{"user": "ui-imported-user", "vhost": "ui-imported",
+                         "configure": ".*", "write": ".*", "read": ".*"}]}))
+    form = css(browser, "#import-definitions")
+    form.find_element("name", "file").send_keys(str(file))
+    form.find_element("css selector", "button").click()
+    wait(browser, lambda: api(node, "GET", "permissions/ui-imported/ui-imported-user")[0] == 200)
+    assert api(node, "GET", "users/ui-imported-user")[1]["tags"] == ["monitoring"]
+    wait(browser, lambda: css(browser, '[data-table="vhost-table"] [data-vhost="ui-imported"]'))
+
+    # a refused file: RabbitMQ's reason shown, nothing changed
+    file.write_text(json.dumps({"permissions": [{"user": "nobody", "vhost": "ui-imported",
+                                                 "configure": "", "write": "", "read": ""}]}))
+    form.find_element("name", "file").send_keys(str(file))
+    form.find_element("css selector", "button").click()
+    assert "no_such_user" in wait(browser, lambda: css(browser, "#message").text)
+    assert api(node, "GET", "permissions/ui-imported/nobody")[0] == 404

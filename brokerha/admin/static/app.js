@@ -629,6 +629,42 @@
           act(api("DELETE", "vhosts/" + enc(row.vhost)));
         }
       });
+      once("definitions-forms",
+        '<h2>Definitions</h2><p class="muted">RabbitMQ\'s JSON (administrators): users, ' +
+        "virtual hosts, permissions, policies, queues, exchanges, bindings.</p>" +
+        '<form class="inline" id="export-definitions"><b>Export</b> ' +
+        '<button type="submit">Download definitions</button> <a id="export-link" hidden ' +
+        'download="definitions.json">definitions.json</a></form> ' +
+        '<form class="inline" id="import-definitions"><b>Import</b> ' +
+        '<input type="file" name="file" accept=".json,application/json" required> ' +
+        '<button type="submit">Upload definitions</button></form>', definitionsForms);
+    });
+  }
+
+  // GET /api/definitions saved as a file; a file POSTed to /api/definitions (definitions_file.py)
+  function definitionsForms(el) {
+    submit(el, "export-definitions", function () {
+      act(api("GET", "definitions"), function (defs) {
+        var text = JSON.stringify(defs, null, 1), link = $("export-link");
+        if (link.href) URL.revokeObjectURL(link.href);
+        link.href = URL.createObjectURL(new Blob([text], {type: "application/json"}));
+        link.dataset.bytes = text.length;
+        link.hidden = false;
+        link.click();
+      });
+    });
+    submit(el, "import-definitions", function (f) {
+      f.file.files[0].text().then(function (text) {
+        var defs;
+        try { defs = JSON.parse(text); } catch (e) {
+          say("the file is not JSON: " + e.message);
+          return;
+        }
+        act(api("POST", "definitions", defs), function () {
+          f.reset();
+          say("definitions imported");
+        });
+      });
     });
   }
 
