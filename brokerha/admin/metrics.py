@@ -257,7 +257,9 @@ class NodeCollector:
                                 "since the node started", value=stats["pause_seconds_max"])
         yield GaugeMetricFamily("brokerha_gc_frozen_objects", "Objects frozen out of the cyclic "
                                 "GC's walk (the survivors of its collections of generation 1 "
-                                "and 2: the backlog among them)", value=stats["frozen"])
+                                "and 2: the backlog among them), as counted at start and at "
+                                "the last thaw check (counting walks them all)",
+                                value=stats["frozen"])
         yield CounterMetricFamily("brokerha_gc_thaws", "Times the frozen objects were thawed "
                                   "and collected once (cycles among them freed)",
                                   value=stats["thaws"])

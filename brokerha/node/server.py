@@ -136,6 +136,7 @@ def tune_gc(governor: GCGovernor | None = None) -> None:
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
     if governor is not None:
+        governor.count_frozen()  # what the start froze (the modules, the recovered state)
         governor.install()
 
 
@@ -198,7 +199,8 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
         self.loop_monitor = LoopMonitor(self.loop)  # lag histogram, stalls named in the log
-        self.gc = GCGovernor()  # installed by tune_gc (the node's own process only)
+        # installed by tune_gc (the node's own process only)
+        self.gc = GCGovernor(backlog=self._messages_held)
         # the HA layer (node/ha.py's HANode) attaches itself here for a cluster member;
         # the node only calls start/stop/add_status on it
         self.ha: HALayer | None = None
@@ -317,6 +319,11 @@ class Node:
             log.warning("admin HTTP not started on %s:%d (%s); set --admin", host, port, exc)
             return
         log.info("admin HTTP on http://%s:%d", host, port)
+
+    def _messages_held(self) -> int:
+        """Messages on the node's queues, ready or unacknowledged (the GC governor's backlog)."""
+        return sum(q.message_count + q.unacked for vhost in self.broker.vhosts.values()
+                   for q in vhost.queues.values())
 
     def _status_page(self, request: Request) -> Response:
         return Response.json(self.status())

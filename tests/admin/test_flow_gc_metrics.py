@@ -122,6 +122,7 @@ def test_metrics_show_gc_collections_pauses_and_frozen_objects(governor: GCGover
     kept = [[i] for i in range(20_000)]
     node = node_with(governor=governor)
     gc.collect()  # a full collection: its survivors (``kept`` among them) are frozen
+    governor.count_frozen()  # as the thaw check does (stats never walks them)
     gc.disable()  # no collection while the figures are compared
     try:
         got = scrape(node)
