@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from brokerha.broker.storage import Definitions, MemoryStore, StoredMessage
+from brokerha.broker.storage import Definitions, MemoryStore, StoredMessage, stored_definitions
 
 
 def sync_latency(rng: random.Random, fast: tuple[float, float], slow_p: float = 0.0,
@@ -44,13 +44,14 @@ class Image:
     ha_transactions: dict[str, bytes] = field(default_factory=dict)
     outcomes: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, str] = field(default_factory=dict)
+    definitions: dict[Any, Any] = field(default_factory=dict)  # vhosts, users, policies...
 
     def copy(self) -> Image:
         # records are shared, not copied: only ``delivered`` ever changes in one (the
         # redelivered flag after a restart), which no check reads
         return Image(dict(self.exchanges), dict(self.queues), dict(self.bindings),
                      dict(self.messages), dict(self.prepared), dict(self.ha_transactions), dict(self.outcomes),
-                     dict(self.meta))
+                     dict(self.meta), dict(self.definitions))
 
 
 class DiskStore(MemoryStore):
@@ -74,10 +75,11 @@ class DiskStore(MemoryStore):
         self.messages, self.prepared = image.messages, image.prepared
         self.ha_transactions, self.outcomes, self.meta = (image.ha_transactions, image.outcomes,
                                                           image.meta)
+        self.definitions = image.definitions
 
     def image(self) -> Image:
         return Image(self.exchanges, self.queues, self.bindings, self.messages, self.prepared,
-                     self.ha_transactions, self.outcomes, self.meta).copy()
+                     self.ha_transactions, self.outcomes, self.meta, self.definitions).copy()
 
     def after_sync(self, callback: Callable[[], None]) -> None:
         self.waiting.append(callback)
@@ -110,4 +112,5 @@ class DiskStore(MemoryStore):
                            sorted(disk.messages.values(),
                                   key=lambda m: (m.vhost, m.queue, m.position)),
                            list(disk.prepared.values()), list(disk.ha_transactions.items()),
-                           list(disk.outcomes.values()))
+                           list(disk.outcomes.values()),
+                           stored_definitions(disk.definitions.values()))
