@@ -14,6 +14,8 @@ from tests.ops.test_policies import api, ctl
 
 pytestmark = pytest.mark.timeout(180)
 
+ALL = {"configure": ".*", "write": ".*", "read": ".*"}
+
 
 def ok(node: NodeProcess, *argv: str) -> str:
     done = ctl(node, *argv)
@@ -91,3 +93,35 @@ def test_only_an_administrator_changes_definitions(managed_node: NodeProcess) ->
                f"v-{s}")
     assert done.returncode == 1 and "Not administrator user" in done.stderr, done.stderr
     assert api(managed_node, "GET", f"/vhosts/v-{s}")[0] == 404
+
+
+def test_the_api_answers_with_rabbitmqs_codes_and_logs_who_changed_what(
+        managed_node: NodeProcess) -> None:
+    """The codes without a RabbitMQ node beside (tests/differential compares them with it)."""
+    node, s = managed_node, uuid.uuid4().hex[:8]
+    v, u = f"v-{s}", f"u-{s}"
+    assert api(node, "PUT", f"/vhosts/{v}", {"description": "d"}) == (201, None)
+    assert api(node, "PUT", f"/vhosts/{v}", {"description": "e"}) == (204, None)
+    assert api(node, "PUT", f"/users/{u}", {"password": "pw"}) == (
+        400, {"error": "bad_request", "reason": "tags_not_present"})
+    assert api(node, "PUT", f"/users/{u}", {"password": "pw", "tags": ""}) == (201, None)
+    assert api(node, "PUT", f"/permissions/{v}/{u}", {"configure": ".*"}) == (
+        400, {"error": "bad_request", "reason": "[{key_missing,write},{key_missing,read}]"})
+    assert api(node, "PUT", f"/permissions/{v}/nobody-{s}", ALL) == (
+        400, {"error": "bad_request", "reason": "vhost_or_user_not_found"})
+    status, answer = api(node, "PUT", f"/permissions/{v}/{u}",
+                         {"configure": "(", "write": ".*", "read": ".*"})
+    assert status == 400 and answer["reason"][0] == "invalid_regexp"
+    assert api(node, "GET", f"/permissions/{v}/{u}")[0] == 404  # nothing changed
+    assert api(node, "PUT", f"/permissions/{v}/{u}", ALL) == (201, None)
+    assert api(node, "PUT", f"/users/{u}", {"password": "x", "tags": ""}, user="alice",
+               password="a-secret") == (401, {"error": "not_authorised",
+                                              "reason": "Not administrator user"})
+    assert api(node, "DELETE", f"/users/{u}") == (204, None)
+    assert api(node, "DELETE", f"/users/{u}")[0] == 404
+    assert api(node, "GET", f"/permissions/{v}/{u}")[0] == 404  # went with the user
+    assert api(node, "DELETE", f"/vhosts/{v}") == (204, None)
+    assert api(node, "DELETE", f"/vhosts/{v}")[0] == 404
+    logged = "\n".join(node.log)
+    assert f"management API: guest created user '{u}'" in logged
+    assert f"management API: guest deleted vhost '{v}'" in logged
