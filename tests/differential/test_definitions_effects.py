@@ -127,6 +127,22 @@ def revoked_permission(side: Side, s: str) -> list[str]:
     return out
 
 
+def revoked_write(side: Side, s: str) -> list[str]:
+    """A channel that published to an exchange before its write permission was revoked."""
+    side.setup(s)
+    conn = side.connect(f"v-{s}", f"u-{s}", "pw")
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("amq.direct", "k", b"before")
+    out = [str(side.http("PUT", f"/permissions/v-{s}/u-{s}",
+                         {"configure": ".*", "write": "^nothing$", "read": ".*"}))]
+    out.append(attempt(lambda: ch.basic_publish("amq.direct", "k", b"after")))
+    fresh = conn.channel()
+    fresh.confirm_delivery()
+    out.append(attempt(lambda: fresh.basic_publish("amq.direct", "k", b"after")))
+    return out
+
+
 def topic_permission(side: Side, s: str) -> list[str]:
     side.setup(s)
     out = [str(side.http("PUT", f"/topic-permissions/v-{s}/u-{s}",
@@ -152,6 +168,7 @@ SCENARIOS = {"a deleted user's connection is closed": deleted_user,
              "a deleted vhost's connection is closed, its queues gone": deleted_vhost,
              "a changed password refuses the old one at the next login": changed_password,
              "a revoked permission refuses the next operation": revoked_permission,
+             "a revoked write permission and a channel that published": revoked_write,
              "topic permissions refuse a routing key": topic_permission}
 
 
