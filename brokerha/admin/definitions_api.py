@@ -50,7 +50,7 @@ from brokerha.broker import definitions as D
 from brokerha.broker.auth import HASHES, hash_password
 from brokerha.broker.broker import Broker
 from brokerha.broker.definitions import DefinitionChange, Definitions
-from brokerha.broker.policies import _PCRE_ERRORS
+from brokerha.broker.policies import pcre_error
 from brokerha.httpapi.server import Response
 
 log = logging.getLogger("brokerha.management")
@@ -109,11 +109,10 @@ def checked_regex(pattern: str, as_chars: bool) -> None:
     try:
         re.compile(pattern)
     except re.error as exc:
-        text = _PCRE_ERRORS.get(exc.msg, exc.msg)
+        text, at = pcre_error(exc, pattern)
         shown: Any = [ord(c) for c in pattern] if as_chars else pattern
         raise ManagementError(400, "bad_request", ["invalid_regexp", shown,  # type: ignore[arg-type]
-                                                   [[ord(c) for c in text], exc.pos or 0]]) \
-            from None
+                                                   [[ord(c) for c in text], at]]) from None
 
 
 def user_entry(name: str, value: dict[str, Any]) -> dict[str, Any]:

@@ -125,11 +125,18 @@ _PCRE_ERRORS = {
 _LINE = 80  # io_lib's line length: a longer ~p wraps after the tuple's first element
 
 
-def _regex_error(exc: re.error, pattern: str) -> str:
-    prefix = "pattern should be regular expression but is invalid: "
+def pcre_error(exc: re.error, pattern: str) -> tuple[str, int]:
+    """PCRE's words and offset for Python's ``re.error`` (RabbitMQ compiles with re:compile):
+    what RabbitMQ's refusals of a bad pattern quote (policies, permissions)."""
     text = _PCRE_ERRORS.get(exc.msg, exc.msg)
     at = len(pattern) if text in ("missing )", "missing terminating ] for character class") \
         else (exc.pos or 0)
+    return text, at
+
+
+def _regex_error(exc: re.error, pattern: str) -> str:
+    prefix = "pattern should be regular expression but is invalid: "
+    text, at = pcre_error(exc, pattern)
     first = f'{{"{text}",'
     if len(prefix) + len(first) + len(str(at)) + 1 >= _LINE:
         return f"{prefix}{first}\n{' ' * (len(prefix) + 1)}{at}}}"
