@@ -43,6 +43,7 @@ from brokerha.admin.management import (
     ManagementAPI,
     ManagementError,
     bad_request,
+    decoded_body,
     not_authorised,
     not_found,
 )
@@ -80,15 +81,6 @@ def tag_list(value: Any) -> list[str]:
         return [t.strip() for t in value if t.strip()]
     raise bad_request(f"tags must be a comma-separated string or a list of strings, "
                       f"not {value!r}")
-
-
-def decode_body(call: Call) -> dict[str, Any]:
-    """The JSON object, as RabbitMQ's ``with_decode`` reads it (empty/``null``: no keys)."""
-    text = call.request.body.strip()
-    if not text or text in (b"null", b"undefined"):
-        return {}
-    body = call.body()
-    return body
 
 
 def required(body: dict[str, Any], *keys: str) -> list[Any]:
@@ -173,7 +165,7 @@ class DefinitionsAPI:
     async def put_vhost(self, call: Call) -> Response:
         self._admin(call)
         name = call.params["vhost"]
-        body = decode_body(call)
+        body = decoded_body(call)
         description = body.get("description", "")
         if not isinstance(description, str):
             raise bad_request(f"description must be a string, not {description!r}")
@@ -234,7 +226,7 @@ class DefinitionsAPI:
     async def put_user(self, call: Call) -> Response:
         self._admin(call)
         name = call.params["user"]
-        value = self.user_value(name, decode_body(call))
+        value = self.user_value(name, decoded_body(call))
         existed = name in self.definitions.users
         await self._change(call, [DefinitionChange(D.USER, (name,), value)],
                            f"{'updated' if existed else 'created'} user '{name}' "
@@ -280,7 +272,7 @@ class DefinitionsAPI:
 
     async def bulk_delete_users(self, call: Call) -> None:
         self._admin(call)
-        names = decode_body(call).get("users")
+        names = decoded_body(call).get("users")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise bad_request("users must be a list of user names")
         changes = [c for n in names for c in self.definitions.deleting(D.USER, n)]
@@ -323,7 +315,7 @@ class DefinitionsAPI:
     async def put_permission(self, call: Call) -> Response:
         self._admin(call)
         vhost, user = self._vhost_and_user(call)
-        configure, write, read = required(decode_body(call), "configure", "write", "read")
+        configure, write, read = required(decoded_body(call), "configure", "write", "read")
         for pattern in (configure, write, read):
             checked_regex(pattern, as_chars=True)
         existed = self.definitions.get(D.PERMISSION, user, vhost) is not None
@@ -357,7 +349,7 @@ class DefinitionsAPI:
     async def put_topic_permission(self, call: Call) -> Response:
         self._admin(call)
         vhost, user = self._vhost_and_user(call)
-        exchange, write, read = required(decode_body(call), "exchange", "write", "read")
+        exchange, write, read = required(decoded_body(call), "exchange", "write", "read")
         for pattern in (write, read):
             checked_regex(pattern, as_chars=False)
         existed = self.definitions.get(D.TOPIC_PERMISSION, user, vhost, exchange) is not None

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
 import logging
 import time
 from collections import deque
@@ -125,6 +126,24 @@ class Call:
 
 
 Handler = Callable[[Call], Any]
+
+
+def decoded_body(call: Call) -> dict[str, Any]:
+    """The JSON object, as RabbitMQ's ``with_decode`` reads it (``null``/empty: no keys)."""
+    if not call.request.body.strip():
+        return {}
+    try:
+        value = json.loads(call.request.body)
+    except ValueError:
+        raise bad_request("not_json") from None
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        raise bad_request("invalid payload: the request body JSON-decoded to a string. "
+                          "Is the input doubly-JSON-encoded?")
+    if not isinstance(value, dict):
+        raise bad_request("not_json")
+    return value
 
 
 # -- counters and rates ----------------------------------------------------------------

@@ -34,6 +34,7 @@ from brokerha.admin.management import (
     ManagementAPI,
     ManagementError,
     bad_request,
+    decoded_body,
     not_authorised,
     not_found,
 )
@@ -137,7 +138,7 @@ class PoliciesAPI:
         vhost, name = call.params["vhost"], call.params["name"]
         if vhost not in self.api.node.broker.vhosts:
             raise ManagementError(404, "not_found", "vhost_not_found")
-        body = _body(call)
+        body = decoded_body(call)
         try:
             policy = parse(kind, vhost, name, body)
         except PolicyInvalid as exc:
@@ -162,24 +163,6 @@ class PoliciesAPI:
         self._write(kind, vhost, name, None)
         log.info("management API: %s cleared %s '%s' in vhost '%s'", call.user.name, NOUN[kind],
                  name, vhost)
-
-
-def _body(call: Call) -> dict[str, Any]:
-    """The JSON object, as RabbitMQ's ``with_decode`` reads it (``null``/empty: no keys)."""
-    if not call.request.body.strip():
-        return {}
-    try:
-        value = json.loads(call.request.body)
-    except ValueError:
-        raise bad_request("not_json") from None
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        raise bad_request("invalid payload: the request body JSON-decoded to a string. "
-                          "Is the input doubly-JSON-encoded?")
-    if not isinstance(value, dict):
-        raise bad_request("not_json")
-    return value
 
 
 def install(api: ManagementAPI) -> PoliciesAPI:
