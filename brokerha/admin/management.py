@@ -129,8 +129,9 @@ Handler = Callable[[Call], Any]
 
 
 def decoded_body(call: Call) -> dict[str, Any]:
-    """The JSON object, as RabbitMQ's ``with_decode`` reads it (``null``/empty: no keys)."""
-    if not call.request.body.strip():
+    """The JSON object, as RabbitMQ's ``with_decode`` reads it (``null``, ``undefined``,
+    empty: no keys)."""
+    if call.request.body.strip() in (b"", b"undefined"):
         return {}
     try:
         value = json.loads(call.request.body)
