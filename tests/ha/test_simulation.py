@@ -178,14 +178,14 @@ def test_a_violation_names_the_seed_and_ends_the_trace() -> None:
 
 
 def test_the_command_line_prints_seeds_per_second_and_fails_on_a_violation() -> None:
-    base = [sys.executable, "-m", "brokerha.cli", "cluster", "simulate", "--jobs", "1",
-            "--duration", "10"]
-    ok = subprocess.run([*base, "--seeds", "3"], capture_output=True, text=True, timeout=120)
+    base = [sys.executable, "-m", "brokerha.cli", "cluster", "simulate", "--duration", "10"]
+    ok = subprocess.run([*base, "--jobs", "1", "--seeds", "3"], capture_output=True, text=True,
+                        timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "seeds 3, violations 0" in ok.stdout and "seeds/s" in ok.stdout
     # (since the durability gate, a primary confirming early is caught only when it
-    # crashes right after: a deposed one no longer confirms at all)
-    bad = subprocess.run([*base, "--duration", "30", "--seeds", "50", "--unsafe",
+    # crashes right after: a deposed one no longer confirms at all); over two processes
+    bad = subprocess.run([*base, "--jobs", "2", "--duration", "30", "--seeds", "50", "--unsafe",
                           "confirm_early"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "VIOLATION (c)" in bad.stdout
 
