@@ -15,7 +15,8 @@ Each goes to the management API (``/api/users``, ``/api/vhosts``,
 serving primary, as an administrator; the change is stored, replicated and
 acted on there. A refusal prints rabbitmqctl's words after ``Error:`` (``User
 "u" does not exist``, ``User "u" already exists``, ``Virtual host v does not
-exist``) and exits 1, as every refused ``brokerha ctl`` command.
+exist``; for a vhost's verbs ``Virtual host 'v' does not exist``, without ``Error:``, as
+rabbitmqctl) and exits 1, as every refused ``brokerha ctl`` command.
 ``set_user_tags`` keeps the user's password hash; ``add_vhost`` through the
 API gives the calling user full permissions in the new vhost, as the
 management API does (rabbitmqctl's ``add_vhost`` gives none).
@@ -40,17 +41,22 @@ def _error(text: str) -> CtlError:
     return CtlError(f"Error:\n{text}", REFUSED)
 
 
-def _call(base: str, path: str, *, missing: str = "", body: Any = None,
+def _call(base: str, path: str, *, missing: str = "", plain: bool = False, body: Any = None,
           method: str | None = None) -> Any:
-    """The API's answer; a 404 as ``missing`` says, another refusal with its reason."""
+    """The API's answer; a 404 as ``missing`` says (``plain``: without ``Error:``, as
+    rabbitmqctl's vhost verbs), another refusal with its reason."""
     try:
         return request(base, path, body=body, method=method)
     except CtlError as exc:
         if exc.status is None:
             raise
         if exc.status == 404 and missing:
-            raise _error(missing) from None
+            raise (CtlError(missing, REFUSED) if plain else _error(missing)) from None
         raise _error(str(exc.reason or exc)) from None
+
+
+def _no_vhost(vhost: str) -> str:
+    return f"Virtual host '{vhost}' does not exist"
 
 
 def _user(base: str, name: str) -> dict[str, Any]:
@@ -120,7 +126,7 @@ def add_vhost(args: argparse.Namespace, base: str) -> None:
 def delete_vhost(args: argparse.Namespace, base: str) -> None:
     print(f'Deleting vhost "{args.vhost_name}" ...')
     _call(base, f"/api/vhosts/{_q(args.vhost_name)}", method="DELETE",
-          missing=f"Virtual host {args.vhost_name} does not exist")
+          missing=_no_vhost(args.vhost_name), plain=True)
 
 
 def list_vhosts(args: argparse.Namespace, base: str) -> None:
@@ -150,7 +156,7 @@ def clear_permissions(args: argparse.Namespace, base: str) -> None:
 def list_permissions(args: argparse.Namespace, base: str) -> None:
     print(f'Listing permissions for vhost "{args.vhost}" ...')
     found = _call(base, f"/api/vhosts/{_q(args.vhost)}/permissions",
-                  missing=f"Virtual host {args.vhost} does not exist")
+                  missing=_no_vhost(args.vhost), plain=True)
     _rows(["user", "configure", "write", "read"],
           [[p["user"], p["configure"], p["write"], p["read"]] for p in found])
 
@@ -185,7 +191,7 @@ def clear_topic_permissions(args: argparse.Namespace, base: str) -> None:
 def list_topic_permissions(args: argparse.Namespace, base: str) -> None:
     print(f'Listing topic permissions for vhost "{args.vhost}" ...')
     found = _call(base, f"/api/vhosts/{_q(args.vhost)}/topic-permissions",
-                  missing=f"Virtual host {args.vhost} does not exist")
+                  missing=_no_vhost(args.vhost), plain=True)
     _rows(["user", "exchange", "write", "read"],
           [[p["user"], p["exchange"], p["write"], p["read"]] for p in found])
 

@@ -83,7 +83,7 @@ def test_a_service_account_made_and_unmade_with_ctl(managed_node: NodeProcess) -
     assert refused(node, "set_permissions", "-p", v, u, ".*", ".*", ".*").endswith(
         f"Error:\nUser {u} does not exist")
     assert ok(node, "delete_vhost", v) == f'Deleting vhost "{v}" ...\n'
-    assert refused(node, "delete_vhost", v).endswith(f"Error:\nVirtual host {v} does not exist")
+    assert refused(node, "delete_vhost", v).endswith(f"Virtual host '{v}' does not exist")
     assert api(node, "GET", f"/vhosts/{v}")[0] == 404
 
 
