@@ -334,6 +334,8 @@ def drain_ids(urls: list[str], queue: str, expected: int, idle: float = 3.0,
 # -- what the primary shows: /metrics, its log, its RSS --------------------------------
 
 STALL = re.compile(r"^(\S+ \S+) WARNING \[(\S+)\] \S+: event loop stalled ([\d.]+)s \(running: (.*)\)$")
+ELECTION = re.compile(r"^(\S+ \S+) WARNING \[(\S+)\] \S+: (node \S+ (?:stands for election|"
+                      r"elected primary|deposed|is primary|\(primary, epoch \d+\): heartbeat).*)$")
 GC_PAUSE = re.compile(r"^(\S+ \S+) WARNING \[(\S+)\] \S+: cyclic GC \(generation (\d)\) "
                       r"paused the node ([\d.]+)s")
 LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"
@@ -362,6 +364,9 @@ def stall_lines(cluster: LocalCluster, since: float, until: float) -> list[str]:
             if m and since <= datetime.strptime(m.group(1), LOG_TIME).timestamp() <= until:
                 found.append(f"{m.group(1)[11:]} [{m.group(2)}] stalled {m.group(3)}s "
                              f"(running: {m.group(4)})")
+            e = ELECTION.match(line)
+            if e and since <= datetime.strptime(e.group(1), LOG_TIME).timestamp() <= until:
+                found.append(f"{e.group(1)[11:]} [{e.group(2)}] {e.group(3)[:160]}")
             g = GC_PAUSE.match(line)
             if g and since <= datetime.strptime(g.group(1), LOG_TIME).timestamp() <= until:
                 found.append(f"{g.group(1)[11:]} [{g.group(2)}] GC generation {g.group(3)} "
