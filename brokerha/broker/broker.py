@@ -21,8 +21,7 @@ from brokerha.broker.observers import Observers
 from brokerha.broker.paging import Pager
 from brokerha.broker.queue import MemoryMeter
 from brokerha.broker.stats import BrokerStats
-from brokerha.broker.storage import Definitions as Recovered
-from brokerha.broker.storage import MemoryStore, PreparedBranch, Store, prepared_branch
+from brokerha.broker.storage import MemoryStore, PreparedBranch, Recovered, Store, prepared_branch
 from brokerha.broker.transaction import Transaction
 from brokerha.broker.tx_outcomes import TxOutcomes
 from brokerha.broker.vhost import STANDARD_EXCHANGES, VirtualHost

@@ -77,7 +77,7 @@ class PreparedBranch:
 
 
 @dataclass
-class Definitions:
+class Recovered:
     """What a store returns at start-up, in the order it must be applied."""
 
     exchanges: list[ExchangeRecord] = field(default_factory=list)
@@ -109,7 +109,7 @@ def prepared_branch(xid: str, publishes: list[tuple[list[Queue], Any]],
 
 
 def stored_definitions(changes: Iterable[DefinitionChange]) -> list[list[Any]]:
-    """The definitions a store holds, as ``Definitions.definitions`` lists them."""
+    """The definitions a store holds, as ``Recovered.definitions`` lists them."""
     order = {kind: i for i, kind in enumerate(KINDS)}
     return [c.as_wire() for c in sorted(changes, key=lambda c: (order[c.kind], c.key))]
 
@@ -198,7 +198,7 @@ class Store(ConfigurationObserver, QueueObserver):
         A store without batches (memory) writes at once and needs no hook.
         """
 
-    def load(self) -> Definitions:
+    def load(self) -> Recovered:
         raise NotImplementedError
 
     def dtx_prepared(self, record: PreparedBranch, done: Callable[[], None]) -> None:
@@ -301,8 +301,8 @@ class MemoryStore(Store):
     def after_sync(self, callback: Callable[[], None]) -> None:
         callback()
 
-    def load(self) -> Definitions:
-        return Definitions(list(self.exchanges.values()), list(self.queues.values()),
+    def load(self) -> Recovered:
+        return Recovered(list(self.exchanges.values()), list(self.queues.values()),
                            list(self.bindings.values()),
                            sorted(self.messages.values(),
                                   key=lambda m: (m.vhost, m.queue, m.position)),

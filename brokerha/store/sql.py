@@ -40,10 +40,10 @@ from brokerha.broker.message import Entry
 from brokerha.broker.queue import Queue
 from brokerha.broker.storage import (
     BindingRecord,
-    Definitions,
     ExchangeRecord,
     PreparedBranch,
     QueueRecord,
+    Recovered,
     Store,
     StoredMessage,
     binding_record,
@@ -553,7 +553,7 @@ class SQLStore(Store):
 
     # -- recovery (SQLAlchemy Core) ----------------------------------------------------------
 
-    def load(self, stream_messages: bool = False) -> Definitions:
+    def load(self, stream_messages: bool = False) -> Recovered:
         """Everything durable, for ``Broker.restore``; call before ``start``.
 
         With ``stream_messages`` the messages are an iterator read from the
@@ -564,7 +564,7 @@ class SQLStore(Store):
             def rows(table: Table) -> Any:
                 return conn.execute(select(table).order_by(*table.primary_key))
 
-            return Definitions(
+            return Recovered(
                 exchanges=[_exchange(r) for r in rows(schema.exchanges)],
                 queues=[_queue(r) for r in rows(schema.queues)],
                 bindings=[_binding(r) for r in rows(schema.bindings)],

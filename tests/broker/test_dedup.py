@@ -11,7 +11,7 @@ from brokerha.broker.dedup import MAX_WINDOW, deduplication_id
 from brokerha.broker.errors import PreconditionFailed
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.queue import Queue
-from brokerha.broker.storage import Definitions, QueueRecord, StoredMessage
+from brokerha.broker.storage import QueueRecord, Recovered, StoredMessage
 from brokerha.broker.vhost import VirtualHost
 
 
@@ -161,7 +161,7 @@ def test_restore_rebuilds_the_window_from_the_stored_messages() -> None:
     for pos in (3, 4):
         m = msg(b"%d" % pos, message_id=f"id-{pos}", delivery_mode=2)
         stored.append(StoredMessage("/", "q", pos, "", "q", m.header, m.body))
-    broker.restore(Definitions(queues=[QueueRecord("/", "q", arguments=args)], messages=stored))
+    broker.restore(Recovered(queues=[QueueRecord("/", "q", arguments=args)], messages=stored))
     q = broker.vhosts["/"].queues["q"]
     assert q.dedup is not None and q.dedup.ids() == ["id-3", "id-4"]
     q.enqueue(msg(b"resend", message_id="id-4"))

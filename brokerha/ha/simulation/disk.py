@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from brokerha.broker.storage import Definitions, MemoryStore, StoredMessage, stored_definitions
+from brokerha.broker.storage import MemoryStore, Recovered, StoredMessage, stored_definitions
 
 
 def sync_latency(rng: random.Random, fast: tuple[float, float], slow_p: float = 0.0,
@@ -105,9 +105,9 @@ class DiskStore(MemoryStore):
         for callback in callbacks:
             callback()
 
-    def load(self) -> Definitions:
+    def load(self) -> Recovered:
         disk = self.disk
-        return Definitions(list(disk.exchanges.values()), list(disk.queues.values()),
+        return Recovered(list(disk.exchanges.values()), list(disk.queues.values()),
                            list(disk.bindings.values()),
                            sorted(disk.messages.values(),
                                   key=lambda m: (m.vhost, m.queue, m.position)),
