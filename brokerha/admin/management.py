@@ -1053,16 +1053,8 @@ async def forward(base: str, request: Request, tls: Any) -> Response:
 
 
 def install(node: Node) -> ManagementAPI:
-    from brokerha.admin import (  # they build on this module: imported once it is
-        definitions_api,
-        definitions_file,
-        policies_api,
-    )
-
+    """The management API on the node's admin listener. The definitions' and policies'
+    routes build on it (``admin/endpoints.py`` installs them: they import this module)."""
     api = ManagementAPI(node)
-    api.policies = policies_api.install(api)
-    # /api/vhosts, users, permissions, topic-permissions changes; their checks serve imports
-    checks = definitions_api.install(api)
-    definitions_file.install(api, checks)  # /api/definitions: export and import
     node.admin.fallback("/api/", api.handle)
     return api
