@@ -28,25 +28,41 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import chain, islice
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from brokerha.broker.message import Entry
 from brokerha.broker.paging import PAGED
 
-if TYPE_CHECKING:
-    from brokerha.broker.queue import Queue
-
 Ranges = list[tuple[int, int]]
-DequeuedHook = Callable[["Queue", Entry], None]
-PurgedHook = Callable[["Queue", Ranges], None]
 
 
-class ReadyDrain:
+class _Meter(Protocol):
+    used: int
+
+
+class DrainedQueue(Protocol):
+    """What a drain reads of its queue (``broker/queue.py``'s ``Queue``, which imports
+    this module: a Protocol rather than an import back up)."""
+
+    @property
+    def deleted(self) -> bool: ...
+    @property
+    def unacked(self) -> int: ...
+    @property
+    def next_position(self) -> int: ...
+    @property
+    def memory(self) -> _Meter: ...
+
+
+Q = TypeVar("Q", bound=DrainedQueue)
+
+
+class ReadyDrain(Generic[Q]):
     """Detached ready entries of ``queue`` (in delivery order), processed ``budget`` at a time."""
 
-    def __init__(self, queue: Queue, levels: list[deque[Entry]], *,
-                 purged: list[PurgedHook] | None = None,
-                 dequeued: list[DequeuedHook] | None = None) -> None:
+    def __init__(self, queue: Q, levels: list[deque[Entry]], *,
+                 purged: list[Callable[[Q, Ranges], None]] | None = None,
+                 dequeued: list[Callable[[Q, Entry], None]] | None = None) -> None:
         self.queue = queue
         self.count = sum(len(level) for level in levels)
         self.remaining = self.count
@@ -63,7 +79,7 @@ class ReadyDrain:
                 self._scan = chain.from_iterable(list(self._levels))
         self.steps = 0
 
-    def start(self) -> ReadyDrain:
+    def start(self) -> ReadyDrain[Q]:
         """What can be done at once: the ``purged`` observers, if the ranges are known."""
         if self.ranges is not None and self._purged:
             self._tell_purged()

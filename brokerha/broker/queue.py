@@ -694,7 +694,7 @@ class Queue:
         """queue.purge, all of it now (see ``begin_purge``); the count."""
         return self.begin_purge().finish()
 
-    def begin_purge(self) -> ReadyDrain:
+    def begin_purge(self) -> ReadyDrain[Queue]:
         """queue.purge: every ready entry leaves now; the rest is the returned work's.
 
         The queue is empty from this instant (acquired entries stay: a purge
