@@ -37,8 +37,9 @@ EVENTS_PER_PACKET = 2048
 BYTES_PER_PACKET = 1 << 20
 # entries a packet touches at most (dequeue positions count one each): a backup applies a
 # packet in one step, and a packet of 1 MiB of dequeue events was ~110,000 positions,
-# a quarter to half a second (issue 33)
-WORK_PER_PACKET = 16384
+# a quarter to half a second (issue 33); 16,384 still made 0.1-0.35 s steps on a loaded
+# backup (a purge of 1,000,000, from source): one dequeue event's worth
+WORK_PER_PACKET = 4096
 
 
 class RemoteBackup:
