@@ -65,6 +65,9 @@ def workload(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     return {"inputs": inputs, "history": hist, "local": local, "dir": data}
 
 
+# -m slow: two worker JVMs besides the master cost the default suite ~140 s on CI's two
+# cores; the Spark Connect run below stays in it (the CLI against a remote Spark)
+@pytest.mark.slow
 def test_standalone_cluster_reports_equal_local(workload: dict[str, Any], tmp_path: Path) -> None:
     with Standalone(tmp_path / "cluster", workers=2, cores=1, memory="1g") as cluster:
         out = tmp_path / "out"
