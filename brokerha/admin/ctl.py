@@ -98,8 +98,18 @@ def _print_status(status: dict[str, Any]) -> None:
             print(f"  {n['name']:<12} elections: {stood or 'none'}; stepped down: "
                   f"{stepped or 'never'}; loop lag p99/max {loop.get('lag_p99', 0) * 1000:.0f}/"
                   f"{loop.get('lag_max', 0) * 1000:.0f} ms, {loop.get('stalls', 0)} stalls")
+        collector = n.get("gc") or {}
+        if collector.get("pause_seconds_max", 0) >= 0.1:
+            print(f"  {n['name']:<12} GC: longest pause {collector['pause_seconds_max']:.3f} s, "
+                  f"collections {'/'.join(str(c) for c in collector.get('collections', []))}, "
+                  f"{collector.get('frozen', 0)} objects frozen")
     replication = status.get("replication") or {}
     backups = replication.get("backups") or {}
+    if replication.get("publishers_held") or replication.get("publisher_holds"):
+        now = (f"held now (flow: backup {replication.get('publishers_held_by')} lags)"
+               if replication.get("publishers_held") else "not held")
+        print(f"publishers {now}; held {replication.get('publisher_holds', 0)} times, "
+              f"{replication.get('publishers_held_seconds', 0):.1f} s in all")
     if backups:
         print(f"\nreplication (seq {replication.get('seq')}):")
         for name, b in sorted(backups.items()):

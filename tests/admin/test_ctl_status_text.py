@@ -1,0 +1,35 @@
+"""``brokerha ctl status`` as text: publisher flow holds and long GC pauses (issue 33)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from brokerha.admin.ctl import _print_status
+
+
+def status(**replication: Any) -> dict[str, Any]:
+    node = {"name": "n1", "role": "primary", "epoch": 3, "ready": True, "pid": 42,
+            "amqp_url": "amqp://127.0.0.1:5672",
+            "gc": {"pause_seconds_max": 0.25, "collections": [900, 40, 2], "frozen": 123456}}
+    quiet = {"name": "n2", "role": "backup", "epoch": 3, "ready": True, "pid": 43,
+             "gc": {"pause_seconds_max": 0.02, "collections": [5, 1, 0], "frozen": 9}}
+    return {"cluster": "dc1", "primary": "n1", "nodes": [node, quiet],
+            "replication": {"seq": 10, "backups": {}, **replication}, "last_election": None}
+
+
+def test_a_held_publisher_and_a_long_gc_pause_are_printed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _print_status(status(publishers_held=True, publishers_held_by="n2", publisher_holds=3,
+                         publishers_held_seconds=1.25))
+    out = capsys.readouterr().out
+    assert "publishers held now (flow: backup n2 lags); held 3 times, 1.2 s in all" in out
+    assert "n1           GC: longest pause 0.250 s, collections 900/40/2, 123456 objects" in out
+    assert "n2           GC" not in out  # its pauses stayed under 0.1 s
+
+
+def test_nothing_about_flow_when_publishers_were_never_held(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _print_status(status(publishers_held=False, publisher_holds=0))
+    assert "publishers" not in capsys.readouterr().out
