@@ -21,18 +21,29 @@ class QueueReplicator:
         self.queue = queue
         self.clock = clock
 
+    def _entry(self, position: int, message: Message, expires_in_ms: int | None,
+               now: float | None = None) -> Entry:
+        """An entry at the primary's position; its expiry counted from ``now``."""
+        if expires_in_ms is None:
+            return Entry(position, message, None)
+        return Entry(position, message, (self.clock() if now is None else now)
+                     + expires_in_ms / 1000.0)
+
     def enqueue(self, position: int, exchange: str, routing_key: str, header: bytes,
                 body: bytes, expires_in_ms: int | None) -> None:
-        expires_at = None if expires_in_ms is None else self.clock() + expires_in_ms / 1000.0
-        message = Message(exchange, routing_key, bytes(header), bytes(body))
-        self.queue.add_entry(Entry(position, message, expires_at))
+        self.add(position, Message(exchange, routing_key, bytes(header), bytes(body)),
+                 expires_in_ms)
+
+    def add(self, position: int, message: Message, expires_in_ms: int | None) -> None:
+        """A message already made (a transaction's, from its te) at ``position``."""
+        self.queue.add_entry(self._entry(position, message, expires_in_ms))
 
     def enqueue_many(self, events: list[Any]) -> None:
         """Enqueue events of this queue in a row (``Enqueued`` records), as one batch."""
         now = self.clock()
         self.queue.add_entries([
-            Entry(e.position, Message(e.exchange, e.routing_key, bytes(e.header), bytes(e.body)),
-                  None if e.expires_in is None else now + e.expires_in / 1000.0)
+            self._entry(e.position, Message(e.exchange, e.routing_key, bytes(e.header),
+                                            bytes(e.body)), e.expires_in, now)
             for e in events])
 
     def enqueue_run(self, position: int, messages: list[Message]) -> None:

@@ -107,10 +107,9 @@ class TransactionReplicator:
                 raise ReplicationError(f"cannot commit {txid}: {problem}")
         for op in ops:  # OpRef(s), Enqueued and Dequeued records
             kind = op.kind
-            if kind == R.OP_REF:
-                _, _, exchange, routing_key, header, body = buffer.messages[op.message]
-                self.replicator(op.vhost, op.queue).enqueue(op.position, exchange, routing_key,
-                                                            header, body, op.expires_in)
+            if kind == R.OP_REF:  # the te's message, made when it arrived
+                self.replicator(op.vhost, op.queue).add(op.position, buffer.built[op.message],
+                                                        op.expires_in)
             elif kind == R.OP_REFS:
                 run = buffer.built[op.message:op.message + op.length]
                 if len(run) != op.length or op.message < 0:
