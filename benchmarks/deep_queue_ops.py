@@ -125,20 +125,22 @@ async def _fill_one(url: str, queue: str, count: int, size: int, window: int) ->
         while sent < count:
             n = min(batch, count - sent)
             while sent + n - conn.confirms.confirmed > window:
-                progress.clear()
-                if conn.error is not None:
-                    raise conn.error
-                await asyncio.wait_for(progress.wait(), 30)
+                await _next_read(conn, progress)
             conn.write(one * n)
             sent += n
             await conn.drain()
         while conn.confirms.confirmed < count:
-            progress.clear()
-            if conn.error is not None:
-                raise conn.error
-            await asyncio.wait_for(progress.wait(), 30)
+            await _next_read(conn, progress)
     finally:
         await conn.close()
+
+
+async def _next_read(conn: loadgen.LoadConnection, progress: asyncio.Event) -> None:
+    """Wait for the connection's next read (at most 30 s); its error if it failed."""
+    progress.clear()
+    if conn.error is not None:
+        raise conn.error
+    await asyncio.wait_for(progress.wait(), 30)
 
 
 def fill(url: str, queue: str, count: int, size: int = 1024, connections: int = 2,
