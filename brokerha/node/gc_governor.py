@@ -67,15 +67,23 @@ class GCGovernor:
         self.backlog = backlog
         self.frozen = 0            # frozen objects when last counted (``frozen_at``)
         self.frozen_at: float | None = None
-        self.collections = [0, 0, 0]
-        self.pauses = [LatencyHistogram() for _ in range(3)]  # by generation (/metrics)
-        self.pause_total = 0.0
+        # by generation (/metrics): the counts of collections and their pauses
+        self.pauses = [LatencyHistogram() for _ in range(3)]
         self.pause_max = 0.0
         self.thaws = 0
         self.skipped_thaws = 0
         self._started = 0.0
         self._last_thaw = clock()
         self._installed = False
+
+    @property
+    def collections(self) -> list[int]:
+        """Collections by generation (their pauses' histograms count them)."""
+        return [h.count for h in self.pauses]
+
+    @property
+    def pause_total(self) -> float:
+        return sum(h.sum for h in self.pauses)
 
     def install(self) -> None:
         if not self._installed:
@@ -93,9 +101,7 @@ class GCGovernor:
             return
         pause = time.perf_counter() - self._started
         generation = int(info.get("generation", 0))
-        self.collections[generation] += 1
         self.pauses[generation].observe(pause)
-        self.pause_total += pause
         self.pause_max = max(self.pause_max, pause)
         if pause > STALL_WARNING:
             log.warning("cyclic GC (generation %d) paused the node %.3fs (%d objects not "
@@ -132,6 +138,6 @@ class GCGovernor:
         """Never walks the frozen objects: ``frozen`` is their count at the last thaw check
         that counted them (``frozen_age``: seconds ago, None before the first)."""
         age = None if self.frozen_at is None else round(self.clock() - self.frozen_at, 1)
-        return {"collections": list(self.collections), "pause_seconds_total": self.pause_total,
+        return {"collections": self.collections, "pause_seconds_total": self.pause_total,
                 "pause_seconds_max": self.pause_max, "frozen": self.frozen,
                 "frozen_age": age, "thaws": self.thaws, "thaws_skipped": self.skipped_thaws}
