@@ -34,6 +34,7 @@ INTERVAL = 0.02       # the monitor's own wake-ups
 STALL_WARNING = 0.1   # a stall longer than this is logged, with what ran
 RECENT = 3000         # wake-ups ``status`` looks at: about a minute at INTERVAL
 PACKAGE = "brokerha"
+BUSY_CPU = 0.005     # a thread that used this much CPU during a stall is named
 
 
 def _where(frame: FrameType | None) -> str:
@@ -113,9 +114,51 @@ class LoopMonitor:
     def _watch(self) -> None:
         """Sample the main thread once per stall, while it lasts."""
         sampled_at = 0.0
+        seen_beat = 0.0
+        cpu_at_beat: dict[int, float] = {}
         while not self._stop.wait(INTERVAL):
             beat = self._beat
-            if time.monotonic() - beat > STALL_WARNING and sampled_at != beat:
-                frame = sys._current_frames().get(self._main or -1)  # noqa: SLF001
-                self._sample = _where(frame)
+            if beat != seen_beat:  # the loop woke since: a stall would start from here
+                seen_beat, cpu_at_beat = beat, _thread_cpu()
+            elif time.monotonic() - beat > STALL_WARNING and sampled_at != beat:
+                self._sample = self._where_all(sys._current_frames(),  # noqa: SLF001
+                                               cpu_at_beat, _thread_cpu())
                 sampled_at = beat
+
+    def _where_all(self, frames: dict[int, FrameType], before: dict[int, float],
+                   after: dict[int, float]) -> str:
+        """What the loop's thread runs, and the CPU each thread used since the stall began.
+
+        The loop's thread using little CPU through a stall was not running: it
+        waited for the GIL (another thread's CPU says which: a store thread
+        encoding or committing a batch) or for a core (the process starved).
+        """
+        where = _where(frames.get(self._main or -1))
+        names = {t.ident: t.name for t in threading.enumerate()}
+        used = {ident: cpu - before.get(ident, 0.0) for ident, cpu in after.items()}  # new: all
+        main = self._main or -1
+        if main not in used:
+            return where
+        others = sorted(((cpu, ident) for ident, cpu in used.items()
+                         if ident != main and cpu >= BUSY_CPU), reverse=True)
+        text = f"{where}; loop thread CPU {used[main]:.3f}s"
+        if others:
+            text += ", other threads' " + ", ".join(
+                f"{names.get(ident, ident)} {cpu:.3f}s at {_where(frames.get(ident))}"
+                for cpu, ident in others)
+        return text
+
+
+def _thread_cpu() -> dict[int, float]:
+    """CPU seconds used by each of the process's threads (but the watchdog)."""
+    out = {}
+    me = threading.get_ident()
+    for thread in threading.enumerate():
+        ident = thread.ident
+        if ident is None or ident == me:
+            continue
+        try:
+            out[ident] = time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except (OSError, AttributeError):  # the thread just ended; or not POSIX
+            continue
+    return out

@@ -52,3 +52,34 @@ def test_status_gives_the_lag_of_the_last_minute_p99_and_max() -> None:
     assert 60.0 <= status["window"] <= 65.0  # about a minute of wake-ups
     monitor.observe(0.3)
     assert monitor.status()["lag_max"] == 0.3
+
+
+def test_a_stall_names_what_the_other_threads_were_doing(caplog: pytest.LogCaptureFixture) -> None:
+    """The CPU each thread used during a stall: a store thread holding the GIL is named."""
+    import threading
+
+    stop = threading.Event()
+
+    def encode_a_big_batch() -> None:
+        while not stop.is_set():
+            sum(range(10_000))
+
+    async def run() -> LoopMonitor:
+        monitor = LoopMonitor(asyncio.get_running_loop())
+        monitor.start()
+        await asyncio.sleep(0.1)
+        worker = threading.Thread(target=encode_a_big_batch, name="store-writer", daemon=True)
+        worker.start()
+        busy_purging_a_deep_queue(0.3)
+        await asyncio.sleep(0.1)
+        stop.set()
+        worker.join()
+        monitor.stop()
+        return monitor
+
+    with caplog.at_level(logging.WARNING, logger="brokerha.node"):
+        asyncio.run(run())
+    lines = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+    assert lines and "busy_purging_a_deep_queue" in lines[0], lines
+    assert "loop thread CPU" in lines[0] and "store-writer" in lines[0], lines
+    assert "loop-watchdog" not in lines[0]
