@@ -24,7 +24,7 @@ FLOORS: list[set[str]] = [
     {"testing_postgres"},
     {"testing"},
     {"admin"},
-    {"txlog"},
+    {"txlog", "partition"},
     {"ha"},
     {"primary"},
     {"backup", "amqp"},

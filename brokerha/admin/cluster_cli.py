@@ -37,7 +37,7 @@ ca = "tls/ca.pem"
 
 
 def cluster_file(data: Path, nodes: int, base_port: int, name: str, *,
-                 tls: bool = False) -> Path:
+                 tls: bool = False, partitions: int | None = None) -> Path:
     """DIR/cluster.toml for ``nodes`` nodes on loopback; an existing file is kept.
 
     ``tls``: certificates in DIR/tls (``brokerha tls make-certs``: a CA, the
@@ -59,7 +59,10 @@ def cluster_file(data: Path, nodes: int, base_port: int, name: str, *,
     if not secret.exists():
         secret.write_text(secrets.token_hex(24) + "\n")
         secret.chmod(0o600)
-    lines = [f'[cluster]\nname = "{name}"\nsecret_file = "secret"\n',
+    head = f'[cluster]\nname = "{name}"\nsecret_file = "secret"\n'
+    if partitions is not None:  # the partition table's P (docs/ha.md "Partitions")
+        head += f"partitions = {partitions}\n"
+    lines = [head,
              *loopback_nodes_toml(nodes, base_port, amqps=tls)]
     if tls:
         from brokerha.certs import make_certs
@@ -78,7 +81,8 @@ def node_command(config: Path, name: str, data: Path, extra: list[str]) -> list[
 
 def cmd_up(args: argparse.Namespace) -> int:
     data = args.data.resolve()
-    config = cluster_file(data, args.nodes, args.base_port, args.cluster_name, tls=args.tls)
+    config = cluster_file(data, args.nodes, args.base_port, args.cluster_name, tls=args.tls,
+                          partitions=args.partitions)
     extra = ["--log-level", args.log_level] if args.log_level else []
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
@@ -149,6 +153,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--tls", action="store_true",
                     help="certificates in DATA/tls, an amqps listener per node (the ports "
                          "after the AMQP ones) and TLS on the node-to-node links")
+    up.add_argument("--partitions", type=int, metavar="P",
+                    help="the partition table's P, written as [cluster] partitions in a new "
+                         "cluster.toml (default 3 x nodes; nothing routes by it yet)")
     up.set_defaults(handler=cmd_up)
     sim = sub.add_parser("simulate", help="deterministic simulation of the HA datacenter "
                          "(election, replication, transactions, the TxLog)")

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from brokerha.admin import definitions_ctl, policies_ctl, users_ctl
+from brokerha.cluster.partition_table import PartitionTable
 from brokerha.cluster.ports import ADMIN_OFFSET
 from brokerha.httpapi.client import CREDENTIALS, CtlError, request
 
@@ -64,7 +65,71 @@ def cluster_status(node: str) -> dict[str, Any]:
     return {"cluster": first.get("cluster"), "nodes": nodes,
             "primary": primaries[0]["name"] if len(primaries) == 1 else None,
             "replication": next((n.get("replication") for n in primaries), None),
-            "last_election": last_election(nodes)}
+            "last_election": last_election(nodes),
+            "partitions": partitions_view(nodes)}
+
+
+def partitions_view(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The partition table (issue 35) as the cluster holds it: the coordinator's copy (the
+    primary's; else the highest ptid any node answered with), each partition's cells and
+    preferred leader, which are operational with the nodes that answered, which partitions
+    each node's loss would stop, and whether every answering node holds the same table.
+    None for a standalone node (no table)."""
+    copies = {n["name"]: n["partitions"] for n in nodes if n.get("partitions")}
+    if not copies:
+        return None
+    primary = next((n["name"] for n in nodes if n.get("role") == "primary"
+                    and n["name"] in copies), None)
+    source = primary or max(copies, key=lambda name: copies[name]["ptid"])
+    held = copies[source]
+    table = PartitionTable.from_wire(held["ptid"], held["num_replicas"], held["rows"])
+    alive = [n["name"] for n in nodes if n.get("role") not in (None, "down")]
+    out = table.status(alive)
+    out["from"] = source
+    out["routing"] = False  # nothing routes by it yet (docs/ha.md Partitions, stage 3)
+    out["ptids"] = {name: c["ptid"] for name, c in sorted(copies.items())}
+    out["same_on_every_node"] = all(  # of those that answered
+        (c["ptid"], c["num_replicas"], c["rows"]) == (held["ptid"], held["num_replicas"],
+                                                      held["rows"])
+        for c in copies.values()) and sorted(copies) == sorted(alive)
+    return out
+
+
+def _print_partitions(view: dict[str, Any] | None) -> None:
+    if view is None:
+        print("no partition table (a standalone node; an HA cluster's metadata primary "
+              "makes one at its first start)")
+        return
+    if not view["rows"]:
+        print(f"no partition table yet (ptid {view['ptid']}): the metadata primary makes "
+              "it once elected")
+        return
+    differs = "" if view["same_on_every_node"] else (
+        " (not the same on every node: ptid " + ", ".join(
+            f"{name} {ptid}" for name, ptid in view["ptids"].items()) + ")")
+    print(f"partition table: ptid {view['ptid']}, {view['partitions']} partitions, "
+          f"{view['num_replicas']} replicas (NR), as held by {view['from']}{differs}")
+    print("routing by it: not yet (issue 35 stage 3); cells: U up to date, O out of date "
+          "(learner), F feeding (leaving), C corrupted")
+    operational = set(view.get("operational", []))
+    _table([[row["partition"], view["ptid"], row["preferred_leader"],
+             " ".join(f"{node}:{state}" for node, state in row["cells"]),
+             "yes" if row["partition"] in operational else "NO"] for row in view["rows"]],
+           ["partition", "ptid", "preferred leader", "cells", "operational"])
+    stops = {n: ps for n, ps in (view.get("stopped_by") or {}).items() if ps}
+    for node, parts in sorted(stops.items()):
+        print(f"losing {node} would stop partitions {', '.join(map(str, parts))}")
+    if not stops:
+        print("losing any one node stops no partition")
+
+
+def cmd_partitions(args: argparse.Namespace) -> int:
+    view = cluster_status(args.node)["partitions"]
+    if args.json:
+        _dump(view)
+    else:
+        _print_partitions(view)
+    return 0
 
 
 def last_election(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -362,6 +427,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("status", help="roles, epoch, readiness and lag of every node")
     p.add_argument("--json", action="store_true")
     p.set_defaults(ctl_handler=cmd_status)
+    p = sub.add_parser("partitions", help="the partition table (read-only): cells, states, "
+                       "preferred leaders, which partitions a node's loss would stop")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(ctl_handler=cmd_partitions)
     p = sub.add_parser("promote", help="hand the primary role to a ready backup")
     p.add_argument("target", metavar="NODE")
     p.add_argument("--json", action="store_true")

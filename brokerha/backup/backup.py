@@ -24,6 +24,11 @@ observing it (refused at construction), so applying an event feeds nothing
 back. Its queues keep no timers (``backup.timers``): TTL and ``x-expires``
 act through the primary's dequeue and delete events.
 
+Other layers' events go to ``layers`` (event kind -> ``LayerReplica``): the
+partition table's ``pt``/``ps`` to the node's ``TableReplica``
+(``brokerha/partition/coordinator.py``), whose writes are the store's, synced
+before any acknowledgement like the broker's.
+
 The TxLog's ``l*`` events go to ``txlog`` (the node's ``TxLogReplica``,
 ``brokerha/txlog/bridge/replica.py``), which writes them into this node's TxLog
 journal; the node acknowledges only once that journal is synced too.
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from brokerha.backup.broker_replicator import CONFIGURATION_EVENTS, BrokerReplicator
@@ -85,7 +90,8 @@ class LayerReplica(Protocol):
 
 class Backup:
     def __init__(self, broker: Broker, *, me: str, epoch: int, position: Any,
-                 txlog: LayerReplica | None = None) -> None:
+                 txlog: LayerReplica | None = None,
+                 layers: Mapping[str, LayerReplica] | None = None) -> None:
         if any(getattr(o, "is_ha_primary", False) for o in broker.observers.configuration):
             raise RuntimeError("a backup's broker must not be observed by a Primary: "
                                "close the Primary first")
@@ -104,6 +110,7 @@ class Backup:
         self.transactions = TransactionReplicator(broker, self._replicator, me, epoch)
         # the TxLog's ``l*`` events (brokerha/txlog/bridge/replica.py: ``apply(event)``), if any
         self.txlog = txlog
+        self.layers = dict(layers or {})  # other layers' events by kind (the partition table)
         hold_all_timers(broker)
 
     @property
@@ -230,6 +237,8 @@ class Backup:
                     f"the primary replicates its datacenter's TxLog but node {self.me} has no "
                     "[txlog] section: every member of an HA datacenter needs the same [txlog]")
             self.txlog.apply(event)
+        elif kind in self.layers:
+            self.layers[kind].apply(event)
         elif kind in CONFIGURATION_EVENTS:
             self.config.apply(event)
         elif kind == R.ACK_PROMPTLY:

@@ -38,7 +38,15 @@ kind     fields after the kind                                           meaning
 ``la``   applied (count of synchronised entries)                         TxLog applied
 ``lb``   bytes (the global queues backed up at a split)                  TxLog split backup
 ``lp``   bytes (the runtime sync peers' JSON) or None (the config's)     TxLog peers
+``pt``   ptid, num_replicas, partitions, [[p, [[node, state]..]]..]      partition table changed
+``ps``   ptid, num_replicas, [[[node, state], ...], ...]                 partition table (catch-up)
 =======  ==============================================================  ==========
+
+The partition table (``brokerha/cluster/partition_table.py``, docs/ha.md
+"Partitions"): ``pt`` is one change decided by the table coordinator
+(``brokerha/partition/coordinator.py``), the whole new rows of the partitions
+it touches and the new ptid, which a node applies only at its ptid + 1; ``ps``
+is the whole table at a join (the backup's becomes the primary's).
 
 The TxLog (``brokerha/txlog/bridge/replica.py``, docs/txlog.md "Global queues in an
 HA datacenter"): ``lr`` is one record of the master's journal (one engine
@@ -122,6 +130,9 @@ TXLOG_BROKER_BACKUP = "lb"  # the global queues backed up at a split (txlog/brid
 TXLOG_PEERS = "lp"  # the sync peers changed at runtime (txlog/master/driver.py PEERS_FILE)
 TXLOG_EVENTS = frozenset([TXLOG_RECORD, TXLOG_SNAPSHOT, TXLOG_APPLIED, TXLOG_BROKER_BACKUP,
                           TXLOG_PEERS])
+PARTITION_TABLE_CHANGED = "pt"  # a PartitionChange.as_wire() (cluster/partition_table.py)
+PARTITION_TABLE = "ps"  # the whole PartitionTable.as_wire() at a join
+PARTITION_EVENTS = frozenset([PARTITION_TABLE_CHANGED, PARTITION_TABLE])
 
 # -- the events as named records (fields after ``kind`` as in the table above) -----------
 
@@ -319,6 +330,21 @@ class TxLogPeers(NamedTuple):
     data: bytes | None
 
 
+class PartitionTableChanged(NamedTuple):
+    kind: str
+    ptid: int
+    num_replicas: int
+    partitions: int
+    rows: list[Any]  # [[partition, [[node, state], ...]], ...]: the rows it changes
+
+
+class PartitionTableSnapshot(NamedTuple):
+    kind: str
+    ptid: int
+    num_replicas: int
+    rows: list[Any]  # every row: [[node, state], ...]
+
+
 RECORDS: dict[str, Any] = {
     VHOST: VhostExists, DEFINITION: DefinitionChanged, DEFINITIONS: DefinitionsSnapshot,
     EXCHANGE_DECLARED: ExchangeDeclared, EXCHANGE_DELETED: ExchangeDeleted,
@@ -330,6 +356,7 @@ RECORDS: dict[str, Any] = {
     TX_OUTCOMES: TxOutcomes, OP_REF: OpRef, OP_REFS: OpRefs, TXLOG_RECORD: TxLogRecord,
     TXLOG_SNAPSHOT: TxLogSnapshot, TXLOG_APPLIED: TxLogApplied,
     TXLOG_BROKER_BACKUP: TxLogBrokerBackup, TXLOG_PEERS: TxLogPeers,
+    PARTITION_TABLE_CHANGED: PartitionTableChanged, PARTITION_TABLE: PartitionTableSnapshot,
 }
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -211,7 +211,8 @@ class HACore:
             self._lazy_flush = None
         self.phase = "joining"
 
-    def become_backup(self, epoch: int, primary: str, txlog: LayerReplica | None = None) -> bool:
+    def become_backup(self, epoch: int, primary: str, txlog: LayerReplica | None = None,
+                      layers: Mapping[str, LayerReplica] | None = None) -> bool:
         """Follow ``primary`` of ``epoch`` (a new Backup and a join); False if we already do."""
         if self.following == primary and self.backup is not None and self.backup.epoch == epoch:
             return False
@@ -221,7 +222,8 @@ class HACore:
         self.following = primary
         st = self.state
         self.backup = Backup(self.broker, me=self.me, epoch=epoch,
-                             position=Position(st.pos_epoch, st.pos_seq), txlog=txlog)
+                             position=Position(st.pos_epoch, st.pos_seq), txlog=txlog,
+                             layers=layers)
         self.send_join()
         return True
 
@@ -370,7 +372,8 @@ class HACore:
                         peer, exc)
             backup.close()
             self.backup = Backup(self.broker, me=self.me, epoch=backup.epoch,
-                                 position=Position.INVALID, txlog=backup.txlog)
+                                 position=Position.INVALID, txlog=backup.txlog,
+                                 layers=backup.layers)
             self.send_join(mixed=True)
             return
         if backup.caught_up and not was_caught_up:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -103,6 +103,16 @@ class PrimaryLayer(Protocol):
         """This node stops being the primary."""
 
 
+class StoreLayer(PrimaryLayer, Protocol):
+    """A ``PrimaryLayer`` whose replicated state is kept in the store: the partition
+    table's coordinator (``partition/coordinator.py``). Its ``replica`` takes the event
+    kinds ``kinds`` on a backup; the store's sync before each acknowledgement covers
+    what it wrote, so it needs no wait of its own (``LayerReplica.after_durable``)."""
+
+    @property
+    def kinds(self) -> frozenset[str]: ...
+
+
 @dataclass(frozen=True)
 class Unsafe(UnsafeRules):
     """Rules of the member to break on purpose (simulations only): each must be caught."""
@@ -122,11 +132,13 @@ class HAMember:
                  unsafe: Unsafe | None = None, core_unsafe: CoreUnsafe | None = None,
                  election_unsafe: el.Unsafe | None = None,
                  admission_unsafe: admission.Unsafe | None = None,
-                 layer: PrimaryLayer | None = None) -> None:
+                 layer: PrimaryLayer | None = None,
+                 layers: Sequence[StoreLayer] = ()) -> None:
         self.broker = broker
         self.me = me
         self.effects = effects
-        self.layer = layer
+        self.layer = layer  # the TxLog bridge, if any
+        self.layers = list(layers)  # the partition table's coordinator (node/ha.py)
         self.clock = clock
         self.verification_timeout = verification_timeout
         self.unsafe = unsafe or Unsafe()
@@ -359,6 +371,8 @@ class HAMember:
         primary = self.core.become_primary(epoch)
         if self.layer is not None:
             self.layer.attach_primary(primary)
+        for layer in self.layers:
+            layer.attach_primary(primary)
         self.effects.elected(epoch, primary)
         self._verify(epoch)
 
@@ -367,6 +381,9 @@ class HAMember:
         self.verification = None
         if self.layer is not None and self.primary is not None:
             self.layer.detach_primary()
+        if self.primary is not None:
+            for layer in self.layers:
+                layer.detach_primary()
         self.effects.demoted(reason)
         self._deferred.clear()  # never answered: their connections close below
         self.core.demote()
@@ -382,7 +399,9 @@ class HAMember:
             self._demote(f"deposed by {primary} (epoch {epoch})")
         self.effects.follow(primary, epoch)
         self.core.become_backup(epoch, primary,
-                                None if self.layer is None else self.layer.replica)
+                                None if self.layer is None else self.layer.replica,
+                                {kind: layer.replica for layer in self.layers
+                                 for kind in layer.kinds})
 
     # -- verification ----------------------------------------------------------------------
 

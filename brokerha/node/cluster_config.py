@@ -23,7 +23,8 @@ REPLICATE = ("all", "configuration", "none")
 _CLUSTER_KEYS = {"name", "secret", "secret_file", "nodes", "tls", "heartbeat_interval",
                  "lease_timeout", "election_timeout", "backup_timeout",
                  "backup_unheard_timeout", "flow_lag", "replicate",
-                 "verification_timeout", "tx_prepare_timeout", "policies"}
+                 "verification_timeout", "tx_prepare_timeout", "policies", "partitions",
+                 "partition_replicas"}
 _POLICY_KEYS = {"pattern", "replicate", "vhost"}
 _NODE_KEYS = {"name", "amqp", "amqps", "admin", "https", "cluster", "cluster_bind"}
 _TLS_KEYS = {"cert", "key", "ca"}
@@ -89,6 +90,10 @@ class ClusterConfig:
     tx_prepare_timeout: float = 5.0  # backups' votes on an XA branch's prepare (TX has none)
     replicate: str = "all"
     policies: list[ReplicationPolicy] = field(default_factory=list)
+    # the partition table (issue 35, brokerha/partition/coordinator.py), made once at the
+    # cluster's first start: P (None: 3 x nodes) and NR (capped at nodes - 1)
+    partitions: int | None = None
+    partition_replicas: int = 2
 
     def member(self, name: str) -> ClusterMember:
         for m in self.members:
@@ -103,6 +108,13 @@ def _positive(table: dict[str, Any], key: str, default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ConfigError(f"cluster.{key}: expected a positive number of seconds, got {value!r}")
     return float(value)
+
+
+def _count(table: dict[str, Any], key: str, least: int, default: int = 0) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"cluster.{key}: expected an integer >= {least}, got {value!r}")
+    return value
 
 
 def _member(entry: dict[str, Any], where: str) -> ClusterMember:
@@ -190,6 +202,9 @@ def parse_cluster(table: dict[str, Any], where: str, base: Path) -> ClusterConfi
         raise ConfigError(f"cluster.replicate: expected one of {', '.join(REPLICATE)}, "
                           f"got {replicate!r}")
     cfg.replicate = replicate
+    if "partitions" in table:
+        cfg.partitions = _count(table, "partitions", 1)
+    cfg.partition_replicas = _count(table, "partition_replicas", 0, cfg.partition_replicas)
     cfg.policies = [_policy(p, where) for p in table.get("policies", [])]
     if "tls" in table:
         tls = table["tls"]

@@ -37,6 +37,7 @@ from brokerha.ha.core import Cancellable, PrimarySettings, load_position
 from brokerha.ha.member import TICK, HAMember
 from brokerha.httpapi.server import HTTPError, Request, Response
 from brokerha.node.relay import RelayTarget
+from brokerha.partition.coordinator import TableCoordinator
 
 if TYPE_CHECKING:
     from brokerha.node.cluster_config import ClusterConfig
@@ -76,6 +77,11 @@ class HANode:
             node.tls.on_reload("[cluster.tls]", links_reload(
                 cluster.tls.cert, cluster.tls.key, cluster.tls.ca, lambda: self.links))
         self.failovers: list[dict[str, Any]] = []
+        # the partition table (issue 35, stage 1): made by the metadata primary, the same on
+        # every node; nothing routes by it yet
+        self.partitions = TableCoordinator(
+            self.broker.store, [m.name for m in cluster.members],
+            partitions=cluster.partitions, replicas=cluster.partition_replicas)
         self.ha = HAMember(
             self.broker, self.me, [m.name for m in cluster.members], self.state.state, self,
             PrimarySettings(len(cluster.members), cluster.backup_timeout, cluster.replicate,
@@ -87,7 +93,8 @@ class HANode:
             self._now,
             timing=el.ElectionTiming(cluster.heartbeat_interval, cluster.lease_timeout,
                                      cluster.election_timeout),
-            verification_timeout=cluster.verification_timeout, layer=node.txlog)
+            verification_timeout=cluster.verification_timeout, layer=node.txlog,
+            layers=[self.partitions])
         node.admission = self.ha.clients  # the member decides which connections are served
         self.election = self.ha.election
         self._ticker: asyncio.Task[None] | None = None
@@ -252,6 +259,7 @@ class HANode:
                              for m in self.cluster.members]
         status["failovers"] = list(self.failovers)
         me["election"] = self.election_status()
+        me["partitions"] = self.partitions.status()
         me["loop"] = self.node.loop_monitor.status()
 
     def election_status(self) -> dict[str, Any]:

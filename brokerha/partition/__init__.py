@@ -1,0 +1,1 @@
+"""brokerha.partition: partitions of the queues over the nodes (issue 35, docs/ha.md "Partitions")."""
