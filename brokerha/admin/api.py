@@ -8,7 +8,7 @@ the admin listener, these and the status page and metrics:
 | ``GET /`` | none | the status page (``status_page.py``) |
 | ``GET /metrics`` | none | Prometheus text format (``metrics.py``) |
 | ``GET /api/cluster`` | none | every member's own ``/api/status``, gathered by this node |
-| ``GET /api/brokerha/queues`` | none | queues: depth, unacked, consumers, counters, arguments, backups caught up |
+| ``GET /api/brokerha/queues`` | none | queues: depth, unacked, consumers, counters, arguments, backups caught up, what is replicated |
 | ``GET /api/brokerha/connections`` | administrator | client connections: peer, user, vhost, channels |
 | ``GET /api/brokerha/users`` | administrator | users and their tags (never the password hashes) |
 | ``GET /api/brokerha/permissions`` | administrator | user × vhost permission patterns |
@@ -257,7 +257,9 @@ def _changed(node: Node, replicated: bool, what: str) -> Response:
 
 
 def queue_list(node: Node) -> list[dict[str, Any]]:
-    """Every queue of the node; on a primary, which backups acknowledged its catch-up."""
+    """Every queue of the node; on a primary, which backups acknowledged its catch-up and
+    what of it is replicated (``replicate``: all, configuration or none; with
+    ``replicate_change`` while a change of its ``ha-replicate`` is not applied yet)."""
     caught: dict[tuple[str, str], dict[str, bool]] = {}
     primary = getattr(node.ha, "primary", None)
     for backup, session in sorted((getattr(primary, "sessions", None) or {}).items()):
@@ -266,8 +268,10 @@ def queue_list(node: Node) -> list[dict[str, Any]]:
             if progress is not None:
                 caught.setdefault((guard.vhost, guard.queue), {})[backup] = guard.passed(progress)
     out = []
+    queues = []
     for vhost in list(node.broker.vhosts.values()):
         for q in list(vhost.queues.values()):
+            queues.append(q)
             out.append({
                 "vhost": q.vhost, "name": q.name, "durable": q.durable,
                 "exclusive": q.exclusive_owner is not None, "auto_delete": q.auto_delete,
@@ -278,6 +282,14 @@ def queue_list(node: Node) -> list[dict[str, Any]]:
                 "deduplicated": q.dedup_dropped,
                 "arguments": {k: json_safe(v) for k, v in sorted(q.arguments.items())},
             })
+    if primary is not None:  # what of each queue the primary replicates (issue 34)
+        for entry, q in zip(out, queues, strict=True):
+            entry["replicate"] = primary.replicate_mode(q)
+            change = primary.replicate_change(q)
+            if change is not None:  # an ha-replicate change not yet applied on every backup
+                entry["replicate_change"] = f"{change.old} -> {change.new} ({change.why})"
+                for backup in primary.lacking(q):  # to join again: its catch-up brings it
+                    caught.setdefault((q.vhost, q.name), {})[backup] = False
     for entry in out:
         backups = caught.get((entry["vhost"], entry["name"]))
         if backups is not None:

@@ -178,9 +178,15 @@ def _print_status(status: dict[str, Any]) -> None:
     if backups:
         print(f"\nreplication (seq {replication.get('seq')}):")
         for name, b in sorted(backups.items()):
-            state = "ready" if b.get("ready") else ("timed out" if b.get("timed_out")
-                                                      else "catching up")
+            state = "ready" if b.get("ready") else (
+                "joining again" if b.get("rejoining")
+                else "timed out" if b.get("timed_out") else "catching up")
             print(f"  {name:<12} {state:<12} acked {b.get('acked')}  lag {b.get('lag')}")
+    changes = replication.get("replicate_changes") or {}
+    if changes.get("pending"):  # an ha-replicate change of existing queues (docs/ha.md)
+        again = ", ".join(changes.get("backups_to_join_again") or []) or "none"
+        print(f"ha-replicate changes not applied yet ({changes.get('queues_pending')} queues: "
+              f"{'; '.join(changes.get('queues') or [])}); backups to join again: {again}")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -102,6 +102,9 @@ class Backup:
         self.session = 0
         self.applied_seq = -1
         self.ack_due = False  # applied something that needs a prompt acknowledgement
+        # the primary asked us to join again (an ``rj`` naming us: a queue's ha-replicate
+        # became ``all``, its messages come in that join's catch-up); the caller joins
+        self.rejoin_requested = False
         self.caught_up = False
         self._catching_up = False
         self._valid_at: int | None = None  # the marker's: caught up once applied so far
@@ -136,6 +139,7 @@ class Backup:
         self.session = next(_sessions)
         self.applied_seq = -1
         self.caught_up = self._catching_up = False
+        self.rejoin_requested = False
         self._valid_at = None
         self.transactions.release_local_branches()
         epoch, seq = self.last_position
@@ -181,7 +185,15 @@ class Backup:
                 return  # an earlier session's tail, before the answer to our join
             self._catching_up = True
             self.applied_seq = msg.first_seq - 1
-        first_seq, count = msg.first_seq, len(events)
+        try:
+            self._receive(msg.first_seq, events)
+        except _Rejoin:
+            # what came before it is applied (a consistent copy at the seq before it):
+            # the rest of this packet is the old session's, the new join's catch-up covers it
+            self.rejoin_requested = True
+
+    def _receive(self, first_seq: int, events: list[Any]) -> None:
+        count = len(events)
         offset = 0
         while offset < count:
             event = events[offset]
@@ -243,6 +255,9 @@ class Backup:
             self.config.apply(event)
         elif kind == R.ACK_PROMPTLY:
             pass  # applying it is what sets ack_due
+        elif kind == R.REJOIN:
+            if event.node == self.me:  # another backup's changes nothing here
+                raise _Rejoin
         elif kind == R.CATCH_UP_BEGINS:
             if event.session != self.session or self.caught_up:
                 raise ReplicationError(f"catch-up of session {event.session} not expected")
@@ -271,6 +286,10 @@ class Backup:
 
     def _queue_gone(self, q: Queue) -> None:
         self._queues.pop((q.vhost, q.name), None)
+
+
+class _Rejoin(Exception):  # noqa: N818 - not an error: the primary's ``rj`` naming this node
+    pass
 
 
 def _enqueue_run(events: list[Any], start: int) -> int:

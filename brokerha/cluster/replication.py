@@ -26,6 +26,7 @@ kind     fields after the kind                                           meaning
 ``s``    (none)                                                          config snapshot done
 ``c``    seq                                                             caught up
 ``a``    (none)                                                          acknowledge promptly
+``rj``   node                                                            join again, please
 ``tb``   txid, xid (None for TX)                                         tx-queue created
 ``te``   txid, vhost, [queues], exchange, routing_key, header, body      tx enqueue
 ``td``   txid, vhost, queue, [positions]                                 tx dequeue
@@ -84,6 +85,10 @@ something does (a reply or confirm whose barrier lands right after dequeues:
 an unroutable message's confirm, a declare that changed nothing), the primary
 emits ``a``, which changes nothing on the backup and is acknowledged promptly.
 
+``rj`` asks backup ``node`` to join again (every other backup ignores it): a
+queue whose ``ha-replicate`` became ``all`` reaches it with its messages in
+that join's catch-up (``Primary.replicate_changed``, docs/ha.md).
+
 A catch-up (the primary's answer to a ``Join``) is numbered so that its ``c``
 marker lands on the primary's seq at the join: the numbers before it are
 private to that backup, which holds no consistent copy until the marker.
@@ -112,6 +117,7 @@ CATCH_UP_BEGINS = "b"
 SNAPSHOT_DONE = "s"
 CAUGHT_UP = "c"
 ACK_PROMPTLY = "a"  # no change; acknowledge at once (a barrier waits on dequeues)
+REJOIN = "rj"  # the backup it names joins again (a queue's ha-replicate became all)
 TX_BEGIN = "tb"
 TX_ENQUEUE = "te"
 TX_DEQUEUE = "td"
@@ -230,6 +236,11 @@ class CaughtUp(NamedTuple):
 
 class AckPromptly(NamedTuple):
     kind: str
+
+
+class Rejoin(NamedTuple):
+    kind: str
+    node: str
 
 
 class TxBegin(NamedTuple):
@@ -351,8 +362,8 @@ RECORDS: dict[str, Any] = {
     QUEUE_DECLARED: QueueDeclared, QUEUE_DELETED: QueueDeleted, BINDING_CREATED: BindingChanged,
     BINDING_DELETED: BindingChanged, ENQUEUED: Enqueued, DEQUEUED: Dequeued,
     CATCH_UP_BEGINS: CatchUpBegins, SNAPSHOT_DONE: SnapshotDone, CAUGHT_UP: CaughtUp,
-    ACK_PROMPTLY: AckPromptly, TX_BEGIN: TxBegin, TX_ENQUEUE: TxEnqueue, TX_DEQUEUE: TxDequeue,
-    TX_PREPARE: TxPrepare, TX_COMMIT: TxCommit, TX_ROLLBACK: TxRollback,
+    ACK_PROMPTLY: AckPromptly, REJOIN: Rejoin, TX_BEGIN: TxBegin, TX_ENQUEUE: TxEnqueue,
+    TX_DEQUEUE: TxDequeue, TX_PREPARE: TxPrepare, TX_COMMIT: TxCommit, TX_ROLLBACK: TxRollback,
     TX_OUTCOMES: TxOutcomes, OP_REF: OpRef, OP_REFS: OpRefs, TXLOG_RECORD: TxLogRecord,
     TXLOG_SNAPSHOT: TxLogSnapshot, TXLOG_APPLIED: TxLogApplied,
     TXLOG_BROKER_BACKUP: TxLogBrokerBackup, TXLOG_PEERS: TxLogPeers,

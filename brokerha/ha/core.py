@@ -381,6 +381,14 @@ class HACore:
                         backup.applied_seq)
         for vote in backup.take_votes():
             self.effects.send(peer, vote)
+        if backup.rejoin_requested:
+            # the primary's ``rj``: a queue became replicated whole, its messages come in
+            # the new join's catch-up. Our state is consistent up to the event before it,
+            # so our position stays valid until that catch-up begins (send_join)
+            log.info("node %s: primary %s asks it to join again (a queue's ha-replicate "
+                     "changed to all); joining at seq %d", self.me, peer, backup.applied_seq)
+            self.send_join()
+            return
         if backup.take_ack_due():
             self.schedule_ack()
         elif self._deferred_ack is None:  # only dequeues: acknowledged later, or with the next

@@ -68,6 +68,24 @@ def queue_policy(queue: Queue, default: str,
     return str(value)
 
 
+def decided_by(queue: Queue, default: str, policies: Sequence[ReplicationPolicy] = (),
+               effects: PolicyEffects | None = None) -> str:
+    """What decides ``queue_policy`` for ``queue``, in words (the log line of a change)."""
+    if queue.exclusive_owner is not None:
+        return "an exclusive queue"
+    if HA_REPLICATE in queue.arguments:
+        return f"its {HA_REPLICATE} argument"
+    if effects is not None:
+        applied = effects.applied(queue)
+        if HA_REPLICATE_KEY in applied.definition:
+            return f"policy '{applied.policy_name}'"
+        return f"no policy with {HA_REPLICATE_KEY}: the default '{default}'"
+    policy = next((p for p in policies if p.applies_to(queue)), None)
+    if policy is not None:
+        return f"[[cluster.policies]] pattern '{policy.pattern.pattern}'"
+    return f"the default '{default}'"
+
+
 def as_policies(policies: Sequence[ReplicationPolicy], vhosts: Iterable[str]) -> list[Policy]:
     """The TOML's ``[[cluster.policies]]`` as the ``ha-replicate`` policies they seed.
 

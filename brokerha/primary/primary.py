@@ -13,6 +13,14 @@ messages: a primary of ``epoch`` numbers new entries from ``epoch << 40`` up
 (at least; above every id it holds), so what a deposed primary enqueued
 without replicating can never be mistaken, on its return, for something else.
 
+A changed ``ha-replicate`` (a policy set or cleared) applies to the existing
+queues at once (``replicate_changed``): a queue no longer replicated whole is
+dropped from the backups (deleted there, or emptied); a queue now replicated
+whole is declared there and its messages reach each backup in a new join's
+catch-up, the backups asked to join again (``rj``) one at a time. The change is
+*applied* (``status()["replicate_changes"]``) once every backup in session
+joined since it and caught up, and a majority holds an event emitted after that.
+
 Transactions (``tx_observer``, ``tx_queue``, ``tx_tracker``): every TX and DTX
 gets a tx-queue in this log; while the local commit runs (``tx_capture``) the
 queue events it triggers are collected into the one ``tc`` event instead of
@@ -25,25 +33,26 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from brokerha.backup.timers import resume_timers
-from brokerha.broker.arguments import REPLICATE_ALL, REPLICATE_NONE
+from brokerha.broker.arguments import REPLICATE_ALL, REPLICATE_CONFIGURATION, REPLICATE_NONE
 from brokerha.broker.broker import Broker
-from brokerha.broker.definitions import DefinitionChange
+from brokerha.broker.definitions import OPERATOR_POLICY, POLICY, DefinitionChange
 from brokerha.broker.exchange import Binding, Exchange
 from brokerha.broker.message import Entry
 from brokerha.broker.observers import ConfigurationObserver, QueueObserver
 from brokerha.broker.policy_effects import PolicyEffects
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
-from brokerha.cluster.quorum import replicated_seq
+from brokerha.cluster.quorum import majority, replicated_seq
 from brokerha.cluster.ranges import RangeSet
 from brokerha.cluster.replication import Events, Join, ReplicationError
 from brokerha.primary import events as ev
 from brokerha.primary.catch_up import CATCH_UP_SPAN, CatchUp, Pace
 from brokerha.primary.events import Event
-from brokerha.primary.policy import ReplicationPolicy, check_default, queue_policy
+from brokerha.primary.policy import ReplicationPolicy, check_default, decided_by, queue_policy
 from brokerha.primary.queue_guard import QueueGuard
 from brokerha.primary.remote_backup import EVENTS_PER_PACKET, RemoteBackup
 from brokerha.primary.replicating_subscription import ReplicatingSubscription, queue_entries
@@ -63,6 +72,25 @@ DEFAULT_BACKUP_UNHEARD_TIMEOUT = 0.5
 # lease, so that heartbeats queued behind replication still arrive in time
 DEFAULT_FLOW_LAG = 0.1
 FLOW = "replication"
+CHANGES_SHOWN = 20  # queues listed in status()["replicate_changes"]
+
+
+@dataclass
+class ReplicateChange:
+    """One existing queue's ``ha-replicate`` changed (``Primary.replicate_changed``)."""
+
+    vhost: str
+    queue: str
+    old: str
+    new: str
+    why: str    # what decides it now (a policy's name, the default...)
+    gen: int    # the primary's count of changes at this one
+    seq: int    # the seq of its first event, if any (the drop on the backups, a declaration)
+    at: float   # when (the primary's clock)
+    messages: int  # on the queue then
+
+    def describe(self) -> str:
+        return f"'{self.queue}' in vhost '{self.vhost}': {self.old} -> {self.new} ({self.why})"
 
 
 class Primary(ConfigurationObserver, QueueObserver):
@@ -104,6 +132,20 @@ class Primary(ConfigurationObserver, QueueObserver):
         self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
         self._dequeue_seq = -1  # the seq of the last dequeue event (backups ack those late)
         self._policies: dict[Queue, str] = {}
+        # ha-replicate changes of existing queues (replicate_changed): counted, the last one
+        # that made a queue replicated whole, the count applied, each pending queue's change
+        self._replicate_gen = 0
+        self._rejoin_gen = 0
+        self._replicate_done = 0
+        self._replicate_marker = 0  # the count whose marker's barrier is waited for
+        self._changes: dict[Queue, ReplicateChange] = {}
+        self._drops_waiting: dict[Queue, str] = {}  # dropped on the backups after a transaction
+        self._asked: tuple[str, RemoteBackup, float] | None = None  # asked to join again, when
+        self.replicate_changes_applied = 0  # queues whose change was applied (status)
+        self.rejoins_asked = 0
+        self._last_applied: dict[str, Any] | None = None
+        # entries delivered and not acknowledged, of every queue that may be replicated (one
+        # that becomes replicated whole sends them in a catch-up too)
         self._acquired: dict[Queue, dict[int, Entry]] = {}
         self.tx_prepare_timeout = tx_prepare_timeout
         self.tx_queues: dict[str, TxQueue] = {}  # unfinished transactions, by txid
@@ -141,7 +183,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         for branch in self.broker.dtx.branches.values():
             held = [*branch.accepts, *((q, e) for q, e, _ in branch.rejects)]
             for q, entry in held:
-                if self._messages_replicated(q):
+                if q.exclusive_owner is None:
                     self._acquired.setdefault(q, {})[entry.position] = entry
 
     def close(self) -> None:
@@ -185,6 +227,240 @@ class Primary(ConfigurationObserver, QueueObserver):
 
     messages_replicated = _messages_replicated
 
+    def replicate_mode(self, q: Queue) -> str:
+        """``all`` | ``configuration`` | ``none``: what of ``q`` this primary replicates now."""
+        return self._policy(q)
+
+    # -- ha-replicate changed on existing queues -----------------------------------------
+
+    def replicate_changed(self, vhost_name: str) -> None:
+        """The policies of ``vhost_name`` changed: each queue whose ``ha-replicate`` did
+        changes now, on a running cluster (docs/ha.md "Replication").
+
+        - no longer replicated whole: the backups delete their copy (``qx``), and
+          declare it again, empty, for ``configuration`` (``qd`` and its bindings):
+          nothing on the primary changes. With a transaction open on the queue the
+          drop waits for its outcome (the backups check its dequeues against their
+          copy);
+        - replicated from ``none``: declared on the backups (a new ``x-ha-id``: a new
+          incarnation there) with its bindings;
+        - replicated whole from now: its live events go to every backup at once (a
+          publish after the change is confirmed by the usual rule), and what it held
+          before reaches each backup in a join's catch-up: the backups in session
+          are asked to join again, one at a time (``_advance_changes``).
+        """
+        vhost = self.broker.vhosts.get(vhost_name)
+        if vhost is None or self.closed:
+            return
+        effects = PolicyEffects.of(self.broker)
+        for q in list(vhost.queues.values()):
+            old = self._policies.get(q)
+            if old is None:
+                continue  # never seen: decided when it is (its declaration)
+            new = queue_policy(q, self.default_policy, self.policies, effects)
+            if new != old:
+                self._change_mode(q, old, new, decided_by(q, self.default_policy, self.policies,
+                                                          effects))
+        self._advance_changes()
+
+    def _change_mode(self, q: Queue, old: str, new: str, why: str) -> None:
+        self._replicate_gen += 1
+        gen = self._replicate_gen
+        self._policies[q] = new
+        first = self.seq + 1
+        if new == REPLICATE_ALL:
+            self._rejoin_gen = gen
+            self._drops_waiting.pop(q, None)  # a join's catch-up makes the copies right
+        if old == REPLICATE_ALL or q in self._drops_waiting:
+            if new != REPLICATE_ALL:
+                if self._tx_touches(q):
+                    self._drops_waiting[q] = new
+                else:
+                    self._drops_waiting.pop(q, None)
+                    self._drop_copies(q, new)
+        elif old == REPLICATE_NONE:  # to configuration or all: the backups get the queue
+            self._declare_on_backups(q, new_id=True)
+        elif new == REPLICATE_NONE:  # from configuration
+            self._emit(ev.queue_deleted(q))
+        change = ReplicateChange(q.vhost, q.name, old, new, why, gen, first, self.clock(),
+                                 q.message_count + len(self._acquired.get(q, ())))
+        self._changes[q] = change
+        if new == REPLICATE_ALL:
+            log.info("queue '%s' in vhost '%s': ha-replicate %s -> %s (%s): its %d messages "
+                     "reach the backups as they join again, one at a time; its new ones go "
+                     "to them at once", q.name, q.vhost, old, new, why, change.messages)
+        else:
+            log.info("queue '%s' in vhost '%s': ha-replicate %s -> %s (%s): the backups %s",
+                     q.name, q.vhost, old, new, why,
+                     "drop their copy" if new == REPLICATE_NONE
+                     else "hold its declaration and bindings" if old == REPLICATE_NONE
+                     else "drop its messages")
+
+    def _drop_copies(self, q: Queue, new: str) -> None:
+        """The backups delete their copy; an empty one again for ``configuration``."""
+        self._emit(ev.queue_deleted(q))
+        if new == REPLICATE_CONFIGURATION and not q.deleted:
+            self._declare_on_backups(q, new_id=False)
+
+    def _declare_on_backups(self, q: Queue, new_id: bool) -> None:
+        if new_id:
+            q.arguments[R.HA_ID] = f"{self.epoch}.{self.seq + 1}"
+            self.broker.store.queue_declared(q)  # an upsert: the store keeps the id
+        self._emit(ev.queue_declared(q))
+        vhost = self.broker.vhosts.get(q.vhost)
+        for ex in list(vhost.exchanges.values()) if vhost is not None else []:
+            for b in list(ex.bindings.values()):
+                if b.destination is q:
+                    self._emit(ev.binding(R.BINDING_CREATED, b))
+
+    def _tx_touches(self, q: Queue) -> bool:
+        """An open transaction sent events on ``q`` (its te/td)."""
+        for txq in self.tx_queues.values():
+            for event in txq.events:
+                kind = event[0]
+                if kind == R.TX_DEQUEUE and event.queue == q.name and event.vhost == q.vhost:
+                    return True
+                if kind == R.TX_ENQUEUE and event.vhost == q.vhost and q.name in event.queues:
+                    return True
+        return False
+
+    @property
+    def replicate_pending(self) -> bool:
+        """An ha-replicate change of an existing queue is not applied yet."""
+        return self._replicate_done < self._replicate_gen
+
+    def replicate_change(self, q: Queue) -> ReplicateChange | None:
+        """``q``'s change not applied yet, if any."""
+        return self._changes.get(q)
+
+    def lacking(self, q: Queue) -> list[str]:
+        """The backups in session that have yet to join again to hold ``q``'s messages."""
+        change = self._changes.get(q)
+        if change is None or change.new != REPLICATE_ALL:
+            return []
+        return sorted(n for n, s in self.sessions.items() if s.replicate_gen < change.gen)
+
+    def _advance_changes(self) -> None:
+        """The next step of applying the changes: a backup asked to join again, or the
+        marker whose replication says they are applied.
+
+        A change is applied once every backup in session joined after the last change
+        that made a queue replicated whole (its catch-up held the queue's messages) and
+        caught up (one that timed out is not waited for), and a majority holds an event
+        emitted after that (the marker, ``a``): any node that can be elected from then
+        on holds that seq (``cluster/quorum.py``), so it was in such a session -- one
+        that left before the marker was emitted never held it, and one that joined
+        later had every queue in its own catch-up.
+        """
+        if self._replicate_done >= self._replicate_gen or self.closed:
+            return
+        for q, new in list(self._drops_waiting.items()):
+            if not self._tx_touches(q):
+                del self._drops_waiting[q]
+                self._drop_copies(q, new)
+        if self._drops_waiting:
+            return
+        stale = [n for n, s in self.sessions.items() if s.replicate_gen < self._rejoin_gen]
+        if stale:
+            self._ask_rejoin(stale)
+            return
+        if any(not s.holds_copy and not s.timed_out for s in self.sessions.values()):
+            return  # applied when every backup holds it (one that timed out is not waited for)
+        gen = self._replicate_gen
+        if self._replicate_marker >= gen:
+            return  # its marker is out: the barrier below says when it is replicated
+        self._replicate_marker = gen
+        self._emit(R.AckPromptly(R.ACK_PROMPTLY))
+        marker = self.seq
+        self.barrier(lambda: self._changes_applied(gen, marker))
+
+    def _ask_rejoin(self, stale: list[str]) -> None:
+        """Ask one stale backup to join again; the next once it holds a copy again.
+
+        A backup that holds no copy now (catching up, timed out) first: confirms do
+        not wait for it. A ready one leaves the guarded set while it catches up,
+        so it goes only while the other ready backups keep a majority with the
+        primary, or when waiting would not make more of them ready (nobody else
+        catches up): then confirms wait for its catch-up. Never while a prepare it
+        votes in is pending (leaving would be its no); it leaves the transactions
+        not yet prepared, and joins them again when it is admitted (``_readmit``),
+        as any joining backup.
+        """
+        now = self.clock()
+        asked = self._asked
+        if asked is not None:
+            node, session, at = asked
+            current = self.sessions.get(node)
+            if current is session and now - at < self.backup_timeout:
+                return  # its join is on its way
+            if current is not None and current is not session and not current.holds_copy \
+                    and not current.timed_out:
+                return  # joined again: catching up
+            if current is session:
+                log.warning("backup %s has not joined again %.1fs after it was asked: asking "
+                            "again", node, now - at)
+            self._asked = None
+        sessions = self.sessions
+        node = min(stale, key=lambda n: (sessions[n].holds_copy, n))
+        session = sessions[node]
+        if any(txq.pending() and node in txq.members for txq in self.tx_queues.values()):
+            return  # after the votes
+        holding = sum(1 for s in sessions.values() if s.holds_copy)
+        if session.holds_copy and holding < majority(self.members):
+            if any(not s.holds_copy and not s.timed_out and not s.rejoining
+                   for s in sessions.values()):
+                return  # another backup catches up: it keeps the majority once ready
+            log.warning("backup %s joins again while no other backup is ready: confirms wait "
+                        "for its catch-up", node)
+        self._emit(R.Rejoin(R.REJOIN, node))
+        session.rejoining = True
+        self.rejoins_asked += 1
+        self._asked = (node, session, now)
+        for txq in self.tx_queues.values():
+            member = txq.members.get(node)
+            if member is not None and member.session is session and not txq.closed:
+                del txq.members[node]
+        log.info("backup %s asked to join again: its catch-up brings the queues now "
+                 "replicated whole (%s)", node,
+                 ", ".join(c.describe() for c in list(self._changes.values())[:CHANGES_SHOWN]
+                           if c.new == REPLICATE_ALL) or "-")
+        self._release()
+        self._check_flow(now)
+
+    def _changes_applied(self, gen: int, marker: int) -> None:
+        if self.closed or gen <= self._replicate_done:
+            return
+        self._replicate_done = gen
+        done = [c for c in self._changes.values() if c.gen <= gen]
+        self._changes = {q: c for q, c in self._changes.items() if c.gen > gen}
+        self.replicate_changes_applied += len(done)
+        now = self.clock()
+        took = max((now - c.at for c in done), default=0.0)
+        self._last_applied = {"queues": len(done), "seconds": round(took, 3),
+                              "marker_seq": marker, "joins_asked": self.rejoins_asked}
+        if done:
+            log.info("ha-replicate change applied on every backup in %.1fs (%d queues%s): %s",
+                     took, len(done),
+                     f", {self.rejoins_asked} joins again so far" if self.rejoins_asked else "",
+                     "; ".join(c.describe() for c in done[:CHANGES_SHOWN]))
+
+    def replicate_status(self) -> dict[str, Any]:
+        """``status()["replicate_changes"]``: what of the ha-replicate changes is applied."""
+        asked = self._asked
+        return {
+            "pending": self.replicate_pending,
+            "generation": self._replicate_gen,
+            "applied_generation": self._replicate_done,
+            "queues": [c.describe() for c in list(self._changes.values())[:CHANGES_SHOWN]],
+            "queues_pending": len(self._changes),
+            "backups_to_join_again": sorted(n for n, s in self.sessions.items()
+                                            if s.replicate_gen < self._rejoin_gen),
+            "joining_again": asked[0] if asked is not None else None,
+            "applied_queues": self.replicate_changes_applied,
+            "joins_asked": self.rejoins_asked,
+            "last_applied": self._last_applied,
+        }
+
     # -- the log -----------------------------------------------------------------------
 
     def _emit(self, event: Event, lazy: bool = False) -> None:
@@ -222,6 +498,8 @@ class Primary(ConfigurationObserver, QueueObserver):
 
     def _definition_changed(self, change: DefinitionChange) -> None:
         self._emit(ev.definition_changed(change))
+        if change.kind in (POLICY, OPERATOR_POLICY):  # the broker's PolicyEffects acted first
+            self.replicate_changed(change.key[0])
 
     def exchange_declared(self, exchange: Exchange) -> None:
         self._emit(ev.exchange_declared(exchange))
@@ -239,6 +517,9 @@ class Primary(ConfigurationObserver, QueueObserver):
         replicated = self._replicated(queue)
         self._policies.pop(queue, None)
         self._acquired.pop(queue, None)
+        self._changes.pop(queue, None)
+        if self._drops_waiting.pop(queue, None) is not None:
+            replicated = True  # the backups still hold it
         if replicated:
             self._emit(ev.queue_deleted(queue))
 
@@ -276,7 +557,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             self._emit(ev.enqueued(queue, entry, now if entry.expires_at is not None else 0.0))
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
-        if self._messages_replicated(queue):
+        if queue.exclusive_owner is None:  # the others may become replicated whole
             self._acquired.setdefault(queue, {})[entry.position] = entry
 
     def requeued(self, queue: Queue, entry: Entry) -> None:
@@ -412,6 +693,8 @@ class Primary(ConfigurationObserver, QueueObserver):
     def _tx_finished(self, txq: TxQueue) -> None:
         """The outcome is in the log: the tx-queue is gone, its trackers clear on the ack."""
         self.tx_queues.pop(txq.name, None)
+        if self._drops_waiting:
+            self._advance_changes()
         if txq.closed:
             self._prepared_outcome_seq = self.seq
         txq.on_prepared = None
@@ -479,19 +762,22 @@ class Primary(ConfigurationObserver, QueueObserver):
         session = RemoteBackup(join.node, catch_up, now, self.events_per_packet, self.pace)
         session.subscriptions = subscriptions
         session.guards = guards
+        session.replicate_gen = self._replicate_gen  # its catch-up holds every change so far
         self.sessions[join.node] = session
         log.info("backup %s joined at seq %d: streaming its catch-up (%d queues, %d messages "
                  "on them)", join.node, join_seq, len(guards),
                  sum(s.queue.message_count for s in subscriptions))
         if self.on_output is not None:
             self.on_output(False)
+        if self._replicate_done < self._replicate_gen:
+            self._advance_changes()
 
     def _queue_catch_up(self, sub: ReplicatingSubscription,
                         below: int) -> Iterator[Event | None]:
         """The queue's catch-up events, from the queue as it is when its turn comes."""
         q = sub.queue
-        if q.deleted:
-            return  # the live delete follows
+        if q.deleted or not self._messages_replicated(q):
+            return  # the live delete follows (of the queue, or of its copy: replicate_changed)
         acquired = list(self._acquired.get(q, {}).values())
         entries = queue_entries(q, acquired, below)
         yield from sub.events(entries, self.clock, self.broker.store.read_bodies)
@@ -519,6 +805,8 @@ class Primary(ConfigurationObserver, QueueObserver):
         if not session.guarded:
             self._readmit(node, session)
         self._release()
+        if self._replicate_done < self._replicate_gen:
+            self._advance_changes()
         if session.wants_catch_up_slice and self.on_output is not None:
             self.on_output(False)  # its window opened: the next slice
         self._check_flow(self.clock())
@@ -539,9 +827,10 @@ class Primary(ConfigurationObserver, QueueObserver):
         transactions it missed are handled as at a join: it joins the open ones,
         and TxTrackers hold its readiness for the prepared ones it did not vote on.
         """
-        if not (session.caught_up and session.progress >= self._prepared_outcome_seq
+        if session.rejoining or not (
+                session.caught_up and session.progress >= self._prepared_outcome_seq
                 and session.progress >= self.replicated()):
-            return
+            return  # (asked to join again: out until its new session is admitted)
         again = session.admitted
         session.admitted, session.timed_out = True, False
         for txq in self.tx_queues.values():
@@ -565,6 +854,8 @@ class Primary(ConfigurationObserver, QueueObserver):
             log.warning("backup %s lost (%s): confirms no longer wait for it", node, reason)
             self._release()
             self._check_flow(self.clock())
+            if self._replicate_done < self._replicate_gen:
+                self._advance_changes()
 
     def backup_heard(self, node: str, now: float) -> None:
         """A packet of any kind came from ``node`` (its heartbeat acks flow every tick)."""
@@ -613,6 +904,8 @@ class Primary(ConfigurationObserver, QueueObserver):
         if changed:
             self._release()
         self._check_flow(now)
+        if self._replicate_done < self._replicate_gen:
+            self._advance_changes()
 
     def _check_flow(self, now: float) -> None:
         """Hold publishers while a backup holding a copy lags by more than ``flow_lag``.
@@ -725,4 +1018,5 @@ class Primary(ConfigurationObserver, QueueObserver):
             "transactions": len(self.tx_queues),
             "ready_backups": self.ready_backups(),
             "backups": {n: s.status(self.seq) for n, s in sorted(self.sessions.items())},
+            "replicate_changes": self.replicate_status(),
         }

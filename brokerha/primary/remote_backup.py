@@ -11,6 +11,10 @@ prepared, not yet their effects: its TxTrackers (``primary.tx_tracker``) keep
 it from being *ready* (promotable) until their outcomes reached it. It
 counts for the majority as soon as it caught up.
 
+Asked to join again (``rejoining``: a queue's ``ha-replicate`` became ``all``,
+``Primary.replicate_changed``) it leaves the guarded set at once, as if it
+timed out, until its new session replaces this one.
+
 Guarded (confirms wait for it) only once *admitted*: it caught up and holds
 everything that may have been confirmed meanwhile (``Primary._readmit``).
 While it catches up, confirms do not wait for it -- the majority decides
@@ -63,6 +67,11 @@ class RemoteBackup:
         self.tx_trackers: list[TxTracker] = []
         self.admitted = False  # caught up and holding everything confirmed: Primary._readmit
         self.timed_out = False
+        # the primary's count of ha-replicate changes when it joined: a later change that
+        # made a queue replicated whole reaches it only by joining again (Primary.replicate)
+        self.replicate_gen = 0
+        # asked to join again (an ``rj`` sent): out of the guarded set until its new session
+        self.rejoining = False
         self.waiting_since: float | None = None  # sent but unacknowledged since
         self.heard_at = now  # the last packet of any kind from it (heartbeat acks too)
         self.joined_at = now
@@ -92,7 +101,7 @@ class RemoteBackup:
     @property
     def guarded(self) -> bool:
         """Confirms and transactions wait for it."""
-        return self.admitted and not self.timed_out
+        return self.admitted and not self.timed_out and not self.rejoining
 
     @property
     def wants_catch_up_slice(self) -> bool:
@@ -203,6 +212,7 @@ class RemoteBackup:
             "ready": self.ready,
             "caught_up": self.caught_up,
             "timed_out": self.timed_out,
+            "rejoining": self.rejoining,
             "guarded": self.guarded,
             "acked": acked,
             "lag": None if acked is None else seq - acked,

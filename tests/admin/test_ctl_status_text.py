@@ -33,3 +33,17 @@ def test_nothing_about_flow_when_publishers_were_never_held(
         capsys: pytest.CaptureFixture[str]) -> None:
     _print_status(status(publishers_held=False, publisher_holds=0))
     assert "publishers" not in capsys.readouterr().out
+
+
+def test_an_ha_replicate_change_not_applied_yet_is_printed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _print_status(status(backups={"n2": {"ready": False, "rejoining": True, "acked": 9,
+                                         "lag": 1}},
+                         replicate_changes={"pending": True, "queues_pending": 1,
+                                            "queues": ["'orders' in vhost '/': none -> all "
+                                                       "(policy 'keep')"],
+                                            "backups_to_join_again": ["n2"]}))
+    out = capsys.readouterr().out
+    assert "n2           joining again" in out
+    assert ("ha-replicate changes not applied yet (1 queues: 'orders' in vhost '/': none -> "
+            "all (policy 'keep')); backups to join again: n2") in out

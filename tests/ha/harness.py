@@ -12,6 +12,7 @@ from typing import Any
 from brokerha.backup.backup import Backup
 from brokerha.broker.broker import Broker
 from brokerha.broker.message import Message
+from brokerha.broker.policy_effects import PolicyEffects
 from brokerha.broker.queue import Queue
 from brokerha.broker.storage import MemoryStore, Store
 from brokerha.cluster.messages import Message as Packet
@@ -73,10 +74,18 @@ def carry(primary: Primary, backup: Backup, *, ack: bool = True,
         count += len(events.events)  # type: ignore[attr-defined]
         if check is None:
             backup.receive(events)  # type: ignore[arg-type]
+            if backup.rejoin_requested:  # the primary's rj: join again, as HACore.on_events does
+                primary.backup_joined(wire(backup.join_message()))  # type: ignore[arg-type]
+                return count
             continue
         for one in split(events):
             backup.receive(one)  # type: ignore[arg-type]
+            if backup.rejoin_requested:
+                break
             check(backup)
+        if backup.rejoin_requested:  # the primary's rj: join again, as HACore.on_events does
+            primary.backup_joined(wire(backup.join_message()))  # type: ignore[arg-type]
+            return count
     for vote in backup.take_votes():
         vote = wire(vote)
         primary.tx_vote(vote.node, vote.txid, vote.ok, vote.reason)  # type: ignore[attr-defined]
@@ -90,11 +99,14 @@ class Cluster:
 
     def __init__(self, members: int = 2, *, epoch: int = 1, timeout: float = 5.0,
                  replicate: str = "all", stores: dict[str, Store] | None = None,
-                 pace: Pace | None = None) -> None:
+                 pace: Pace | None = None, policies: bool = False) -> None:
         self.clock = Clock()
         stores = stores or {}
         names = [f"n{i}" for i in range(1, members + 1)]
         self.nodes = {n: Node(n, self.clock, stores.get(n)) for n in names}
+        if policies:  # each broker acts on its policies, as a node's (before its Primary)
+            for node in self.nodes.values():
+                PolicyEffects(node.broker)
         self.primary_node = self.nodes[names[0]]
         self.primary = Primary(self.primary_node.broker, me=names[0], members=members,
                                epoch=epoch, start_seq=0, clock=self.clock,
