@@ -8,7 +8,9 @@ the TxLog sits above HA) is TX clients on a global queue of two datacenters,
 the HA one running the TxLog bridge on its members; ``--workload heavy``
 (``heavy.py``) is issue 33's heavy work without faults: deep queues, a backup
 restarted behind them, a purge and slow operations, where the stability
-invariant (f) must hold. All run the product's HA members on the harness of
+invariant (f) must hold; ``--workload policy`` (``policy_change.py``) is the
+confirms client while an operator changes its queue's ``ha-replicate`` (issue
+34). All run the product's HA members on the harness of
 ``world.py``, with its cost model. ``--unsliced-operations`` (heavy,
 transactions) runs each slow operation in one step of the node's loop instead
 of slices: (f) must catch it, as ``--unsafe monolithic_catch_up`` (heavy). The
@@ -28,13 +30,13 @@ from types import ModuleType
 from typing import Any
 
 from brokerha import seed_runner
-from brokerha.ha.simulation import confirms, heavy, transactions
+from brokerha.ha.simulation import confirms, heavy, policy_change, transactions
 from brokerha.ha.simulation.world import Faults
 
 # each workload module: CATCHES, Unsafe (with ``of(names)``), run_many, SimResult; and
 # SLOW_OPERATIONS = True if it takes ``unsliced``
 WORKLOADS: dict[str, ModuleType] = {"confirms": confirms, "transactions": transactions,
-                                    "heavy": heavy}
+                                    "heavy": heavy, "policy": policy_change}
 
 
 def register(parser: argparse.ArgumentParser,
@@ -78,7 +80,7 @@ def simulate(args: argparse.Namespace) -> int:
         if not getattr(module, "SLOW_OPERATIONS", False):
             raise SystemExit(f"the {args.workload} workload has no slow operations")
         kw["unsliced"] = True
-    if args.workload in ("confirms", "heavy"):
+    if args.workload in ("confirms", "heavy", "policy"):
         kw["nodes"] = args.nodes
     elif args.nodes != 3:
         raise SystemExit(f"the {args.workload} workload runs 3 nodes")

@@ -45,6 +45,7 @@ from brokerha.ha.simulation.world import (
     World,
     message,
 )
+from brokerha.primary.primary import Primary
 
 QUEUE = "q"
 CATCHES = ("confirm_early", "early_ack", "invalid_grants", "no_lease", "old_epoch_apply",
@@ -231,19 +232,27 @@ class ConfirmSimulation(World):
         self.result.published += 1
         self._client_queue(node).enqueue(message(b"%d" % mid, QUEUE, persistent=True))
         if primary is not None:
-            self.held_at[primary.epoch][mid] = primary.seq
-            self.alive_at[primary.epoch].add(mid)
+            self._took_in(node, primary, mid)
 
         def confirmed() -> None:
             if not conn.usable:
                 return  # its connection closed with the primary role: never confirmed
             self.result.confirmed += 1
             if mid not in self.consumed:
-                self.confirmed_live.add(mid)
-                if self.serving_now is not None and mid not in self._held_now(self.serving_now):
-                    self._check_confirmed(self.serving_now)
+                self._confirmed(mid)
 
         node.broker.after_durable(confirmed)
+
+    def _took_in(self, node: SimNode, primary: Primary, mid: int) -> None:
+        """The primary enqueued ``mid`` (for (d): the seq from which its backups hold it)."""
+        self.held_at[primary.epoch][mid] = primary.seq
+        self.alive_at[primary.epoch].add(mid)
+
+    def _confirmed(self, mid: int) -> None:
+        """``mid`` was confirmed and is not consumed: (c) holds it from now on."""
+        self.confirmed_live.add(mid)
+        if self.serving_now is not None and mid not in self._held_now(self.serving_now):
+            self._check_confirmed(self.serving_now)
 
     def _consume(self) -> None:
         self.after(self.rng.expovariate(self.consume_rate), self._consume)
@@ -263,7 +272,8 @@ class ConfirmSimulation(World):
         self.confirmed_live.discard(mid)
         primary = node.primary
         if primary is not None:
-            self.gone_at[primary.epoch][mid] = primary.seq
+            # (the first time it left the backups' copies: policy_change.py drops them earlier)
+            self.gone_at[primary.epoch].setdefault(mid, primary.seq)
             self.alive_at[primary.epoch].discard(mid)
         return True
 

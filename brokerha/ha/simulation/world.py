@@ -340,7 +340,7 @@ class SimNode(SimProcess):
         unsafe = world.unsafe
         self.ha = HAMember(
             self.broker, name, world.names, state, self,
-            PrimarySettings(len(world.names), world.backup_timeout,
+            PrimarySettings(len(world.names), world.backup_timeout, replicate=world.replicate,
                             tx_prepare_timeout=world.tx_prepare_timeout,
                             events_per_packet=world.events_per_packet),
             world.clock, timing=world.timing, verification_timeout=world.verification_timeout,
@@ -481,8 +481,10 @@ class World:
                  tx_prepare_timeout: float = 5.0, verification_timeout: float = 2.0,
                  events_per_packet: int = EVENTS_PER_PACKET,
                  trace_tail: int | None = TRACE_TAIL, costs: Costs | None = None,
-                 pace: Pace | None = PACE, stability: bool = False) -> None:
+                 pace: Pace | None = PACE, stability: bool = False,
+                 replicate: str = "all") -> None:
         self.seed = seed
+        self.replicate = replicate  # [cluster] replicate: the mode of a queue no policy names
         self.duration = duration
         self.faults = faults or Faults()
         self.unsafe = unsafe or Unsafe()
