@@ -28,8 +28,9 @@ A global queue (``x-global``, docs/txlog.md) takes no ``message-ttl``,
 drop messages in one datacenter only (its arguments refuse them for the same
 reason).
 
-``ha-replicate`` is read by the HA primary when it first sees a queue
-(``replicate``); see docs/ha.md.
+``ha-replicate`` is read by the HA primary (``replicate``): when it first sees a
+queue, and again for the vhost's queues after each policy change, which it
+applies to them at once (``Primary.replicate_changed``); see docs/ha.md.
 """
 
 from __future__ import annotations
