@@ -33,12 +33,14 @@ import ast
 import asyncio
 import json
 import ssl
+import statistics
 import struct
 import sys
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -429,6 +431,7 @@ class Counts:
     delivered: int
     confirmed: int
     commits: int
+    latencies: int = 0
 
 
 @dataclass
@@ -445,6 +448,9 @@ class Result:
     blocked_notices: int = 0
     client_cpu_s: float = 0.0
     total_delivered: int = 0  # over the whole run, warm-up and tail included (for profiles)
+    # publish -> confirm (confirm workload, sampled per written batch) or tx.commit ->
+    # commit-ok (tx), in ms, within the measured window; to_dict gives p50/p99 instead
+    latency_ms: list[float] = field(default_factory=list, repr=False)
 
     @property
     def msgs_per_s(self) -> float:
@@ -457,17 +463,30 @@ class Result:
         return self.commits / self.duration if self.duration else 0.0
 
     def to_dict(self) -> dict[str, object]:
-        return {**asdict(self), "msgs_per_s": self.msgs_per_s, "commits_per_s": self.commits_per_s}
+        d = asdict(self)
+        d.pop("latency_ms")
+        p50, p99 = percentiles_ms(self.latency_ms)
+        return {**d, "msgs_per_s": self.msgs_per_s, "commits_per_s": self.commits_per_s,
+                "latency_p50_ms": p50, "latency_p99_ms": p99}
+
+
+def percentiles_ms(samples: Sequence[float]) -> tuple[float | None, float | None]:
+    """(p50, p99) of latency samples, None without enough of them."""
+    if len(samples) < 2:
+        return None, None
+    q = statistics.quantiles(samples, n=100)
+    return q[49], q[98]
 
 
 class LoadRun:
     """One workload against one broker: a publisher and a consumer connection."""
 
-    def __init__(self, address: BrokerAddress, workload: Workload, settings: Settings) -> None:
+    def __init__(self, address: BrokerAddress, workload: Workload, settings: Settings,
+                 queue: str | None = None) -> None:
         self.address = address
         self.workload = workload
         self.settings = settings
-        self.queue = f"loadgen-{workload.name}-{uuid.uuid4().hex[:12]}"
+        self.queue = queue or f"loadgen-{workload.name}-{uuid.uuid4().hex[:12]}"
         self.published = 0
         self.commits = 0
         self.stopping = False
@@ -475,6 +494,8 @@ class LoadRun:
         self.pub: LoadConnection | None = None
         self.cons: LoadConnection | None = None
         self._acked_tag = 0  # the consumer has acked every delivery tag up to this one
+        self._sent: deque[tuple[int, float]] = deque()  # (last tag of a written batch, when)
+        self.latencies: list[float] = []  # ms: per confirmed batch, or per commit
 
     async def setup(self) -> None:
         w, s = self.workload, self.settings
@@ -488,7 +509,7 @@ class LoadRun:
             await cons.rpc(CHANNEL, commands.Basic.Qos(prefetch_count=s.prefetch),
                            commands.Basic.QosOk)
         cons.after_read = self._after_consumer_read
-        pub.after_read = self._progress.set
+        pub.after_read = self._after_publisher_read
         await cons.rpc(CHANNEL, commands.Basic.Consume(
             queue=self.queue, consumer_tag="loadgen", no_ack=w.auto_ack), commands.Basic.ConsumeOk)
         if w.confirm:
@@ -502,6 +523,15 @@ class LoadRun:
         if not self.workload.auto_ack and cons.last_delivery_tag > self._acked_tag:
             self._acked_tag = cons.last_delivery_tag
             cons.write(encode_ack(CHANNEL, self._acked_tag, multiple=True))
+        self._progress.set()
+
+    def _after_publisher_read(self) -> None:
+        assert self.pub is not None
+        sent, upto = self._sent, self.pub.confirms.upto
+        if sent and sent[0][0] <= upto:
+            now = time.perf_counter()
+            while sent and sent[0][0] <= upto:
+                self.latencies.append(1e3 * (now - sent.popleft()[1]))
         self._progress.set()
 
     def _allowance(self) -> int:
@@ -531,17 +561,22 @@ class LoadRun:
                 await self._progress.wait()
                 continue
             n = batch_size if w.tx_size else min(allowed, batch_size)
+            sent = time.perf_counter()
             pub.write(batch if n == batch_size else batch[:n * len(one)])
             self.published += n
+            if w.confirm:
+                self._sent.append((self.published, sent))
             if w.tx_size:
                 await pub.expect(CHANNEL, commands.Tx.CommitOk)
                 self.commits += 1
+                self.latencies.append(1e3 * (time.perf_counter() - sent))
             await pub.drain()
 
     def counts(self) -> Counts:
         assert self.pub is not None and self.cons is not None
         return Counts(time.perf_counter(), time.process_time(), self.published,
-                      self.cons.delivered, self.pub.confirms.confirmed, self.commits)
+                      self.cons.delivered, self.pub.confirms.confirmed, self.commits,
+                      len(self.latencies))
 
     async def teardown(self) -> None:
         """Cancel the consumer, delete the queue, close both connections (bounded)."""
@@ -576,49 +611,82 @@ async def run_workload(
     ``on_window("start")`` and ``on_window("end")`` are called at the edges of
     the measured window (the benchmark samples the broker's CPU there).
     """
+    return (await run_workloads([(url, None)], workload, duration, warmup, settings,
+                                on_window))[0]
+
+
+async def run_workloads(
+    targets: Sequence[tuple[str, str | None]],
+    workload: str | Workload,
+    duration: float = 5.0,
+    warmup: float = 1.0,
+    settings: Settings | None = None,
+    on_window: Callable[[str], None] | None = None,
+) -> list[Result]:
+    """One workload on several queues at once, all measured over the same window.
+
+    ``targets`` are (url, queue name or None for a fresh one) pairs: one
+    publisher and one consumer connection each, all in this event loop.
+    """
     w = WORKLOADS[workload] if isinstance(workload, str) else workload
-    run = LoadRun(BrokerAddress.parse(url), w, settings or Settings())
-    publisher: asyncio.Task[None] | None = None
+    runs = [LoadRun(BrokerAddress.parse(url), w, settings or Settings(), queue)
+            for url, queue in targets]
+    publishers: list[asyncio.Task[None]] = []
     try:
-        await run.setup()
-        publisher = asyncio.create_task(run.publish_loop())
-        await _sleep_or_fail(run, publisher, warmup)
+        for outcome in await asyncio.gather(*(r.setup() for r in runs), return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+        publishers = [asyncio.create_task(r.publish_loop()) for r in runs]
+        await _sleep_or_fail_all(runs, publishers, warmup)
         if on_window:
             on_window("start")
-        first = run.counts()
-        await _sleep_or_fail(run, publisher, duration)
-        last = run.counts()
+        first = [r.counts() for r in runs]
+        await _sleep_or_fail_all(runs, publishers, duration)
+        last = [r.counts() for r in runs]
         if on_window:
             on_window("end")
     finally:
-        run.stopping = True
-        if publisher is not None:
+        for run in runs:
+            run.stopping = True
+        for publisher in publishers:
             publisher.cancel()
-            await asyncio.gather(publisher, return_exceptions=True)
-        await run.teardown()
-    assert run.pub is not None and run.cons is not None
-    return Result(
-        workload=w.name, client="loadgen", duration=last.t - first.t,
-        published=last.published - first.published,
-        delivered=last.delivered - first.delivered,
-        confirmed=last.confirmed - first.confirmed,
-        commits=last.commits - first.commits,
-        nacked=run.pub.confirms.nacked, returned=run.cons.returned + run.pub.returned,
-        blocked_notices=run.pub.blocked_notices + run.cons.blocked_notices,
-        client_cpu_s=last.cpu - first.cpu,
-        total_delivered=run.cons.delivered,
-    )
+        await asyncio.gather(*publishers, return_exceptions=True)
+        await asyncio.gather(*(r.teardown() for r in runs), return_exceptions=True)
+    results = []
+    for run, a, b in zip(runs, first, last, strict=True):
+        assert run.pub is not None and run.cons is not None
+        results.append(Result(
+            workload=w.name, client="loadgen", duration=b.t - a.t,
+            published=b.published - a.published,
+            delivered=b.delivered - a.delivered,
+            confirmed=b.confirmed - a.confirmed,
+            commits=b.commits - a.commits,
+            nacked=run.pub.confirms.nacked, returned=run.cons.returned + run.pub.returned,
+            blocked_notices=run.pub.blocked_notices + run.cons.blocked_notices,
+            client_cpu_s=b.cpu - a.cpu,
+            total_delivered=run.cons.delivered,
+            latency_ms=run.latencies[a.latencies:b.latencies],
+        ))
+    return results
 
 
 async def _sleep_or_fail(run: LoadRun, publisher: asyncio.Task[None], seconds: float) -> None:
     """Sleep, but raise at once if the publisher or a connection failed."""
-    done, _ = await asyncio.wait({publisher}, timeout=seconds)
-    if done:
+    await _sleep_or_fail_all([run], [publisher], seconds)
+
+
+async def _sleep_or_fail_all(runs: Sequence[LoadRun], publishers: Sequence[asyncio.Task[None]],
+                             seconds: float) -> None:
+    """Sleep, but raise at once if a publisher or a connection failed."""
+    done, _ = await asyncio.wait(publishers, timeout=seconds,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    for publisher in done:
         publisher.result()  # raises its error
         raise AMQPError("publisher stopped early")
-    for conn in (run.pub, run.cons):
-        if conn is not None and conn.error is not None:
-            raise conn.error
+    for run in runs:
+        for conn in (run.pub, run.cons):
+            if conn is not None and conn.error is not None:
+                raise conn.error
 
 
 def main(argv: list[str] | None = None) -> int:

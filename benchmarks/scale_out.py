@@ -1,0 +1,807 @@
+"""Scale-out benchmark (issue 35): queues spread over partitions, each node capped in CPU.
+
+docs/ha.md "Partitions (design, issue 35)" asks: on 3 nodes, each in its own
+CPU cgroup capped at 0.6 CPU, 12 queues, publisher confirms and TX, how much
+more does a partitioned cluster confirm than one replication group, and than
+a RabbitMQ 3-node quorum cluster? Every node process goes into the cgroup of
+the "machine" it would run on; the load generator (``loadgen.py``, all queues
+in one event loop) stays outside the caps.
+
+Stage 0 (``--stage0``, today's default: nothing partitioned is built yet)
+measures the ceiling with what exists, one layout at a time (started, measured
+with each workload, stopped), in one run:
+
+- ``single-group`` (P = 1): one ordinary 3-node brokerha cluster (a
+  ``LocalCluster``, what ``brokerha cluster up`` runs, docs/ha.md's default
+  timeouts), one node per machine; all queues on its primary.
+- ``partitioned-direct``: three ordinary 3-node clusters; node i of cluster k
+  (i counted from the cluster's elected primary, 0 = the primary) in machine
+  (i + k) % 3, so each machine holds one primary and two backups, as a
+  balanced partition table would; queue q lives on cluster q % 3 and its
+  clients connect straight to that cluster's primary: the partitioned layout
+  without forwarding (an upper bound for stage 3's, which adds a hop for 2/3
+  of the publishes).
+- ``rabbitmq-quorum``: three private RabbitMQ nodes clustered
+  (``ha_cluster.RabbitCluster``), one per machine, quorum queues declared with
+  ``x-queue-leader-locator: balanced``, each queue's clients on its leader's
+  node (as brokerha's go to the primary). The Erlang VM runs with
+  ``+sbwt none +sbwtdcpu none +sbwtdio none`` (no scheduler busy-waiting,
+  which would eat the quota; ``rabbitmq-server`` passes the first by default).
+
+Workloads: ``confirm`` (one publisher, window 256, and one manual-ack
+consumer per queue) and ``tx`` (10 messages per commit, one commit in flight
+per publisher, ``--tx-publishers`` per queue, 8 by default so that the caps,
+not the commit latency, bound it).
+
+Figures per layout and workload: msgs/s (delivered; committed for tx),
+latency p50/p99 (publish -> confirm per written batch of up to 64, or
+tx.commit -> commit-ok), each machine's CPU (cpuacct over the measured window)
+and the share of CFS periods it was throttled in, "saturated" when every
+machine holding a primary (leader) used >= 90 % of its cap (otherwise the
+shared box, not the cap, bounded the layout), an estimate scaled to the caps
+(CPU per message held), and for brokerha the CPU per message of the primaries
+and of the backups (from /proc), with their event loop's (main thread's)
+share. Last lines: ``partitioned / single-group = R.RRx`` and ``partitioned /
+RabbitMQ = R.RRx`` per workload (per round, and over the rounds where both
+layouts saturated), after the ceiling the single group's own per-message
+costs predict (docs/ha.md: R = 3 c_p / (c_p + 2 c_b)). Results:
+docs/benchmarks.md, "Scale-out ceiling".
+
+CPU caps: cgroup v1 (``/sys/fs/cgroup/cpu/brokerha-scale-<pid>-<id>-m<i>/``,
+``cpu.cfs_period_us`` 100000, ``cpu.cfs_quota_us`` = cap x period, plus the
+same name under the cpuacct hierarchy for the usage) or cgroup v2 (``cpu.max``,
+``cpu.stat``), whichever has the cpu controller; root only. Processes are moved
+into their cgroup once started and ready (start-up is not capped). Everything
+started here is stopped here, and the cgroups removed, also on an error,
+Ctrl-C or SIGTERM; empty cgroups left by a benchmark that was SIGKILLed are
+removed at the next start.
+
+Examples::
+
+    sudo .venv/bin/python benchmarks/scale_out.py --stage0
+    .venv/bin/python benchmarks/scale_out.py --layouts single-group,partitioned-direct \\
+        --workloads confirm --seconds 8 --rounds 2
+    # where a backup's time goes (py-spy is not a project dependency):
+    PATH=/tmp/pyspy/bin:$PATH .venv/bin/python benchmarks/scale_out.py \\
+        --layouts single-group --workloads confirm --py-spy /tmp/scale-out-prof
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import loadgen
+import pika
+from amqp_profile import PySpy, summarize_pyspy
+from amqp_throughput import CLK_TCK, tree_cpu_times
+from ha_cluster import (
+    HA_DEFAULTS,
+    RabbitCluster,
+    Terminated,
+    _elections,
+    _raise_on_sigterm,
+    wait_all_ready,
+)
+from loadgen import WORKLOADS, Result, Workload, percentiles_ms
+from rabbitmq_ref import available as rabbitmq_available
+
+from brokerha.testing import LocalCluster
+
+MACHINES = 3
+STAGE0_LAYOUTS = ("single-group", "partitioned-direct", "rabbitmq-quorum")
+LAYOUTS = STAGE0_LAYOUTS  # stage 3 adds "partitioned" (P = 9, forwarding, one cluster)
+CGROUP_PREFIX = "brokerha-scale-"
+RABBIT_ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
+QUORUM_ARGUMENTS = (("x-queue-type", "quorum"), ("x-queue-leader-locator", "balanced"))
+PY_SPY_RATE = 100
+
+
+# -- CPU caps --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CgroupRoots:
+    """Where the cpu controller (quota) and the CPU usage live on this machine."""
+
+    version: int  # 1 or 2
+    cpu: Path  # v1: the cpu hierarchy (cfs quota, cpu.stat); v2: the unified root
+    acct: Path  # v1: the cpuacct hierarchy (cpuacct.usage); v2: same as cpu
+
+    @staticmethod
+    def find(mounts: str | None = None) -> CgroupRoots | None:
+        """The cgroup hierarchy with a cpu controller, from /proc/mounts; None if none."""
+        if mounts is None:
+            try:
+                mounts = Path("/proc/mounts").read_text()
+            except OSError:
+                return None
+        cpu = acct = v2 = None
+        for line in mounts.splitlines():
+            parts = line.split()
+            if len(parts) < 4:
+                continue
+            where, kind, options = Path(parts[1]), parts[2], parts[3].split(",")
+            if kind == "cgroup":
+                if "cpu" in options and cpu is None:
+                    cpu = where
+                if "cpuacct" in options and acct is None:
+                    acct = where
+            elif kind == "cgroup2" and v2 is None:
+                v2 = where
+        if cpu is not None and acct is not None:
+            return CgroupRoots(1, cpu, acct)
+        if v2 is not None:
+            try:
+                controllers = (v2 / "cgroup.controllers").read_text().split()
+            except OSError:
+                controllers = []
+            if "cpu" in controllers:
+                return CgroupRoots(2, v2, v2)
+        return None
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    usage_s: float  # CPU seconds used by the cgroup's processes so far
+    periods: int  # CFS periods in which it ran
+    throttled: int  # of which it was throttled at the quota
+
+
+class CpuCgroup:
+    """One capped cgroup (a "machine"): ``cap`` CPUs per ``period_us``."""
+
+    def __init__(self, roots: CgroupRoots, name: str, cap: float,
+                 period_us: int = 100_000) -> None:
+        self.roots, self.name, self.cap, self.period_us = roots, name, cap, period_us
+        self.cpu_dir = roots.cpu / name
+        self.acct_dir = roots.acct / name
+        self.created: list[Path] = []
+
+    def create(self) -> CpuCgroup:
+        quota = int(self.cap * self.period_us)
+        for d in dict.fromkeys((self.cpu_dir, self.acct_dir)):
+            d.mkdir()
+            self.created.append(d)
+        if self.roots.version == 1:
+            (self.cpu_dir / "cpu.cfs_period_us").write_text(str(self.period_us))
+            (self.cpu_dir / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            control = self.roots.cpu / "cgroup.subtree_control"
+            if "cpu" not in control.read_text().split():
+                control.write_text("+cpu")
+            (self.cpu_dir / "cpu.max").write_text(f"{quota} {self.period_us}")
+        return self
+
+    def add(self, pid: int) -> None:
+        """Move a process (all its threads) into this cgroup; its later children follow."""
+        for d in self.created:
+            (d / "cgroup.procs").write_text(str(pid))
+
+    def pids(self) -> list[int]:
+        pids: set[int] = set()
+        for d in self.created:
+            try:
+                pids.update(int(p) for p in (d / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        return sorted(pids)
+
+    def sample(self) -> CpuSample:
+        stat = dict(line.split() for line in (self.cpu_dir / "cpu.stat").read_text().splitlines()
+                    if len(line.split()) == 2)
+        if self.roots.version == 1:
+            usage = int((self.acct_dir / "cpuacct.usage").read_text()) / 1e9
+        else:
+            usage = int(stat["usage_usec"]) / 1e6
+        return CpuSample(usage, int(stat.get("nr_periods", 0)), int(stat.get("nr_throttled", 0)))
+
+    def remove(self, timeout: float = 15.0) -> None:
+        """Move what is left back to the parent cgroup, then remove the directories.
+
+        A process killed just before (RabbitMQ's VM after its script) may still
+        be exiting and keep the directory busy a moment: retried until ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        for d in reversed(self.created):
+            while True:
+                try:
+                    for pid in (d / "cgroup.procs").read_text().split():
+                        try:
+                            (d.parent / "cgroup.procs").write_text(pid)
+                        except OSError:
+                            pass  # it exited meanwhile
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if time.monotonic() > deadline:
+                        print(f"warning: could not remove cgroup {d}: {exc}", file=sys.stderr)
+                        break
+                    time.sleep(0.1)
+        self.created.clear()
+
+
+def remove_stale_cgroups(roots: CgroupRoots) -> list[Path]:
+    """Empty ``brokerha-scale-<pid>-*`` cgroups whose benchmark process is gone."""
+    removed = []
+    for root in dict.fromkeys((roots.cpu, roots.acct)):
+        for d in root.glob(f"{CGROUP_PREFIX}*"):
+            m = re.match(rf"{CGROUP_PREFIX}(\d+)-", d.name)
+            if not m or Path(f"/proc/{m[1]}").exists():
+                continue
+            try:
+                d.rmdir()  # only if empty (no process in it)
+                removed.append(d)
+            except OSError:
+                pass
+    return removed
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and its live descendants (RabbitMQ: the script, the VM and its helpers)."""
+    parent: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    parent[int(entry.name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(p for p, pp in parent.items() if pp == pid)
+    return tree
+
+
+def loop_thread_cpu(pid: int) -> float:
+    """CPU seconds of a process's main thread (a brokerha node's event loop; the store's
+    log and SQL threads are the others)."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class Machines:
+    """``MACHINES`` capped cgroups for one run; ``with Machines(cap) as m: m[i].add(pid)``."""
+
+    def __init__(self, cap: float, period_us: int = 100_000,
+                 roots: CgroupRoots | None = None) -> None:
+        found = roots or CgroupRoots.find()
+        if found is None:
+            raise RuntimeError("no cgroup hierarchy with a cpu controller is mounted")
+        if os.geteuid() != 0:
+            raise RuntimeError("CPU caps need root (cgroup directories are created here)")
+        self.roots = found
+        tag = f"{CGROUP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:4]}"
+        self.groups = [CpuCgroup(found, f"{tag}-m{i}", cap, period_us) for i in range(MACHINES)]
+
+    def __getitem__(self, i: int) -> CpuCgroup:
+        return self.groups[i]
+
+    def place(self, i: int, pid: int) -> None:
+        for p in process_tree(pid):
+            self.groups[i].add(p)
+
+    def sample(self) -> list[CpuSample]:
+        return [g.sample() for g in self.groups]
+
+    def __enter__(self) -> Machines:
+        remove_stale_cgroups(self.roots)
+        try:
+            for g in self.groups:
+                g.create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        for g in self.groups:
+            g.remove()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- layouts ---------------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    label: str  # e.g. "c2/n1"
+    pid: int
+    machine: int
+    role: str  # "primary", "backup" or "rabbit"
+
+
+@dataclass
+class Layout:
+    """A started layout: where each queue's clients go and which process runs where."""
+
+    name: str
+    queue_url: Callable[[int, str], str]  # (queue index, its fresh name) -> its clients' URL
+    nodes: list[Node]
+    queue_arguments: tuple[tuple[str, str], ...] = ()
+    checks: list[Callable[[], str | None]] = field(default_factory=list)  # notes after a run
+    declare: Callable[[list[str]], None] | None = None  # before queue_url (RabbitMQ: leaders)
+
+    def workload(self, name: str) -> Workload:
+        return replace(WORKLOADS[name], queue_arguments=self.queue_arguments)
+
+    def targets(self, workload: str, queues: int, publishers: int) -> list[tuple[str, str]]:
+        """Fresh queues for one measurement; ``publishers`` (url, queue) pairs per queue."""
+        names = [f"scale-out-{workload}-{uuid.uuid4().hex[:8]}-{q}" for q in range(queues)]
+        if self.declare is not None:
+            self.declare(names)
+        return [(self.queue_url(q, name), name) for q, name in enumerate(names)
+                for _ in range(publishers)]
+
+
+def _brokerha_cluster(
+    stack: ExitStack, machines: Machines, k: int, label: str,
+) -> tuple[LocalCluster, str, list[Node], Callable[[], str | None]]:
+    """Start one 3-node cluster; node i from its primary goes to machine (i + k) % 3."""
+    cluster = stack.enter_context(LocalCluster(3, options=HA_DEFAULTS))
+    primary = wait_all_ready(cluster)
+    order = [primary] + [n for n in cluster.names if n != primary]
+    nodes = []
+    for i, name in enumerate(order):
+        proc = cluster.nodes[name].proc
+        assert proc is not None
+        machine = (i + k) % MACHINES
+        machines.place(machine, proc.pid)
+        nodes.append(Node(f"{label}/{name}", proc.pid, machine, "backup" if i else "primary"))
+    elected = _elections(cluster)
+
+    def check() -> str | None:
+        now, extra = cluster.primary(), _elections(cluster) - elected
+        if now != primary or extra:
+            return (f"{label}: {extra} election(s) during the run, primary {primary} -> {now}: "
+                    f"the caps starve the election timers")
+        return None
+
+    return cluster, primary, nodes, check
+
+
+@contextmanager
+def started(layout: str, machines: Machines) -> Iterator[Layout]:
+    t0 = time.monotonic()
+    with ExitStack() as stack:
+        if layout == "single-group":
+            cluster, primary, nodes, check = _brokerha_cluster(stack, machines, 0, "c1")
+            url = cluster.url(primary)
+            result = Layout(layout, lambda q, name: url, nodes, checks=[check])
+        elif layout == "partitioned-direct":
+            urls, nodes, checks = [], [], []
+            for k in range(MACHINES):
+                cluster, primary, cnodes, check = _brokerha_cluster(stack, machines, k,
+                                                                    f"c{k + 1}")
+                urls.append(cluster.url(primary))
+                nodes += cnodes
+                checks.append(check)
+            result = Layout(layout, lambda q, name: urls[q % MACHINES], nodes, checks=checks)
+        elif layout == "rabbitmq-quorum":
+            result = _rabbitmq(stack, machines)
+        else:
+            raise ValueError(layout)
+        where = ", ".join(f"{n.label} {n.role[0]}@m{n.machine}" for n in result.nodes)
+        print(f"  ({layout}: ready in {time.monotonic() - t0:.0f} s; {where})", flush=True)
+        yield result
+
+
+def _rabbitmq(stack: ExitStack, machines: Machines) -> Layout:
+    saved = os.environ.get("RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS")
+    os.environ["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] = RABBIT_ERL_ARGS
+    try:
+        rabbits = RabbitCluster()
+        urls = stack.enter_context(rabbits)
+    finally:
+        if saved is None:
+            os.environ.pop("RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS", None)
+        else:
+            os.environ["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] = saved
+    nodes = []
+    for i, node in enumerate(rabbits.nodes):
+        assert node.pid is not None
+        machines.place(i, node.pid)
+        nodes.append(Node(node.nodename.split("-")[0], node.pid, i, "rabbit"))
+    by_node = {n.nodename: n.url for n in rabbits.nodes}
+    leaders: dict[str, str] = {}
+
+    def declare(names: list[str]) -> None:
+        """Declare on one node, one at a time ("balanced" sees the ones before); find leaders."""
+        conn = pika.BlockingConnection(pika.URLParameters(urls[0]))
+        try:
+            ch = conn.channel()
+            for name in names:
+                ch.queue_declare(name, durable=True, arguments=dict(QUORUM_ARGUMENTS))
+        finally:
+            conn.close()
+        rows = json.loads(rabbits.nodes[0].check("list_queues", "name", "leader", "--formatter",
+                                                 "json", "--quiet"))
+        leaders.update({row["name"]: row["leader"] for row in rows})
+        spread = {n.nodename.split("-")[0]: sum(leaders.get(q) == n.nodename for q in names)
+                  for n in rabbits.nodes}
+        print(f" (leaders per node {spread})", end="", flush=True)
+
+    return Layout("rabbitmq-quorum", lambda q, name: by_node.get(leaders.get(name, ""), urls[0]),
+                  nodes, QUORUM_ARGUMENTS, declare=declare)
+
+
+# -- measuring -------------------------------------------------------------------------
+
+
+# (when, machines' CPU, per node pid: (user s, system s, event-loop thread s))
+Mark = tuple[float, list[CpuSample], dict[int, tuple[float, float, float]]]
+
+
+@dataclass
+class Figures:
+    layout: str
+    workload: str
+    round: int
+    load: tuple[float, float]  # 1-minute load average before and after
+    cap: float
+    msgs_per_s: float = 0.0
+    commits_per_s: float = 0.0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    machine_cpu: list[float] = field(default_factory=list)  # CPUs used per machine
+    machine_throttled: list[float] = field(default_factory=list)  # share of periods throttled
+    primary_us_per_msg: float | None = None  # all primaries' CPU / messages
+    backup_us_per_msg: float | None = None  # all backups' CPU / (2 x messages)
+    kernel_share: float | None = None  # of the brokerha nodes' CPU, in the kernel (system)
+    primary_loop_us_per_msg: float | None = None  # of primary_us_per_msg, the event loop's
+    backup_loop_us_per_msg: float | None = None  # the rest: the store's threads
+    loadgen_cpu: float = 0.0  # CPUs used by the load generator (one process)
+    leading_machines: list[int] = field(default_factory=list)  # hold a primary / leader
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def saturated(self) -> bool:
+        """Every machine holding a primary (leader) used >= 90 % of its cap: the figure is
+        the caps', not the shared box's (other engineers' load) or the clients'."""
+        used = [self.machine_cpu[m] for m in self.leading_machines if m < len(self.machine_cpu)]
+        return bool(used) and not self.error and min(used) >= 0.9 * self.cap
+
+    def at_cap(self) -> float | None:
+        """msgs/s scaled to the busiest machine using its whole cap (CPU per message held):
+        what the layout would do if the shared 2-core box had let every machine reach
+        its cap. An estimate; the measured msgs/s is the figure."""
+        busiest = max(self.machine_cpu, default=0.0)
+        return self.msgs_per_s * self.cap / busiest if busiest and not self.error else None
+
+    def predicted_ratio(self) -> float | None:
+        """docs/ha.md's ceiling from these per-message costs: 3 c_p / (c_p + 2 c_b)."""
+        cp, cb = self.primary_us_per_msg, self.backup_us_per_msg
+        return MACHINES * cp / (cp + 2 * cb) if cp and cb else None
+
+
+def measure(layout: Layout, workload: str, args: argparse.Namespace, machines: Machines,
+            rnd: int) -> Figures:
+    seconds, warmup, cap, py_spy = args.seconds, args.warmup, args.cap, args.py_spy
+    fig = Figures(layout.name, workload, rnd, (os.getloadavg()[0], 0.0), cap)
+    marks: dict[str, Mark] = {}
+    spies = ExitStack()
+    spy_of: dict[int, PySpy] = {}
+
+    def on_window(edge: str) -> None:
+        marks[edge] = (time.perf_counter(), machines.sample(),
+                       {n.pid: (*tree_cpu_times(n.pid), loop_thread_cpu(n.pid))
+                        for n in layout.nodes})
+        if py_spy is not None and edge == "start":
+            for n in layout.nodes[:3]:  # one cluster's primary and backups are enough
+                if n.role in ("primary", "backup"):
+                    spy_of[n.pid] = spies.enter_context(PySpy(
+                        n.pid, py_spy / f"{layout.name}-{workload}-{n.label.replace('/', '-')}"
+                        f"-{n.role}.txt", PY_SPY_RATE,
+                        cpu=lambda pid=n.pid: tree_cpu_times(pid)))
+        elif edge == "end":
+            spies.close()
+
+    print(f"  {layout.name:20} {workload:8} ...", end="", flush=True)
+    publishers = args.tx_publishers if workload == "tx" else args.publishers
+    try:
+        targets = layout.targets(workload, args.queues, publishers)
+        with spies:
+            results = asyncio.run(loadgen.run_workloads(
+                targets, layout.workload(workload), seconds, warmup, on_window=on_window))
+    except Exception as exc:  # one failing cell must not stop the others
+        if isinstance(exc, Terminated):
+            raise
+        fig.error = f"{type(exc).__name__}: {exc}"[:2000]
+        print(f" error: {fig.error}", flush=True)
+        return fig
+    fig.load = (fig.load[0], os.getloadavg()[0])
+    _fill(fig, results, marks, layout)
+    for check in layout.checks:
+        note = check()
+        if note:
+            fig.notes.append(note)
+    print(" " + one_line(fig), flush=True)
+    if py_spy is not None:
+        _write_profiles(fig, layout, py_spy, results, spy_of)
+    return fig
+
+
+def _fill(fig: Figures, results: Sequence[Result],
+          marks: dict[str, Mark],
+          layout: Layout) -> None:
+    fig.leading_machines = sorted({n.machine for n in layout.nodes
+                                   if n.role in ("primary", "rabbit")})
+    fig.msgs_per_s = sum(r.msgs_per_s for r in results)
+    fig.commits_per_s = sum(r.commits_per_s for r in results)
+    fig.p50_ms, fig.p99_ms = percentiles_ms([x for r in results for x in r.latency_ms])
+    fig.loadgen_cpu = results[0].client_cpu_s / results[0].duration if results else 0.0
+    for r in results:
+        if r.nacked or r.returned:
+            fig.notes.append(f"{r.nacked} nacked, {r.returned} returned")
+    (t0, s0, c0), (t1, s1, c1) = marks["start"], marks["end"]
+    wall = t1 - t0
+    fig.machine_cpu = [(b.usage_s - a.usage_s) / wall for a, b in zip(s0, s1, strict=True)]
+    fig.machine_throttled = [(b.throttled - a.throttled) / max(1, b.periods - a.periods)
+                             for a, b in zip(s0, s1, strict=True)]
+    messages = fig.msgs_per_s * wall
+    if messages and any(n.role == "primary" for n in layout.nodes):
+        used = {role: sum(sum(c1[n.pid][:2]) - sum(c0[n.pid][:2]) for n in layout.nodes
+                          if n.role == role) for role in ("primary", "backup")}
+        loop = {role: sum(c1[n.pid][2] - c0[n.pid][2] for n in layout.nodes
+                          if n.role == role) for role in ("primary", "backup")}
+        fig.primary_loop_us_per_msg = 1e6 * loop["primary"] / messages
+        fig.backup_loop_us_per_msg = 1e6 * loop["backup"] / (2 * messages)
+        fig.primary_us_per_msg = 1e6 * used["primary"] / messages
+        fig.backup_us_per_msg = 1e6 * used["backup"] / (2 * messages)
+        kernel = sum(c1[n.pid][1] - c0[n.pid][1] for n in layout.nodes)
+        fig.kernel_share = kernel / max(1e-9, used["primary"] + used["backup"])
+
+
+def _write_profiles(fig: Figures, layout: Layout, out: Path, results: Sequence[Result],
+                    spy_of: dict[int, PySpy]) -> None:
+    """Per-message summaries of the py-spy records, scaled to each node's measured CPU
+    (py-spy also counts a thread waiting for a core, or for the disk, as busy)."""
+    messages = round(fig.msgs_per_s * sum(r.duration for r in results) / max(1, len(results)))
+    for n in layout.nodes:
+        spy = spy_of.get(n.pid)
+        if spy is not None and spy.out.exists():
+            summary = out / f"{spy.out.stem}.summary.txt"
+            summary.write_text(summarize_pyspy(spy.out, PY_SPY_RATE, messages, spy.cpu_times))
+            print(f"    py-spy {n.label} ({n.role}): {summary}", flush=True)
+
+
+def one_line(f: Figures) -> str:
+    if f.error:
+        return f"error: {f.error[:300]}"
+    cpu = " ".join(f"{c:.2f}" for c in f.machine_cpu)
+    thr = " ".join(f"{t:.0%}" for t in f.machine_throttled)
+    per = (f", primary {f.primary_us_per_msg:.1f} (loop {_ms(f.primary_loop_us_per_msg)}) / "
+           f"backup {f.backup_us_per_msg:.1f} (loop {_ms(f.backup_loop_us_per_msg)}) µs/msg "
+           f"({f.kernel_share:.0%} kernel)"
+           if f.primary_us_per_msg is not None and f.backup_us_per_msg is not None
+           and f.kernel_share is not None else "")
+    commits = f" ({f.commits_per_s:,.0f} commits/s)" if f.commits_per_s else ""
+    return (f"{f.msgs_per_s:,.0f} msgs/s{commits}, p50 {_ms(f.p50_ms)} p99 {_ms(f.p99_ms)} ms, "
+            f"machines {cpu} CPU (throttled {thr}){per}, loadgen {f.loadgen_cpu:.2f} CPU, "
+            f"load {f.load[0]:.1f}->{f.load[1]:.1f}"
+            + "".join(f"; NOTE {n}" for n in f.notes))
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+# -- reporting -------------------------------------------------------------------------
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    vs = [v for v in values if v is not None]
+    return statistics.median(vs) if vs else None
+
+
+def ratios(figs: Sequence[Figures], workload: str, num: str, den: str,
+           scaled: bool = False, saturated: bool = False) -> list[float]:
+    """``num / den`` msgs/s per round (both measured in the same round); ``scaled``:
+    of ``Figures.at_cap``; ``saturated``: only rounds where both saturated their caps."""
+    out = []
+    for r in sorted({f.round for f in figs}):
+        a = [f for f in figs if (f.round, f.workload, f.layout) == (r, workload, num) and not f.error]
+        b = [f for f in figs if (f.round, f.workload, f.layout) == (r, workload, den) and not f.error]
+        if saturated and not (a and b and a[0].saturated() and b[0].saturated()):
+            continue
+        x, y = ((a[0].at_cap(), b[0].at_cap()) if scaled else
+                (a[0].msgs_per_s, b[0].msgs_per_s)) if a and b else (None, None)
+        if x and y:
+            out.append(x / y)
+    return out
+
+
+def report(figs: Sequence[Figures], workloads: Sequence[str], cap: float) -> str:
+    head = ["layout", "workload", "msgs/s", "at cap (est.)", "saturated", "p50 ms", "p99 ms",
+            f"CPU per machine (cap {cap:.2f})", "throttled periods", "primary µs/msg (loop)",
+            "backup µs/msg (loop)", "of which kernel", "loadgen CPU", "load"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for f in figs:
+        if f.error:
+            lines.append(f"| {f.layout} | {f.workload} | error |" + " - |" * (len(head) - 3))
+            continue
+        lines.append(
+            f"| {f.layout} | {f.workload} | {f.msgs_per_s:,.0f} | {f.at_cap() or 0:,.0f} | "
+            f"{'yes' if f.saturated() else 'no'} | "
+            f"{_ms(f.p50_ms)} | "
+            f"{_ms(f.p99_ms)} | {' / '.join(f'{c:.2f}' for c in f.machine_cpu)} | "
+            f"{' / '.join(f'{t:.0%}' for t in f.machine_throttled)} | "
+            f"{_ms(f.primary_us_per_msg)} ({_ms(f.primary_loop_us_per_msg)}) | "
+            f"{_ms(f.backup_us_per_msg)} ({_ms(f.backup_loop_us_per_msg)}) | "
+            f"{'-' if f.kernel_share is None else f'{f.kernel_share:.0%}'} | "
+            f"{f.loadgen_cpu:.2f} | {f.load[0]:.1f}–{f.load[1]:.1f} |")
+    lines.append("")
+    for w in workloads:
+        single = [f for f in figs if (f.layout, f.workload) == ("single-group", w) and not f.error]
+        predicted = _median([f.predicted_ratio() for f in single])
+        if predicted is not None:
+            lines.append(f"{w}: single-group's own costs predict a ceiling of "
+                         f"3 c_p / (c_p + 2 c_b) = {predicted:.2f}x")
+    for scaled in (True, False):  # the measured ratios last
+        for den, label in (("single-group", "single-group"), ("rabbitmq-quorum", "RabbitMQ")):
+            for w in workloads:
+                rs = ratios(figs, w, "partitioned-direct", den, scaled)
+                if rs:
+                    each = ", ".join(f"{r:.2f}" for r in rs)
+                    what = "scaled to the caps, est.: " if scaled else ""
+                    clean = ratios(figs, w, "partitioned-direct", den, scaled, saturated=True)
+                    both = ", ".join(f"{r:.2f}" for r in clean) or "none"
+                    lines.append(f"{what}partitioned / {label} = {statistics.median(rs):.2f}x "
+                                 f"({w}; per round {each}; both saturated: {both})")
+    return "\n".join(lines)
+
+
+# -- main ------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--stage0", action="store_true",
+                   help="issue 35 stage 0: layouts single-group, partitioned-direct, "
+                        "rabbitmq-quorum (the default today)")
+    p.add_argument("--layouts", default=",".join(STAGE0_LAYOUTS),
+                   help=f"comma-separated, of {', '.join(LAYOUTS)}")
+    p.add_argument("--workloads", default="confirm,tx", help="comma-separated: confirm, tx")
+    p.add_argument("--queues", type=int, default=12)
+    p.add_argument("--publishers", type=int, default=1,
+                   help="publisher (and consumer) connections per queue, confirm workload")
+    p.add_argument("--tx-publishers", type=int, default=8,
+                   help="the same for the tx workload, one commit in flight each (8: enough "
+                        "that the caps bound it, not the commit latency; with 1 per queue the "
+                        "12 commits in flight leave the machines idle)")
+    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per cell")
+    p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="each layout started afresh per round, order reversed on odd rounds")
+    p.add_argument("--cap", type=float, default=0.6, help="CPUs per machine (cgroup quota)")
+    p.add_argument("--period-us", type=int, default=100_000, help="CFS period")
+    p.add_argument("--no-rabbitmq", action="store_true", help="leave out rabbitmq-quorum")
+    p.add_argument("--py-spy", type=Path, metavar="DIR",
+                   help="py-spy record the brokerha nodes in each measured window (raw stacks "
+                        "and per-message summaries into DIR; py-spy on PATH)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write all figures as JSON")
+    p.add_argument("--report", type=Path, metavar="FILE",
+                   help="measure nothing: print the table of a --json file written before")
+    args = p.parse_args(argv)
+    args.layouts = STAGE0_LAYOUTS if args.stage0 else tuple(
+        x for x in args.layouts.split(",") if x)
+    args.workloads = tuple(x for x in args.workloads.split(",") if x)
+    if args.no_rabbitmq:
+        args.layouts = tuple(x for x in args.layouts if x != "rabbitmq-quorum")
+    bad = [x for x in args.layouts if x not in LAYOUTS] + [
+        x for x in args.workloads if x not in ("confirm", "tx")]
+    if bad:
+        p.error(f"unknown layout or workload: {', '.join(bad)}")
+    if not (0 < args.seconds <= 120 and 0 <= args.warmup <= 60 and 1 <= args.rounds <= 10
+            and 0.05 <= args.cap <= 4 and 1 <= args.queues <= 120
+            and 1 <= args.publishers <= 8 and 1 <= args.tx_publishers <= 8
+            and 1000 <= args.period_us <= 1_000_000):
+        p.error("keep runs bounded: 0 < --seconds <= 120, --warmup <= 60, 1 <= --rounds <= 10, "
+                "0.05 <= --cap <= 4, 1 <= --queues <= 120")
+    return args
+
+
+def code_state() -> str:
+    """Which code the nodes run: the commit, edits in the working tree, compiled or not."""
+    import brokerha.broker.broker as compiled_or_not
+
+    root = Path(__file__).resolve().parents[1]
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip() or "?"
+    dirty = subprocess.run([*git, "status", "--short", "--", "brokerha"], capture_output=True,
+                           text=True).stdout.splitlines()
+    native = "compiled" if str(compiled_or_not.__file__).endswith(".so") else "pure Python"
+    return f"brokerha at {head}, {len(dirty)} file(s) of brokerha/ edited in the working tree, {native}"
+
+
+def from_json(path: Path) -> str:
+    data = json.loads(path.read_text())
+    figs = [Figures(**{**f, "load": tuple(f["load"])}) for f in data["figures"]]
+    for f in figs:  # written before the field existed
+        f.leading_machines = f.leading_machines or ([0] if f.layout == "single-group" else
+                                                    list(range(MACHINES)))
+    args = data["args"]
+    head = f"{data['started'][:16]} UTC; uptime at start: {data['uptime'][0]}; at end: " \
+           f"{data['uptime'][-1]}"
+    return head + "\n\n" + report(figs, args["workloads"], args["cap"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.report is not None:
+        print(from_json(args.report))
+        return 0
+    loadgen.selftest()
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    layouts = list(args.layouts)
+    if "rabbitmq-quorum" in layouts and not rabbitmq_available():
+        print("rabbitmq-server is not installed: brokerha layouts only", flush=True)
+        layouts.remove("rabbitmq-quorum")
+    if args.py_spy is not None:
+        args.py_spy.mkdir(parents=True, exist_ok=True)
+    started_at = datetime.now(UTC)
+    uptime = [subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]
+    code = code_state()
+    print(f"code: {code}", flush=True)
+    figs: list[Figures] = []
+    t0 = time.monotonic()
+    with Machines(args.cap, args.period_us) as machines:
+        print(f"scale-out: {len(layouts)} layout(s) x {len(args.workloads)} workload(s), "
+              f"{args.queues} queues, {args.seconds:g} s (+{args.warmup:g} s warm-up) each, "
+              f"{args.rounds} round(s); {MACHINES} machines = cgroup v{machines.roots.version} "
+              f"{machines.roots.cpu}/{machines[0].name[:-3]}-m*, {args.cap:g} CPU each; "
+              f"{os.cpu_count()} CPUs; {uptime[0]}", flush=True)
+        for rnd in range(args.rounds):
+            for layout in (layouts if rnd % 2 == 0 else list(reversed(layouts))):
+                try:
+                    with started(layout, machines) as lay:
+                        for w in args.workloads:
+                            figs.append(measure(lay, w, args, machines, rnd))
+                except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError,
+                        pika.exceptions.AMQPError) as exc:
+                    error = f"could not start: {type(exc).__name__}: {exc}"[:2000]
+                    print(f"  {layout}: {error}", flush=True)
+                    figs += [Figures(layout, w, rnd, (os.getloadavg()[0],) * 2, args.cap,
+                                     error=error) for w in args.workloads]
+    uptime.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    print(f"\nscale-out stage 0, {started_at:%Y-%m-%d %H:%M} UTC, "
+          f"{time.monotonic() - t0:.0f} s in all; {args.queues} queues, {args.seconds:g} s "
+          f"per cell; uptime at start: {uptime[0]}; at end: {uptime[1]}; {code}\n")
+    for f in figs:
+        for note in f.notes:
+            print(f"note: {f.layout} {f.workload} round {f.round + 1}: {note}")
+    print(report(figs, args.workloads, args.cap))
+    if args.json:
+        args.json.write_text(json.dumps({
+            "started": started_at.isoformat(), "uptime": uptime, "code": code, "args": {
+                k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "figures": [f.__dict__ for f in figs]}, indent=2))
+    return 1 if any(f.error for f in figs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
