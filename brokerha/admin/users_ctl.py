@@ -138,27 +138,18 @@ def list_vhosts(args: argparse.Namespace, base: str) -> None:
 
 def set_permissions(args: argparse.Namespace, base: str) -> None:
     print(f'Setting permissions for user "{args.name}" in vhost "{args.vhost}" ...')
-    _vhost_and_user(base, args.vhost, args.name)
-    _call(base, f"/api/permissions/{_q(args.vhost)}/{_q(args.name)}", method="PUT",
-          body={"configure": args.conf, "write": args.write, "read": args.read})
+    _set_grant(base, "permissions", args.vhost, args.name,
+               {"configure": args.conf, "write": args.write, "read": args.read})
 
 
 def clear_permissions(args: argparse.Namespace, base: str) -> None:
     print(f'Clearing permissions for user "{args.name}" in vhost "{args.vhost}" ...')
-    _vhost_and_user(base, args.vhost, args.name)
-    try:
-        request(base, f"/api/permissions/{_q(args.vhost)}/{_q(args.name)}", method="DELETE")
-    except CtlError as exc:
-        if exc.status != 404:  # none to clear: rabbitmqctl says nothing either
-            raise _error(str(exc.reason or exc)) from None
+    _clear_grant(base, "permissions", args.vhost, args.name)
 
 
 def list_permissions(args: argparse.Namespace, base: str) -> None:
     print(f'Listing permissions for vhost "{args.vhost}" ...')
-    found = _call(base, f"/api/vhosts/{_q(args.vhost)}/permissions",
-                  missing=_no_vhost(args.vhost), plain=True)
-    _rows(["user", "configure", "write", "read"],
-          [[p["user"], p["configure"], p["write"], p["read"]] for p in found])
+    _list_grants(base, "permissions", args.vhost, ["configure", "write", "read"])
 
 
 def list_user_permissions(args: argparse.Namespace, base: str) -> None:
@@ -172,28 +163,41 @@ def list_user_permissions(args: argparse.Namespace, base: str) -> None:
 def set_topic_permissions(args: argparse.Namespace, base: str) -> None:
     print(f'Setting topic permissions on "{args.exchange}" for user "{args.name}" in vhost '
           f'"{args.vhost}" ...')
-    _vhost_and_user(base, args.vhost, args.name)
-    _call(base, f"/api/topic-permissions/{_q(args.vhost)}/{_q(args.name)}", method="PUT",
-          body={"exchange": args.exchange, "write": args.write, "read": args.read})
+    _set_grant(base, "topic-permissions", args.vhost, args.name,
+               {"exchange": args.exchange, "write": args.write, "read": args.read})
 
 
 def clear_topic_permissions(args: argparse.Namespace, base: str) -> None:
     print(f'Clearing topic permissions for user "{args.name}" in vhost "{args.vhost}" ...')
-    _vhost_and_user(base, args.vhost, args.name)
-    try:
-        request(base, f"/api/topic-permissions/{_q(args.vhost)}/{_q(args.name)}",
-                method="DELETE")
-    except CtlError as exc:
-        if exc.status != 404:
-            raise _error(str(exc.reason or exc)) from None
+    _clear_grant(base, "topic-permissions", args.vhost, args.name)
 
 
 def list_topic_permissions(args: argparse.Namespace, base: str) -> None:
     print(f'Listing topic permissions for vhost "{args.vhost}" ...')
-    found = _call(base, f"/api/vhosts/{_q(args.vhost)}/topic-permissions",
-                  missing=_no_vhost(args.vhost), plain=True)
-    _rows(["user", "exchange", "write", "read"],
-          [[p["user"], p["exchange"], p["write"], p["read"]] for p in found])
+    _list_grants(base, "topic-permissions", args.vhost, ["exchange", "write", "read"])
+
+
+# A grant is a user's permissions (``kind`` "permissions") or topic permissions
+# ("topic-permissions") in a vhost: the same API paths and the same words for both.
+
+def _set_grant(base: str, kind: str, vhost: str, user: str, body: dict[str, str]) -> None:
+    _vhost_and_user(base, vhost, user)
+    _call(base, f"/api/{kind}/{_q(vhost)}/{_q(user)}", method="PUT", body=body)
+
+
+def _clear_grant(base: str, kind: str, vhost: str, user: str) -> None:
+    _vhost_and_user(base, vhost, user)
+    try:
+        request(base, f"/api/{kind}/{_q(vhost)}/{_q(user)}", method="DELETE")
+    except CtlError as exc:
+        if exc.status != 404:  # none to clear: rabbitmqctl says nothing either
+            raise _error(str(exc.reason or exc)) from None
+
+
+def _list_grants(base: str, kind: str, vhost: str, columns: list[str]) -> None:
+    """The vhost's grants of ``kind``, a row a user with its ``columns``."""
+    found = _call(base, f"/api/vhosts/{_q(vhost)}/{kind}", missing=_no_vhost(vhost), plain=True)
+    _rows(["user", *columns], [[p["user"], *(p[c] for c in columns)] for p in found])
 
 
 def _rows(header: list[str], rows: list[list[str]]) -> None:
