@@ -44,8 +44,8 @@ from brokerha.admin.management import (
     ManagementError,
     bad_request,
     decoded_body,
-    not_authorised,
     not_found,
+    require_admin,
 )
 from brokerha.broker import definitions as D
 from brokerha.broker.auth import HASHES, hash_password
@@ -156,14 +156,10 @@ class DefinitionsAPI:
         log.info("management API: %s %s", call.user.name, what)
         await apply_durably(self.api.node.broker, changes)
 
-    def _admin(self, call: Call) -> None:
-        if not call.admin:
-            raise not_authorised("Not administrator user")
-
     # -- vhosts ----------------------------------------------------------------------------
 
     async def put_vhost(self, call: Call) -> Response:
-        self._admin(call)
+        require_admin(call)
         name = call.params["vhost"]
         body = decoded_body(call)
         description = body.get("description", "")
@@ -182,7 +178,7 @@ class DefinitionsAPI:
         return Response(204 if existed else 201, b"")
 
     async def delete_vhost(self, call: Call) -> None:
-        self._admin(call)
+        require_admin(call)
         name = call.params["vhost"]
         changes = self.definitions.deleting(D.VHOST, name)
         if not changes:
@@ -191,40 +187,33 @@ class DefinitionsAPI:
                                           f"permissions and policies")
 
     def vhost_permissions(self, call: Call) -> list[dict[str, Any]]:
-        return self._in_vhost(call, self.definitions.permissions, permission_entry)
+        return self._grants_of(call, "vhost", self.definitions.permissions, permission_entry)
 
     def vhost_topic_permissions(self, call: Call) -> list[dict[str, Any]]:
-        return self._in_vhost(call, self.definitions.topic_permissions, topic_permission_entry)
-
-    def _in_vhost(self, call: Call, listing: Callable[..., list[Any]],
-                  entry: Callable[..., dict[str, Any]]) -> list[dict[str, Any]]:
-        self._admin(call)
-        vhost = call.params["vhost"]
-        if vhost not in self.definitions.vhosts:
-            raise not_found()
-        return [entry(k, v) for k, v in listing(vhost=vhost)]
+        return self._grants_of(call, "vhost", self.definitions.topic_permissions,
+                               topic_permission_entry)
 
     # -- users -----------------------------------------------------------------------------
 
     def users(self, call: Call) -> list[dict[str, Any]]:
-        self._admin(call)
+        require_admin(call)
         return [user_entry(name, value) for name, value in sorted(self.definitions.users.items())]
 
     def user(self, call: Call) -> dict[str, Any]:
-        self._admin(call)
+        require_admin(call)
         value = self.definitions.users.get(call.params["user"])
         if value is None:
             raise not_found()
         return user_entry(call.params["user"], value)
 
     def users_without_permissions(self, call: Call) -> list[dict[str, Any]]:
-        self._admin(call)
+        require_admin(call)
         with_permissions = {k[0] for k, _ in self.definitions.permissions()}
         return [user_entry(name, value) for name, value in sorted(self.definitions.users.items())
                 if name not in with_permissions]
 
     async def put_user(self, call: Call) -> Response:
-        self._admin(call)
+        require_admin(call)
         name = call.params["user"]
         value = self.user_value(name, decoded_body(call))
         existed = name in self.definitions.users
@@ -263,7 +252,7 @@ class DefinitionsAPI:
         return D.user_value(hash_password(password), tags)
 
     async def delete_user(self, call: Call) -> None:
-        self._admin(call)
+        require_admin(call)
         name = call.params["user"]
         changes = self.definitions.deleting(D.USER, name)
         if not changes:
@@ -271,7 +260,7 @@ class DefinitionsAPI:
         await self._change(call, changes, f"deleted user '{name}' with its permissions")
 
     async def bulk_delete_users(self, call: Call) -> None:
-        self._admin(call)
+        require_admin(call)
         names = decoded_body(call).get("users")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise bad_request("users must be a list of user names")
@@ -279,27 +268,31 @@ class DefinitionsAPI:
         await self._change(call, changes, f"deleted users {names}")
 
     def user_permissions(self, call: Call) -> list[dict[str, Any]]:
-        return self._of_user(call, self.definitions.permissions, permission_entry)
+        return self._grants_of(call, "user", self.definitions.permissions, permission_entry)
 
     def user_topic_permissions(self, call: Call) -> list[dict[str, Any]]:
-        return self._of_user(call, self.definitions.topic_permissions, topic_permission_entry)
-
-    def _of_user(self, call: Call, listing: Callable[..., list[Any]],
-                 entry: Callable[..., dict[str, Any]]) -> list[dict[str, Any]]:
-        self._admin(call)
-        user = call.params["user"]
-        if user not in self.definitions.users:
-            raise not_found()
-        return [entry(k, v) for k, v in listing(user=user)]
+        return self._grants_of(call, "user", self.definitions.topic_permissions,
+                               topic_permission_entry)
 
     # -- permissions -----------------------------------------------------------------------
 
+    def _grants_of(self, call: Call, owner: str, listing: Callable[..., list[Any]],
+                   entry: Callable[..., dict[str, Any]]) -> list[dict[str, Any]]:
+        """The permissions or topic permissions (``listing``) of the path's ``owner``, a
+        "vhost" or a "user"; 404 if it does not exist."""
+        require_admin(call)
+        name = call.params[owner]
+        known = self.definitions.vhosts if owner == "vhost" else self.definitions.users
+        if name not in known:
+            raise not_found()
+        return [entry(k, v) for k, v in listing(**{owner: name})]
+
     def permissions(self, call: Call) -> list[dict[str, Any]]:
-        self._admin(call)
+        require_admin(call)
         return [permission_entry(k, v) for k, v in self.definitions.permissions()]
 
     def permission(self, call: Call) -> dict[str, Any]:
-        self._admin(call)
+        require_admin(call)
         key = (call.params["user"], call.params["vhost"])
         value = self.definitions.get(D.PERMISSION, *key)
         if value is None:
@@ -313,7 +306,7 @@ class DefinitionsAPI:
         return vhost, user
 
     async def put_permission(self, call: Call) -> Response:
-        self._admin(call)
+        require_admin(call)
         vhost, user = self._vhost_and_user(call)
         configure, write, read = required(decoded_body(call), "configure", "write", "read")
         for pattern in (configure, write, read):
@@ -325,7 +318,7 @@ class DefinitionsAPI:
         return Response(204 if existed else 201, b"")
 
     async def delete_permission(self, call: Call) -> None:
-        self._admin(call)
+        require_admin(call)
         user, vhost = call.params["user"], call.params["vhost"]
         if self.definitions.get(D.PERMISSION, user, vhost) is None:
             raise not_found()
@@ -335,11 +328,11 @@ class DefinitionsAPI:
     # -- topic permissions -----------------------------------------------------------------
 
     def topic_permissions(self, call: Call) -> list[dict[str, Any]]:
-        self._admin(call)
+        require_admin(call)
         return [topic_permission_entry(k, v) for k, v in self.definitions.topic_permissions()]
 
     def topic_permission(self, call: Call) -> list[dict[str, Any]]:
-        self._admin(call)
+        require_admin(call)
         found = self.definitions.topic_permissions(user=call.params["user"],
                                                    vhost=call.params["vhost"])
         if not found:
@@ -347,7 +340,7 @@ class DefinitionsAPI:
         return [topic_permission_entry(k, v) for k, v in found]
 
     async def put_topic_permission(self, call: Call) -> Response:
-        self._admin(call)
+        require_admin(call)
         vhost, user = self._vhost_and_user(call)
         exchange, write, read = required(decoded_body(call), "exchange", "write", "read")
         for pattern in (write, read):
@@ -359,7 +352,7 @@ class DefinitionsAPI:
         return Response(204 if existed else 201, b"")
 
     async def delete_topic_permission(self, call: Call) -> None:
-        self._admin(call)
+        require_admin(call)
         user, vhost = call.params["user"], call.params["vhost"]
         found = self.definitions.topic_permissions(user=user, vhost=vhost)
         if not found:

@@ -56,6 +56,7 @@ from brokerha.admin.management import (
     _exchange_entry,
     _version,
     bad_request,
+    require_admin,
 )
 from brokerha.broker import definitions as D
 from brokerha.broker.definitions import DefinitionChange, Definitions
@@ -73,7 +74,7 @@ PER_VHOST = ("parameters", "policies", "queues", "exchanges", "bindings")
 # -- export --------------------------------------------------------------------------------
 
 def export(api: ManagementAPI, call: Call) -> dict[str, Any]:
-    api._admin(call)
+    require_admin(call)
     only = call.params.get("vhost")
     if only is not None and only not in api.node.broker.vhosts:
         raise bad_request("vhost_not_found")
@@ -128,7 +129,7 @@ def _objects(api: ManagementAPI, vhosts: list[str]) -> dict[str, list[dict[str, 
 # -- import --------------------------------------------------------------------------------
 
 async def import_(api: ManagementAPI, checks: DefinitionsAPI, call: Call) -> None:
-    api._admin(call)
+    require_admin(call)
     body = call.body()
     only = call.params.get("vhost")
     broker = api.node.broker

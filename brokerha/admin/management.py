@@ -128,6 +128,12 @@ class Call:
 Handler = Callable[[Call], Any]
 
 
+def require_admin(call: Call) -> None:
+    """RabbitMQ's 401 for a path only an ``administrator`` may use."""
+    if not call.admin:
+        raise not_authorised("Not administrator user")
+
+
 def decoded_body(call: Call) -> dict[str, Any]:
     """The JSON object, as RabbitMQ's ``with_decode`` reads it (``null``, ``undefined``,
     empty: no keys)."""
@@ -573,10 +579,6 @@ class ManagementAPI:
 
     def whoami(self, call: Call) -> dict[str, Any]:
         return {"name": call.user.name, "tags": sorted(call.user.tags)}
-
-    def _admin(self, call: Call) -> None:
-        if not call.admin:
-            raise not_authorised("Not administrator user")
 
     # -- exchanges ---------------------------------------------------------------------
 

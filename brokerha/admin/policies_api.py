@@ -37,6 +37,7 @@ from brokerha.admin.management import (
     decoded_body,
     not_authorised,
     not_found,
+    require_admin,
 )
 from brokerha.broker.definitions import DefinitionChange
 from brokerha.broker.exchange import Exchange
@@ -99,8 +100,7 @@ class PoliciesAPI:
 
     def _may_change(self, call: Call, kind: str, vhost: str) -> None:
         if kind == OPERATOR_POLICY:
-            if not call.admin:
-                raise not_authorised("Not administrator user")
+            require_admin(call)
             return
         if call.admin:
             return
