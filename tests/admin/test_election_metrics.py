@@ -25,7 +25,7 @@ from brokerha.broker.broker import Broker
 from brokerha.cluster.election import CAMPAIGN_REASONS, STEPDOWN_REASONS, Election
 from brokerha.node.ha import HANode
 from brokerha.node.loop_monitor import LoopMonitor
-from tests.cluster.test_election import STEP, Mesh
+from tests.cluster.test_election import Mesh
 
 
 def failed_over() -> tuple[Election, Election]:
@@ -33,14 +33,10 @@ def failed_over() -> tuple[Election, Election]:
     mesh = Mesh.of(3)
     old = mesh.elect()
     mesh.cut = {old}
-    for name, node in mesh.nodes.items():
-        if name != old:
-            mesh.carry(name, node.link_down(mesh.now, old))
-    while not [n for n in mesh.primaries() if n != old]:
-        mesh.run(mesh.now + STEP)
+    mesh.close_links_to(old)
+    new = mesh.elect_other_than(old)
     mesh.cut = set()
     mesh.run(mesh.now + 2.0)  # the old one hears the newer epoch: stepped down
-    new = next(n for n in mesh.primaries() if n != old)
     return mesh.nodes[new], mesh.nodes[old]
 
 

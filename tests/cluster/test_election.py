@@ -100,6 +100,40 @@ class Mesh:
     def status(self) -> list[dict[str, object]]:
         return [e.status() for e in self.nodes.values()]
 
+    # -- the scenarios' usual moves ----------------------------------------------------
+
+    def close_links_to(self, name: str) -> None:
+        """Every other node sees its link to ``name`` close (a SIGKILL, a reset)."""
+        for other, node in self.nodes.items():
+            if other != name:
+                self.carry(other, node.link_down(self.now, name))
+
+    def elect_other_than(self, old: str) -> str:
+        """Run a step at a time until a node other than ``old`` is primary: that node.
+        Meanwhile at most one of the others serves."""
+        while not (new := [n for n in self.primaries() if n != old]):
+            self.run(self.now + STEP)
+            assert len([n for n in self.serving() if n != old]) <= 1, self.status()
+        return new[0]
+
+    def backups_hold(self, primary: str, position: Position) -> None:
+        """The replication layer reports every node but ``primary`` at ``position``."""
+        for name, node in self.nodes.items():
+            if name != primary:
+                node.set_position(position)
+
+    def promote(self, old: str, target: str) -> list[Action]:
+        """``old``, the primary, hands its role over to ``target`` (its actions)."""
+        return self.carry(old, self.nodes[old].promote(self.now, target))
+
+
+def member(name: str, epoch: int, position: Position, seed: int, *,
+           voted_for: str | None = None, vote_floor: Position | None = None) -> Election:
+    """One of n1, n2, n3 on its own, started from what it persisted; the test delivers."""
+    return Election(name, ["n1", "n2", "n3"], epoch=epoch, voted_for=voted_for,
+                    position=position, timing=TIMING, rng=random.Random(seed),
+                    vote_floor=vote_floor)
+
 
 def kinds(actions: list[Action]) -> list[str]:
     return [type(a).__name__ if not isinstance(a, Send) else f"Send:{type(a.message).__name__}"
@@ -131,8 +165,7 @@ def test_a_single_node_cluster_elects_itself() -> None:
 
 
 def test_the_epoch_is_persisted_before_any_vote_request_is_sent() -> None:
-    node = Election("n1", ["n1", "n2", "n3"], epoch=5, voted_for=None, position=Position(5, 9),
-                    timing=TIMING, rng=random.Random(1))
+    node = member("n1", 5, Position(5, 9), seed=1)
     node.start(0.0)
     pre = node.tick(3.0)  # pre-vote: nothing changes, nothing to persist
     assert kinds(pre) == ["Send:VoteRequest"] * 2 and node.epoch == 5
@@ -144,16 +177,14 @@ def test_the_epoch_is_persisted_before_any_vote_request_is_sent() -> None:
 
 
 def test_a_voter_persists_its_vote_before_it_replies() -> None:
-    voter = Election("n2", ["n1", "n2", "n3"], epoch=5, voted_for=None, position=Position(5, 9),
-                     timing=TIMING, rng=random.Random(2))
+    voter = member("n2", 5, Position(5, 9), seed=2)
     voter.start(0.0)
     actions = voter.receive(3.0, "n1", VoteRequest(6, "n1", 5, 9))
     assert actions == [Persist(6, "n1"), Send("n1", VoteReply(6, "n2", True, False, 5, 9))]
 
 
 def test_a_voter_never_grants_twice_in_one_epoch() -> None:
-    voter = Election("n3", ["n1", "n2", "n3"], epoch=1, voted_for=None, position=Position(1, 4),
-                     timing=TIMING, rng=random.Random(3))
+    voter = member("n3", 1, Position(1, 4), seed=3)
     voter.start(0.0)
     first = voter.receive(3.0, "n1", VoteRequest(2, "n1", 1, 4))
     second = voter.receive(3.1, "n2", VoteRequest(2, "n2", 1, 9))
@@ -162,8 +193,7 @@ def test_a_voter_never_grants_twice_in_one_epoch() -> None:
     assert second == [Send("n2", VoteReply(2, "n3", False, False, 1, 4))]
     assert again == [Send("n1", VoteReply(2, "n3", True, False, 1, 4))]
     # after a restart from what was persisted, the vote is remembered
-    restarted = Election("n3", ["n1", "n2", "n3"], epoch=2, voted_for="n1",
-                         position=Position(1, 4), timing=TIMING, rng=random.Random(3))
+    restarted = member("n3", 2, Position(1, 4), seed=3, voted_for="n1")
     restarted.start(10.0)
     assert restarted.receive(10.0, "n2", VoteRequest(2, "n2", 1, 9))[-1].message.granted is False
 
@@ -189,8 +219,7 @@ def test_the_most_advanced_reachable_node_wins_even_when_it_asks_last() -> None:
 
 
 def test_a_catching_up_node_never_stands() -> None:
-    node = Election("n1", ["n1", "n2", "n3"], epoch=4, voted_for=None, position=Position.INVALID,
-                    timing=TIMING, rng=random.Random(4))
+    node = member("n1", 4, Position.INVALID, seed=4)
     node.start(0.0)
     for t in range(1, 30):
         assert node.tick(float(t)) == []
@@ -198,8 +227,7 @@ def test_a_catching_up_node_never_stands() -> None:
 
 
 def test_a_catching_up_voter_still_refuses_a_candidate_behind_what_it_acknowledged() -> None:
-    voter = Election("n2", ["n1", "n2", "n3"], epoch=3, voted_for=None, position=Position(3, 10),
-                     timing=TIMING, rng=random.Random(5))
+    voter = member("n2", 3, Position(3, 10), seed=5)
     voter.start(0.0)
     voter.set_position(Position.INVALID)  # joining a primary again: catching up
     behind = voter.receive(5.0, "n1", VoteRequest(4, "n1", 3, 9))
@@ -207,9 +235,7 @@ def test_a_catching_up_voter_still_refuses_a_candidate_behind_what_it_acknowledg
     ahead = voter.receive(5.0, "n3", VoteRequest(5, "n3", 3, 10))
     assert ahead[-1].message.granted is True
     # the floor survives a restart when the caller persists it
-    restarted = Election("n2", ["n1", "n2", "n3"], epoch=5, voted_for=None,
-                         position=Position.INVALID, vote_floor=Position(3, 10), timing=TIMING,
-                         rng=random.Random(5))
+    restarted = member("n2", 5, Position.INVALID, seed=5, vote_floor=Position(3, 10))
     restarted.start(9.0)
     assert restarted.receive(9.0, "n1", VoteRequest(6, "n1", 3, 9))[-1].message.granted is False
 
@@ -360,11 +386,9 @@ def test_promote_hands_the_primary_role_over_to_a_ready_backup() -> None:
     old = mesh.elect()
     epoch = mesh.nodes[old].epoch
     target = next(n for n in mesh.nodes if n != old)
-    for name, node in mesh.nodes.items():  # the replication layer reports the backups ready
-        if name != old:
-            node.set_position(Position(epoch, 0))
+    mesh.backups_hold(old, Position(epoch, 0))  # ready
     mesh.run(mesh.now + 0.5)
-    actions = mesh.carry(old, mesh.nodes[old].promote(mesh.now, target))
+    actions = mesh.promote(old, target)
     assert isinstance(actions[0], StopServing) and not mesh.nodes[old].lease_valid(mesh.now)
     assert actions[-1] == Send(target, TransferPrimary(epoch, target, epoch, 0))
     mesh.deliver()
@@ -380,11 +404,9 @@ def test_a_promoted_target_waits_until_it_holds_what_the_old_primary_held() -> N
     epoch = mesh.nodes[old].epoch
     target = next(n for n in mesh.nodes if n != old)
     mesh.nodes[old].set_position(Position(epoch, 5))
-    for name, node in mesh.nodes.items():
-        if name != old:
-            node.set_position(Position(epoch, 3))
+    mesh.backups_hold(old, Position(epoch, 3))
     mesh.run(mesh.now + 0.5)
-    mesh.carry(old, mesh.nodes[old].promote(mesh.now, target))
+    mesh.promote(old, target)
     mesh.deliver()
     assert mesh.primaries() == []  # the target still misses events 4 and 5
     actions = mesh.carry(target, mesh.nodes[target].set_position(Position(epoch, 5)))
@@ -446,12 +468,8 @@ def _kill_primary_and_time_failover(mesh: Mesh, signal_link_loss: bool) -> float
     killed_at = mesh.now
     mesh.cut = {old}  # the dead primary: nothing in or out
     if signal_link_loss:
-        for name, node in mesh.nodes.items():
-            if name != old:
-                mesh.carry(name, node.link_down(mesh.now, old))
-    while not [n for n in mesh.primaries() if n != old]:
-        mesh.run(mesh.now + STEP)
-        assert len([n for n in mesh.serving() if n != old]) <= 1, mesh.status()
+        mesh.close_links_to(old)
+    mesh.elect_other_than(old)
     return mesh.now - killed_at
 
 
@@ -474,8 +492,7 @@ def test_a_pre_vote_refused_before_the_voter_saw_its_own_link_close_is_retried_s
     mesh.run(mesh.now + STEP)  # first stands; second still counts the primary as heard
     assert mesh.primaries() == [old]
     mesh.carry(second, mesh.nodes[second].link_down(mesh.now, old))
-    while not [n for n in mesh.primaries() if n != old]:
-        mesh.run(mesh.now + STEP)
+    mesh.elect_other_than(old)
     assert mesh.now - killed_at <= 2 * TIMING.heartbeat_interval + 3 * STEP
 
 
@@ -524,12 +541,9 @@ def test_a_deposed_primary_that_still_runs_serves_at_most_lease_timeout_after_it
     """
     mesh = Mesh.of(3)
     old = mesh.elect()
-    for name, node in mesh.nodes.items():
-        if name != old:
-            mesh.carry(name, node.link_down(mesh.now, old))
+    mesh.close_links_to(old)
     mesh.cut = {old}
-    while not [n for n in mesh.primaries() if n != old]:
-        mesh.run(mesh.now + STEP)
+    mesh.elect_other_than(old)
     elected_at = mesh.now
     assert old in mesh.serving()  # the overlap the simulation's invariant (b) bounds
     while old in mesh.serving():
@@ -630,9 +644,7 @@ def test_each_campaign_is_counted_by_why_the_node_stood(caplog: pytest.LogCaptur
     # a hang: nothing closes, the backups hear nothing for the election timeout
     mesh.paused = {first}
     with caplog.at_level(logging.WARNING, logger="brokerha.ha"):
-        while not [n for n in mesh.primaries() if n != first]:
-            mesh.run(mesh.now + STEP)
-    second = next(n for n in mesh.primaries() if n != first)
+        second = mesh.elect_other_than(first)
     assert mesh.nodes[second].elections["election_timeout"] == 1
     line = next(r.getMessage() for r in caplog.records if "stands for election" in r.getMessage())
     assert f"election_timeout: nothing heard from primary {first} for" in line
@@ -642,12 +654,8 @@ def test_each_campaign_is_counted_by_why_the_node_stood(caplog: pytest.LogCaptur
 
     # a kill: the links close
     mesh.cut = {second}
-    for name, node in mesh.nodes.items():
-        if name != second:
-            mesh.carry(name, node.link_down(mesh.now, second))
-    while not [n for n in mesh.primaries() if n != second]:
-        mesh.run(mesh.now + STEP)
-    third = next(n for n in mesh.primaries() if n != second)
+    mesh.close_links_to(second)
+    third = mesh.elect_other_than(second)
     assert mesh.nodes[third].elections["link_down"] == 1
     assert mesh.nodes[third].status()["last_election"] == {
         "reason": "link_down", "at": mesh.nodes[third].last_election[1],  # type: ignore[index]
@@ -658,11 +666,9 @@ def test_each_campaign_is_counted_by_why_the_node_stood(caplog: pytest.LogCaptur
     # a manual failover
     epoch = mesh.nodes[third].epoch
     target = next(n for n in mesh.nodes if n != third)
-    for name, node in mesh.nodes.items():
-        if name != third:
-            node.set_position(Position(epoch, 0))
+    mesh.backups_hold(third, Position(epoch, 0))
     mesh.run(mesh.now + 0.5)
-    mesh.carry(third, mesh.nodes[third].promote(mesh.now, target))
+    mesh.promote(third, target)
     mesh.deliver()
     assert mesh.primaries() == [target] and mesh.nodes[target].elections["transfer"] == 1
     assert mesh.nodes[third].stepdowns["transfer"] == 1
@@ -752,9 +758,7 @@ def _stall_the_primary(seconds: float, seed: int) -> tuple[Election, int, Mesh]:
         node.rng = random.Random(seed * 10 + i)
     primary = mesh.elect()
     node = mesh.nodes[primary]
-    for name, other in mesh.nodes.items():  # caught up: the backups hold what it holds
-        if name != primary:
-            other.set_position(node.position)
+    mesh.backups_hold(primary, node.position)  # caught up: they hold what it holds
     while node._heartbeat_sent_at != mesh.now:  # noqa: SLF001 -- a heartbeat just went out
         mesh.run(mesh.now + STEP)
     mesh.run(mesh.now + STEP)
@@ -787,9 +791,7 @@ def test_the_heartbeat_gap_is_measured_within_one_primary_role() -> None:
     node = mesh.nodes[primary]
     other = next(n for n in mesh.nodes if n != primary)
     mesh.carry(primary, node.receive(mesh.now, other, NewEpoch(node.epoch + 1, other)))
-    for name, backup in mesh.nodes.items():
-        if name != primary:
-            backup.set_position(Position.INVALID)  # catching up: only the old primary stands
+    mesh.backups_hold(primary, Position.INVALID)  # catching up: only the old primary stands
     mesh.run(mesh.now + 5.0)
     assert mesh.primaries() == [primary] and node.stepdowns["newer_epoch"] == 1
     assert node.heartbeats_late == 0

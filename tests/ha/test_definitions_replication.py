@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from brokerha.broker import definitions as D
 from brokerha.broker.auth import hash_password
+from brokerha.broker.broker import Broker
 from brokerha.broker.definitions import DefinitionChange
 from brokerha.broker.storage import MemoryStore
 from tests.ha.harness import Cluster
@@ -20,12 +21,17 @@ def define(c: Cluster) -> None:
         DefinitionChange(D.POLICY, ("v", "p"), POLICY)])
 
 
+def joined(c: Cluster) -> Broker:
+    """n2 made the primary's backup and caught up: its broker."""
+    c.follow("n2")
+    c.pump()
+    return c.node("n2").broker
+
+
 def test_a_backup_that_joins_gets_the_primarys_definitions() -> None:
     c = Cluster(2)
     define(c)
-    c.follow("n2")
-    c.pump()
-    backup = c.node("n2").broker
+    backup = joined(c)
     assert backup.definitions.changes() == c.broker.definitions.changes()
     assert backup.users.authenticate("u", "secret", "127.0.0.1").permissions["v"].write == "^w"
     assert "v" in backup.vhosts
@@ -34,12 +40,10 @@ def test_a_backup_that_joins_gets_the_primarys_definitions() -> None:
 def test_live_changes_reach_the_backup_and_its_store() -> None:
     store = MemoryStore()
     c = Cluster(2, stores={"n2": store})
-    c.follow("n2")
-    c.pump()
+    backup = joined(c)
     define(c)
     c.broker.definitions.apply(D.user_set("u", hash_password("new")))
     c.pump()
-    backup = c.node("n2").broker
     assert backup.definitions.changes() == c.broker.definitions.changes()
     assert backup.users.authenticate("u", "new", "127.0.0.1").name == "u"
     assert store.load().definitions == [ch.as_wire() for ch in c.broker.definitions.changes()]
@@ -50,9 +54,7 @@ def test_a_deleted_vhost_goes_with_its_queues_on_the_backup() -> None:
     define(c)
     vh = c.broker.vhosts["v"]
     vh.declare_queue("q", owner=None, durable=True)
-    c.follow("n2")
-    c.pump()
-    backup = c.node("n2").broker
+    backup = joined(c)
     assert "q" in backup.vhosts["v"].queues
     c.broker.definitions.delete(D.VHOST, "v")
     c.pump()
@@ -64,9 +66,7 @@ def test_a_deleted_vhost_goes_with_its_queues_on_the_backup() -> None:
 def test_a_backup_that_was_away_drops_what_the_primary_deleted_meanwhile() -> None:
     c = Cluster(2)
     define(c)
-    c.follow("n2")
-    c.pump()
-    backup = c.node("n2").broker
+    backup = joined(c)
     c.silent.add("n2")
     c.broker.definitions.delete(D.USER, "u")
     c.broker.definitions.apply(D.vhost_set("w"))
