@@ -119,28 +119,17 @@ async def _fill_one(url: str, queue: str, count: int, size: int, window: int) ->
         await conn.rpc(CHANNEL, commands.Confirm.Select(), commands.Confirm.SelectOk)
         one = loadgen.encode_publish(CHANNEL, queue, b"x" * size, persistent=True,
                                      frame_max=conn.frame_max)
-        progress = asyncio.Event()
-        conn.after_read = progress.set
+        confirms = loadgen.ConfirmWait(conn)
         sent, batch = 0, 250
         while sent < count:
             n = min(batch, count - sent)
-            while sent + n - conn.confirms.confirmed > window:
-                await _next_read(conn, progress)
+            await confirms.until(sent + n - window)
             conn.write(one * n)
             sent += n
             await conn.drain()
-        while conn.confirms.confirmed < count:
-            await _next_read(conn, progress)
+        await confirms.until(count)
     finally:
         await conn.close()
-
-
-async def _next_read(conn: loadgen.LoadConnection, progress: asyncio.Event) -> None:
-    """Wait for the connection's next read (at most 30 s); its error if it failed."""
-    progress.clear()
-    if conn.error is not None:
-        raise conn.error
-    await asyncio.wait_for(progress.wait(), 30)
 
 
 def fill(url: str, queue: str, count: int, size: int = 1024, connections: int = 2,

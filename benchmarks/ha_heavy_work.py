@@ -175,14 +175,13 @@ async def _publish_one(url: str, queue: str, first: int, count: int, size: int, 
         else:
             await conn.rpc(CHANNEL, commands.Confirm.Select(), commands.Confirm.SelectOk)
         frames = Frames(queue, size, conn.frame_max)
-        progress = asyncio.Event()
-        conn.after_read = progress.set
+        confirms = loadgen.ConfirmWait(conn)  # nothing read for 30 s: a TimeoutError
         batch = max(1, min(500, window // 4, (4 * MiB) // max(1, size)))
         sent = 0
         while sent < count:
             n = min(batch, count - sent)
-            while not tx and sent + n - conn.confirms.confirmed > window:
-                await _progress(conn, progress)
+            if not tx:
+                await confirms.until(sent + n - window)
             conn.write(frames.batch(first + sent, n))
             sent += n
             await conn.drain()
@@ -192,8 +191,7 @@ async def _publish_one(url: str, queue: str, first: int, count: int, size: int, 
             out.commit_seconds = time.perf_counter() - started
             out.confirmed_ids.update(range(first, first + count))
         else:
-            while conn.confirms.confirmed < count:
-                await _progress(conn, progress)
+            await confirms.until(count)
     except (loadgen.AMQPError, OSError, TimeoutError) as exc:
         out.errors.append(f"{'commit' if tx else 'publish'}: {exc}")
     finally:
@@ -205,16 +203,6 @@ async def _publish_one(url: str, queue: str, first: int, count: int, size: int, 
                     out.confirmed_ids.update(range(first, first + tracker.upto))
                     out.confirmed_ids.update(first + t - 1 for t in tracker.sparse)
             await conn.close()
-
-
-async def _progress(conn: loadgen.LoadConnection, progress: asyncio.Event) -> None:
-    progress.clear()
-    if conn.error is not None:
-        raise conn.error
-    try:
-        await asyncio.wait_for(progress.wait(), 1.0)
-    except TimeoutError:
-        pass
 
 
 def publish(urls: Sequence[str], queue: str, count: int, size: int, *, tx: bool = False,

@@ -389,6 +389,42 @@ async def connect(address: BrokerAddress, frame_max: int = 131072) -> LoadConnec
     return conn
 
 
+STALL_LIMIT = 30.0  # seconds a publisher waits for its broker to answer at all
+
+
+class ConfirmWait:
+    """Waits on a publishing connection until its broker confirmed enough -- bounded.
+
+    It takes the connection's ``after_read``. Each read may bring confirms; when
+    nothing is read for ``stall_limit`` seconds it raises a ``TimeoutError`` saying
+    how many publishes were confirmed of how many awaited. A connection that failed
+    raises its error: looked at each second, as a closed connection reads nothing more.
+    """
+
+    def __init__(self, conn: LoadConnection, stall_limit: float = STALL_LIMIT) -> None:
+        self.conn, self.stall_limit = conn, stall_limit
+        self._read = asyncio.Event()
+        conn.after_read = self._read.set
+
+    async def until(self, confirmed: int) -> None:
+        """Return once ``confirmed`` publishes were confirmed (acked or nacked)."""
+        conn, loop = self.conn, asyncio.get_running_loop()
+        last_read = loop.time()
+        while conn.confirms.confirmed < confirmed:
+            self._read.clear()
+            if conn.error is not None:
+                raise conn.error
+            silent = loop.time() - last_read
+            if silent >= self.stall_limit:
+                raise TimeoutError(f"nothing read for {silent:.1f} s: {conn.confirms.confirmed} "
+                                   f"of {confirmed} publishes confirmed")
+            try:
+                await asyncio.wait_for(self._read.wait(), min(1.0, self.stall_limit - silent))
+            except TimeoutError:
+                continue
+            last_read = loop.time()
+
+
 # -- workloads ----------------------------------------------------------------------
 
 
