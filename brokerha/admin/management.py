@@ -488,6 +488,8 @@ class ManagementAPI:
             entry["brokerha"]["backups"] = replication["backups"]
         if "publishers_held" in replication:  # a primary's publisher flow control (flow.py)
             entry["brokerha"]["flow"] = {k: replication.get(k) for k in FLOW_STATUS_KEYS}
+        if "replicate_changes" in replication:  # a primary's ha-replicate changes (docs/ha.md)
+            entry["brokerha"]["replicate_changes"] = replication["replicate_changes"]
         return entry
 
     async def one_node(self, call: Call) -> dict[str, Any]:

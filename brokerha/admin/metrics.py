@@ -5,7 +5,8 @@ holds one collector that reads the live objects when Prometheus scrapes —
 the queues (their ``published``/``delivered`` counters and depths), the AMQP
 connections, the HA layer (role, epoch, readiness, failover history, elections
 and step-downs by reason, late heartbeats, lease lapses) and, on
-the primary, each backup's replication session, publisher flow control
+the primary, each backup's replication session, ha-replicate changes of
+existing queues (pending, applied, joins again asked), publisher flow control
 (holds, seconds held, whose lag), the cyclic GC (the node's ``GCGovernor``:
 collections, pauses, frozen objects), and the TxLog master where
 the node runs one (its queues, view and agreement latency). The latency
@@ -428,6 +429,21 @@ class NodeCollector:
                     per_queue.add_metric([node, guard.vhost, guard.queue],
                                          1 if guard.passed(progress) else 0)
         yield per_queue
+        yield from self._replicate_changes(replication.get("replicate_changes") or {})
+
+    @staticmethod
+    def _replicate_changes(changes: dict[str, Any]) -> Iterator[Metric]:
+        """A changed ha-replicate on existing queues (docs/ha.md, "Replication"): the queues
+        whose change is not applied yet, those applied, and the joins again asked for them."""
+        yield GaugeMetricFamily("brokerha_replicate_changes_pending", "Queues whose "
+                                "ha-replicate change is not applied on every backup yet",
+                                value=changes.get("queues_pending", 0))
+        yield CounterMetricFamily("brokerha_replicate_changes_applied", "Queues whose "
+                                  "ha-replicate change was applied on every backup",
+                                  value=changes.get("applied_queues", 0))
+        yield CounterMetricFamily("brokerha_backup_rejoins_asked", "Times a backup was asked "
+                                  "to join again (its catch-up brings the queues now "
+                                  "replicated whole)", value=changes.get("joins_asked", 0))
 
     def _queues(self) -> Iterator[Metric]:
         labels = ["vhost", "queue"]

@@ -6,8 +6,8 @@ node), and a few lines of inline script fetch ``/status?part=body`` every 2 seco
 and swap the content in, so the page refreshes on its own (without script,
 reload by hand). It shows the datacenter's nodes (role, epoch, readiness,
 elections and step-downs by reason, the event loop's lag, the GC's longest pause),
-replication (publisher flow holds included) per backup and per queue, recent
-failovers and the TxLog's state.
+replication (publisher flow holds and ha-replicate changes included) per backup
+and per queue, recent failovers and the TxLog's state.
 """
 
 from __future__ import annotations
@@ -142,6 +142,27 @@ def _flow(rep: dict[str, Any]) -> str:
             f"{float(rep.get('publishers_held_seconds') or 0):.1f} s)</span>")
 
 
+def _replicate_changes(rep: dict[str, Any]) -> str:
+    """ha-replicate changes of existing queues on the primary (docs/ha.md, "Replication"):
+    the queues whose change is not applied yet (named in the title), the backups it waits
+    for, and the changes applied and joins again asked so far."""
+    changes = rep.get("replicate_changes")
+    if changes is None:
+        return ""
+    if changes.get("pending"):
+        named = "; ".join(str(q) for q in changes.get("queues") or [])
+        again = ", ".join(str(n) for n in changes.get("backups_to_join_again") or []) or "none"
+        now = (f"<span class=joining title='{escape(named)}'>"
+               f"{escape(str(changes.get('queues_pending')))} queues not applied</span> "
+               f"(joining again: {escape(str(changes.get('joining_again') or '–'))}; "
+               f"to join again: {escape(again)})")
+    else:
+        now = "none pending"
+    return (f"; ha-replicate changes: <span id=replicate-changes>{now}</span> "
+            f"<span class=muted>({escape(str(changes.get('applied_queues', 0)))} applied, "
+            f"{escape(str(changes.get('joins_asked', 0)))} joins again asked)</span>")
+
+
 def _ago(at: float, now: float) -> str:
     seconds = max(0.0, now - at)
     if seconds < 120:
@@ -182,7 +203,8 @@ def render_body(view: dict[str, Any]) -> str:
     if rep:
         out.append(f"<h2>Replication</h2><p>seq {escape(str(rep.get('seq')))}, replicated "
                    f"{escape(str(rep.get('replicated')))}, confirms waiting "
-                   f"{escape(str(rep.get('waiting_confirms')))}{_flow(rep)}</p>"
+                   f"{escape(str(rep.get('waiting_confirms')))}{_flow(rep)}"
+                   f"{_replicate_changes(rep)}</p>"
                    "<table id=backups><tr>"
                    "<th>backup</th><th>state</th><th>acked</th><th>lag (events)</th>"
                    "<th>queues caught up</th></tr>")

@@ -14,17 +14,12 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from brokerha.admin import status_page
 from brokerha.admin.ctl import last_election
-from brokerha.admin.management import ManagementAPI
-from brokerha.admin.metrics import NodeMetrics
-from brokerha.admin.ui import _read
 from brokerha.broker.broker import Broker
 from brokerha.cluster.election import CAMPAIGN_REASONS, STEPDOWN_REASONS, Election
 from brokerha.node.ha import HANode
 from brokerha.node.loop_monitor import LoopMonitor
+from tests.admin.views import assert_overview_renders, samples, scrape, status_body, ui_entry
 from tests.cluster.test_election import Mesh
 
 
@@ -70,14 +65,9 @@ class StandIn:
         return {"node": me, "cluster": "dc1", "members": None, "failovers": []}
 
 
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
 def test_metrics_count_elections_and_step_downs_by_reason() -> None:
     new, old = failed_over()
-    got = samples(NodeMetrics(StandIn(new, "primary")).render().decode())  # type: ignore[arg-type]
+    got = scrape(StandIn(new, "primary"))
     for reason in CAMPAIGN_REASONS:  # every reason a series, from 0 (Prometheus practice)
         assert ("brokerha_elections_total", (("reason", reason),)) in got
     assert got[("brokerha_elections_total", (("reason", "link_down"),))] == 1
@@ -93,7 +83,7 @@ def test_metrics_count_elections_and_step_downs_by_reason() -> None:
     assert got[("brokerha_event_loop_stalls_total", ())] == 1
     assert got[("brokerha_event_loop_lag_max_seconds", ())] == 0.25
 
-    deposed = samples(NodeMetrics(StandIn(old, "backup")).render().decode())  # type: ignore[arg-type]
+    deposed = scrape(StandIn(old, "backup"))
     assert deposed[("brokerha_primary_stepdowns_total", (("reason", "newer_epoch"),))] == 1
     assert deposed[("brokerha_elections_total", (("reason", "no_primary"),))] >= 1
 
@@ -101,20 +91,15 @@ def test_metrics_count_elections_and_step_downs_by_reason() -> None:
 def test_the_ui_and_the_status_page_show_elections_by_reason_and_the_loop_lag() -> None:
     new, old = failed_over()
     node = StandIn(new, "primary")
-    entry = ManagementAPI(node)._node_entry(node.status())  # type: ignore[arg-type]  # noqa: SLF001
-    ha = entry["brokerha"]
+    ha = ui_entry(node)
     assert ha["election"]["elections"]["link_down"] == 1
     assert ha["election"]["last_election"]["reason"] == "link_down"
     assert ha["loop"]["lag_p99"] == 0.03 and ha["loop"]["lag_max"] == 0.25
-    script = _read("app.js").decode()  # the overview renders exactly those fields
-    for field in (".election)", ".loop)", "lag_p99", "lag_max", "last_election", "stepdowns",
-                  "Elections (why)", "Loop lag p99 / max"):
-        assert field in script, field
+    assert_overview_renders(".election)", ".loop)", "lag_p99", "lag_max", "last_election",
+                            "stepdowns", "Elections (why)", "Loop lag p99 / max")
 
-    view = {"asked": node.config.name, "at": time.time(), "nodes": [
-        {**node.status()["node"], "position": [3, 0]},
-        {**StandIn(old, "backup").status()["node"], "name": old.me}]}
-    html = status_page.render_body(view)
+    html = status_body([{**node.status()["node"], "position": [3, 0]},
+                        {**StandIn(old, "backup").status()["node"], "name": old.me}])
     assert "<th>elections</th><th>loop lag p99 / max</th>" in html
     assert "stood: link_down 1" in html and "last: link_down" in html
     assert "stepped down: newer_epoch 1" in html

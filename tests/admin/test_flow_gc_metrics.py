@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import gc
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from brokerha.admin import status_page
-from brokerha.admin.management import ManagementAPI
-from brokerha.admin.metrics import NodeMetrics
-from brokerha.admin.ui import _read
 from brokerha.broker import flow as flow_module
 from brokerha.broker.broker import Broker
 from brokerha.node.gc_governor import GCGovernor
-from tests.admin.test_election_metrics import StandIn, failed_over, samples
+from tests.admin.test_election_metrics import StandIn, failed_over
+from tests.admin.views import assert_overview_renders, scrape, status_body, ui_entry
 from tests.ha.harness import Cluster
 from tests.ha.test_flow import lagging_cluster, later, n2_lags
 
@@ -40,10 +36,6 @@ def node_with(broker: Broker | None = None, governor: GCGovernor | None = None) 
         node.broker = broker
     node.gc = governor  # type: ignore[attr-defined]
     return node
-
-
-def scrape(node: StandIn) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return samples(NodeMetrics(node).render().decode())  # type: ignore[arg-type]
 
 
 def held_cluster() -> tuple[Cluster, StandIn]:
@@ -147,19 +139,14 @@ def test_the_ui_and_the_status_page_show_flow_holds_and_the_gc_pause_max() -> No
     gc_stats: dict[str, Any] = {"collections": [120, 60, 1], "pause_seconds_max": 0.0425,
                                 "frozen": 345_678, "thaws": 0, "thaws_skipped": 0}
     me = {**node.status()["node"], "replication": rep, "gc": gc_stats}
-    entry = ManagementAPI(node)._node_entry({"node": me})  # type: ignore[arg-type]  # noqa: SLF001
-    ha = entry["brokerha"]
+    ha = ui_entry(node, me)
     assert ha["flow"]["publishers_held"] is True and ha["flow"]["publishers_held_by"] == "n2"
     assert ha["flow"]["publisher_holds"] == 1 and ha["gc"]["pause_seconds_max"] == 0.0425
-    script = _read("app.js").decode()  # the overview renders exactly those fields
-    for field in (".flow)", ".gc)", "publishers_held", "publishers_held_by", "publisher_holds",
-                  "publishers_held_seconds", "pause_seconds_max", "Publishers held (flow)",
-                  "GC pause max"):
-        assert field in script, field
+    assert_overview_renders(".flow)", ".gc)", "publishers_held", "publishers_held_by",
+                            "publisher_holds", "publishers_held_seconds", "pause_seconds_max",
+                            "Publishers held (flow)", "GC pause max")
 
-    view = {"asked": node.config.name, "at": time.time(), "replication": rep,
-            "nodes": [{**me, "position": [3, 0]}]}
-    html = status_page.render_body(view)
+    html = status_body([{**me, "position": [3, 0]}], rep)
     assert "<th>loop lag p99 / max</th><th>GC pause max</th>" in html
     assert "42.5 ms <span class=muted>(collections 120/60/1, 345678 frozen)" in html
     assert ("publishers held (flow): <span id=flow><span class=down>held</span> (n2)</span> "

@@ -29,7 +29,7 @@ import pika
 import pytest
 
 from brokerha.testing import LocalCluster, NodeProcess, free_port
-from tests.admin.test_election_metrics import samples
+from tests.admin.views import samples
 from tests.failover.clients import drain
 
 pytestmark = pytest.mark.timeout(120)

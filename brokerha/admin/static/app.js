@@ -228,6 +228,24 @@
       " holds, " + Number(f.publishers_held_seconds || 0).toFixed(1) + " s)</span></span>";
   }
 
+  // ha-replicate changes of existing queues on a primary (docs/ha.md, "Replication"): the
+  // queues whose change is not applied yet and the backups it waits for; the changes
+  // applied and the joins again asked so far
+  function replicateChanges(c) {
+    if (!c) return '<span class="muted">–</span>';
+    var now = "none pending";
+    if (c.pending) {
+      now = '<span class="joining" title="' + esc((c.queues || []).join("; ")) + '">' +
+        esc(c.queues_pending) + " queues not applied</span> (joining again: " +
+        esc(c.joining_again || "–") + "; to join again: " +
+        esc((c.backups_to_join_again || []).join(", ") || "none") + ")";
+    }
+    return '<span data-replicate-pending="' + esc(c.pending ? c.queues_pending : 0) +
+      '" data-replicate-applied="' + esc(c.applied_queues) + '" data-rejoins-asked="' +
+      esc(c.joins_asked) + '">' + now + ' <span class="muted">(' + esc(c.applied_queues) +
+      " applied, " + esc(c.joins_asked) + " joins again asked)</span></span>";
+  }
+
   // the cyclic GC (node/gc_governor.py): the longest pause since start, collections by
   // generation, objects frozen out of its walk
   function gcPauses(g) {
@@ -308,6 +326,8 @@
           return loopLag((r.brokerha || {}).loop); }},
         {title: "Publishers held (flow)", html: function (r) {
           return flowHolds((r.brokerha || {}).flow); }},
+        {title: "ha-replicate changes", html: function (r) {
+          return replicateChanges((r.brokerha || {}).replicate_changes); }},
         {title: "GC pause max", html: function (r) {
           return gcPauses((r.brokerha || {}).gc); }},
         {title: "Alarms", html: function (r) {
