@@ -37,6 +37,7 @@ from brokerha.cluster.protocol import (
     ProtocolError,
     Refused,
 )
+from brokerha.slices import Burst
 from brokerha.tls_start import ServerTLSStart, load_ca, load_chain
 
 log = logging.getLogger("brokerha.cluster")
@@ -48,9 +49,10 @@ PING_INTERVAL = 1.0
 IDLE_TIMEOUT = 5.0
 REPEAT_WARNING_AFTER = 30.0     # the same refusal is logged at WARNING at most this often
 _LINK_CODES = range(1, 10)      # handshake and ping: never handed to on_message
-# packets handled per loop turn, in seconds: past it the rest waits for the next turn with
-# the socket not read (one read of 256 KiB of dequeue events took a backup 0.1-0.5 s, the
-# heartbeats and the other links waiting behind it; issue 33)
+# packets handled per loop turn, in seconds, over the reads of one readable event
+# (``brokerha/slices.py``): past it the rest waits for the next turn with the socket not
+# read (one read of 256 KiB of dequeue events took a backup 0.1-0.5 s, the heartbeats and
+# the other links waiting behind it; issue 33)
 DELIVER_SLICE = 0.02
 _MSG_ID_WRAP = 0xFFFFFFFF
 
@@ -133,6 +135,7 @@ class _Connection(asyncio.Protocol):
         self._inbox: deque[tuple[int, Message]] = deque()
         self._inbox_error: ProtocolError | None = None
         self._paused = False
+        self._burst = Burst()  # the time spent on this readable event's reads so far
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -242,34 +245,22 @@ class _Connection(asyncio.Protocol):
             self._handle_inbox()
 
     def _handle_inbox(self) -> None:
-        """Hand the decoded packets to ``on_message``, for at most ``DELIVER_SLICE`` a turn.
+        """Hand the decoded packets to ``on_message``, for at most ``DELIVER_SLICE`` a turn
+        (over the reads of one readable event, ``brokerha/slices.py``).
 
         Past the slice the socket stops being read and the rest waits for the
         next loop turn, in order: timers, heartbeats and other links go first.
         """
         assert self.peer is not None
-        inbox = self._inbox
-        on_message = self.links.on_message
-        deadline = time.perf_counter() + DELIVER_SLICE
-        while inbox:
-            if self.closed:
-                inbox.clear()
-                return
-            msg_id, msg = inbox.popleft()
-            if msg.CODE in _LINK_CODES:
-                continue
-            try:
-                on_message(self.peer, msg_id, msg)
-            except Exception:
-                log.exception("cluster link with %s: handling %s failed", self.peer,
-                              type(msg).__name__)
-            if inbox and time.perf_counter() > deadline and not self.closed:
-                if not self._paused:
-                    self._paused = True
-                    if self.transport is not None:
-                        self.transport.pause_reading()
-                asyncio.get_running_loop().call_soon(self._handle_inbox)
-                return
+        burst = self._burst
+        burst.begin()
+        try:
+            stopped = self._handle_slice()
+        finally:
+            burst.end()
+        if stopped:
+            burst.restart()
+            return
         if self._paused:
             self._paused = False
             if self.transport is not None and not self.closed:
@@ -280,6 +271,34 @@ class _Connection(asyncio.Protocol):
                              f"closing")
             self.write_packet(0, Error(error.code, error.reason))
             self.close()
+
+    def _handle_slice(self) -> bool:
+        """Handle the inbox until it is empty (False); True when it stopped before: the
+        link closed, or past the slice (reading paused, the rest handled next turn)."""
+        assert self.peer is not None
+        inbox = self._inbox
+        on_message = self.links.on_message
+        burst = self._burst
+        while inbox:
+            if self.closed:
+                inbox.clear()
+                return True
+            msg_id, msg = inbox.popleft()
+            if msg.CODE in _LINK_CODES:
+                continue
+            try:
+                on_message(self.peer, msg_id, msg)
+            except Exception:
+                log.exception("cluster link with %s: handling %s failed", self.peer,
+                              type(msg).__name__)
+            if inbox and burst.spent() > DELIVER_SLICE and not self.closed:
+                if not self._paused:
+                    self._paused = True
+                    if self.transport is not None:
+                        self.transport.pause_reading()
+                asyncio.get_running_loop().call_soon(self._handle_inbox)
+                return True
+        return False
 
     # -- bytes out ---------------------------------------------------------------------
 

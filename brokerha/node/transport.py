@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import time
 from collections.abc import Callable
 from typing import cast
 
@@ -13,16 +12,15 @@ from brokerha.amqp.connection import ExternalIdentity, ServerConnection
 from brokerha.broker.broker import Broker
 from brokerha.ha.admission import ClientAdmission
 from brokerha.node.relay import PreambleError, PreambleReader
+from brokerha.slices import Burst
 
 log = logging.getLogger(__name__)
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
-# Input handled back to back (one readable event: libuv reads a socket up to 32
-# times, 256 KiB each, before the loop runs anything else) for at most this
-# long, then the socket is not read until the next loop turn: a publisher
+# Input handled back to back (one readable event, ``brokerha/slices.py``) for at
+# most this long, then the socket is not read until the next loop turn: a publisher
 # writing megabytes at once held the loop 0.1-0.15 s per event (issue 33).
 READ_SLICE = 0.02
-BACK_TO_BACK = 0.001  # reads closer than this belong to the same readable event
 
 
 class AMQPProtocol(asyncio.Protocol):
@@ -50,8 +48,7 @@ class AMQPProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.conn: ServerConnection | None = None
         self._flush_scheduled = False
-        self._burst = 0.0         # seconds of input handled back to back
-        self._burst_end = 0.0
+        self._burst = Burst()     # input handled back to back
         self._sliced = False      # reading paused for the rest of this loop turn
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -93,22 +90,19 @@ class AMQPProtocol(asyncio.Protocol):
                 return
         conn = self.conn
         assert conn is not None
-        start = time.perf_counter()
+        self._burst.begin()
         conn.receive_data(data, self.loop.time())
         self.flush()
-        self._slice(start, time.perf_counter())
+        self._burst.end()
+        self._slice()
 
-    def _slice(self, start: float, end: float) -> None:
+    def _slice(self) -> None:
         """Past ``READ_SLICE`` of back-to-back input, stop reading until the next turn."""
-        if start - self._burst_end > BACK_TO_BACK:
-            self._burst = 0.0
-        self._burst += end - start
-        self._burst_end = end
         transport = self.transport
-        if self._burst > READ_SLICE and not self._sliced and transport is not None \
+        if self._burst.spent() > READ_SLICE and not self._sliced and transport is not None \
                 and not transport.is_closing():
             self._sliced = True
-            self._burst = 0.0
+            self._burst.restart()
             if self.conn is None or not self.conn.reading_paused:
                 transport.pause_reading()
             self.loop.call_soon(self._next_slice)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from pamqp import commands, frame
 
-from brokerha.node import transport as transport_module
+from brokerha import slices
 from brokerha.node.transport import READ_SLICE, AMQPProtocol
 from tests.amqp.test_close_ok import FakeTransport, publish_frames, served  # noqa: F401
 
@@ -34,7 +34,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
-    monkeypatch.setattr(transport_module.time, "perf_counter", c)
+    monkeypatch.setattr(slices.time, "perf_counter", c)
     return c
 
 

@@ -1,0 +1,54 @@
+"""Input handled in bounded slices per loop turn: the client and the node links.
+
+When a socket is readable, the event loop (libuv, under uvloop) reads it up
+to 32 times, 256 KiB each, calling the protocol for each read before it runs
+anything else -- timers, heartbeats, other connections. One call is short;
+one readable event is not (a publisher writing megabytes held the primary's
+loop 0.1-0.15 s per event, issue 33). ``Burst`` adds up the time of the calls
+that come back to back, so that a protocol can stop reading once a burst has
+used its slice, until the next loop turn (``pause_reading`` in the call ends
+libuv's reads at once).
+"""
+
+from __future__ import annotations
+
+import time
+
+BACK_TO_BACK = 0.001  # calls closer than this belong to the same readable event
+
+
+class Burst:
+    """The time a protocol spent on one burst of input: ``begin``/``end`` around each call."""
+
+    __slots__ = ("_spent", "_began", "_ended", "_running", "_fresh")
+
+    def __init__(self) -> None:
+        self._spent = 0.0
+        self._began = 0.0
+        self._ended = 0.0
+        self._running = False
+        self._fresh = True
+
+    def begin(self) -> None:
+        now = time.perf_counter()
+        if self._fresh or now - self._ended > BACK_TO_BACK:
+            self._spent = 0.0
+            self._fresh = False
+        self._began = now
+        self._running = True
+
+    def end(self) -> None:
+        now = time.perf_counter()
+        self._spent += now - self._began
+        self._ended = now
+        self._running = False
+
+    def spent(self) -> float:
+        """Seconds of this burst so far, the call in progress included."""
+        if self._running:
+            return self._spent + time.perf_counter() - self._began
+        return self._spent
+
+    def restart(self) -> None:
+        """The slice ended (reading paused until the next turn): the next call begins anew."""
+        self._fresh = True
