@@ -355,16 +355,27 @@ def _ordered(row: Iterable[Cell]) -> Row:
 
 
 class _Placement:
-    """``tweak`` of a placed table: keep cells, replace what leaves, even out the counts."""
+    """``tweak`` of a placed table: keep cells, replace what leaves, even out the counts.
+
+    A move under way (a FEEDING cell on a staying node, its learner beside it)
+    is first undone -- the cell up to date again, the learner beyond the row's
+    width dropped -- and the evening out then prefers to make that same move
+    again: the counts, hence the sequence of (most, fewest) pairs, are the same
+    as when the move was chosen, so calling ``tweak`` on its own result changes
+    nothing, while a node back in before its learners caught up keeps its cells.
+    """
 
     def __init__(self, rows: Sequence[Row], alive: list[str], width: int) -> None:
         self.alive = alive
         self.rank = {n: i for i, n in enumerate(alive)}
         self.width = width
+        #: per row, the moves found under way: (the feeding node, its dropped learners)
+        self.under_way: list[tuple[set[str], set[str]]] = []
         self.rows: list[list[Cell]] = [self._kept(row) for row in rows]
 
     def _kept(self, row: Row) -> list[Cell]:
         out: list[Cell] = []
+        moving: set[str] = set()
         for c in row:
             if c.node not in self.rank:  # leaving: a voting cell feeds its replacement
                 if c.state.voting:
@@ -373,11 +384,14 @@ class _Placement:
                 continue  # replaced like a missing cell
             elif c.state is F:
                 out.append(Cell(c.node, U))  # its node is back in: no need to leave
+                moving.add(c.node)
             else:
                 out.append(c)
         holding = [c for c in out if c.node in self.rank]
-        for extra in self._extras(holding):
+        extras = self._extras(holding)
+        for extra in extras:
             out.remove(extra)
+        self.under_way.append((moving, {c.node for c in extras if c.state is OUT}))
         return out
 
     def _extras(self, holding: list[Cell]) -> list[Cell]:
@@ -426,9 +440,11 @@ class _Placement:
             for p, row in enumerate(self.rows):
                 if any(c.node == least for c in row):
                     continue
+                moving, learners = self.under_way[p]
+                again = most in moving and least in learners  # the move found under way
                 for i, c in enumerate(row):
                     if c.node == most and c.state in (U, OUT):
-                        key = (c.state is U, i == 0, -p)
+                        key = (not again, c.state is U, i == 0, -p)
                         if best is None or key < best[0]:
                             best = (key, p, i)
             if best is None:
