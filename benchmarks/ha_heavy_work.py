@@ -518,11 +518,19 @@ def measured(cluster: LocalCluster, probe: Probe, out: Outcome) -> Iterator[str]
     probe.mark()  # a probe that gave up starts again
     out.probe_gap_p99_before = probe.since((time.monotonic() - 2.0, 0))[1]
     lag_before = scrape_lag(cluster, primary)
+    backups = [n for n in cluster.names if n != primary and cluster.is_running(n)]
+    backups_before = {n: scrape_lag(cluster, n) for n in backups}
     mark, wall = probe.mark(), time.time()
     started = time.perf_counter()
     yield primary
     out.seconds = time.perf_counter() - started
     out.lag_p99, out.lag_max = lag_figures(lag_before, scrape_lag(cluster, primary))
+    # the backups' loop lag too: applying what the primary sends is their heavy work
+    figures = [(n, lag_figures(backups_before[n], scrape_lag(cluster, n))) for n in backups
+               if cluster.is_running(n)]
+    if figures:
+        out.notes.append("backups' loop lag p99 / max " + ", ".join(
+            f"{n} {p99} / {top}" for n, (p99, top) in figures))
     out.probe_reconnects, out.probe_gap_p99, out.probe_gap_max = probe.since(mark)
     out.stalls = stall_lines(cluster, wall - 0.5, time.time() + 0.5)
     try:
