@@ -19,12 +19,16 @@ node and survives restarts and failovers; nothing routes by it yet.
   a new primary: a primary holds every committed ``pt`` (vote floors), and an
   uncommitted one of a deposed primary is replaced on its node by the next
   catch-up's ``ps``. A joining backup gets the table in its catch-up.
+
+``Unsafe`` breaks a rule of this module on purpose (the table workload of the
+simulation, ``partition/simulation.py``, must catch each).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from brokerha.cluster import replication as R
@@ -34,12 +38,21 @@ from brokerha.cluster.partition_table import (
     PartitionTableError,
 )
 from brokerha.cluster.replication import ReplicationError
+from brokerha.seed_runner import UnsafeRules
 
 log = logging.getLogger("brokerha.partition")
 
 TABLE_KEY = "partition_table"  # the store's meta key
 DEFAULT_REPLICAS = 2  # NR: a partition on three nodes
 PARTITIONS_PER_NODE = 3  # P defaults to 3 x nodes
+
+
+@dataclass(frozen=True)
+class Unsafe(UnsafeRules):
+    """Rules of the table's coordinator and replica to break on purpose (simulations only)."""
+
+    recreate_table: bool = False  # a new primary makes a fresh table over the one it holds
+    keep_own_table: bool = False  # a backup keeps its table over a catch-up's of no higher ptid
 
 
 class MetaStore(Protocol):
@@ -107,8 +120,9 @@ class StoredTable:
 class TableReplica:
     """A backup's side: the primary's ``pt``/``ps`` events applied to the stored copy."""
 
-    def __init__(self, stored: StoredTable) -> None:
+    def __init__(self, stored: StoredTable, unsafe: Unsafe | None = None) -> None:
         self.stored = stored
+        self.unsafe = unsafe or Unsafe()
 
     def apply(self, event: Any) -> None:
         kind = event[0]
@@ -116,7 +130,10 @@ class TableReplica:
             if kind == R.PARTITION_TABLE_CHANGED:
                 self.stored.apply(PartitionChange.from_wire(*event[1:]))
             elif kind == R.PARTITION_TABLE:
-                self.stored.replace(PartitionTable.from_wire(*event[1:]))
+                table = PartitionTable.from_wire(*event[1:])
+                if self.unsafe.keep_own_table and table.ptid <= self.stored.table.ptid:
+                    return  # (unsafe) "a ptid never goes down": a deposed change survives
+                self.stored.replace(table)
             else:
                 raise ReplicationError(f"not a partition table event: {kind!r}")
         except (PartitionTableError, TypeError, ValueError) as exc:
@@ -132,14 +149,16 @@ class TableCoordinator:
     kinds = R.PARTITION_EVENTS
 
     def __init__(self, store: MetaStore, nodes: Iterable[str], *,
-                 partitions: int | None = None, replicas: int = DEFAULT_REPLICAS) -> None:
+                 partitions: int | None = None, replicas: int = DEFAULT_REPLICAS,
+                 unsafe: Unsafe | None = None) -> None:
         self.nodes = sorted(nodes)
         if not self.nodes:
             raise ValueError("a partition table needs nodes")
         self.partitions = partitions or default_partitions(len(self.nodes))
         self.replicas = max(0, min(replicas, len(self.nodes) - 1))
+        self.unsafe = unsafe or Unsafe()
         self.stored = StoredTable(store)
-        self.replica = TableReplica(self.stored)
+        self.replica = TableReplica(self.stored, self.unsafe)
         self.primary: EventLog | None = None
         self.changes = 0  # changes this node decided (since it started)
 
@@ -155,6 +174,8 @@ class TableCoordinator:
         primary.catch_up_providers.append(self.catch_up_events)
         if not self.table.exists:
             self.create()
+        elif self.unsafe.recreate_table:
+            self._recreate()
         elif self.table.nodes() != self.nodes:
             log.warning("partition table (ptid %d) places cells on %s; the cluster's nodes are "
                         "%s: kept as it is (moves are stage 5 of docs/ha.md Partitions)",
@@ -175,6 +196,16 @@ class TableCoordinator:
         self.change(change)
         log.warning("partition table created: %d partitions on %d nodes, %d replicas each "
                     "(ptid 1)", self.partitions, len(self.nodes), self.replicas)
+
+    def _recreate(self) -> None:
+        """(unsafe) A fresh placement over the table this new primary holds."""
+        fresh = PartitionTable.empty(self.partitions, self.replicas)
+        first = fresh.tweak(self.nodes)
+        assert first is not None
+        fresh.apply(first)
+        change = self.table.change_to(fresh.rows, fresh.num_replicas)
+        if change is not None:
+            self.change(change)
 
     def change(self, change: PartitionChange) -> None:
         """Apply ``change`` here and put it in the metadata log: the one path of every change

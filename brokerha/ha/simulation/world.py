@@ -69,7 +69,7 @@ from brokerha.cluster.state import NodeState
 from brokerha.ha import admission, core, member
 from brokerha.ha.admission import Admission
 from brokerha.ha.core import PrimarySettings, load_position
-from brokerha.ha.member import TICK, HAMember, PrimaryLayer
+from brokerha.ha.member import TICK, HAMember, PrimaryLayer, StoreLayer
 from brokerha.ha.simulation.disk import DiskStore, Image, sync_latency
 from brokerha.primary.catch_up import Pace
 from brokerha.primary.primary import Primary
@@ -347,7 +347,8 @@ class SimNode(SimProcess):
             rng=random.Random(f"{world.seed}/{name}/{incarnation}"),
             primary_factory=world.make_primary, unsafe=unsafe.member(),
             core_unsafe=unsafe.core(), election_unsafe=unsafe.election(),
-            admission_unsafe=unsafe.admission(), layer=self.layer)
+            admission_unsafe=unsafe.admission(), layer=self.layer,
+            layers=world.make_layers(self))
 
     @property
     def election(self) -> el.Election:
@@ -607,6 +608,11 @@ class World:
     def make_layer(self, node: SimNode) -> PrimaryLayer | None:
         """The layer above HA a node runs (the TxLog bridge), if the workload has one."""
         return None
+
+    def make_layers(self, node: SimNode) -> Sequence[StoreLayer]:
+        """The store layers a node runs (``HAMember(layers=...)``: the partition table's
+        coordinator, ``partition/simulation.py``), as ``node/ha.py`` hands them in."""
+        return ()
 
     def on_elected(self, node: SimNode, epoch: int) -> None:
         first = self.primaries.setdefault(epoch, node.name)
