@@ -158,9 +158,11 @@ def register(parser: argparse.ArgumentParser) -> None:
                          "cluster.toml (default 3 x nodes; nothing routes by it yet)")
     up.set_defaults(handler=cmd_up)
     sim = sub.add_parser("simulate", help="deterministic simulation of the HA datacenter "
-                         "(election, replication, transactions, the TxLog)")
+                         "(election, replication, transactions, the TxLog, the partition "
+                         "table)")
     from brokerha.ha.simulation.cli import WORKLOADS
     from brokerha.ha.simulation.cli import register as register_simulation
+    from brokerha.partition import simulation as table
     from brokerha.txlog.simulation import datacenter
 
-    register_simulation(sim, {**WORKLOADS, "txlog": datacenter})
+    register_simulation(sim, {**WORKLOADS, "txlog": datacenter, "table": table})

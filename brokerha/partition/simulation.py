@@ -75,7 +75,7 @@ from brokerha.primary.primary import Primary
 
 __all__ = ["CATCHES", "SimResult", "TableSimulation", "Unsafe", "run_many", "run_seed"]
 
-CATCHES = ("recreate_table", "keep_own_table")
+CATCHES = ("recreate_table", "keep_own_table", "confirm_early", "early_ack")
 FAULTS = Faults(rate=0.4, outage=(0.3, 4.0))
 CHANGE_RATE = 2.0  # operator changes per virtual second (on the serving primary)
 EMPTY = PartitionTable().to_json()  # a node's table before any (store meta absent)

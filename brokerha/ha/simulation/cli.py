@@ -10,13 +10,16 @@ the HA one running the TxLog bridge on its members; ``--workload heavy``
 restarted behind them, a purge and slow operations, where the stability
 invariant (f) must hold; ``--workload policy`` (``policy_change.py``) is the
 confirms client while an operator changes its queue's ``ha-replicate`` (issue
-34). All run the product's HA members on the harness of
-``world.py``, with its cost model. ``--unsliced-operations`` (heavy,
-transactions) runs each slow operation in one step of the node's loop instead
-of slices: (f) must catch it, as ``--unsafe monolithic_catch_up`` (heavy). The
-run prints violations (with the trace tail of each failing seed under
-``--trace``), what the seeds exercised, and seeds per second; it exits 1 on
-any violation.
+34); ``--workload table`` (``partition/simulation.py``, registered by
+``admin/cluster_cli.py``: the coordinator sits above HA) is the partition
+table's ``TableCoordinator`` on every node while an operator drains nodes,
+brings them back and marks learners caught up (issue 35). All run the
+product's HA members on the harness of ``world.py``, with its cost model.
+``--unsliced-operations`` (heavy, transactions) runs each slow operation in
+one step of the node's loop instead of slices: (f) must catch it, as
+``--unsafe monolithic_catch_up`` (heavy). The run prints violations (with
+the trace tail of each failing seed under ``--trace``), what the seeds
+exercised, and seeds per second; it exits 1 on any violation.
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ def register(parser: argparse.ArgumentParser,
     parser.add_argument("--seeds", type=int, default=1000, help="number of seeds (default 1000)")
     parser.add_argument("--start-seed", type=int, default=0, help="first seed (default 0)")
     parser.add_argument("--nodes", type=int, default=3,
-                        help="nodes per datacenter (default 3; the transactions and txlog workloads: 3)")
+                        help="nodes per datacenter (default 3; the transactions and txlog "
+                        "workloads: 3)")
     parser.add_argument("--duration", type=float, default=None,
-                        help="virtual seconds per seed (default 60, transactions, heavy and "
-                        "txlog 30)")
+                        help="virtual seconds per seed (default 60, transactions, heavy, "
+                        "txlog and table 30)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     parser.add_argument("--no-faults", action="store_true", help="no network faults or crashes")
     parser.add_argument("--unsafe", nargs="+", action="extend", default=[], choices=rules,
@@ -80,7 +84,7 @@ def simulate(args: argparse.Namespace) -> int:
         if not getattr(module, "SLOW_OPERATIONS", False):
             raise SystemExit(f"the {args.workload} workload has no slow operations")
         kw["unsliced"] = True
-    if args.workload in ("confirms", "heavy", "policy"):
+    if args.workload in ("confirms", "heavy", "policy", "table"):
         kw["nodes"] = args.nodes
     elif args.nodes != 3:
         raise SystemExit(f"the {args.workload} workload runs 3 nodes")
