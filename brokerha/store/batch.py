@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import msgpack
+
 
 class StoredContent(NamedTuple):
     """A message's row fields read back from the operation log (a ``Message`` has the same)."""
@@ -35,6 +37,15 @@ PURGED = 5  # (PURGED, vhost, queue, [(first, last), ...]): a queue.purge, posit
 # (ENQUEUED_MANY, vhost, queue, [entry, ...]): a batch of enqueues (a TX's); only the
 # entries of persistent messages are stored (``persistent_entries``)
 ENQUEUED_MANY = 6
+# (ENQUEUED_RUN, vhost, queue, first, last, contents): a message run, the persistent messages
+# at consecutive positions first..last of one queue as ONE row and one log record, their
+# (exchange, routing_key, header, body) packed once (``pack_run``) by the store's thread
+# and written as they are to the operation log and to SQL (``message_runs``); positions
+# taken off it are marked apart (``run_marks``) until the run is empty
+ENQUEUED_RUN = 7
+RUN_MIN = 16  # fewer consecutive messages than this are rows of their own
+RUN_MAX = 4096  # messages in one run at most
+RUN_MAX_BYTES = 1 << 20  # and body bytes (a bigger run is split): one pack holds the GIL
 PUT_META = "put_meta"  # a STATEMENT folded per key: only the last value is written
 APPLIED_KEY = "oplog_applied"  # meta: the newest operation log generation wholly in SQL
 
@@ -67,6 +78,10 @@ class Batch:
     meta: dict[str, str] = field(default_factory=dict)  # put_meta, last value per key
     # (vhost, queue) -> position -> [state, content, delivered]
     messages: dict[tuple[str, str], dict[int, list[Any]]] = field(default_factory=dict)
+    # (vhost, queue) -> first -> PendingRun: message runs to insert
+    runs: dict[tuple[str, str], dict[int, PendingRun]] = field(default_factory=dict)
+    # (vhost, queue, first, last): runs a replay saw wholly taken (their rows must go)
+    dropped_runs: list[tuple[str, str, int, int]] = field(default_factory=list)
     # (vhost, queue, first, last): purged ranges, deleted after the statements, before
     # the message rows (a position in one has no pending state left in ``messages``)
     purges: list[tuple[str, str, int, int]] = field(default_factory=list)
@@ -81,7 +96,8 @@ class Batch:
     @property
     def empty(self) -> bool:
         return (not self.statements and not self.meta and not self.purges
-                and not any(self.messages.values()))
+                and not any(self.messages.values()) and not any(self.runs.values())
+                and not self.dropped_runs)
 
     def add(self, unit: Unit) -> None:
         """Fold one more unit in (units in submission order)."""
@@ -105,17 +121,64 @@ class Batch:
                 states = messages[(op[1], op[2])] = {}
             if kind == ENQUEUED:
                 states[op[3]] = [_INSERT, op[4], False]
+            elif kind == ENQUEUED_RUN:
+                self._add_run(op)
             elif kind == ENQUEUED_MANY:
-                for position, content in persistent_entries(op[3]):
-                    states[position] = [_INSERT, content, False]
+                for piece in runs_of(op):
+                    if piece[0] == ENQUEUED_RUN:
+                        self._add_run(piece)
+                    else:
+                        states[piece[3]] = [_INSERT, piece[4], False]
             elif kind == ACQUIRED:
-                _acquired(states, op[3])
+                if op[3] in states or not self._run_acquired(op[1], op[2], op[3]):
+                    _acquired(states, op[3])
+            elif op[3] not in states and self._run_dequeued(op[1], op[2], op[3]):
+                pass
             elif _dequeued(states, op[3], self.cancel):
                 self.cancelled += 1
         self.callbacks.extend(unit.callbacks)
         if unit.closes is not None:
             self.closes = unit.closes
             self.meta[APPLIED_KEY] = str(unit.closes)
+
+    # -- message runs ----------------------------------------------------------------------
+
+    def _add_run(self, op: Op) -> None:
+        runs = self.runs.get((op[1], op[2]))
+        if runs is None:
+            runs = self.runs[(op[1], op[2])] = {}
+        runs[op[3]] = PendingRun(op[3], op[4], op[5])
+
+    def _pending_run(self, vhost: str, queue: str, position: int) -> PendingRun | None:
+        runs = self.runs.get((vhost, queue))
+        if not runs:
+            return None
+        for run in runs.values():  # a batch holds few runs of one queue
+            if run.first <= position <= run.last:
+                return run
+        return None
+
+    def _run_acquired(self, vhost: str, queue: str, position: int) -> bool:
+        run = self._pending_run(vhost, queue, position)
+        if run is None:
+            return False
+        run.delivered.add(position)
+        return True
+
+    def _run_dequeued(self, vhost: str, queue: str, position: int) -> bool:
+        """A dequeue of a position in a run of this batch: marked; the run goes once empty."""
+        run = self._pending_run(vhost, queue, position)
+        if run is None:
+            return False
+        if position not in run.gone:
+            run.gone.add(position)
+            if self.cancel:
+                self.cancelled += 1
+        if len(run.gone) == run.last - run.first + 1:
+            del self.runs[(vhost, queue)][run.first]
+            if not self.cancel:  # a replay: the row may be in SQL already
+                self.dropped_runs.append((vhost, queue, run.first, run.last))
+        return True
 
     def statement_rows(self) -> list[tuple[str, tuple[Any, ...]]]:
         """The statements in order, then one upsert per meta key."""
@@ -136,6 +199,61 @@ class Batch:
                 else:
                     deletes.append((vhost, queue, position))
         return inserts, delivered, deletes
+
+    def run_rows(self) -> list[tuple[str, str, PendingRun]]:
+        """The message runs to insert (each with its positions taken or delivered since)."""
+        return [(vhost, queue, run) for (vhost, queue), runs in self.runs.items()
+                for run in runs.values()]
+
+
+class PendingRun:
+    """A message run of a batch, with the positions taken off it or delivered meanwhile."""
+
+    __slots__ = ("first", "last", "contents", "gone", "delivered")
+
+    def __init__(self, first: int, last: int, contents: bytes) -> None:
+        self.first = first
+        self.last = last
+        self.contents = contents
+        self.gone: set[int] = set()
+        self.delivered: set[int] = set()
+
+
+def pack_run(messages: list[Any]) -> bytes:
+    """A run's contents: msgpack ``[[exchange, routing_key, header, body], ...]``."""
+    data: bytes = msgpack.packb([(m.exchange, m.routing_key, m.header, m.body)
+                                 for m in messages], use_bin_type=True)
+    return data
+
+
+def unpack_run(contents: bytes) -> list[StoredContent]:
+    return [StoredContent(e, k, h, b)
+            for e, k, h, b in msgpack.unpackb(contents, raw=False, use_list=False)]
+
+
+def runs_of(op: Op) -> list[Op]:
+    """An ``ENQUEUED_MANY`` as the ops it stands for: message runs of its persistent entries
+    at consecutive positions (at least ``RUN_MIN``), ``ENQUEUED`` for the others."""
+    vhost, queue = op[1], op[2]
+    out: list[Op] = []
+    pieces = persistent_entries(op[3])
+    count = len(pieces)
+    start = 0
+    while start < count:
+        end = start + 1
+        size = len(pieces[start][1].body)
+        while (end < count and pieces[end][0] == pieces[end - 1][0] + 1
+               and end - start < RUN_MAX and size < RUN_MAX_BYTES):
+            size += len(pieces[end][1].body)
+            end += 1
+        if end - start >= RUN_MIN:
+            out.append((ENQUEUED_RUN, vhost, queue, pieces[start][0], pieces[end - 1][0],
+                        pack_run([m for _, m in pieces[start:end]])))
+        else:
+            for position, message in pieces[start:end]:
+                out.append((ENQUEUED, vhost, queue, position, message))
+        start = end
+    return out
 
 
 def persistent_entries(entries: list[Any]) -> list[tuple[int, Any]]:
@@ -181,8 +299,9 @@ def _queue_deleted(batch: Batch, vhost: str, queue: str) -> None:
     (a queue re-declared with the same name) are written after the purge.
     """
     batch.messages.pop((vhost, queue), None)
+    batch.runs.pop((vhost, queue), None)
     batch.statements.append(("delete_queue", (vhost, queue)))
-    batch.statements.append(("purge_queue", (vhost, queue)))
+    batch.statements.append(("purge_queue", (vhost, queue)))  # its runs and marks too
 
 
 def _purged(batch: Batch, vhost: str, queue: str, ranges: list[tuple[int, int]]) -> None:
@@ -197,6 +316,15 @@ def _purged(batch: Batch, vhost: str, queue: str, ranges: list[tuple[int, int]])
         inside = within(ranges)
         for position in [p for p in states if inside(p)]:
             del states[position]
+    runs = batch.runs.get((vhost, queue))
+    if runs:
+        for run in list(runs.values()):
+            for lo, hi in ranges:
+                lo, hi = max(lo, run.first), min(hi, run.last)
+                if lo <= hi:
+                    run.gone.update(range(lo, hi + 1))
+            if len(run.gone) == run.last - run.first + 1:
+                del runs[run.first]  # the purge's range delete takes a stored copy
     batch.purges.extend((vhost, queue, first, last) for first, last in ranges)
 
 

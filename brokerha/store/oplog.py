@@ -53,6 +53,7 @@ from brokerha.store.batch import (
     DEQUEUED,
     ENQUEUED,
     ENQUEUED_MANY,
+    ENQUEUED_RUN,
     PURGED,
     QUEUE_DELETED,
     STATEMENT,
@@ -62,6 +63,7 @@ from brokerha.store.batch import (
     StoredContent,
     Unit,
     persistent_entries,
+    runs_of,
 )
 from brokerha.store.writer import ApplyPolicy, DiskFull, Writer
 
@@ -82,8 +84,26 @@ class OpLogError(RuntimeError):
 # -- records --------------------------------------------------------------------------
 
 
+def with_runs(ops: list[Op]) -> list[Op]:
+    """``ops`` with each ``ENQUEUED_MANY`` as its message runs (``batch.runs_of``): packed
+    once here, the same contents go to the log and to SQL."""
+    for op in ops:
+        if op[0] == ENQUEUED_MANY:
+            break
+    else:
+        return ops
+    out: list[Op] = []
+    for op in ops:
+        if op[0] == ENQUEUED_MANY:
+            out.extend(runs_of(op))
+        else:
+            out.append(op)
+    return out
+
+
 def encode_ops(packer: msgpack.Packer, ops: list[Op]) -> bytes:
-    """A record's payload: the ops as plain rows (a message's content is copied in)."""
+    """A record's payload: the ops as plain rows (a message's content is copied in; a
+    message run's packed contents are one ``bin``)."""
     rows: list[Any] = []
     append = rows.append
     for op in ops:
@@ -117,6 +137,8 @@ def decode_ops(payload: bytes) -> list[Op]:
         kind = row[0]
         if kind == ENQUEUED:
             ops.append((ENQUEUED, row[1], row[2], row[3], StoredContent(*row[4:8])))
+        elif kind == ENQUEUED_RUN:
+            ops.append((ENQUEUED_RUN, row[1], row[2], row[3], row[4], row[5]))
         elif kind == STATEMENT:
             ops.append((STATEMENT, row[1], tuple(row[2])))
         elif kind in (ACQUIRED, DEQUEUED, QUEUE_DELETED):
@@ -466,6 +488,8 @@ class LogAppender(threading.Thread):
         ``appended``, and the store's ``after_sync`` does not take its
         "nothing pending" shortcut.
         """
+        for unit in units:
+            unit.ops = with_runs(unit.ops)
         ops = [op for unit in units for op in unit.ops]
         if ops:
             payload = encode_ops(self._packer, ops)

@@ -30,7 +30,10 @@ from sqlalchemy import (
     Text,
 )
 
-SCHEMA_VERSION = "1"
+# 2: message runs (``message_runs``, ``run_marks``); a version-1 database is migrated at
+# start (the new tables are created, its ``messages`` rows stay as they are)
+SCHEMA_VERSION = "2"
+MIGRATES_FROM = ("1",)
 
 metadata = MetaData()
 
@@ -79,6 +82,27 @@ messages = Table(
     Column("header", LargeBinary, nullable=False),
     Column("body", LargeBinary, nullable=False),
     Column("delivered", Boolean, nullable=False),
+)
+
+# Message runs (brokerha/store/batch.py ENQUEUED_RUN): the persistent messages at
+# consecutive positions of one queue as one row, packed (``batch.pack_run``). A position
+# taken off a run (or delivered) is marked in ``run_marks`` until the run is empty, then
+# the run and its marks go together (brokerha/store/runs.py).
+message_runs = Table(
+    "message_runs", metadata,
+    Column("vhost", Text, primary_key=True),
+    Column("queue", Text, primary_key=True),
+    Column("first_position", BigInteger, primary_key=True, autoincrement=False),
+    Column("last_position", BigInteger, nullable=False),
+    Column("contents", LargeBinary, nullable=False),
+)
+
+run_marks = Table(
+    "run_marks", metadata,
+    Column("vhost", Text, primary_key=True),
+    Column("queue", Text, primary_key=True),
+    Column("position", BigInteger, primary_key=True, autoincrement=False),
+    Column("gone", Boolean, nullable=False),  # taken off the queue; else delivered
 )
 
 # The definitions (brokerha/broker/definitions.py): vhosts, users, permissions, topic
@@ -191,6 +215,21 @@ def delete_range_sql(placeholder: str) -> str:
             f"AND {_q('position')} >= {p} AND {_q('position')} <= {p}")
 
 
+def delete_range_of(table: Table, first: str, last: str, placeholder: str) -> str:
+    """Delete one queue's rows of ``table`` lying wholly inside an inclusive range."""
+    p = placeholder
+    return (f"DELETE FROM {_q(table.name)} WHERE {_q('vhost')} = {p} AND {_q('queue')} = {p} "
+            f"AND {_q(first)} >= {p} AND {_q(last)} <= {p}")
+
+
+def insert_or_keep_sql(table: Table, placeholder: str) -> str:
+    """Insert a row unless one with its primary key is there."""
+    cols = [c.name for c in table.columns]
+    return (f"INSERT INTO {_q(table.name)} ({', '.join(map(_q, cols))}) "
+            f"VALUES ({', '.join([placeholder] * len(cols))}) "
+            f"ON CONFLICT ({', '.join(map(_q, _key_columns(table)))}) DO NOTHING")
+
+
 def set_delivered_sql(placeholder: str) -> str:
     return (f"UPDATE {_q(messages.name)} SET {_q('delivered')} = {placeholder} "
             f"WHERE {_where(_key_columns(messages), placeholder)}")
@@ -212,6 +251,18 @@ class Statements:
         self.set_delivered = set_delivered_sql(p)
         self.delete_message = delete_sql(messages, p)
         self.delete_message_range = delete_range_sql(p)
+        self.put_run = upsert_sql(message_runs, p)
+        self.delete_run = delete_sql(message_runs, p)
+        self.delete_run_range = delete_range_of(message_runs, "first_position",
+                                                "last_position", p)
+        self.purge_queue_runs = delete_sql(message_runs, p, ["vhost", "queue"])
+        self.put_run_gone = upsert_sql(run_marks, p)
+        self.put_run_delivered = insert_or_keep_sql(run_marks, p)
+        self.delete_mark_range = delete_range_of(run_marks, "position", "position", p)
+        self.purge_queue_marks = delete_sql(run_marks, p, ["vhost", "queue"])
+        self.select_runs = ('SELECT "vhost", "queue", "first_position", "last_position" '
+                            'FROM "message_runs"')
+        self.select_gone = f'SELECT "vhost", "queue", "position" FROM "run_marks" WHERE "gone" = {p}'
         self.put_dtx_branch = upsert_sql(dtx_branches, p)
         self.delete_dtx_branch = delete_sql(dtx_branches, p)
         self.put_ha_transaction = upsert_sql(ha_transactions, p)

@@ -22,6 +22,7 @@ A failed commit is fatal: its callbacks and all later ones never run, and
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Table, create_engine, event, insert, select
+from sqlalchemy import Engine, Table, create_engine, event, insert, select, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
@@ -66,6 +67,7 @@ from brokerha.store.batch import (
     Callback,
     Op,
     Unit,
+    unpack_run,
 )
 from brokerha.store.oplog import LogAppender, OpLog, OpLogError
 from brokerha.store.writer import (
@@ -148,6 +150,7 @@ class SQLStore(Store):
         self._inflight = 0  # units handed over and not yet reported durable (loop thread)
         self._handed = 0  # units handed to the operation log's thread (loop thread)
         self._reader: Any = None  # connection for read_bodies (loop thread), opened on demand
+        self._run_cache: tuple[tuple[str, str], int, list[Any]] | None = None  # read_bodies'
         self._meta: dict[str, str] = {}  # put_meta since start: get_meta sees them at once
         statements = schema.Statements(_PLACEHOLDERS[self.engine.dialect.driver])
         self.oplog: OpLog | None = None
@@ -300,10 +303,38 @@ class SQLStore(Store):
         try:
             cur = conn.cursor()
             cur.execute(sql, (vhost, queue, *positions))
-            rows = cur.fetchall()
+            found = {int(r[0]): (bytes(r[1]), bytes(r[2])) for r in cur.fetchall()}
+            if len(found) < len(positions):
+                self._read_runs(cur, p, vhost, queue,
+                                [x for x in positions if x not in found], found)
         finally:
             conn.rollback()  # end the read transaction (PostgreSQL): the next read sees new commits
-        return {int(r[0]): (bytes(r[1]), bytes(r[2])) for r in rows}
+        return found
+
+    def _read_runs(self, cur: Any, p: str, vhost: str, queue: str, positions: list[int],
+                   found: dict[int, tuple[bytes, bytes]]) -> None:
+        """The ``positions`` that message runs hold (each run unpacked once; the last one
+        kept, since the pager reads a run a few hundred positions at a time)."""
+        wanted = set(positions)
+        cached = self._run_cache
+        if cached is not None and cached[0] == (vhost, queue):
+            first, contents = cached[1], cached[2]
+            for x in [x for x in wanted if first <= x < first + len(contents)]:
+                found[x] = (contents[x - first].header, contents[x - first].body)
+                wanted.discard(x)
+        if not wanted:
+            return
+        cur.execute('SELECT "first_position", "contents" FROM "message_runs" WHERE "vhost" = '
+                    f'{p} AND "queue" = {p} AND "first_position" <= {p} AND "last_position" >= '
+                    f'{p} ORDER BY "first_position"', (vhost, queue, max(wanted), min(wanted)))
+        for first, blob in cur.fetchall():
+            first = int(first)
+            contents = unpack_run(bytes(blob))
+            hit = [x for x in wanted if first <= x < first + len(contents)]
+            for x in hit:
+                found[x] = (contents[x - first].header, contents[x - first].body)
+            if hit:
+                self._run_cache = ((vhost, queue), first, contents)
 
     def stats(self) -> dict[str, Any]:
         """Counters for logs and benchmarks, including the writer's current backlog."""
@@ -569,7 +600,7 @@ class SQLStore(Store):
                 queues=[_queue(r) for r in rows(schema.queues)],
                 bindings=[_binding(r) for r in rows(schema.bindings)],
                 messages=(self._stream_messages() if stream_messages
-                          else [_message(r) for r in rows(schema.messages)]),
+                          else list(self._stream_messages())),
                 prepared=[_branch(r) for r in rows(schema.dtx_branches)],
                 ha_transactions=[(r.txid, bytes(r.payload))
                                  for r in rows(schema.ha_transactions)],
@@ -581,16 +612,42 @@ class SQLStore(Store):
             )
 
     def _stream_messages(self) -> Iterator[StoredMessage]:
-        with self.engine.connect() as conn:
+        """The stored messages in (vhost, queue, position) order: the rows of ``messages``
+        and the live positions of message runs, merged."""
+        with self.engine.connect() as rows_conn, self.engine.connect() as runs_conn:
             table = schema.messages
-            result = conn.execution_options(yield_per=1000).execute(
-                select(table).order_by(*table.primary_key))
-            for r in result:
-                yield _message(r)
+            result = rows_conn.execution_options(yield_per=1000).execute(
+                select(table).order_by(*self._text_order(table), table.c.position))
+            yield from heapq.merge((_message(r) for r in result),
+                                   self._run_messages(runs_conn), key=_message_key)
+
+    def _text_order(self, table: Table) -> list[Any]:
+        """vhost, queue in code point order (Python's), whatever the database's collation."""
+        columns = [table.c.vhost, table.c.queue]
+        if self.engine.dialect.name == "postgresql":
+            return [c.collate("C") for c in columns]
+        return columns  # SQLite compares text as UTF-8 bytes: code point order
+
+    def _run_messages(self, conn: Any) -> Iterator[StoredMessage]:
+        runs, marks = schema.message_runs, schema.run_marks
+        mark_rows = conn.execute(select(marks.c.vhost, marks.c.queue, marks.c.position,
+                                        marks.c.gone))
+        gone: set[tuple[str, str, int]] = set()
+        delivered: set[tuple[str, str, int]] = set()
+        for r in mark_rows:
+            (gone if r.gone else delivered).add((r.vhost, r.queue, int(r.position)))
+        result = conn.execution_options(yield_per=16).execute(
+            select(runs).order_by(*self._text_order(runs), runs.c.first_position))
+        for r in result:
+            for i, c in enumerate(unpack_run(bytes(r.contents))):
+                key = (r.vhost, r.queue, int(r.first_position) + i)
+                if key not in gone:
+                    yield StoredMessage(r.vhost, r.queue, key[2], c.exchange, c.routing_key,
+                                        bytes(c.header), bytes(c.body), key in delivered)
 
 
 def _prepare_schema(engine: Engine) -> None:
-    """Create missing tables; refuse a database written by another schema version."""
+    """Create missing tables; migrate an older schema version; refuse any other."""
     schema.metadata.create_all(engine)
     with engine.begin() as conn:
         found = conn.execute(select(schema.meta.c.value)
@@ -598,6 +655,11 @@ def _prepare_schema(engine: Engine) -> None:
         if found is None:
             conn.execute(insert(schema.meta).values(key="schema_version",
                                                      value=schema.SCHEMA_VERSION))
+        elif found in schema.MIGRATES_FROM:
+            # 1 -> 2: the run tables are new (created above); the message rows stay valid
+            conn.execute(update(schema.meta).where(schema.meta.c.key == "schema_version")
+                         .values(value=schema.SCHEMA_VERSION))
+            log.info("store schema version %s migrated to %s", found, schema.SCHEMA_VERSION)
         elif found != schema.SCHEMA_VERSION:
             raise StoreError(f"store schema version {found}, this brokerha expects "
                              f"{schema.SCHEMA_VERSION}")
@@ -621,6 +683,10 @@ def _queue(r: Any) -> QueueRecord:
 def _binding(r: Any) -> BindingRecord:
     return BindingRecord(r.vhost, r.source, r.destination_kind, r.destination, r.routing_key,
                          schema.decode_arguments(r.arguments))
+
+
+def _message_key(m: StoredMessage) -> tuple[str, str, int]:
+    return (m.vhost, m.queue, m.position)
 
 
 def _message(r: Any) -> StoredMessage:

@@ -20,6 +20,14 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from brokerha.store.batch import Batch, Callback, Op, Unit, fold
+from brokerha.store.runs import (
+    RunIndex,
+    drop_runs,
+    purge_runs,
+    split_deletes,
+    split_delivered,
+    write_runs,
+)
 from brokerha.store.schema import Statements
 
 log = logging.getLogger("brokerha.store")
@@ -200,6 +208,7 @@ class Writer(threading.Thread):
         self._stopping = False
         self.disk = DiskFull(on_disk_full, lambda: self._stopping)
         self._last_warning = 0.0
+        self.runs = RunIndex()  # the message runs SQL holds (loaded when the thread starts)
         self.stats: dict[str, Any] = {"commits": 0, "rows": 0, "cancelled": 0, "units": 0,
                                       "max_backlog_ops": 0, "max_commit_seconds": 0.0}
 
@@ -233,6 +242,7 @@ class Writer(threading.Thread):
     def run(self) -> None:
         try:
             conn = self._connect()
+            self.runs.load(conn, self.statements)
         except Exception as exc:
             self._fail(exc)
             return
@@ -282,7 +292,7 @@ class Writer(threading.Thread):
                 break
             except Exception as exc:
                 self._rollback(conn)
-                if not self.disk.wait(exc):
+                if not self.disk.wait(exc) or not self._reload_runs(conn):
                     self._fail(exc)
                     return False
         self.disk.succeeded()
@@ -321,7 +331,7 @@ class Writer(threading.Thread):
         if batch.empty:
             return
         started = time.monotonic()
-        rows = commit_batch(conn, self.statements, batch)
+        rows = commit_batch(conn, self.statements, batch, self.runs)
         self._count(batch, rows, started)
 
     def _count(self, batch: Batch, rows: int, started: float) -> None:
@@ -333,6 +343,15 @@ class Writer(threading.Thread):
         if elapsed >= SLOW_COMMIT_SECONDS:
             self._warn("store commit of %d rows took %.2f s", rows, elapsed)
 
+    def _reload_runs(self, conn: Any) -> bool:
+        """After a rollback: the run index as SQL holds it again (False: failed, reported)."""
+        try:
+            self.runs.load(conn, self.statements)
+        except Exception as exc:
+            self._fail(exc)
+            return False
+        return True
+
     @staticmethod
     def _rollback(conn: Any) -> None:
         try:
@@ -341,21 +360,45 @@ class Writer(threading.Thread):
             log.debug("rollback after a failed commit failed", exc_info=True)
 
 
-def commit_batch(conn: Any, statements: Statements, batch: Batch) -> int:
-    """Write one folded batch in one database transaction; the number of rows touched."""
-    inserts, delivered, deletes = batch.rows()
+def commit_batch(conn: Any, statements: Statements, batch: Batch,
+                 runs: RunIndex | None = None) -> int:
+    """Write one folded batch in one database transaction; the number of rows touched.
+
+    ``runs``: the message runs SQL holds (``runs.py``), kept up to date here
+    (None: read from ``conn`` first). After a failed commit the caller rolls
+    back and must load it again.
+    """
     st = statements
+    if runs is None:
+        runs = RunIndex()
+        runs.load(conn, st)
+    inserts, delivered, deletes = batch.rows()
     cur = conn.cursor()
     rows = batch.statement_rows()
     for name, params in rows:
         cur.execute(getattr(st, name), params)
+        if name == "purge_queue":  # a deleted queue: its runs and their marks go too
+            cur.execute(st.purge_queue_runs, params)
+            cur.execute(st.purge_queue_marks, params)
+            runs.drop_queue(*params)
     if batch.purges:
         cur.executemany(st.delete_message_range, batch.purges)
+        purge_runs(cur, st, runs, batch.purges)
+    drop_runs(cur, st, runs, batch.dropped_runs)
     if inserts:
         cur.executemany(st.put_message, inserts)
+    written = write_runs(cur, st, batch, runs)
+    delivered, delivered_marks = split_delivered(delivered, runs)
     if delivered:
         cur.executemany(st.set_delivered, delivered)
+    if delivered_marks:
+        cur.executemany(st.put_run_delivered, delivered_marks)
+    deletes, gone, emptied = split_deletes(deletes, runs)
     if deletes:
         cur.executemany(st.delete_message, deletes)
+    if gone:
+        cur.executemany(st.put_run_gone, gone)
+    drop_runs(cur, st, runs, emptied)
     conn.commit()
-    return len(rows) + len(batch.purges) + len(inserts) + len(delivered) + len(deletes)
+    return (len(rows) + len(batch.purges) + len(inserts) + written + len(delivered)
+            + len(delivered_marks) + len(deletes) + len(gone) + len(emptied))

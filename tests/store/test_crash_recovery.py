@@ -24,6 +24,7 @@ PERSISTENT = pika.BasicProperties(delivery_mode=2)
 CRASH_SEED = 20240611
 KILLS = 5
 TX_SIZE = 5
+RUN_TX_SIZE = 40  # every other transaction: stored as a message run (store/batch.py RUN_MIN)
 LOST = (pika.exceptions.AMQPError, OSError)
 
 
@@ -45,8 +46,9 @@ def publish(ch: BlockingChannel, body: str, queue: str = "crash") -> None:
     ch.basic_publish("", queue, body.encode(), PERSISTENT)
 
 
-def run_transaction(tx: BlockingChannel, ledger: Ledger, name: str, commit: bool) -> None:
-    bodies = [f"{name}-{j}" for j in range(TX_SIZE)]
+def run_transaction(tx: BlockingChannel, ledger: Ledger, name: str, commit: bool,
+                    size: int = TX_SIZE) -> None:
+    bodies = [f"{name}-{j}" for j in range(size)]
     for body in bodies:
         publish(tx, body)
     if not commit:
@@ -72,7 +74,8 @@ def publish_until_killed(node: NodeProcess, ledger: Ledger, rnd: random.Random, 
         while True:
             i += 1
             if i % 7 == 0:
-                run_transaction(tx, ledger, f"t{round_no}.{i}", commit=rnd.random() < 0.7)
+                run_transaction(tx, ledger, f"t{round_no}.{i}", commit=rnd.random() < 0.7,
+                                size=RUN_TX_SIZE if i % 14 == 0 else TX_SIZE)
             else:
                 publish(confirms, f"c{round_no}.{i}")
                 ledger.confirmed.add(f"c{round_no}.{i}")
@@ -124,6 +127,7 @@ def test_confirmed_and_committed_messages_survive_sigkill(tmp_path: Path) -> Non
         finally:
             node.close()
     assert len(ledger.confirmed) > 50 and ledger.committed
+    assert any(len(bodies) == RUN_TX_SIZE for bodies in ledger.committed)  # runs replayed
     with NodeProcess("crash", data_dir=tmp_path) as node:
         conn = connect(node)
         found = drain(conn.channel(), "crash")
