@@ -44,9 +44,12 @@ What is promised, and checked after every event that changed anything:
   the one the backup follows.
 - (d) after the run (no new faults, every node back, every backup caught
   up): every node holds the serving primary's table.
-- (e) the table is made once: a change no operator asked for is only the
-  first primary's creation, from no table (a new primary holding one never
-  makes or tweaks it, ``TableCoordinator.attach_primary``).
+- (e) the table is made once: a change no operator asked for is only a
+  creation, from no table (a new primary holding one never makes or tweaks
+  it, ``TableCoordinator.attach_primary``). A second creation happens only
+  when the first was never committed (its primary deposed before its ``pt``
+  reached a majority; about one seed in a hundred): a new primary without
+  a table while one is committed fails (b).
 
 Beside the world's own (a), (b), (e), (f) of ``world.py``. ``Unsafe``: the
 HA rules of ``world.Unsafe`` and the coordinator's (``coordinator.Unsafe``):
@@ -264,7 +267,7 @@ class TableSimulation(AsyncWorld):
                          f"{top.epoch})")
         for k in line or ():
             self.chain[self.ptid(k)] = Commit(epoch, k)
-        self.counts["committed"] = ptid
+        self.counts["committed"] = ptid  # the highest ptid committed
         for later, entries in sorted(self.history.items()):
             if later > epoch and not self.extends(entries[0][1], key):
                 self.violate(f"(b) the primary of epoch {later} started from ptid "
