@@ -36,13 +36,23 @@ journal; the node acknowledges only once that journal is synced too.
 Transactions: the ``t*`` events go to the TransactionReplicator
 (``transaction_replicator.py``); a ``TxVote`` it could not give as an
 acknowledgement waits in ``votes`` for the node to send (``take_votes``).
+
+Work in slices: a big ``tc`` is applied a slice at a time (``busy``; the
+caller calls ``step`` once a loop turn until it returns False). Its seq is
+applied, hence acknowledged, only after the last slice, and every packet
+received meanwhile waits behind it (``_held``), so the stream is applied in
+order. ``settle`` ends a commit in progress at once and drops what waited
+(joining again, changing role): a node never leaves a transaction half
+applied. A large message's body comes as ``bp`` parts before its ``e``
+(``cluster/replication.py``), kept in ``_parts`` until it.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from brokerha.backup.broker_replicator import CONFIGURATION_EVENTS, BrokerReplicator
@@ -114,12 +124,21 @@ class Backup:
         # the TxLog's ``l*`` events (brokerha/txlog/bridge/replica.py: ``apply(event)``), if any
         self.txlog = txlog
         self.layers = dict(layers or {})  # other layers' events by kind (the partition table)
+        self._parts: list[bytes | memoryview] = []  # ``bp`` parts of the next ``e``'s body
+        # a ``tc`` applied in slices: (its seq, its remaining slices); packets behind it
+        self._commit: tuple[int, Iterator[None]] | None = None
+        self._held: deque[tuple[int, list[Any]]] = deque()
         hold_all_timers(broker)
 
     @property
     def applying(self) -> bool:
         """The answer to our join has begun (its catch-up, or live events after it)."""
         return self._catching_up or self.caught_up
+
+    @property
+    def busy(self) -> bool:
+        """A commit is being applied in slices: call ``step`` next loop turn."""
+        return self._commit is not None
 
     @property
     def position(self) -> tuple[int, int]:
@@ -134,9 +153,11 @@ class Backup:
 
     def join_message(self) -> Join:
         """Start (again) from a catch-up; nothing is applied until its answer arrives."""
+        self.settle()
         if self.caught_up:
             self.last_position = self.position
         self.session = next(_sessions)
+        self._parts = []
         self.applied_seq = -1
         self.caught_up = self._catching_up = False
         self.rejoin_requested = False
@@ -180,17 +201,54 @@ class Backup:
             raise ReplicationError(f"events of epoch {msg.epoch} from a primary not joined "
                                    f"(this backup follows epoch {self.epoch})")
         events = msg.events
+        if self._commit is not None:
+            self._held.append((msg.first_seq, events))  # applied once the commit is
+            return
         if not (self._catching_up or self.caught_up):
             if not self.starts_catch_up(msg):
                 return  # an earlier session's tail, before the answer to our join
             self._catching_up = True
             self.applied_seq = msg.first_seq - 1
+        self._receive_packet(msg.first_seq, events)
+
+    def _receive_packet(self, first_seq: int, events: list[Any]) -> None:
         try:
-            self._receive(msg.first_seq, events)
+            self._receive(first_seq, events)
         except _Rejoin:
             # what came before it is applied (a consistent copy at the seq before it):
             # the rest of this packet is the old session's, the new join's catch-up covers it
             self.rejoin_requested = True
+            self._held.clear()
+
+    def step(self) -> bool:
+        """The next slice of the commit in progress, then what waited behind it once it is
+        done; True while a commit is still in progress (call again next loop turn)."""
+        commit = self._commit
+        if commit is not None:
+            seq, steps = commit
+            for _ in steps:
+                return True  # a slice done, more to come
+            self._commit = None
+            self._applied(seq, R.TX_COMMIT)
+        held = self._held
+        while held and self._commit is None and not self.rejoin_requested:
+            first_seq, events = held.popleft()
+            self._receive_packet(first_seq, events)
+        return self._commit is not None
+
+    def settle(self) -> None:
+        """End the commit in progress now (all its slices) and drop what waited behind it.
+
+        For a join or a change of role: a transaction is never left half applied,
+        and what was not applied is not acknowledged (nothing counts on it).
+        """
+        commit, self._commit = self._commit, None
+        self._held.clear()
+        if commit is not None:
+            seq, steps = commit
+            for _ in steps:
+                pass
+            self._applied(seq, R.TX_COMMIT)
 
     def _receive(self, first_seq: int, events: list[Any]) -> None:
         count = len(events)
@@ -203,24 +261,46 @@ class Backup:
                 continue
             if seq != self.applied_seq + 1:
                 raise ReplicationError(f"gap: event {seq} after {self.applied_seq}")
-            run = _enqueue_run(events, offset - 1) if event.kind == R.ENQUEUED else 1
-            if run > 1:
+            kind = event.kind
+            if self._parts and kind != R.ENQUEUED and kind != R.BODY_PART:
+                raise ReplicationError(f"event {kind!r} at {seq} after the parts of a body")
+            run = _enqueue_run(events, offset - 1) if kind == R.ENQUEUED else 1
+            if run > 1 and not self._parts:
                 # enqueues on one queue in a row (a catch-up's, a burst of publishes):
                 # one batch, the store's hooks called once (Queue.add_entries)
                 self._replicator(event.vhost, event.queue).enqueue_many(
                     events[offset - 1:offset - 1 + run])
                 offset += run - 1
                 seq += run - 1
+            elif kind == R.TX_COMMIT:
+                steps = self.transactions.commit_steps(event.txid, event.client_id, event.ops)
+                if _unfinished(steps):  # a big one: its next slices the next loop turns
+                    self._commit = (seq, steps)
+                    if offset < count:
+                        self._held.appendleft((seq + 1, events[offset:]))
+                    return
+            elif kind == R.BODY_PART:
+                self._parts.append(event.data)
+                self.applied_seq = seq  # nothing waits for a part: no prompt ack
+                continue
+            elif kind == R.ENQUEUED and self._parts:
+                self._parts.append(event.body)
+                body, self._parts = b"".join(self._parts), []
+                self._apply(seq, event._replace(body=body))
             else:
                 self._apply(seq, event)
-            # the CaughtUp marker names the join's seq: live events go on from there
-            self.applied_seq = event.seq if event.kind == R.CAUGHT_UP else seq
-            if event.kind != R.DEQUEUED:
-                self.ack_due = True
-            valid_at = self._valid_at
-            if valid_at is not None and self.applied_seq >= valid_at:
-                self._valid_at = None  # a consistent copy from here: our position is valid
-                self.caught_up, self._catching_up = True, False
+            self._applied(seq, kind, event)
+
+    def _applied(self, seq: int, kind: str, event: Any = None) -> None:
+        """``event`` (of ``kind``) at ``seq`` is applied (the last of a run: ``seq`` is its)."""
+        # the CaughtUp marker names the join's seq: live events go on from there
+        self.applied_seq = event.seq if kind == R.CAUGHT_UP else seq
+        if kind != R.DEQUEUED:
+            self.ack_due = True
+        valid_at = self._valid_at
+        if valid_at is not None and self.applied_seq >= valid_at:
+            self._valid_at = None  # a consistent copy from here: our position is valid
+            self.caught_up, self._catching_up = True, False
 
     def take_ack_due(self) -> bool:
         """Whether what was applied since the last call needs a prompt acknowledgement.
@@ -290,6 +370,13 @@ class Backup:
 
 class _Rejoin(Exception):  # noqa: N818 - not an error: the primary's ``rj`` naming this node
     pass
+
+
+def _unfinished(steps: Iterator[None]) -> bool:
+    """Run the first slice of ``steps``: True if more are left."""
+    for _ in steps:
+        return True
+    return False
 
 
 def _enqueue_run(events: list[Any], start: int) -> int:

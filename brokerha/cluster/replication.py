@@ -22,6 +22,8 @@ kind     fields after the kind                                           meaning
 ``e``    vhost, queue, position, exchange, routing_key, header, body,    enqueued
          expires_in_ms (None: no expiry)
 ``d``    vhost, queue, [positions]                                       dequeued
+``bp``   data                                                            a part of the next
+                                                                         ``e``'s body
 ``b``    session (the Join's)                                            catch-up begins
 ``s``    (none)                                                          config snapshot done
 ``c``    seq                                                             caught up
@@ -42,6 +44,19 @@ kind     fields after the kind                                           meaning
 ``pt``   ptid, num_replicas, partitions, [[p, [[node, state]..]]..]      partition table changed
 ``ps``   ptid, num_replicas, [[[node, state], ...], ...]                 partition table (catch-up)
 =======  ==============================================================  ==========
+
+A large body travels in parts: an ``e`` whose body is over
+``BODY_PART_BYTES`` (``primary/events.py``) goes as ``bp`` events of at most
+that many bytes each, then the ``e`` with an empty body; the backup keeps the
+parts and applies the ``e`` with their concatenation as its body (and the
+``e``'s own body after them). They are consecutive events of the log: any
+other event after a ``bp`` is a ``ReplicationError``. So no packet, no packing
+and no write of the primary holds a whole 50 MiB body: the primary sends its
+outbox at most ``FLUSH_BYTES`` per backup a loop turn (``remote_backup.py``),
+the rest the next turns, in order. Nothing waits for a ``bp`` (a confirm waits
+for its ``e``), so a backup does not acknowledge it promptly; an
+acknowledgement that covers ``bp`` events but not their ``e`` claims nothing
+of the message (a backup that restarts joins again with a catch-up).
 
 The partition table (``brokerha/cluster/partition_table.py``, docs/ha.md
 "Partitions"): ``pt`` is one change decided by the table coordinator
@@ -72,8 +87,11 @@ whole effect of the local commit: ``ops`` is a list of
 ``e`` events (enqueues of content the tx-queue does not hold: a TX's own
 publishes, which it sends only with its commit, and dead letters)
 and ``d`` events (dequeues), in the order the primary applied them. A backup
-applies one event in one loop callback, so its store writes a transaction in
-one group commit: no node ever holds a proper subset of one.
+applies a ``tc`` before any later event and acknowledges it once applied
+whole: in one loop callback, so in one group commit of its store, up to
+``COMMIT_SLICE`` entries; a bigger one a slice per loop turn, its stored
+position invalid until the last (``backup/transaction_replicator.py``): no
+node ever holds a proper subset of a transaction at a valid position.
 
 ``arguments`` travel as an AMQP field table (bytes, keys sorted), so whatever a
 client can declare survives msgpack and compares byte for byte.
@@ -113,6 +131,7 @@ BINDING_CREATED = "bd"
 BINDING_DELETED = "bx"
 ENQUEUED = "e"
 DEQUEUED = "d"
+BODY_PART = "bp"  # a part of the next ``e``'s body (a large message, in parts)
 CATCH_UP_BEGINS = "b"
 SNAPSHOT_DONE = "s"
 CAUGHT_UP = "c"
@@ -217,6 +236,11 @@ class Dequeued(NamedTuple):
     vhost: str
     queue: str
     positions: list[int]
+
+
+class BodyPart(NamedTuple):
+    kind: str
+    data: bytes | memoryview  # the primary cuts a body without copying it
 
 
 class CatchUpBegins(NamedTuple):
@@ -360,7 +384,7 @@ RECORDS: dict[str, Any] = {
     VHOST: VhostExists, DEFINITION: DefinitionChanged, DEFINITIONS: DefinitionsSnapshot,
     EXCHANGE_DECLARED: ExchangeDeclared, EXCHANGE_DELETED: ExchangeDeleted,
     QUEUE_DECLARED: QueueDeclared, QUEUE_DELETED: QueueDeleted, BINDING_CREATED: BindingChanged,
-    BINDING_DELETED: BindingChanged, ENQUEUED: Enqueued, DEQUEUED: Dequeued,
+    BINDING_DELETED: BindingChanged, ENQUEUED: Enqueued, DEQUEUED: Dequeued, BODY_PART: BodyPart,
     CATCH_UP_BEGINS: CatchUpBegins, SNAPSHOT_DONE: SnapshotDone, CAUGHT_UP: CaughtUp,
     ACK_PROMPTLY: AckPromptly, REJOIN: Rejoin, TX_BEGIN: TxBegin, TX_ENQUEUE: TxEnqueue,
     TX_DEQUEUE: TxDequeue, TX_PREPARE: TxPrepare, TX_COMMIT: TxCommit, TX_ROLLBACK: TxRollback,

@@ -10,6 +10,12 @@ durability ordering rules exist once. It owns:
   store's next commit with the events they describe (``record_position``),
   never in a commit of their own, and reported to the election only once
   that commit is durable (``Effects.position``);
+- a **backup's work in slices**: a big transaction's commit is applied a
+  slice a loop turn (``Backup.step``, scheduled with ``soon``), nothing of the
+  stream after it meanwhile; its stored position is invalid until the commit's
+  last slice (the slices may land in several store commits), while the
+  position it reports stays the one before the commit: it is applied whole
+  before this node leaves the role or joins again (``Backup.settle``);
 - a **backup's acknowledgements** (``schedule_ack``): what is applied is
   acknowledged only from the store's ``after_sync`` of a commit that holds it
   and the position covering it (with a TxLog replica, after its journal
@@ -155,6 +161,9 @@ class HACore:
         self._durable_seq = 0               # the primary's own durable position
         self._durable_waiters: list[Callable[[], None]] = []
         self._position_scheduled = False
+        self._step_scheduled = False   # the backup's next slice (Backup.step) is scheduled
+        # the Backup whose sliced commit made the stored position invalid (until its ack)
+        self._stored_invalid: Backup | None = None
         # the position goes into the store batch of the events it covers (see position_due)
         broker.store.before_batch(self.position_due)
 
@@ -163,6 +172,7 @@ class HACore:
     def become_primary(self, epoch: int) -> Primary:
         """A Primary numbering its events from 0 in ``epoch``; the node verifies next."""
         if self.backup is not None:
+            self._settle(self.backup)
             self.backup.close()
         self.backup, self.following = None, None
         self.phase = "verifying"
@@ -217,6 +227,7 @@ class HACore:
         if self.following == primary and self.backup is not None and self.backup.epoch == epoch:
             return False
         if self.backup is not None:
+            self._settle(self.backup)
             self.backup.close()
         self.phase = "backup"
         self.following = primary
@@ -241,6 +252,8 @@ class HACore:
             return False
         if not self.effects.connected(self.following):
             return False  # sent when the link comes up
+        if self.backup.busy and not self._settle(self.backup):
+            mixed = True
         if mixed or self.broker.dtx.branches:
             self.invalidate_position()
         self.effects.send(self.following, self.backup.join_message())
@@ -357,11 +370,35 @@ class HACore:
         backup = self.backup
         if backup is None or peer != self.following or msg.epoch != backup.epoch:
             return
-        was_caught_up = backup.caught_up
         if backup.starts_catch_up(msg):
             self.invalidate_position()
+        self._advance(peer, backup, lambda: backup.receive(msg))
+
+    def _next_slice(self) -> None:
+        """The backup's next slice of a commit (``Backup.step``), a loop turn after the last."""
+        self._step_scheduled = False
+        backup, peer = self.backup, self.following
+        if backup is None or peer is None or not backup.busy:
+            return
+        self._advance(peer, backup, backup.step)
+
+    def _settle(self, backup: Backup) -> bool:
+        """End ``backup``'s commit in progress now (a role change, a join); False if it failed."""
+        if not backup.busy:
+            return True
         try:
-            backup.receive(msg)
+            backup.settle()
+        except Exception as exc:
+            log.error("node %s: applying a transaction's commit failed (%s)", self.me, exc)
+            return False
+        return True
+
+    def _advance(self, peer: str, backup: Backup, work: Callable[[], object]) -> None:
+        """Apply (``work``: a packet, or the next slice of a commit); send votes now, acks
+        once durable; schedule the next slice of a commit in progress."""
+        was_caught_up = backup.caught_up
+        try:
+            work()
         except ConfigurationMismatch as exc:
             log.error("node %s: %s; stopping", self.me, exc)
             backup.close()
@@ -376,6 +413,15 @@ class HACore:
                                  layers=backup.layers)
             self.send_join(mixed=True)
             return
+        if backup.busy:
+            if self._stored_invalid is not backup:
+                self._stored_invalid = backup
+                self._store_position_invalid()
+            if not self._step_scheduled:
+                self._step_scheduled = True
+                self.effects.soon(self._next_slice)
+        else:
+            self._stored_invalid = None  # the ack of the commit records the position again
         if backup.caught_up and not was_caught_up:
             log.warning("node %s caught up with primary %s at seq %d: ready", self.me, peer,
                         backup.applied_seq)
@@ -434,7 +480,8 @@ class HACore:
                 self.schedule_ack()
 
         def journal_synced() -> None:
-            if caught_up and self.backup is backup and backup.session == session:
+            if (caught_up and self.backup is backup and backup.session == session
+                    and not backup.busy):  # mid-commit the stored position stays invalid
                 self.record_position(backup.epoch, seq)
             if self.unsafe.early_ack:
                 durable()
@@ -454,6 +501,16 @@ class HACore:
         (the store commits in order, so this is durable before any change after it)."""
         self.record_position(-1, -1)
         self.effects.position(Position.INVALID)
+
+    def _store_position_invalid(self) -> None:
+        """A commit is applied in slices: the stored position is invalid until its ack
+        records it again (a crash in between leaves a node that must catch up). Written
+        with the first slice's changes (the same store batch); the position reported to
+        the election is unchanged: this process applies the whole commit before anything
+        else (``Backup.settle``)."""
+        st = self.state
+        self.broker.store.put_meta(POSITION_KEY, json.dumps(
+            [-1, -1, st.floor_epoch, st.floor_seq]))
 
     def record_position(self, epoch: int, seq: int) -> None:
         """Record our position into the store's next commit (with the floor, never lowered).

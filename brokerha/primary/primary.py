@@ -543,7 +543,11 @@ class Primary(ConfigurationObserver, QueueObserver):
             if self._capture is not None:
                 self._capture_enqueue(queue, entry, now)
                 return
-            self._emit(ev.enqueued(queue, entry, now))
+            event = ev.enqueued(queue, entry, now)
+            if len(event.body) > ev.BODY_PART_BYTES:
+                self._emit_in_parts(event)
+            else:
+                self._emit(event)
 
     def enqueued_many(self, queue: Queue, entries: list[Entry]) -> None:
         """A transaction's batch (``Queue.enqueue_many``): one policy check, one clock read."""
@@ -554,7 +558,16 @@ class Primary(ConfigurationObserver, QueueObserver):
             self._capture_many(queue, entries, now)
             return
         for entry in entries:
-            self._emit(ev.enqueued(queue, entry, now if entry.expires_at is not None else 0.0))
+            event = ev.enqueued(queue, entry, now if entry.expires_at is not None else 0.0)
+            if len(event.body) > ev.BODY_PART_BYTES:
+                self._emit_in_parts(event)
+            else:
+                self._emit(event)
+
+    def _emit_in_parts(self, event: Event) -> None:
+        """A large message's ``e``: its body's ``bp`` parts, then itself (consecutive seqs)."""
+        for part in ev.in_parts(event):
+            self._emit(part)
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
         if queue.exclusive_owner is None:  # the others may become replicated whole
@@ -955,10 +968,11 @@ class Primary(ConfigurationObserver, QueueObserver):
                 packets = session.take_outbox(self.epoch, now, shared)
                 if packets:
                     out[node] = packets
-                if session.wants_catch_up_slice:
+                if session.wants_catch_up_slice or session.more_to_send:
                     more = True
         if more and self.on_output is not None:
-            self.on_output(False)  # the next slice of a catch-up: the next loop turn
+            # the next slice of a catch-up, or live events past FLUSH_BYTES: the next turn
+            self.on_output(False)
         if out:
             self._check_flow(now)
         return out

@@ -44,6 +44,10 @@ BYTES_PER_PACKET = 1 << 20
 # a quarter to half a second (issue 33); 16,384 still made 0.1-0.35 s steps on a loaded
 # backup (a purge of 1,000,000, from source): one dequeue event's worth
 WORK_PER_PACKET = 4096
+# bytes of live events taken per flush (one a loop turn), the rest the next turns in order:
+# packing and writing are the loop's, and one 50 MiB message to two backups in one flush
+# held it 0.1-0.4 s (issue 33); a large body comes in parts (``events.BODY_PART_BYTES``)
+FLUSH_BYTES = 4 << 20
 
 
 class RemoteBackup:
@@ -104,6 +108,11 @@ class RemoteBackup:
         return self.admitted and not self.timed_out and not self.rejoining
 
     @property
+    def more_to_send(self) -> bool:
+        """Live events left for the next flush (past ``FLUSH_BYTES``): flush again soon."""
+        return self.catch_up is None and bool(self.outbox)
+
+    @property
     def wants_catch_up_slice(self) -> bool:
         """More of its catch-up is to be made and its window is open: flush again soon."""
         return self.catch_up is not None and self._in_flight_bytes < self.pace.window_bytes
@@ -115,7 +124,8 @@ class RemoteBackup:
 
     def take_outbox(self, epoch: int, now: float,
                     shared: dict[tuple[int, int, int, int], Events]) -> list[Events]:
-        """The queued events as packets of consecutive seqs, bounded in count and bytes.
+        """The queued events as packets of consecutive seqs, bounded in count and bytes;
+        at most ``FLUSH_BYTES`` of them a flush (``more_to_send``: the rest the next).
 
         ``shared``: the packets other sessions took of the same events. A packet
         of the same seqs holding the same event objects is taken from there, so
@@ -132,7 +142,8 @@ class RemoteBackup:
                 return packets
         outbox = self.outbox
         live = bool(outbox)
-        while outbox:
+        taken = 0
+        while outbox and taken < FLUSH_BYTES:
             first = outbox[0][0]
             batch: list[Any] = []
             size = work = 0
@@ -148,6 +159,7 @@ class RemoteBackup:
                 packet = shared[key] = Events(epoch, first, batch)
             packets.append(packet)
             self.sent_seq = first + len(batch) - 1
+            taken += size
         if live:
             self._live_sent.append((self.sent_seq, now))
         if packets and self.waiting_since is None:

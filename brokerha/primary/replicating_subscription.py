@@ -144,7 +144,7 @@ class ReplicatingSubscription:
             assert content is not None
             self.sent += 1
             self.bytes += len(content.body) + len(content.header)
-            yield ev.enqueued(q, e, now, content)
+            yield from ev.in_parts(ev.enqueued(q, e, now, content))
 
     def _paged_contents(self, batch: list[Entry], read_bodies: BodyReader) -> dict[int, Message]:
         """Bodies paged out to the store, read back for sending (the entries stay paged).

@@ -74,12 +74,16 @@ def carry(primary: Primary, backup: Backup, *, ack: bool = True,
         count += len(events.events)  # type: ignore[attr-defined]
         if check is None:
             backup.receive(events)  # type: ignore[arg-type]
+            while backup.busy:  # a commit in slices: HACore runs one a loop turn
+                backup.step()
             if backup.rejoin_requested:  # the primary's rj: join again, as HACore.on_events does
                 primary.backup_joined(wire(backup.join_message()))  # type: ignore[arg-type]
                 return count
             continue
         for one in split(events):
             backup.receive(one)  # type: ignore[arg-type]
+            while backup.busy:
+                backup.step()
             if backup.rejoin_requested:
                 break
             check(backup)
