@@ -75,6 +75,7 @@ class CatchUp:
         self.first_seq = join_seq - CATCH_UP_SPAN
         self.next_seq = self.first_seq  # the seq of the next event made
         self.done = False
+        self._walking = False  # a queue's walk is under way (its reads move valid_at)
         self._stream = self._all(head, queues, tail)
 
     def _all(self, head: list[Event], queues: list[tuple[QueueGuard, Iterable[Event | None]]],
@@ -82,9 +83,9 @@ class CatchUp:
         yield from head
         seq_now = self._seq_now
         for guard, events in queues:
-            for event in events:
-                self.valid_at = max(self.valid_at, seq_now())  # after each read of the queue
-                yield event
+            self._walking = True
+            yield from events  # valid_at moves at the end of each take() that read the queue
+            self._walking = False
             self.valid_at = max(self.valid_at, seq_now())
             guard.ready_seq = self.next_seq - 1
         yield from tail
@@ -108,4 +109,8 @@ class CatchUp:
                 break
         else:
             self.done = True
+        if self._walking:
+            # the seq after this take's reads of the queue: the primary's seq cannot move
+            # while one take runs (the loop's thread), so once here is as after each read
+            self.valid_at = max(self.valid_at, self._seq_now())
         return out, work
