@@ -36,14 +36,27 @@ class Side:
 
     def __init__(self, api: str, amqp_port: int) -> None:
         self.api, self.amqp_port = api, amqp_port
+        self.opened: list[pika.BlockingConnection] = []
 
     def http(self, method: str, path: str, body: Any = None) -> int:
         return int(call(self.api, method, path, body=body)[0])
 
     def connect(self, vhost: str, user: str, password: str) -> pika.BlockingConnection:
-        return pika.BlockingConnection(pika.ConnectionParameters(
+        conn = pika.BlockingConnection(pika.ConnectionParameters(
             "127.0.0.1", self.amqp_port, vhost, pika.PlainCredentials(user, password),
             connection_attempts=1, socket_timeout=5, heartbeat=0))
+        self.opened.append(conn)
+        return conn
+
+    def close(self) -> None:
+        """Close the scenario's connections still open (a connection left open holds a
+        stopping brokerha node for its 2 s shutdown grace)."""
+        for conn in self.opened:
+            if conn.is_open:
+                try:
+                    conn.close()
+                except pika.exceptions.AMQPError:
+                    pass
 
     def setup(self, s: str) -> None:
         assert self.http("PUT", f"/vhosts/v-{s}") == 201
@@ -179,8 +192,14 @@ def test_the_effect_on_clients_is_rabbitmqs(name: str, rabbit_node: Any, rabbit_
     suffix = uuid.uuid4().hex[:8]
     # a connection of a deleted vhost: RabbitMQ closes it with whichever of its two
     # notices comes first ("vhost 'v' is deleted", or "is down" as its supervisor stops)
-    theirs = [t.replace(f"vhost 'v-{suffix}' is down", f"vhost 'v-{suffix}' is deleted")
-              for t in scenario(Side(rabbit_api, rabbit_node.ref.port), suffix)]
-    ours = scenario(Side(brokerha_api, brokerha_node.port), suffix)
+    rabbit, brokerha = Side(rabbit_api, rabbit_node.ref.port), Side(brokerha_api,
+                                                                     brokerha_node.port)
+    try:
+        theirs = [t.replace(f"vhost 'v-{suffix}' is down", f"vhost 'v-{suffix}' is deleted")
+                  for t in scenario(rabbit, suffix)]
+        ours = scenario(brokerha, suffix)
+    finally:
+        rabbit.close()
+        brokerha.close()
     assert "open" not in theirs[1:2] or name.startswith("a changed"), theirs  # it does act
     assert ours == theirs

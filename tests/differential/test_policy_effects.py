@@ -33,11 +33,20 @@ class Side:
         self.api, self.amqp_port, self.vhost = api, amqp_port, f"v-{s}"
         assert self.http("PUT", f"/vhosts/{self.vhost}")[0] == 201
         assert self.http("PUT", f"/permissions/{self.vhost}/guest", ALL)[0] in (201, 204)
-        conn = pika.BlockingConnection(pika.ConnectionParameters(
+        self.conn = pika.BlockingConnection(pika.ConnectionParameters(
             "127.0.0.1", amqp_port, self.vhost, pika.PlainCredentials("guest", "guest"),
             connection_attempts=1, socket_timeout=5))
-        self.ch = conn.channel()
+        self.ch = self.conn.channel()
         self.ch.confirm_delivery()
+
+    def close(self) -> None:
+        """Close the connection (left open, it holds a stopping brokerha node for its 2 s
+        shutdown grace)."""
+        if self.conn.is_open:
+            try:
+                self.conn.close()
+            except pika.exceptions.AMQPError:
+                pass
 
     def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         return call(self.api, method, path, body=body)
@@ -184,7 +193,15 @@ def test_policies_act_as_rabbitmqs(name: str, rabbit_node: Any, rabbit_api: str,
                                    brokerha_node: Any, brokerha_api: str) -> None:
     suffix = uuid.uuid4().hex[:8]
     scenario, acted = SCENARIOS[name]
-    theirs = scenario(Side(rabbit_api, rabbit_node.ref.port, suffix))
+    rabbit = Side(rabbit_api, rabbit_node.ref.port, suffix)
+    try:
+        theirs = scenario(rabbit)
+    finally:
+        rabbit.close()
     assert acted(theirs), theirs
-    ours = scenario(Side(brokerha_api, brokerha_node.port, suffix))
+    brokerha = Side(brokerha_api, brokerha_node.port, suffix)
+    try:
+        ours = scenario(brokerha)
+    finally:
+        brokerha.close()
     assert ours == theirs
