@@ -49,6 +49,7 @@ MODULES = (
     "brokerha.amqp.channel",
     "brokerha.amqp.confirms",
     "brokerha.amqp.consumer",
+    "brokerha.broker.content",
     "brokerha.broker.message",
     "brokerha.broker.queue",
     "brokerha.store.batch",

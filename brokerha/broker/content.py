@@ -310,9 +310,9 @@ def update_headers(header: bytes, headers_at: int, changes: dict[str, Any]) -> b
                 header, start, start + _U32.unpack_from(header, headers_at)[0]):
             if name.decode("utf-8") not in changes:
                 parts.append(header[value_start - 2 - len(name) : value_end])
-    for name, value in changes.items():
+    for key, value in changes.items():
         if value is not None:
-            parts.append(pack_shortstr(name) + encode_field_value(value))
+            parts.append(pack_shortstr(key) + encode_field_value(value))
     body = b"".join(parts)
     return _U32.pack(len(body)) + body
 
