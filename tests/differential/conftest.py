@@ -1,5 +1,6 @@
-"""One private RabbitMQ node (with its management plugin) and one brokerha node per test
-session, side by side; per module, the same RabbitMQ node brought back to its baseline
+"""One private RabbitMQ node (with its management plugin) and one brokerha node for this
+directory (package scope: stopped once its last test ran, not left running beside the rest
+of the session), side by side; per module, the same RabbitMQ node brought back to its baseline
 definitions (``rabbit_node``, ``rabbit_api``) and a fresh brokerha node with its management
 API (``brokerha_node``, ``brokerha_api``).
 
@@ -120,9 +121,9 @@ def _rabbitmq_or_skip() -> None:
         pytest.skip("rabbitmq-server is not installed (scripts/ensure-rabbitmq installs it)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def managed_rabbit() -> Iterator[ManagedRabbit]:
-    """The session's RabbitMQ node: the management plugin (``management_port``) and the
+    """The package's RabbitMQ node: the management plugin (``management_port``) and the
     users of tests/management_http.py's ``USERS`` that the differential cases use."""
     _rabbitmq_or_skip()
     port = free_port()
@@ -139,13 +140,13 @@ def managed_rabbit() -> Iterator[ManagedRabbit]:
         yield node
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def rabbitmq_url(managed_rabbit: ManagedRabbit) -> str:
-    """The AMQP URL of the session's RabbitMQ node (guest, vhost /)."""
+    """The AMQP URL of the package's RabbitMQ node (guest, vhost /)."""
     return managed_rabbit.ref.url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def brokerha_url() -> Iterator[str]:
     with NodeProcess("differential") as node:
         yield node.url
@@ -153,7 +154,7 @@ def brokerha_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def rabbit_node(managed_rabbit: ManagedRabbit) -> Iterator[ManagedRabbit]:
-    """The session's RabbitMQ node, at its baseline definitions for this module (and left
+    """The package's RabbitMQ node, at its baseline definitions for this module (and left
     at them after it)."""
     managed_rabbit.restore_baseline()
     yield managed_rabbit
