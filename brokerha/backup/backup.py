@@ -43,8 +43,8 @@ applied, hence acknowledged, only after the last slice, and every packet
 received meanwhile waits behind it (``_held``), so the stream is applied in
 order. ``settle`` ends a commit in progress at once and drops what waited
 (joining again, changing role): a node never leaves a transaction half
-applied. A large message's body comes as ``bp`` parts before its ``e``
-(``cluster/replication.py``), kept in ``_parts`` until it.
+applied. A large message's body comes as ``bp`` parts before its ``e`` or
+``te`` (``cluster/replication.py``), kept in ``_parts`` until it.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ from brokerha.cluster.replication import (
 log = logging.getLogger(__name__)
 
 INVALID = (-1, -1)
+# what may follow a ``bp``: another part, or the e/te whose body the parts are
+_TAKES_PARTS = frozenset([R.BODY_PART, R.ENQUEUED, R.TX_ENQUEUE])
 _sessions = itertools.count(1)
 
 
@@ -262,7 +264,7 @@ class Backup:
             if seq != self.applied_seq + 1:
                 raise ReplicationError(f"gap: event {seq} after {self.applied_seq}")
             kind = event.kind
-            if self._parts and kind != R.ENQUEUED and kind != R.BODY_PART:
+            if self._parts and kind not in _TAKES_PARTS:
                 raise ReplicationError(f"event {kind!r} at {seq} after the parts of a body")
             run = _enqueue_run(events, offset - 1) if kind == R.ENQUEUED else 1
             if run > 1 and not self._parts:
@@ -283,7 +285,7 @@ class Backup:
                 self._parts.append(event.data)
                 self.applied_seq = seq  # nothing waits for a part: no prompt ack
                 continue
-            elif kind == R.ENQUEUED and self._parts:
+            elif self._parts:  # the e (or te) whose body came in parts
                 self._parts.append(event.body)
                 body, self._parts = b"".join(self._parts), []
                 self._apply(seq, event._replace(body=body))

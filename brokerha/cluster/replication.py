@@ -23,7 +23,7 @@ kind     fields after the kind                                           meaning
          expires_in_ms (None: no expiry)
 ``d``    vhost, queue, [positions]                                       dequeued
 ``bp``   data                                                            a part of the next
-                                                                         ``e``'s body
+                                                                         ``e``'s (``te``'s) body
 ``b``    session (the Join's)                                            catch-up begins
 ``s``    (none)                                                          config snapshot done
 ``c``    seq                                                             caught up
@@ -45,12 +45,14 @@ kind     fields after the kind                                           meaning
 ``ps``   ptid, num_replicas, [[[node, state], ...], ...]                 partition table (catch-up)
 =======  ==============================================================  ==========
 
-A large body travels in parts: an ``e`` whose body is over
-``BODY_PART_BYTES`` (``primary/events.py``) goes as ``bp`` events of at most
-that many bytes each, then the ``e`` with an empty body; the backup keeps the
-parts and applies the ``e`` with their concatenation as its body (and the
-``e``'s own body after them). They are consecutive events of the log: any
-other event after a ``bp`` is a ``ReplicationError``. So no packet, no packing
+A large body travels in parts: an ``e`` (or a transaction's ``te``) whose
+body is over ``BODY_PART_BYTES`` (``primary/events.py``) goes as ``bp`` events
+of at most that many bytes each, then the ``e`` with an empty body; the
+backup keeps the parts and applies the ``e`` with their concatenation as its
+body (and the ``e``'s own body after them). They are consecutive events of
+the log: any other event after a ``bp`` is a ``ReplicationError``. (A ``te``
+sent again in a join's catch-up, and a ``tc``'s own ``e`` ops, within its
+``TC_CONTENT_BYTES``, go whole.) So no packet, no packing
 and no write of the primary holds a whole 50 MiB body: the primary sends its
 outbox at most ``FLUSH_BYTES`` per backup a loop turn (``remote_backup.py``),
 the rest the next turns, in order. Nothing waits for a ``bp`` (a confirm waits

@@ -565,7 +565,8 @@ class Primary(ConfigurationObserver, QueueObserver):
                 self._emit(event)
 
     def _emit_in_parts(self, event: Event) -> None:
-        """A large message's ``e``: its body's ``bp`` parts, then itself (consecutive seqs)."""
+        """A large message's ``e`` (or ``te``): its body's ``bp`` parts, then itself
+        (consecutive seqs)."""
         for part in ev.in_parts(event):
             self._emit(part)
 
@@ -615,7 +616,12 @@ class Primary(ConfigurationObserver, QueueObserver):
 
     def tx_event(self, txq: TxQueue, event: Event) -> None:
         txq.events.append(event)
-        self._emit(event)
+        if event[0] == R.TX_ENQUEUE and len(event.body) > ev.BODY_PART_BYTES:
+            # its body's parts first, as an ``e``'s (the te keeps its index: parts are no te;
+            # its queue list is the same list object, so a queue added to it still counts)
+            self._emit_in_parts(event)
+        else:
+            self._emit(event)
 
     def tx_close(self, txq: TxQueue) -> None:
         """Send the prepare: from here a joining backup is not in the transaction."""

@@ -10,13 +10,15 @@ confirm still waits for the backups to hold the whole message.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import Events, ReplicationError
 from brokerha.primary.events import BODY_PART_BYTES, event_size
 from brokerha.primary.remote_backup import BYTES_PER_PACKET, FLUSH_BYTES
-from tests.ha.harness import Cluster, consume, publish, wire
+from tests.ha.harness import Cluster, consume, publish, route, settle, wire
 from tests.ha.test_replication import same
 
 SIZE = 9 * BODY_PART_BYTES + 5  # ten parts, the last of 5 bytes
@@ -112,3 +114,27 @@ def test_an_event_between_a_bodys_parts_and_its_enqueue_is_refused() -> None:
     with pytest.raises(ReplicationError, match="after the parts"):
         backup.receive(wire(Events(1, seq, [[R.BODY_PART, b"abc"],  # type: ignore[arg-type]
                                             [R.DEQUEUED, "/", "q", [1]]])))
+
+
+def test_a_transactions_large_message_goes_as_parts_then_its_te() -> None:
+    async def scenario() -> None:
+        c = cluster("n2")
+        tx = c.broker.new_transaction()
+        queues, msg = route(c.broker, BODY, persistent=True)
+        tx.publish(queues, msg)  # past TC_CONTENT_BYTES: a te at once
+        queues, msg = route(c.broker, b"small", persistent=True)
+        tx.publish(queues, msg)
+        sent: list[str] = []
+        backup = c.node("n2").backup
+        assert backup is not None
+        while out := c.primary.take_outbox("n2"):
+            for packet in out:
+                sent += [e.kind for e in packet.events]
+                backup.receive(wire(packet))  # type: ignore[arg-type]
+            c.primary.backup_acked("n2", backup.applied_seq)
+        assert sent == [R.TX_BEGIN] + [R.BODY_PART] * 10 + [R.TX_ENQUEUE] * 2
+        await settle(c, tx.commit())
+        same(c, "n2")
+        assert consume(c.node("n2").broker.vhosts["/"].queues["q"]) == [BODY, b"small"]
+
+    asyncio.run(scenario())
