@@ -208,3 +208,29 @@ def test_the_backups_core_acks_the_commit_after_its_last_slice_its_stored_positi
         same(c)
 
     asyncio.run(scenario())
+
+
+def test_a_backup_promoted_mid_commit_applies_the_rest_first() -> None:
+    """The election saw the position before the tc; the new primary holds all of it."""
+    async def scenario() -> None:
+        c = joined(2)
+        broker = c.node("n2").broker
+        effects = Effects()
+        core = HACore(broker, "n2", NodeState(), effects, PrimarySettings(members=2), c.clock)
+        core.become_backup(1, "n1")
+        [join] = effects.sent
+        c.primary.backup_joined(join)
+        while out := c.primary.take_outbox("n2"):
+            for packet in out:
+                core.on_events("n1", wire(packet))  # type: ignore[arg-type]
+        assert core.backup is not None
+        c.node("n2").backup = core.backup
+        big_tx(c)
+        for packet in await tc_packets(c, "n2"):
+            core.on_events("n1", wire(packet))  # type: ignore[arg-type]
+        assert core.backup.busy
+        core.become_primary(2)  # before the next slice's turn
+        assert len(broker.vhosts["/"].queues["q3"].ready) == N
+        effects.turn()  # the slice that was scheduled finds nothing to do
+
+    asyncio.run(scenario())
