@@ -492,6 +492,7 @@ class SQLStore(Store):
 
     def queue_deleted(self, queue: Queue) -> None:
         if queue.durable:
+            self._run_cache = None  # a queue of the same name numbers its positions anew
             self._record((QUEUE_DELETED, queue.vhost, queue.name))
 
     def binding_created(self, binding: Binding) -> None:

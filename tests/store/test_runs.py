@@ -218,6 +218,24 @@ def test_paged_bodies_are_read_back_from_runs(store_url: str) -> None:
         node.close()
 
 
+def test_a_queue_declared_again_reads_its_own_bodies_not_the_last_run_read(
+        store_url: str) -> None:
+    node = StoreNode(store_url)
+    try:
+        q = node.queue()
+        add(node, q, 1, 40)
+        node.sync()
+        assert node.store.read_bodies("/", "q", [5])[5][1] == body(5)  # the run is kept
+        node.call(lambda: node.vhost.delete_queue("q", owner=None))
+        q = node.queue()
+        node.call(lambda: q.add_entries([Entry(p, message(b"new %d" % p), None)
+                                         for p in range(1, 41)]))
+        node.sync()
+        assert node.store.read_bodies("/", "q", [5])[5][1] == b"new 5"
+    finally:
+        node.close()
+
+
 # -- the operation log ------------------------------------------------------------------------
 
 
