@@ -73,6 +73,10 @@ MAGIC = b"BHOPLOG1"
 _RECORD = struct.Struct("<II")  # length, crc32 of the payload (seeded with the generation)
 _END = 0xFFFFFFFF  # the length field of the record that ends a complete file
 PACK_CHUNK = 512  # rows packed in one C call at most (the GIL is held through one)
+# a body at least this long is written as it is (os.writev), never copied through the
+# packer: packing one 50 MiB message held the GIL 0.1-0.3 s under load (issue 33)
+BIG_BODY = 64 * 1024
+IOV_MAX = 512  # buffers per os.writev (Linux takes 1024)
 ROTATE_BYTES = 8 * 1024 * 1024  # a new file after this many bytes (then SQL catches up)
 _NAME = re.compile(r"\.oplog\.(\d{10})$")
 
@@ -104,31 +108,62 @@ def with_runs(ops: list[Op]) -> list[Op]:
 def encode_ops(packer: msgpack.Packer, ops: list[Op]) -> bytes:
     """A record's payload: the ops as plain rows (a message's content is copied in; a
     message run's packed contents are one ``bin``)."""
+    return b"".join(encode_parts(packer, ops))
+
+
+def encode_parts(packer: msgpack.Packer, ops: list[Op]) -> list[Any]:
+    """``encode_ops``'s bytes as buffers to write one after the other: a body of at least
+    ``BIG_BODY`` bytes is one of them as it is (after its ``bin`` header), the rest packed."""
     rows: list[Any] = []
     append = rows.append
+    big = False
     for op in ops:
         kind = op[0]
         if kind == ENQUEUED:
             m = op[4]
             append((ENQUEUED, op[1], op[2], op[3], m.exchange, m.routing_key, m.header, m.body))
+            big = big or len(m.body) >= BIG_BODY
         elif kind == ENQUEUED_MANY:  # logged as the enqueues it stands for
             vhost, queue = op[1], op[2]
             for position, m in persistent_entries(op[3]):
                 append((ENQUEUED, vhost, queue, position, m.exchange, m.routing_key, m.header,
                         m.body))
+                big = big or len(m.body) >= BIG_BODY
         else:
             append(op)
-    if len(rows) <= PACK_CHUNK:
-        data: bytes = packer.pack(rows)  # msgpack 1.2's hints say Any
-        return data
+    if len(rows) <= PACK_CHUNK and not big:
+        return [packer.pack(rows)]
     # the same bytes as one pack of the list, made a chunk at a time: one C call over a
     # big commit's rows (100,000 x 512 B: 0.2 s) would hold the GIL, and so stall the
     # event loop, for all of it
-    parts: list[bytes] = [packer.pack_array_header(len(rows))]
+    parts: list[Any] = [packer.pack_array_header(len(rows))]
     pack = packer.pack
-    for first in range(0, len(rows), PACK_CHUNK):
-        parts.append(b"".join(map(pack, rows[first:first + PACK_CHUNK])))
-    return b"".join(parts)
+    chunk: list[Any] = []
+    for row in rows:
+        if row[0] == ENQUEUED and len(row[7]) >= BIG_BODY:
+            if chunk:
+                parts.append(b"".join(map(pack, chunk)))
+                chunk = []
+            body = row[7]
+            parts.append(b"".join([packer.pack_array_header(len(row)), *map(pack, row[:7]),
+                                   _bin_header(len(body))]))
+            parts.append(body)
+            continue
+        chunk.append(row)
+        if len(chunk) >= PACK_CHUNK:
+            parts.append(b"".join(map(pack, chunk)))
+            chunk = []
+    if chunk:
+        parts.append(b"".join(map(pack, chunk)))
+    return parts
+
+
+def _bin_header(length: int) -> bytes:
+    """msgpack's ``bin 16``/``bin 32`` header (what packing bytes of ``length`` begins with;
+    the C Packer has no ``pack_bin_header``)."""
+    if length < 0x10000:
+        return b"\xc5" + length.to_bytes(2, "big")
+    return b"\xc6" + length.to_bytes(4, "big")
 
 
 def decode_ops(payload: bytes) -> list[Op]:
@@ -281,12 +316,20 @@ class OpLog:
         self._fd, self.generation, self.size = fd, generation, len(MAGIC)
         self.dirty = False
 
-    def append(self, payload: bytes) -> int:
-        """One record (whole hand-overs); its size in bytes."""
+    def append(self, payload: bytes | list[Any]) -> int:
+        """One record (whole hand-overs): its payload, or the buffers that make it up one
+        after the other (``encode_parts``: no copy of a big body); its size in bytes."""
         assert self._fd is not None, "operation log not open"
-        record = _RECORD.pack(len(payload), zlib.crc32(payload, _seed(self.generation))) + payload
-        self._write(record)
-        return len(record)
+        parts = [payload] if isinstance(payload, bytes) else payload
+        crc, length = _seed(self.generation), 0
+        for part in parts:
+            crc = zlib.crc32(part, crc)  # the GIL is released over a big buffer
+            length += len(part)
+        if len(parts) == 1:
+            self._write(_RECORD.pack(length, crc) + parts[0])
+        else:
+            self._write_parts([_RECORD.pack(length, crc), *parts])
+        return _RECORD.size + length
 
     def _write(self, data: bytes) -> None:
         assert self._fd is not None
@@ -295,6 +338,23 @@ class OpLog:
             written = os.write(self._fd, view)
             view = view[written:]
         self.size += len(data)
+        self.dirty = True
+
+    def _write_parts(self, parts: list[Any]) -> None:
+        """``parts`` one after the other with ``os.writev`` (the GIL released through it)."""
+        assert self._fd is not None
+        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        total = 0
+        while views:
+            written = os.writev(self._fd, views[:IOV_MAX])
+            total += written
+            while written:
+                if written >= len(views[0]):
+                    written -= len(views.pop(0))
+                else:
+                    views[0] = views[0][written:]
+                    written = 0
+        self.size += total
         self.dirty = True
 
     def undo_partial(self) -> None:
@@ -492,7 +552,7 @@ class LogAppender(threading.Thread):
             unit.ops = with_runs(unit.ops)
         ops = [op for unit in units for op in unit.ops]
         if ops:
-            payload = encode_ops(self._packer, ops)
+            payload = encode_parts(self._packer, ops)
             self.stats["log_bytes"] += self._write(partial(self.oplog.append, payload))
             self.stats["appends"] += 1
         callbacks = [cb for unit in units for cb in unit.callbacks]
