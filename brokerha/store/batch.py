@@ -11,7 +11,7 @@ everything logged since the previous apply, so the window is much wider.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_right, insort
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -80,6 +80,8 @@ class Batch:
     messages: dict[tuple[str, str], dict[int, list[Any]]] = field(default_factory=dict)
     # (vhost, queue) -> first -> PendingRun: message runs to insert
     runs: dict[tuple[str, str], dict[int, PendingRun]] = field(default_factory=dict)
+    # (vhost, queue) -> the firsts of its runs in ``runs``, sorted (a dequeue bisects)
+    run_firsts: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     # (vhost, queue, first, last): runs a replay saw wholly taken (their rows must go)
     dropped_runs: list[tuple[str, str, int, int]] = field(default_factory=list)
     # (vhost, queue, first, last): purged ranges, deleted after the statements, before
@@ -144,19 +146,34 @@ class Batch:
     # -- message runs ----------------------------------------------------------------------
 
     def _add_run(self, op: Op) -> None:
-        runs = self.runs.get((op[1], op[2]))
+        key = (op[1], op[2])
+        runs = self.runs.get(key)
         if runs is None:
-            runs = self.runs[(op[1], op[2])] = {}
-        runs[op[3]] = PendingRun(op[3], op[4], op[5])
+            runs = self.runs[key] = {}
+            self.run_firsts[key] = []
+        first = op[3]
+        if first not in runs:
+            firsts = self.run_firsts[key]
+            if not firsts or first > firsts[-1]:
+                firsts.append(first)
+            else:
+                insort(firsts, first)
+        runs[first] = PendingRun(first, op[4], op[5])
+
+    def _drop_run(self, key: tuple[str, str], first: int) -> None:
+        del self.runs[key][first]
+        self.run_firsts[key].remove(first)
 
     def _pending_run(self, vhost: str, queue: str, position: int) -> PendingRun | None:
-        runs = self.runs.get((vhost, queue))
-        if not runs:
+        key = (vhost, queue)
+        firsts = self.run_firsts.get(key)
+        if not firsts:
             return None
-        for run in runs.values():  # a batch holds few runs of one queue
-            if run.first <= position <= run.last:
-                return run
-        return None
+        i = bisect_right(firsts, position) - 1
+        if i < 0:
+            return None
+        run = self.runs[key][firsts[i]]
+        return run if position <= run.last else None
 
     def _run_acquired(self, vhost: str, queue: str, position: int) -> bool:
         run = self._pending_run(vhost, queue, position)
@@ -175,7 +192,7 @@ class Batch:
             if self.cancel:
                 self.cancelled += 1
         if len(run.gone) == run.last - run.first + 1:
-            del self.runs[(vhost, queue)][run.first]
+            self._drop_run((vhost, queue), run.first)
             if not self.cancel:  # a replay: the row may be in SQL already
                 self.dropped_runs.append((vhost, queue, run.first, run.last))
         return True
@@ -300,6 +317,7 @@ def _queue_deleted(batch: Batch, vhost: str, queue: str) -> None:
     """
     batch.messages.pop((vhost, queue), None)
     batch.runs.pop((vhost, queue), None)
+    batch.run_firsts.pop((vhost, queue), None)
     batch.statements.append(("delete_queue", (vhost, queue)))
     batch.statements.append(("purge_queue", (vhost, queue)))  # its runs and marks too
 
@@ -324,7 +342,7 @@ def _purged(batch: Batch, vhost: str, queue: str, ranges: list[tuple[int, int]])
                 if lo <= hi:
                     run.gone.update(range(lo, hi + 1))
             if len(run.gone) == run.last - run.first + 1:
-                del runs[run.first]  # the purge's range delete takes a stored copy
+                batch._drop_run((vhost, queue), run.first)  # the purge's range delete: SQL
     batch.purges.extend((vhost, queue, first, last) for first, last in ranges)
 
 

@@ -103,6 +103,20 @@ def test_dequeues_and_deliveries_inside_a_pending_run_are_marked() -> None:
     assert batch.rows() == ([], [], []) and batch.cancelled == 2
 
 
+def test_dequeues_find_their_run_among_many_in_one_batch() -> None:
+    """A batch of a second's transactions holds many runs of one queue (bisected)."""
+    ops: list[tuple[object, ...]] = [(ENQUEUED_MANY, "/", "q", entries(first, 20))
+                                     for first in range(1, 2001, 20)]
+    ops += [(DEQUEUED, "/", "q", p) for p in range(1, 2001, 7)]
+    ops += [(DEQUEUED, "/", "q", p) for p in range(41, 61)]  # the third run, whole
+    batch = Batch()
+    batch.add(Unit(ops, []))
+    runs = {run.first: run for _, _, run in batch.run_rows()}
+    assert len(runs) == 99 and 41 not in runs
+    assert set().union(*(r.gone for r in runs.values())) == (
+        set(range(1, 2001, 7)) - set(range(41, 61)))
+
+
 def test_a_run_wholly_consumed_in_its_batch_is_never_written() -> None:
     ops = [(ENQUEUED_MANY, "/", "q", entries(1, 20))]
     ops += [(DEQUEUED, "/", "q", p) for p in range(1, 21)]
