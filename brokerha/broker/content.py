@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import math
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 from pamqp import commands, decode, encode
@@ -40,16 +39,21 @@ F_TYPE = 1 << 5
 F_USER_ID = 1 << 4
 
 
-@dataclass(slots=True)
 class Scanned:
-    """The properties the broker routes and stores by."""
+    """The properties the broker routes and stores by.
 
-    persistent: bool = False
-    priority: int = 0
-    expiration: str | None = None
-    user_id: str | None = None
-    headers_at: int = -1  # offset of the headers table in the raw header, -1 if none
-    message_id_at: int = -1  # offset of the message-id short string, -1 if none
+    A plain class, not a dataclass: mypyc compiles it to a native class (a
+    ``dataclass(slots=True)`` stayed a Python class whose generated
+    ``__init__`` ran for every ``Message`` made).
+    """
+
+    def __init__(self) -> None:
+        self.persistent: bool = False
+        self.priority: int = 0
+        self.expiration: str | None = None
+        self.user_id: str | None = None
+        self.headers_at: int = -1  # offset of the headers table in the raw header, -1 if none
+        self.message_id_at: int = -1  # offset of the message-id short string, -1 if none
 
 
 def scan_properties(header: bytes) -> Scanned:
