@@ -45,6 +45,30 @@ Replicators = Callable[[str, str], QueueReplicator]
 COMMIT_SLICE = 4096
 
 
+class _Budget:
+    """A commit's slices: ``step`` entries each (0: one slice), counted across its ops."""
+
+    def __init__(self, step: int) -> None:
+        self.step = self.room = step
+
+    def spend(self, entries: int) -> bool:
+        """True when the slice is full: the caller yields, the next one begins."""
+        self.room -= entries
+        if self.step and self.room <= 0:
+            self.room = self.step
+            return True
+        return False
+
+    def pieces(self, length: int) -> Iterator[tuple[int, int, bool]]:
+        """(done, take, full) over 0..length in pieces that fill the slices: the caller
+        applies ``take`` entries from ``done``, then yields if the slice is ``full``."""
+        done = 0
+        while done < length:
+            take = length - done if not self.step else min(self.room, length - done)
+            yield done, take, self.spend(take)
+            done += take
+
+
 class TransactionReplicator:
     def __init__(self, broker: Broker, replicator: Replicators, me: str, epoch: int) -> None:
         self.broker = broker
@@ -127,8 +151,7 @@ class TransactionReplicator:
             problem = self._cannot_apply(buffer)
             if problem is not None:  # diverged from the primary: join again (a catch-up)
                 raise ReplicationError(f"cannot commit {txid}: {problem}")
-        step = per_slice or 0
-        room = step
+        budget = _Budget(per_slice or 0)
         for op in ops:  # OpRef(s), Enqueued and Dequeued records
             kind = op.kind
             if kind == R.OP_REFS:  # a run of te messages, made when they arrived
@@ -136,28 +159,18 @@ class TransactionReplicator:
                 if len(run) != op.length or op.message < 0:
                     raise ReplicationError(f"commit of {txid} refers to te events this "
                                            f"backup does not hold")
-                done = 0
-                while done < op.length:
-                    take = op.length - done if not step else min(room, op.length - done)
-                    self.replicator(op.vhost, op.queue).enqueue_run(
-                        op.position + done, run[done:done + take])
-                    done += take
-                    room -= take
-                    if step and room <= 0:
+                replicator = self.replicator(op.vhost, op.queue)
+                for done, take, full in budget.pieces(op.length):
+                    replicator.enqueue_run(op.position + done, run[done:done + take])
+                    if full:
                         yield
-                        room = step
                 continue
             if kind == R.DEQUEUED:
-                positions = op.positions
-                done = 0
-                while done < len(positions):
-                    take = len(positions) - done if not step else min(room, len(positions) - done)
-                    self.replicator(op.vhost, op.queue).dequeue(positions[done:done + take])
-                    done += take
-                    room -= take
-                    if step and room <= 0:
+                replicator = self.replicator(op.vhost, op.queue)
+                for done, take, full in budget.pieces(len(op.positions)):
+                    replicator.dequeue(op.positions[done:done + take])
+                    if full:
                         yield
-                        room = step
                 continue
             if kind == R.OP_REF:  # the te's message, made when it arrived
                 self.replicator(op.vhost, op.queue).add(op.position, buffer.built[op.message],
@@ -166,10 +179,8 @@ class TransactionReplicator:
                 self.replicator(op.vhost, op.queue).enqueue(*op[3:])
             else:
                 raise ReplicationError(f"unknown commit op {kind!r} in {txid}")
-            room -= 1
-            if step and room <= 0:
+            if budget.spend(1):
                 yield
-                room = step
         self._finish(buffer, client_id, COMMITTED)
 
     def rollback(self, txid: str, client_id: str | None) -> None:
