@@ -6,19 +6,12 @@ import pytest
 
 from brokerha import slices
 from brokerha.slices import BACK_TO_BACK, Burst
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import Clock
 
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
+    c = Clock(50.0)
     monkeypatch.setattr(slices.time, "perf_counter", c)
     return c
 

@@ -10,16 +10,10 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.content import build_header
 from brokerha.broker.dtx import XA, DtxManager, State, XAError, Xid
 from brokerha.broker.message import Message
+from tests.clock import Clock
 
 X = Xid(1, b"gtrid", b"bq")
 A, B = object(), object()
-
-
-class Clock:
-    now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -27,11 +21,11 @@ def run(coro):  # type: ignore[no-untyped-def]
 
 
 def manager() -> DtxManager:
-    return DtxManager([], Clock())
+    return DtxManager([], Clock(100.0))
 
 
 def with_work() -> tuple[Broker, DtxManager]:
-    broker = Broker("t", clock=Clock())
+    broker = Broker("t", clock=Clock(100.0))
     q = broker.add_vhost("/").declare_queue("q", owner=None)
     branch = broker.dtx.start(X, A)
     branch.publish([q], Message("", "q", build_header(1), b"m"))
@@ -166,7 +160,7 @@ def test_rollback_while_associated_is_proto() -> None:
 
 
 def test_rolled_back_dequeues_go_back_to_the_queue() -> None:
-    broker = Broker("t", clock=Clock())
+    broker = Broker("t", clock=Clock(100.0))
     q = broker.add_vhost("/").declare_queue("q", owner=None)
     q.enqueue(Message("", "q", build_header(1), b"m"))
     entry = q.get()
@@ -180,7 +174,7 @@ def test_rolled_back_dequeues_go_back_to_the_queue() -> None:
 
 
 def test_timeout_makes_the_branch_rollback_only() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     m = DtxManager([], clock)
     m.start(X, A)
     m.set_timeout(X, 5)
@@ -239,7 +233,7 @@ def test_prepared_branch_survives_a_restart_through_the_store() -> None:
     run(m.prepare(X))
     record = broker.store.load()
     assert [p.xid for p in record.prepared] == [X.key]
-    fresh = Broker("t2", clock=Clock())
+    fresh = Broker("t2", clock=Clock(100.0))
     fresh.add_vhost("/").declare_queue("q", owner=None)
     fresh.restore(record)
     assert fresh.dtx.recover() == [X]

@@ -10,14 +10,7 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.content import build_header, read_headers, scan_properties
 from brokerha.broker.message import Message
 from brokerha.broker.queue import Queue
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import Clock
 
 
 def broker_with_clock() -> tuple[Broker, Clock]:

@@ -17,6 +17,7 @@ from brokerha.broker.message import Entry, Message
 from brokerha.broker.observers import QueueObserver
 from brokerha.broker.queue import Queue
 from brokerha.broker.storage import MemoryStore
+from tests.clock import Clock
 
 
 class Singly(QueueObserver):
@@ -37,13 +38,6 @@ class Batches(QueueObserver):
 
     def enqueued_many(self, queue: Queue, entries: list[Entry]) -> None:
         self.calls.append((queue.name, [e.position for e in entries]))
-
-
-class Clock:
-    now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def msg(body: bytes, rk: str = "q", **props: object) -> Message:

@@ -19,14 +19,7 @@ from brokerha.cluster.messages import Message as Packet
 from brokerha.ha.simulation.world import message, wire
 from brokerha.primary.catch_up import Pace
 from brokerha.primary.primary import Primary
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import Clock
 
 
 def publish(broker: Broker, body: bytes, rk: str = "q", exchange: str = "", vhost: str = "/",

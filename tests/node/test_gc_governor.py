@@ -9,19 +9,12 @@ import pytest
 
 from brokerha.node import gc_governor
 from brokerha.node.gc_governor import GCGovernor
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import Clock
 
 
 @pytest.fixture
 def governor() -> GCGovernor:
-    clock = Clock()
+    clock = Clock(0.0)
     g = GCGovernor(clock)
     g.install()
     yield g  # type: ignore[misc]
