@@ -202,11 +202,14 @@ class VirtualHost:
             name = self.new_queue_name()
         elif name.startswith("amq.") and not server_named:
             raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        durable = durable and not exclusive  # as RabbitMQ: an exclusive queue is never durable
         existing = self.queues.get(name)
         if existing is not None:
-            if existing.exclusive_owner is not None and existing.exclusive_owner is not owner:
+            # RabbitMQ's strict exclusive check comes before the fields: the owner a declare
+            # names (this connection if exclusive, else nobody) must be the queue's (405)
+            if existing.exclusive_owner is not (owner if exclusive else None):
                 raise self._locked(name)
-            self._check_queue_equivalent(existing, durable, exclusive, auto_delete, args)
+            self._check_queue_equivalent(existing, durable, auto_delete, args)
             existing.last_used = self.clock()
             return existing
         A.validate_queue_arguments(self.name, name, args)
@@ -239,11 +242,10 @@ class VirtualHost:
     def new_queue_name() -> str:
         return f"amq.gen-{uuid.uuid4().hex[:22]}"
 
-    def _check_queue_equivalent(self, q: Queue, durable: bool, exclusive: bool,
-                                auto_delete: bool, args: dict[str, Any]) -> None:
+    def _check_queue_equivalent(self, q: Queue, durable: bool, auto_delete: bool,
+                                args: dict[str, Any]) -> None:
         check = A.check_equivalent
         check("queue", self.name, q.name, "durable", durable, q.durable)
-        check("queue", self.name, q.name, "exclusive", exclusive, q.exclusive_owner is not None)
         check("queue", self.name, q.name, "auto_delete", auto_delete, q.auto_delete)
         for arg in A.QUEUE_EQUIVALENCE_ARGS:
             check("queue", self.name, q.name, arg, args.get(arg), q.arguments.get(arg))

@@ -158,6 +158,23 @@ def test_exclusive_queue_is_locked_for_other_connections() -> None:
     assert "mine" not in w.broker.vhosts["/"].queues
 
 
+def test_the_owner_redeclaring_its_exclusive_queue_without_exclusive_is_405() -> None:
+    """RabbitMQ checks the declare's owner before the fields (aiormq's test_exclusive_queue_locked)."""
+    w = Wire().connected()
+    w.method(1, commands.Queue.Declare(queue="mine", exclusive=True, durable=True))
+    assert w.expect(commands.Queue.DeclareOk).queue == "mine"
+    assert not w.broker.vhosts["/"].queues["mine"].durable  # exclusive: never durable
+    w.method(1, commands.Queue.Declare(queue="mine", exclusive=True))
+    w.expect(commands.Queue.DeclareOk)
+    w.method(1, commands.Queue.Declare(queue="mine"))
+    assert w.expect(commands.Channel.Close).reply_code == C.RESOURCE_LOCKED
+    w.open_channel(2)
+    w.method(2, commands.Queue.Declare(queue="shared"))
+    w.expect(commands.Queue.DeclareOk)
+    w.method(2, commands.Queue.Declare(queue="shared", exclusive=True))
+    assert w.expect(commands.Channel.Close).reply_code == C.RESOURCE_LOCKED
+
+
 def test_forbidden_operation_is_403_on_the_channel() -> None:
     w = Wire()
     w.broker.users.add_user("alice", "pw")

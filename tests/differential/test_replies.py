@@ -151,6 +151,39 @@ EXCLUSIVE_CASES: dict[str, Call] = {
 }
 
 
+def _owned(c: pika.BlockingConnection, ch: Any, s: str) -> Any:
+    """aiormq's test_exclusive_queue_locked, first steps: channel 1 declares an exclusive
+    queue and consumes it exclusively; the same connection's second channel is returned."""
+    ch.queue_declare(f"own{s}", exclusive=True)
+    ch.basic_consume(f"own{s}", lambda *a: None, exclusive=True)
+    return c.channel()
+
+
+# the owning connection's own calls on its exclusive queue (issue 34: aiormq's suite expects
+# 405 from its re-declare without ``exclusive``; RabbitMQ checks the owner before the fields)
+OWNER_CASES: dict[str, Call] = {
+    "queue.declare (exclusive=False) of the connection's own exclusive queue": lambda c, ch, s: (
+        _owned(c, ch, s).queue_declare(f"own{s}")),
+    "queue.declare (exclusive=False, durable) of the connection's own exclusive queue": (
+        lambda c, ch, s: _owned(c, ch, s).queue_declare(f"own{s}", durable=True)),
+    "queue.declare (exclusive, durable) of the connection's own exclusive queue": (
+        lambda c, ch, s: _owned(c, ch, s).queue_declare(f"own{s}", exclusive=True, durable=True)),
+    "queue.declare (exclusive) again of the connection's own exclusive queue": lambda c, ch, s: (
+        _owned(c, ch, s).queue_declare(f"own{s}", exclusive=True)),
+    "queue.declare passive of the connection's own exclusive queue": lambda c, ch, s: (
+        _owned(c, ch, s).queue_declare(f"own{s}", passive=True)),
+    "basic.consume exclusive of its own queue another channel consumes exclusively": (
+        lambda c, ch, s: _owned(c, ch, s).basic_consume(
+            f"own{s}", lambda *a: None, exclusive=True) and None),
+    "basic.consume of its own queue another channel consumes exclusively": (
+        lambda c, ch, s: _owned(c, ch, s).basic_consume(f"own{s}", lambda *a: None) and None),
+    "queue.declare (exclusive) of an existing non-exclusive queue": lambda c, ch, s: (
+        _declared(ch, f"ne{s}"), ch.queue_declare(f"ne{s}", exclusive=True))[1],
+    "queue.declare (exclusive, durable) of an existing non-exclusive queue": lambda c, ch, s: (
+        _declared(ch, f"ne{s}"), ch.queue_declare(f"ne{s}", exclusive=True, durable=True))[1],
+}
+
+
 def normalize(text: str, suffix: str) -> str:
     return re.sub(r"0x[0-9a-f]+", "0x", text.replace(suffix, "<s>"))
 
@@ -175,6 +208,15 @@ def test_same_reply_for_another_connections_exclusive_queue(
         finally:
             holder.close()
     assert answers[1] == answers[0]
+
+
+@pytest.mark.parametrize("case", sorted(OWNER_CASES))
+def test_same_reply_for_the_connections_own_exclusive_queue(
+        case: str, rabbitmq_url: str, brokerha_url: str) -> None:
+    suffix = f"-{uuid.uuid4().hex[:8]}"
+    expected = normalize(outcome(rabbitmq_url, OWNER_CASES[case], suffix), suffix)
+    got = normalize(outcome(brokerha_url, OWNER_CASES[case], suffix), suffix)
+    assert got == expected
 
 
 def aiormq_outcome(url: str, steps: str) -> str:
