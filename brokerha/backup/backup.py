@@ -58,7 +58,7 @@ from typing import Any, Protocol
 from brokerha.backup.broker_replicator import CONFIGURATION_EVENTS, BrokerReplicator
 from brokerha.backup.queue_replicator import QueueReplicator
 from brokerha.backup.timers import hold_all_timers, resume_timers
-from brokerha.backup.transaction_replicator import TransactionReplicator
+from brokerha.backup.transaction_replicator import COMMIT_SLICE, TransactionReplicator
 from brokerha.broker.broker import Broker
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
@@ -103,7 +103,8 @@ class LayerReplica(Protocol):
 class Backup:
     def __init__(self, broker: Broker, *, me: str, epoch: int, position: Any,
                  txlog: LayerReplica | None = None,
-                 layers: Mapping[str, LayerReplica] | None = None) -> None:
+                 layers: Mapping[str, LayerReplica] | None = None,
+                 commit_slice: int = COMMIT_SLICE) -> None:
         if any(getattr(o, "is_ha_primary", False) for o in broker.observers.configuration):
             raise RuntimeError("a backup's broker must not be observed by a Primary: "
                                "close the Primary first")
@@ -127,7 +128,9 @@ class Backup:
         self.txlog = txlog
         self.layers = dict(layers or {})  # other layers' events by kind (the partition table)
         self._parts: list[bytes | memoryview] = []  # ``bp`` parts of the next ``e``'s body
-        # a ``tc`` applied in slices: (its seq, its remaining slices); packets behind it
+        # a ``tc`` of more than ``commit_slice`` entries is applied in slices (smaller in
+        # simulations: PrimarySettings): (its seq, its remaining slices); packets behind it
+        self.commit_slice = commit_slice
         self._commit: tuple[int, Iterator[None]] | None = None
         self._held: deque[tuple[int, list[Any]]] = deque()
         hold_all_timers(broker)
@@ -141,6 +144,16 @@ class Backup:
     def busy(self) -> bool:
         """A commit is being applied in slices: call ``step`` next loop turn."""
         return self._commit is not None
+
+    @property
+    def partial_body(self) -> bool:
+        """Holds ``bp`` parts of a large message whose ``e`` (or ``te``) has not come yet."""
+        return bool(self._parts)
+
+    @property
+    def commit_seq(self) -> int | None:
+        """The seq of the commit being applied in slices (not applied yet), or None."""
+        return self._commit[0] if self._commit is not None else None
 
     @property
     def position(self) -> tuple[int, int]:
@@ -275,7 +288,8 @@ class Backup:
                 offset += run - 1
                 seq += run - 1
             elif kind == R.TX_COMMIT:
-                steps = self.transactions.commit_steps(event.txid, event.client_id, event.ops)
+                steps = self.transactions.commit_steps(event.txid, event.client_id, event.ops,
+                                                       self.commit_slice)
                 if _unfinished(steps):  # a big one: its next slices the next loop turns
                     self._commit = (seq, steps)
                     if offset < count:

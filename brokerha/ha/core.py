@@ -44,15 +44,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from brokerha.backup.backup import Backup, LayerReplica
+from brokerha.backup.transaction_replicator import COMMIT_SLICE
 from brokerha.broker.broker import Broker
 from brokerha.cluster.election import Position
 from brokerha.cluster.messages import Message
 from brokerha.cluster.replication import ConfigurationMismatch, Events, Join
 from brokerha.cluster.state import NodeState
 from brokerha.primary.catch_up import Pace
+from brokerha.primary.events import BODY_PART_BYTES
 from brokerha.primary.policy import ReplicationPolicy
 from brokerha.primary.primary import Primary
-from brokerha.primary.remote_backup import EVENTS_PER_PACKET
+from brokerha.primary.remote_backup import EVENTS_PER_PACKET, FLUSH_BYTES
 from brokerha.seed_runner import UnsafeRules
 
 log = logging.getLogger("brokerha.ha")
@@ -106,6 +108,13 @@ class Unsafe(UnsafeRules):
     # a join's catch-up made and sent whole at once, as it used to be (primary/catch_up.py):
     # the primary's loop stalls for as long as the queues are deep
     monolithic_catch_up: bool = False
+    # a backup's commit in slices (Backup.step): its stored position stays valid while the
+    # transaction is half applied (a crash then leaves part of it at a valid position) ...
+    position_valid_mid_commit: bool = False
+    # ... its seq acknowledged (and reported) at the first slice, not after the last
+    ack_before_last_slice: bool = False
+    # ... a backup promoted mid-commit serves without applying the rest first (no settle)
+    unsettled_promotion: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,14 @@ class PrimarySettings:
     events_per_packet: int = EVENTS_PER_PACKET  # smaller in simulations: catch-ups span packets
     backup_unheard_timeout: float = 0.5  # a backup sending nothing while another is heard
     flow_lag: float | None = 0.1  # publishers held while a backup lags more (primary.py)
+    # the bounds of big work (issue 33), smaller in simulations so that their small
+    # messages and transactions take these paths: a body over body_part_bytes goes in
+    # parts (primary/events.py), at most flush_bytes of live events per flush
+    # (primary/remote_backup.py), and a backup applies a commit commit_slice entries a
+    # loop turn (backup/transaction_replicator.py)
+    body_part_bytes: int = BODY_PART_BYTES
+    flush_bytes: int = FLUSH_BYTES
+    commit_slice: int = COMMIT_SLICE
 
 
 def stored_position(raw: str) -> tuple[int, int, int, int]:
@@ -172,7 +189,8 @@ class HACore:
     def become_primary(self, epoch: int) -> Primary:
         """A Primary numbering its events from 0 in ``epoch``; the node verifies next."""
         if self.backup is not None:
-            self._settle(self.backup)
+            if not self.unsafe.unsettled_promotion:
+                self._settle(self.backup)
             self.backup.close()
         self.backup, self.following = None, None
         self.phase = "verifying"
@@ -187,7 +205,8 @@ class HACore:
             tx_prepare_timeout=s.tx_prepare_timeout, events_per_packet=s.events_per_packet,
             backup_unheard_timeout=s.backup_unheard_timeout, flow_lag=s.flow_lag,
             pace=Pace.unbounded() if self.unsafe.monolithic_catch_up else None,
-            tx_trackers=not self.unsafe.no_tx_trackers)
+            tx_trackers=not self.unsafe.no_tx_trackers,
+            body_part_bytes=s.body_part_bytes, flush_bytes=s.flush_bytes)
         if self.unsafe.confirm_early:
             self.broker.replication_barriers.remove(self.primary.barrier)
         else:
@@ -234,7 +253,7 @@ class HACore:
         st = self.state
         self.backup = Backup(self.broker, me=self.me, epoch=epoch,
                              position=Position(st.pos_epoch, st.pos_seq), txlog=txlog,
-                             layers=layers)
+                             layers=layers, commit_slice=self.settings.commit_slice)
         self.send_join()
         return True
 
@@ -410,13 +429,16 @@ class HACore:
             backup.close()
             self.backup = Backup(self.broker, me=self.me, epoch=backup.epoch,
                                  position=Position.INVALID, txlog=backup.txlog,
-                                 layers=backup.layers)
+                                 layers=backup.layers, commit_slice=self.settings.commit_slice)
             self.send_join(mixed=True)
             return
         if backup.busy:
             if self._stored_invalid is not backup:
                 self._stored_invalid = backup
-                self._store_position_invalid()
+                if not self.unsafe.position_valid_mid_commit:
+                    self._store_position_invalid()
+            if self.unsafe.ack_before_last_slice:
+                backup.ack_due = True  # the commit's seq acknowledged now (schedule_ack)
             if not self._step_scheduled:
                 self._step_scheduled = True
                 self.effects.soon(self._next_slice)
@@ -461,6 +483,8 @@ class HACore:
             return
         self._ack_pending = backup  # per Backup: a new one (joined again) schedules its own
         seq, caught_up, session = backup.applied_seq, backup.caught_up, backup.session
+        if self.unsafe.ack_before_last_slice and backup.commit_seq is not None:
+            seq = backup.commit_seq
 
         def durable() -> None:
             if self._ack_pending is backup:

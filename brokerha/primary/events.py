@@ -65,18 +65,20 @@ def enqueued(q: Queue, entry: Entry, now: float, message: Message | None = None)
 BODY_PART_BYTES = 1 << 20
 
 
-def in_parts(event: Event) -> list[Event]:
+def in_parts(event: Event, part_bytes: int = BODY_PART_BYTES) -> list[Event]:
     """An ``e`` event as it is sent: itself, or its body's parts and then itself bodiless.
 
     The parts are views of the body (no copy); each is packed when its packet is.
+    ``part_bytes``: smaller in simulations (``PrimarySettings``), so that their
+    small bodies go in parts.
     """
     body = event.body
     size = len(body)
-    if size <= BODY_PART_BYTES:
+    if size <= part_bytes:
         return [event]
     view = memoryview(body)
-    parts: list[Event] = [R.BodyPart(R.BODY_PART, view[start:start + BODY_PART_BYTES])
-                          for start in range(0, size, BODY_PART_BYTES)]
+    parts: list[Event] = [R.BodyPart(R.BODY_PART, view[start:start + part_bytes])
+                          for start in range(0, size, part_bytes)]
     parts.append(event._replace(body=b""))
     return parts
 

@@ -54,7 +54,7 @@ from brokerha.primary.catch_up import CATCH_UP_SPAN, CatchUp, Pace
 from brokerha.primary.events import Event
 from brokerha.primary.policy import ReplicationPolicy, check_default, decided_by, queue_policy
 from brokerha.primary.queue_guard import QueueGuard
-from brokerha.primary.remote_backup import EVENTS_PER_PACKET, RemoteBackup
+from brokerha.primary.remote_backup import EVENTS_PER_PACKET, FLUSH_BYTES, RemoteBackup
 from brokerha.primary.replicating_subscription import ReplicatingSubscription, queue_entries
 from brokerha.primary.snapshot import configuration
 from brokerha.primary.tx_observer import PrimaryTxObserverFactory
@@ -105,8 +105,13 @@ class Primary(ConfigurationObserver, QueueObserver):
                  events_per_packet: int = EVENTS_PER_PACKET,
                  backup_unheard_timeout: float = DEFAULT_BACKUP_UNHEARD_TIMEOUT,
                  pace: Pace | None = None, tx_trackers: bool = True,
-                 flow_lag: float | None = DEFAULT_FLOW_LAG) -> None:
+                 flow_lag: float | None = DEFAULT_FLOW_LAG,
+                 body_part_bytes: int = ev.BODY_PART_BYTES,
+                 flush_bytes: int = FLUSH_BYTES) -> None:
         self.broker = broker
+        # a body over body_part_bytes goes in parts, at most flush_bytes of live events go
+        # per flush (events.py, remote_backup.py; smaller in simulations: PrimarySettings)
+        self.body_part_bytes, self.flush_bytes = body_part_bytes, flush_bytes
         self.flow_lag = flow_lag  # None: publishers never held for the backups' sake
         # False: core.Unsafe.no_tx_trackers (simulations only; a backup admitted while a
         # transaction it did not vote on is prepared is ready at once)
@@ -544,7 +549,7 @@ class Primary(ConfigurationObserver, QueueObserver):
                 self._capture_enqueue(queue, entry, now)
                 return
             event = ev.enqueued(queue, entry, now)
-            if len(event.body) > ev.BODY_PART_BYTES:
+            if len(event.body) > self.body_part_bytes:
                 self._emit_in_parts(event)
             else:
                 self._emit(event)
@@ -559,7 +564,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             return
         for entry in entries:
             event = ev.enqueued(queue, entry, now if entry.expires_at is not None else 0.0)
-            if len(event.body) > ev.BODY_PART_BYTES:
+            if len(event.body) > self.body_part_bytes:
                 self._emit_in_parts(event)
             else:
                 self._emit(event)
@@ -567,7 +572,7 @@ class Primary(ConfigurationObserver, QueueObserver):
     def _emit_in_parts(self, event: Event) -> None:
         """A large message's ``e`` (or ``te``): its body's ``bp`` parts, then itself
         (consecutive seqs)."""
-        for part in ev.in_parts(event):
+        for part in ev.in_parts(event, self.body_part_bytes):
             self._emit(part)
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
@@ -616,7 +621,7 @@ class Primary(ConfigurationObserver, QueueObserver):
 
     def tx_event(self, txq: TxQueue, event: Event) -> None:
         txq.events.append(event)
-        if event[0] == R.TX_ENQUEUE and len(event.body) > ev.BODY_PART_BYTES:
+        if event[0] == R.TX_ENQUEUE and len(event.body) > self.body_part_bytes:
             # its body's parts first, as an ``e``'s (the te keeps its index: parts are no te;
             # its queue list is the same list object, so a queue added to it still counts)
             self._emit_in_parts(event)
@@ -769,16 +774,19 @@ class Primary(ConfigurationObserver, QueueObserver):
                 ha_id, ranges = held.get((q.vhost, q.name), (None, []))
                 if ha_id != q.arguments.get(R.HA_ID):
                     ranges = []  # another incarnation: the backup replaces it, empty
-                sub = ReplicatingSubscription(q, RangeSet(ranges))
+                sub = ReplicatingSubscription(q, RangeSet(ranges), self.body_part_bytes)
                 subscriptions.append(sub)
                 queues.append((guard, self._queue_catch_up(sub, q.next_position)))
         tail = self._outcome_events()
         for txq in self.tx_queues.values():
-            tail.extend(txq.replay())
+            for event in txq.replay():  # a large te in parts, as it went live
+                tail.extend(ev.in_parts(event, self.body_part_bytes)
+                            if event[0] == R.TX_ENQUEUE else [event])
         for provider in self.catch_up_providers:
             tail.extend(provider())
         catch_up = CatchUp(join_seq, head, queues, tail, lambda: self.seq)
-        session = RemoteBackup(join.node, catch_up, now, self.events_per_packet, self.pace)
+        session = RemoteBackup(join.node, catch_up, now, self.events_per_packet, self.pace,
+                               self.flush_bytes)
         session.subscriptions = subscriptions
         session.guards = guards
         session.replicate_gen = self._replicate_gen  # its catch-up holds every change so far

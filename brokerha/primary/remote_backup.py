@@ -52,9 +52,11 @@ FLUSH_BYTES = 4 << 20
 
 class RemoteBackup:
     def __init__(self, node: str, catch_up: CatchUp, now: float,
-                 events_per_packet: int = EVENTS_PER_PACKET, pace: Pace | None = None) -> None:
+                 events_per_packet: int = EVENTS_PER_PACKET, pace: Pace | None = None,
+                 flush_bytes: int = FLUSH_BYTES) -> None:
         self.node = node
         self.events_per_packet = events_per_packet
+        self.flush_bytes = flush_bytes  # live events taken per flush (smaller in simulations)
         self.pace = pace or Pace()
         self.catch_up: CatchUp | None = catch_up  # None once its last event is sent
         self.join_seq = catch_up.join_seq    # the CaughtUp marker's seq
@@ -109,7 +111,7 @@ class RemoteBackup:
 
     @property
     def more_to_send(self) -> bool:
-        """Live events left for the next flush (past ``FLUSH_BYTES``): flush again soon."""
+        """Live events left for the next flush (past ``flush_bytes``): flush again soon."""
         return self.catch_up is None and bool(self.outbox)
 
     @property
@@ -125,7 +127,7 @@ class RemoteBackup:
     def take_outbox(self, epoch: int, now: float,
                     shared: dict[tuple[int, int, int, int], Events]) -> list[Events]:
         """The queued events as packets of consecutive seqs, bounded in count and bytes;
-        at most ``FLUSH_BYTES`` of them a flush (``more_to_send``: the rest the next).
+        at most ``flush_bytes`` of them a flush (``more_to_send``: the rest the next).
 
         ``shared``: the packets other sessions took of the same events. A packet
         of the same seqs holding the same event objects is taken from there, so
@@ -143,7 +145,7 @@ class RemoteBackup:
         outbox = self.outbox
         live = bool(outbox)
         taken = 0
-        while outbox and taken < FLUSH_BYTES:
+        while outbox and taken < self.flush_bytes:
             first = outbox[0][0]
             batch: list[Any] = []
             size = work = 0

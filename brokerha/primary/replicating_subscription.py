@@ -61,9 +61,11 @@ def _held_positions(held: RangeSet) -> Iterator[int]:
 
 
 class ReplicatingSubscription:
-    def __init__(self, queue: Queue, held: RangeSet) -> None:
+    def __init__(self, queue: Queue, held: RangeSet,
+                 part_bytes: int = ev.BODY_PART_BYTES) -> None:
         self.queue = queue
         self.held = held
+        self.part_bytes = part_bytes  # a body over this goes in parts (events.in_parts)
         self.sent = 0
         self.skipped = 0
         self.dropped = 0
@@ -144,7 +146,7 @@ class ReplicatingSubscription:
             assert content is not None
             self.sent += 1
             self.bytes += len(content.body) + len(content.header)
-            yield from ev.in_parts(ev.enqueued(q, e, now, content))
+            yield from ev.in_parts(ev.enqueued(q, e, now, content), self.part_bytes)
 
     def _paged_contents(self, batch: list[Entry], read_bodies: BodyReader) -> dict[int, Message]:
         """Bodies paged out to the store, read back for sending (the entries stay paged).
