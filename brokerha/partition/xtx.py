@@ -1,0 +1,581 @@
+"""Transactions across partitions (docs/ha.md "Transactions across partitions"), sans-I/O.
+
+A TX whose queues live in several partitions commits on all of them or on
+none. Two state machines, with no sockets, no asyncio and no clock of their
+own (each input carries ``now``):
+
+- ``CrossTx``, the **coordinator**, on the node the client is connected to:
+  it names the transaction (``gtxid``, time-based, unique with the node),
+  sends ``XPrepare`` to every participant partition's primary, then, all
+  yes, ``XDecide(commit)`` to the **decision partition** (the lowest-numbered
+  participant), and once that decision is durable ``XCommit`` to the others;
+  a no or ``prepare_timeout`` makes it ``XDecide(rollback)`` then
+  ``XRollback``. The client hears ``Answer`` once every participant
+  acknowledged. It resends what is unanswered every ``retry`` seconds and at
+  once to a partition's new leader (``leader_changed``): every packet is
+  idempotent by gtxid.
+- ``DecisionRules``, on each partition primary, the participant's side and
+  the decider's. What makes it safe:
+
+  (a) a participant commits a cross-partition branch only on ``XCommit``
+      (sent by the coordinator after the decider's durable answer) or on
+      the decider's answer to ``XOutcome``: never on its own;
+  (b) the decider decides each gtxid once, in its log (its branch's commit
+      and outcome record *are* the decision), and before it answers any
+      ``XOutcome`` for a gtxid it has not decided it *writes* an abort (a
+      ``rolled back`` outcome, the tombstone), and answers once that is
+      durable: a late ``XDecide(commit)`` or ``XPrepare`` is then refused,
+      by this primary or any later one. Presumed abort, made explicit.
+
+  A participant whose branch stays prepared longer than ``resolve_timeout``
+  (the coordinator died, or is slow) asks the decider ``XOutcome``; the
+  decider's own branch, undecided that long, is rolled back by rule (b)
+  with nobody asking.
+
+The partition's transaction machinery is behind a narrow Protocol,
+``PartitionTransactions``: the state of a gtxid's branch, prepare a branch,
+commit or roll it back (each with its outcome record in the same store
+batch), the prepared branches. Stage 4's integration backs it with today's
+``DtxManager`` (an XA branch per gtxid: ``tb``/``te``/``td``/``tp``, the
+backups' votes, the prepared record) and ``TxOutcomes`` (the outcome
+records, kept with their retention). Durability is the shell's: a
+``WhenDurable`` effect is carried out once everything written so far is
+durable on the partition's majority (``Broker.after_durable_in`` of the
+partition's gate), and the shell reports the end of a prepare with
+``DecisionRules.prepared`` (XA prepare answers once its record is durable).
+
+Outputs are effects: ``ToPartition`` (to whoever leads that partition now),
+``ToNode`` (to a coordinator), ``WhenDurable`` (one of those, once durable)
+and ``Answer`` (the client's ``tx.commit-ok``, or the 406 of a refused
+commit). The packets are frozen dataclasses whose fields are wire types, in
+wire order; they get packet codes when the integration puts them on the mux.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.seed_runner import UnsafeRules
+
+PREPARE_TIMEOUT = 5.0  # [cluster] tx_prepare_timeout: every vote within this, else rollback
+RESOLVE_TIMEOUT = 2.0  # xtx_resolve_timeout: a prepared branch older than this asks its decider
+RETRY = 0.5            # an unanswered packet is sent again after this long
+
+
+@dataclass(frozen=True)
+class Unsafe(UnsafeRules):
+    """Rules of cross-partition commit to break on purpose (simulations only)."""
+
+    # rule (a): the coordinator tells the participants to commit once all prepared, with
+    # its XDecide, before the decision is durable
+    commit_before_decision: bool = False
+    # rule (b): the decider answers XOutcome for an undecided gtxid "rolled back" without
+    # writing it (no tombstone; its branch stays prepared)
+    presume_without_tombstone: bool = False
+
+
+class Status(enum.Enum):
+    """What a partition holds of a gtxid's branch (``PartitionTransactions.status``)."""
+
+    ABSENT = "absent"          # nothing: never prepared here, or lost with a failover
+    PREPARING = "preparing"    # its prepare round is under way
+    PREPARED = "prepared"      # prepared (durably when ``prepared`` was reported), undecided
+    COMMITTED = COMMITTED      # its outcome record: committed
+    ROLLED_BACK = ROLLED_BACK  # its outcome record: rolled back (a tombstone if it had no branch)
+
+    @property
+    def decided(self) -> bool:
+        return self in (Status.COMMITTED, Status.ROLLED_BACK)
+
+
+# -- what a branch does ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class XPublish:
+    """A message the branch enqueues on its partition's queues (one routing of one publish)."""
+
+    vhost: str
+    queues: tuple[str, ...]
+    exchange: str
+    routing_key: str
+    header: bytes
+    body: bytes
+
+
+@dataclass(frozen=True)
+class XDequeue:
+    """Entries the branch dequeues, by position (a remote consumer's acknowledgements)."""
+
+    vhost: str
+    queue: str
+    positions: tuple[int, ...]
+
+
+XOp = XPublish | XDequeue
+
+
+@dataclass(frozen=True)
+class XBranch:
+    """One partition's share of a cross-partition transaction; its prepared record keeps it
+    all (the decider and participants are what a new primary needs to resolve it)."""
+
+    gtxid: str
+    partition: int
+    decider: int
+    participants: tuple[int, ...]
+    coordinator: str
+    ops: tuple[XOp, ...] = ()
+
+
+# -- packets --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class XPrepare:
+    """Coordinator -> participant primary: prepare this branch, answer ``XPrepared``."""
+
+    branch: XBranch
+
+    @property
+    def gtxid(self) -> str:
+        return self.branch.gtxid
+
+
+@dataclass(frozen=True)
+class XPrepared:
+    """Participant -> coordinator: yes once the prepare is durable on its majority, or no."""
+
+    gtxid: str
+    partition: int
+    ok: bool
+
+
+@dataclass(frozen=True)
+class XDecide:
+    """Coordinator -> decider primary: decide (commit only if every participant said yes)."""
+
+    gtxid: str
+    commit: bool
+    coordinator: str
+
+
+@dataclass(frozen=True)
+class XDecided:
+    """Decider -> coordinator: the decision, once durable (not always the one asked for)."""
+
+    gtxid: str
+    outcome: str
+
+
+@dataclass(frozen=True)
+class XCommit:
+    """Coordinator -> participant: the decider committed durably; commit the branch."""
+
+    gtxid: str
+    coordinator: str
+
+
+@dataclass(frozen=True)
+class XRollback:
+    """Coordinator -> participant: the decision is rollback (a tombstone if nothing is held)."""
+
+    gtxid: str
+    coordinator: str
+
+
+@dataclass(frozen=True)
+class XFinished:
+    """Participant -> coordinator: its outcome, durable."""
+
+    gtxid: str
+    partition: int
+    outcome: str
+
+
+@dataclass(frozen=True)
+class XOutcome:
+    """Participant -> decider: what became of a branch prepared too long ago?"""
+
+    gtxid: str
+    asker: int
+
+
+@dataclass(frozen=True)
+class XOutcomeReply:
+    """Decider -> asking participant: the decision, durable (rule b: an abort written first)."""
+
+    gtxid: str
+    outcome: str
+
+
+Packet = (XPrepare | XPrepared | XDecide | XDecided | XCommit | XRollback | XFinished
+          | XOutcome | XOutcomeReply)
+
+
+# -- effects --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToPartition:
+    """Send to whoever leads ``partition`` now (none known: dropped, the sender retries)."""
+
+    partition: int
+    packet: Packet
+
+
+@dataclass(frozen=True)
+class ToNode:
+    """Send to a coordinator's node."""
+
+    node: str
+    packet: Packet
+
+
+@dataclass(frozen=True)
+class WhenDurable:
+    """Carry out ``send`` once everything written so far is durable on the majority."""
+
+    send: ToPartition | ToNode
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The client's answer: ``tx.commit-ok``, or a refused commit (406) and why."""
+
+    gtxid: str
+    committed: bool
+    reason: str = ""
+
+
+Effect = ToPartition | ToNode | WhenDurable | Answer
+
+
+# -- the partition's transaction machinery ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InDoubt:
+    """A prepared cross-partition branch and when it was prepared."""
+
+    branch: XBranch
+    since: float
+
+
+class PartitionTransactions(Protocol):
+    """What ``DecisionRules`` needs of one partition primary's transactions.
+
+    Stage 4 backs it with ``DtxManager`` (an XA branch per gtxid, whose
+    prepared record keeps the ``XBranch``) and ``TxOutcomes`` (outcome records
+    by gtxid, in the same store batch as the commit or rollback).
+    """
+
+    def status(self, gtxid: str) -> Status:
+        """The outcome record if there is one, else the branch's state, else ABSENT."""
+        ...
+
+    def prepare(self, branch: XBranch) -> None:
+        """Start the prepare round of a new branch (ABSENT -> PREPARING); the shell reports
+        its end with ``DecisionRules.prepared`` once the prepared record is durable (or no)."""
+        ...
+
+    def commit(self, gtxid: str) -> None:
+        """Commit the PREPARED branch and record ``committed`` in the same store batch."""
+        ...
+
+    def rollback(self, gtxid: str) -> None:
+        """Roll back whatever is held (a prepare under way fails) and record ``rolled back``
+        in the same batch; with nothing held, the record alone: the tombstone."""
+        ...
+
+    def in_doubt(self) -> Iterable[InDoubt]:
+        """The PREPARED cross-partition branches."""
+        ...
+
+
+# -- the coordinator ---------------------------------------------------------------------------
+
+
+class Phase(enum.Enum):
+    PREPARING = "preparing"  # XPrepare out, votes coming
+    DECIDING = "deciding"    # XDecide out, the decider's durable answer awaited
+    FINISHING = "finishing"  # XCommit / XRollback out, acknowledgements awaited
+
+
+@dataclass
+class CrossCommit:
+    """One commit under way on the coordinator."""
+
+    gtxid: str
+    branches: dict[int, tuple[XOp, ...]]
+    started: float
+    phase: Phase = Phase.PREPARING
+    waiting: set[int] = field(default_factory=set)  # partitions whose answer is awaited
+    commit: bool = True  # what was asked of the decider
+    outcome: str | None = None  # the decider's
+    reason: str = ""
+    sent: float = 0.0  # when the waiting packets last went
+
+    @property
+    def participants(self) -> tuple[int, ...]:
+        return tuple(sorted(self.branches))
+
+    @property
+    def decider(self) -> int:
+        return min(self.branches)
+
+
+class CrossTx:
+    """The coordinator of one node's cross-partition commits (docs/ha.md, steps 1-3)."""
+
+    def __init__(self, node: str, *, prepare_timeout: float = PREPARE_TIMEOUT,
+                 retry: float = RETRY, unsafe: Unsafe = Unsafe()) -> None:
+        self.node = node
+        self.prepare_timeout = prepare_timeout
+        self.retry = retry
+        self.unsafe = unsafe
+        self.commits: dict[str, CrossCommit] = {}
+        self._last_ns = 0
+
+    def new_gtxid(self, now: float) -> str:
+        """``<ns>-<node>``: nanoseconds, strictly increasing on this node (NEO's TID)."""
+        ns = max(int(now * 1e9), self._last_ns + 1)
+        self._last_ns = ns
+        return f"{ns:019d}-{self.node}"
+
+    def begin(self, now: float, branches: Mapping[int, Sequence[XOp]]) -> tuple[str, list[Effect]]:
+        """Start committing ``branches`` (partition -> its ops): the XPrepare round."""
+        if not branches:
+            raise ValueError("a cross-partition commit needs at least one partition")
+        gtxid = self.new_gtxid(now)
+        tx = CrossCommit(gtxid, {p: tuple(ops) for p, ops in branches.items()}, now)
+        tx.waiting = set(tx.branches)
+        self.commits[gtxid] = tx
+        return gtxid, self._send_waiting(tx, now)
+
+    # -- inputs -------------------------------------------------------------------------------
+
+    def receive(self, now: float, packet: Packet) -> list[Effect]:
+        tx = self.commits.get(packet.gtxid)
+        if tx is None:
+            return []  # finished, or another incarnation's: nothing to do
+        if isinstance(packet, XPrepared) and tx.phase is Phase.PREPARING:
+            if packet.partition not in tx.waiting:
+                return []
+            if not packet.ok:
+                return self._decide(tx, now, False, f"partition {packet.partition} refused to "
+                                                    "prepare")
+            tx.waiting.discard(packet.partition)
+            return [] if tx.waiting else self._decide(tx, now, True, "")
+        if isinstance(packet, XDecided) and tx.phase is Phase.DECIDING:
+            return self._finish(tx, now, packet.outcome)
+        if isinstance(packet, XFinished) and tx.phase is Phase.FINISHING:
+            tx.waiting.discard(packet.partition)
+            return [] if tx.waiting else self._done(tx)
+        return []
+
+    def tick(self, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        for tx in list(self.commits.values()):
+            if tx.phase is Phase.PREPARING and now - tx.started >= self.prepare_timeout:
+                out += self._decide(tx, now, False, "the prepare timed out ("
+                                    f"partitions {sorted(tx.waiting)} did not answer)")
+            elif now - tx.sent >= self.retry:
+                out += self._send_waiting(tx, now)
+        return out
+
+    def leader_changed(self, now: float, partition: int) -> list[Effect]:
+        """A new primary leads ``partition``: what it owes us goes to it at once."""
+        out: list[Effect] = []
+        for tx in self.commits.values():
+            if partition in tx.waiting:
+                out += self._send_waiting(tx, now, only=partition)
+        return out
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def _decide(self, tx: CrossCommit, now: float, commit: bool, reason: str) -> list[Effect]:
+        tx.phase, tx.commit, tx.reason = Phase.DECIDING, commit, reason
+        tx.waiting = {tx.decider}
+        out = self._send_waiting(tx, now)
+        if commit and self.unsafe.commit_before_decision:
+            out += [ToPartition(p, XCommit(tx.gtxid, self.node))
+                    for p in tx.participants if p != tx.decider]
+        return out
+
+    def _finish(self, tx: CrossCommit, now: float, outcome: str) -> list[Effect]:
+        tx.phase, tx.outcome = Phase.FINISHING, outcome
+        if tx.commit and outcome != COMMITTED:
+            tx.reason = "the decision partition had rolled it back (its coordinator was late)"
+        tx.waiting = {p for p in tx.participants if p != tx.decider}
+        return self._send_waiting(tx, now) if tx.waiting else self._done(tx)
+
+    def _done(self, tx: CrossCommit) -> list[Effect]:
+        del self.commits[tx.gtxid]
+        committed = tx.outcome == COMMITTED
+        return [Answer(tx.gtxid, committed, "" if committed else tx.reason)]
+
+    def _send_waiting(self, tx: CrossCommit, now: float, only: int | None = None) -> list[Effect]:
+        tx.sent = now
+        out: list[Effect] = []
+        for p in sorted(tx.waiting):
+            if only is not None and p != only:
+                continue
+            packet: Packet
+            if tx.phase is Phase.PREPARING:
+                packet = XPrepare(XBranch(tx.gtxid, p, tx.decider, tx.participants, self.node,
+                                          tx.branches[p]))
+            elif tx.phase is Phase.DECIDING:
+                packet = XDecide(tx.gtxid, tx.commit, self.node)
+            elif tx.outcome == COMMITTED:
+                packet = XCommit(tx.gtxid, self.node)
+            else:
+                packet = XRollback(tx.gtxid, self.node)
+            out.append(ToPartition(p, packet))
+        return out
+
+
+# -- the partition primary's side ----------------------------------------------------------------
+
+
+class DecisionRules:
+    """A partition primary's rules for cross-partition branches: participant and decider.
+
+    Holds nothing that must survive the primary: what a new primary needs is
+    in its store (the prepared records and the outcomes); what is lost here
+    (a reply waiting for a prepare, when a query last went) is asked again by
+    the coordinator's retries and the next ``tick``.
+    """
+
+    def __init__(self, partition: int, txs: PartitionTransactions, *,
+                 resolve_timeout: float = RESOLVE_TIMEOUT, retry: float = RETRY,
+                 unsafe: Unsafe = Unsafe()) -> None:
+        self.partition = partition
+        self.txs = txs
+        self.resolve_timeout = resolve_timeout
+        self.retry = retry
+        self.unsafe = unsafe
+        self._preparing: dict[str, XBranch] = {}  # prepares under way: whom to answer
+        self._asked: dict[str, float] = {}        # gtxid -> when its decider was last asked
+
+    def receive(self, now: float, packet: Packet) -> list[Effect]:
+        if isinstance(packet, XPrepare):
+            return self._prepare(packet.branch)
+        if isinstance(packet, XCommit):
+            return self._commit(packet)
+        if isinstance(packet, XRollback):
+            return self._rollback(packet)
+        if isinstance(packet, XOutcomeReply):
+            return self._resolved(packet)
+        if isinstance(packet, XDecide):
+            return self._decide(packet)
+        if isinstance(packet, XOutcome):
+            return self._outcome(packet)
+        return []  # a coordinator's packet: not ours
+
+    def prepared(self, gtxid: str, ok: bool) -> list[Effect]:
+        """The shell: the prepare round of ``gtxid`` ended (yes: its record is durable)."""
+        branch = self._preparing.pop(gtxid, None)
+        status = self.txs.status(gtxid)
+        if not ok and status in (Status.PREPARING, Status.PREPARED):
+            self.txs.rollback(gtxid)
+        if branch is None:
+            return []  # a primary before this one asked for it: the coordinator asks again
+        yes = ok and status is Status.PREPARED
+        return [self._vote(branch, yes)]
+
+    def tick(self, now: float) -> list[Effect]:
+        """Prepared branches older than ``resolve_timeout``: ask their decider (rule b)."""
+        out: list[Effect] = []
+        doubtful: set[str] = set()
+        for doubt in list(self.txs.in_doubt()):
+            branch = doubt.branch
+            if now - doubt.since < self.resolve_timeout:
+                continue
+            if branch.decider == self.partition:
+                # our own decision, still not taken: nobody will take it but us
+                self.txs.rollback(branch.gtxid)
+                continue
+            doubtful.add(branch.gtxid)
+            asked = self._asked.get(branch.gtxid)
+            if asked is None or now - asked >= self.retry:
+                self._asked[branch.gtxid] = now
+                out.append(ToPartition(branch.decider, XOutcome(branch.gtxid, self.partition)))
+        self._asked = {g: t for g, t in self._asked.items() if g in doubtful}
+        return out
+
+    # -- participant ------------------------------------------------------------------------
+
+    def _vote(self, branch: XBranch, yes: bool) -> Effect:
+        vote = ToNode(branch.coordinator, XPrepared(branch.gtxid, self.partition, yes))
+        return WhenDurable(vote) if yes else vote  # a no is always safe to say
+
+    def _prepare(self, branch: XBranch) -> list[Effect]:
+        status = self.txs.status(branch.gtxid)
+        if status is Status.ABSENT:
+            self.txs.prepare(branch)
+            self._preparing[branch.gtxid] = branch
+            return []
+        if status is Status.PREPARING:
+            self._preparing[branch.gtxid] = branch  # answered when it ends
+            return []
+        # prepared or committed: yes again; rolled back (a tombstone, a no): no again
+        return [self._vote(branch, status is not Status.ROLLED_BACK)]
+
+    def _commit(self, packet: XCommit) -> list[Effect]:
+        status = self.txs.status(packet.gtxid)
+        if status is Status.PREPARED:
+            self.txs.commit(packet.gtxid)
+            status = Status.COMMITTED
+        elif not status.decided:
+            return []  # nothing prepared to commit (cannot happen after a durable yes)
+        return [WhenDurable(ToNode(packet.coordinator,
+                                   XFinished(packet.gtxid, self.partition, status.value)))]
+
+    def _rollback(self, packet: XRollback) -> list[Effect]:
+        status = self.txs.status(packet.gtxid)
+        if not status.decided:
+            self._preparing.pop(packet.gtxid, None)
+            self.txs.rollback(packet.gtxid)
+            status = Status.ROLLED_BACK
+        return [WhenDurable(ToNode(packet.coordinator,
+                                   XFinished(packet.gtxid, self.partition, status.value)))]
+
+    def _resolved(self, packet: XOutcomeReply) -> list[Effect]:
+        self._asked.pop(packet.gtxid, None)
+        if self.txs.status(packet.gtxid) is Status.PREPARED:
+            if packet.outcome == COMMITTED:
+                self.txs.commit(packet.gtxid)
+            else:
+                self.txs.rollback(packet.gtxid)
+        return []
+
+    # -- decider ----------------------------------------------------------------------------
+
+    def _decide(self, packet: XDecide) -> list[Effect]:
+        status = self.txs.status(packet.gtxid)
+        if not status.decided:
+            if packet.commit and status is Status.PREPARING:
+                return []  # our yes was never said: the coordinator cannot mean it yet
+            if packet.commit and status is Status.PREPARED:
+                self.txs.commit(packet.gtxid)  # its tc and outcome record: the decision
+                status = Status.COMMITTED
+            else:
+                self._preparing.pop(packet.gtxid, None)
+                self.txs.rollback(packet.gtxid)
+                status = Status.ROLLED_BACK
+        return [WhenDurable(ToNode(packet.coordinator, XDecided(packet.gtxid, status.value)))]
+
+    def _outcome(self, packet: XOutcome) -> list[Effect]:
+        status = self.txs.status(packet.gtxid)
+        if not status.decided:
+            if self.unsafe.presume_without_tombstone:
+                return [ToPartition(packet.asker, XOutcomeReply(packet.gtxid, ROLLED_BACK))]
+            self._preparing.pop(packet.gtxid, None)
+            self.txs.rollback(packet.gtxid)  # the tombstone: a late XDecide(commit) is refused
+            status = Status.ROLLED_BACK
+        return [WhenDurable(ToPartition(packet.asker, XOutcomeReply(packet.gtxid, status.value)))]

@@ -1,0 +1,636 @@
+"""Cross-partition transactions, simulated (issue 35, stage 4's protocol): ``--workload xtx``.
+
+A deterministic simulation (seeded, virtual clock, one event at a time) of
+the product's ``CrossTx`` and ``DecisionRules`` (``partition/xtx.py``):
+P partitions (default 3), each a replicated log behind its current primary
+running ``DecisionRules``; several coordinator nodes, each a ``CrossTx``
+whose clients commit transactions touching 1-3 partitions. What the shell
+of stage 4 will do is played here by ``SimPartition`` (the
+``PartitionTransactions`` of a primary: a prepare is a round of a few ms
+that may say no, then a record in the log; a commit or rollback is a record;
+a ``WhenDurable`` is carried out when the log is durable up to where it was)
+and by the network (``ToPartition`` goes to whoever leads then).
+
+Faults, for ``duration`` virtual seconds, then none while everything settles:
+
+- packets lost (2 %) or late (3 %, up to 1 s; so also reordered);
+- a partition's primary fails over: no leader for 0.05-1.2 s, then a new
+  one (a new term) that keeps what was durable on its majority and, half
+  the time, some of what was not (a backup held it), and nothing of its
+  predecessor's memory (prepares under way, replies waiting); every
+  coordinator hears the new leader's notice;
+- a coordinator crashes (its commits and their clients' answers are lost;
+  it restarts as a new incarnation 0.2-2 s later), at random and
+  *between the rounds*: with 4 % chance when an input moved a commit to
+  its decision or its finish, after sending a random part of its packets;
+- a coordinator stalls 0.5-3 s (its input waits), long enough for the
+  participants' ``resolve_timeout`` (2 s) to ask the decider first.
+
+Checked after every event:
+
+- (a) agreement: no gtxid has a durable ``committed`` record in one
+  partition and a durable ``rolled back`` one in another (or the same);
+- (b) every answer is backed by a durable record of the partition that
+  sends it: ``XPrepared`` yes by its prepared (or committed) record,
+  ``XDecided``, ``XFinished``, ``XOutcomeReply`` by the outcome they say;
+  and ``tx.commit-ok`` by a durable ``committed`` in every participant;
+- at the end (every primary up, every coordinator back, ``settle``
+  seconds without faults): (c) nothing in doubt (no branch prepared or
+  preparing, no coordinator with a commit under way: liveness once the
+  faults stop; a run that does not get there is a violation); (d) a gtxid
+  committed anywhere is committed in every participant, and every
+  commit-ok'd one is.
+
+``Unsafe`` (``partition.xtx.Unsafe``): ``commit_before_decision`` (rule a)
+and ``presume_without_tombstone`` (rule b), each caught in the first seeds
+(``tests/partition/test_xtx_simulation.py``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from brokerha import seed_runner
+from brokerha.partition.xtx import (
+    Answer,
+    CrossTx,
+    DecisionRules,
+    Effect,
+    InDoubt,
+    Packet,
+    Status,
+    ToNode,
+    ToPartition,
+    Unsafe,
+    WhenDurable,
+    XBranch,
+    XDecided,
+    XFinished,
+    XOutcomeReply,
+    XPrepared,
+    XPublish,
+)
+
+__all__ = ["CATCHES", "SimResult", "Unsafe", "XtxSimulation", "run_many", "run_seed"]
+
+CATCHES = tuple(Unsafe.names())
+SAFE = Unsafe()
+
+LOSS = 0.02             # a packet lost
+LATE = 0.03             # a packet late ...
+LATE_BY = (0.1, 1.0)    # ... by this much
+DELAY = (0.0005, 0.005)  # one-way delay otherwise
+SYNC = (0.001, 0.02)    # a write is durable on the majority this long after
+PREPARE = (0.003, 0.03)  # a prepare round (tb/te/td/tp, the backups' votes)
+REFUSE = 0.03           # a prepare says no (it dequeues what a failover requeued)
+FAILOVER_EVERY = 4.0    # mean seconds between failovers of one partition's primary
+LEADERLESS = (0.05, 1.2)
+CRASH_EVERY = 12.0      # mean seconds between random crashes of one coordinator
+CRASH_BETWEEN = 0.04    # chance a coordinator crashes when an input moved a commit on
+DOWN = (0.2, 2.0)
+STALL_EVERY = 8.0       # mean seconds between stalls of one coordinator
+STALL = (0.5, 3.0)
+TX_EVERY = 0.15         # mean seconds between a coordinator's new commits
+TICK = 0.1              # every primary's and coordinator's tick
+SETTLE = 40.0           # at most this long after the faults for everything to settle
+
+
+@dataclass
+class SimResult:
+    seed: int
+    violation: str | None
+    trace: list[str]
+    stats: dict[str, int]
+    stuck: str | None = None
+
+    def summary(self) -> str:
+        if self.violation:
+            return f"seed {self.seed}: VIOLATION {self.violation}"
+        return f"seed {self.seed}: ok {self.stats}"
+
+
+class Violation(Exception):
+    pass
+
+
+@dataclass
+class Entry:
+    """One record of a partition's log: ``p`` prepared (with its branch), ``c``, ``r``."""
+
+    kind: str
+    gtxid: str
+    branch: XBranch | None = None
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class PrepareEnd:
+    """A prepare round ended with its record written: ``prepared`` once it is durable."""
+
+    gtxid: str
+
+
+@dataclass
+class SimPartition:
+    """A partition: the log its primaries replicate, and the current primary's memory."""
+
+    number: int
+    log: list[Entry] = field(default_factory=list)
+    durable: int = 0  # log[:durable] is on the majority: no failover loses it
+    term: int = 1
+    up: bool = True
+    status: dict[str, Status] = field(default_factory=dict)   # the primary's view
+    branches: dict[str, tuple[XBranch, float]] = field(default_factory=dict)  # prepared
+    preparing: dict[str, XBranch] = field(default_factory=dict)
+    # what waits for the log to be durable up to a length: a send, or a prepare's end
+    waits: list[tuple[int, ToPartition | ToNode | PrepareEnd]] = field(default_factory=list)
+    settled: dict[str, str] = field(default_factory=dict)  # durable: gtxid -> p / c / r
+    prepared_durably: set[str] = field(default_factory=set)  # whatever came after
+    rules: DecisionRules | None = None
+    sim: XtxSimulation | None = None
+
+    # -- PartitionTransactions ------------------------------------------------------------
+
+    def status_of(self, gtxid: str) -> Status:
+        return self.status.get(gtxid, Status.ABSENT)
+
+    def prepare(self, branch: XBranch) -> None:
+        assert self.sim is not None
+        self.status[branch.gtxid] = Status.PREPARING
+        self.preparing[branch.gtxid] = branch
+        self.sim.after(self.sim.rng.uniform(*PREPARE), self.sim.prepare_round_ends,
+                       self.number, self.term, branch.gtxid)
+
+    def commit(self, gtxid: str) -> None:
+        assert self.status.get(gtxid) is Status.PREPARED, (self.number, gtxid)
+        self.write(Entry("c", gtxid))
+
+    def rollback(self, gtxid: str) -> None:
+        assert self.sim is not None
+        self.sim.counts["rollback of " + self.status_of(gtxid).value] += 1
+        self.preparing.pop(gtxid, None)
+        self.write(Entry("r", gtxid))
+
+    def in_doubt(self) -> Iterable[InDoubt]:
+        return [InDoubt(b, since) for b, since in self.branches.values()]
+
+    # -- the log --------------------------------------------------------------------------
+
+    def write(self, entry: Entry) -> None:
+        assert self.sim is not None
+        self.log.append(entry)
+        self.apply(entry)
+        self.sim.after(self.sim.rng.uniform(*SYNC), self.sim.synced, self.number, self.term,
+                       len(self.log))
+
+    def apply(self, entry: Entry) -> None:
+        g = entry.gtxid
+        if entry.kind == "p":
+            assert entry.branch is not None
+            self.status[g] = Status.PREPARED
+            self.branches[g] = (entry.branch, entry.at)
+        else:
+            self.status[g] = Status.COMMITTED if entry.kind == "c" else Status.ROLLED_BACK
+            self.branches.pop(g, None)
+
+
+class Adapter:
+    """``PartitionTransactions`` over a ``SimPartition`` (its ``status`` is a field)."""
+
+    def __init__(self, part: SimPartition) -> None:
+        self.part = part
+
+    def status(self, gtxid: str) -> Status:
+        return self.part.status_of(gtxid)
+
+    def prepare(self, branch: XBranch) -> None:
+        self.part.prepare(branch)
+
+    def commit(self, gtxid: str) -> None:
+        self.part.commit(gtxid)
+
+    def rollback(self, gtxid: str) -> None:
+        self.part.rollback(gtxid)
+
+    def in_doubt(self) -> Iterable[InDoubt]:
+        return self.part.in_doubt()
+
+
+@dataclass
+class Coordinator:
+    name: str
+    incarnation: int = 0
+    tx: CrossTx | None = None
+    stalled_until: float = 0.0
+    backlog: list[Packet] = field(default_factory=list)
+
+
+@dataclass
+class Begun:
+    gtxid: str
+    participants: tuple[int, ...]
+    answer: Answer | None = None
+
+
+class XtxSimulation:
+    def __init__(self, seed: int, *, duration: float = 20.0, partitions: int = 3,
+                 coordinators: int = 3, unsafe: Unsafe = SAFE, faults: bool = True,
+                 check_answers: bool = True, trace: bool = False) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.duration = duration
+        self.unsafe = unsafe
+        self.faults = faults
+        self.check_answers = check_answers
+        self.keep_trace = trace
+        self.now = 0.0
+        self._queue: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+        self.trace: list[str] = []
+        self.counts: Counter[str] = Counter()
+        self.parts = [SimPartition(p) for p in range(partitions)]
+        for part in self.parts:
+            part.sim = self
+            part.rules = self.new_rules(part)
+        self.coords = {f"c{i}": Coordinator(f"c{i}") for i in range(1, coordinators + 1)}
+        for coord in self.coords.values():
+            self.restart(coord)
+        self.begun: dict[str, Begun] = {}
+        self.committed_in: dict[str, set[int]] = {}
+        self.rolled_back_in: dict[str, set[int]] = {}
+
+    # -- the event loop ---------------------------------------------------------------------
+
+    def after(self, delay: float, action: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self._queue, (self.now + delay, next(self._seq), action, args))
+
+    def log(self, text: str) -> None:
+        self.trace.append(f"{self.now:9.4f} {text}")
+        if len(self.trace) > 400:
+            del self.trace[:200]
+
+    @property
+    def faulty(self) -> bool:
+        return self.faults and self.now < self.duration
+
+    def run(self) -> SimResult:
+        violation: str | None = None
+        try:
+            self.start()
+            end = self.duration + SETTLE
+            while self._queue and self._queue[0][0] <= end:
+                when, _, action, args = heapq.heappop(self._queue)
+                self.now = when
+                action(*args)
+                if self.now > self.duration + 2.0 and self.quiet():
+                    break
+            self.finish()
+        except Violation as v:
+            violation = str(v)
+            self.log("VIOLATION " + violation)
+        stats = dict(self.counts)
+        return SimResult(self.seed, violation and f"{violation} (seed {self.seed})",
+                         self.trace[-60:] if violation or self.keep_trace else [], stats)
+
+    def start(self) -> None:
+        for part in self.parts:
+            self.after(TICK * self.rng.random(), self.tick_partition, part.number)
+            if self.faults:
+                self.after(self.rng.expovariate(1 / FAILOVER_EVERY), self.failover, part.number)
+        for coord in self.coords.values():
+            self.after(TICK * self.rng.random(), self.tick_coordinator, coord.name)
+            self.after(self.rng.expovariate(1 / TX_EVERY), self.new_commit, coord.name)
+            if self.faults:
+                self.after(self.rng.expovariate(1 / CRASH_EVERY), self.random_crash, coord.name)
+                self.after(self.rng.expovariate(1 / STALL_EVERY), self.stall, coord.name)
+
+    def violate(self, text: str) -> None:
+        raise Violation(text)
+
+    # -- partitions ---------------------------------------------------------------------------
+
+    def new_rules(self, part: SimPartition) -> DecisionRules:
+        return DecisionRules(part.number, Adapter(part), unsafe=self.unsafe)
+
+    def tick_partition(self, p: int) -> None:
+        part = self.parts[p]
+        if part.up and part.rules is not None:
+            self.carry_out(part, part.rules.tick(self.now))
+        self.after(TICK, self.tick_partition, p)
+
+    def prepare_round_ends(self, p: int, term: int, gtxid: str) -> None:
+        part = self.parts[p]
+        if part.term != term or not part.up or gtxid not in part.preparing:
+            return  # the primary that ran it is gone, or the branch was rolled back meanwhile
+        branch = part.preparing.pop(gtxid)
+        assert part.rules is not None
+        if self.rng.random() < REFUSE:
+            self.counts["prepare refused"] += 1
+            self.carry_out(part, part.rules.prepared(gtxid, False))
+            return
+        part.write(Entry("p", gtxid, branch, self.now))
+        part.waits.append((len(part.log), PrepareEnd(gtxid)))
+
+    def synced(self, p: int, term: int, upto: int) -> None:
+        part = self.parts[p]
+        if part.term != term or not part.up or upto <= part.durable:
+            return
+        for entry in part.log[part.durable:upto]:
+            self.settle(part, entry)
+        part.durable = upto
+        ready = [w for w in part.waits if w[0] <= upto]
+        part.waits = [w for w in part.waits if w[0] > upto]
+        for _, send in ready:
+            if isinstance(send, PrepareEnd):
+                assert part.rules is not None
+                self.carry_out(part, part.rules.prepared(send.gtxid, True))
+            else:
+                self.send_from(part, send)
+
+    def settle(self, part: SimPartition, entry: Entry) -> None:
+        """``entry`` is durable now: no failover will lose it. Check (a)."""
+        g = entry.gtxid
+        part.settled[g] = entry.kind
+        if entry.kind == "p":
+            part.prepared_durably.add(g)
+            return
+        mine, other = ((self.committed_in, self.rolled_back_in) if entry.kind == "c"
+                       else (self.rolled_back_in, self.committed_in))
+        mine.setdefault(g, set()).add(part.number)
+        if other.get(g):
+            self.violate(f"(a) {g} committed in partitions {sorted(self.committed_in[g])} and "
+                         f"rolled back in {sorted(self.rolled_back_in[g])}")
+
+    def failover(self, p: int) -> None:
+        if not self.faulty:
+            return
+        part = self.parts[p]
+        if part.up:
+            keep = part.durable
+            if self.rng.random() < 0.5:
+                keep = self.rng.randint(part.durable, len(part.log))
+            self.log(f"p{p} primary of term {part.term} fails: keeps {keep} of {len(part.log)} "
+                     f"records ({part.durable} durable)")
+            self.counts["failover"] += 1
+            self.counts["undurable records lost"] += len(part.log) - keep
+            del part.log[keep:]
+            part.up, part.rules = False, None
+            part.term += 1
+            part.waits, part.preparing = [], {}
+            self.after(self.rng.uniform(*LEADERLESS), self.new_leader, p, part.term)
+        self.after(self.rng.expovariate(1 / FAILOVER_EVERY), self.failover, p)
+
+    def new_leader(self, p: int, term: int) -> None:
+        part = self.parts[p]
+        if part.term != term:
+            return
+        part.up = True
+        part.status, part.branches = {}, {}
+        for entry in part.log:
+            part.apply(entry)
+        part.rules = self.new_rules(part)
+        self.log(f"p{p} new primary, term {term}, {len(part.branches)} branches prepared")
+        self.after(self.rng.uniform(*SYNC), self.synced, p, term, len(part.log))
+        for coord in self.coords.values():  # its LeaderNotice
+            self.after(self.rng.uniform(*DELAY), self.notice, coord.name, coord.incarnation, p)
+
+    # -- coordinators ---------------------------------------------------------------------------
+
+    def restart(self, coord: Coordinator) -> None:
+        coord.incarnation += 1
+        coord.tx = CrossTx(f"{coord.name}.{coord.incarnation}", unsafe=self.unsafe)
+        coord.backlog = []
+
+    def live(self, name: str, incarnation: int) -> Coordinator | None:
+        coord = self.coords[name]
+        ok = coord.incarnation == incarnation and coord.tx is not None
+        return coord if ok else None
+
+    def random_crash(self, name: str) -> None:
+        coord = self.coords[name]
+        if self.faulty and coord.tx is not None:
+            self.crash(coord)
+        self.after(self.rng.expovariate(1 / CRASH_EVERY), self.random_crash, name)
+
+    def crash(self, coord: Coordinator) -> None:
+        name, incarnation = coord.name, coord.incarnation
+        assert coord.tx is not None
+        self.log(f"{name}.{incarnation} crashes with {len(coord.tx.commits)} commits under way")
+        self.counts["coordinator crash"] += 1
+        self.counts["commits lost with their coordinator"] += len(coord.tx.commits)
+        coord.tx = None
+        self.after(self.rng.uniform(*DOWN), self.come_back, name)
+
+    def come_back(self, name: str) -> None:
+        self.restart(self.coords[name])
+        self.log(f"{name}.{self.coords[name].incarnation} starts")
+
+    def stall(self, name: str) -> None:
+        coord = self.coords[name]
+        if self.faulty and coord.tx is not None:
+            length = self.rng.uniform(*STALL)
+            coord.stalled_until = self.now + length
+            self.counts["coordinator stall"] += 1
+            self.log(f"{name} stalls {length:.2f}s")
+            self.after(length, self.unstall, name, coord.incarnation)
+        self.after(self.rng.expovariate(1 / STALL_EVERY), self.stall, name)
+
+    def unstall(self, name: str, incarnation: int) -> None:
+        coord = self.live(name, incarnation)
+        if coord is None:
+            return
+        backlog, coord.backlog = coord.backlog, []
+        for packet in backlog:
+            if coord.tx is None:
+                break  # crashed between the rounds on one of them
+            self.coordinator_receives(coord, packet)
+
+    def tick_coordinator(self, name: str) -> None:
+        coord = self.coords[name]
+        if coord.tx is not None and self.now >= coord.stalled_until:
+            self.coordinator_does(coord, coord.tx.tick(self.now), moved=False)
+        self.after(TICK, self.tick_coordinator, name)
+
+    def notice(self, name: str, incarnation: int, p: int) -> None:
+        coord = self.live(name, incarnation)
+        if coord is not None and self.now >= coord.stalled_until:
+            assert coord.tx is not None
+            self.coordinator_does(coord, coord.tx.leader_changed(self.now, p), moved=False)
+
+    def new_commit(self, name: str) -> None:
+        if self.now < self.duration:
+            self.after(self.rng.expovariate(1 / TX_EVERY), self.new_commit, name)
+        coord = self.coords[name]
+        if self.now >= self.duration or coord.tx is None or self.now < coord.stalled_until:
+            return
+        width = self.rng.choices((1, 2, 3), (3, 4, 3))[0]
+        chosen = sorted(self.rng.sample(range(len(self.parts)), min(width, len(self.parts))))
+        branches = {p: [XPublish("/", (f"q{p}",), "", f"q{p}", b"", f"m{p}".encode())]
+                    for p in chosen}
+        gtxid, effects = coord.tx.begin(self.now, branches)
+        self.begun[gtxid] = Begun(gtxid, tuple(chosen))
+        self.counts["begun"] += 1
+        self.counts[f"over {len(chosen)} partitions"] += 1
+        self.log(f"{coord.tx.node} begins {gtxid} over {chosen}")
+        self.coordinator_does(coord, effects, moved=False)
+
+    def coordinator_receives(self, coord: Coordinator, packet: Packet) -> None:
+        if self.now < coord.stalled_until:
+            coord.backlog.append(packet)
+            return
+        assert coord.tx is not None
+        before = self.phase_of(coord, packet.gtxid)
+        effects = coord.tx.receive(self.now, packet)
+        self.coordinator_does(coord, effects, moved=self.phase_of(coord, packet.gtxid) != before)
+
+    def phase_of(self, coord: Coordinator, gtxid: str) -> str:
+        assert coord.tx is not None
+        commit = coord.tx.commits.get(gtxid)
+        return "done" if commit is None else commit.phase.value
+
+    def coordinator_does(self, coord: Coordinator, effects: Sequence[Effect], *,
+                         moved: bool) -> None:
+        sends: list[Effect] = list(effects)
+        if moved and sends and self.faulty and self.rng.random() < CRASH_BETWEEN:
+            sent = self.rng.randint(0, len(sends))
+            self.log(f"{coord.name} crashes between the rounds, {sent} of {len(sends)} sent")
+            self.counts["coordinator crash between the rounds"] += 1
+            sends = sends[:sent]
+            for effect in sends:
+                self.carry_out_coordinator(coord, effect)
+            self.crash(coord)
+            return
+        for effect in sends:
+            self.carry_out_coordinator(coord, effect)
+
+    def carry_out_coordinator(self, coord: Coordinator, effect: Effect) -> None:
+        if isinstance(effect, Answer):
+            self.answered(effect)
+        elif isinstance(effect, ToPartition):
+            self.send(effect)
+
+    def answered(self, answer: Answer) -> None:
+        begun = self.begun[answer.gtxid]
+        begun.answer = answer
+        self.counts["commit-ok" if answer.committed else "refused"] += 1
+        if not answer.committed:
+            why = answer.reason.split(" (")[0].replace(f"partition {answer.gtxid}", "")
+            self.counts["refused: " + ("a no vote" if "refused" in why else why)] += 1
+        self.log(f"answer {answer.gtxid}: {'commit-ok' if answer.committed else answer.reason}")
+        if answer.committed and self.check_answers:
+            late = [p for p in begun.participants
+                    if self.parts[p].settled.get(answer.gtxid) != "c"]
+            if late:
+                self.violate(f"(b) commit-ok for {answer.gtxid} while partitions {late} hold "
+                             "no durable commit")
+
+    # -- the network ----------------------------------------------------------------------------
+
+    def delay(self) -> float | None:
+        """A packet's delay, or None when it is lost."""
+        if self.faulty:
+            if self.rng.random() < LOSS:
+                self.counts["packets lost"] += 1
+                return None
+            if self.rng.random() < LATE:
+                return self.rng.uniform(*LATE_BY)
+        return self.rng.uniform(*DELAY)
+
+    def send(self, effect: ToPartition) -> None:
+        part = self.parts[effect.partition]
+        delay = self.delay()
+        if delay is not None and part.up:
+            self.after(delay, self.deliver_to_partition, effect.partition, part.term,
+                       effect.packet)
+
+    def deliver_to_partition(self, p: int, term: int, packet: Packet) -> None:
+        part = self.parts[p]
+        if part.term != term or not part.up:
+            return  # sent to a primary that is gone
+        assert part.rules is not None
+        self.carry_out(part, part.rules.receive(self.now, packet))
+
+    def deliver_to_node(self, name: str, incarnation: int, packet: Packet) -> None:
+        coord = self.live(name, incarnation)
+        if coord is not None:
+            self.coordinator_receives(coord, packet)
+
+    def carry_out(self, part: SimPartition, effects: Sequence[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, WhenDurable):
+                if len(part.log) <= part.durable:
+                    self.send_from(part, effect.send)
+                else:
+                    part.waits.append((len(part.log), effect.send))
+            elif isinstance(effect, ToPartition | ToNode):
+                self.send_from(part, effect)
+
+    def send_from(self, part: SimPartition, send: ToPartition | ToNode) -> None:
+        """A primary's packet: an answer must be backed by a durable record (b)."""
+        packet = send.packet
+        if self.check_answers:
+            self.check_backed(part, packet)
+        if isinstance(packet, XOutcomeReply):
+            self.counts[f"outcome asked: {packet.outcome}"] += 1
+        if isinstance(send, ToPartition):
+            self.send(send)
+            return
+        name, _, incarnation = send.node.partition(".")
+        delay = self.delay()
+        if delay is not None:
+            self.after(delay, self.deliver_to_node, name, int(incarnation), packet)
+
+    def check_backed(self, part: SimPartition, packet: Packet) -> None:
+        held = part.settled.get(packet.gtxid)
+        if isinstance(packet, XPrepared):
+            # a yes says "prepared, durably": still true if a decision came since (a rollback
+            # the decider's tombstone or the coordinator ordered; it cannot be a commit)
+            if packet.ok and packet.gtxid not in part.prepared_durably:
+                self.violate(f"(b) p{part.number} voted yes for {packet.gtxid} holding "
+                             f"{held or 'nothing'} durably")
+            return
+        if isinstance(packet, XDecided | XFinished | XOutcomeReply):
+            said = "c" if packet.outcome == Status.COMMITTED.value else "r"
+            if held != said:
+                self.violate(f"(b) p{part.number} answered {packet.outcome} for {packet.gtxid} "
+                             f"({type(packet).__name__}) holding {held or 'nothing'} durably")
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def quiet(self) -> bool:
+        return (all(part.up and part.durable == len(part.log) and not part.branches
+                    and not part.preparing for part in self.parts)
+                and all(c.tx is not None and not c.tx.commits and not c.backlog
+                        for c in self.coords.values()))
+
+    def finish(self) -> None:
+        if not self.quiet():
+            doubt = {f"p{p.number}": sorted(p.branches) + sorted(p.preparing) for p in self.parts}
+            open_ = {c.name: sorted(c.tx.commits) if c.tx else "down" for c in self.coords.values()}
+            self.violate(f"(c) still in doubt {SETTLE:.0f}s after the faults: branches {doubt}, "
+                         f"commits {open_}")
+        for g, begun in self.begun.items():
+            held = {p: self.parts[p].status_of(g) for p in begun.participants}
+            committed = any(s is Status.COMMITTED for s in held.values())
+            if committed or (begun.answer is not None and begun.answer.committed):
+                if any(s is not Status.COMMITTED for s in held.values()):
+                    self.violate(f"(d) {g} committed in part: {held}, answered {begun.answer}")
+                self.counts["committed everywhere"] += 1
+        self.counts["unanswered"] = sum(1 for b in self.begun.values() if b.answer is None)
+
+
+def run_seed(seed: int, *, unsafe: Unsafe = SAFE, faults: Any = True,
+             duration: float = 20.0, **kw: Any) -> SimResult:
+    """One seed. ``faults``: a bool, or ``world.Faults`` (``Faults.none()``: no faults)."""
+    on = bool(getattr(faults, "rate", faults))
+    return XtxSimulation(seed, unsafe=unsafe, faults=on, duration=duration, **kw).run()
+
+
+def run_many(seeds: Iterable[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:
+    return seed_runner.run_many(run_seed, seeds, jobs=jobs, **kw)
