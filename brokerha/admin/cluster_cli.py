@@ -159,10 +159,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     up.set_defaults(handler=cmd_up)
     sim = sub.add_parser("simulate", help="deterministic simulation of the HA datacenter "
                          "(election, replication, transactions, the TxLog, the partition "
-                         "table)")
+                         "table, cross-partition commit)")
     from brokerha.ha.simulation.cli import WORKLOADS
     from brokerha.ha.simulation.cli import register as register_simulation
     from brokerha.partition import simulation as table
+    from brokerha.partition import xtx_simulation
     from brokerha.txlog.simulation import datacenter
 
-    register_simulation(sim, {**WORKLOADS, "txlog": datacenter, "table": table})
+    register_simulation(sim, {**WORKLOADS, "txlog": datacenter, "table": table,
+                              "xtx": xtx_simulation})

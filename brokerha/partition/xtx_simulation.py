@@ -73,6 +73,7 @@ from brokerha.partition.xtx import (
     XDecided,
     XFinished,
     XOutcomeReply,
+    XPrepare,
     XPrepared,
     XPublish,
 )
@@ -554,6 +555,8 @@ class XtxSimulation:
         if part.term != term or not part.up:
             return  # sent to a primary that is gone
         assert part.rules is not None
+        if not isinstance(packet, XPrepare):
+            self.log(f"p{p} <- {packet}")
         self.carry_out(part, part.rules.receive(self.now, packet))
 
     def deliver_to_node(self, name: str, incarnation: int, packet: Packet) -> None:
