@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -362,6 +363,12 @@ def stall_lines(cluster: LocalCluster, since: float, until: float) -> list[str]:
     return sorted(found)
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU time so far (user and system, every thread), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def vm_rss(pid: int) -> int:
     """Resident set size of a process in bytes (0 once it is gone)."""
     try:
@@ -600,6 +607,7 @@ def catch_up_brokerha(cluster: LocalCluster, probe: Probe, op: Operation, out: O
         steady = vm_rss(pid)
         rss = RssSampler(pid)
         rss.start()
+        primary_cpu = cpu_seconds(pid)
         started = time.perf_counter()
         cluster.start_node(backup)
         booted = time.perf_counter() - started
@@ -607,6 +615,9 @@ def catch_up_brokerha(cluster: LocalCluster, probe: Probe, op: Operation, out: O
             cluster.wait_ready(backup, ready_timeout)
             caught_up = time.perf_counter() - started
             out.mb_s = len(filled.confirmed_ids) * op.size / 1e6 / caught_up
+            backup_pid = cluster.nodes[backup].proc.pid  # type: ignore[union-attr]
+            out.notes.append(f"CPU to ready: backup {cpu_seconds(backup_pid):.2f} s (its start "
+                             f"included), primary {cpu_seconds(pid) - primary_cpu:.2f} s")
             guarded = wait_guarded(cluster, primary, backup, ready_timeout)
             out.notes.append(f"process up {booted:.1f} s, ready {caught_up:.1f} s, the primary "
                              f"counts it ready {guarded - started:.1f} s")

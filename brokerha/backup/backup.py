@@ -287,6 +287,12 @@ class Backup:
                     events[offset - 1:offset - 1 + run])
                 offset += run - 1
                 seq += run - 1
+            elif kind == R.ENQUEUED_RUN:  # a catch-up's run: one batch, stored as it came
+                try:
+                    self._replicator(event.vhost, event.queue).enqueue_packed(
+                        event.first, event.length, event.contents)
+                except (ValueError, TypeError) as exc:
+                    raise ReplicationError(f"run of {event.length} at {seq}: {exc}") from None
             elif kind == R.TX_COMMIT:
                 steps = self.transactions.commit_steps(event.txid, event.client_id, event.ops,
                                                        self.commit_slice)

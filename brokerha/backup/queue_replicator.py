@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
+
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.queue import Queue
+from brokerha.store.runs import PackedEntries
 
 
 class QueueReplicator:
@@ -45,6 +48,24 @@ class QueueReplicator:
             self._entry(e.position, Message(e.exchange, e.routing_key, bytes(e.header),
                                             bytes(e.body)), e.expires_in, now)
             for e in events])
+
+    def enqueue_packed(self, first: int, count: int, contents: bytes) -> None:
+        """A catch-up's run (``er``): ``count`` messages at ``first``.. packed in the store's
+        run format; the store keeps ``contents`` as it came (``PackedEntries``).
+
+        ``ValueError`` if ``contents`` is not ``count`` messages.
+        """
+        rows = msgpack.unpackb(contents, raw=False, use_list=False)
+        if not isinstance(rows, tuple) or len(rows) != count:
+            raise ValueError(f"a run of {count} messages at {first} holds something else")
+        entries: list[Entry] = []
+        append = entries.append
+        position = first
+        for row in rows:
+            exchange, routing_key, header, body = row
+            append(Entry(position, Message(exchange, routing_key, header, body), None))
+            position += 1
+        self.queue.add_entries(PackedEntries(entries, contents))
 
     def enqueue_run(self, position: int, messages: list[Message]) -> None:
         """A transaction's run (``OpRefs``): ``messages`` at ``position``.. in one batch

@@ -37,7 +37,10 @@ import msgpack
 
 from brokerha.cluster.messages import REGISTRY, Error, ErrorCode, Message, packet
 
-VERSION = 1
+# the link's format: peers of another version are refused at the handshake (the magic).
+# 2: the ``bp`` body-part event (a large body in parts) and the ``er`` run of enqueues
+# (cluster/replication.py), which a node of version 1 cannot apply
+VERSION = 2
 MAGIC = b"BRKRHA" + VERSION.to_bytes(2, "big")
 MAX_PACKET = 64 * 1024 * 1024
 NONCE_SIZE = 16

@@ -22,6 +22,9 @@ kind     fields after the kind                                           meaning
 ``e``    vhost, queue, position, exchange, routing_key, header, body,    enqueued
          expires_in_ms (None: no expiry)
 ``d``    vhost, queue, [positions]                                       dequeued
+``er``   vhost, queue, first, length, contents                           enqueued, a run:
+                                                                         ``length`` messages
+                                                                         at first.., no expiry
 ``bp``   data                                                            a part of the next
                                                                          ``e``'s (``te``'s) body
 ``b``    session (the Join's)                                            catch-up begins
@@ -44,6 +47,14 @@ kind     fields after the kind                                           meaning
 ``pt``   ptid, num_replicas, partitions, [[p, [[node, state]..]]..]      partition table changed
 ``ps``   ptid, num_replicas, [[[node, state], ...], ...]                 partition table (catch-up)
 =======  ==============================================================  ==========
+
+A catch-up sends the messages of one queue at consecutive positions and
+without expiry as runs (``er``, ``primary/replicating_subscription.py``):
+``contents`` is the store's message-run format (``store/batch.py``
+``pack_run``: msgpack ``[[exchange, routing_key, header, body], ...]``), so the
+link carries one ``bin`` per run instead of a record and a field each, and a
+backup whose queue is durable stores that same ``bytes`` as one message run
+(``batch.ENQUEUED_RUN``) without packing it again.
 
 A large body travels in parts: an ``e`` (or a transaction's ``te``) whose
 body is over ``BODY_PART_BYTES`` (``primary/events.py``) goes as ``bp`` events
@@ -133,6 +144,7 @@ BINDING_CREATED = "bd"
 BINDING_DELETED = "bx"
 ENQUEUED = "e"
 DEQUEUED = "d"
+ENQUEUED_RUN = "er"  # a run of enqueues at consecutive positions, contents packed (pack_run)
 BODY_PART = "bp"  # a part of the next ``e``'s body (a large message, in parts)
 CATCH_UP_BEGINS = "b"
 SNAPSHOT_DONE = "s"
@@ -231,6 +243,15 @@ class Enqueued(NamedTuple):
     header: bytes
     body: bytes
     expires_in: int | None
+
+
+class EnqueuedRun(NamedTuple):
+    kind: str
+    vhost: str
+    queue: str
+    first: int       # the first message's position: the run holds first .. first + length - 1
+    length: int
+    contents: bytes  # ``store.batch.pack_run`` of the ``length`` messages, in position order
 
 
 class Dequeued(NamedTuple):
@@ -386,7 +407,8 @@ RECORDS: dict[str, Any] = {
     VHOST: VhostExists, DEFINITION: DefinitionChanged, DEFINITIONS: DefinitionsSnapshot,
     EXCHANGE_DECLARED: ExchangeDeclared, EXCHANGE_DELETED: ExchangeDeleted,
     QUEUE_DECLARED: QueueDeclared, QUEUE_DELETED: QueueDeleted, BINDING_CREATED: BindingChanged,
-    BINDING_DELETED: BindingChanged, ENQUEUED: Enqueued, DEQUEUED: Dequeued, BODY_PART: BodyPart,
+    BINDING_DELETED: BindingChanged, ENQUEUED: Enqueued, ENQUEUED_RUN: EnqueuedRun,
+    DEQUEUED: Dequeued, BODY_PART: BodyPart,
     CATCH_UP_BEGINS: CatchUpBegins, SNAPSHOT_DONE: SnapshotDone, CAUGHT_UP: CaughtUp,
     ACK_PROMPTLY: AckPromptly, REJOIN: Rejoin, TX_BEGIN: TxBegin, TX_ENQUEUE: TxEnqueue,
     TX_DEQUEUE: TxDequeue, TX_PREPARE: TxPrepare, TX_COMMIT: TxCommit, TX_ROLLBACK: TxRollback,

@@ -108,6 +108,9 @@ class Unsafe(UnsafeRules):
     # a join's catch-up made and sent whole at once, as it used to be (primary/catch_up.py):
     # the primary's loop stalls for as long as the queues are deep
     monolithic_catch_up: bool = False
+    # a catch-up's run of enqueues (``er``) not cut at a gap in the queue's positions: the
+    # backup numbers the messages after the gap as others (primary/replicating_subscription.py)
+    runs_across_gaps: bool = False
     # a backup's commit in slices (Backup.step): its stored position stays valid while the
     # transaction is half applied (a crash then leaves part of it at a valid position) ...
     position_valid_mid_commit: bool = False
@@ -206,6 +209,7 @@ class HACore:
             backup_unheard_timeout=s.backup_unheard_timeout, flow_lag=s.flow_lag,
             pace=Pace.unbounded() if self.unsafe.monolithic_catch_up else None,
             tx_trackers=not self.unsafe.no_tx_trackers,
+            runs_across_gaps=self.unsafe.runs_across_gaps,
             body_part_bytes=s.body_part_bytes, flush_bytes=s.flush_bytes)
         if self.unsafe.confirm_early:
             self.broker.replication_barriers.remove(self.primary.barrier)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from brokerha.cluster import replication as R
 from brokerha.primary.events import Event, event_size
 from brokerha.primary.queue_guard import QueueGuard
+from brokerha.store.batch import RUN_MAX, RUN_MAX_BYTES, RUN_MIN
 
 CATCH_UP_SPAN = 1 << 48
 SLICE_BYTES = 1 << 20
@@ -52,6 +53,16 @@ class Pace:
     slice_bytes: float = SLICE_BYTES
     slice_work: float = SLICE_WORK
     window_bytes: float = WINDOW_BYTES
+    # a queue's messages at consecutive positions go as runs (``er``) of run_min..run_max
+    # (replicating_subscription.py); 0: each its own ``e``
+    run_min: int = RUN_MIN
+    run_max: int = RUN_MAX
+
+    @property
+    def run_bytes(self) -> int:
+        """A run's bytes at most: a quarter of a slice (a run is made whole, so a slice
+        passes its bound by at most that), and no more than the store's run."""
+        return int(min(RUN_MAX_BYTES, self.slice_bytes / 4))
 
     @classmethod
     def unbounded(cls) -> Pace:

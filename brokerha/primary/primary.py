@@ -107,8 +107,12 @@ class Primary(ConfigurationObserver, QueueObserver):
                  pace: Pace | None = None, tx_trackers: bool = True,
                  flow_lag: float | None = DEFAULT_FLOW_LAG,
                  body_part_bytes: int = ev.BODY_PART_BYTES,
-                 flush_bytes: int = FLUSH_BYTES) -> None:
+                 flush_bytes: int = FLUSH_BYTES,
+                 runs_across_gaps: bool = False) -> None:
         self.broker = broker
+        # core.Unsafe.runs_across_gaps (simulations only): a catch-up's run of enqueues is
+        # not cut where the queue's positions have a gap (replicating_subscription.py)
+        self.runs_across_gaps = runs_across_gaps
         # a body over body_part_bytes goes in parts, at most flush_bytes of live events go
         # per flush (events.py, remote_backup.py; smaller in simulations: PrimarySettings)
         self.body_part_bytes, self.flush_bytes = body_part_bytes, flush_bytes
@@ -774,7 +778,10 @@ class Primary(ConfigurationObserver, QueueObserver):
                 ha_id, ranges = held.get((q.vhost, q.name), (None, []))
                 if ha_id != q.arguments.get(R.HA_ID):
                     ranges = []  # another incarnation: the backup replaces it, empty
-                sub = ReplicatingSubscription(q, RangeSet(ranges), self.body_part_bytes)
+                pace = self.pace
+                sub = ReplicatingSubscription(q, RangeSet(ranges), pace.run_min, pace.run_max,
+                                              pace.run_bytes, self.runs_across_gaps,
+                                              self.body_part_bytes)
                 subscriptions.append(sub)
                 queues.append((guard, self._queue_catch_up(sub, q.next_position)))
         tail = self._outcome_events()

@@ -17,6 +17,16 @@ join may be sent or not: the live dequeue that follows the catch-up removes
 it on the backup either way, and a dequeue of an entry the backup lacks does
 nothing (``QueueReplicator.dequeue``). So the queue's state at the join need
 not be copied at the join: a deep queue costs the join nothing.
+
+Runs (issue 33): messages at consecutive positions without expiry are sent as
+``er`` events, at least ``run_min`` and at most ``run_max`` messages (and
+``run_bytes``: a quarter of a catch-up slice, ``Pace.run_bytes``) each, their
+contents packed once in the store's run format, which the backup stores as it
+is (``cluster/replication.py``).
+A run is cut at every gap in the positions: the backup numbers its messages
+``first``, ``first + 1``, ... (``Unsafe.runs_across_gaps`` does not cut it: the
+messages after a gap get the positions of others, and a later dequeue takes
+the wrong one).
 """
 
 from __future__ import annotations
@@ -29,9 +39,11 @@ from operator import attrgetter
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.paging import PAGED
 from brokerha.broker.queue import Queue
+from brokerha.cluster import replication as R
 from brokerha.cluster.ranges import RangeSet
 from brokerha.primary import events as ev
 from brokerha.primary.events import Event
+from brokerha.store.batch import RUN_MAX, RUN_MAX_BYTES, RUN_MIN
 
 BodyReader = Callable[[str, str, list[int]], dict[int, tuple[bytes, bytes]]]
 
@@ -40,6 +52,7 @@ READ_BATCH = 256
 # entries looked at without an event to show for it (skipped: the backup has them)
 # before the walk yields None, so that whoever pulls it can stop for this turn
 WORK_PER_YIELD = 4096
+RUN_ITEM_FRAMING = 12  # msgpack's bytes around one message of a packed run, at most
 
 _position = attrgetter("position")
 
@@ -60,12 +73,32 @@ def _held_positions(held: RangeSet) -> Iterator[int]:
     return itertools.chain.from_iterable(range(a, b + 1) for a, b in held.runs())
 
 
+class _Run:
+    """Messages waiting to go as one ``er`` event: consecutive positions, no expiry."""
+
+    __slots__ = ("first", "messages", "size")
+
+    def __init__(self) -> None:
+        self.first = 0
+        self.messages: list[Message] = []
+        self.size = 0  # its packed bytes, about
+
+
 class ReplicatingSubscription:
-    def __init__(self, queue: Queue, held: RangeSet,
+    def __init__(self, queue: Queue, held: RangeSet, run_min: int = RUN_MIN,
+                 run_max: int = RUN_MAX, run_bytes: int = RUN_MAX_BYTES,
+                 runs_across_gaps: bool = False,
                  part_bytes: int = ev.BODY_PART_BYTES) -> None:
         self.queue = queue
         self.held = held
         self.part_bytes = part_bytes  # a body over this goes in parts (events.in_parts)
+        # runs of run_min..run_max messages, of run_bytes at most (bodies and headers), go
+        # as ``er`` events (run_min 0: never, each its ``e``)
+        self.run_min = run_min
+        self.run_max = run_max
+        self.run_bytes = run_bytes
+        self.runs_across_gaps = runs_across_gaps  # Unsafe: a run is not cut at a gap
+        self.runs = 0  # ``er`` events made
         self.sent = 0
         self.skipped = 0
         self.dropped = 0
@@ -111,13 +144,15 @@ class ReplicatingSubscription:
             drops = []
             nxt = None
             break
+        run = _Run()  # may span read batches: flushed before anything else is made
         for e in entries:  # past the first gap: everything
             batch.append(e)
             if len(batch) >= READ_BATCH:
-                yield from self._send(batch, clock(), read_bodies)
+                yield from self._send(batch, clock(), read_bodies, run)
                 batch = []
         if batch:
-            yield from self._send(batch, clock(), read_bodies)
+            yield from self._send(batch, clock(), read_bodies, run)
+        yield from self._flush(run)
         if nxt is not None:  # no gap: what the backup holds past the queue's last entry
             drops.append(nxt)
         yield from self._drops(itertools.chain(drops, held))
@@ -133,9 +168,11 @@ class ReplicatingSubscription:
                 return
             yield self._drop(chunk)
 
-    def _send(self, batch: list[Entry], now: float, read_bodies: BodyReader) -> Iterator[Event]:
+    def _send(self, batch: list[Entry], now: float, read_bodies: BodyReader,
+              run: _Run) -> Iterator[Event]:
         q = self.queue
         contents = self._paged_contents(batch, read_bodies)
+        runs = self.run_min > 0
         for e in batch:
             content: Message | None = e.message
             if e.paged == PAGED:
@@ -145,8 +182,41 @@ class ReplicatingSubscription:
                     continue
             assert content is not None
             self.sent += 1
-            self.bytes += len(content.body) + len(content.header)
+            size = len(content.body) + len(content.header)
+            self.bytes += size
+            # its room in a packed run: the names and msgpack's framing too
+            size += len(content.exchange) + len(content.routing_key) + RUN_ITEM_FRAMING
+            if runs and e.expires_at is None and size <= self.run_bytes:
+                messages = run.messages
+                if messages and (len(messages) >= self.run_max
+                                 or run.size + size > self.run_bytes
+                                 or (e.position != run.first + len(messages)
+                                     and not self.runs_across_gaps)):
+                    yield from self._flush(run)
+                    messages = run.messages
+                if not messages:
+                    run.first = e.position
+                messages.append(content)
+                run.size += size
+                continue
+            yield from self._flush(run)
             yield from ev.in_parts(ev.enqueued(q, e, now, content), self.part_bytes)
+
+    def _flush(self, run: _Run) -> Iterator[Event]:
+        """The run so far: one ``er`` event, or an ``e`` each when shorter than ``run_min``."""
+        messages = run.messages
+        if not messages:
+            return
+        q = self.queue
+        if len(messages) >= self.run_min:
+            self.runs += 1
+            yield ev.enqueued_run(q, run.first, messages)
+        else:
+            for i, m in enumerate(messages):
+                yield R.Enqueued(R.ENQUEUED, q.vhost, q.name, run.first + i, m.exchange,
+                                 m.routing_key, m.header, m.body, None)
+        run.messages = []
+        run.size = 0
 
     def _paged_contents(self, batch: list[Entry], read_bodies: BodyReader) -> dict[int, Message]:
         """Bodies paged out to the store, read back for sending (the entries stay paged).

@@ -250,10 +250,18 @@ def unpack_run(contents: bytes) -> list[StoredContent]:
 
 def runs_of(op: Op) -> list[Op]:
     """An ``ENQUEUED_MANY`` as the ops it stands for: message runs of its persistent entries
-    at consecutive positions (at least ``RUN_MIN``), ``ENQUEUED`` for the others."""
+    at consecutive positions (at least ``RUN_MIN``), ``ENQUEUED`` for the others.
+
+    Entries that came packed (``runs.PackedEntries``: a catch-up's ``er`` event), all
+    persistent, are one run of the contents as they came, whatever their number: nothing
+    is packed again."""
     vhost, queue = op[1], op[2]
+    entries = op[3]
+    packed = getattr(entries, "contents", None)  # runs.PackedEntries: packed as they came
+    if packed is not None and entries and all(e.message.persistent for e in entries):
+        return [(ENQUEUED_RUN, vhost, queue, entries[0].position, entries[-1].position, packed)]
     out: list[Op] = []
-    pieces = persistent_entries(op[3])
+    pieces = persistent_entries(entries)
     count = len(pieces)
     start = 0
     while start < count:

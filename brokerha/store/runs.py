@@ -27,6 +27,22 @@ from brokerha.store.schema import Statements
 Key = tuple[str, str]
 
 
+class PackedEntries(list):  # type: ignore[type-arg]  # a list of Entry, plus its contents
+    """Entries at consecutive positions of one queue whose contents arrived packed in the
+    run format (``batch.pack_run``: a catch-up's ``er`` event, ``cluster/replication.py``).
+
+    Handed to ``Queue.add_entries`` like any list; the store's ``ENQUEUED_MANY`` of them
+    (``batch.runs_of``) is then one message run of ``contents`` as it is, logged and
+    written to SQL without packing the messages again.
+    """
+
+    __slots__ = ("contents",)
+
+    def __init__(self, entries: list[Any], contents: bytes) -> None:
+        super().__init__(entries)
+        self.contents = contents
+
+
 class StoredRun:
     __slots__ = ("first", "last", "gone")
 

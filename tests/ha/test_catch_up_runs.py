@@ -38,6 +38,15 @@ def no_bodies(vhost: str, queue: str, positions: list[int]) -> dict[int, tuple[b
     raise AssertionError("nothing is paged here")
 
 
+def sent_positions(event: Event) -> list[int]:
+    """The positions an ``e`` or an ``er`` (a run: consecutive ones) sends."""
+    if event.kind == R.ENQUEUED:
+        return [event.position]
+    if event.kind == R.ENQUEUED_RUN:
+        return list(range(event.first, event.first + event.length))
+    return []
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.sets(st.integers(0, 60)), st.sets(st.integers(0, 60)), st.sets(st.integers(0, 60)),
        st.integers(0, 62))
@@ -50,15 +59,15 @@ def test_the_walk_gives_what_the_rule_gives_position_by_position(
         queue.ready.append(Entry(p, message(b"%d" % p), None))
     taken = [Entry(p, message(b"%d" % p), None) for p in acquired]
     on_queue = [p for p in ready | acquired if p < below]
-    sub = ReplicatingSubscription(queue, RangeSet(to_ranges(held)))
+    sub = ReplicatingSubscription(queue, RangeSet(to_ranges(held)), run_min=3, run_max=5)
     walk = sub.events(queue_entries(queue, taken, below), lambda: 0.0, no_bodies)
     out: list[Event] = [e for e in walk if e is not None]
     drops, skips, sends = oracle(on_queue, held)
     assert (sub.dropped, sub.skipped, sub.sent) == (len(drops), len(skips), len(sends))
     dropped = [p for e in out if e.kind == R.DEQUEUED for p in e.positions]
-    sent = [e.position for e in out if e.kind == R.ENQUEUED]
+    sent = [p for e in out for p in sent_positions(e)]
     assert sorted(dropped) == drops and sent == sends
-    first_send = next((i for i, e in enumerate(out) if e.kind == R.ENQUEUED), len(out))
+    first_send = next((i for i, e in enumerate(out) if sent_positions(e)), len(out))
     resent = set(sends) & held
     assert not any(e.kind == R.DEQUEUED and resent & set(e.positions)
                    for e in out[first_send:]), "a position resent is dropped before it comes"

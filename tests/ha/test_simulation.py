@@ -81,6 +81,7 @@ def test_a_healthy_cluster_elects_once_and_confirms_everything() -> None:
     ("early_ack", "(c)"),          # ha/core.py: a backup acks before its store synced
     ("no_lease", "(b)"),           # cluster/election.py: a primary without a majority serves on
     ("lagging_role", "(c)"),       # ha/admission.py, ha/member.py: the shell's race of issue 32
+    ("runs_across_gaps", "(d)"),   # primary/replicating_subscription.py: a run across a gap
 ])  # invalid_grants and old_epoch_apply (rare in random seeds): the scripted cases below
 def test_the_checker_catches_a_broken_rule_of_the_product(rule: str, invariant: str) -> None:
     found = first_failing(run_seed, Unsafe.of([rule]), range(400))

@@ -29,6 +29,7 @@ A failing seed is replayed by its number (``brokerha cluster simulate
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,8 +49,9 @@ from brokerha.ha.simulation.world import (
 from brokerha.primary.primary import Primary
 
 QUEUE = "q"
+GAP_CONSUMES = 0.2  # of the client's gets, those that take the second message, not the head
 CATCHES = ("confirm_early", "early_ack", "invalid_grants", "no_lease", "old_epoch_apply",
-           "lagging_role")  # monolithic_catch_up: the heavy workload (heavy.py)
+           "lagging_role", "runs_across_gaps")  # monolithic_catch_up: the heavy workload (heavy.py)
 
 __all__ = ["ConfirmSimulation", "Faults", "SimResult", "Unsafe", "Violation", "run_many",
            "run_seed"]
@@ -105,6 +107,7 @@ class ConfirmSimulation(World):
         self.confirmed_live: set[int] = set()
         self.consumed: set[int] = set()
         self.next_id = 0
+        self.gaps = random.Random(seed ^ 0x9A95)  # its own stream: the others' draws unchanged
         # per epoch, for (d): the primary's seq when it took each message in and gave it away
         self.held_at: dict[int, dict[int, int]] = {}
         self.gone_at: dict[int, dict[int, int]] = {}  # (in the order they went)
@@ -265,6 +268,13 @@ class ConfirmSimulation(World):
         entry = q.get()
         if entry is None:
             return False
+        if self.gaps.random() < GAP_CONSUMES and q.ready:
+            # the message behind the head, the head put back: a gap in the queue's positions,
+            # which a catch-up's runs must not cross (ha.core.Unsafe.runs_across_gaps)
+            head, entry = entry, q.get()
+            q.requeue(head)
+            if entry is None:
+                return False
         q.settle(entry)
         mid = int(entry.message.body)
         self.result.consumed += 1

@@ -62,6 +62,7 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.content import build_header
 from brokerha.broker.message import Message
 from brokerha.cluster import election as el
+from brokerha.cluster import replication as R
 from brokerha.cluster.messages import REGISTRY
 from brokerha.cluster.messages import Message as Packet
 from brokerha.cluster.replication import Events
@@ -149,7 +150,14 @@ class Costs:
 # the streamed catch-up's pace (primary/catch_up.py) at the cost model's scale: a slice of
 # 16 entries (about 1,600 real ones, above the 1 MiB slice of real 1 KiB messages), a window
 # of 8 KiB of events (about 90 simulated messages: 9,000 real, the real 8 MiB window's)
-PACE = Pace(slice_bytes=math.inf, slice_work=16, window_bytes=8 * 1024)
+# the runs (``er``, replicating_subscription.py) as short as 2 to 4 messages, so that runs,
+# their cuts at gaps and single ``e`` events all occur among a few simulated messages
+PACE = Pace(slice_bytes=math.inf, slice_work=16, window_bytes=8 * 1024, run_min=2, run_max=4)
+
+
+def entries_of(events: list[Any]) -> int:
+    """What a packet's events cost to make or apply: one each, a run (``er``) one a message."""
+    return sum(e.length if e[0] == R.ENQUEUED_RUN else 1 for e in events)
 
 
 @dataclass(frozen=True)
@@ -164,8 +172,11 @@ class Unsafe(UnsafeRules):
     join's catch-up made and sent at once, one long step of the primary's
     loop) and ``step_down_at_lease_end``: ``cluster.election.Unsafe`` (a stall
     a little longer than the lease costs the role): the stability invariant
-    (f) catches them where queues are deep and loops stall (``heavy.py``). Each
-    workload names the rules it can catch (``CATCHES``).
+    (f) catches them where queues are deep and loops stall (``heavy.py``);
+    ``runs_across_gaps``: ``ha.core.Unsafe`` (a catch-up's run of enqueues not
+    cut where the queue's positions have a gap, so the backup holds messages
+    at other positions). Each workload names the rules it can catch
+    (``CATCHES``).
     """
 
     confirm_early: bool = False     # the primary confirms on its own disk, without the quorum
@@ -177,6 +188,7 @@ class Unsafe(UnsafeRules):
     lagging_role: bool = False      # the shell serves by a flag set late; no durability gate
     monolithic_catch_up: bool = False  # a join's whole catch-up made in one step (issue 33)
     step_down_at_lease_end: bool = False  # a primary whose lease ran out steps down (no lapse)
+    runs_across_gaps: bool = False  # a catch-up's run of enqueues not cut at a gap (issue 33)
 
     def _part(self, kind: type[Any]) -> Any:
         """The module's own rules (a rule no workload here can catch stays unbroken)."""
@@ -385,7 +397,7 @@ class SimNode(SimProcess):
     def _charge_sent(self, packet: Packet) -> None:
         """The events a packet carries were made (read, encoded) by this loop."""
         if type(packet) is Events:
-            self.charge(len(packet.events) * self.world.costs.event_sent)
+            self.charge(entries_of(packet.events) * self.world.costs.event_sent)
 
     def connected(self, peer: str) -> bool:
         return self.world.connected(self.name, peer)
@@ -940,7 +952,7 @@ class World:
         if self.links[frozenset((src, node.name))].gen != gen:
             return  # the link failed while the node was paused
         if type(packet) is Events:
-            node.charge(len(packet.events) * self.costs.event_applied)
+            node.charge(entries_of(packet.events) * self.costs.event_applied)
             backup = node.ha.backup
             before = backup.applied_seq if backup is not None else None
             older = packet.epoch < node.election.epoch
