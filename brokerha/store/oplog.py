@@ -112,8 +112,9 @@ def encode_ops(packer: msgpack.Packer, ops: list[Op]) -> bytes:
 
 
 def encode_parts(packer: msgpack.Packer, ops: list[Op]) -> list[Any]:
-    """``encode_ops``'s bytes as buffers to write one after the other: a body of at least
-    ``BIG_BODY`` bytes is one of them as it is (after its ``bin`` header), the rest packed."""
+    """``encode_ops``'s bytes as buffers to write one after the other: a body, or a message
+    run's packed contents, of at least ``BIG_BODY`` bytes is one of them as it is (after its
+    ``bin`` header), the rest packed."""
     rows: list[Any] = []
     append = rows.append
     big = False
@@ -131,6 +132,8 @@ def encode_parts(packer: msgpack.Packer, ops: list[Op]) -> list[Any]:
                 big = big or len(m.body) >= BIG_BODY
         else:
             append(op)
+            # a message run's contents (a catch-up's, as it came: ~256 KiB) likewise
+            big = big or (kind == ENQUEUED_RUN and len(op[5]) >= BIG_BODY)
     if len(rows) <= PACK_CHUNK and not big:
         return [packer.pack(rows)]
     # the same bytes as one pack of the list, made a chunk at a time: one C call over a
@@ -140,12 +143,13 @@ def encode_parts(packer: msgpack.Packer, ops: list[Op]) -> list[Any]:
     pack = packer.pack
     chunk: list[Any] = []
     for row in rows:
-        if row[0] == ENQUEUED and len(row[7]) >= BIG_BODY:
+        kind = row[0]
+        if (kind == ENQUEUED or kind == ENQUEUED_RUN) and len(row[-1]) >= BIG_BODY:
             if chunk:
                 parts.append(b"".join(map(pack, chunk)))
                 chunk = []
-            body = row[7]
-            parts.append(b"".join([packer.pack_array_header(len(row)), *map(pack, row[:7]),
+            body = row[-1]  # a body, or a run's packed contents: the row's last field
+            parts.append(b"".join([packer.pack_array_header(len(row)), *map(pack, row[:-1]),
                                    _bin_header(len(body))]))
             parts.append(body)
             continue

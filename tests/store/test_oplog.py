@@ -36,7 +36,7 @@ from brokerha.broker.queue import Queue
 from brokerha.node import config_from_args, register
 from brokerha.node.config import ConfigError, NodeConfig, apply_document
 from brokerha.store import writer as writer_module
-from brokerha.store.batch import APPLIED_KEY, ENQUEUED, Batch
+from brokerha.store.batch import APPLIED_KEY, ENQUEUED, ENQUEUED_RUN, Batch, pack_run
 from brokerha.store.factory import open_store
 from brokerha.store.oplog import MAGIC
 from brokerha.store.sql import SQLStore, StoreError
@@ -202,6 +202,11 @@ def test_a_big_body_is_logged_by_reference_and_replayed_after_a_crash(db: Path) 
     rows = [(op[0], *op[1:4], op[4].exchange, op[4].routing_key, op[4].header, op[4].body)
             if op[0] == ENQUEUED else op for op in ops]
     assert b"".join(parts) == encode_ops(packer, ops) == packer.pack(rows)
+
+    run = (ENQUEUED_RUN, "/", "r", 5, 7, pack_run([message(big[:BIG_BODY // 2])] * 3))
+    parts = encode_parts(packer, [*ops, run])
+    assert parts[-1] is run[5]  # a message run's contents (a catch-up's) as it came
+    assert b"".join(parts) == packer.pack([*rows, run])
 
     node = open_node(db, apply_policy=lazy())
     q = node.queue()
