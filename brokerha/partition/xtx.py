@@ -36,9 +36,10 @@ The partition's transaction machinery is behind a narrow Protocol,
 ``PartitionTransactions``: the state of a gtxid's branch, prepare a branch,
 commit or roll it back (each with its outcome record in the same store
 batch), the prepared branches. Stage 4's integration backs it with today's
-``DtxManager`` (an XA branch per gtxid: ``tb``/``te``/``td``/``tp``, the
-backups' votes, the prepared record) and ``TxOutcomes`` (the outcome
-records, kept with their retention). Durability is the shell's: a
+``DtxManager`` (an XA branch per gtxid, ``xid_of``: ``tb``/``te``/``td``/``tp``,
+the backups' votes, the prepared record, which keeps the decider and the
+participants in the xid) and ``TxOutcomes`` (the outcome records, kept with
+their retention). Durability is the shell's: a
 ``WhenDurable`` effect is carried out once everything written so far is
 durable on the partition's majority (``Broker.after_durable_in`` of the
 partition's gate), and the shell reports the end of a prepare with
@@ -58,6 +59,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from brokerha.broker.dtx import Xid
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
 from brokerha.seed_runner import UnsafeRules
 
@@ -130,6 +132,28 @@ class XBranch:
     participants: tuple[int, ...]
     coordinator: str
     ops: tuple[XOp, ...] = ()
+
+
+# An XA format id of our own: a cross-partition branch is an XA branch of the partition's
+# DtxManager whose xid says all a new primary needs to resolve it (gtrid: the gtxid; bqual:
+# ``<partition>/<decider>/<participants>``), so today's prepared record keeps it unchanged.
+XTX_FORMAT = 0x78747831  # "xtx1"
+MAX_NODE_NAME = 64 - 20  # a gtxid is an XA gtrid: at most 64 bytes, 20 of them the time
+
+
+def xid_of(branch: XBranch) -> Xid:
+    """The XA xid of a cross-partition branch on its partition's ``DtxManager``."""
+    bqual = f"{branch.partition}/{branch.decider}/{','.join(map(str, branch.participants))}"
+    return Xid(XTX_FORMAT, branch.gtxid.encode(), bqual.encode())
+
+
+def branch_of(xid: Xid) -> XBranch | None:
+    """The branch an xid names (its ops and coordinator are not in it), None if not ours."""
+    if xid.format_id != XTX_FORMAT:
+        return None
+    partition, decider, participants = xid.bqual.decode().split("/")
+    return XBranch(xid.gtrid.decode(), int(partition), int(decider),
+                   tuple(int(p) for p in participants.split(",")), "")
 
 
 # -- packets --------------------------------------------------------------------------------
@@ -269,9 +293,11 @@ class InDoubt:
 class PartitionTransactions(Protocol):
     """What ``DecisionRules`` needs of one partition primary's transactions.
 
-    Stage 4 backs it with ``DtxManager`` (an XA branch per gtxid, whose
-    prepared record keeps the ``XBranch``) and ``TxOutcomes`` (outcome records
-    by gtxid, in the same store batch as the commit or rollback).
+    Stage 4 backs it with ``DtxManager`` (an XA branch per gtxid, ``xid_of``;
+    ``branch_of`` reads a restored prepared branch's xid back) and
+    ``TxOutcomes`` (outcome records by gtxid, in the same store batch as the
+    commit or rollback: ``Transaction.commit_prepared`` and ``rollback`` record
+    them so once a prepare started; a tombstone is ``TxOutcomes.record`` alone).
     """
 
     def status(self, gtxid: str) -> Status:
@@ -334,6 +360,9 @@ class CrossTx:
 
     def __init__(self, node: str, *, prepare_timeout: float = PREPARE_TIMEOUT,
                  retry: float = RETRY, unsafe: Unsafe = Unsafe()) -> None:
+        if not node or len(node.encode()) > MAX_NODE_NAME:
+            raise ValueError(f"a coordinator's name is 1-{MAX_NODE_NAME} bytes (a gtxid is an "
+                             "XA gtrid)")
         self.node = node
         self.prepare_timeout = prepare_timeout
         self.retry = retry

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
+from brokerha.broker.dtx import Xid
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
 from brokerha.partition.xtx import (
     Answer,
@@ -34,6 +35,8 @@ from brokerha.partition.xtx import (
     XPrepared,
     XPublish,
     XRollback,
+    branch_of,
+    xid_of,
 )
 
 
@@ -303,3 +306,31 @@ def test_unsafe_presume_without_tombstone_answers_what_it_never_wrote() -> None:
 def test_a_commit_needs_a_partition() -> None:
     with pytest.raises(ValueError):
         CrossTx("n1").begin(0.0, {})
+
+
+def test_a_branch_is_an_xa_branch_whose_xid_says_how_to_resolve_it() -> None:
+    gtxid = CrossTx("n" * 44).new_gtxid(1e9)  # the longest name: the gtrid's 64 bytes
+    branch = XBranch(gtxid, 2, 0, (0, 2), "n1", tuple(publish(2)))
+    xid = xid_of(branch)
+    assert len(xid.gtrid) == 64 and xid.bqual == b"2/0/0,2"
+    assert Xid.from_key(xid.key) == xid  # as the prepared record keeps it
+    assert branch_of(xid) == XBranch(gtxid, 2, 0, (0, 2), "")  # no ops, nobody waiting
+    assert branch_of(Xid(1, b"a TM's own")) is None
+    with pytest.raises(ValueError):
+        CrossTx("n" * 45)
+
+
+def test_a_deciders_new_primary_decides_from_what_was_durable() -> None:
+    gtxid = "0000000000000000001-n1"
+    # the decision was written but not durable when the primary failed: the new one holds
+    # the branch prepared (durable before its yes) and decides again on the retry
+    store = Branches()
+    store.state[gtxid] = Status.PREPARED
+    again = DecisionRules(0, store).receive(1.0, XDecide(gtxid, True, "n1"))
+    assert again == [WhenDurable(ToNode("n1", XDecided(gtxid, COMMITTED)))]
+    # its tombstone was durable: the retry is refused by the new primary too
+    store = Branches()
+    store.state[gtxid] = Status.ROLLED_BACK
+    refused = DecisionRules(0, store).receive(1.0, XDecide(gtxid, True, "n1"))
+    assert refused == [WhenDurable(ToNode("n1", XDecided(gtxid, ROLLED_BACK)))]
+    assert store.written == []
