@@ -33,7 +33,8 @@ Checked after every event:
 - (b) every answer is backed by a durable record of the partition that
   sends it: ``XPrepared`` yes by its prepared (or committed) record,
   ``XDecided``, ``XFinished``, ``XOutcomeReply`` by the outcome they say;
-  and ``tx.commit-ok`` by a durable ``committed`` in every participant;
+  ``tx.commit-ok`` by a durable ``committed`` in every participant, a
+  refused commit by the decider's durable ``rolled back``;
 - at the end (every primary up, every coordinator back, ``settle``
   seconds without faults): (c) nothing in doubt (no branch prepared or
   preparing, no coordinator with a commit under way: liveness once the
@@ -524,12 +525,17 @@ class XtxSimulation:
             why = answer.reason.split(" (")[0].replace(f"partition {answer.gtxid}", "")
             self.counts["refused: " + ("a no vote" if "refused" in why else why)] += 1
         self.log(f"answer {answer.gtxid}: {'commit-ok' if answer.committed else answer.reason}")
-        if answer.committed and self.check_answers:
+        if not self.check_answers:
+            return
+        if answer.committed:
             late = [p for p in begun.participants
                     if self.parts[p].settled.get(answer.gtxid) != "c"]
             if late:
                 self.violate(f"(b) commit-ok for {answer.gtxid} while partitions {late} hold "
                              "no durable commit")
+        elif self.parts[begun.participants[0]].settled.get(answer.gtxid) != "r":
+            self.violate(f"(b) {answer.gtxid} refused while its decider holds no durable "
+                         "rollback")
 
     # -- the network ----------------------------------------------------------------------------
 

@@ -71,6 +71,13 @@ def test_without_faults_every_commit_is_answered_and_only_a_no_vote_refuses() ->
     assert seen["committed everywhere"] == seen["commit-ok"]
 
 
+@pytest.mark.parametrize("seeds", [3, pytest.param(200, marks=pytest.mark.slow)])
+def test_five_partitions_and_five_coordinators_have_no_violation(seeds: int) -> None:
+    results = run_many(range(50_000, 50_000 + seeds), partitions=5, coordinators=5)
+    assert [r.summary() for r in results if r.violation] == []
+    assert totals(results)["commit-ok"] > 200 * seeds
+
+
 @pytest.mark.slow
 def test_many_seeds_have_no_violation() -> None:
     results = run_many(range(1_000, 3_000), jobs=2)
