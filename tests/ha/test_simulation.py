@@ -63,6 +63,22 @@ def test_a_deposed_primary_that_still_serves_loses_nothing_confirmed(seeds: int)
     assert sum(r.overlap for r in results) < 0.01 * seeds * 60.0
 
 
+@pytest.mark.parametrize("seeds", [16, pytest.param(1_000, marks=pytest.mark.slow)])
+def test_large_messages_in_parts_and_split_flushes_lose_nothing_confirmed(seeds: int) -> None:
+    """Issue 33's large message with the bounds of big work small (``small_bounds``): each
+    of the client's bodies goes as 8 ``bp`` parts before its ``e``, live and in catch-ups,
+    the primary's flushes take about a packet (the rest the next turns), and backups crash
+    (and the primary with them, and links fail) while they hold some parts of a message:
+    (c) and (d) hold -- a confirm waits for the ``e``, and parts alone are nothing."""
+    results = run_many(range(20_000, 20_000 + seeds), jobs=2, small_bounds=True)
+    assert [r.summary() for r in results if r.violation] == []
+    assert sum(r.confirmed for r in results) > 50 * seeds
+    work = {k: sum(r.work[k] for r in results) for k in results[0].work}
+    assert work["body parts"] > 1000 * seeds and work["catch-up parts"] > 100 * seeds
+    assert work["split flushes"] > 100 * seeds and work["aimed faults"] > seeds
+    assert work["crashed between parts"] > seeds / 4
+
+
 def test_seeds_of_five_nodes_have_no_violation() -> None:
     results = run_many(range(10_000, 10_030), jobs=2, nodes=5)
     assert [r.summary() for r in results if r.violation] == []

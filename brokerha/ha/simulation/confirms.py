@@ -31,13 +31,15 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from brokerha import seed_runner
 from brokerha.broker.queue import Queue
 from brokerha.cluster.election import Position
+from brokerha.ha.simulation import world
 from brokerha.ha.simulation.world import (
+    Bounds,
     Faults,
     SimConnection,
     SimNode,
@@ -76,6 +78,7 @@ class SimResult:
     lapsed: float = 0.0         # ... of which its primary's lease had lapsed
     longest_step: float = 0.0   # the longest a node's loop was busy at once
     catch_ups: list[float] = field(default_factory=list)  # heavy.py: restart to caught up, s
+    work: dict[str, int] = field(default_factory=dict)  # big work (world.WorldStats.big_work)
 
     def summary(self) -> str:
         head = f"seed {self.seed} ({self.nodes} nodes): "
@@ -135,6 +138,7 @@ class ConfirmSimulation(World):
             stats.failovers, stats.unserved, stats.overlap, stats.events)
         result.stable, result.lapsed, result.longest_step = (stats.stable, stats.lapsed,
                                                              stats.longest_step)
+        result.work = stats.big_work()
         result.trace = list(self.trace)
         self._hash.update(f"{result.published} {result.confirmed} {result.consumed}".encode())
         result.trace_hash = self.trace_hash()
@@ -233,7 +237,9 @@ class ConfirmSimulation(World):
         self.next_id += 1
         mid = self.next_id
         self.result.published += 1
-        self._client_queue(node).enqueue(message(b"%d" % mid, QUEUE, persistent=True))
+        # with the bounds of big work small, a body of 8 digits: 8 parts, over 2-3 flushes
+        body = b"%08d" % mid if self.bounds != Bounds() else b"%d" % mid
+        self._client_queue(node).enqueue(message(body, QUEUE, persistent=True))
         if primary is not None:
             self._took_in(node, primary, mid)
 
@@ -304,9 +310,22 @@ class ConfirmSimulation(World):
 # ---- running many seeds ---------------------------------------------------------------------
 
 
+# ``small_bounds``: the bounds of big work small (world.Bounds): the client's bodies of 8
+# digits go as 8 parts of a byte, over 2-3 flushes of about a packet, a catch-up's messages
+# each its ``e`` in parts too; faults aimed at a backup holding some parts of a message
+# (world.Faults.mid_work), at this chance each time
+SMALL_BOUNDS = replace(world.SMALL_BOUNDS, body_part_bytes=1, flush_bytes=32)
+AIMED = 0.005
+
+
 def run_seed(seed: int, *, nodes: int = 3, duration: float = 60.0,
-             faults: Faults | None = None, **kw: Any) -> SimResult:
+             faults: Faults | None = None, small_bounds: bool = False,
+             **kw: Any) -> SimResult:
     """One seed; the result names the first violation (and the trace tail leading to it)."""
+    if small_bounds:
+        kw.setdefault("bounds", SMALL_BOUNDS)
+        kw.setdefault("pace", world.SMALL_PACE)
+        faults = replace(faults or Faults(), mid_work=AIMED)
     return quietly(ConfirmSimulation(seed, nodes=nodes, duration=duration, faults=faults, **kw))
 
 

@@ -20,7 +20,9 @@ violation found is a defect of the product.
 - **Faults** drawn from the seed: crashes (the process is gone, its disk
   image stays; it restarts later from that image and its vote record),
   pauses (SIGSTOP: nothing runs, input waits, TCP stays up), link failures,
-  partitions that heal, and manual failovers (``HAMember.promote``).
+  partitions that heal, and manual failovers (``HAMember.promote``); with the
+  bounds of big work small (``Bounds``), faults aimed at a backup in the
+  middle of a commit in slices or of a large message's parts (``aim``).
 - **CPU** (``Costs``, the cost model): a node's event loop is busy for the
   work of each input (the replication events it sends and applies, the
   client operations it carries out, a slow operation's slices); meanwhile
@@ -50,7 +52,7 @@ import random
 import traceback
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,8 @@ from typing import Any
 import msgpack
 from pamqp import commands
 
+from brokerha.backup.backup import Backup
+from brokerha.backup.transaction_replicator import COMMIT_SLICE
 from brokerha.broker.broker import Broker
 from brokerha.broker.content import build_header
 from brokerha.broker.message import Message
@@ -65,7 +69,7 @@ from brokerha.cluster import election as el
 from brokerha.cluster import replication as R
 from brokerha.cluster.messages import REGISTRY
 from brokerha.cluster.messages import Message as Packet
-from brokerha.cluster.replication import Events
+from brokerha.cluster.replication import Ack, Events
 from brokerha.cluster.state import NodeState
 from brokerha.ha import admission, core, member
 from brokerha.ha.admission import Admission
@@ -73,7 +77,9 @@ from brokerha.ha.core import PrimarySettings, load_position
 from brokerha.ha.member import TICK, HAMember, PrimaryLayer, StoreLayer
 from brokerha.ha.simulation.disk import DiskStore, Image, sync_latency
 from brokerha.primary.catch_up import Pace
+from brokerha.primary.events import BODY_PART_BYTES
 from brokerha.primary.primary import Primary
+from brokerha.primary.remote_backup import FLUSH_BYTES
 from brokerha.seed_runner import UnsafeRules
 
 TRACE_TAIL = 60
@@ -113,6 +119,10 @@ class Faults:
     fsync: tuple[float, float] = (0.0005, 0.01)  # a store sync takes this long ...
     slow_fsync_p: float = 0.0    # ... or, with this chance, ...
     slow_fsync: tuple[float, float] = (0.05, 0.5)  # ... this long (disk.sync_latency)
+    # the chance that a fault is aimed at a backup in the middle of big work, each time one
+    # is (after each slice of a commit, after a packet that left a message's parts waiting
+    # for its ``e``): ``World.aim``. 0: never (no draw, the seeds keep their traces)
+    mid_work: float = 0.0
 
     @classmethod
     def none(cls) -> Faults:
@@ -140,11 +150,14 @@ class Costs:
     event_applied: float = 300e-6
     client_op: float = 200e-6
     slice: float = 0.02
+    # a slice of a backup's commit (``Bounds.commit_slice`` entries, standing for the real
+    # COMMIT_SLICE's 4,096: 10-20 ms of a real backup's loop), the first one included
+    commit_slice: float = 0.015
 
     @classmethod
     def none(cls) -> Costs:
         """Every step takes no virtual time (the harness before the cost model)."""
-        return cls(0.0, 0.0, 0.0)
+        return cls(0.0, 0.0, 0.0, commit_slice=0.0)
 
 
 # the streamed catch-up's pace (primary/catch_up.py) at the cost model's scale: a slice of
@@ -153,11 +166,35 @@ class Costs:
 # the runs (``er``, replicating_subscription.py) as short as 2 to 4 messages, so that runs,
 # their cuts at gaps and single ``e`` events all occur among a few simulated messages
 PACE = Pace(slice_bytes=math.inf, slice_work=16, window_bytes=8 * 1024, run_min=2, run_max=4)
+# with the bounds of big work small: no runs, each message of a catch-up its ``e``, in parts
+SMALL_PACE = replace(PACE, run_min=0)
 
 
 def entries_of(events: list[Any]) -> int:
     """What a packet's events cost to make or apply: one each, a run (``er``) one a message."""
     return sum(e.length if e[0] == R.ENQUEUED_RUN else 1 for e in events)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The bounds of big work the nodes run with (``PrimarySettings``, issue 33).
+
+    The product's by default, which the simulation's small messages and
+    transactions never reach; ``SMALL_BOUNDS`` makes them take the paths of big
+    work: a backup applies a commit of more than ``commit_slice`` entries in
+    slices, a loop turn each (``Backup.step``); a body over ``body_part_bytes``
+    goes as ``bp`` parts before its ``e`` or ``te``; a primary's flush takes at
+    most ``flush_bytes`` of a backup's live events, the rest the next turns.
+    """
+
+    commit_slice: int = COMMIT_SLICE
+    body_part_bytes: int = BODY_PART_BYTES
+    flush_bytes: int = FLUSH_BYTES
+
+
+# every commit of more than one entry in slices, every body over 4 bytes (the simulations'
+# are 1-9 bytes) in parts, about one packet of live events per flush
+SMALL_BOUNDS = Bounds(commit_slice=1, body_part_bytes=4, flush_bytes=128)
 
 
 @dataclass(frozen=True)
@@ -188,6 +225,11 @@ class Unsafe(UnsafeRules):
     lagging_role: bool = False      # the shell serves by a flag set late; no durability gate
     monolithic_catch_up: bool = False  # a join's whole catch-up made in one step (issue 33)
     step_down_at_lease_end: bool = False  # a primary whose lease ran out steps down (no lapse)
+    # a backup's commit in slices (``Bounds``, ha.core.Unsafe): its stored position valid
+    # while half applied; its seq acknowledged at the first slice; promoted unsettled
+    position_valid_mid_commit: bool = False
+    ack_before_last_slice: bool = False
+    unsettled_promotion: bool = False
     runs_across_gaps: bool = False  # a catch-up's run of enqueues not cut at a gap (issue 33)
 
     def _part(self, kind: type[Any]) -> Any:
@@ -346,6 +388,8 @@ class SimNode(SimProcess):
                  votes: Votes) -> None:
         super().__init__(world, name, disk)
         self.incarnation = incarnation
+        self.mid_commit = False  # its backup is in the middle of a commit in slices
+        self.mid_commit_seq: tuple[int, int | None] | None = None  # (epoch, seq) of the last
         state = NodeState(epoch=votes.epoch, voted_for=votes.voted_for)
         load_position(self.broker, state)
         self.layer = world.make_layer(self)
@@ -354,7 +398,10 @@ class SimNode(SimProcess):
             self.broker, name, world.names, state, self,
             PrimarySettings(len(world.names), world.backup_timeout, replicate=world.replicate,
                             tx_prepare_timeout=world.tx_prepare_timeout,
-                            events_per_packet=world.events_per_packet),
+                            events_per_packet=world.events_per_packet,
+                            body_part_bytes=world.bounds.body_part_bytes,
+                            flush_bytes=world.bounds.flush_bytes,
+                            commit_slice=world.bounds.commit_slice),
             world.clock, timing=world.timing, verification_timeout=world.verification_timeout,
             rng=random.Random(f"{world.seed}/{name}/{incarnation}"),
             primary_factory=world.make_primary, unsafe=unsafe.member(),
@@ -383,6 +430,8 @@ class SimNode(SimProcess):
 
     def send(self, peer: str, message: Packet) -> None:
         self._charge_sent(message)
+        if type(message) is Ack:
+            self.world.on_ack(self, message)
         self.world.send(self.name, peer, 0, message)
 
     def send_many(self, peer: str, messages: Sequence[Packet]) -> None:
@@ -422,6 +471,12 @@ class SimNode(SimProcess):
         self.world.on_position(self, pos)
 
     def soon(self, callback: Callable[[], None]) -> None:
+        core = self.ha.core if hasattr(self, "ha") else None
+        if core is not None:
+            if callback == core._next_slice:  # the backup's next slice of a commit
+                callback = partial(self.world.commit_slice, self, callback)
+            elif callback == core.flush:  # the primary's flush of its backups' events
+                callback = partial(self.world.flush, self, callback)
         self.world.soon.append((self, callback))
 
     def replication_failed(self, reason: str) -> None:
@@ -483,6 +538,28 @@ class WorldStats:
     stable: float = 0.0         # virtual seconds under the stability invariant (f) ...
     lapsed: float = 0.0         # ... of which its primary's lease had lapsed (serving nobody)
     longest_step: float = 0.0   # the longest a node's loop was busy at once (virtual CPU)
+    # big work in small bounds (``Bounds``): commits a backup applied in slices, their
+    # slices, promotions and crashes of a backup in the middle of one; ``bp`` parts a
+    # backup applied, crashes of a backup holding some parts of a message; a primary's
+    # flushes that left live events for the next turn; faults aimed mid-work (``aim``)
+    sliced_commits: int = 0
+    commit_slices: int = 0
+    promoted_mid_commit: int = 0
+    crashed_mid_commit: int = 0
+    body_parts: int = 0
+    catch_up_parts: int = 0
+    crashed_between_parts: int = 0
+    split_flushes: int = 0
+    aimed_faults: int = 0
+
+    def big_work(self) -> dict[str, int]:
+        """The counts of big work, named for a run's statistics."""
+        return {"sliced commits": self.sliced_commits, "commit slices": self.commit_slices,
+                "promoted mid-commit": self.promoted_mid_commit,
+                "crashed mid-commit": self.crashed_mid_commit, "body parts": self.body_parts,
+                "catch-up parts": self.catch_up_parts,
+                "crashed between parts": self.crashed_between_parts,
+                "split flushes": self.split_flushes, "aimed faults": self.aimed_faults}
 
 
 class World:
@@ -495,8 +572,9 @@ class World:
                  events_per_packet: int = EVENTS_PER_PACKET,
                  trace_tail: int | None = TRACE_TAIL, costs: Costs | None = None,
                  pace: Pace | None = PACE, stability: bool = False,
-                 replicate: str = "all") -> None:
+                 replicate: str = "all", bounds: Bounds | None = None) -> None:
         self.seed = seed
+        self.bounds = bounds or Bounds()  # the product's unless a workload makes them small
         self.replicate = replicate  # [cluster] replicate: the mode of a queue no policy names
         self.duration = duration
         self.faults = faults or Faults()
@@ -632,6 +710,9 @@ class World:
             self.violate(f"(a) two primaries in epoch {epoch}: {first} and {node.name}")
         self.elected_at[epoch] = self.now
         self.stats.failovers += len(self.primaries) > 1
+        if node.mid_commit:  # its commit in slices: applied whole before it serves (settle)
+            self.stats.promoted_mid_commit += 1
+            node.mid_commit = False
         self.note(f"{node.name} elected for epoch {epoch}")
 
     def on_serving(self, node: SimNode, epoch: int, decisions: dict[str, str]) -> None:
@@ -886,6 +967,10 @@ class World:
         self.note(f"crash {node.name} for {downtime:.2f}s"
                   + (" (primary)" if node.primary is not None else ""))
         self.stats.crashes += 1
+        backup = node.ha.backup
+        if backup is not None:
+            self.stats.crashed_mid_commit += backup.busy
+            self.stats.crashed_between_parts += backup.partial_body
         self.on_crash(node)
         node.up = False
         for link in list(node.ha.clients.connections):  # the process is gone: so are they
@@ -955,14 +1040,114 @@ class World:
             node.charge(entries_of(packet.events) * self.costs.event_applied)
             backup = node.ha.backup
             before = backup.applied_seq if backup is not None else None
+            commit = backup.commit_seq if backup is not None else None
             older = packet.epoch < node.election.epoch
             node.ha.on_message(src, msg_id, packet)
             if older and backup is not None and node.ha.backup is backup \
                     and backup.applied_seq != before:
                 self.violate(f"(e) {node.name} applied events of epoch {packet.epoch} after "
                              f"adopting epoch {node.election.epoch}")
+            if node.ha.backup is not None:
+                self._big_work(node, packet, commit if node.ha.backup is backup else None)
             return
         node.ha.on_message(src, msg_id, packet)
+
+    # -- big work in small bounds (``Bounds``): counted, and faults aimed at it --------------
+
+    def _big_work(self, node: SimNode, packet: Events, commit: int | None) -> None:
+        """After a backup took a packet: a commit it began in slices (``commit``: the one it
+        was on before), the parts it applied, a message's parts left waiting."""
+        backup = node.ha.backup
+        assert backup is not None
+        stats = self.stats
+        if self.bounds.body_part_bytes < BODY_PART_BYTES:
+            parts = sum(1 for e in packet.events if e[0] == R.BODY_PART)
+            stats.body_parts += parts
+            if packet.first_seq < 0:  # a catch-up's (numbered below its join's seq)
+                stats.catch_up_parts += parts
+            if backup.partial_body:
+                self.aim(node, "between parts")
+        if backup.busy and backup.commit_seq != commit:
+            self._slice_done(node, backup)
+
+    def commit_slice(self, node: SimNode, step: Callable[[], None]) -> None:
+        """The backup's next slice of a commit (``HACore._next_slice``): its CPU counted."""
+        backup = node.ha.backup
+        busy = backup is not None and backup.busy
+        step()
+        if not busy:  # settled meanwhile (a join, a role change): nothing left to do
+            node.mid_commit = False
+        elif backup is not None and node.ha.backup is backup:
+            self._slice_done(node, backup)
+
+    def _slice_done(self, node: SimNode, backup: Backup) -> None:
+        """A slice of a commit ran: the first of one, the next, or the last."""
+        stats = self.stats
+        node.charge(self.costs.commit_slice)
+        stats.commit_slices += 1
+        commit = (backup.epoch, backup.commit_seq)
+        if backup.busy and commit != node.mid_commit_seq:  # (a packet held behind the last
+            stats.sliced_commits += 1                        # one may begin another)
+            node.mid_commit_seq = commit
+            self.commit_begun(node, backup)
+        node.mid_commit = backup.busy
+        if backup.busy:
+            self.aim(node, "mid-commit")
+
+    def flush(self, node: SimNode, flush: Callable[[], None]) -> None:
+        """The primary's flush (``HACore.flush``): whether it left live events for later."""
+        flush()
+        primary = node.primary
+        if primary is not None and any(s.more_to_send for s in primary.sessions.values()):
+            self.stats.split_flushes += 1
+
+    def commit_begun(self, node: SimNode, backup: Backup) -> None:
+        """``node``'s backup began a commit in slices (the workload may aim a fault at it)."""
+
+    def aim(self, node: SimNode, where: str) -> None:
+        """With ``Faults.mid_work``'s chance, a fault at ``node`` in the middle of big work
+        (``where``), right after the input it runs: a crash (its store synced just before,
+        or not), the primary's crash, a handover to it (which waits for its position: it
+        lands mid-commit only while the primary's own position lags its last commit), a
+        pause, its link to the primary."""
+        chance = self.faults.mid_work
+        if not chance or self.calm or self.rng.random() >= chance:
+            return
+        kind = self.rng.choice(("crash", "synced crash", "primary crash", "handover", "pause",
+                                "link"))
+        self.after(0.0, partial(self._aimed, node, where, kind))
+
+    def aim_now(self, node: SimNode, where: str, kind: str) -> None:
+        """A fault of ``kind`` at ``node`` in the middle of big work, after this input."""
+        self.after(0.0, partial(self._aimed, node, where, kind))
+
+    def _aimed(self, node: SimNode, where: str, kind: str) -> None:
+        if not node.alive or node.paused:
+            return
+        backup = node.ha.backup
+        if backup is None or not (backup.busy or backup.partial_body):
+            return  # done meanwhile
+        serving = self.serving_now
+        self.stats.aimed_faults += 1
+        self.note(f"aimed at {node.name} {where}: {kind}")
+        lo, hi = self.faults.outage
+        outage = lo + (hi - lo) * self.rng.random()
+        if kind in ("crash", "synced crash"):
+            if kind == "synced crash":  # the store's writer committed what it had, then
+                node._synced()
+            if node.alive:
+                self.crash(node, outage)
+        elif kind == "primary crash" and serving is not None and serving is not node:
+            self.crash(serving, outage)
+        elif kind == "handover" and serving is not None and serving is not node:
+            self.promote(serving, node.name)
+        elif kind == "pause":
+            self.pause(node, outage)
+        elif kind == "link" and node.ha.core.following is not None:
+            self.fail_link(node.name, node.ha.core.following)
+
+    def on_ack(self, node: SimNode, ack: Ack) -> None:
+        """A backup sends an acknowledgement (the workload may check what it promises)."""
 
     def fail_link(self, a: str, b: str) -> None:
         self.note(f"link {a}-{b} fails")
@@ -1119,6 +1304,8 @@ class AsyncWorld(World):
         stats["crash"] = self.stats.crashes
         stats["stable seconds"] = round(self.stats.stable)
         stats["lapsed ms"] = round(self.stats.lapsed * 1000)
+        if self.bounds != Bounds():
+            stats.update(self.stats.big_work())
         return SimResult(self.seed, violation, list(self.trace) if violation else [], stats,
                          self.stuck)
 
