@@ -18,7 +18,11 @@ Faults, for ``duration`` virtual seconds, then none while everything settles:
   one (a new term) that keeps what was durable on its majority and, half
   the time, some of what was not (a backup held it), and nothing of its
   predecessor's memory (prepares under way, replies waiting); every
-  coordinator hears the new leader's notice;
+  coordinator hears the new leader's notice. The deposed primary runs on
+  for up to 1 s (its lease has not lapsed): packets sent to the partition
+  while it has no leader reach it, it answers what it can say at once (a
+  no; a prepare of its fails, its backups voting for the new primary), and
+  nothing it writes becomes durable, so nothing waiting for that is sent;
 - a coordinator crashes (its commits and their clients' answers are lost;
   it restarts as a new incarnation 0.2-2 s later), at random and
   *between the rounds*: with 4 % chance when an input moved a commit to
@@ -156,6 +160,9 @@ class SimPartition:
     prepared_durably: set[str] = field(default_factory=set)  # whatever came after
     rules: DecisionRules | None = None
     sim: XtxSimulation | None = None
+    # deposed: it runs on until then, not knowing (its lease has not lapsed yet), but no
+    # write of its becomes durable: its majority follows the new primary
+    deposed_until: float | None = None
 
     # -- PartitionTransactions ------------------------------------------------------------
 
@@ -166,8 +173,8 @@ class SimPartition:
         assert self.sim is not None
         self.status[branch.gtxid] = Status.PREPARING
         self.preparing[branch.gtxid] = branch
-        self.sim.after(self.sim.rng.uniform(*PREPARE), self.sim.prepare_round_ends,
-                       self.number, self.term, branch.gtxid)
+        self.sim.after(self.sim.rng.uniform(*PREPARE), self.sim.prepare_round_ends, self,
+                       branch.gtxid)
 
     def commit(self, gtxid: str) -> None:
         assert self.status.get(gtxid) is Status.PREPARED, (self.number, gtxid)
@@ -188,8 +195,7 @@ class SimPartition:
         assert self.sim is not None
         self.log.append(entry)
         self.apply(entry)
-        self.sim.after(self.sim.rng.uniform(*SYNC), self.sim.synced, self.number, self.term,
-                       len(self.log))
+        self.sim.after(self.sim.rng.uniform(*SYNC), self.sim.synced, self, len(self.log))
 
     def apply(self, entry: Entry) -> None:
         g = entry.gtxid
@@ -257,6 +263,7 @@ class XtxSimulation:
         self.trace: list[str] = []
         self.counts: Counter[str] = Counter()
         self.parts = [SimPartition(p) for p in range(partitions)]
+        self.deposed: dict[int, SimPartition] = {}  # each partition's last deposed primary
         for part in self.parts:
             part.sim = self
             part.rules = self.new_rules(part)
@@ -320,18 +327,27 @@ class XtxSimulation:
     def new_rules(self, part: SimPartition) -> DecisionRules:
         return DecisionRules(part.number, Adapter(part), unsafe=self.unsafe)
 
+    def alive(self, part: SimPartition | None) -> bool:
+        """A primary that runs: the partition's, or a deposed one whose lease holds yet."""
+        return (part is not None and part.up and part.rules is not None
+                and (part.deposed_until is None or self.now < part.deposed_until))
+
     def tick_partition(self, p: int) -> None:
-        part = self.parts[p]
-        if part.up and part.rules is not None:
-            self.carry_out(part, part.rules.tick(self.now))
+        for part in (self.parts[p], self.deposed.get(p)):
+            if part is not None and self.alive(part):
+                assert part.rules is not None
+                self.carry_out(part, part.rules.tick(self.now))
         self.after(TICK, self.tick_partition, p)
 
-    def prepare_round_ends(self, p: int, term: int, gtxid: str) -> None:
-        part = self.parts[p]
-        if part.term != term or not part.up or gtxid not in part.preparing:
+    def prepare_round_ends(self, part: SimPartition, gtxid: str) -> None:
+        if not self.alive(part) or gtxid not in part.preparing:
             return  # the primary that ran it is gone, or the branch was rolled back meanwhile
         branch = part.preparing.pop(gtxid)
         assert part.rules is not None
+        if part.deposed_until is not None:  # its backups vote for the new primary: no
+            self.counts["prepare failed on a deposed primary"] += 1
+            self.carry_out(part, part.rules.prepared(gtxid, False))
+            return
         if self.rng.random() < REFUSE:
             self.counts["prepare refused"] += 1
             self.carry_out(part, part.rules.prepared(gtxid, False))
@@ -339,10 +355,9 @@ class XtxSimulation:
         part.write(Entry("p", gtxid, branch, self.now))
         part.waits.append((len(part.log), PrepareEnd(gtxid)))
 
-    def synced(self, p: int, term: int, upto: int) -> None:
-        part = self.parts[p]
-        if part.term != term or not part.up or upto <= part.durable:
-            return
+    def synced(self, part: SimPartition, upto: int) -> None:
+        if part is not self.parts[part.number] or not part.up or upto <= part.durable:
+            return  # a deposed primary's write never reaches its majority
         for entry in part.log[part.durable:upto]:
             self.settle(part, entry)
         part.durable = upto
@@ -372,20 +387,23 @@ class XtxSimulation:
     def failover(self, p: int) -> None:
         if not self.faulty:
             return
-        part = self.parts[p]
-        if part.up:
-            keep = part.durable
+        old = self.parts[p]
+        if old.up:
+            keep = old.durable
             if self.rng.random() < 0.5:
-                keep = self.rng.randint(part.durable, len(part.log))
-            self.log(f"p{p} primary of term {part.term} fails: keeps {keep} of {len(part.log)} "
-                     f"records ({part.durable} durable)")
+                keep = self.rng.randint(old.durable, len(old.log))
+            lease = self.rng.uniform(0.0, 1.0)
+            self.log(f"p{p} primary of term {old.term} deposed (runs {lease:.2f}s more): the "
+                     f"next keeps {keep} of {len(old.log)} records ({old.durable} durable)")
             self.counts["failover"] += 1
-            self.counts["undurable records lost"] += len(part.log) - keep
-            del part.log[keep:]
-            part.up, part.rules = False, None
-            part.term += 1
-            part.waits, part.preparing = [], {}
-            self.after(self.rng.uniform(*LEADERLESS), self.new_leader, p, part.term)
+            self.counts["undurable records lost"] += len(old.log) - keep
+            old.deposed_until = self.now + lease
+            self.deposed[p] = old
+            new = SimPartition(p, log=old.log[:keep], durable=old.durable, term=old.term + 1,
+                               up=False, settled=old.settled,
+                               prepared_durably=old.prepared_durably, sim=self)
+            self.parts[p] = new
+            self.after(self.rng.uniform(*LEADERLESS), self.new_leader, p, new.term)
         self.after(self.rng.expovariate(1 / FAILOVER_EVERY), self.failover, p)
 
     def new_leader(self, p: int, term: int) -> None:
@@ -393,12 +411,11 @@ class XtxSimulation:
         if part.term != term:
             return
         part.up = True
-        part.status, part.branches = {}, {}
         for entry in part.log:
             part.apply(entry)
         part.rules = self.new_rules(part)
         self.log(f"p{p} new primary, term {term}, {len(part.branches)} branches prepared")
-        self.after(self.rng.uniform(*SYNC), self.synced, p, term, len(part.log))
+        self.after(self.rng.uniform(*SYNC), self.synced, part, len(part.log))
         for coord in self.coords.values():  # its LeaderNotice
             self.after(self.rng.uniform(*DELAY), self.notice, coord.name, coord.incarnation, p)
 
@@ -550,19 +567,22 @@ class XtxSimulation:
         return self.rng.uniform(*DELAY)
 
     def send(self, effect: ToPartition) -> None:
-        part = self.parts[effect.partition]
+        """To the partition's primary; while it has none, to the deposed one, if it runs."""
+        part: SimPartition | None = self.parts[effect.partition]
+        if part is not None and not part.up:
+            part = self.deposed.get(effect.partition)
         delay = self.delay()
-        if delay is not None and part.up:
-            self.after(delay, self.deliver_to_partition, effect.partition, part.term,
-                       effect.packet)
+        if delay is not None and part is not None and self.alive(part):
+            self.after(delay, self.deliver_to_partition, part, effect.packet)
 
-    def deliver_to_partition(self, p: int, term: int, packet: Packet) -> None:
-        part = self.parts[p]
-        if part.term != term or not part.up:
+    def deliver_to_partition(self, part: SimPartition, packet: Packet) -> None:
+        if not self.alive(part):
             return  # sent to a primary that is gone
         assert part.rules is not None
+        if part.deposed_until is not None:
+            self.counts["packets to a deposed primary"] += 1
         if not isinstance(packet, XPrepare):
-            self.log(f"p{p} <- {packet}")
+            self.log(f"p{part.number}{'(deposed)' if part.deposed_until else ''} <- {packet}")
         self.carry_out(part, part.rules.receive(self.now, packet))
 
     def deliver_to_node(self, name: str, incarnation: int, packet: Packet) -> None:

@@ -1,7 +1,8 @@
 """Cross-partition commit, simulated (``brokerha/partition/xtx_simulation.py``, ``--workload xtx``).
 
 Three partitions whose primaries fail over (a new one keeps what was durable
-on its majority), three coordinators that crash between the rounds and
+on its majority; the deposed one runs on a while, nothing it writes durable),
+three coordinators that crash between the rounds and
 stall, packets lost and late: (a) no gtxid committed in one partition and
 rolled back in another, (b) every answer backed by a durable record, (c)
 nothing in doubt once the faults stop, (d) committed everywhere or nowhere.
@@ -48,7 +49,7 @@ def test_seeds_of_cross_partition_commits_through_faults_have_no_violation() -> 
     seen = totals(results)
     # transactions over 1, 2 and 3 partitions, most of them committed everywhere
     assert min(seen[f"over {n} partitions"] for n in (1, 2, 3)) > 20 * SEEDS
-    assert seen["commit-ok"] > 0.6 * seen["begun"]
+    assert seen["commit-ok"] > 0.5 * seen["begun"]
     # the faults the protocol must ride out happened, and each path was taken: failovers
     # losing undurable records, coordinators lost between the rounds, participants in
     # doubt resolved by asking (both answers), late commits refused by a tombstone, a
@@ -59,6 +60,9 @@ def test_seeds_of_cross_partition_commits_through_faults_have_no_violation() -> 
     assert seen["outcome asked: committed"] > SEEDS and seen["outcome asked: rolled back"] > SEEDS
     assert seen["refused: the decision partition had rolled it back"] > 0
     assert seen["rollback of absent"] > 0 and seen["refused: a no vote"] > 0
+    # deposed primaries ran on a while: packets reached them, their prepares failed
+    assert seen["packets to a deposed primary"] > SEEDS
+    assert seen["prepare failed on a deposed primary"] > SEEDS
 
 
 def test_without_faults_every_commit_is_answered_and_only_a_no_vote_refuses() -> None:
@@ -75,7 +79,7 @@ def test_without_faults_every_commit_is_answered_and_only_a_no_vote_refuses() ->
 def test_five_partitions_and_five_coordinators_have_no_violation(seeds: int) -> None:
     results = run_many(range(50_000, 50_000 + seeds), partitions=5, coordinators=5)
     assert [r.summary() for r in results if r.violation] == []
-    assert totals(results)["commit-ok"] > 200 * seeds
+    assert totals(results)["commit-ok"] > 150 * seeds
 
 
 @pytest.mark.slow
