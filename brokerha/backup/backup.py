@@ -57,9 +57,15 @@ from typing import Any, Protocol
 
 from brokerha.backup.broker_replicator import CONFIGURATION_EVENTS, BrokerReplicator
 from brokerha.backup.queue_replicator import QueueReplicator
-from brokerha.backup.timers import hold_all_timers, resume_timers
+from brokerha.backup.timers import (
+    hold_all_timers,
+    hold_scope_timers,
+    resume_scope_timers,
+    resume_timers,
+)
 from brokerha.backup.transaction_replicator import COMMIT_SLICE, TransactionReplicator
 from brokerha.broker.broker import Broker
+from brokerha.broker.placement import GroupScope, scope_of
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
 from brokerha.cluster.ranges import to_ranges
@@ -104,11 +110,17 @@ class Backup:
     def __init__(self, broker: Broker, *, me: str, epoch: int, position: Any,
                  txlog: LayerReplica | None = None,
                  layers: Mapping[str, LayerReplica] | None = None,
-                 commit_slice: int = COMMIT_SLICE) -> None:
-        if any(getattr(o, "is_ha_primary", False) for o in broker.observers.configuration):
-            raise RuntimeError("a backup's broker must not be observed by a Primary: "
-                               "close the Primary first")
+                 commit_slice: int = COMMIT_SLICE,
+                 scope: GroupScope | None = None) -> None:
+        for o in broker.observers.configuration:
+            if getattr(o, "is_ha_primary", False) and (
+                    scope is None or scope.overlaps(scope_of(o))):
+                raise RuntimeError("a backup's broker must not be observed by a Primary of "
+                                   "the same group: close the Primary first")
         self.broker = broker
+        # a partitioned node's replication group (broker/placement.py): only its queues are
+        # held, listed in a join and replaced by a catch-up; None: the whole broker
+        self.scope = scope
         self.me = me
         self.epoch = epoch
         self.last_position = as_position(position)  # the last consistent one, for the Join
@@ -121,7 +133,7 @@ class Backup:
         self.caught_up = False
         self._catching_up = False
         self._valid_at: int | None = None  # the marker's: caught up once applied so far
-        self.config = BrokerReplicator(broker, self._queue_gone)
+        self.config = BrokerReplicator(broker, self._queue_gone, scope)
         self._queues: dict[tuple[str, str], QueueReplicator] = {}
         self.transactions = TransactionReplicator(broker, self._replicator, me, epoch)
         # the TxLog's ``l*`` events (brokerha/txlog/bridge/replica.py: ``apply(event)``), if any
@@ -133,7 +145,10 @@ class Backup:
         self.commit_slice = commit_slice
         self._commit: tuple[int, Iterator[None]] | None = None
         self._held: deque[tuple[int, list[Any]]] = deque()
-        hold_all_timers(broker)
+        if scope is None:
+            hold_all_timers(broker)
+        else:
+            hold_scope_timers(broker, scope)
 
     @property
     def applying(self) -> bool:
@@ -162,7 +177,10 @@ class Backup:
 
     def close(self) -> None:
         """Stop following: the queues keep time again (a promoted node's)."""
-        resume_timers(self.broker, self.broker.clock())
+        if self.scope is None:
+            resume_timers(self.broker, self.broker.clock())
+        else:
+            resume_scope_timers(self.broker, self.scope, self.broker.clock())
 
     # -- to the primary ----------------------------------------------------------------
 
@@ -183,9 +201,10 @@ class Backup:
 
     def _inventory(self) -> list[Any]:
         out: list[Any] = []
+        scope = self.scope
         for vhost in self.broker.vhosts.values():
             for q in vhost.queues.values():
-                if q.exclusive_owner is None:
+                if q.exclusive_owner is None and (scope is None or scope.queues(q)):
                     out.append([vhost.name, q.name, q.arguments.get(R.HA_ID),
                                 to_ranges(e.position for e in q.ready)])
         return out

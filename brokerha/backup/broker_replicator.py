@@ -27,6 +27,7 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.definitions import VHOST, DefinitionChange
 from brokerha.broker.errors import BrokerError
 from brokerha.broker.exchange import Exchange
+from brokerha.broker.placement import GroupScope
 from brokerha.broker.queue import Queue
 from brokerha.broker.vhost import STANDARD_EXCHANGES, VirtualHost
 from brokerha.cluster import replication as R
@@ -39,9 +40,13 @@ NO_OWNER = None
 
 
 class BrokerReplicator:
-    def __init__(self, broker: Broker, on_queue_gone: Callable[[Queue], None]) -> None:
+    def __init__(self, broker: Broker, on_queue_gone: Callable[[Queue], None],
+                 scope: GroupScope | None = None) -> None:
         self.broker = broker
         self.on_queue_gone = on_queue_gone
+        # a partitioned node's group (broker/placement.py): the snapshot's end removes only
+        # what of the group's the snapshot did not name; None: the whole broker
+        self.scope = scope
         self._seen: set[tuple[Any, ...]] | None = None  # during a catch-up snapshot
 
     def apply(self, event: list[Any]) -> None:
@@ -57,19 +62,25 @@ class BrokerReplicator:
         self._seen = set()
 
     def snapshot_done(self) -> None:
-        """Delete what the snapshot did not name."""
+        """Delete what the snapshot did not name (of the group's own, with a scope)."""
         seen = self._seen or set()
         self._seen = None
+        scope = self.scope
         for vhost in list(self.broker.vhosts.values()):
             for ex in list(vhost.exchanges.values()):
                 for b in list(ex.bindings.values()):
+                    if scope is not None and not scope.holds_binding_to(b.destination):
+                        continue
                     if (vhost.name, ex.name, b.key) not in seen and not ex.deleted:
                         vhost.unbind(ex.name, b.destination, b.routing_key, b.arguments)
             for q in list(vhost.queues.values()):
+                if scope is not None and not scope.queues(q):
+                    continue
                 if ("q", vhost.name, q.name) not in seen:
                     log.info("queue '%s' in vhost '%s' is gone on the primary", q.name, vhost.name)
                     self._remove_queue(vhost, q)
-            for ex in list(vhost.exchanges.values()):
+            for ex in list(vhost.exchanges.values()) if scope is None or scope.configuration \
+                    else []:
                 gone = ex.name not in STANDARD and ("x", vhost.name, ex.name) not in seen
                 if gone and ex.name in vhost.exchanges:  # not auto-deleted meanwhile
                     vhost.delete_exchange(ex.name)
@@ -132,7 +143,10 @@ class BrokerReplicator:
         if q is None:
             q = vhost.declare_queue(name, owner=NO_OWNER, durable=durable, auto_delete=auto_delete,
                                     server_named=True, arguments=R.decode_table(arguments))
-            hold_timers(vhost, q)
+            if self.scope is None:
+                hold_timers(vhost, q)
+            else:  # the vhost may hold queues this node leads: its ``following`` stays
+                vhost.timed_queues.discard(q)
         self._note(("q", vhost_name, name))
 
     def queue_deleted(self, vhost_name: str, name: str) -> None:

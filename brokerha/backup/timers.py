@@ -13,6 +13,7 @@ timer and trims nothing there either.
 from __future__ import annotations
 
 from brokerha.broker.broker import Broker
+from brokerha.broker.placement import GroupScope
 from brokerha.broker.queue import Queue
 from brokerha.broker.vhost import VirtualHost
 
@@ -33,5 +34,24 @@ def resume_timers(broker: Broker, now: float) -> None:
         vhost.following = False
         for queue in vhost.queues.values():
             if queue.has_timers and queue not in vhost.timed_queues:
+                queue.last_used = now
+                vhost.timed_queues.add(queue)
+
+
+def hold_scope_timers(broker: Broker, scope: GroupScope) -> None:
+    """``hold_all_timers`` for one replication group's queues (a partitioned node, where
+    other groups' queues on the same vhosts may be this node's as a primary). The vhosts'
+    ``following`` flag is left alone: it is per vhost, and a vhost may hold queues of a
+    group this node leads (per queue: a later stage, docs/ha.md "Partitions")."""
+    for vhost in broker.vhosts.values():
+        for queue in [q for q in vhost.timed_queues if scope.queues(q)]:
+            vhost.timed_queues.discard(queue)
+
+
+def resume_scope_timers(broker: Broker, scope: GroupScope, now: float) -> None:
+    """``resume_timers`` for one replication group's queues."""
+    for vhost in broker.vhosts.values():
+        for queue in vhost.queues.values():
+            if queue.has_timers and queue not in vhost.timed_queues and scope.queues(queue):
                 queue.last_used = now
                 vhost.timed_queues.add(queue)

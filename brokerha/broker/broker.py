@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -141,9 +141,19 @@ class Broker:
         closed with the role, as after a failover). No path of a cluster member
         waits for its local sync alone, whatever barriers are installed.
         """
+        self.after_durable_in(self.durability_gate, callback)
+
+    def after_durable_in(self, gate: DurabilityGate | None, callback: Callable[[], None],
+                         barriers: Sequence[Callable[[Callable[[], None]], None]] | None = None
+                         ) -> None:
+        """``after_durable`` through ``gate`` and ``barriers`` instead of the broker's own:
+        a node of a partitioned cluster (docs/ha.md "Partitions") answers for data of one
+        replication group through that group's gate (its member's term) and that group's
+        replication barriers, not the metadata group's gate nor every group's barriers (a
+        group that cannot replicate would hold the others' confirms). ``gate`` None: no
+        gate; ``barriers`` None: every barrier installed."""
         self.durable_requests += 1
         release = callback
-        gate = self.durability_gate
         if gate is not None:
             term = gate.term()
             if term is None:
@@ -152,7 +162,8 @@ class Broker:
                 self._refuse(gate)
                 return
             release = self._in_term(gate, term, callback)
-        barriers = self.replication_barriers
+        if barriers is None:
+            barriers = self.replication_barriers
         if not barriers:
             self.store.after_sync(release)
             return

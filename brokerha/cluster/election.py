@@ -366,6 +366,22 @@ class Election:
         """
         return 0.0 if self.unsafe.step_down_at_lease_end else self.timing.election_timeout
 
+    @property
+    def last_heartbeat(self) -> float:
+        """When this primary's last heartbeat went out (-inf: none in this role)."""
+        return self._heartbeat_sent_at
+
+    def heartbeat_now(self, now: float) -> list[Action]:
+        """A primary's heartbeat now, ahead of its schedule (the next one an interval
+        later); nothing for another role. A partitioned node beats every group it leads
+        in the tick one of them is due, so that one bundle carries them all
+        (``partition/member.py``, ``partition/mux.py``). Early is safe: a heartbeat only
+        ever renews the lease from its own stamp."""
+        if self._role != "primary":
+            return []
+        self._now = now
+        return self._heartbeats(now)
+
     def wakeup_at(self) -> float:
         """When ``tick`` next has something to do."""
         if self._role == "primary":

@@ -46,6 +46,7 @@ from typing import Protocol
 from brokerha.backup.backup import Backup, LayerReplica
 from brokerha.backup.transaction_replicator import COMMIT_SLICE
 from brokerha.broker.broker import Broker
+from brokerha.broker.placement import METADATA_GROUP, GroupScope
 from brokerha.cluster.election import Position
 from brokerha.cluster.messages import Message
 from brokerha.cluster.replication import ConfigurationMismatch, Events, Join
@@ -148,9 +149,18 @@ def stored_position(raw: str) -> tuple[int, int, int, int]:
     return pe, ps, fe, fs
 
 
-def load_position(broker: Broker, state: NodeState) -> None:
+def position_key(scope: GroupScope | None) -> str:
+    """Where a group's position is in the store: ``ha_position`` for the one group of an
+    unpartitioned cluster and for the metadata group, ``ha_position/<group>`` for a
+    partition's (docs/ha.md "Partitions")."""
+    if scope is None or scope.group == METADATA_GROUP:
+        return POSITION_KEY
+    return f"{POSITION_KEY}/{scope.group}"
+
+
+def load_position(broker: Broker, state: NodeState, key: str = POSITION_KEY) -> None:
     """Our position and vote floor from the store (older nodes: the state file's)."""
-    raw = broker.store.get_meta(POSITION_KEY)
+    raw = broker.store.get_meta(key)
     if raw is None:
         return
     state.pos_epoch, state.pos_seq, state.floor_epoch, state.floor_seq = stored_position(raw)
@@ -160,8 +170,12 @@ class HACore:
     def __init__(self, broker: Broker, me: str, state: NodeState, effects: Effects,
                  settings: PrimarySettings, clock: Callable[[], float], *,
                  primary_factory: Callable[..., Primary] = Primary,
-                 unsafe: Unsafe | None = None) -> None:
+                 unsafe: Unsafe | None = None, scope: GroupScope | None = None) -> None:
         self.broker = broker
+        # a partitioned node's replication group (broker/placement.py): its Primary and
+        # Backup hold only the group's part of the broker, its position has its own key
+        self.scope = scope
+        self.position_key = position_key(scope)
         self.me = me
         self.state = state  # the position and floor live here (and in the store)
         self.effects = effects
@@ -207,6 +221,7 @@ class HACore:
             policies=list(s.policies), on_output=self.schedule_flush,
             tx_prepare_timeout=s.tx_prepare_timeout, events_per_packet=s.events_per_packet,
             backup_unheard_timeout=s.backup_unheard_timeout, flow_lag=s.flow_lag,
+            **({} if self.scope is None else {"scope": self.scope}),
             pace=Pace.unbounded() if self.unsafe.monolithic_catch_up else None,
             tx_trackers=not self.unsafe.no_tx_trackers,
             runs_across_gaps=self.unsafe.runs_across_gaps,
@@ -257,7 +272,8 @@ class HACore:
         st = self.state
         self.backup = Backup(self.broker, me=self.me, epoch=epoch,
                              position=Position(st.pos_epoch, st.pos_seq), txlog=txlog,
-                             layers=layers, commit_slice=self.settings.commit_slice)
+                             layers=layers, commit_slice=self.settings.commit_slice,
+                             scope=self.scope)
         self.send_join()
         return True
 
@@ -433,7 +449,8 @@ class HACore:
             backup.close()
             self.backup = Backup(self.broker, me=self.me, epoch=backup.epoch,
                                  position=Position.INVALID, txlog=backup.txlog,
-                                 layers=backup.layers, commit_slice=self.settings.commit_slice)
+                                 layers=backup.layers, commit_slice=self.settings.commit_slice,
+                                 scope=self.scope)
             self.send_join(mixed=True)
             return
         if backup.busy:
@@ -537,7 +554,7 @@ class HACore:
         the election is unchanged: this process applies the whole commit before anything
         else (``Backup.settle``)."""
         st = self.state
-        self.broker.store.put_meta(POSITION_KEY, json.dumps(
+        self.broker.store.put_meta(self.position_key, json.dumps(
             [-1, -1, st.floor_epoch, st.floor_seq]))
 
     def record_position(self, epoch: int, seq: int) -> None:
@@ -548,5 +565,5 @@ class HACore:
         """
         st = self.state
         st.move_to(epoch, seq)
-        self.broker.store.put_meta(POSITION_KEY, json.dumps(
+        self.broker.store.put_meta(self.position_key, json.dumps(
             [st.pos_epoch, st.pos_seq, st.floor_epoch, st.floor_seq]))

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from brokerha.backup.backup import Backup, LayerReplica
 from brokerha.broker.broker import Broker
+from brokerha.broker.placement import GroupScope
 from brokerha.cluster import election as el
 from brokerha.cluster.messages import Error, ErrorCode, Message
 from brokerha.cluster.replication import (
@@ -133,7 +134,8 @@ class HAMember:
                  election_unsafe: el.Unsafe | None = None,
                  admission_unsafe: admission.Unsafe | None = None,
                  layer: PrimaryLayer | None = None,
-                 layers: Sequence[StoreLayer] = ()) -> None:
+                 layers: Sequence[StoreLayer] = (),
+                 scope: GroupScope | None = None, gate: bool = True) -> None:
         self.broker = broker
         self.me = me
         self.effects = effects
@@ -148,7 +150,7 @@ class HAMember:
             vote_floor=el.Position(state.floor_epoch, state.floor_seq),
             timing=timing, rng=rng or random.Random(), unsafe=election_unsafe)
         self.core = HACore(broker, me, state, effects, settings, clock,
-                           primary_factory=primary_factory, unsafe=core_unsafe)
+                           primary_factory=primary_factory, unsafe=core_unsafe, scope=scope)
         self.verification: verify.Verification | None = None
         # the client connections this node serves, closed in the step that ends the role
         self.clients = ClientAdmission(self.term, later=effects.later, unsafe=admission_unsafe,
@@ -158,8 +160,25 @@ class HAMember:
         # disk alarms: a primary applies its ready backups'; a backup reports its own
         self.backup_alarms = BackupAlarms(broker.set_alarm)
         self._alarms_sent: dict[str, str] | None = None  # None: report at the next tick
-        if not self.unsafe.lagging_role:
+        # ``gate`` False: one group of a partitioned node (partition/member.py), whose
+        # confirms pass its own gate (``durability_gate``, ``Broker.after_durable_in``)
+        if gate and not self.unsafe.lagging_role:
             broker.durability_gate = self  # nothing is confirmed unless ``term`` says so
+
+    def barriers(self) -> list[Callable[[Callable[[], None]], None]]:
+        """The replication barriers this member's role installed in the broker (its
+        Primary's quorum barrier and the core's position barrier, as its ``Unsafe`` rules
+        left them): what a confirm of this group's data waits for beside the local sync
+        (``Broker.after_durable_in``)."""
+        own = (self.core, self.core.primary)
+        return [b for b in self.broker.replication_barriers
+                if getattr(b, "__self__", None) in own]
+
+    @property
+    def durability_gate(self) -> HAMember | None:
+        """The gate a confirm of this group's data passes (``Broker.after_durable_in``):
+        this member; none with ``Unsafe.lagging_role`` (the race of issue 32)."""
+        return None if self.unsafe.lagging_role else self
 
     # -- whether this node serves: read at the instant it matters -------------------------
 

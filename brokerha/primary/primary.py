@@ -36,13 +36,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from brokerha.backup.timers import resume_timers
+from brokerha.backup.timers import resume_scope_timers, resume_timers
 from brokerha.broker.arguments import REPLICATE_ALL, REPLICATE_CONFIGURATION, REPLICATE_NONE
 from brokerha.broker.broker import Broker
 from brokerha.broker.definitions import OPERATOR_POLICY, POLICY, DefinitionChange
 from brokerha.broker.exchange import Binding, Exchange
 from brokerha.broker.message import Entry
 from brokerha.broker.observers import ConfigurationObserver, QueueObserver
+from brokerha.broker.placement import GroupScope
 from brokerha.broker.policy_effects import PolicyEffects
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
@@ -108,7 +109,8 @@ class Primary(ConfigurationObserver, QueueObserver):
                  flow_lag: float | None = DEFAULT_FLOW_LAG,
                  body_part_bytes: int = ev.BODY_PART_BYTES,
                  flush_bytes: int = FLUSH_BYTES,
-                 runs_across_gaps: bool = False) -> None:
+                 runs_across_gaps: bool = False,
+                 scope: GroupScope | None = None) -> None:
         self.broker = broker
         # core.Unsafe.runs_across_gaps (simulations only): a catch-up's run of enqueues is
         # not cut where the queue's positions have a gap (replicating_subscription.py)
@@ -116,6 +118,11 @@ class Primary(ConfigurationObserver, QueueObserver):
         # a body over body_part_bytes goes in parts, at most flush_bytes of live events go
         # per flush (events.py, remote_backup.py; smaller in simulations: PrimarySettings)
         self.body_part_bytes, self.flush_bytes = body_part_bytes, flush_bytes
+        # a partitioned node's replication group (broker/placement.py): only its queues (and,
+        # for the metadata group, the configuration) are observed; None: the whole broker
+        self.scope = scope
+        # the flow hold is this group's own: another group's primary on the node releases its
+        self.flow_name = FLOW if scope is None else f"{FLOW}:{scope.group}"
         self.flow_lag = flow_lag  # None: publishers never held for the backups' sake
         # False: core.Unsafe.no_tx_trackers (simulations only; a backup admitted while a
         # transaction it did not vote on is prepared is ready at once)
@@ -175,14 +182,22 @@ class Primary(ConfigurationObserver, QueueObserver):
         broker.observers.add_transaction_observer_factory(self.tx_factory)
         # definitions changed here (the API, ctl, an import) go to the backups as they are
         # applied, after the broker acted on them (a deleted vhost's queues went first)
-        self._unsubscribe_definitions = broker.definitions.subscribe(self._definition_changed)
+        self._unsubscribe_definitions: Callable[[], None] = (
+            broker.definitions.subscribe(self._definition_changed)
+            if self._configuration else _nothing)
 
     def _take_over(self) -> None:
         """Make the broker a primary's: own timers, epoch-unique ids, queue identities."""
-        resume_timers(self.broker, self.clock())
+        scope = self.scope
+        if scope is None:
+            resume_timers(self.broker, self.clock())
+        else:
+            resume_scope_timers(self.broker, scope, self.clock())
         floor = self.epoch << POSITION_EPOCH_SHIFT
         for vhost in self.broker.vhosts.values():
             for q in vhost.queues.values():
+                if scope is not None and not scope.queues(q):
+                    continue  # another group's (this node may follow its primary)
                 q.next_position = max(q.next_position, floor)
                 if self._policy(q) != REPLICATE_NONE and R.HA_ID not in q.arguments:
                     q.arguments[R.HA_ID] = f"{self.epoch}.{self.seq}.{q.name}"
@@ -210,7 +225,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             observers.transactions.remove(self.tx_factory)
         self._unsubscribe_definitions()
         self.closed = True
-        self.broker.flow.release(FLOW)
+        self.broker.flow.release(self.flow_name)
         for txq in list(self.tx_queues.values()):
             txq.fail("the primary stopped")
         self.tx_queues.clear()
@@ -221,7 +236,15 @@ class Primary(ConfigurationObserver, QueueObserver):
 
     # -- policy ------------------------------------------------------------------------
 
+    @property
+    def _configuration(self) -> bool:
+        """Whether the definitions and exchanges are this group's (not a partition's)."""
+        return self.scope is None or self.scope.configuration
+
     def _policy(self, q: Queue) -> str:
+        scope = self.scope
+        if scope is not None and not scope.queues(q):
+            return REPLICATE_NONE  # another group's queue: none of this log
         policy = self._policies.get(q)
         if policy is None:
             policy = self._policies[q] = queue_policy(q, self.default_policy, self.policies,
@@ -511,10 +534,12 @@ class Primary(ConfigurationObserver, QueueObserver):
             self.replicate_changed(change.key[0])
 
     def exchange_declared(self, exchange: Exchange) -> None:
-        self._emit(ev.exchange_declared(exchange))
+        if self._configuration:
+            self._emit(ev.exchange_declared(exchange))
 
     def exchange_deleted(self, exchange: Exchange) -> None:
-        self._emit(ev.exchange_deleted(exchange))
+        if self._configuration:
+            self._emit(ev.exchange_deleted(exchange))
 
     def queue_declared(self, queue: Queue) -> None:
         if not self._replicated(queue):
@@ -542,7 +567,7 @@ class Primary(ConfigurationObserver, QueueObserver):
 
     def _binding_replicated(self, binding: Binding) -> bool:
         dest = binding.destination
-        return isinstance(dest, Exchange) or self._replicated(dest)
+        return self._configuration if isinstance(dest, Exchange) else self._replicated(dest)
 
     # -- queue observer ------------------------------------------------------------------
 
@@ -580,7 +605,9 @@ class Primary(ConfigurationObserver, QueueObserver):
             self._emit(part)
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
-        if queue.exclusive_owner is None:  # the others may become replicated whole
+        scope = self.scope
+        # the others may become replicated whole; another group's are not this log's
+        if queue.exclusive_owner is None and (scope is None or scope.queues(queue)):
             self._acquired.setdefault(queue, {})[entry.position] = entry
 
     def requeued(self, queue: Queue, entry: Entry) -> None:
@@ -760,7 +787,7 @@ class Primary(ConfigurationObserver, QueueObserver):
         now = self.clock()
         held = {(v, q): (ha_id, ranges) for v, q, ha_id, ranges in join.inventory}
         head: list[Event] = [R.CatchUpBegins(R.CATCH_UP_BEGINS, join.session)]
-        head.extend(configuration(self.broker, self._replicated))
+        head.extend(configuration(self.broker, self._replicated, self._configuration))
         head.append(R.SnapshotDone(R.SNAPSHOT_DONE))
         join_seq = self.seq
         guards: list[QueueGuard] = []
@@ -957,12 +984,12 @@ class Primary(ConfigurationObserver, QueueObserver):
             return
         lag, node = max(((s.ack_lag(now), n) for n, s in self.sessions.items() if s.holds_copy),
                         default=(0.0, ""))
-        flow = self.broker.flow
-        held = FLOW in flow.holds
+        flow, name = self.broker.flow, self.flow_name
+        held = name in flow.holds
         if held and lag <= limit / 2:
-            flow.release(FLOW)
+            flow.release(name)
         elif held or lag > limit:
-            flow.hold(FLOW, f"backup {node} has not acknowledged for {lag:.2f}s (flow_lag "
+            flow.hold(name, f"backup {node} has not acknowledged for {lag:.2f}s (flow_lag "
                       f"{limit}s)", cause=node)
 
     def take_outbox(self, node: str, hold_lazy: bool = False) -> list[Events]:
@@ -1055,3 +1082,7 @@ class Primary(ConfigurationObserver, QueueObserver):
             "backups": {n: s.status(self.seq) for n, s in sorted(self.sessions.items())},
             "replicate_changes": self.replicate_status(),
         }
+
+
+def _nothing() -> None:
+    """No definitions subscription to end (a partition group's primary)."""

@@ -24,12 +24,17 @@ def is_standard(ex: Exchange) -> bool:
     return ex.name in STANDARD
 
 
-def configuration(broker: Broker, replicated: Callable[[Queue], bool]) -> Iterator[Event]:
-    yield ev.definitions(broker.definitions)  # first: the vhosts the rest is in, the policies
+def configuration(broker: Broker, replicated: Callable[[Queue], bool],
+                  definitions: bool = True) -> Iterator[Event]:
+    """``definitions`` False: a partition group's snapshot (broker/placement.py), its
+    queues and the bindings to them only; the definitions, exchanges and the bindings
+    between exchanges are the metadata group's."""
+    if definitions:
+        yield ev.definitions(broker.definitions)  # first: the vhosts the rest is in, the policies
     for vhost in broker.vhosts.values():
         yield R.VhostExists(R.VHOST, vhost.name)
     for vhost in broker.vhosts.values():
-        for ex in vhost.exchanges.values():
+        for ex in vhost.exchanges.values() if definitions else ():
             if not is_standard(ex):
                 yield ev.exchange_declared(ex)
         for q in vhost.queues.values():
@@ -38,5 +43,5 @@ def configuration(broker: Broker, replicated: Callable[[Queue], bool]) -> Iterat
         for ex in vhost.exchanges.values():
             for b in ex.bindings.values():
                 dest = b.destination
-                if isinstance(dest, Exchange) or replicated(dest):
+                if definitions if isinstance(dest, Exchange) else replicated(dest):
                     yield ev.binding(R.BINDING_CREATED, b)
