@@ -162,9 +162,9 @@ def register(parser: argparse.ArgumentParser) -> None:
                          "table, cross-partition commit)")
     from brokerha.ha.simulation.cli import WORKLOADS
     from brokerha.ha.simulation.cli import register as register_simulation
+    from brokerha.partition import group_simulation, xtx_simulation
     from brokerha.partition import simulation as table
-    from brokerha.partition import xtx_simulation
     from brokerha.txlog.simulation import datacenter
 
     register_simulation(sim, {**WORKLOADS, "txlog": datacenter, "table": table,
-                              "xtx": xtx_simulation})
+                              "xtx": xtx_simulation, "groups": group_simulation})

@@ -13,7 +13,9 @@ confirms client while an operator changes its queue's ``ha-replicate`` (issue
 34); ``--workload table`` (``partition/simulation.py``, registered by
 ``admin/cluster_cli.py``: the coordinator sits above HA) is the partition
 table's ``TableCoordinator`` on every node while an operator drains nodes,
-brings them back and marks learners caught up (issue 35). All run the
+brings them back and marks learners caught up (issue 35); ``--workload groups``
+(``partition/group_simulation.py``) is the confirms client of each partition on
+nodes that run a replication group per partition cell (issue 35, stage 2). All run the
 product's HA members on the harness of ``world.py``, with its cost model.
 ``--unsliced-operations`` (heavy, transactions) runs each slow operation in
 one step of the node's loop instead of slices: (f) must catch it, as
@@ -95,7 +97,7 @@ def simulate(args: argparse.Namespace) -> int:
         if getattr(module, "SMALL_BOUNDS", None) is None:
             raise SystemExit(f"the {args.workload} workload has no small bounds")
         kw["small_bounds"] = True
-    if args.workload in ("confirms", "heavy", "policy", "table"):
+    if args.workload in ("confirms", "heavy", "policy", "table", "groups"):
         kw["nodes"] = args.nodes
     elif args.nodes != 3:
         raise SystemExit(f"the {args.workload} workload runs 3 nodes")

@@ -1,0 +1,330 @@
+"""A node of a partitioned cluster: one ``HAMember`` per replication group it is in.
+
+Sans-I/O, as ``ha/member.py``: ``PartitionedMember`` is what a node's driver
+(the simulation, ``partition/groups_simulation.py``; later ``node/ha.py``)
+drives when P > 1 (docs/ha.md "Partitions", stage 2). It holds:
+
+- the **metadata group** (group 0): every node a member, today's election
+  and figures; it replicates the definitions, exchanges and the bindings
+  between exchanges (``GroupScope.configuration``), no queue;
+- one group per **partition cell** the node holds (partition p is group
+  p + 1): an ``HAMember`` whose ``Election`` has the partition's voting cells
+  as members, whose ``HACore`` keeps its position under ``ha_position/<g>``,
+  whose ``Primary`` observes and whose ``Backup`` applies only the queues of
+  partition p (``GroupScope``: ``PartitionTable.partition_of`` of the queue's
+  vhost, name and ``x-partition``), and whose ``ClientAdmission`` serves the
+  clients of that partition's queues.
+
+Every group's packets go over the node pair's one link through the
+``GroupMux`` (``mux.py``); a packet of a group this node is not in is
+dropped. Each group's confirms pass its own gate (``HAMember.durability_gate``
+with ``Broker.after_durable_in``): the serving primary of *that* group, in its
+lease; the broker's own gate (``Broker.after_durable``) is the metadata
+group's. So a partition's failover ends the role, the confirms and the client
+connections of that partition only; the others never notice.
+
+What the driver supplies is ``PartitionEffects``: ``ha/member.py``'s
+``MemberEffects`` with the group named (``persist`` of a group's epoch and
+vote, ``elected`` / ``serving`` / ``demoted`` of a group...). ``GroupEffects``
+adapts one to the other for each group's member.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from brokerha.broker.broker import Broker
+from brokerha.broker.placement import METADATA_GROUP, GroupScope, no_queues
+from brokerha.broker.queue import Queue
+from brokerha.cluster import election as el
+from brokerha.cluster.messages import Message
+from brokerha.cluster.partition_table import PartitionTable, PartitionTableError, hash_partition
+from brokerha.cluster.state import NodeState
+from brokerha.ha import admission
+from brokerha.ha.core import Cancellable, PrimarySettings, load_position, position_key
+from brokerha.ha.core import Unsafe as CoreUnsafe
+from brokerha.ha.member import HAMember, StoreLayer
+from brokerha.ha.member import Unsafe as MemberUnsafe
+from brokerha.partition.mux import GroupMux, MuxError, unwrap, wrap
+from brokerha.primary.primary import Primary
+
+log = logging.getLogger("brokerha.partition")
+
+PIN = "x-partition"  # the queue argument that pins a queue's partition (check_pin)
+
+
+def group_of(partition: int) -> int:
+    """Partition p's replication group (0 is the metadata group)."""
+    return partition + 1
+
+
+def partition_of_group(group: int) -> int:
+    return group - 1
+
+
+class PartitionEffects(Protocol):
+    """What a partitioned member asks of its driver: ``MemberEffects``, per group."""
+
+    def send(self, peer: str, message: Message) -> None:
+        """Put a mux packet on the link to ``peer``."""
+
+    def reply(self, peer: str, msg_id: int, message: Message) -> None: ...
+
+    def connected(self, peer: str) -> bool: ...
+
+    def peers_up(self) -> list[str]: ...
+
+    def soon(self, callback: Callable[[], None]) -> None: ...
+
+    def later(self, delay: float, callback: Callable[[], None]) -> Cancellable: ...
+
+    def persist(self, group: int, epoch: int, voted_for: str | None) -> None:
+        """Make group ``group``'s epoch and vote durable now."""
+
+    def position(self, group: int, pos: el.Position) -> None:
+        """Group ``group``'s position changed (durably); the member told its election."""
+
+    def replication_failed(self, group: int, reason: str) -> None: ...
+
+    def joined(self, group: int, primary: str, epoch: int) -> None: ...
+
+    def elected(self, group: int, epoch: int, primary: Primary) -> None: ...
+
+    def serving(self, group: int, epoch: int, decisions: dict[str, str]) -> None: ...
+
+    def demoted(self, group: int, reason: str) -> None: ...
+
+    def follow(self, group: int, primary: str, epoch: int) -> None: ...
+
+
+class GroupEffects:
+    """One group's ``MemberEffects``: its packets through the mux, its events named."""
+
+    def __init__(self, group: int, members: Sequence[str], effects: PartitionEffects,
+                 mux: GroupMux) -> None:
+        self.group = group
+        self.members = frozenset(members)
+        self.effects = effects
+        self.mux = mux
+        self.member: HAMember | None = None  # set once made (the member takes its effects)
+
+    # -- ha.core.Effects --
+
+    def send(self, peer: str, message: Message) -> None:
+        self.mux.send(self.group, peer, message)
+
+    def send_many(self, peer: str, messages: Sequence[Message]) -> None:
+        for message in messages:
+            self.mux.send(self.group, peer, message)
+
+    def connected(self, peer: str) -> bool:
+        return self.effects.connected(peer)
+
+    def position(self, pos: el.Position) -> None:
+        member = self.member
+        assert member is not None
+        member.carry_out(member.election.set_position(pos))
+        self.effects.position(self.group, pos)
+
+    def soon(self, callback: Callable[[], None]) -> None:
+        self.effects.soon(callback)
+
+    def later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
+        return self.effects.later(delay, callback)
+
+    def replication_failed(self, reason: str) -> None:
+        self.effects.replication_failed(self.group, reason)
+
+    def joined(self, primary: str, epoch: int) -> None:
+        self.effects.joined(self.group, primary, epoch)
+        if self.member is not None:
+            self.member.joined()
+
+    # -- ha.member.MemberEffects --
+
+    def persist(self, epoch: int, voted_for: str | None) -> None:
+        self.effects.persist(self.group, epoch, voted_for)
+
+    def reply(self, peer: str, msg_id: int, message: Message) -> None:
+        self.effects.reply(peer, msg_id, wrap(self.group, message))
+
+    def peers_up(self) -> list[str]:
+        return [p for p in self.effects.peers_up() if p in self.members]
+
+    def elected(self, epoch: int, primary: Primary) -> None:
+        self.effects.elected(self.group, epoch, primary)
+
+    def serving(self, epoch: int, decisions: dict[str, str]) -> None:
+        self.effects.serving(self.group, epoch, decisions)
+
+    def demoted(self, reason: str) -> None:
+        self.effects.demoted(self.group, reason)
+
+    def follow(self, primary: str, epoch: int) -> None:
+        self.effects.follow(self.group, primary, epoch)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupUnsafe:
+    """The rules to break on purpose in every group's member (simulations only)."""
+
+    member: MemberUnsafe | None = None
+    core: CoreUnsafe | None = None
+    election: el.Unsafe | None = None
+    admission: admission.Unsafe | None = None
+
+
+class PartitionScope:
+    """Which partition a queue is in (``PartitionTable.partition_of``), remembered per
+    queue name and pin: every group's ``Primary`` asks on every enqueue."""
+
+    def __init__(self, table: PartitionTable) -> None:
+        self.table = table
+        self._known: dict[tuple[str, str, object], int] = {}
+
+    def partition(self, queue: Queue) -> int | None:
+        """``queue``'s partition; None for an exclusive queue (in none: not replicated)."""
+        if queue.exclusive_owner is not None:
+            return None
+        pin = queue.arguments.get(PIN)
+        key = (queue.vhost, queue.name, pin)
+        p = self._known.get(key)
+        if p is None:
+            try:
+                p = self.table.partition_of(queue.vhost, queue.name, pin)
+            except PartitionTableError:  # a pin out of range: stage 3 refuses it at declare
+                p = hash_partition(queue.vhost, queue.name, self.table.partitions)
+            self._known[key] = p
+        return p
+
+    def of(self, partition: int) -> Callable[[Queue], bool]:
+        def holds(queue: Queue) -> bool:
+            return self.partition(queue) == partition
+
+        return holds
+
+
+class PartitionedMember:
+    """The node's groups: the metadata ``HAMember`` and one per cell the node holds."""
+
+    def __init__(self, broker: Broker, me: str, nodes: Sequence[str], table: PartitionTable,
+                 states: dict[int, NodeState], effects: PartitionEffects,
+                 settings: PrimarySettings, clock: Callable[[], float], *,
+                 timing: el.ElectionTiming, verification_timeout: float,
+                 rng: Callable[[int], random.Random] | None = None,
+                 primary_factory: Callable[..., Primary] = Primary,
+                 unsafe: GroupUnsafe | None = None,
+                 layers: Sequence[StoreLayer] = ()) -> None:
+        """``states``: each group's epoch and vote (the state file's; absent: none yet);
+        the positions are read from the store here. ``rng(group)``: each election's."""
+        self.broker = broker
+        self.me = me
+        self.clock = clock
+        self.table = table
+        self.effects = effects
+        self.mux = GroupMux(effects.send, effects.soon)
+        self.placement = PartitionScope(table)
+        unsafe = unsafe or GroupUnsafe()
+        self.groups: dict[int, HAMember] = {}
+        self.members: dict[int, tuple[str, ...]] = {METADATA_GROUP: tuple(nodes)}
+        for p in table.cells_of(me):
+            voters = table.voting(p)
+            if me in voters:  # a learner's group is stage 5's (its catch-up, then a vote)
+                self.members[group_of(p)] = tuple(voters)
+        for group, members in self.members.items():
+            scope = (GroupScope(group, no_queues, True) if group == METADATA_GROUP
+                     else GroupScope(group, self.placement.of(partition_of_group(group)), False))
+            state = dataclasses.replace(states.get(group, NodeState()))
+            load_position(broker, state, position_key(scope))
+            group_effects = GroupEffects(group, members, effects, self.mux)
+            member = HAMember(
+                broker, me, list(members), state, group_effects,
+                dataclasses.replace(settings, members=len(members)), clock, timing=timing,
+                verification_timeout=verification_timeout,
+                rng=rng(group) if rng is not None else None,
+                primary_factory=primary_factory, unsafe=unsafe.member,
+                core_unsafe=unsafe.core, election_unsafe=unsafe.election,
+                admission_unsafe=unsafe.admission,
+                layers=layers if group == METADATA_GROUP else (),
+                scope=scope, gate=group == METADATA_GROUP)
+            group_effects.member = member
+            self.groups[group] = member
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def metadata(self) -> HAMember:
+        return self.groups[METADATA_GROUP]
+
+    def led(self) -> list[int]:
+        """The groups this node is the verified primary of (lease valid or lapsed)."""
+        return [g for g, m in self.groups.items() if m.role_term() is not None]
+
+    def status(self) -> dict[str, object]:
+        """Per group: its role, epoch and primary (``ctl status`` will show it)."""
+        out: dict[str, object] = {}
+        for group, member in sorted(self.groups.items()):
+            election = member.election
+            out[str(group)] = {**member.status(), "epoch": election.epoch,
+                               "primary": election.primary, "members": list(election.members)}
+        return out
+
+    # -- inputs (as HAMember's) ----------------------------------------------------------
+
+    def start(self) -> None:
+        for member in self.groups.values():
+            member.start()
+        self.mux.flush()
+
+    def tick(self) -> None:
+        """Every group's tick; then, if any group's heartbeat went out, every other group
+        this node leads beats too (``Election.heartbeat_now``): from then on their
+        heartbeats fall due in the same ticks, one bundle per peer."""
+        started = self.clock()
+        for member in self.groups.values():
+            member.tick()
+        leading = [m for m in self.groups.values() if m.election.role == "primary"]
+        if any(m.election.last_heartbeat >= started for m in leading):
+            now = self.clock()
+            for member in leading:
+                if member.election.last_heartbeat < started:
+                    member.carry_out(member.election.heartbeat_now(now))
+        self.mux.flush()
+
+    def peer_up(self, peer: str) -> None:
+        for group, member in self.groups.items():
+            if peer in self.members[group]:
+                member.peer_up(peer)
+        self.mux.flush()
+
+    def peer_down(self, peer: str) -> None:
+        for group, member in self.groups.items():
+            if peer in self.members[group]:
+                member.peer_down(peer)
+        self.mux.flush()
+
+    def on_message(self, peer: str, msg_id: int, packet: Message) -> None:
+        """A mux packet from ``peer``: each group's packet to that group's member."""
+        try:
+            parts = unwrap(peer, packet)
+        except (MuxError, TypeError, ValueError) as exc:
+            log.warning("node %s: bad packet from %s: %s", self.me, peer, exc)
+            return
+        for group, message in parts:
+            member = self.groups.get(group)
+            if member is None or peer not in self.members[group]:
+                continue  # not a group of ours (stage 5: a cell moved away meanwhile)
+            member.on_message(peer, msg_id, message)
+        self.mux.flush()
+
+    def promote(self, group: int, target: str) -> None:
+        """Manual failover of one group (``el.PromoteRefused`` says why not)."""
+        member = self.groups.get(group)
+        if member is None:
+            raise el.PromoteRefused(f"{self.me} is not a member of group {group}")
+        member.promote(target)
+        self.mux.flush()
