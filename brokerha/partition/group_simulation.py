@@ -7,9 +7,11 @@ where every node runs the product's ``PartitionedMember``
 group per partition cell it holds, each a real ``HAMember`` (``Election``,
 ``HACore``, scoped ``Primary``/``Backup``, verification), every packet of
 every group through the node pair's one link (``GroupMux``: grouped
-packets, bundled heartbeats). The table is placed once
-(``PartitionTable.tweak``, P partitions, NR replicas) and does not change in
-this stage.
+packets, bundled heartbeats). The metadata group runs the product's
+``TableCoordinator`` (stage 1): its first primary makes the table, the
+metadata log carries it to every node, and each node makes its partition
+groups once its copy exists (``PartitionedMember``); the table does not
+change in this stage.
 
 One client per partition, as the confirms simulation's one client
 (``ha/simulation/confirms.py``), on a queue of its own whose name hashes into
@@ -41,7 +43,9 @@ Checked after every event, each **per group** (a group's violation names it):
   through, ``elected_after_crash`` the groups that elected after losing
   their primary to one);
 - (g) scope: a node holds a partition's queue only if it is a cell of that
-  partition (N = 5, NR = 2: two nodes of five hold none of it).
+  partition (N = 5, NR = 2: two nodes of five hold none of it);
+- (h) every node makes its groups of the one placement (``PartitionTable.tweak``
+  of the nodes: the table any first metadata primary makes).
 
 ``Unsafe``: the HA rules of ``world.Unsafe`` (the confirms simulation's
 ``CATCHES``), broken in every group's member at once; the checks above must
@@ -80,6 +84,7 @@ from brokerha.ha.simulation.world import (
     World,
     message,
 )
+from brokerha.partition.coordinator import TableCoordinator
 from brokerha.partition.member import GroupUnsafe, PartitionedMember, group_of
 from brokerha.partition.mux import Grouped
 from brokerha.primary.primary import Primary
@@ -140,8 +145,14 @@ class GroupNode(SimProcess):
         states = {g: NodeState(epoch=v.epoch, voted_for=v.voted_for)
                   for (n, g), v in world.group_votes.items() if n == name}
         unsafe = world.unsafe
+        # the product's table coordinator in the metadata group (node/ha.py hands it in):
+        # the first metadata primary makes the table, the groups are made from each
+        # node's copy once it holds one
+        self.coordinator = TableCoordinator(self.store, world.names,
+                                            partitions=world.partitions, replicas=world.replicas)
+        coordinator = self.coordinator
         self.ha = PartitionedMember(
-            self.broker, name, world.names, world.table, states, self,
+            self.broker, name, world.names, lambda: coordinator.table, states, self,
             PrimarySettings(len(world.names), world.backup_timeout,
                             tx_prepare_timeout=world.tx_prepare_timeout,
                             events_per_packet=world.events_per_packet),
@@ -149,7 +160,8 @@ class GroupNode(SimProcess):
             rng=lambda g: random.Random(f"{world.seed}/{name}/{incarnation}/{g}"),
             primary_factory=world.make_primary,
             unsafe=GroupUnsafe(member=unsafe.member(), core=unsafe.core(),
-                               election=unsafe.election(), admission=unsafe.admission()))
+                               election=unsafe.election(), admission=unsafe.admission()),
+            layers=[coordinator])
 
     @property
     def alive(self) -> bool:
@@ -251,12 +263,16 @@ class GroupSimulation(World):
         if kw.get("faults") is None:
             kw["faults"] = FAULTS
         super().__init__(seed, nodes=nodes, duration=duration, **kw)
-        table = PartitionTable.empty(partitions, min(replicas, nodes - 1))
+        # the table every node's coordinator makes (placement is deterministic): the cells
+        # the checks expect; (h) each node's groups are made of exactly this table
+        self.replicas = min(replicas, nodes - 1)
+        table = PartitionTable.empty(partitions, self.replicas)
         change = table.tweak(self.names)
         assert change is not None
         table.apply(change)
         self.table = table
         self.partitions = partitions
+        self.tables_seen: set[tuple[str, int]] = set()
         self.groups = [0, *(group_of(p) for p in range(partitions))]
         self.cells = {0: list(self.names),
                       **{group_of(p): table.voting(p) for p in range(partitions)}}
@@ -409,8 +425,17 @@ class GroupSimulation(World):
                          f"{member.election.epoch}")
 
     def check_serving(self) -> None:
-        """(b) per group; the newest server of each group (and (c) when it changes)."""
+        """(b) per group; the newest server of each group (and (c) when it changes); (h)."""
         nodes = self.group_nodes()
+        for node in nodes:
+            table = node.ha.table
+            key = (node.name, node.incarnation)
+            if table is not None and key not in self.tables_seen:
+                self.tables_seen.add(key)
+                self.counts["groups_made"] += 1
+                if table.rows != self.table.rows:
+                    self.violate(f"(h) {node.name} made its groups of table {table}, not of "
+                                 f"the placement {self.table}")
         for group in self.groups:
             servers = sorted((n for n in nodes if n.serves(group)),
                              key=lambda n: -self._epoch(n, group))

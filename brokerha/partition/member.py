@@ -211,7 +211,8 @@ class PartitionScope:
 class PartitionedMember:
     """The node's groups: the metadata ``HAMember`` and one per cell the node holds."""
 
-    def __init__(self, broker: Broker, me: str, nodes: Sequence[str], table: PartitionTable,
+    def __init__(self, broker: Broker, me: str, nodes: Sequence[str],
+                 table: PartitionTable | Callable[[], PartitionTable],
                  states: dict[int, NodeState], effects: PartitionEffects,
                  settings: PrimarySettings, clock: Callable[[], float], *,
                  timing: el.ElectionTiming, verification_timeout: float,
@@ -219,40 +220,78 @@ class PartitionedMember:
                  primary_factory: Callable[..., Primary] = Primary,
                  unsafe: GroupUnsafe | None = None,
                  layers: Sequence[StoreLayer] = ()) -> None:
-        """``states``: each group's epoch and vote (the state file's; absent: none yet);
-        the positions are read from the store here. ``rng(group)``: each election's."""
+        """``table``: the partition table, or where to read the node's copy (the metadata
+        group's ``TableCoordinator``: the partition groups are made once it holds one).
+        ``states``: each group's epoch and vote (the state file's; absent: none yet); the
+        positions are read from the store. ``rng(group)``: each election's."""
         self.broker = broker
         self.me = me
         self.clock = clock
-        self.table = table
         self.effects = effects
         self.mux = GroupMux(effects.send, effects.soon)
-        self.placement = PartitionScope(table)
-        unsafe = unsafe or GroupUnsafe()
+        self._table_of = table if callable(table) else (lambda: table)
+        self.table: PartitionTable | None = None  # the one the partition groups were made of
+        self.placement: PartitionScope | None = None
+        self._states = states
+        self._settings = settings
+        self._timing = timing
+        self._verification_timeout = verification_timeout
+        self._rng = rng
+        self._primary_factory = primary_factory
+        self._unsafe = unsafe or GroupUnsafe()
         self.groups: dict[int, HAMember] = {}
-        self.members: dict[int, tuple[str, ...]] = {METADATA_GROUP: tuple(nodes)}
-        for p in table.cells_of(me):
+        self.members: dict[int, tuple[str, ...]] = {}
+        self._add_group(METADATA_GROUP, tuple(nodes), GroupScope(METADATA_GROUP, no_queues, True),
+                        layers)
+        self._partition_groups()
+
+    def _partition_groups(self) -> list[HAMember]:
+        """Make the partition groups from the table, once the node holds one (its groups
+        are those of its voting cells); the members made."""
+        if self.table is not None:
+            return []
+        current = self._table_of()
+        if not current.exists:
+            return []
+        table = self.table = PartitionTable(current.ptid, current.num_replicas, current.rows)
+        placement = self.placement = PartitionScope(table)
+        made = []
+        for p in table.cells_of(self.me):
             voters = table.voting(p)
-            if me in voters:  # a learner's group is stage 5's (its catch-up, then a vote)
-                self.members[group_of(p)] = tuple(voters)
-        for group, members in self.members.items():
-            scope = (GroupScope(group, no_queues, True) if group == METADATA_GROUP
-                     else GroupScope(group, self.placement.of(partition_of_group(group)), False))
-            state = dataclasses.replace(states.get(group, NodeState()))
-            load_position(broker, state, position_key(scope))
-            group_effects = GroupEffects(group, members, effects, self.mux)
-            member = HAMember(
-                broker, me, list(members), state, group_effects,
-                dataclasses.replace(settings, members=len(members)), clock, timing=timing,
-                verification_timeout=verification_timeout,
-                rng=rng(group) if rng is not None else None,
-                primary_factory=primary_factory, unsafe=unsafe.member,
-                core_unsafe=unsafe.core, election_unsafe=unsafe.election,
-                admission_unsafe=unsafe.admission,
-                layers=layers if group == METADATA_GROUP else (),
-                scope=scope, gate=group == METADATA_GROUP)
-            group_effects.member = member
-            self.groups[group] = member
+            if self.me in voters:  # a learner's group is stage 5's (its catch-up, then a vote)
+                group = group_of(p)
+                made.append(self._add_group(group, tuple(voters),
+                                            GroupScope(group, placement.of(p), False), ()))
+        log.info("node %s: partition table ptid %d: %d partition groups (%s)", self.me,
+                 table.ptid, len(made), ", ".join(str(m.core.scope) for m in made))
+        return made
+
+    def _add_group(self, group: int, members: tuple[str, ...], scope: GroupScope,
+                   layers: Sequence[StoreLayer]) -> HAMember:
+        unsafe = self._unsafe
+        state = dataclasses.replace(self._states.get(group, NodeState()))
+        load_position(self.broker, state, position_key(scope))
+        group_effects = GroupEffects(group, members, self.effects, self.mux)
+        member = HAMember(
+            self.broker, self.me, list(members), state, group_effects,
+            dataclasses.replace(self._settings, members=len(members)), self.clock,
+            timing=self._timing, verification_timeout=self._verification_timeout,
+            rng=self._rng(group) if self._rng is not None else None,
+            primary_factory=self._primary_factory, unsafe=unsafe.member,
+            core_unsafe=unsafe.core, election_unsafe=unsafe.election,
+            admission_unsafe=unsafe.admission, layers=layers, scope=scope,
+            gate=group == METADATA_GROUP)
+        group_effects.member = member
+        self.groups[group] = member
+        self.members[group] = members
+        return member
+
+    def _new_groups(self) -> None:
+        """After an input: the table arrived (the metadata log's ``pt``/``ps``)? Its groups
+        start now."""
+        if self.table is None:
+            for member in self._partition_groups():
+                member.start()
 
     # -- reading -------------------------------------------------------------------------
 
@@ -284,8 +323,9 @@ class PartitionedMember:
         """Every group's tick; then, if any group's heartbeat went out, every other group
         this node leads beats too (``Election.heartbeat_now``): from then on their
         heartbeats fall due in the same ticks, one bundle per peer."""
+        self._new_groups()
         started = self.clock()
-        for member in self.groups.values():
+        for member in list(self.groups.values()):
             member.tick()
         leading = [m for m in self.groups.values() if m.election.role == "primary"]
         if any(m.election.last_heartbeat >= started for m in leading):
@@ -296,13 +336,13 @@ class PartitionedMember:
         self.mux.flush()
 
     def peer_up(self, peer: str) -> None:
-        for group, member in self.groups.items():
+        for group, member in list(self.groups.items()):
             if peer in self.members[group]:
                 member.peer_up(peer)
         self.mux.flush()
 
     def peer_down(self, peer: str) -> None:
-        for group, member in self.groups.items():
+        for group, member in list(self.groups.items()):
             if peer in self.members[group]:
                 member.peer_down(peer)
         self.mux.flush()
@@ -319,6 +359,7 @@ class PartitionedMember:
             if member is None or peer not in self.members[group]:
                 continue  # not a group of ours (stage 5: a cell moved away meanwhile)
             member.on_message(peer, msg_id, message)
+        self._new_groups()
         self.mux.flush()
 
     def promote(self, group: int, target: str) -> None:

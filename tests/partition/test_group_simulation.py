@@ -19,7 +19,7 @@ import pytest
 
 from brokerha.cluster.election import NewEpoch
 from brokerha.cluster.messages import Error
-from brokerha.cluster.partition_table import hash_partition
+from brokerha.cluster.partition_table import PartitionTable, hash_partition
 from brokerha.cluster.replication import DEQUEUED, Dequeued, Events
 from brokerha.ha.simulation.world import Faults, Unsafe, Violation
 from brokerha.partition.group_simulation import (
@@ -247,12 +247,13 @@ def test_the_checker_catches_a_broken_rule_in_a_group(rule: str, invariant: str,
 def test_the_checker_catches_a_backup_acknowledging_before_its_sync_in_a_group() -> None:
     """``early_ack`` (ha/core.py): rarer than the others, as with one group (a backup's
     store synced anyway by its other groups' work hides it): the first seed of ``-m
-    slow``'s search, 60 virtual seconds."""
+    slow``'s search, 60 virtual seconds (2 seeds in the first 40 break it: a change of
+    the simulation's course moves it; the slow search says where to)."""
     unsafe = Unsafe(early_ack=True)
-    result = run_seed(11, duration=60.0, unsafe=unsafe)
+    result = run_seed(14, duration=60.0, unsafe=unsafe)
     assert result.violation is not None and result.violation.startswith("(c)"), result.summary()
     assert "of group" in result.violation
-    assert run_seed(11, duration=60.0).violation is None
+    assert run_seed(14, duration=60.0).violation is None
 
 
 @pytest.mark.slow
@@ -267,7 +268,7 @@ def test_the_command_line_runs_the_groups_workload() -> None:
     ok = subprocess.run([*base, "--seeds", "2"], capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "groups: seeds 2, violations 0" in ok.stdout and "confirmed" in ok.stdout
-    bad = subprocess.run([*base, "--seeds", "1", "--start-seed", "1", "--unsafe", "no_lease",
+    bad = subprocess.run([*base, "--seeds", "1", "--start-seed", "0", "--unsafe", "no_lease",
                           "--duration", "30"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "(b)" in bad.stdout, bad.stdout + bad.stderr
 
@@ -342,11 +343,27 @@ def test_a_groups_voter_caught_mid_catch_up_keeps_its_vote_floor(unsafe: Unsafe)
 def test_group_nodes_are_the_products_partitioned_members() -> None:
     from brokerha.partition.member import PartitionedMember
 
-    sim = GroupSimulation(1, nodes=5, partitions=5)
+    sim = GroupSimulation(1, nodes=5, partitions=5, faults=Faults.none())
     sim.start()
+    assert all(sorted(n.ha.groups) == [0] for n in sim.group_nodes())  # no table yet
+    sim.run_until(5.0)  # the metadata primary made it; every node made its groups of it
     for node in sim.group_nodes():
         assert isinstance(node, GroupNode) and isinstance(node.ha, PartitionedMember)
         cells = {p for p in range(5) if node.name in sim.table.voting(p)}
         assert sorted(node.ha.groups) == [0, *sorted(group_of(p) for p in cells)]
         for p in cells:
             assert list(node.ha.groups[group_of(p)].election.members) == sim.table.voting(p)
+
+
+def test_the_checker_reports_groups_made_of_another_table() -> None:
+    sim = settled()
+    node = sim.node("n2")
+    assert node.ha.table is not None and node.ha.table.rows == sim.table.rows
+    other = PartitionTable.empty(3, 2)
+    change = other.tweak(["n3", "n1", "n2", "n4"])
+    assert change is not None
+    other.apply(change)
+    node.ha.table = other
+    sim.tables_seen.clear()
+    with pytest.raises(Violation, match=r"^\(h\) n2 made its groups"):
+        sim.check_serving()

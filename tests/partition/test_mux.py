@@ -102,3 +102,25 @@ def test_what_is_no_mux_packet_is_refused() -> None:
         unwrap("n1", Grouped(1, Heartbeats.CODE, [[]]))  # a bundle inside a group
     with pytest.raises(MuxError):
         unwrap("n1", Grouped(1, 9999, []))
+
+
+def test_the_cluster_links_codec_carries_the_mux_packets() -> None:
+    """The node's codec (cluster/protocol.py) frames them as any packet: a group's
+    ``Events`` with a body part cut without copying (a memoryview) included."""
+    from brokerha.cluster.protocol import PacketCodec
+    from brokerha.cluster.replication import BODY_PART, BodyPart
+
+    body = memoryview(b"x" * 1000)[10:500]
+    events = Events(2, 9, [BodyPart(BODY_PART, body),
+                           Enqueued(ENQUEUED, "/", "q", 3, "", "q", b"h", b"", None)])
+    packets = [wrap(1, events), Heartbeats([[0, 1, 2.5], [3, 4, 2.5]]),
+               HeartbeatAcks([[1, 2, 2.5, 2, 9, True]])]
+    codec = PacketCodec()
+    data = b"".join(codec.encode(i, p) for i, p in enumerate(packets))
+    decoded = PacketCodec().feed(data)
+    assert [msg_id for msg_id, _ in decoded] == [0, 1, 2]
+    [(group, got)] = unwrap("n2", decoded[0][1])
+    assert group == 1 and isinstance(got, Events)
+    assert bytes(got.events[0].data) == bytes(body) and got.events[1].position == 3
+    assert [g for g, _ in unwrap("n2", decoded[1][1])] == [0, 3]
+    assert unwrap("n2", decoded[2][1]) == [(1, HeartbeatAck(2, "n2", 2.5, 2, 9, True))]
