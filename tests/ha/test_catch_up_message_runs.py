@@ -24,12 +24,13 @@ from brokerha.broker.message import Entry
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import Events, ReplicationError
+from brokerha.ha.simulation.world import message, wire
 from brokerha.primary.catch_up import CATCH_UP_SPAN, Pace
 from brokerha.primary.events import event_size
 from brokerha.store.batch import ENQUEUED_MANY, ENQUEUED_RUN, pack_run, runs_of
 from brokerha.store.factory import open_store
 from brokerha.store.runs import PackedEntries
-from tests.ha.harness import Cluster, Node, carry, message, publish, wire
+from tests.ha.harness import Cluster, Node, carry, publish
 
 # slices of 40 KB: a run is at most 10 KB (a quarter), about 70 messages of ~140 bytes
 PACE = Pace(slice_bytes=40_000, slice_work=256, window_bytes=120_000)
@@ -46,8 +47,8 @@ def sent_events(c: Cluster, name: str) -> list[Any]:
     seen: list[Any] = []
     take = c.primary.take_outbox
 
-    def recording(node: str) -> list[Events]:
-        packets = take(node)
+    def recording(node: str, hold_lazy: bool = False) -> list[Events]:
+        packets = take(node, hold_lazy)
         if node == name:
             seen.extend(e for p in packets for e in p.events)
         return packets
@@ -229,3 +230,31 @@ def test_entries_that_came_packed_are_one_run_of_the_same_bytes() -> None:
     mixed = PackedEntries([Entry(7, msgs[0], None), Entry(8, message(b"t"), None)],
                           pack_run([msgs[0], message(b"t")]))
     assert [op[0] for op in runs_of((ENQUEUED_MANY, "/", "q", mixed))] == [0]  # ENQUEUED
+
+
+def test_a_priority_queues_runs_land_on_their_levels() -> None:
+    """A run crosses priority levels (it is cut by position only): the backup's ready list
+    puts each entry on its level, so deliveries come in the primary's order."""
+    c = Cluster(2, pace=PACE)
+    q = c.broker.vhosts["/"].declare_queue("pq", owner=None, durable=True,
+                                           arguments={"x-max-priority": 3})
+    for i in range(200):
+        publish(c.broker, b"p%d" % i, rk="pq", persistent=True, priority=i % 4)
+    seen = sent_events(c, "n2")
+    c.follow("n2")
+    c.pump()
+    assert any(e.kind == R.ENQUEUED_RUN for e in seen)
+    backup_q = c.node("n2").broker.vhosts["/"].queues["pq"]
+    assert messages(backup_q) == messages(q)
+    order = []
+    while (entry := backup_q.get()) is not None:
+        order.append(entry.message.body)
+    assert order == _delivery_order(q) and len(order) == 200
+
+
+def _delivery_order(q: Queue) -> list[bytes]:
+    """The bodies in the order ``basic.get`` hands them out (highest priority first)."""
+    out = []
+    while (entry := q.get()) is not None:
+        out.append(entry.message.body)
+    return out
