@@ -1,7 +1,7 @@
 """A node of a partitioned cluster: one ``HAMember`` per replication group it is in.
 
 Sans-I/O, as ``ha/member.py``: ``PartitionedMember`` is what a node's driver
-(the simulation, ``partition/groups_simulation.py``; later ``node/ha.py``)
+(the simulation, ``partition/group_simulation.py``; later ``node/ha.py``)
 drives when P > 1 (docs/ha.md "Partitions", stage 2). It holds:
 
 - the **metadata group** (group 0): every node a member, today's election
@@ -13,7 +13,9 @@ drives when P > 1 (docs/ha.md "Partitions", stage 2). It holds:
   whose ``Primary`` observes and whose ``Backup`` applies only the queues of
   partition p (``GroupScope``: ``PartitionTable.partition_of`` of the queue's
   vhost, name and ``x-partition``), and whose ``ClientAdmission`` serves the
-  clients of that partition's queues.
+  clients of that partition's queues. They are made once the node holds a
+  table (the metadata group's ``TableCoordinator`` brought it, or the store
+  kept it): until then the node runs the metadata group alone.
 
 Every group's packets go over the node pair's one link through the
 ``GroupMux`` (``mux.py``); a packet of a group this node is not in is

@@ -77,6 +77,14 @@ def test_every_group_elects_its_own_primary_over_one_link_per_pair() -> None:
     # every group's packets go through the mux: only mux packets cross the links
     node = sim.node("n1")
     assert node.ha.mux.sent["grouped"] > 0 and node.ha.mux.bundled > 0
+    status = node.ha.status()
+    assert sorted(status) == ["0", "1", "2", "3"]
+    for g in sim.groups:
+        shown = status[str(g)]
+        assert isinstance(shown, dict)
+        leader = sim.serving_groups[g]
+        assert leader is not None and shown["primary"] == leader.name
+        assert shown["role"] == ("primary" if leader is node else "backup")
 
 
 @pytest.mark.parametrize("partitions", [3, 9])
