@@ -40,6 +40,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -326,20 +327,75 @@ def image_source(image: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def build_image(image: str | None = None, timeout: float = 900.0) -> float:
+def build_image(image: str | None = None, timeout: float = 900.0, *, nice: int = 0) -> float:
     """``docker/engine.sh build`` (base image, wheels, docker build); returns the seconds.
 
-    The image is labelled ``brokerha.source`` with ``source_hash()``.
+    The image is labelled ``brokerha.source`` with ``source_hash()``. ``nice``: the
+    script's niceness (its debootstrap and pip; the engine builds at its own).
     """
     env = dict(os.environ, BROKERHA_IMAGE=image or default_image(),
                BROKERHA_IMAGE_LABEL=f"brokerha.source={source_hash()}")
     start = time.monotonic()
-    done = subprocess.run([str(ENGINE_SCRIPT), "build"], capture_output=True, text=True,
+    niced = ["nice", "-n", str(nice)] if nice and shutil.which("nice") else []
+    done = subprocess.run([*niced, str(ENGINE_SCRIPT), "build"], capture_output=True, text=True,
                           timeout=timeout, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"docker/engine.sh build failed ({done.returncode}):\n"
                            f"{done.stderr[-3000:]}")
     return time.monotonic() - start
+
+
+class Preparation(threading.Thread):
+    """The engine started and the image built off the main thread, while other tests run.
+
+    ``prepare_in_background()`` starts one (a conftest's ``pytest_collection_finish``
+    calls it when container tests were collected); the fixtures below then wait for it
+    instead of doing the same work in front of the first container test. Starting an
+    engine needs no CPU to speak of; the build runs at nice 10, so the tests running
+    meanwhile keep their CPU.
+    """
+
+    def __init__(self, image: str) -> None:
+        super().__init__(name="brokerha-docker-preparation", daemon=True)
+        self.image = image
+        self.started_engine = False  # this thread started the engine: the fixture stops it
+        self.unavailable: EngineUnavailable | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.started_engine = ensure_engine()
+        except EngineUnavailable as exc:
+            self.unavailable = exc
+            return
+        except BaseException as exc:
+            self.error = exc
+            return
+        try:
+            if os.environ.get("BROKERHA_IMAGE_PREBUILT") != "1" and \
+                    image_source(self.image) != source_hash():
+                build_image(self.image, nice=10)
+        except BaseException as exc:  # the image fixture raises it (or builds again)
+            self.error = exc
+
+
+_preparation: Preparation | None = None
+
+
+def prepare_in_background() -> Preparation:
+    """Start (once) the engine and the image build in a thread; see ``Preparation``."""
+    global _preparation
+    if _preparation is None:
+        _preparation = Preparation(default_image())
+        _preparation.start()
+    return _preparation
+
+
+def _prepared() -> Preparation | None:
+    """The background preparation, once finished (None if none was started)."""
+    if _preparation is not None:
+        _preparation.join()
+    return _preparation
 
 
 # -- pytest fixtures ---------------------------------------------------------------------
@@ -355,8 +411,11 @@ if pytest is not None:
     @pytest.fixture(scope="session")
     def brokerha_docker() -> Iterator[None]:
         """A Docker engine for the session, or the tests skipped with the reason."""
+        prepared = _prepared()
         try:
-            started = ensure_engine()
+            if prepared is not None and prepared.unavailable is not None:
+                raise prepared.unavailable
+            started = ensure_engine() or (prepared is not None and prepared.started_engine)
         except EngineUnavailable as exc:
             pytest.skip(f"Docker engine unavailable: {exc}")
         try:
@@ -369,6 +428,9 @@ if pytest is not None:
     def brokerha_image(brokerha_docker: None) -> str:
         """The node image, built from this source tree when it is missing or stale."""
         image = default_image()
+        prepared = _prepared()
+        if prepared is not None and prepared.error is not None:
+            raise prepared.error
         if os.environ.get("BROKERHA_IMAGE_PREBUILT") == "1":
             if image_source(image) is None:
                 pytest.fail(f"BROKERHA_IMAGE_PREBUILT=1 but there is no image {image}")
