@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from brokerha.backup.timers import hold_timers
+from brokerha.backup.timers import hold_queue_timers, hold_timers
 from brokerha.broker.broker import Broker
 from brokerha.broker.definitions import VHOST, DefinitionChange
 from brokerha.broker.errors import BrokerError
@@ -145,8 +145,8 @@ class BrokerReplicator:
                                     server_named=True, arguments=R.decode_table(arguments))
             if self.scope is None:
                 hold_timers(vhost, q)
-            else:  # the vhost may hold queues this node leads: its ``following`` stays
-                vhost.timed_queues.discard(q)
+            else:  # the vhost may hold queues this node leads: followed per queue
+                hold_queue_timers(vhost, q)
         self._note(("q", vhost_name, name))
 
     def queue_deleted(self, vhost_name: str, name: str) -> None:

@@ -18,8 +18,9 @@ exchange set as the book says:
   message, not the rest of the trim;
 - an exchange's ``alternate-exchange`` (its argument wins).
 
-On an HA backup (the vhost is ``following``: its queues' contents are the
-primary's, which sends the dequeues of a trim and of expiries) the settings
+On an HA backup (the vhost is ``following``, or the queue is one of its
+``followed`` on a partitioned node: its contents are the primary's, which
+sends the dequeues of a trim and of expiries) the settings
 are set all the same -- so a promoted backup acts on them at once -- but no
 timer starts and nothing is trimmed here.
 
@@ -233,7 +234,7 @@ class PolicyEffects(ConfigurationObserver):
         q.dead_letter_routing_key = None if dlrk is None else str(dlrk)
         self._limit(vhost, q, _int(resolve("max-length", args, definition)),
                     _int(resolve("max-length-bytes", args, definition)))
-        if vhost.following:
+        if vhost.follows(q):
             return
         if q.has_timers:
             vhost.timed_queues.add(q)
@@ -247,7 +248,7 @@ class PolicyEffects(ConfigurationObserver):
         if trim is not None:
             trim.cancelled = True
         q.max_length, q.max_length_bytes = max_length, max_length_bytes
-        if vhost.following or q.overflow != "drop-head" or not q.over_limit():
+        if vhost.follows(q) or q.overflow != "drop-head" or not q.over_limit():
             return
         budget = vhost.background.entries
         if q.drop_head(budget) < budget:  # the usual case: done now, before the answer

@@ -89,6 +89,9 @@ class VirtualHost:
         # its queues' contents follow another node's (an HA backup's, backup/timers.py): no
         # timers of their own, and a policy that lowers a limit trims nothing here
         self.following = False
+        # the same per queue (``follows``): a partitioned node follows the queues of the
+        # groups it is a backup of and leads the others of the same vhost
+        self.followed: set[Queue] = set()
         self.exchanges[""] = EXCHANGE_CLASSES["direct"](name, "", durable=True)
         for ex_name, ex_type in STANDARD_EXCHANGES:
             self.exchanges[ex_name] = EXCHANGE_CLASSES[ex_type](name, ex_name, durable=True)
@@ -238,6 +241,11 @@ class VirtualHost:
             self.timed_queues.add(q)
         return q
 
+    def follows(self, q: Queue) -> bool:
+        """Whether ``q``'s contents follow another node's (its primary's trims and expiries
+        decide, not this node's timers and limits)."""
+        return self.following or q in self.followed
+
     @staticmethod
     def new_queue_name() -> str:
         return f"amq.gen-{uuid.uuid4().hex[:22]}"
@@ -271,6 +279,7 @@ class VirtualHost:
         count = q.delete(self.background)
         self.queues.pop(q.name, None)
         self.timed_queues.discard(q)
+        self.followed.discard(q)
         for obs in self.observers.configuration:
             obs.queue_deleted(q)
         return count

@@ -14,7 +14,10 @@ import json
 import pytest
 
 from brokerha.backup.backup import Backup
+from brokerha.broker.definitions import DefinitionChange
 from brokerha.broker.placement import GroupScope, no_queues, scope_of
+from brokerha.broker.policies import POLICY
+from brokerha.broker.policy_effects import PolicyEffects
 from brokerha.broker.queue import Queue
 from brokerha.broker.storage import MemoryStore
 from brokerha.cluster import replication as R
@@ -157,3 +160,33 @@ def test_each_group_keeps_its_position_under_its_own_key() -> None:
     state = NodeState()
     load_position(a.broker, state, position_key(G2))
     assert (state.pos_epoch, state.pos_seq) == (3, 17)
+
+
+def test_a_policy_trims_the_queues_a_node_leads_and_not_those_it_follows() -> None:
+    """``VirtualHost.followed``: per queue what ``following`` is per vhost. A leads group 1
+    and follows group 2 on the same vhost: a policy's limit and TTL act on its own queue,
+    while its copy of group 2's queue keeps what its primary sends."""
+    clock = Clock()
+    a, b = Node("A", clock), Node("B", clock)
+    effects = PolicyEffects(a.broker)
+    pa, pb = primary(a, G1, clock), primary(b, G2, clock)
+    ba = joined(pb, a, G2)
+    qa, qb = queue(a, "a1"), queue(b, "b1")
+    for i in range(10):
+        publish(a.broker, b"%d" % i, "a1")
+        publish(b.broker, b"%d" % i, "b1")
+    carry(pb, ba)
+    vhost = a.broker.vhosts["/"]
+    copy = vhost.queues["b1"]
+    assert not vhost.following and vhost.follows(copy) and not vhost.follows(qa)
+    a.broker.definitions.apply(DefinitionChange(POLICY, ("/", "limits"), {
+        "pattern": "^", "apply-to": "queues", "priority": 0,
+        "definition": {"max-length": 3, "message-ttl": 1000}}))
+    assert effects.applied(qa) == effects.applied(copy)
+    assert (copy.max_length, copy.message_ttl) == (3, 1000)
+    assert [e.message.body for e in qa.ready] == [b"7", b"8", b"9"]  # trimmed here
+    assert copy.message_count == 10 and qb.message_count == 10  # its primary decides
+    assert qa in vhost.timed_queues and copy not in vhost.timed_queues
+    ba.close()  # promoted in group 2: the copy keeps time and follows nothing
+    assert not vhost.follows(copy) and copy in vhost.timed_queues
+    assert pa.scope is G1
