@@ -37,11 +37,14 @@ Checked after every event, each **per group** (a group's violation names it):
 - (f) stability, per group: while every cell of the group and the links
   between them are up, no election in it (no new epoch persisted, its
   primary never steps down). A crash disarms only the groups the crashed
-  node led: **killing a node elects only in the groups it led** -- the
-  others keep their primary and epoch through the crash, the restart and
-  the rejoin (``crashes_seen`` counts the crashes that armed groups lived
-  through, ``elected_after_crash`` the groups that elected after losing
-  their primary to one);
+  node led (and those it leaves without a majority of cells): **killing a
+  node elects only in the groups it led** -- the others keep their primary
+  and epoch through the crash, the restart and the rejoin (``crashes_seen``
+  counts the crashes that armed groups lived through, ``elected_after_crash``
+  the groups that elected after losing their primary to one); a pause
+  (SIGSTOP) and a link's failure likewise disarm only the groups their nodes
+  led (``pauses_seen``, ``links_seen``); a network partition and a delayed
+  packet disarm every group;
 - (g) scope: a node holds a partition's queue only if it is a cell of that
   partition (N = 5, NR = 2: two nodes of five hold none of it);
 - (h) every node makes its groups of the one placement (``PartitionTable.tweak``
@@ -289,6 +292,7 @@ class GroupSimulation(World):
         self.crash_victims: dict[int, list[str]] = {g: [] for g in self.groups}  # while armed
         self.lost_primary: set[int] = set()  # groups whose primary crashed: elect next
         self.counts: Counter[str] = Counter()
+        self._chosen = False  # a fault that disarmed its own groups runs (disturb: nothing)
         self.armed = 0.0  # group-seconds under (f), summed over the groups
         self._armed_at = 0.0
         self.result = SimResult(seed, nodes, partitions, None, [], "")
@@ -472,7 +476,10 @@ class GroupSimulation(World):
     # -- (f) stability, per group ------------------------------------------------------------
 
     def disturb(self, until: float | None = None) -> None:
-        """A fault that may elect in any group (a pause, a link, a partition, a spike)."""
+        """A fault that may elect in any group (a partition, a spike); a crash, a pause or a
+        link's failure choose the groups they disarm (``_disarm``)."""
+        if self._chosen:
+            return
         for group in self.groups:
             self.group_stable[group] = None
         if until is not None and until > self.disturbed_until:
@@ -485,8 +492,8 @@ class GroupSimulation(World):
             crashed = self.crash_victims[group]
             self.violate(f"(f) {what}, {self.now - since:.3f}s into a stretch where group "
                          f"{group}'s cells and links were up and every backup followed "
-                         f"{primary.name}" + (f" (crashes since, of nodes it does not lead "
-                                              f"from: {crashed})" if crashed else ""))
+                         f"{primary.name}" + (f" (faults since, of nodes and links it does "
+                                              f"not depend on: {crashed})" if crashed else ""))
 
     def group_healthy(self, group: int) -> GroupNode | None:
         cells = self.cells[group]
@@ -552,12 +559,12 @@ class GroupSimulation(World):
         if kind == "crash" and up:
             self.crash_node(rng.choice(up), outage)
         elif kind == "pause" and up:
-            self.pause(cast(SimNode, rng.choice(up)), outage)
+            self.pause_node(rng.choice(up), outage)
         elif kind == "partition":
             self.partition(outage)
         elif kind == "link":
             a, b = rng.sample(self.names, 2)
-            self.fail_link(a, b)
+            self.fail_link_between(a, b)
         elif kind == "promote":
             group = rng.choice(self.groups)
             serving = self.serving_groups[group]
@@ -576,19 +583,9 @@ class GroupSimulation(World):
 
     def crash_node(self, node: GroupNode, downtime: float) -> None:
         """The process dies: only the groups it led may elect (the others stay armed)."""
-        led = [g for g in self.groups if self.serving_groups[g] is node
-               or (node.member(g) is not None and node.ha.groups[g].election.role == "primary")]
-        for group in self.groups:
-            cells = self.cells[group]
-            left = [n for n in cells if n != node.name and self.node(n).alive]
-            if group in led:
-                self.group_stable[group] = None
-                self.lost_primary.add(group)
-            elif 2 * len(left) <= len(cells):  # no majority of its cells left: it must stop
-                self.group_stable[group] = None
-            elif self.group_stable[group] is not None:
-                self.crash_victims[group].append(node.name)
-                self.counts["crashes_seen"] += 1
+        led = self._disarm([node], "crashes_seen")
+        for group in led:
+            self.lost_primary.add(group)
         self.note(f"crash {node.name} for {downtime:.2f}s (led groups {led})")
         self.stats.crashes += 1
         node.up = False
@@ -602,6 +599,55 @@ class GroupSimulation(World):
                 self.seen[(node.name, peer)] = None
                 self._fail_link_quietly(node.name, peer)
         self.after(downtime, lambda: self.restart(node.name))
+
+    def _led_by(self, node: GroupNode) -> list[int]:
+        return [g for g in self.groups if self.serving_groups[g] is node
+                or (node.member(g) is not None and node.ha.groups[g].election.role == "primary")]
+
+    def _disarm(self, hit: list[GroupNode], seen: str) -> list[int]:
+        """A fault on ``hit`` (a crash or a pause of one node, a link between two): (f)
+        stays armed in every group none of them leads that keeps a majority of its cells
+        out of it (``seen`` counts those); the groups they led, disarmed, are returned."""
+        names = {n.name for n in hit}
+        led = sorted({g for n in hit for g in self._led_by(n)})
+        for group in self.groups:
+            cells = self.cells[group]
+            left = [n for n in cells if n not in names and self.node(n).alive
+                    and not self.node(n).paused]
+            if group in led or 2 * len(left) <= len(cells):  # its primary, or its majority
+                self.group_stable[group] = None
+            elif self.group_stable[group] is not None:
+                self.crash_victims[group].append("+".join(sorted(names)))
+                self.counts[seen] += 1
+        return led
+
+    def pause_node(self, node: GroupNode, length: float) -> None:
+        """SIGSTOP: only the groups the node led (or left without a majority) may elect."""
+        self._disarm([node], "pauses_seen")
+        self._chosen = True
+        try:
+            self.pause(cast(SimNode, node), length)
+        finally:
+            self._chosen = False
+
+    def fail_link_between(self, a: str, b: str) -> None:
+        """A link fails: only the groups either end led may elect (or that lose a majority:
+        with three cells, never)."""
+        self._disarm_link(a, b)
+        self._chosen = True
+        try:
+            self.fail_link(a, b)
+        finally:
+            self._chosen = False
+
+    def _disarm_link(self, a: str, b: str) -> None:
+        led = set(self._led_by(self.node(a))) | set(self._led_by(self.node(b)))
+        for group in self.groups:
+            if group in led:
+                self.group_stable[group] = None
+            elif self.group_stable[group] is not None:
+                self.crash_victims[group].append(f"{a}-{b}")
+                self.counts["links_seen"] += 1
 
     def _fail_link_quietly(self, a: str, b: str) -> None:
         """``_fail_link`` without disarming every group (a crash chose which)."""
