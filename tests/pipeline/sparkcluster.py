@@ -6,7 +6,8 @@
   workers launch.
 * :class:`ConnectServer` -- a Spark Connect server
   (``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer``;
-  the connect jar ships in pyspark's ``jars/``).
+  the connect jar ships in pyspark's ``jars/``); ``launch`` and ``wait_ready``
+  apart let its JVM start while the caller does other work.
 
 Each is a context manager that starts its JVMs, waits until they answer and
 stops exactly the processes it started, by PID (workers stop their executors).
@@ -198,6 +199,12 @@ class ConnectServer(_Deployment):
             return True
 
     def __enter__(self) -> ConnectServer:
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def launch(self) -> None:
+        """Start the server's JVM without waiting for it (``wait_ready`` does)."""
         self.jvms.start(
             "connect",
             [
@@ -219,6 +226,8 @@ class ConnectServer(_Deployment):
                 "spark-internal",
             ],
         )
+
+    def wait_ready(self) -> None:
+        """Until the launched server answers (120 s); stopped if it exits or never does."""
         with self._starting():
             _wait("Spark Connect server", self._answers, self.jvms, 120)
-        return self

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,18 @@ from .sparkcluster import ConnectServer, Standalone
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    """A Spark Connect server launched before the workload is made: its JVM starts while
+    the data are generated and the local reports written (the test waits for it)."""
+    server = ConnectServer(tmp_path_factory.mktemp("connect"))
+    server.launch()
+    try:
+        yield server
+    finally:
+        server.jvms.stop()  # by PID, started or not
 
 
 @pytest.fixture(scope="module")
@@ -106,19 +119,21 @@ def test_standalone_cluster_reports_equal_local(workload: dict[str, Any], tmp_pa
         assert got == expected, command
 
 
-def test_spark_connect_reports_equal_local(workload: dict[str, Any], tmp_path: Path) -> None:
-    with ConnectServer(tmp_path / "connect") as server:
-        for command, expected in workload["local"].items():
-            out = tmp_path / command
-            args = ["--input", workload["inputs"], "--out", str(out), "--remote", server.url]
-            if command == "check-history":
-                args += ["--history", workload["history"]]
-            proc = subprocess.run(
-                [sys.executable, "-m", "brokerha.cli", "pipeline", command, *args],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=180,
-            )
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            assert json.loads((out / "report.json").read_text()) == expected, command
+def test_spark_connect_reports_equal_local(
+    connect_server: ConnectServer, workload: dict[str, Any], tmp_path: Path
+) -> None:
+    connect_server.wait_ready()
+    for command, expected in workload["local"].items():
+        out = tmp_path / command
+        args = ["--input", workload["inputs"], "--out", str(out), "--remote", connect_server.url]
+        if command == "check-history":
+            args += ["--history", workload["history"]]
+        proc = subprocess.run(
+            [sys.executable, "-m", "brokerha.cli", "pipeline", command, *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads((out / "report.json").read_text()) == expected, command
