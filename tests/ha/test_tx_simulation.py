@@ -64,11 +64,12 @@ def assert_big_work_exercised(results: list[SimResult]) -> None:
     n = len(small)
     work = totals(small)
     assert work["sliced commits"] > 20 * n and work["commit slices"] > 5 * work["sliced commits"]
-    assert work["body parts"] > 200 * n and work["split flushes"] > 20 * n
-    # a backup crashed mid-commit, or holding some parts of a message; one was elected
+    assert work["body parts"] > 200 * n and work["catch-up parts"] > 100 * n
+    assert work["split flushes"] > 20 * n
+    # a backup crashed mid-commit, or holding some parts of a message; some were elected
     # mid-commit and applied the rest first (Backup.settle)
-    assert work["crashed mid-commit"] > n and work["crashed between parts"] > n / 10
-    assert work["promoted mid-commit"] > 0 and work["aimed faults"] > 2 * n
+    assert work["crashed mid-commit"] > n / 2 and work["crashed between parts"] > n / 10
+    assert work["promoted mid-commit"] > n / 10 and work["aimed faults"] > 2 * n
     # none of it with the product's bounds, which these small transactions never reach
     assert "sliced commits" not in totals([r for r in results if not small_bounds(r.seed)])
 

@@ -313,7 +313,7 @@ class ConfirmSimulation(World):
 # ``small_bounds``: the bounds of big work small (world.Bounds): the client's bodies of 8
 # digits go as 8 parts of a byte, over 2-3 flushes of about a packet, a catch-up's messages
 # each its ``e`` in parts too; faults aimed at a backup holding some parts of a message
-# (world.Faults.mid_work), at this chance each time
+# (world.Faults.between_parts), at this chance each time
 SMALL_BOUNDS = replace(world.SMALL_BOUNDS, body_part_bytes=1, flush_bytes=32)
 AIMED = 0.005
 
@@ -325,7 +325,7 @@ def run_seed(seed: int, *, nodes: int = 3, duration: float = 60.0,
     if small_bounds:
         kw.setdefault("bounds", SMALL_BOUNDS)
         kw.setdefault("pace", world.SMALL_PACE)
-        faults = replace(faults or Faults(), mid_work=AIMED)
+        faults = replace(faults or Faults(), between_parts=AIMED)
     return quietly(ConfirmSimulation(seed, nodes=nodes, duration=duration, faults=faults, **kw))
 
 

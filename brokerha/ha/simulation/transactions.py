@@ -100,8 +100,8 @@ FAULTS = Faults(rate=0.4, outage=(0.3, 4.0), slow_fsync_p=0.01)
 SLOW_OPERATIONS = True  # takes ``unsliced`` (cli.py: --unsliced-operations)
 BIG_COMMITS = 0.06  # the share of TX commits that are big: ...
 BIG_COMMIT = (0.2, 1.5)  # ... this many virtual seconds of the node's CPU
-BIG_TC = (40, 64)  # messages a big commit adds with the bounds of big work small
-BIG_FAILOVER = 0.25  # the chance its primary crashes as a backup begins its commit
+BIG_TC = (64, 96)  # messages a big commit adds with the bounds of big work small
+BIG_FAILOVER = 0.5  # the chance its primary crashes as a backup begins its commit
 
 def contents(broker: Broker) -> dict[str, Any]:
     """What must be equal on primary and backup: definitions and positions with bodies."""
@@ -642,7 +642,8 @@ class TxSimulation(AsyncWorld):
         seq = backup.commit_seq
         txid = next((t for t, _, tc in self.commits.get(backup.epoch, []) if tc == seq), None)
         if txid in self.big and self.rng.random() < BIG_FAILOVER:
-            self.aim_now(node, "at a big commit's first slice", "primary crash")
+            # down long enough that the others elect one of them, not it again
+            self.aim_now(node, "at a big commit's first slice", "primary crash", 3.0)
 
     def on_ack(self, node: SimNode, ack: Ack) -> None:
         """What an acknowledgement promises: its node's disk holds every transaction the
@@ -784,10 +785,12 @@ class TxSimulation(AsyncWorld):
 # the path a TX of more than 1 MiB takes, with its crashes and failovers.
 SMALL_TC_ROOM = 48
 # Seeds 2 and 3 of every 4 run with the bounds of big work small (world.SMALL_BOUNDS): the
-# backups apply every commit of more than 2 entries in slices, every body goes in parts and
-# a flush takes about one packet; with faults aimed at a backup mid-commit or holding some
-# parts of a message, at this chance each time (world.Faults.mid_work)
-AIMED = 0.015
+# backups apply every commit of more than one entry in slices, every body goes in parts and
+# a flush takes about one packet; with faults aimed at a backup in the middle of a commit
+# (that chance for each) or holding some parts of a message (for each packet that leaves
+# some): world.Faults.mid_commit, between_parts
+AIMED_COMMIT = 0.1
+AIMED_PARTS = 0.01
 
 
 def small_bounds(seed: int) -> bool:
@@ -803,7 +806,8 @@ def run_seed(seed: int, small_bounds: bool | None = None, **kw: Any) -> SimResul
     if small_bounds or (small_bounds is None and seed % 4 >= 2):
         kw.setdefault("bounds", SMALL_BOUNDS)
         kw.setdefault("pace", SMALL_PACE)
-        kw.setdefault("faults", replace(FAULTS, mid_work=AIMED))
+        kw.setdefault("faults", replace(FAULTS, mid_commit=AIMED_COMMIT,
+                                        between_parts=AIMED_PARTS))
     try:
         return asyncio.run(TxSimulation(seed, **kw).run())
     finally:

@@ -22,7 +22,7 @@ violation found is a defect of the product.
   pauses (SIGSTOP: nothing runs, input waits, TCP stays up), link failures,
   partitions that heal, and manual failovers (``HAMember.promote``); with the
   bounds of big work small (``Bounds``), faults aimed at a backup in the
-  middle of a commit in slices or of a large message's parts (``aim``).
+  middle of a commit in slices or of a large message's parts (``aim_now``).
 - **CPU** (``Costs``, the cost model): a node's event loop is busy for the
   work of each input (the replication events it sends and applies, the
   client operations it carries out, a slow operation's slices); meanwhile
@@ -119,10 +119,12 @@ class Faults:
     fsync: tuple[float, float] = (0.0005, 0.01)  # a store sync takes this long ...
     slow_fsync_p: float = 0.0    # ... or, with this chance, ...
     slow_fsync: tuple[float, float] = (0.05, 0.5)  # ... this long (disk.sync_latency)
-    # the chance that a fault is aimed at a backup in the middle of big work, each time one
-    # is (after each slice of a commit, after a packet that left a message's parts waiting
-    # for its ``e``): ``World.aim``. 0: never (no draw, the seeds keep their traces)
-    mid_work: float = 0.0
+    # the chances that a fault is aimed at a backup in the middle of big work (``World.aim``):
+    # for each commit it applies in slices, after 0-7 more of them; for each packet that
+    # left some parts of a message waiting for its ``e``, then. 0: never (no draw: seeds
+    # keep their traces)
+    mid_commit: float = 0.0
+    between_parts: float = 0.0
 
     @classmethod
     def none(cls) -> Faults:
@@ -390,6 +392,7 @@ class SimNode(SimProcess):
         self.incarnation = incarnation
         self.mid_commit = False  # its backup is in the middle of a commit in slices
         self.mid_commit_seq: tuple[int, int | None] | None = None  # (epoch, seq) of the last
+        self.aim_in: int | None = None  # slices of it left before a fault aimed at it
         state = NodeState(epoch=votes.epoch, voted_for=votes.voted_for)
         load_position(self.broker, state)
         self.layer = world.make_layer(self)
@@ -474,7 +477,7 @@ class SimNode(SimProcess):
         core = self.ha.core if hasattr(self, "ha") else None
         if core is not None:
             if callback == core._next_slice:  # the backup's next slice of a commit
-                callback = partial(self.world.commit_slice, self, callback)
+                callback = partial(self.world.next_slice, self, callback)
             elif callback == core.flush:  # the primary's flush of its backups' events
                 callback = partial(self.world.flush, self, callback)
         self.world.soon.append((self, callback))
@@ -1065,12 +1068,12 @@ class World:
             stats.body_parts += parts
             if packet.first_seq < 0:  # a catch-up's (numbered below its join's seq)
                 stats.catch_up_parts += parts
-            if backup.partial_body:
-                self.aim(node, "between parts")
+            if backup.partial_body and self.aim(self.faults.between_parts):
+                self.aim_now(node, "between parts", self.aimed_kind())
         if backup.busy and backup.commit_seq != commit:
             self._slice_done(node, backup)
 
-    def commit_slice(self, node: SimNode, step: Callable[[], None]) -> None:
+    def next_slice(self, node: SimNode, step: Callable[[], None]) -> None:
         """The backup's next slice of a commit (``HACore._next_slice``): its CPU counted."""
         backup = node.ha.backup
         busy = backup is not None and backup.busy
@@ -1086,13 +1089,18 @@ class World:
         node.charge(self.costs.commit_slice)
         stats.commit_slices += 1
         commit = (backup.epoch, backup.commit_seq)
-        if backup.busy and commit != node.mid_commit_seq:  # (a packet held behind the last
-            stats.sliced_commits += 1                        # one may begin another)
+        if backup.busy and commit != node.mid_commit_seq:  # a new one (a packet held
+            stats.sliced_commits += 1                        # behind the last may begin it)
             node.mid_commit_seq = commit
+            node.aim_in = self.rng.randrange(8) if self.aim(self.faults.mid_commit) else None
             self.commit_begun(node, backup)
         node.mid_commit = backup.busy
-        if backup.busy:
-            self.aim(node, "mid-commit")
+        if backup.busy and node.aim_in is not None:
+            if node.aim_in == 0:
+                node.aim_in = None
+                self.aim_now(node, "mid-commit", self.aimed_kind())
+            else:
+                node.aim_in -= 1
 
     def flush(self, node: SimNode, flush: Callable[[], None]) -> None:
         """The primary's flush (``HACore.flush``): whether it left live events for later."""
@@ -1104,24 +1112,25 @@ class World:
     def commit_begun(self, node: SimNode, backup: Backup) -> None:
         """``node``'s backup began a commit in slices (the workload may aim a fault at it)."""
 
-    def aim(self, node: SimNode, where: str) -> None:
-        """With ``Faults.mid_work``'s chance, a fault at ``node`` in the middle of big work
-        (``where``), right after the input it runs: a crash (its store synced just before,
-        or not), the primary's crash, a handover to it (which waits for its position: it
-        lands mid-commit only while the primary's own position lags its last commit), a
-        pause, its link to the primary."""
-        chance = self.faults.mid_work
-        if not chance or self.calm or self.rng.random() >= chance:
-            return
-        kind = self.rng.choice(("crash", "synced crash", "primary crash", "handover", "pause",
+    def aim(self, chance: float) -> bool:
+        """Whether a fault is aimed at this moment of big work (drawn only if ``chance``)."""
+        return bool(chance) and not self.calm and self.rng.random() < chance
+
+    def aimed_kind(self) -> str:
+        """An aimed fault: the backup's crash (its store synced just before, or not), the
+        primary's crash, a handover to it (which waits for its position: it lands
+        mid-commit only while the primary's own position lags its last commit), a pause
+        of it, its link to the primary failing."""
+        return self.rng.choice(("crash", "synced crash", "primary crash", "handover", "pause",
                                 "link"))
-        self.after(0.0, partial(self._aimed, node, where, kind))
 
-    def aim_now(self, node: SimNode, where: str, kind: str) -> None:
-        """A fault of ``kind`` at ``node`` in the middle of big work, after this input."""
-        self.after(0.0, partial(self._aimed, node, where, kind))
+    def aim_now(self, node: SimNode, where: str, kind: str,
+                downtime: float | None = None) -> None:
+        """A fault of ``kind`` at ``node`` in the middle of big work (``where``), right
+        after the input it runs (a crash's ``downtime``: drawn as any outage's by default)."""
+        self.after(0.0, partial(self._aimed, node, where, kind, downtime))
 
-    def _aimed(self, node: SimNode, where: str, kind: str) -> None:
+    def _aimed(self, node: SimNode, where: str, kind: str, downtime: float | None) -> None:
         if not node.alive or node.paused:
             return
         backup = node.ha.backup
@@ -1131,7 +1140,7 @@ class World:
         self.stats.aimed_faults += 1
         self.note(f"aimed at {node.name} {where}: {kind}")
         lo, hi = self.faults.outage
-        outage = lo + (hi - lo) * self.rng.random()
+        outage = lo + (hi - lo) * self.rng.random() if downtime is None else downtime
         if kind in ("crash", "synced crash"):
             if kind == "synced crash":  # the store's writer committed what it had, then
                 node._synced()
