@@ -6,13 +6,14 @@ soon as collection ends, and runs each job once on a small crafted export
 (the first run of a job costs 10-20 s of JIT and code generation, later ones
 a few), so this happens while the tests before tests/pipeline run instead of
 in front of the first Spark test. That thread and the JVM it launches run
-at nice 10 (back to 0 once warm, where allowed): the warm-up takes only CPU
-the running tests leave idle (many of them time elections and leases). The
-``spark`` fixture waits for it.
+at nice 10 (back to 0 once warm, or as soon as a test waits for it, where
+allowed): the warm-up takes only CPU the running tests leave idle (many of
+them time elections and leases). The ``spark`` fixture waits for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -42,6 +43,7 @@ class WarmStart(threading.Thread):
         super().__init__(name="spark-warm-start", daemon=True)
         self.session: Any = None
         self.error: BaseException | None = None
+        self.hurried = False
 
     def run(self) -> None:
         # Linux: the niceness is this thread's, and the JVM forked from it inherits it
@@ -54,14 +56,31 @@ class WarmStart(threading.Thread):
             self.error = exc
             return
         try:
-            warm_up(self.session)
+            if not self.hurried:
+                warm_up(self.session)
         except Exception as exc:  # the tests run these jobs themselves and say what fails
             warnings.warn(f"the pipeline jobs' warm-up failed: {exc!r}", stacklevel=1)
         finally:
             # the tests' own jobs at the usual priority (root may lower a niceness)
-            proc = getattr(self.session.sparkContext._gateway, "proc", None)
-            if proc is not None:
-                renice_tree(proc.pid, 0)
+            renice_jvm(0)
+
+    def hurry(self) -> None:
+        """A test waits for the session: the rest at the usual priority, and no warm-up
+        that has not begun yet (the tests pay it, as they would have without this)."""
+        self.hurried = True
+        if self.native_id is not None:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, self.native_id, 0)
+        renice_jvm(0)
+
+
+def renice_jvm(nice: int) -> None:
+    """The session's JVM (once launched) and its Python workers to ``nice``."""
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    if proc is not None:
+        renice_tree(proc.pid, nice)
 
 
 def renice_tree(pid: int, nice: int) -> None:
@@ -132,6 +151,8 @@ def spark() -> Iterator[Any]:
     if _warm is None:
         session = get_session("local[2]", app=APP)
     else:
+        if _warm.is_alive():
+            _warm.hurry()
         _warm.join()
         if _warm.error is not None:
             raise _warm.error
