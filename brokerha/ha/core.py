@@ -525,9 +525,11 @@ class HACore:
                 self.schedule_ack()
 
         def journal_synced() -> None:
-            if (caught_up and self.backup is backup and backup.session == session
-                    and not backup.busy):  # mid-commit the stored position stays invalid
-                self.record_position(backup.epoch, seq)
+            if caught_up and self.backup is backup and backup.session == session:
+                if not backup.busy:
+                    self.record_position(backup.epoch, seq)
+                else:  # mid-commit the stored position stays invalid, but the floor rises
+                    self._raise_floor(backup.epoch, seq)
             if self.unsafe.early_ack:
                 durable()
             else:
@@ -556,6 +558,17 @@ class HACore:
         st = self.state
         self.broker.store.put_meta(self.position_key, json.dumps(
             [-1, -1, st.floor_epoch, st.floor_seq]))
+
+    def _raise_floor(self, epoch: int, seq: int) -> None:
+        """Record a vote floor of ``(epoch, seq)`` (never lowered) with the position still
+        invalid: an acknowledgement sent mid-commit promises what it covers, so that after
+        a crash this node votes for no candidate without it (a transaction acknowledged,
+        hence maybe answered commit-ok, would be lost; found by the simulation with small
+        bounds, seed 1512)."""
+        st = self.state
+        if (epoch, seq) > (st.floor_epoch, st.floor_seq):
+            st.floor_epoch, st.floor_seq = epoch, seq
+        self._store_position_invalid()
 
     def record_position(self, epoch: int, seq: int) -> None:
         """Record our position into the store's next commit (with the floor, never lowered).

@@ -548,6 +548,7 @@ class WorldStats:
     sliced_commits: int = 0
     commit_slices: int = 0
     promoted_mid_commit: int = 0
+    settled_mid_commit: int = 0  # a join or a follow while its commit was half applied
     crashed_mid_commit: int = 0
     body_parts: int = 0
     catch_up_parts: int = 0
@@ -559,6 +560,7 @@ class WorldStats:
         """The counts of big work, named for a run's statistics."""
         return {"sliced commits": self.sliced_commits, "commit slices": self.commit_slices,
                 "promoted mid-commit": self.promoted_mid_commit,
+                "settled mid-commit": self.settled_mid_commit,
                 "crashed mid-commit": self.crashed_mid_commit, "body parts": self.body_parts,
                 "catch-up parts": self.catch_up_parts,
                 "crashed between parts": self.crashed_between_parts,
@@ -1078,7 +1080,8 @@ class World:
         backup = node.ha.backup
         busy = backup is not None and backup.busy
         step()
-        if not busy:  # settled meanwhile (a join, a role change): nothing left to do
+        if not busy:  # settled meanwhile (a join, following another primary): nothing left
+            self.stats.settled_mid_commit += node.mid_commit
             node.mid_commit = False
         elif backup is not None and node.ha.backup is backup:
             self._slice_done(node, backup)
