@@ -119,6 +119,8 @@ class Unsafe(UnsafeRules):
     ack_before_last_slice: bool = False
     # ... a backup promoted mid-commit serves without applying the rest first (no settle)
     unsettled_promotion: bool = False
+    # ... an acknowledgement sent mid-commit leaves the stored vote floor below it
+    floor_behind_ack: bool = False
 
 
 @dataclass(frozen=True)
@@ -528,8 +530,8 @@ class HACore:
             if caught_up and self.backup is backup and backup.session == session:
                 if not backup.busy:
                     self.record_position(backup.epoch, seq)
-                else:  # mid-commit the stored position stays invalid, but the floor rises
-                    self._raise_floor(backup.epoch, seq)
+                elif not self.unsafe.floor_behind_ack:  # mid-commit the stored position
+                    self._raise_floor(backup.epoch, seq)  # stays invalid, the floor rises
             if self.unsafe.early_ack:
                 durable()
             else:

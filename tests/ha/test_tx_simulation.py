@@ -82,11 +82,11 @@ def test_seeds_keep_every_transaction_atomic_agreed_and_durable() -> None:
 
 @pytest.mark.parametrize(("rule", "says"), [
     # a backup acknowledges (its yes vote included) before its store synced: the ack
-    # promises a commit its disk does not hold (on_ack); or it crashes, comes back without
+    # promises a floor or a commit its disk does not hold (on_ack); or it crashes, comes back without
     # the transaction, and is elected (ha/core.py); or, without the prepared record, holds
     # a committed branch in doubt for good
-    ("early_ack", "but its disk lacks|not committed on the primary|is reported ready but "
-                  "lacks|never settled: .* TxTrackers"),
+    ("early_ack", "above its stored vote floor|but its disk lacks|not committed on the "
+                  "primary|is reported ready but lacks|never settled: .* TxTrackers"),
     # no TxTrackers: a backup that joined during the prepare is ready without the
     # commit (ha/core.py)
     ("no_tx_trackers", "is reported ready but lacks"),
@@ -113,6 +113,9 @@ def test_the_checker_catches_a_broken_rule_of_the_product(rule: str, says: str) 
     ("ack_before_last_slice", r"acknowledged seq \d+ of epoch \d+, but its disk lacks"),
     # a backup elected mid-commit serves without applying the rest of it first
     ("unsettled_promotion", r"not atomic"),
+    # an ack sent mid-commit (of what came before the tc) leaves the stored vote floor
+    # below it: after a crash the node votes for a primary without it (seed 1512's loss)
+    ("floor_behind_ack", r"above its stored vote floor"),
 ])
 def test_the_checker_catches_a_broken_rule_of_the_sliced_commit(rule: str, says: str) -> None:
     """Issue 33's commit in slices on a backup, each of its rules broken

@@ -91,7 +91,7 @@ __all__ = ["CATCHES", "SimResult", "TxSimulation", "Unsafe", "run_many", "run_se
 
 QUEUES = ("q1", "q2", "q3")
 CATCHES = ("early_ack", "no_tx_trackers", "lagging_role", "position_valid_mid_commit",
-           "ack_before_last_slice", "unsettled_promotion")
+           "ack_before_last_slice", "unsettled_promotion", "floor_behind_ack")
 TRACE_TAIL = 40
 MAX_TX_CLIENTS = 3
 MAX_TMS = 2
@@ -649,7 +649,11 @@ class TxSimulation(AsyncWorld):
         """What an acknowledgement promises: its node's disk holds every transaction the
         primary of its epoch committed at a seq it covers (its outcome record, with the
         commit's effect in the same store batch: ``check_disk``). A backup that acknowledged
-        a commit before its last slice was applied and synced breaks it."""
+        a commit before its last slice was applied and synced breaks it. And, for an ack
+        that counts for the quorum (sent caught up), its disk's vote floor covers it: after
+        a crash the node votes for nobody without what it acknowledged (mid-commit too:
+        ``HACore._raise_floor``)."""
+        self.check_ack_floor(node, ack)
         commits = self.commits.get(ack.epoch, [])
         if not commits or ack.seq < commits[0][2]:
             return
@@ -661,6 +665,18 @@ class TxSimulation(AsyncWorld):
             if record is None or record[2] != COMMITTED:
                 self.violate(f"{node.name} acknowledged seq {ack.seq} of epoch {ack.epoch}, "
                              f"but its disk lacks {txid}, committed at seq {tc_seq}")
+
+    def check_ack_floor(self, node: SimNode, ack: Ack) -> None:
+        backup = node.ha.backup
+        # counted by the primary: sent caught up (nothing applied since it was scheduled,
+        # so it was caught up then too: at or past the session's valid_at)
+        if backup is None or not backup.caught_up or ack.seq != backup.applied_seq:
+            return
+        raw = node.store.disk.meta.get(POSITION_KEY)
+        floor = stored_position(raw)[2:] if raw is not None else (0, 0)
+        if floor < (ack.epoch, ack.seq):
+            self.violate(f"{node.name} acknowledged seq {ack.seq} of epoch {ack.epoch} above "
+                         f"its stored vote floor {floor}")
 
     def check(self) -> None:
         for node in self.nodes.values():

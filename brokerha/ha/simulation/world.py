@@ -232,6 +232,7 @@ class Unsafe(UnsafeRules):
     position_valid_mid_commit: bool = False
     ack_before_last_slice: bool = False
     unsettled_promotion: bool = False
+    floor_behind_ack: bool = False  # an ack sent mid-commit, the stored floor left below it
     runs_across_gaps: bool = False  # a catch-up's run of enqueues not cut at a gap (issue 33)
 
     def _part(self, kind: type[Any]) -> Any:
