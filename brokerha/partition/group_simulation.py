@@ -548,13 +548,10 @@ class GroupSimulation(World):
     # -- faults ------------------------------------------------------------------------------
 
     def _fault(self) -> None:
-        if self.calm:
+        fault = self._next_fault()
+        if fault is None:
             return
-        f, rng = self.faults, self.rng
-        self.after(rng.expovariate(f.rate), self._fault)
-        kinds = ("crash", "pause", "partition", "link", "promote")
-        kind = rng.choices(kinds, weights=[getattr(f, k) for k in kinds])[0]
-        outage = f.outage[0] + (f.outage[1] - f.outage[0]) * rng.random()
+        (kind, outage), rng = fault, self.rng
         up = [n for n in self.group_nodes() if n.alive and not n.paused]
         if kind == "crash" and up:
             self.crash_node(rng.choice(up), outage)

@@ -1232,14 +1232,21 @@ class World:
 
     # -- faults ------------------------------------------------------------------------------
 
-    def _fault(self) -> None:
+    def _next_fault(self) -> tuple[str, float] | None:
+        """The fault to inflict now and its outage (None once calm); the next is scheduled."""
         if self.calm:
-            return
+            return None
         f, rng = self.faults, self.rng
         self.after(rng.expovariate(f.rate), self._fault)
         kinds = ("crash", "pause", "partition", "link", "promote")
         kind = rng.choices(kinds, weights=[getattr(f, k) for k in kinds])[0]
-        outage = f.outage[0] + (f.outage[1] - f.outage[0]) * rng.random()
+        return kind, f.outage[0] + (f.outage[1] - f.outage[0]) * rng.random()
+
+    def _fault(self) -> None:
+        fault = self._next_fault()
+        if fault is None:
+            return
+        (kind, outage), rng = fault, self.rng
         up = [n for n in self.nodes.values() if n.alive and not n.paused]
         if kind == "crash" and up:
             self.crash(rng.choice(up), outage)
