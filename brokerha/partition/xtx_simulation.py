@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brokerha import seed_runner
+from brokerha.ha.simulation.world import SimResult, Violation
 from brokerha.partition.xtx import (
     Answer,
     CrossTx,
@@ -105,24 +106,6 @@ STALL = (0.5, 3.0)
 TX_EVERY = 0.15         # mean seconds between a coordinator's new commits
 TICK = 0.1              # every primary's and coordinator's tick
 SETTLE = 40.0           # at most this long after the faults for everything to settle
-
-
-@dataclass
-class SimResult:
-    seed: int
-    violation: str | None
-    trace: list[str]
-    stats: dict[str, int]
-    stuck: str | None = None
-
-    def summary(self) -> str:
-        if self.violation:
-            return f"seed {self.seed}: VIOLATION {self.violation}"
-        return f"seed {self.seed}: ok {self.stats}"
-
-
-class Violation(Exception):
-    pass
 
 
 @dataclass
