@@ -15,8 +15,13 @@ confirms client while an operator changes its queue's ``ha-replicate`` (issue
 table's ``TableCoordinator`` on every node while an operator drains nodes,
 brings them back and marks learners caught up (issue 35); ``--workload groups``
 (``partition/group_simulation.py``) is the confirms client of each partition on
-nodes that run a replication group per partition cell (issue 35, stage 2). All run the
-product's HA members on the harness of ``world.py``, with its cost model.
+nodes that run a replication group per partition cell (issue 35, stage 2). All of
+these run the product's HA members on the harness of ``world.py``, with its cost
+model. ``--workload xtx`` (``partition/xtx_simulation.py``) is apart: commits across
+partitions (``partition/xtx.py``'s coordinators and decision rules) over partitions
+modelled as logs that keep what was durable on their majority (issue 35, stage 4's
+core). ``--small-bounds`` (confirms, transactions) makes every commit slice, every
+body go in parts and flushes split, with faults aimed at the middle of them.
 ``--unsliced-operations`` (heavy, transactions) runs each slow operation in
 one step of the node's loop instead of slices: (f) must catch it, as
 ``--unsafe monolithic_catch_up`` (heavy). The run prints violations (with
