@@ -1,9 +1,10 @@
-"""The seed search the simulation tests share: the first seed that breaks an invariant."""
+"""What the simulation tests share: the first seed that breaks an invariant, and the
+statistics of many seeds added up."""
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
@@ -37,3 +38,11 @@ def first_failing(run_seed: Callable[..., Any], unsafe: Any, seeds: Iterable[int
                 return seed, result.violation
             submit()
     return None
+
+
+def totals(results: Sequence[Any]) -> Counter[str]:
+    """Every seed's ``stats`` added up (what the seeds exercised)."""
+    out: Counter[str] = Counter()
+    for r in results:
+        out.update(r.stats)
+    return out

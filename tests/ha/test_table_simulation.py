@@ -13,29 +13,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections import Counter
 
 import pytest
 
 from brokerha.partition.coordinator import TableCoordinator
 from brokerha.partition.simulation import (
     CATCHES,
-    SimResult,
     TableSimulation,
     Unsafe,
     run_many,
     run_seed,
 )
-from tests.seeds import first_failing
+from tests.seeds import first_failing, totals
 
 SEEDS = 20
-
-
-def totals(results: list[SimResult]) -> Counter[str]:
-    out: Counter[str] = Counter()
-    for r in results:
-        out.update(r.stats)
-    return out
 
 
 def test_every_node_runs_the_products_coordinator() -> None:

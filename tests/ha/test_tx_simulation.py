@@ -18,7 +18,7 @@ from brokerha.ha.simulation.transactions import (
     run_seed,
     small_bounds,
 )
-from tests.seeds import first_failing
+from tests.seeds import first_failing, totals
 
 CI_SEEDS = 100  # 30 virtual seconds each: about 6.5 failovers and 80 transactions a seed
 # (``-m slow``: the 3,000 after them, the former CI count of 300 among them)
@@ -28,13 +28,6 @@ CI_SEEDS = 100  # 30 virtual seconds each: about 6.5 failovers and 80 transactio
 # CaughtUp marker, its outcome still on its way: a backup at a valid position that misses
 # a message (seeds 138 and 703 of 1,000 at 40049d1). Reported as an expected failure until
 # it is fixed; any other violation fails.
-def totals(results: list[SimResult]) -> Counter[str]:
-    out: Counter[str] = Counter()
-    for r in results:
-        out.update(r.stats)
-    return out
-
-
 def assert_atomic_and_exercised(results: list[SimResult]) -> Counter[str]:
     """No violation, few runs stuck, and the runs did exercise what they claim to; the
     totals of their stats."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections import Counter
 from functools import partial
 
 import pytest
@@ -26,23 +25,15 @@ from brokerha.partition.group_simulation import (
     CATCHES,
     GroupNode,
     GroupSimulation,
-    SimResult,
     queue_names,
     run_many,
     run_seed,
 )
 from brokerha.partition.member import group_of
 from brokerha.partition.mux import Grouped, wrap
-from tests.seeds import first_failing
+from tests.seeds import first_failing, totals
 
 SEEDS = 6
-
-
-def totals(results: list[SimResult]) -> Counter[str]:
-    out: Counter[str] = Counter()
-    for r in results:
-        out.update(r.stats)
-    return out
 
 
 def settled(unsafe: Unsafe | None = None, **kw: object) -> GroupSimulation:

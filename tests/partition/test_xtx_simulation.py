@@ -14,28 +14,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections import Counter
 
 import pytest
 
 from brokerha.partition.xtx_simulation import (
     CATCHES,
-    SimResult,
     Unsafe,
     XtxSimulation,
     run_many,
     run_seed,
 )
-from tests.seeds import first_failing
+from tests.seeds import first_failing, totals
 
 SEEDS = 40
-
-
-def totals(results: list[SimResult]) -> Counter[str]:
-    out: Counter[str] = Counter()
-    for r in results:
-        out.update(r.stats)
-    return out
 
 
 def test_a_seed_replays_exactly() -> None:

@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-from collections import Counter
 
 import pytest
 
@@ -22,17 +21,10 @@ from brokerha.txlog.simulation.datacenter import (
     run_many,
     run_seed,
 )
-from tests.seeds import first_failing
+from tests.seeds import first_failing, totals
 
 CI_SEEDS = 20  # 30 virtual seconds each: about 6 failovers and 130 TxLog transactions a seed
 # (``-m slow``: the 2,000 after them, the former CI count of 60 among them)
-
-
-def totals(results: list) -> Counter[str]:
-    out: Counter[str] = Counter()
-    for r in results:
-        out.update(r.stats)
-    return out
 
 
 def assert_agreed_and_exercised(results: list) -> None:
