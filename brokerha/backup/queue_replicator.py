@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
-
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.queue import Queue
+from brokerha.store.batch import run_rows
 from brokerha.store.runs import PackedEntries
 
 
@@ -55,7 +54,7 @@ class QueueReplicator:
 
         ``ValueError`` if ``contents`` is not ``count`` messages.
         """
-        rows = msgpack.unpackb(contents, raw=False, use_list=False)
+        rows = run_rows(contents)
         if not isinstance(rows, tuple) or len(rows) != count:
             raise ValueError(f"a run of {count} messages at {first} holds something else")
         entries: list[Entry] = []

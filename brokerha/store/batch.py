@@ -243,9 +243,14 @@ def pack_run(messages: list[Any]) -> bytes:
     return data
 
 
+def run_rows(contents: bytes) -> Any:
+    """A run's contents unpacked: a tuple of ``(exchange, routing_key, header, body)`` rows
+    (any other shape is the caller's to refuse: a replicated run is checked)."""
+    return msgpack.unpackb(contents, raw=False, use_list=False)
+
+
 def unpack_run(contents: bytes) -> list[StoredContent]:
-    return [StoredContent(e, k, h, b)
-            for e, k, h, b in msgpack.unpackb(contents, raw=False, use_list=False)]
+    return [StoredContent(e, k, h, b) for e, k, h, b in run_rows(contents)]
 
 
 def runs_of(op: Op) -> list[Op]:
