@@ -258,7 +258,7 @@ class LocalCluster(ClusterView):
     """
 
     def __init__(self, nodes: int = 3, *, data_dir: str | os.PathLike[str] | None = None,
-                 options: dict[str, float | str] | None = None,
+                 options: dict[str, float | str | bool] | None = None,
                  extra_args: list[str] | None = None, name: str = "dc1",
                  tls: bool = False, https_only: bool = False) -> None:
         from brokerha.admin.cluster_cli import cluster_file
@@ -280,7 +280,8 @@ class LocalCluster(ClusterView):
         self.config = cluster_file(self.data_dir, nodes, self.base_port, name, tls=tls)
         if options:
             text = self.config.read_text()
-            extra = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in options.items())
+            extra = "".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}\n"
+                            .replace("'", '"') for k, v in options.items())
             self.config.write_text(text.replace("[cluster]\n", "[cluster]\n" + extra, 1))
         self.names = [f"n{i + 1}" for i in range(nodes)]
         self.extra_args = [*(["--admin", "off"] if https_only else []), *(extra_args or [])]

@@ -37,7 +37,8 @@ ca = "tls/ca.pem"
 
 
 def cluster_file(data: Path, nodes: int, base_port: int, name: str, *,
-                 tls: bool = False, partitions: int | None = None) -> Path:
+                 tls: bool = False, partitions: int | None = None,
+                 partition_groups: bool = False) -> Path:
     """DIR/cluster.toml for ``nodes`` nodes on loopback; an existing file is kept.
 
     ``tls``: certificates in DIR/tls (``brokerha tls make-certs``: a CA, the
@@ -62,6 +63,8 @@ def cluster_file(data: Path, nodes: int, base_port: int, name: str, *,
     head = f'[cluster]\nname = "{name}"\nsecret_file = "secret"\n'
     if partitions is not None:  # the partition table's P (docs/ha.md "Partitions")
         head += f"partitions = {partitions}\n"
+    if partition_groups:  # each node runs its partitions' groups (issue 35 stage 2)
+        head += "partition_groups = true\n"
     lines = [head,
              *loopback_nodes_toml(nodes, base_port, amqps=tls)]
     if tls:
@@ -82,7 +85,7 @@ def node_command(config: Path, name: str, data: Path, extra: list[str]) -> list[
 def cmd_up(args: argparse.Namespace) -> int:
     data = args.data.resolve()
     config = cluster_file(data, args.nodes, args.base_port, args.cluster_name, tls=args.tls,
-                          partitions=args.partitions)
+                          partitions=args.partitions, partition_groups=args.partition_groups)
     extra = ["--log-level", args.log_level] if args.log_level else []
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
@@ -155,7 +158,12 @@ def register(parser: argparse.ArgumentParser) -> None:
                          "after the AMQP ones) and TLS on the node-to-node links")
     up.add_argument("--partitions", type=int, metavar="P",
                     help="the partition table's P, written as [cluster] partitions in a new "
-                         "cluster.toml (default 3 x nodes; nothing routes by it yet)")
+                         "cluster.toml (default 3 x nodes)")
+    up.add_argument("--partition-groups", action="store_true",
+                    help="each node runs one replication group per partition it holds, "
+                         "written as [cluster] partition_groups = true in a new cluster.toml "
+                         "(issue 35 stage 2: a queue is served on its partition's leader "
+                         "only, 404 elsewhere; docs/ha.md)")
     up.set_defaults(handler=cmd_up)
     sim = sub.add_parser("simulate", help="deterministic simulation of the HA datacenter "
                          "(election, replication, transactions, the TxLog, the partition "

@@ -66,7 +66,31 @@ def cluster_status(node: str) -> dict[str, Any]:
             "primary": primaries[0]["name"] if len(primaries) == 1 else None,
             "replication": next((n.get("replication") for n in primaries), None),
             "last_election": last_election(nodes),
-            "partitions": partitions_view(nodes)}
+            "partitions": partitions_view(nodes),
+            "groups": groups_view(nodes)}
+
+
+def groups_view(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A node running partition groups (issue 35 stage 2) reports each group's role as it
+    sees it (``groups`` in its status); per group: its leader (the node that says it is
+    its primary, in the highest epoch), that epoch, the members, and each answering
+    member's role, phase and epoch. None when no node runs groups."""
+    seen = [(n["name"], n["groups"]) for n in nodes if n.get("groups")]
+    if not seen:
+        return None
+    out: dict[str, Any] = {}
+    for name, groups in seen:
+        for group, g in groups.items():
+            entry = out.setdefault(group, {"leader": None, "epoch": None,
+                                           "members": g["members"], "nodes": {}})
+            entry["nodes"][name] = {"role": g["role"], "phase": g["phase"],
+                                    "epoch": g["epoch"], "serving": g["serving"]}
+            if g["role"] == "primary" and (entry["epoch"] is None or g["epoch"] > entry["epoch"]):
+                entry["leader"], entry["epoch"] = name, g["epoch"]
+    for entry in out.values():
+        if entry["epoch"] is None:  # no primary answered: the newest epoch any member holds
+            entry["epoch"] = max(n["epoch"] for n in entry["nodes"].values())
+    return dict(sorted(out.items(), key=lambda item: int(item[0])))
 
 
 def partitions_view(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -112,10 +136,18 @@ def _print_partitions(view: dict[str, Any] | None) -> None:
     print("routing by it: not yet (issue 35 stage 3); cells: U up to date, O out of date "
           "(learner), F feeding (leaving), C corrupted")
     operational = set(view.get("operational", []))
-    _table([[row["partition"], view["ptid"], row["preferred_leader"],
+    led = any("leader" in row for row in view["rows"])  # the nodes run partition groups
+
+    def leader(row: dict[str, Any]) -> list[Any]:
+        if not led:
+            return []
+        return [f"{row['leader'] or '-'} (epoch {row['leader_epoch']})"]
+
+    _table([[row["partition"], view["ptid"], row["preferred_leader"], *leader(row),
              " ".join(f"{node}:{state}" for node, state in row["cells"]),
              "yes" if row["partition"] in operational else "NO"] for row in view["rows"]],
-           ["partition", "ptid", "preferred leader", "cells", "operational"])
+           ["partition", "ptid", "preferred leader", *(["leader"] if led else []), "cells",
+            "operational"])
     stops = {n: ps for n, ps in (view.get("stopped_by") or {}).items() if ps}
     for node, parts in sorted(stops.items()):
         print(f"losing {node} would stop partitions {', '.join(map(str, parts))}")
@@ -124,7 +156,14 @@ def _print_partitions(view: dict[str, Any] | None) -> None:
 
 
 def cmd_partitions(args: argparse.Namespace) -> int:
-    view = cluster_status(args.node)["partitions"]
+    status = cluster_status(args.node)
+    view = status["partitions"]
+    groups = status["groups"]
+    if view is not None and groups is not None:  # the leader elected per partition
+        for row in view["rows"]:
+            group = groups.get(str(row["partition"] + 1))
+            row["leader"] = None if group is None else group["leader"]
+            row["leader_epoch"] = None if group is None else group["epoch"]
     if args.json:
         _dump(view)
     else:

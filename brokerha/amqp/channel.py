@@ -358,36 +358,46 @@ class Channel:
             self.send(method)
             self.unblock()
 
-    def reply_when_durable(self, method: Any) -> None:
+    def reply_when_durable(self, method: Any, queues: list[Queue] | None = None) -> None:
         """Answer a change the client may rely on surviving a failover (a durable
         declare) once it is durable everywhere it must be: on an HA member, replicated
         by the serving primary (``Broker.after_durable``; never, if the role ends first:
-        the connection is closed). The channel's later frames wait their turn."""
+        the connection is closed). The channel's later frames wait their turn.
+        ``queues``: the change is of these queues' (on a node running partition groups,
+        their groups' gates answer for it, ``Broker.groups``)."""
         broker = self.conn.broker
-        if broker.durability_gate is None:
+        if broker.durability_gate is None and broker.groups is None:
             self.send(method)  # a standalone node: answered at once, as before
             return
         self.block()
-        broker.after_durable(lambda: self.reply_unblocked(method))
+        self._after_durable(method, queues)
 
-    def reply_when_done(self, method: Any) -> None:
+    def _after_durable(self, method: Any, queues: list[Queue] | None) -> None:
+        broker = self.conn.broker
+        groups = broker.groups
+        if groups is not None and queues is not None:
+            groups.after_durable(queues, lambda: self.reply_unblocked(method))
+        else:
+            broker.after_durable(lambda: self.reply_unblocked(method))
+
+    def reply_when_done(self, method: Any, queues: list[Queue] | None = None) -> None:
         """Answer once the broker's background work handed over so far is done (what a
         purge left to do per entry: on an HA primary its dequeues reach the backups
         then), and durable where it must be (``reply_when_durable``). The channel's later
         frames wait their turn."""
         background = self.conn.broker.background
         if not background.pending:
-            self.reply_when_durable(method)
+            self.reply_when_durable(method, queues)
             return
         self.block()
-        background.after(lambda: self._reply_durable_unblocked(method))
+        background.after(lambda: self._reply_durable_unblocked(method, queues))
 
-    def _reply_durable_unblocked(self, method: Any) -> None:
+    def _reply_durable_unblocked(self, method: Any, queues: list[Queue] | None) -> None:
         broker = self.conn.broker
-        if broker.durability_gate is None:
+        if broker.durability_gate is None and broker.groups is None:
             self.reply_unblocked(method)
         else:
-            broker.after_durable(lambda: self.reply_unblocked(method))
+            self._after_durable(method, queues)
 
     def unblock(self) -> None:
         """Asynchronous work done: handle the frames that waited, in order."""

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerha.broker import definitions as D
 from brokerha.broker.auth import UserDatabase
@@ -25,6 +25,9 @@ from brokerha.broker.storage import MemoryStore, PreparedBranch, Recovered, Stor
 from brokerha.broker.transaction import Transaction
 from brokerha.broker.tx_outcomes import TxOutcomes
 from brokerha.broker.vhost import STANDARD_EXCHANGES, VirtualHost
+
+if TYPE_CHECKING:
+    from brokerha.broker.placement import GroupGuard
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,10 @@ class Broker:
         # None on a standalone node (its own disk is the whole promise); an HA member's
         # says whether this node may confirm anything now (see ``after_durable``)
         self.durability_gate: DurabilityGate | None = None
+        # a node running partition groups (issue 35 stage 2, node/ha_groups.py): what the
+        # AMQP methods ask before acting on a queue or the configuration, and the gate of a
+        # queue's confirms (broker/placement.py); None: one group, every method as before
+        self.groups: GroupGuard | None = None
         self.stats = BrokerStats()
         self.durable_requests = 0  # after_durable calls: confirms, commits, DTX (metrics)
         self.durable_refused = 0   # of those, never answered: the node did not serve (metrics)

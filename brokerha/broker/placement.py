@@ -17,9 +17,11 @@ read it and the broker model is what it describes; it imports nothing of HA.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
+from brokerha.broker.errors import NotFound
 from brokerha.broker.queue import Queue
 
 METADATA_GROUP = 0
@@ -67,3 +69,35 @@ def no_queues(queue: Queue) -> bool:
 
 
 QueuePredicate = Callable[[Queue], bool]
+
+
+class NotLeader(NotFound):
+    """A client asked a node for a queue (or a configuration change) of a replication group
+    this node does not lead now: 404, RabbitMQ's answer for a queue whose home node is
+    down or unreachable from the client's node ("home node ... is down or inaccessible").
+    A partitioned node of stage 2 serves a queue only on its partition's leader; stage 3
+    forwards instead (docs/ha.md "Partitions")."""
+
+
+class GroupGuard(Protocol):
+    """What the AMQP methods ask the node before they act, on a node running partition
+    groups (``Broker.groups``; None everywhere else, and every method is today's).
+
+    ``client`` is the AMQP connection asking (``ServerConnection``): once a check
+    passes, the connection is among the clients of that group, closed (320) in the
+    step that ends the group's role, as a primary's clients are today.
+    """
+
+    def check_queue(self, client: object, vhost: str, name: str,
+                    arguments: Mapping[str, Any] | None, exclusive: bool) -> None:
+        """Raise ``NotLeader`` unless this node serves the group holding the queue now."""
+
+    def check_configuration(self, client: object, what: str) -> None:
+        """Raise ``NotLeader`` unless this node serves the metadata group now."""
+
+    def check_transactions(self) -> None:
+        """Raise (540) if transactions are not served on this node."""
+
+    def after_durable(self, queues: Sequence[Queue], callback: Callable[[], None]) -> None:
+        """``Broker.after_durable`` for data of these queues: through the gate and barriers
+        of every group holding one of them (``Broker.after_durable_in``)."""

@@ -423,9 +423,11 @@ class Election:
 
     # ---- inputs -------------------------------------------------------------------------
 
-    def start(self, now: float) -> list[Action]:
+    def start(self, now: float, delay: float = 0.0) -> list[Action]:
+        """The first campaign no sooner than the election timeout (and ``delay`` more: a
+        partition's preferred leader stands first, ``PartitionedMember``)."""
         self._now = now
-        self._deadline = now + self._timeout()
+        self._deadline = now + self._timeout() + delay
         return []
 
     def tick(self, now: float) -> list[Action]:

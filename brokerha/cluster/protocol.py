@@ -39,8 +39,11 @@ from brokerha.cluster.messages import REGISTRY, Error, ErrorCode, Message, packe
 
 # the link's format: peers of another version are refused at the handshake (the magic).
 # 2: the ``bp`` body-part event (a large body in parts) and the ``er`` run of enqueues
-# (cluster/replication.py), which a node of version 1 cannot apply
-VERSION = 2
+# (cluster/replication.py), which a node of version 1 cannot apply; 3: a node running
+# partition groups (node/ha_groups.py) sends every packet through its GroupMux
+# (partition/mux.py: ``Grouped``, ``Heartbeats``, ``HeartbeatAcks``, codes 20-22), which
+# a node of version 2 does not know (an unknown packet code: the link fails at the first)
+VERSION = 3
 MAGIC = b"BRKRHA" + VERSION.to_bytes(2, "big")
 MAX_PACKET = 64 * 1024 * 1024
 NONCE_SIZE = 16

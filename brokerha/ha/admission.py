@@ -34,7 +34,7 @@ connections admitted meanwhile are never closed.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,6 +48,31 @@ class ClientLink(Protocol):
 
     def force_close(self) -> None:
         """Tell the client 320 CONNECTION_FORCED and drop the connection now."""
+
+
+class NodeAdmission(Protocol):
+    """What the node's shell asks of the object deciding which connections it serves:
+    ``ClientAdmission`` of its one member, or a partitioned node's over its groups
+    (``partition/clients.py``, ``GroupClients``)."""
+
+    @property
+    def opened(self) -> int | None: ...
+
+    @property
+    def serving(self) -> bool: ...
+
+    @property
+    def connections(self) -> Mapping[ClientLink, int]: ...
+
+    refused: int
+
+    def decide(self, can_relay: bool) -> Admission: ...
+
+    def admit(self, link: ClientLink) -> bool: ...
+
+    def gone(self, link: ClientLink) -> None: ...
+
+    def open(self, term: int) -> bool: ...
 
 
 class Admission(enum.Enum):

@@ -207,7 +207,11 @@ def main(args: argparse.Namespace) -> int:
         node = Node(cfg, cluster)
         node.reset_definitions = args.reset_definitions
         install_admin_api(node)  # /, /metrics, /api/queues, ... (brokerha/admin/)
-        if cluster is not None:
+        if cluster is not None and cluster.groups_on:  # issue 35 stage 2: partition groups
+            from brokerha.node.ha_groups import GroupsNode
+
+            node.ha = GroupsNode(node, cluster)
+        elif cluster is not None:
             from brokerha.node.ha import HANode
 
             node.ha = HANode(node, cluster)

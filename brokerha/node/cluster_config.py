@@ -24,7 +24,7 @@ _CLUSTER_KEYS = {"name", "secret", "secret_file", "nodes", "tls", "heartbeat_int
                  "lease_timeout", "election_timeout", "backup_timeout",
                  "backup_unheard_timeout", "flow_lag", "replicate",
                  "verification_timeout", "tx_prepare_timeout", "policies", "partitions",
-                 "partition_replicas"}
+                 "partition_replicas", "partition_groups"}
 _POLICY_KEYS = {"pattern", "replicate", "vhost"}
 _NODE_KEYS = {"name", "amqp", "amqps", "admin", "https", "cluster", "cluster_bind"}
 _TLS_KEYS = {"cert", "key", "ca"}
@@ -94,6 +94,16 @@ class ClusterConfig:
     # cluster's first start: P (None: 3 x nodes) and NR (capped at nodes - 1)
     partitions: int | None = None
     partition_replicas: int = 2
+    # issue 35 stage 2: each node runs one replication group per partition cell it holds
+    # (node/ha_groups.py) when P > 1; off by default: a queue is then served on its
+    # partition's leader only (stage 3 forwards from any node)
+    partition_groups: bool = False
+
+    @property
+    def groups_on(self) -> bool:
+        """Whether the nodes run partition groups: switched on, with P > 1 configured."""
+        partitions = self.partitions if self.partitions is not None else 3 * len(self.members)
+        return self.partition_groups and partitions > 1
 
     def member(self, name: str) -> ClusterMember:
         for m in self.members:
@@ -205,6 +215,10 @@ def parse_cluster(table: dict[str, Any], where: str, base: Path) -> ClusterConfi
     if "partitions" in table:
         cfg.partitions = _count(table, "partitions", 1)
     cfg.partition_replicas = _count(table, "partition_replicas", 0, cfg.partition_replicas)
+    groups = table.get("partition_groups", False)
+    if not isinstance(groups, bool):
+        raise ConfigError(f"cluster.partition_groups: expected true or false, got {groups!r}")
+    cfg.partition_groups = groups
     cfg.policies = [_policy(p, where) for p in table.get("policies", [])]
     if "tls" in table:
         tls = table["tls"]

@@ -20,7 +20,7 @@ from brokerha.broker.policy_effects import PolicyEffects
 from brokerha.broker.storage import Store
 from brokerha.cluster.link import ClusterLinks, links_reload
 from brokerha.cluster.ports import ADMIN_OFFSET
-from brokerha.ha.admission import Admission, ClientAdmission
+from brokerha.ha.admission import Admission, ClientAdmission, NodeAdmission
 from brokerha.httpapi.server import AdminServer, Request, Response
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
@@ -182,7 +182,7 @@ class Node:
         # node's always, once open; a cluster member's while its HA member says it serves:
         # node/ha.py puts the member's here); otherwise a cluster member relays them to
         # ``relay_to``, the primary's AMQP address, or closes them while it knows none
-        self.admission = ClientAdmission(lambda: STANDALONE_TERM)
+        self.admission: NodeAdmission = ClientAdmission(lambda: STANDALONE_TERM)
         self._opening = asyncio.Lock()  # opening for a term and stopping the TxLog master
         self.relay_to: RelayTarget | None = None
         self.relays: set[RelayProtocol] = set()

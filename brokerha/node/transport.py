@@ -10,7 +10,7 @@ from typing import cast
 
 from brokerha.amqp.connection import ExternalIdentity, ServerConnection
 from brokerha.broker.broker import Broker
-from brokerha.ha.admission import ClientAdmission
+from brokerha.ha.admission import NodeAdmission
 from brokerha.node.relay import PreambleError, PreambleReader
 from brokerha.slices import Burst
 
@@ -32,7 +32,7 @@ class AMQPProtocol(asyncio.Protocol):
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, broker: Broker,
-                 admission: ClientAdmission,
+                 admission: NodeAdmission,
                  identify: Callable[[ssl.SSLObject | None], ExternalIdentity | None]
                  | None = None, relay_secret: bytes | None = None) -> None:
         self.loop = loop

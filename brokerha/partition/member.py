@@ -192,14 +192,19 @@ class PartitionScope:
         """``queue``'s partition; None for an exclusive queue (in none: not replicated)."""
         if queue.exclusive_owner is not None:
             return None
-        pin = queue.arguments.get(PIN)
-        key = (queue.vhost, queue.name, pin)
+        return self.of_name(queue.vhost, queue.name, queue.arguments.get(PIN))
+
+    def of_name(self, vhost: str, name: str, pin: object) -> int:
+        """The partition of a (non-exclusive) queue of that name and pin, declared or not."""
+        if not isinstance(pin, int | float | str | bytes | None):  # a table, a list: no pin
+            return hash_partition(vhost, name, self.table.partitions)
+        key = (vhost, name, pin)
         p = self._known.get(key)
         if p is None:
             try:
-                p = self.table.partition_of(queue.vhost, queue.name, pin)
+                p = self.table.partition_of(vhost, name, pin)
             except PartitionTableError:  # a pin out of range: stage 3 refuses it at declare
-                p = hash_partition(queue.vhost, queue.name, self.table.partitions)
+                p = hash_partition(vhost, name, self.table.partitions)
             self._known[key] = p
         return p
 
@@ -221,11 +226,18 @@ class PartitionedMember:
                  rng: Callable[[int], random.Random] | None = None,
                  primary_factory: Callable[..., Primary] = Primary,
                  unsafe: GroupUnsafe | None = None,
-                 layers: Sequence[StoreLayer] = ()) -> None:
+                 layers: Sequence[StoreLayer] = (),
+                 preferred_first: float = 0.0) -> None:
         """``table``: the partition table, or where to read the node's copy (the metadata
         group's ``TableCoordinator``: the partition groups are made once it holds one).
         ``states``: each group's epoch and vote (the state file's; absent: none yet); the
-        positions are read from the store. ``rng(group)``: each election's."""
+        positions are read from the store. ``rng(group)``: each election's.
+        ``preferred_first``: a partition group's first campaign on a cell that is not the
+        partition's preferred leader (``PartitionTable.preferred_leader``) waits that much
+        longer, so the preferred cells, spread over the nodes by the placement, stand
+        first when a cluster starts (node/ha_groups.py; 0: whoever stands first, as the
+        simulation runs). Only a start's first campaign: after a failover the leader
+        stays where it was elected (moving it back is stage 5's ``balance``)."""
         self.broker = broker
         self.me = me
         self.clock = clock
@@ -241,6 +253,7 @@ class PartitionedMember:
         self._rng = rng
         self._primary_factory = primary_factory
         self._unsafe = unsafe or GroupUnsafe()
+        self._preferred_first = preferred_first
         self.groups: dict[int, HAMember] = {}
         self.members: dict[int, tuple[str, ...]] = {}
         self._add_group(METADATA_GROUP, tuple(nodes), GroupScope(METADATA_GROUP, no_queues, True),
@@ -292,8 +305,10 @@ class PartitionedMember:
         """After an input: the table arrived (the metadata log's ``pt``/``ps``)? Its groups
         start now."""
         if self.table is None:
-            for member in self._partition_groups():
-                member.start()
+            made = self._partition_groups()
+            for group, member in list(self.groups.items()):
+                if member in made:
+                    self._start(group, member)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -317,9 +332,18 @@ class PartitionedMember:
     # -- inputs (as HAMember's) ----------------------------------------------------------
 
     def start(self) -> None:
-        for member in self.groups.values():
-            member.start()
+        for group, member in self.groups.items():
+            self._start(group, member)
         self.mux.flush()
+
+    def _start(self, group: int, member: HAMember) -> None:
+        """``HAMember.start``, a cell that is not the partition's preferred leader standing
+        ``preferred_first`` later (``Election.start``'s delay)."""
+        table, delay = self.table, 0.0
+        if group != METADATA_GROUP and table is not None and self._preferred_first \
+                and table.preferred_leader(partition_of_group(group)) != self.me:
+            delay = self._preferred_first
+        member.carry_out(member.election.start(self.clock(), delay))
 
     def tick(self) -> None:
         """Every group's tick; then, if any group's heartbeat went out, every other group

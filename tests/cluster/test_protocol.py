@@ -176,19 +176,21 @@ def test_wrong_magic_is_noticed_at_the_first_wrong_byte() -> None:
 def test_another_protocol_version_is_told_apart() -> None:
     _, a = pair()
     step = a.receive(b"BRKRHA\x00\x07")
-    assert step.outcome == Refused("protocol version 7 is not ours (2)") and step.out == b""
+    assert step.outcome == Refused("protocol version 7 is not ours (3)") and step.out == b""
 
 
-def test_a_peer_of_the_version_before_runs_and_parts_is_refused() -> None:
-    """Version 1 knows neither ``bp`` nor ``er`` events: it would fail on the first one
-    (a replication error, a join again, forever), so it is refused at the handshake."""
-    assert VERSION == 2 and MAGIC == b"BRKRHA\x00\x02"
-    dialer, acceptor = pair()
-    dialer.start()
-    for side in (dialer, acceptor):
-        step = side.receive(b"BRKRHA\x00\x01")
-        assert step.outcome == Refused("protocol version 1 is not ours (2)")
-        assert step.out == b""
+def test_a_peer_of_a_version_before_grouped_packets_is_refused() -> None:
+    """Version 1 knows neither ``bp`` nor ``er`` events, version 2 no grouped packet of a
+    node running partition groups (codes 20-22): each would fail on the first one (a
+    replication error, or an unknown packet code), so both are refused at the handshake."""
+    assert VERSION == 3 and MAGIC == b"BRKRHA\x00\x03"
+    for old in (1, 2):
+        dialer, acceptor = pair()
+        dialer.start()
+        for side in (dialer, acceptor):
+            step = side.receive(b"BRKRHA\x00" + bytes([old]))
+            assert step.outcome == Refused(f"protocol version {old} is not ours (3)")
+            assert step.out == b""
 
 
 def test_garbage_after_a_good_magic_is_a_protocol_error_answered() -> None:

@@ -63,7 +63,10 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
     if name not in ch.writable_exchanges:
         ch.user.check("write", vhost.name, "exchange", name)
         ch.writable_exchanges.add(name)
+    groups = ch.conn.broker.groups
     if name == DTX_EXCHANGE:
+        if groups is not None:
+            groups.check_transactions()
         handle_control(ch, publish.routing_key, header, body)
         if ch.confirm is not None:  # a control message is confirmed like any publish
             ch.settle_confirm(ch.confirm.issue(), True)
@@ -81,6 +84,10 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
                                  f"authenticated user was '{ch.user.name}'")
     ch.conn.has_published = True
     queues = vhost.route(exchange, message)
+    if groups is not None:  # a partitioned node: only queues of groups it serves (stage 2)
+        for queue in queues:
+            groups.check_queue(ch.conn, vhost.name, queue.name, queue.arguments,
+                               queue.exclusive_owner is not None)
     if not queues and publish.mandatory:
         ch.send(F.unchecked(commands.Basic.Return, reply_code=C.NO_ROUTE, reply_text="NO_ROUTE",
                           exchange=name, routing_key=publish.routing_key))
@@ -103,10 +110,12 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
     accepted = True
     for queue in queues:
         accepted = queue.enqueue(message) and accepted
-    if accepted:
-        ch.conn.broker.after_durable(lambda: ch.settle_confirm(tag, True))
-    else:
+    if not accepted:
         ch.settle_confirm(tag, False)
+    elif groups is not None:  # each group's gate and barriers: the groups of its queues
+        groups.after_durable(queues, lambda: ch.settle_confirm(tag, True))
+    else:
+        ch.conn.broker.after_durable(lambda: ch.settle_confirm(tag, True))
 
 
 def _publish_ordered(ch: Channel, queues: list[Any], message: Message) -> None:
@@ -133,6 +142,15 @@ def _publish_ordered(ch: Channel, queues: list[Any], message: Message) -> None:
     broker.spawn(tx.commit(), done)
 
 
+def guard_queue(ch: Channel, queue: Queue) -> None:
+    """On a node running partition groups: ``NotLeader`` (404) unless it serves the group
+    holding ``queue`` now (``Broker.groups``, broker/placement.py)."""
+    groups = ch.conn.broker.groups
+    if groups is not None:
+        groups.check_queue(ch.conn, queue.vhost, queue.name, queue.arguments,
+                           queue.exclusive_owner is not None)
+
+
 def _no_ack_on_ordered(queue: Queue, method: str) -> None:
     if queue.ordering is not None:
         raise PreconditionFailed(queue.ordering.refuse_no_ack(queue, method))
@@ -154,6 +172,7 @@ def consume(ch: Channel, m: commands.Basic.Consume) -> None:
     name = ch.resolve_queue(m.queue)
     ch.user.check("read", vhost.name, "queue", name)
     queue = vhost.queue_for(name, ch.conn)
+    guard_queue(ch, queue)
     tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex[:22]}"
     if tag in ch.consumers:
         raise NotAllowed(f"attempt to reuse consumer tag '{tag}'")
@@ -181,6 +200,7 @@ def get(ch: Channel, m: commands.Basic.Get) -> None:
     name = ch.resolve_queue(m.queue)
     ch.user.check("read", vhost.name, "queue", name)
     queue = vhost.queue_for(name, ch.conn)
+    guard_queue(ch, queue)
     if m.no_ack:
         _no_ack_on_ordered(queue, "basic.get")
     entry = queue.get()

@@ -13,17 +13,30 @@ if TYPE_CHECKING:
     from brokerha.amqp.channel import Channel
 
 
+def guard_configuration(ch: Channel, what: str) -> None:
+    """On a node running partition groups: ``NotLeader`` (404) unless it serves the
+    metadata group now, whose log holds the exchanges (``Broker.groups``)."""
+    groups = ch.conn.broker.groups
+    if groups is not None:
+        groups.check_configuration(ch.conn, what)
+
+
 def declare(ch: Channel, m: commands.Exchange.Declare) -> None:
     if m.exchange == "":  # passive too, as RabbitMQ answers
         raise AccessRefused("operation not permitted on the default exchange")
+    # on a node running partition groups, declaring an exchange that exists (the same
+    # again, or 406) changes nothing: any node answers it; a new one is the metadata group's
+    again = ch.conn.broker.groups is not None and m.exchange in ch.vhost.exchanges
     if not m.passive:
         ch.user.check("configure", ch.vhost.name, "exchange", m.exchange)
+        if not again:
+            guard_configuration(ch, f"declare exchange '{m.exchange}'")
     exchange = ch.vhost.declare_exchange(
         m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
         auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
     )
     if not m.nowait:
-        if exchange.durable and not m.passive:
+        if exchange.durable and not m.passive and not again:
             ch.reply_when_durable(commands.Exchange.DeclareOk())
         else:
             ch.send(commands.Exchange.DeclareOk())
@@ -32,6 +45,7 @@ def declare(ch: Channel, m: commands.Exchange.Declare) -> None:
 def delete(ch: Channel, m: commands.Exchange.Delete) -> None:
     ch.user.check("configure", ch.vhost.name, "exchange", m.exchange)
     if m.exchange in ch.vhost.exchanges or m.exchange == "":
+        guard_configuration(ch, f"delete exchange '{m.exchange}'")
         ch.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
     # deleting a missing exchange succeeds, as in RabbitMQ 3.x
     if not m.nowait:
@@ -51,6 +65,7 @@ def _bind_args(ch: Channel, m: commands.Exchange.Bind | commands.Exchange.Unbind
 
 def bind(ch: Channel, m: commands.Exchange.Bind) -> None:
     destination, key, args = _bind_args(ch, m)
+    guard_configuration(ch, f"bind exchange '{m.destination}'")
     ch.vhost.bind(m.source, destination, key, args)
     if not m.nowait:
         ch.send(commands.Exchange.BindOk())
@@ -66,6 +81,7 @@ def unbind(ch: Channel, m: commands.Exchange.Unbind) -> None:
     if source is not None and source.type == "topic":
         ch.user.check_topic("read", vhost.name, source.name, m.routing_key)
     if destination is not None and m.source in vhost.exchanges:
+        guard_configuration(ch, f"unbind exchange '{m.destination}'")
         vhost.unbind(m.source, destination, m.routing_key, m.arguments)
     if not m.nowait:
         ch.send(commands.Exchange.UnbindOk())

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from brokerha.amqp.frames import unchecked
+from brokerha.amqp.methods.basic import guard_queue
 from brokerha.broker.errors import AccessRefused
 
 if TYPE_CHECKING:
@@ -21,11 +22,16 @@ def declare(ch: Channel, m: commands.Queue.Declare) -> None:
     if not m.passive:
         name = name or vhost.new_queue_name()
         ch.user.check("configure", vhost.name, "queue", name)
+    groups = ch.conn.broker.groups
+    if groups is not None and not m.passive:  # before the queue exists: never on a copy
+        groups.check_queue(ch.conn, vhost.name, name, m.arguments, m.exclusive)
     queue = vhost.declare_queue(
         ch.resolve_queue(name) if m.passive else name, server_named=server_named,
         owner=ch.conn, passive=m.passive, durable=m.durable,
         exclusive=m.exclusive, auto_delete=m.auto_delete, arguments=m.arguments,
     )
+    if groups is not None and m.passive:
+        guard_queue(ch, queue)
     if queue.exclusive_owner is ch.conn:
         ch.conn.exclusive_queues[queue.name] = queue
     ch.last_queue = queue.name
@@ -33,7 +39,7 @@ def declare(ch: Channel, m: commands.Queue.Declare) -> None:
         ok = unchecked(commands.Queue.DeclareOk, queue=queue.name,
                        message_count=queue.message_count, consumer_count=queue.consumer_count)
         if queue.durable and not m.passive:
-            ch.reply_when_durable(ok)
+            ch.reply_when_durable(ok, [queue])
         else:
             ch.send(ok)
 
@@ -44,6 +50,7 @@ def _binding(ch: Channel, m: commands.Queue.Bind | commands.Queue.Unbind) -> tup
     ch.user.check("write", vhost.name, "queue", name)
     ch.user.check("read", vhost.name, "exchange", m.exchange)
     queue = vhost.queue_for(name, ch.conn)
+    guard_queue(ch, queue)
     exchange = vhost.exchange(m.exchange)
     key = m.routing_key if (m.routing_key or m.queue) else name
     if exchange.type == "topic":
@@ -76,6 +83,7 @@ def unbind(ch: Channel, m: commands.Queue.Unbind) -> None:
         ch.user.check_topic("read", vhost.name, exchange.name, key)
     if queue is not None and exchange is not None and \
             vhost.has_binding(exchange, queue, key, m.arguments):
+        guard_queue(ch, queue)
         vhost.unbind(m.exchange, vhost.queue_for(name, ch.conn), key, m.arguments)
     ch.send(commands.Queue.UnbindOk())
 
@@ -88,9 +96,11 @@ def purge(ch: Channel, m: commands.Queue.Purge) -> None:
     """
     name = ch.resolve_queue(m.queue)
     ch.user.check("read", ch.vhost.name, "queue", name)
+    queue = ch.vhost.queue_for(name, ch.conn)
+    guard_queue(ch, queue)
     count = ch.vhost.purge_queue(name, ch.conn)
     if not m.nowait:
-        ch.reply_when_done(commands.Queue.PurgeOk(message_count=count))
+        ch.reply_when_done(commands.Queue.PurgeOk(message_count=count), [queue])
 
 
 def delete(ch: Channel, m: commands.Queue.Delete) -> None:
@@ -100,6 +110,7 @@ def delete(ch: Channel, m: commands.Queue.Delete) -> None:
     ch.user.check("configure", ch.vhost.name, "queue", name)
     queue = ch.vhost.queues.get(name)
     if queue is not None:
+        guard_queue(ch, queue)
         count = ch.vhost.delete_queue(name, owner=ch.conn, if_unused=m.if_unused,
                                       if_empty=m.if_empty)
         ch.conn.exclusive_queues.pop(name, None)
@@ -108,7 +119,7 @@ def delete(ch: Channel, m: commands.Queue.Delete) -> None:
     if not m.nowait:
         ok = commands.Queue.DeleteOk(message_count=count)
         if queue is not None and queue.durable:
-            ch.reply_when_durable(ok)
+            ch.reply_when_durable(ok, [queue])
         else:
             ch.send(ok)
 

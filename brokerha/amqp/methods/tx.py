@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 def select(ch: Channel, m: commands.Tx.Select) -> None:
     if ch.confirm is not None:
         raise PreconditionFailed("cannot switch from confirm to tx mode")
+    if ch.conn.broker.groups is not None:
+        ch.conn.broker.groups.check_transactions()
     ch.tx_mode = True
     ch.send(commands.Tx.SelectOk())
 

@@ -1,0 +1,227 @@
+"""The asyncio shell of a node running partition groups (issue 35 stage 2).
+
+With ``[cluster] partition_groups = true`` and P > 1 (``ClusterConfig.groups_on``)
+the node drives a ``partition.member.PartitionedMember`` instead of one
+``HAMember`` (``node/ha.py``'s ``HANode``): the metadata group (every node,
+today's election, the partition table's coordinator in its layers) and, once
+the node holds the table, one group per partition cell it holds. Every
+decision is the member's; this module only carries its inputs and outputs
+(``partition.member.PartitionEffects``):
+
+- the node pair's one cluster link carries every group's packets, wrapped by
+  the member's ``GroupMux`` (``Grouped``, bundled ``Heartbeats`` and
+  ``HeartbeatAcks``: codes 20-22, ``cluster/protocol.py`` VERSION 3);
+- each group's epoch and vote are written in the one state file before
+  anything sent after them (``partition/state.py``, ``GroupStateFile``); each
+  group's position is in the store under ``ha_position/<g>`` (``HACore``);
+- ``serving`` of the metadata group opens the node as today (the listeners,
+  the relay off); ``serving`` of a partition group opens that group's client
+  admission for its epoch; the member closes a group's clients in the step
+  that ends its role; ``follow`` of the metadata group points the relay at
+  the metadata primary (a node that serves no group relays its new clients
+  there, ``node/relay.py``);
+- which connections are served and which queues a client may use here are
+  ``partition/clients.py``'s ``GroupClients`` (the node's ``admission`` and
+  the broker's ``groups``): a queue only on its partition's leader (404
+  elsewhere), the configuration on the metadata primary, a confirm through
+  the gate and barriers of the queues' groups.
+
+The status adds ``groups`` (per group: role, epoch, leader, phase, members),
+read from the members when asked.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from brokerha.broker.placement import METADATA_GROUP
+from brokerha.cluster import election as el
+from brokerha.cluster.messages import Message
+from brokerha.ha.member import HAMember
+from brokerha.httpapi.server import HTTPError, Request, Response
+from brokerha.node.ha import GROUPED, Shell, mismatched
+from brokerha.node.relay import RelayTarget
+from brokerha.partition.clients import GroupClients
+from brokerha.partition.member import PartitionedMember
+from brokerha.partition.state import GroupStateFile
+
+if TYPE_CHECKING:
+    from brokerha.node.cluster_config import ClusterConfig
+    from brokerha.node.server import Node
+    from brokerha.primary.primary import Primary
+
+log = logging.getLogger("brokerha.ha")
+
+
+def group_role(member: HAMember) -> str:
+    """``primary`` (verified, its lease valid or lapsed), ``backup`` (following a primary)
+    or ``none``: the member's answer at the instant asked."""
+    if member.role_term() is not None:
+        return "primary"
+    if member.backup is not None:
+        return "backup"
+    return "none"
+
+
+def group_status(member: HAMember, members: tuple[str, ...]) -> dict[str, Any]:
+    election = member.election
+    pos = election.position
+    backup = member.backup
+    return {"role": group_role(member), "phase": member.phase,
+            "serving": member.term() is not None,
+            "ready": member.phase == "primary" or (backup is not None and backup.caught_up),
+            "epoch": election.epoch,
+            "leader": election.primary, "members": list(members),
+            "position": [pos.epoch, pos.seq]}
+
+
+class GroupsNode(Shell):
+    """The asyncio shell of ``partition.member.PartitionedMember``."""
+
+    def __init__(self, node: Node, cluster: ClusterConfig) -> None:
+        super().__init__(node, cluster)
+        if node.txlog is not None:
+            raise ValueError("[txlog] with [cluster] partition_groups: the TxLog master "
+                             "follows one group's role; not supported (issue 35)")
+        self.state = GroupStateFile(node.config.data_dir)
+        coordinator = self.partitions
+        self.ha = PartitionedMember(
+            self.broker, self.me, [m.name for m in cluster.members],
+            lambda: coordinator.table, dict(self.state.states), self, self.settings(),
+            self._now, timing=self.timing(),
+            verification_timeout=cluster.verification_timeout, layers=[coordinator],
+            # a partition's preferred cell stands first at a start: leaders spread as the
+            # placement spread the preferred cells
+            preferred_first=cluster.election_timeout)
+        self.clients = GroupClients(self.ha, lambda name: cluster.member(name).amqp_url)
+        node.admission = self.clients  # which connections are served: the groups' answers
+        self.broker.groups = self.clients  # which queues: their group's leader only
+
+    # -- what the admin endpoints read (admin/node_view.py, HAView): the metadata group -----
+
+    @property
+    def election(self) -> el.Election:
+        return self.ha.metadata.election
+
+    @property
+    def primary(self) -> Primary | None:
+        return self.ha.metadata.primary
+
+    @property
+    def phase(self) -> str:
+        return self.ha.metadata.phase
+
+    def role_term(self) -> int | None:
+        return self.ha.metadata.role_term()
+
+    # -- what the member asks of this layer (partition.member.PartitionEffects) -------------
+
+    def send(self, peer: str, message: Message) -> None:
+        self.links.send(peer, message)
+
+    def reply(self, peer: str, msg_id: int, message: Message) -> None:
+        self.links.send(peer, message, msg_id)
+
+    def persist(self, group: int, epoch: int, voted_for: str | None) -> None:
+        self.state.save(group, epoch=epoch, voted_for=voted_for)
+
+    def position(self, group: int, pos: el.Position) -> None:
+        pass  # the group's member told its election (GroupEffects.position)
+
+    def replication_failed(self, group: int, reason: str) -> None:
+        log.error("node %s cannot follow the primary of group %d: %s; stopping", self.me,
+                  group, reason)
+        self.node.exit_code = 1
+        self.node.request_stop()
+
+    def joined(self, group: int, primary: str, epoch: int) -> None:
+        log.info("node %s joining %s in group %d (epoch %d)", self.me, primary, group, epoch)
+
+    def elected(self, group: int, epoch: int, primary: Primary) -> None:
+        self._record_failover("elected", node=self.me, epoch=epoch, group=group)
+        if group == METADATA_GROUP:
+            self.node.set_relay_target(None)  # our clients: served here once verified
+
+    def serving(self, group: int, epoch: int, decisions: dict[str, str]) -> None:
+        if group == METADATA_GROUP:
+            self._spawn(self._open_listener(epoch))
+            return
+        member = self.ha.groups[group]
+        if member.clients.open(epoch):
+            log.warning("node %s leads partition %d (group %d, epoch %d): serving its queues",
+                        self.me, group - 1, group, epoch)
+
+    def demoted(self, group: int, reason: str) -> None:
+        """The member closes the group's connections in this same step; a connection that
+        used no group is closed once the node serves none (next turn: after the close)."""
+        self._record_failover("stepped down", node=self.me, reason=reason, group=group)
+        if group == METADATA_GROUP:
+            self.node.stopped_serving()
+        self.soon(self.clients.lost_groups)
+
+    def follow(self, group: int, primary: str, epoch: int) -> None:
+        if group == METADATA_GROUP:  # a node serving no group relays to the metadata primary
+            member = self.cluster.member(primary)
+            self.node.set_relay_target(RelayTarget(member.amqp, member.amqps))
+
+    # -- life cycle and packets ----------------------------------------------------------
+
+    def _started(self) -> None:
+        groups = self.ha.groups
+        log.info("cluster %s: node %s runs partition groups; %s; peers %s", self.cluster.name,
+                 self.me, ", ".join(f"group {g} epoch {m.election.epoch} at "
+                                    f"{m.election.position}" for g, m in sorted(groups.items())),
+                 ", ".join(self.links.peers))
+        self.ha.start()
+
+    def _tick(self) -> None:
+        self.ha.tick()
+
+    def _on_peer_up(self, peer: str) -> None:
+        self.ha.peer_up(peer)
+
+    def _on_peer_down(self, peer: str) -> None:
+        self.ha.peer_down(peer)
+
+    def _on_message(self, peer: str, msg_id: int, msg: Message) -> None:
+        if not isinstance(msg, GROUPED):
+            mismatched(self.me, peer, "does not run partition groups")
+            return
+        self.ha.on_message(peer, msg_id, msg)
+
+    def _promote_request(self, request: Request) -> Response:
+        """``ctl promote NODE`` (the metadata group) or ``{"node", "group"}`` (one group)."""
+        body = request.json()
+        target = str(body.get("node", ""))
+        group = int(body.get("group", METADATA_GROUP))
+        member = self.ha.groups.get(group)
+        if member is None:
+            raise HTTPError(404, f"{self.me} is not a member of group {group}")
+        if target == self.me and member.phase == "primary":
+            return Response.json({"message": f"{self.me} is already the primary of group "
+                                             f"{group}"})
+        try:
+            self.ha.promote(group, target)
+        except ValueError as exc:
+            raise HTTPError(409, str(exc)) from exc
+        log.warning("node %s hands group %d to %s (operator request)", self.me, group, target)
+        self._record_failover("promote requested", node=target, by=self.me, group=group)
+        return Response.json({"message": f"{self.me} handed group {group} over to {target}; "
+                                         "it stands for election now"})
+
+    # -- status --------------------------------------------------------------------------
+
+    def add_status(self, status: dict[str, Any]) -> None:
+        """The metadata group's role as the node's (every field as an unpartitioned node's),
+        and ``groups``: each group's, read from its member now."""
+        me = status["node"]
+        metadata = self.ha.metadata
+        pos = metadata.election.position
+        me.update(metadata.status())
+        me.update(epoch=metadata.election.epoch, primary=metadata.election.primary,
+                  position=[pos.epoch, pos.seq])
+        self._common_status(status, metadata.election)
+        me["groups"] = {str(g): group_status(m, self.ha.members[g])
+                        for g, m in sorted(self.ha.groups.items())}
+        me["serving_groups"] = self.clients.serving_groups()
