@@ -52,7 +52,7 @@ class TransactionCounter:
         self.dtx = 0
 
     def create(self, transaction: Any) -> None:
-        if str(getattr(transaction, "id", "")).startswith("dtx:"):
+        if getattr(transaction, "xid", None) is not None:  # an XA branch (a DtxBranch)
             self.dtx += 1
         else:
             self.tx += 1

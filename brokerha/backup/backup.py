@@ -135,7 +135,7 @@ class Backup:
         self._valid_at: int | None = None  # the marker's: caught up once applied so far
         self.config = BrokerReplicator(broker, self._queue_gone, scope)
         self._queues: dict[tuple[str, str], QueueReplicator] = {}
-        self.transactions = TransactionReplicator(broker, self._replicator, me, epoch)
+        self.transactions = TransactionReplicator(broker, self._replicator, me, epoch, scope)
         # the TxLog's ``l*`` events (brokerha/txlog/bridge/replica.py: ``apply(event)``), if any
         self.txlog = txlog
         self.layers = dict(layers or {})  # other layers' events by kind (the partition table)

@@ -32,7 +32,8 @@ from typing import Any
 from brokerha.backup.queue_replicator import QueueReplicator
 from brokerha.backup.tx_buffer import TxBuffer, new_buffer
 from brokerha.broker.broker import Broker
-from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.broker.placement import GroupScope
+from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK, of_group
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import ReplicationError, TxVote
 
@@ -70,8 +71,13 @@ class _Budget:
 
 
 class TransactionReplicator:
-    def __init__(self, broker: Broker, replicator: Replicators, me: str, epoch: int) -> None:
+    def __init__(self, broker: Broker, replicator: Replicators, me: str, epoch: int,
+                 scope: GroupScope | None = None) -> None:
         self.broker = broker
+        # a partitioned node's replication group: its catch-up replaces, and its join
+        # releases, only that group's prepared records, outcomes and branches (their group
+        # is in their names, tx_outcomes.group_of); None: the whole broker's
+        self.group = None if scope is None else scope.group
         self.replicator = replicator
         self.me = me
         self.epoch = epoch
@@ -215,11 +221,12 @@ class TransactionReplicator:
 
     def caught_up(self) -> None:
         """Prepared records the primary did not send again are decided: drop them."""
-        for txid in [t for t in self.broker.ha_transactions if t not in self.buffers]:
+        for txid in [t for t in self.broker.ha_transactions
+                     if t not in self.buffers and of_group(t, self.group)]:
             del self.broker.ha_transactions[txid]
             self.broker.store.ha_tx_finished(txid)
         if self._outcomes_seen is not None:
-            self.broker.outcomes.keep_only(self._outcomes_seen)
+            self.broker.outcomes.keep_only(self._outcomes_seen, self.group)
             self._outcomes_seen = None
 
     def release_local_branches(self) -> None:
@@ -230,6 +237,8 @@ class TransactionReplicator:
         """
         dtx = self.broker.dtx
         for xid, branch in list(dtx.branches.items()):
+            if self.group is not None and branch.group != self.group:
+                continue  # another group's (this node may lead it)
             del dtx.branches[xid]
             for queue, entry in branch.accepts:
                 if not queue.deleted:

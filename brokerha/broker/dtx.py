@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from brokerha.broker.transaction import Transaction
+from brokerha.broker.tx_outcomes import group_of, in_group
 
 if TYPE_CHECKING:
     from brokerha.broker.message import Entry
@@ -81,6 +82,31 @@ class Xid:
         return cls(int(fmt), bytes.fromhex(gtrid), bytes.fromhex(bqual))
 
 
+# An XA format id of brokerha's own: a branch of a transaction across partitions
+# (``brokerha/partition/xtx.py``), whose xid carries all a new primary needs to resolve it:
+# gtrid the gtxid, bqual ``<partition>/<decider>/<participants>``.
+XTX_FORMAT = 0x78747831  # "xtx1"
+
+
+def xtx_txid(partition: int, gtxid: str) -> str:
+    """The name of partition ``partition``'s branch of ``gtxid``: its transaction id, its
+    tx-queue's and its outcome record's, the same on every node of the partition's group
+    (group ``partition + 1``, ``tx_outcomes.group_of``)."""
+    return in_group(partition + 1, f"xtx:{gtxid}")
+
+
+def is_xtx_txid(txid: str) -> bool:
+    """Whether ``txid`` names a cross-partition branch (``xtx_txid``)."""
+    return group_of(txid) > 0 and txid.partition("/")[2].startswith("xtx:")
+
+
+def xtx_partition(xid: Xid) -> int | None:
+    """The partition of a cross-partition branch's xid, None for any other xid."""
+    if xid.format_id != XTX_FORMAT:
+        return None
+    return int(xid.bqual.split(b"/", 1)[0])
+
+
 class State(enum.Enum):
     ACTIVE = "active"  # associated with at least one channel
     SUSPENDED = "suspended"
@@ -100,7 +126,13 @@ class DtxBranch(Transaction):
         # prepared branch (restored, adopted) is set PREPARED only after this
         self.xid = xid
         self.state = State.ACTIVE
-        super().__init__(f"dtx:{xid.key}", factories, on_outcome=on_outcome)
+        partition = xtx_partition(xid)
+        super().__init__(f"dtx:{xid.key}" if partition is None else xtx_txid(partition, xid.gtrid.decode()),
+                         factories, on_outcome=on_outcome)
+        # the replication group whose log holds the branch (broker/placement.py): a
+        # cross-partition branch's is in its name; another's is set by the scoped HA
+        # primary that replicates it (None: no group's yet, or an unpartitioned node)
+        self.group: int | None = None if partition is None else group_of(self.id)
         self.associated: set[object] = set()
         self.started = now
         self.timeout = timeout
@@ -265,11 +297,22 @@ class DtxManager:
                 return self._finish_rollback_only(branch)
         elif branch.state is not State.PREPARED:
             raise XAError(XA.ER_PROTO, f"two-phase commit of xid {xid.key} that is not prepared")
-        del self.branches[xid]
-        branch.commit_prepared()
-        if not one_phase:
-            self.forget_prepared(xid)
+        self._commit(branch, forget=not one_phase)
         return XA.OK
+
+    def commit_prepared(self, xid: Xid) -> None:
+        """The two-phase commit of a PREPARED branch, in this loop callback (``commit``
+        awaits nothing on that path; a caller that is no coroutine calls this)."""
+        branch = self._branch(xid)
+        if branch.state is not State.PREPARED:
+            raise XAError(XA.ER_PROTO, f"two-phase commit of xid {xid.key} that is not prepared")
+        self._commit(branch, forget=True)
+
+    def _commit(self, branch: DtxBranch, *, forget: bool) -> None:
+        del self.branches[branch.xid]
+        branch.commit_prepared()
+        if forget:
+            self.forget_prepared(branch.xid)
 
     def rollback(self, xid: Xid) -> XA:
         branch = self._branch(xid)
@@ -285,8 +328,13 @@ class DtxManager:
             self.forget_prepared(xid)
         return XA.OK
 
-    def primary_stopped(self) -> list[Xid]:
+    def primary_stopped(self, group: int | None = None) -> list[Xid]:
         """This node stopped being the HA primary: its branches lose what bound them to it.
+
+        ``group``: a partitioned node's replication group whose primary stopped
+        (``DtxBranch.group``); only that group's branches are touched, the
+        other groups' primaries on this node keep theirs. None: every branch
+        (an unpartitioned node's one primary).
 
         A branch that is not prepared is rolled back: nothing of it was
         replicated (a branch is replicated from its prepare on), so no later
@@ -301,6 +349,8 @@ class DtxManager:
         """
         dropped = []
         for xid, branch in list(self.branches.items()):
+            if group is not None and branch.group != group:
+                continue
             if branch.state is State.PREPARED:
                 branch.observers = []
             elif not branch.preparing and branch.state not in (State.HEURISTIC_COMMIT,
@@ -343,9 +393,14 @@ class DtxManager:
         return XA.OK
 
     def recover(self) -> list[Xid]:
-        """In-doubt branches: prepared, or completed heuristically and not yet forgotten."""
+        """In-doubt branches: prepared, or completed heuristically and not yet forgotten.
+
+        Not the branches of transactions across partitions (``XTX_FORMAT``): no TM
+        decides them, their decision partition does (``partition/xtx.py``).
+        """
         return [b.xid for b in self.branches.values()
-                if b.state in (State.PREPARED, State.HEURISTIC_COMMIT, State.HEURISTIC_ROLLBACK)]
+                if b.state in (State.PREPARED, State.HEURISTIC_COMMIT, State.HEURISTIC_ROLLBACK)
+                and b.xid.format_id != XTX_FORMAT]
 
     # -- timeouts ----------------------------------------------------------------------------
 

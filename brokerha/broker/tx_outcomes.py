@@ -13,6 +13,16 @@ recorded as ``rolled back``. A record is written to the store in the same loop
 callback as the commit's effects, hence in the same group commit: the outcome
 is durable exactly when the transaction is. Retention: the newest
 ``max_records`` records, none older than ``max_age`` seconds.
+
+On a partitioned node (docs/ha.md "Partitions") one ``TxOutcomes`` holds the
+records of every replication group the node is in; a record's group is in
+its name (``group_of``: ``g<group>/...``, given by the group's primary, the
+same on every node of the group; an unpartitioned node's names have none:
+group 0), so a group's catch-up sends, and its backup replaces, only its
+own group's records. A record that no commit or rollback event carries (a
+cross-partition transaction's tombstone, ``brokerha/partition/xtx.py``) goes
+to the group's backups as a ``to`` event of its own: ``replicate`` hands it
+to the ``listeners`` (the HA primary of its group).
 """
 
 from __future__ import annotations
@@ -35,6 +45,28 @@ MAX_AGE = 7 * 86400.0
 
 Record = tuple[str, str | None, str, float]  # txid, client id, outcome, wall-clock time
 
+GROUP_MARK = "g"
+
+
+def in_group(group: int, name: str) -> str:
+    """``name`` of a transaction of replication group ``group`` (> 0): ``g<group>/name``."""
+    return f"{GROUP_MARK}{group}/{name}"
+
+
+def group_of(txid: str) -> int:
+    """The replication group whose log holds transaction ``txid`` (0: an unpartitioned
+    node's, or the metadata group's)."""
+    if txid.startswith(GROUP_MARK):
+        head, slash, _ = txid.partition("/")
+        if slash and head[1:].isdigit():
+            return int(head[1:])
+    return 0
+
+
+def of_group(txid: str, group: int | None) -> bool:
+    """Whether ``txid`` is group ``group``'s (None: the whole broker's, every record)."""
+    return group is None or group_of(txid) == group
+
 
 class TxOutcomes:
     def __init__(self, store: Store, *, clock: Callable[[], float] = time.time,
@@ -46,6 +78,8 @@ class TxOutcomes:
         self._records: OrderedDict[str, Record] = OrderedDict()
         self._by_client: dict[str, str] = {}
         self._in_flight: dict[str, list[Callable[[str], None]]] = {}
+        # the HA primaries that send a ``replicate``d record to their backups
+        self.listeners: list[Callable[[Record], None]] = []
 
     def __len__(self) -> int:
         return len(self._records)
@@ -74,8 +108,14 @@ class TxOutcomes:
     def known(self, txid: str) -> bool:
         return txid in self._records
 
-    def snapshot(self) -> list[Record]:
-        return list(self._records.values())
+    def get(self, txid: str) -> Record | None:
+        return self._records.get(txid)
+
+    def snapshot(self, group: int | None = None) -> list[Record]:
+        """Every record, oldest first, or group ``group``'s only."""
+        if group is None:
+            return list(self._records.values())
+        return [r for r in self._records.values() if group_of(r[0]) == group]
 
     # -- changes (each goes to the store in the caller's loop callback) -------------------
 
@@ -88,6 +128,14 @@ class TxOutcomes:
         if client_id is not None:
             for callback in self._in_flight.pop(client_id, []):
                 callback(outcome)
+
+    def replicate(self, txid: str) -> None:
+        """Send ``txid``'s record to the backups of its group as it is (a ``to`` event):
+        for a record no ``tc`` or ``tr`` carries, such as a tombstone."""
+        record = self._records.get(txid)
+        if record is not None:
+            for listener in list(self.listeners):
+                listener(record)
 
     def _put(self, record: Record) -> None:
         txid, client_id = record[0], record[1]
@@ -108,9 +156,10 @@ class TxOutcomes:
         if self._drop(txid):
             self.store.tx_outcome_deleted(txid)
 
-    def keep_only(self, txids: set[str]) -> None:
-        """After a catch-up: what the primary does not know is not an outcome here either."""
-        for txid in [t for t in self._records if t not in txids]:
+    def keep_only(self, txids: set[str], group: int | None = None) -> None:
+        """After a catch-up: what the primary does not know is not an outcome here either
+        (of its group's records: ``group``; None, every record)."""
+        for txid in [t for t in self._records if t not in txids and of_group(t, group)]:
             self.forget(txid)
 
     def prune(self, now: float | None = None) -> None:

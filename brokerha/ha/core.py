@@ -248,7 +248,8 @@ class HACore:
         self.pending_joins.clear()
         if self.primary is not None:
             self.primary.close()
-            dropped = self.broker.dtx.primary_stopped()
+            dropped = self.broker.dtx.primary_stopped(
+                None if self.scope is None else self.scope.group)  # its group's branches
             if dropped:
                 log.warning("node %s: %d XA branches not prepared are rolled back with the "
                             "primary role", self.me, len(dropped))

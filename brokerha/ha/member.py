@@ -430,8 +430,10 @@ class HAMember:
         With nothing prepared, the decisions are made at once (none).
         """
         peers = sorted(self.effects.peers_up())
+        scope = self.core.scope  # a partition group's verification: its transactions only
         verification = verify.Verification.start(self.broker, epoch, self.me, peers,
-                                                 self.clock(), self.verification_timeout)
+                                                 self.clock(), self.verification_timeout,
+                                                 None if scope is None else scope.group)
         request = verification.request()
         if not request.txids:
             verification.asked.clear()

@@ -59,7 +59,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from brokerha.broker.dtx import XTX_FORMAT as XTX_FORMAT  # its home: broker/dtx.py
 from brokerha.broker.dtx import Xid
+from brokerha.broker.dtx import xtx_txid as xtx_txid
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
 from brokerha.seed_runner import UnsafeRules
 
@@ -134,10 +136,10 @@ class XBranch:
     ops: tuple[XOp, ...] = ()
 
 
-# An XA format id of our own: a cross-partition branch is an XA branch of the partition's
-# DtxManager whose xid says all a new primary needs to resolve it (gtrid: the gtxid; bqual:
-# ``<partition>/<decider>/<participants>``), so today's prepared record keeps it unchanged.
-XTX_FORMAT = 0x78747831  # "xtx1"
+# A cross-partition branch is an XA branch of the partition's DtxManager whose xid says all
+# a new primary needs to resolve it (format ``XTX_FORMAT``, broker/dtx.py; gtrid: the gtxid;
+# bqual: ``<partition>/<decider>/<participants>``), so today's prepared record keeps it
+# unchanged; its transaction id (tx-queue, outcome record) is ``xtx_txid``.
 MAX_NODE_NAME = 64 - 20  # a gtxid is an XA gtrid: at most 64 bytes, 20 of them the time
 
 

@@ -46,6 +46,7 @@ from brokerha.broker.observers import ConfigurationObserver, QueueObserver
 from brokerha.broker.placement import GroupScope
 from brokerha.broker.policy_effects import PolicyEffects
 from brokerha.broker.queue import Queue
+from brokerha.broker.tx_outcomes import group_of
 from brokerha.cluster import replication as R
 from brokerha.cluster.quorum import majority, replicated_seq
 from brokerha.cluster.ranges import RangeSet
@@ -180,6 +181,8 @@ class Primary(ConfigurationObserver, QueueObserver):
         broker.replication_barriers.append(self.barrier)
         self.tx_factory = PrimaryTxObserverFactory(self)
         broker.observers.add_transaction_observer_factory(self.tx_factory)
+        # an outcome record no tc or tr carries (a cross-partition tombstone) goes as a to
+        broker.outcomes.listeners.append(self._outcome_replicated)
         # definitions changed here (the API, ctl, an import) go to the backups as they are
         # applied, after the broker acted on them (a deleted vhost's queues went first)
         self._unsubscribe_definitions: Callable[[], None] = (
@@ -223,6 +226,8 @@ class Primary(ConfigurationObserver, QueueObserver):
             self.broker.replication_barriers.remove(self.barrier)
         if self.tx_factory in observers.transactions:
             observers.transactions.remove(self.tx_factory)
+        if self._outcome_replicated in self.broker.outcomes.listeners:
+            self.broker.outcomes.listeners.remove(self._outcome_replicated)
         self._unsubscribe_definitions()
         self.closed = True
         self.broker.flow.release(self.flow_name)
@@ -843,8 +848,15 @@ class Primary(ConfigurationObserver, QueueObserver):
         entries = queue_entries(q, acquired, below)
         yield from sub.events(entries, self.clock, self.broker.store.read_bodies)
 
+    def _outcome_replicated(self, record: tuple[str, str | None, str, float]) -> None:
+        """``TxOutcomes.replicate``: a record of this group's goes to the backups as a ``to``."""
+        if self.scope is None or group_of(record[0]) == self.scope.group:
+            self._emit(R.TxOutcomes(R.TX_OUTCOMES, [list(record)]))
+
     def _outcome_events(self) -> list[Event]:
-        records = [list(r) for r in self.broker.outcomes.snapshot()]
+        """The outcomes in a join's catch-up: this group's (every one without a scope)."""
+        group = None if self.scope is None else self.scope.group
+        records = [list(r) for r in self.broker.outcomes.snapshot(group)]
         if not records:
             return [R.TxOutcomes(R.TX_OUTCOMES, [])]
         return [R.TxOutcomes(R.TX_OUTCOMES, records[i:i + OUTCOMES_PER_EVENT])

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from brokerha.broker.dtx import DtxBranch, State
 from brokerha.broker.transaction import TransactionObserver
+from brokerha.broker.tx_outcomes import in_group
 from brokerha.cluster import replication as R
 from brokerha.primary.remote_backup import BYTES_PER_PACKET
 
@@ -55,6 +56,7 @@ TC_CONTENT_BYTES = BYTES_PER_PACKET
 
 if TYPE_CHECKING:
     from brokerha.broker.message import Entry, Message
+    from brokerha.broker.placement import GroupScope
     from brokerha.broker.queue import Queue
     from brokerha.broker.transaction import Transaction
     from brokerha.primary.events import Event
@@ -69,6 +71,7 @@ class Primary(Protocol):
 
     me: str
     epoch: int
+    scope: GroupScope | None  # a partitioned node's replication group; None: the broker
 
     def acquired(self, queue: Queue, entry: Entry) -> None: ...
     def messages_replicated(self, queue: Queue) -> bool: ...
@@ -92,6 +95,11 @@ class PrimaryTxObserverFactory:
             name = transaction.id  # dtx:<xid key>: the same on every node
         else:
             name = f"tx-{self.primary.me}-{self.primary.epoch}-{next(self._numbers)}"
+            scope = self.primary.scope
+            if scope is not None and scope.group:
+                # a partition group's (epochs are per group: two groups' primaries on one
+                # node would give the same names); the group is in the name of its outcome
+                name = in_group(scope.group, name)
         observer = PrimaryTxObserver(self.primary, transaction, name,
                                      None if branch is None else branch.xid.key)
         if branch is not None and branch.state is State.PREPARED:
@@ -124,6 +132,10 @@ class PrimaryTxObserver(TransactionObserver):
         if self.queue is None:
             self.queue = self.primary.tx_begin(self.name, self.xid)
             self.transaction.replication_id = self.name
+            scope = self.primary.scope
+            tx = self.transaction
+            if scope is not None and isinstance(tx, DtxBranch) and tx.group is None:
+                tx.group = scope.group  # its group's demotion is what rolls it back
         return self.queue
 
     # -- the transaction's operations ------------------------------------------------------

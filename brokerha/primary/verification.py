@@ -13,7 +13,22 @@ transactions:
   needs a majority, and a majority's vote floor would have made a node holding
   the commit the primary);
 - an XA branch nobody committed -> in doubt: it becomes a prepared branch of
-  this primary's DtxManager, listed by ``recover`` and finished by the TM.
+  this primary's DtxManager, listed by ``recover`` and finished by the TM;
+- a branch of a transaction across partitions whose outcome record here says
+  rolled back (the decision came while its prepare was still open, and its
+  ``tr`` did not) -> rolled back;
+- a branch of a transaction across partitions (its xid's format is
+  ``XTX_FORMAT``, broker/dtx.py) nobody committed -> ``resolve``: it becomes a
+  prepared branch too, but no TM's (``recover`` leaves it out): the
+  partition's ``DecisionRules.tick`` (partition/xtx.py) finds it in doubt
+  and asks its decision partition, or, on the decider, rolls it back (rule
+  b). Committed by any node, it is committed like any other: a participant
+  commits only on a durable decision, and the decider's commit *is* the
+  decision, which nobody heard before it was durable.
+
+On a partitioned node (``group``) a group's verification settles only that
+group's transactions (their group is in their names, ``tx_outcomes.group_of``);
+the other groups' primaries on the node keep theirs.
 
 A node that committed a transaction this primary rolls back (it received the
 commit event, the majority did not) converges when it joins: its catch-up
@@ -29,9 +44,9 @@ from typing import Any
 
 from brokerha.backup.tx_buffer import TxBuffer
 from brokerha.broker.broker import Broker
-from brokerha.broker.dtx import State, Xid
+from brokerha.broker.dtx import State, Xid, is_xtx_txid, xtx_partition
 from brokerha.broker.message import Message
-from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK, of_group
 from brokerha.cluster.replication import VerifyReply, VerifyRequest
 
 log = logging.getLogger(__name__)
@@ -39,6 +54,11 @@ log = logging.getLogger(__name__)
 COMMIT = "commit"
 ROLLBACK = "rollback"
 IN_DOUBT = "in doubt"
+RESOLVE = "resolve"  # a cross-partition branch kept prepared for its DecisionRules
+
+
+def _is_xtx(xid_key: str) -> bool:
+    return xtx_partition(Xid.from_key(xid_key)) is not None
 
 
 @dataclass
@@ -51,15 +71,24 @@ class Verification:
     deadline: float
     committed_here: set[str] = field(default_factory=set)
     replies: dict[str, VerifyReply] = field(default_factory=dict)
+    # cross-partition branches this node holds prepared and whose record says rolled back
+    # (the decision arrived with the prepare still open: its tr was not applied here)
+    rolled_back_here: set[str] = field(default_factory=set)
+    group: int | None = None         # a partitioned node's group: its transactions only
 
     @classmethod
     def start(cls, broker: Broker, epoch: int, me: str, peers: list[str], now: float,
-              timeout: float) -> Verification:
+              timeout: float, group: int | None = None) -> Verification:
         prepared = {txid: TxBuffer.from_payload(txid, payload)
-                    for txid, payload in broker.ha_transactions.items()}
-        local = [b.id for b in broker.dtx.branches.values() if b.state is State.PREPARED]
+                    for txid, payload in broker.ha_transactions.items()
+                    if of_group(txid, group)}
+        local = [b.id for b in broker.dtx.branches.values()
+                 if b.state is State.PREPARED and (group is None or b.group == group)]
         committed = {t for t in [*prepared, *local] if broker.outcomes.committed(t)}
-        return cls(epoch, me, prepared, local, set(peers), now + timeout, committed)
+        rolled_back = {t for t in [*prepared, *local] if is_xtx_txid(t)
+                       and (r := broker.outcomes.get(t)) is not None and r[2] == ROLLED_BACK}
+        return cls(epoch, me, prepared, local, set(peers), now + timeout, committed,
+                   rolled_back_here=rolled_back, group=group)
 
     def request(self) -> VerifyRequest:
         return VerifyRequest(self.epoch, sorted({*self.prepared, *self.local_branches}))
@@ -83,10 +112,19 @@ class Verification:
         for txid, buffer in self.prepared.items():
             if txid in committed:
                 out[txid] = COMMIT
+            elif txid in self.rolled_back_here:
+                out[txid] = ROLLBACK
+            elif buffer.xid:
+                out[txid] = RESOLVE if _is_xtx(buffer.xid) else IN_DOUBT
             else:
-                out[txid] = IN_DOUBT if buffer.xid else ROLLBACK
+                out[txid] = ROLLBACK
         for txid in self.local_branches:
-            out[txid] = COMMIT if txid in committed else IN_DOUBT
+            if txid in committed:
+                out[txid] = COMMIT
+            elif txid in self.rolled_back_here:
+                out[txid] = ROLLBACK
+            else:
+                out[txid] = RESOLVE if is_xtx_txid(txid) else IN_DOUBT
         return out
 
 
@@ -107,10 +145,13 @@ def carry_out(broker: Broker, verification: Verification) -> dict[str, str]:
             _commit(broker, buffer)
         elif decision == ROLLBACK:
             _finish(broker, buffer, ROLLED_BACK)
-        else:
-            _adopt(broker, buffer)
+        else:  # in doubt (the TM's) or resolve (its DecisionRules'): prepared here
+            _adopt(broker, buffer, verification.group)
         log.warning("verification: %s %s", txid, decision)
+    group = verification.group
     for branch in list(broker.dtx.branches.values()):
+        if group is not None and branch.group != group:
+            continue  # another group's, with another primary's observers (or none)
         if branch.state is State.PREPARED and not branch.observers:
             branch.observers = [o for f in broker.dtx.factories
                                 if (o := f.create(branch)) is not None]
@@ -150,18 +191,26 @@ def _finish(broker: Broker, buffer: TxBuffer, outcome: str) -> None:
     broker.outcomes.record(buffer.txid, buffer.client_id, outcome)
 
 
-def _adopt(broker: Broker, buffer: TxBuffer) -> None:
-    """An in-doubt XA branch becomes this primary's prepared branch (recover lists it)."""
+def _adopt(broker: Broker, buffer: TxBuffer, group: int | None = None) -> None:
+    """An in-doubt XA branch becomes this primary's prepared branch (recover lists it;
+    a cross-partition one, its DecisionRules' ``in_doubt``)."""
     assert buffer.xid is not None
     publishes, accepts = _queues_of(broker, buffer)
     branch = broker.dtx.restore_prepared(Xid.from_key(buffer.xid), publishes, accepts)
     branch.client_id = buffer.client_id
+    if branch.group is None:
+        branch.group = group
     broker.dtx.persist_prepared(branch, lambda: None)
     broker.ha_transactions.pop(buffer.txid, None)
     broker.store.ha_tx_finished(buffer.txid)
 
 
 def _decide_local_branch(broker: Broker, txid: str, decision: str) -> None:
+    if decision == ROLLBACK:  # a cross-partition branch whose record says so
+        for xid, branch in list(broker.dtx.branches.items()):
+            if branch.id == txid:
+                broker.dtx.rollback(xid)
+        return
     if decision != COMMIT:
         return
     for xid, branch in list(broker.dtx.branches.items()):

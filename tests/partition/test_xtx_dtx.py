@@ -1,34 +1,30 @@
-"""``PartitionTransactions`` backed by today's ``DtxManager`` and ``TxOutcomes``.
+"""``BrokerTransactions`` (partition/xtx_broker.py): ``PartitionTransactions`` over a broker.
 
-A reference for stage 4's integration: ``DtxTransactions`` below is the
-adapter in a few lines (an XA branch per gtxid, ``xid_of``; outcome records
-by gtxid in the branch's loop callback), and the scenarios run the product's
-``CrossTx`` and ``DecisionRules`` over two real ``Broker`` objects, one per
-partition, packets carried by hand and every write taken as durable (no
-HA under them). So the Protocol is known to fit what exists: a commit lands
-on both brokers' queues, a tombstone rolls back a held branch (its entries
-requeued) and refuses the late commit, and a prepared branch restored from
-the store is found in doubt by ``branch_of`` its xid.
+The scenarios run the product's ``CrossTx`` and ``DecisionRules`` over the
+product's adapter on real ``Broker`` objects, one per partition (or two
+partitions on one broker, as a node leading both), packets carried by hand
+and every write taken as durable (no HA under them; the HA cases are in
+``test_xtx_replication.py``): a commit lands on both brokers' queues, a
+tombstone rolls back a held branch (its entries requeued) and refuses the
+late commit, a prepared branch restored from the store is found in doubt by
+``branch_of`` its xid, and each partition's record is its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from brokerha.broker.broker import Broker
 from brokerha.broker.content import build_header
-from brokerha.broker.dtx import XA, State, Xid
-from brokerha.broker.message import Entry, Message
-from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.broker.message import Message
+from brokerha.broker.tx_outcomes import ROLLED_BACK
 from brokerha.partition.xtx import (
-    XTX_FORMAT,
     Answer,
     CrossTx,
     DecisionRules,
     Effect,
-    InDoubt,
     Status,
     ToNode,
     ToPartition,
@@ -40,104 +36,35 @@ from brokerha.partition.xtx import (
     XOp,
     XOutcome,
     XPublish,
-    branch_of,
-    xid_of,
+    xtx_txid,
 )
+from brokerha.partition.xtx_broker import BrokerTransactions
 from tests.clock import Clock
 
-OWNER = object()  # the "channel" a cross-partition branch is associated with, briefly
 
-
-def done(coro: Coroutine[Any, Any, XA]) -> XA:
-    """A DtxManager verb that awaits nothing on this path (a two-phase commit), run now."""
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-    raise AssertionError("the verb waited")
-
-
-class DtxTransactions:
-    """``PartitionTransactions`` over one broker's ``DtxManager`` and ``TxOutcomes``."""
-
-    def __init__(self, broker: Broker, prepared: Callable[[str, bool], None]) -> None:
-        self.broker = broker
-        self.prepared = prepared  # the shell's report: DecisionRules.prepared, carried out
-        # what the remote consumers hold, by (vhost, queue, position): an XDequeue's entries
-        self.held: dict[tuple[str, str, int], Entry] = {}
-
-    def _xid(self, gtxid: str) -> Xid | None:
-        for xid in self.broker.dtx.branches:
-            if xid.format_id == XTX_FORMAT and xid.gtrid == gtxid.encode():
-                return xid
-        return None
-
-    def status(self, gtxid: str) -> Status:
-        outcomes = self.broker.outcomes
-        if outcomes.known(gtxid):
-            return Status.COMMITTED if outcomes.committed(gtxid) else Status.ROLLED_BACK
-        xid = self._xid(gtxid)
-        if xid is None:
-            return Status.ABSENT
-        prepared = self.broker.dtx.branches[xid].state is State.PREPARED
-        return Status.PREPARED if prepared else Status.PREPARING
-
-    def prepare(self, branch: XBranch) -> None:
-        dtx, xid = self.broker.dtx, xid_of(branch)
-        work = dtx.start(xid, OWNER)
-        missing = False
-        for op in branch.ops:
-            vhost = self.broker.vhosts[op.vhost]
-            if isinstance(op, XPublish):
-                work.publish([vhost.queues[q] for q in op.queues],
-                             Message(op.exchange, op.routing_key, op.header, op.body))
-                continue
-            keys = [(op.vhost, op.queue, n) for n in op.positions]
-            missing |= any(k not in self.held for k in keys)
-            work.accept([(vhost.queues[op.queue], self.held.pop(k)) for k in keys
-                         if k in self.held], [])
-        # a dequeue of an entry no longer held (a failover requeued it) is a no
-        dtx.end(xid, OWNER, fail=missing)
-        task = asyncio.get_running_loop().create_task(dtx.prepare(xid))
-
-        def ended(task: asyncio.Task[XA]) -> None:
-            ok = not task.cancelled() and task.exception() is None and task.result() is XA.OK
-            self.prepared(branch.gtxid, ok)
-        task.add_done_callback(ended)
-
-    def commit(self, gtxid: str) -> None:
-        xid = self._xid(gtxid)
-        assert xid is not None
-        assert done(self.broker.dtx.commit(xid)) is XA.OK
-        self.broker.outcomes.record(gtxid, None, COMMITTED)  # same loop callback: same batch
-
-    def rollback(self, gtxid: str) -> None:
-        xid = self._xid(gtxid)
-        if xid is not None:
-            self.broker.dtx.rollback(xid)
-        self.broker.outcomes.record(gtxid, None, ROLLED_BACK)  # alone: the tombstone
-
-    def in_doubt(self) -> Iterable[InDoubt]:
-        out = []
-        for xid, work in self.broker.dtx.branches.items():
-            branch = branch_of(xid)
-            if branch is not None and work.state is State.PREPARED:
-                out.append(InDoubt(branch, work.started))
-        return out
+def spawn(work: Any, on_done: Callable[[BaseException | None], None]) -> None:
+    """The node's spawner: a task, its end reported."""
+    task = asyncio.ensure_future(work)
+    task.add_done_callback(lambda t: on_done(None if t.cancelled() else t.exception()))
 
 
 class Partitions:
-    """Two partitions (a broker each, queue ``q0`` / ``q1``) and one coordinator."""
+    """Two partitions (a broker each, or one for both: ``shared``; queue ``q0`` / ``q1``) and
+    one coordinator."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: bool = False) -> None:
         self.clock = Clock(100.0)
         self.brokers: list[Broker] = []
         self.rules: list[DecisionRules] = []
         for p in range(2):
-            broker = Broker(f"p{p}", clock=self.clock)
-            broker.add_vhost("/").declare_queue(f"q{p}", owner=None)
+            if shared and self.brokers:
+                broker = self.brokers[0]
+            else:
+                broker = Broker(f"p{p}", clock=self.clock, spawn=spawn)
+                broker.add_vhost("/")
+            broker.vhosts["/"].declare_queue(f"q{p}", owner=None)
             self.brokers.append(broker)
-            self.rules.append(DecisionRules(p, DtxTransactions(broker, self._prepared(p))))
+            self.rules.append(DecisionRules(p, BrokerTransactions(broker, p, self._prepared(p))))
         self.coordinator = CrossTx("n1")
         self.answers: list[Answer] = []
         self.dropped: list[Effect] = []
@@ -181,7 +108,8 @@ def test_a_commit_over_two_brokers_lands_on_both() -> None:
         await settle()  # the XA prepares end, the votes go, the decision, the commits
         assert parts.answers == [Answer(gtxid, True)]
         assert parts.count(0) == parts.count(1) == 1
-        assert [b.outcomes.committed(gtxid) for b in parts.brokers] == [True, True]
+        assert [b.outcomes.committed(xtx_txid(p, gtxid))
+                for p, b in enumerate(parts.brokers)] == [True, True]
         assert all(not b.dtx.branches for b in parts.brokers)
     asyncio.run(scenario())
 
@@ -203,8 +131,8 @@ def test_a_tombstone_requeues_what_the_branch_held_and_refuses_the_late_commit()
         assert rules.txs.status(gtxid) is Status.PREPARED
         # partition 1 asks; the decider writes its tombstone, its branch rolled back
         parts.carry(rules.receive(parts.clock(), XOutcome(gtxid, 1)))
-        outcomes = parts.brokers[0].outcomes
-        assert outcomes.known(gtxid) and not outcomes.committed(gtxid)  # the tombstone
+        outcomes, txid = parts.brokers[0].outcomes, xtx_txid(0, gtxid)
+        assert outcomes.known(txid) and not outcomes.committed(txid)  # the tombstone
         again = queue.get()
         assert again is entry and again.redelivered  # the held entry is back
         assert parts.rules[1].txs.status(gtxid) is Status.ROLLED_BACK
@@ -223,10 +151,10 @@ def test_a_prepared_branch_restored_from_the_store_is_in_doubt_and_asks() -> Non
         parts.carry(effects)
         await settle()
         record = parts.brokers[1].store.load()
-        fresh = Broker("p1-again", clock=parts.clock)
+        fresh = Broker("p1-again", clock=parts.clock, spawn=spawn)
         fresh.add_vhost("/").declare_queue("q1", owner=None)
         fresh.restore(record)
-        rules = DecisionRules(1, DtxTransactions(fresh, lambda g, ok: None))
+        rules = DecisionRules(1, BrokerTransactions(fresh, 1, lambda g, ok: None))
         [doubt] = rules.txs.in_doubt()
         assert doubt.branch == XBranch(gtxid, 1, 0, (0, 1), "")
         parts.clock.now += 2.0
@@ -244,4 +172,37 @@ def test_a_dequeue_of_an_entry_no_longer_held_votes_no() -> None:
         [refused] = parts.answers
         assert not refused.committed and "partition 0 refused" in refused.reason
         assert parts.count(1) == 0 and all(not b.dtx.branches for b in parts.brokers)
+    asyncio.run(scenario())
+
+
+def test_two_partitions_on_one_broker_keep_their_own_records() -> None:
+    """A node leading both participants: each partition's branch and record is its own
+    (a record by gtxid alone would make partition 1 find partition 0's commit and leave
+    its own branch prepared, its message never enqueued)."""
+    async def scenario() -> None:
+        parts = Partitions(shared=True)
+        broker = parts.brokers[0]
+        gtxid, effects = parts.coordinator.begin(parts.clock(), {0: [message(0)],
+                                                                   1: [message(1)]})
+        parts.carry(effects)
+        await settle()
+        assert parts.answers == [Answer(gtxid, True)]
+        assert parts.count(0) == parts.count(1) == 1
+        assert [r[0] for r in broker.outcomes.snapshot()] == [xtx_txid(0, gtxid),
+                                                               xtx_txid(1, gtxid)]
+        assert not broker.dtx.branches
+    asyncio.run(scenario())
+
+
+def test_a_branch_of_a_queue_deleted_meanwhile_votes_no() -> None:
+    async def scenario() -> None:
+        parts = Partitions()
+        parts.brokers[1].vhosts["/"].delete_queue("q1", owner=None)
+        gtxid, effects = parts.coordinator.begin(
+            parts.clock(), {0: [message(0)], 1: [XDequeue("/", "q1", (0,))]})
+        parts.carry(effects)
+        await settle()
+        [refused] = parts.answers
+        assert not refused.committed and parts.count(0) == 0
+        assert parts.rules[0].txs.status(gtxid) is Status.ROLLED_BACK
     asyncio.run(scenario())
