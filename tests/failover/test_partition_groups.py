@@ -1,0 +1,203 @@
+"""Partition groups on three real nodes (issue 35 stage 2, ``[cluster] partition_groups``).
+
+P = 3 over 3 nodes (NR = 2: every node a cell of every partition). Every group (the
+metadata group and one per partition) elects exactly one primary, each partition its
+preferred leader (the placement spreads them, one per node); a client on a partition's
+leader declares, publishes with confirms and consumes a queue of that partition, and
+is refused (404, naming the partition's leader) a queue of another. SIGKILL of a
+partition's leader elects in the groups it led only: every other group keeps its
+epoch and leader (``ctl status --json`` before and after), through the restart of the
+killed node from its data directory, which rejoins every group; nothing confirmed is
+lost (each queue drained on its leader and counted).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+from brokerha.partition.group_simulation import queue_names
+from brokerha.testing import LocalCluster
+from tests.failover.test_failover import FAST
+
+pytestmark = pytest.mark.timeout(120)
+
+OPTIONS: dict[str, float | str | bool] = {**FAST, "partitions": 3, "partition_groups": True}
+GROUPS = ["0", "1", "2", "3"]  # the metadata group and partitions 0..2
+PUBLISHED = 150
+CONSUMED = 20
+
+
+def ctl_status(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
+                           cluster.url(name), "status", "--json"], capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def led(cluster: LocalCluster, names: list[str]) -> dict[str, list[str]]:
+    """Per group, the nodes among ``names`` that serve it now (their own status)."""
+    out: dict[str, list[str]] = {g: [] for g in GROUPS}
+    for name in names:
+        status = cluster.status(name)
+        for group, g in ((status or {}).get("node", {}).get("groups") or {}).items():
+            if g["serving"]:
+                out[group].append(name)
+    return out
+
+
+def ready_everywhere(cluster: LocalCluster, names: list[str]) -> bool:
+    for name in names:
+        groups = (cluster.status(name) or {}).get("node", {}).get("groups") or {}
+        if sorted(groups) != GROUPS or not all(g["ready"] for g in groups.values()):
+            return False
+    return True
+
+
+def until(what: str, check: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+
+
+def one_leader_each(cluster: LocalCluster, names: list[str]) -> dict[str, str] | None:
+    serving = led(cluster, names)
+    if all(len(nodes) == 1 for nodes in serving.values()):
+        return {g: nodes[0] for g, nodes in serving.items()}
+    return None
+
+
+def publish(cluster: LocalCluster, node: str, queue: str, first: int) -> set[int]:
+    """Declare ``queue`` on ``node``, publish PUBLISHED confirmed messages, get and ack
+    CONSUMED of them: the ids consumed."""
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(queue, durable=True)
+        for i in range(first, first + PUBLISHED):  # each confirmed (BlockingChannel waits)
+            ch.basic_publish("", queue, b"%d" % i, pika.BasicProperties(delivery_mode=2),
+                             mandatory=True)
+        consumed = set()
+        for _ in range(CONSUMED):
+            method, _props, body = ch.basic_get(queue)
+            assert method is not None
+            ch.basic_ack(method.delivery_tag)
+            consumed.add(int(body))
+        return consumed
+    finally:
+        conn.close()
+
+
+def refused(cluster: LocalCluster, node: str, act: Any) -> str:
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
+    try:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            act(conn.channel())
+        assert closed.value.reply_code == 404
+        return str(closed.value.reply_text)
+    finally:
+        conn.close()
+
+
+def drain(cluster: LocalCluster, node: str, queue: str) -> list[int]:
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
+    try:
+        ch = conn.channel()
+        got = []
+        while True:
+            method, _props, body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                return got
+            got.append(int(body))
+    finally:
+        conn.close()
+
+
+def test_each_partition_elects_on_its_own_and_a_leader_s_sigkill_moves_only_its_groups(
+        ) -> None:
+    queues = queue_names(3)  # q<p>-<i>: a name hashing into partition p
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        names = cluster.names
+        leaders = until("one serving primary per group", lambda: one_leader_each(cluster, names))
+        until("every node ready in every group", lambda: ready_everywhere(cluster, names))
+        before = ctl_status(cluster, names[0])
+        table = before["partitions"]
+        preferred = [row["preferred_leader"] for row in table["rows"]]
+        assert table["partitions"] == 3 and sorted(preferred) == names
+        # each partition elected its preferred cell: one leader per node
+        assert [leaders[str(p + 1)] for p in range(3)] == preferred
+        for group, g in before["groups"].items():
+            roles = sorted(n["role"] for n in g["nodes"].values())
+            assert roles == ["backup", "backup", "primary"], (group, g)
+            assert g["leader"] == leaders[group]
+
+        metadata = leaders["0"]
+        confirmed: dict[int, set[int]] = {}
+        consumed: dict[int, set[int]] = {}
+        for p, queue in enumerate(queues):
+            first = 1000 * (p + 1)
+            consumed[p] = publish(cluster, leaders[str(p + 1)], queue, first)
+            confirmed[p] = set(range(first, first + PUBLISHED))
+        # a queue of another partition, and a new exchange off the metadata primary: 404
+        victim = next(leaders[str(p + 1)] for p in range(3) if leaders[str(p + 1)] != metadata)
+        mine = next(p for p in range(3) if leaders[str(p + 1)] == victim)
+        other = (mine + 1) % 3
+        text = refused(cluster, victim, lambda ch: ch.queue_declare(queues[other],
+                                                                   durable=True))
+        assert f"partition {other}" in text and f"led by {leaders[str(other + 1)]}" in text
+        text = refused(cluster, victim, lambda ch: ch.exchange_declare("groups-x", "direct"))
+        assert "metadata group" in text and f"led by {metadata}" in text
+
+        epochs = {g: v["epoch"] for g, v in before["groups"].items()}
+        victim_led = sorted(g for g, node in leaders.items() if node == victim)
+        assert victim_led == [str(mine + 1)]
+        killed_at = time.monotonic()
+        cluster.kill(victim)
+        survivors = [n for n in names if n != victim]
+
+        def moved() -> dict[str, str] | None:
+            now = one_leader_each(cluster, survivors)
+            return now if now is not None and all(now[g] != victim for g in victim_led) \
+                else None
+
+        after_kill = until("the victim's groups elect among the survivors", moved)
+        gap = time.monotonic() - killed_at
+        after = ctl_status(cluster, survivors[0])
+        for group in GROUPS:
+            g = after["groups"][group]
+            if group in victim_led:
+                assert g["epoch"] > epochs[group] and g["leader"] in survivors, (group, g)
+            else:  # a group the victim did not lead never noticed
+                assert (g["epoch"], g["leader"]) == (epochs[group], leaders[group]), (group, g)
+        assert after_kill["0"] == metadata
+
+        cluster.restart(victim)
+        until("the restarted node rejoins every group", lambda: ready_everywhere(cluster, names),
+              timeout=30)
+        rejoined = ctl_status(cluster, names[0])
+        for group in GROUPS:
+            g = rejoined["groups"][group]
+            assert g["nodes"][victim]["role"] == "backup", (group, g)
+            want = after["groups"][group]
+            assert (g["epoch"], g["leader"]) == (want["epoch"], want["leader"]), (group, g)
+
+        for p, queue in enumerate(queues):
+            got = drain(cluster, rejoined["groups"][str(p + 1)]["leader"], queue)
+            lost = confirmed[p] - consumed[p] - set(got)
+            assert not lost, f"partition {p}: confirmed messages lost: {sorted(lost)[:10]}"
+            assert len(got) == PUBLISHED - CONSUMED and set(got) <= confirmed[p]
+        print(f"failover of group {victim_led} seen in {gap:.2f}s (poll included)")
