@@ -259,6 +259,8 @@ class GroupLog:
 
 
 class GroupSimulation(World):
+    node_class: type[GroupNode] = GroupNode  # a workload's nodes may do more (forwarding)
+
     def __init__(self, seed: int, *, nodes: int = 3, partitions: int = PARTITIONS,
                  replicas: int = REPLICAS, duration: float = 30.0,
                  publish_rate: float = 2.0, consume_rate: float = 1.6, **kw: Any) -> None:
@@ -333,7 +335,7 @@ class GroupSimulation(World):
 
     def restart(self, name: str) -> None:
         self.incarnations[name] += 1
-        node = GroupNode(self, name, self.incarnations[name], self.disks[name])
+        node = self.node_class(self, name, self.incarnations[name], self.disks[name])
         self.nodes[name] = cast(SimNode, node)
         if self.now:
             self.note(f"restart {name}: " + ", ".join(

@@ -15,7 +15,10 @@ confirms client while an operator changes its queue's ``ha-replicate`` (issue
 table's ``TableCoordinator`` on every node while an operator drains nodes,
 brings them back and marks learners caught up (issue 35); ``--workload groups``
 (``partition/group_simulation.py``) is the confirms client of each partition on
-nodes that run a replication group per partition cell (issue 35, stage 2). All of
+nodes that run a replication group per partition cell (issue 35, stage 2);
+``--workload forward`` (``partition/forward_simulation.py``) is clients on random nodes
+of that world publishing with confirms to queues of one or two partitions, each
+publish forwarded to its partitions' primaries (issue 35, stage 3's protocol core). All of
 these run the product's HA members on the harness of ``world.py``, with its cost
 model. ``--workload xtx`` (``partition/xtx_simulation.py``) is apart: commits across
 partitions (``partition/xtx.py``'s coordinators and decision rules) over partitions
@@ -102,7 +105,7 @@ def simulate(args: argparse.Namespace) -> int:
         if getattr(module, "SMALL_BOUNDS", None) is None:
             raise SystemExit(f"the {args.workload} workload has no small bounds")
         kw["small_bounds"] = True
-    if args.workload in ("confirms", "heavy", "policy", "table", "groups"):
+    if args.workload in ("confirms", "heavy", "policy", "table", "groups", "forward"):
         kw["nodes"] = args.nodes
     elif args.nodes != 3:
         raise SystemExit(f"the {args.workload} workload runs 3 nodes")

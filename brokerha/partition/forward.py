@@ -1,0 +1,500 @@
+"""Publishes forwarded to partition primaries, and their confirms (docs/ha.md "Clients on
+any node", issue 35 stage 3), sans-I/O.
+
+A client may publish on any node of a partitioned cluster; the queues a
+publish is routed to live in partitions whose primaries may be elsewhere.
+Two state machines, with no sockets, no asyncio and no clock of their own
+(each input carries ``now``):
+
+- ``ForwardSender``, on the client's node: one *lane* per target group.
+  Every message routed to a group's queues gets the lane's next ``fseq``
+  (counted per **origin** -- the node and an id of this start of it, so a
+  restart is a new origin -- and per group); once per loop turn
+  (``flush``) each lane sends what it holds as one ``Forward(group, epoch,
+  origin, first_fseq, meta_seq, messages)`` to the group's leader (as the
+  last ``LeaderNotice`` named it). A publish is confirmed (``Confirm``) when
+  every group it was routed to answered for it (``Forwarded``): an ack, or
+  a nack if any of them refused it (a ``reject-publish`` queue). A group
+  this node leads is no exception: its forwards go to the node's own
+  receiver, in process, so a failover that makes the client's node the
+  leader keeps every queue's order (what was forwarded before is resent
+  ahead of what comes after). What is unanswered is sent again, in order,
+  to a new leader at once and to the same one every ``retry`` seconds; a
+  lane holds at most ``window`` messages unanswered (``holds``: the shell
+  stops reading the publishing connections, as for any flow hold).
+- ``ForwardReceiver``, on a group's primary, made for one epoch of its
+  role: it applies no forward before its node's metadata copy reached the
+  forward's ``meta_seq`` (``metadata_reached``; a queue declared on another
+  node exists then), takes each origin's messages in ``fseq`` order and at
+  most once -- the **mark** of an origin is the highest fseq applied and
+  the refused ones among them -- and answers ``Forwarded(group, origin,
+  upto_fseq, refused)`` only once everything it did so far is durable on
+  the majority of the group's cells in its epoch (``WhenDurable``: the
+  shell runs ``Broker.after_durable_in`` with the group's gate and
+  barriers, which refuses it if the role or the lease is gone by then). A
+  forward of another epoch, or to a node no longer leading, is answered
+  ``ForwardError(group, origin, "not-primary", ...)``: the sender waits for
+  the next ``LeaderNotice``.
+
+How the marks survive a failover is the shell's: ``ForwardLog.apply`` must
+write a batch's enqueues and its mark as one event of the group's log, so
+that every cell holding the enqueues holds the mark (and no cell the mark
+without them); a new primary's receiver starts from the marks its store
+holds (``ForwardLog.marks``). ``partition/forward_apply.py`` does it over a
+``Broker``: the batch is a local transaction named ``fw:<group>:...`` (its
+``tc`` carries the enqueues, its outcome record the mark).
+
+Packets are cluster ``Message``s (codes 23-26: "election and membership",
+beside the mux's 20-22), fields wire types in wire order; each names its
+group, so the mux does not wrap them. A forwarded message is
+``[vhost, [x-ha-id, ...], exchange, routing_key, header, body]``: queues are
+named by their incarnation's ``x-ha-id``, and one the receiver does not
+hold (deleted since, or declared again) is left out, as a publish routed
+to a queue deleted meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from brokerha.cluster.messages import ErrorCode, Message, packet
+from brokerha.seed_runner import UnsafeRules
+
+WINDOW = 512  # messages a lane holds unanswered before it holds its publishers
+BATCH = 256   # messages in one Forward at most
+RETRY = 0.5   # unanswered forwards go again to the same leader after this long
+MARK_PREFIX = "fw"  # a batch's transaction name: fw:<group>:<upto>:<refused>:<origin>
+
+
+@dataclass(frozen=True)
+class Unsafe(UnsafeRules):
+    """Rules of forwarding to break on purpose (simulations only): each must be caught."""
+
+    # the sender confirms a publish once its forwards went, not once every group answered
+    confirm_on_send: bool = False
+    # the receiver ignores the marks: what a sender resends after a failover is enqueued twice
+    no_dedupe: bool = False
+    # the receiver answers Forwarded once it applied the batch, not once it is durable on the
+    # group's majority in its epoch
+    answer_before_gate: bool = False
+
+
+# -- packets ------------------------------------------------------------------------------
+
+
+@packet(23)
+class Forward(Message):
+    """Sender -> a group's primary: ``messages`` are the origin's ``first_fseq``.. in order;
+    apply none before this node's metadata copy reached ``meta_seq``."""
+
+    group: int
+    epoch: int
+    origin: str
+    first_fseq: int
+    meta_seq: int
+    messages: list[Any]  # [vhost, [x-ha-id, ...], exchange, routing_key, header, body] each
+
+    @property
+    def last_fseq(self) -> int:
+        return self.first_fseq + len(self.messages) - 1
+
+
+@packet(24)
+class Forwarded(Message):
+    """A group's primary -> the sender: the origin's messages up to ``upto_fseq`` are held by
+    the majority of the group's cells, but the ``refused`` ones (nack them)."""
+
+    group: int
+    origin: str
+    upto_fseq: int
+    refused: list[int]
+
+
+@packet(25)
+class ForwardError(Message):
+    """A forward not taken: ``code`` ``not-primary`` (another epoch, or not leading)."""
+
+    group: int
+    origin: str
+    code: str
+    message: str
+
+
+@packet(26)
+class LeaderNotice(Message):
+    """``node`` leads ``group`` in ``epoch``: sent by a new group primary to every node, and
+    on each link up for the groups it leads."""
+
+    group: int
+    epoch: int
+    node: str
+
+
+Packet = Forward | Forwarded | ForwardError | LeaderNotice
+
+
+@dataclass(frozen=True)
+class ForwardMessage:
+    """One message as a lane forwards it: its queues in the group by ``x-ha-id``."""
+
+    vhost: str
+    queues: tuple[str, ...]
+    exchange: str
+    routing_key: str
+    header: bytes
+    body: bytes
+
+    def as_wire(self) -> list[Any]:
+        return [self.vhost, list(self.queues), self.exchange, self.routing_key, self.header,
+                self.body]
+
+    @classmethod
+    def from_wire(cls, raw: Sequence[Any]) -> ForwardMessage:
+        vhost, queues, exchange, routing_key, header, body = raw
+        return cls(str(vhost), tuple(str(q) for q in queues), str(exchange), str(routing_key),
+                   bytes(header), bytes(body))
+
+
+# -- effects ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToNode:
+    """Put ``packet`` on the link to ``node`` (this node: to its own receiver, in process)."""
+
+    node: str
+    packet: Packet
+
+
+@dataclass(frozen=True)
+class WhenDurable:
+    """Carry out ``send`` once everything done so far is durable on the group's majority in
+    the receiver's epoch (``Broker.after_durable_in`` of the group's gate: never, if the
+    role ends first)."""
+
+    group: int
+    send: ToNode
+
+
+@dataclass(frozen=True)
+class Confirm:
+    """The publisher's answer for publish ``publish``: ``basic.ack``, or ``basic.nack``."""
+
+    publish: int
+    ack: bool
+
+
+Effect = ToNode | WhenDurable | Confirm
+
+
+# -- the marks ------------------------------------------------------------------------------
+
+
+@dataclass
+class Mark:
+    """What a group holds of one origin: every fseq up to ``upto``, but ``refused``."""
+
+    upto: int = 0
+    refused: set[int] = field(default_factory=set)
+
+
+def mark_name(group: int, origin: str, upto: int, refused: Iterable[int]) -> str:
+    """The name a batch's record carries (the shell's transaction client id)."""
+    return f"{MARK_PREFIX}:{group}:{upto}:{','.join(map(str, sorted(refused)))}:{origin}"
+
+
+def marks_from(group: int, names: Iterable[str | None]) -> dict[str, Mark]:
+    """The marks of ``group`` that the names of its batches' records say (a new primary's
+    store: ``mark_name`` of every batch it holds)."""
+    marks: dict[str, Mark] = {}
+    head = f"{MARK_PREFIX}:{group}:"
+    for name in names:
+        if name is None or not name.startswith(head):
+            continue
+        upto, refused, origin = name[len(head):].split(":", 2)
+        mark = marks.setdefault(origin, Mark())
+        mark.upto = max(mark.upto, int(upto))
+        mark.refused.update(int(f) for f in refused.split(",") if f)
+    return marks
+
+
+# -- the receiver ------------------------------------------------------------------------------
+
+
+class ForwardLog(Protocol):
+    """What a ``ForwardReceiver`` needs of its group's primary (``partition/forward_apply.py``
+    over a ``Broker``)."""
+
+    def apply(self, origin: str, upto: int,
+              messages: Sequence[tuple[int, ForwardMessage]]) -> list[int]:
+        """Enqueue ``messages`` (fseq, message; fseqs ascending, ``upto`` the last) on their
+        queues and record the origin's new mark (``mark_name``: ``upto`` and the fseqs
+        refused) in the same event of the group's log; the fseqs a queue refused. A queue
+        not held (another ``x-ha-id``) is left out."""
+        ...
+
+
+@dataclass
+class ReceiverStats:
+    applied: int = 0     # messages applied
+    deduped: int = 0     # messages dropped as at or below their origin's mark ...
+    deduped_recovered: int = 0  # ... of which below a mark this primary found in its store
+    gaps: int = 0        # forwards dropped: they begin above the mark + 1 (an earlier one lost)
+    held: int = 0        # forwards that waited for this node's metadata copy
+    refused: int = 0     # messages a queue refused
+    not_primary: int = 0  # forwards answered ForwardError
+
+
+class ForwardReceiver:
+    """A group primary's side, for one epoch of its role: made when it serves, dropped when
+    it stops (what it holds in memory a new primary rebuilds from its store)."""
+
+    def __init__(self, group: int, epoch: int, log: ForwardLog, *,
+                 marks: Mapping[str, Mark] | None = None, meta_seq: int = 0,
+                 unsafe: Unsafe = Unsafe()) -> None:
+        self.group = group
+        self.epoch = epoch
+        self.log = log
+        self.marks: dict[str, Mark] = {o: Mark(m.upto, set(m.refused))
+                                       for o, m in (marks or {}).items()}
+        self.recovered = {o: m.upto for o, m in self.marks.items()}  # (statistics)
+        self.meta_seq = meta_seq
+        self.unsafe = unsafe
+        self.waiting: list[tuple[str, Forward]] = []  # (sender, forward) until meta_seq
+        self.stats = ReceiverStats()
+
+    def receive(self, sender: str, forward: Forward) -> list[Effect]:
+        if forward.group != self.group or forward.epoch != self.epoch:
+            self.stats.not_primary += 1
+            return [self.not_primary(sender, forward)]
+        if forward.meta_seq > self.meta_seq:
+            self.stats.held += 1
+            self.waiting.append((sender, forward))
+            return []
+        return self._apply(sender, forward)
+
+    def not_primary(self, sender: str, forward: Forward) -> ToNode:
+        return ToNode(sender, ForwardError(forward.group, forward.origin, ErrorCode.NOT_PRIMARY,
+                                           f"not the primary of group {forward.group} in epoch "
+                                           f"{forward.epoch}"))
+
+    def metadata_reached(self, seq: int) -> list[Effect]:
+        """This node's metadata copy reached ``seq``: the forwards that waited for it."""
+        self.meta_seq = max(self.meta_seq, seq)
+        ready = [(s, f) for s, f in self.waiting if f.meta_seq <= self.meta_seq]
+        self.waiting = [(s, f) for s, f in self.waiting if f.meta_seq > self.meta_seq]
+        out: list[Effect] = []
+        for sender, forward in ready:
+            out += self._apply(sender, forward)
+        return out
+
+    def _apply(self, sender: str, forward: Forward) -> list[Effect]:
+        mark = self.marks.setdefault(forward.origin, Mark())
+        if forward.first_fseq > mark.upto + 1:
+            self.stats.gaps += 1  # an earlier forward was lost: the sender's retry resends it
+            return []
+        fresh = [(forward.first_fseq + i, ForwardMessage.from_wire(raw))
+                 for i, raw in enumerate(forward.messages)]
+        if not self.unsafe.no_dedupe:
+            kept = [(f, m) for f, m in fresh if f > mark.upto]
+            self.stats.deduped += len(fresh) - len(kept)
+            recovered = self.recovered.get(forward.origin, 0)
+            self.stats.deduped_recovered += sum(1 for f, _ in fresh if f <= recovered)
+            fresh = kept
+        if fresh:
+            upto = max(mark.upto, fresh[-1][0])
+            refused = self.log.apply(forward.origin, upto, fresh)
+            self.stats.applied += len(fresh)
+            self.stats.refused += len(refused)
+            mark.upto = upto
+            mark.refused.update(refused)
+        answer = ToNode(sender, Forwarded(
+            self.group, forward.origin, min(mark.upto, forward.last_fseq),
+            sorted(f for f in mark.refused if forward.first_fseq <= f <= forward.last_fseq)))
+        if self.unsafe.answer_before_gate:
+            return [answer]
+        return [WhenDurable(self.group, answer)]
+
+
+# -- the sender --------------------------------------------------------------------------------
+
+
+@dataclass
+class Queued:
+    """A message of a lane: its fseq, its publish, what goes on the wire."""
+
+    fseq: int
+    publish: int
+    wire: list[Any]
+    sent: float = 0.0  # when it last went
+
+
+@dataclass
+class Lane:
+    """The sender's state for one group: what waits to go, what is unanswered, its leader."""
+
+    group: int
+    next_fseq: int = 1
+    unsent: list[Queued] = field(default_factory=list)
+    unanswered: dict[int, Queued] = field(default_factory=dict)  # fseq -> queued, in order
+    leader: str | None = None
+    epoch: int = -1
+
+    @property
+    def load(self) -> int:
+        return len(self.unsent) + len(self.unanswered)
+
+
+@dataclass
+class Publish:
+    """A publish awaiting its groups' answers."""
+
+    waiting: set[int]
+    ack: bool = True
+
+
+@dataclass
+class SenderStats:
+    forwards: int = 0   # Forward packets sent
+    resent: int = 0     # messages sent again to a new leader
+    retried: int = 0    # messages sent again to the same leader after ``retry``
+    acks: int = 0
+    nacks: int = 0
+    errors: int = 0     # ForwardError answers
+
+
+class ForwardSender:
+    """A node's forwarding of its clients' publishes, for one origin (this start)."""
+
+    def __init__(self, origin: str, *, window: int = WINDOW, batch: int = BATCH,
+                 retry: float = RETRY, unsafe: Unsafe = Unsafe()) -> None:
+        self.origin = origin
+        self.window = window
+        self.batch = batch
+        self.retry = retry
+        self.unsafe = unsafe
+        self.meta_seq = 0  # this node's metadata copy: what a receiver must have applied
+        self.lanes: dict[int, Lane] = {}
+        self.publishes: dict[int, Publish] = {}
+        self.stats = SenderStats()
+
+    def lane(self, group: int) -> Lane:
+        lane = self.lanes.get(group)
+        if lane is None:
+            lane = self.lanes[group] = Lane(group)
+        return lane
+
+    def holds(self, groups: Iterable[int]) -> bool:
+        """Whether a publisher to ``groups`` must wait: some lane's window is full."""
+        return any(self.lane(g).load >= self.window for g in groups)
+
+    # -- inputs -------------------------------------------------------------------------------
+
+    def publish(self, publish: int, targets: Mapping[int, ForwardMessage]) -> list[Effect]:
+        """A publish routed to queues of ``targets`` (group -> the message with that group's
+        queues); none: confirmed at once (the shell's unroutable rules came first)."""
+        if not targets:
+            return [Confirm(publish, True)]
+        if publish in self.publishes:
+            raise ValueError(f"publish {publish} is under way already")
+        self.publishes[publish] = Publish(set(targets))
+        for group, message in sorted(targets.items()):
+            lane = self.lane(group)
+            lane.unsent.append(Queued(lane.next_fseq, publish, message.as_wire()))
+            lane.next_fseq += 1
+        return []
+
+    def flush(self, now: float) -> list[Effect]:
+        """The end of a loop turn: each lane's new messages as one forward to its leader."""
+        out: list[Effect] = []
+        for lane in self.lanes.values():
+            out += self._send(lane, now)
+        return out
+
+    def leader(self, now: float, notice: LeaderNotice) -> list[Effect]:
+        """A ``LeaderNotice``: a new leader gets what is unanswered, in order, at once."""
+        lane = self.lane(notice.group)
+        if notice.epoch < lane.epoch or (notice.epoch == lane.epoch
+                                         and lane.leader == notice.node):
+            return []
+        lane.leader, lane.epoch = notice.node, notice.epoch
+        return self._resend(lane, now, new_leader=True)
+
+    def receive(self, now: float, packet: Forwarded | ForwardError,
+                src: str | None = None) -> list[Effect]:
+        """An answer from node ``src`` (None: unknown)."""
+        if packet.origin != self.origin:
+            return []  # an answer to an earlier start of this node
+        lane = self.lane(packet.group)
+        if isinstance(packet, ForwardError):
+            self.stats.errors += 1
+            if src is None or src == lane.leader:
+                lane.leader = None  # not the leader any more: wait for the next notice
+            return []
+        out: list[Effect] = []
+        refused = set(packet.refused)
+        for fseq in [f for f in lane.unanswered if f <= packet.upto_fseq]:
+            queued = lane.unanswered.pop(fseq)
+            out += self._answered(queued.publish, lane.group, fseq not in refused)
+        return out + self._send(lane, now)
+
+    def tick(self, now: float) -> list[Effect]:
+        """The oldest message of a lane unanswered ``retry`` seconds: everything unanswered
+        goes again to the same leader (one lost forward makes the next ones gaps)."""
+        out: list[Effect] = []
+        for lane in self.lanes.values():
+            oldest = next(iter(lane.unanswered.values()), None)
+            if oldest is not None and lane.leader is not None and now - oldest.sent >= self.retry:
+                out += self._resend(lane, now, new_leader=False)
+        return out
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def _answered(self, publish: int, group: int, ack: bool) -> list[Effect]:
+        pending = self.publishes.get(publish)
+        if pending is None or group not in pending.waiting:
+            return []
+        pending.waiting.discard(group)
+        pending.ack = pending.ack and ack
+        if pending.waiting:
+            return []
+        del self.publishes[publish]
+        if pending.ack:
+            self.stats.acks += 1
+        else:
+            self.stats.nacks += 1
+        return [Confirm(publish, pending.ack)]
+
+    def _resend(self, lane: Lane, now: float, *, new_leader: bool) -> list[Effect]:
+        """Everything unanswered goes back ahead of what waits, and out again in order."""
+        again = list(lane.unanswered.values())
+        if new_leader:
+            self.stats.resent += len(again)
+        else:
+            self.stats.retried += len(again)
+        lane.unsent[:0] = again
+        lane.unanswered.clear()
+        return self._send(lane, now)
+
+    def _send(self, lane: Lane, now: float) -> list[Effect]:
+        if lane.leader is None or not lane.unsent:
+            return []
+        out: list[Effect] = []
+        room = self.window - len(lane.unanswered)
+        while lane.unsent and room > 0:
+            take = lane.unsent[:min(self.batch, room)]
+            del lane.unsent[:len(take)]
+            room -= len(take)
+            for queued in take:
+                queued.sent = now
+                lane.unanswered[queued.fseq] = queued
+            out.append(ToNode(lane.leader, Forward(lane.group, lane.epoch, self.origin,
+                                                   take[0].fseq, self.meta_seq,
+                                                   [q.wire for q in take])))
+            self.stats.forwards += 1
+            if self.unsafe.confirm_on_send:
+                for queued in take:
+                    out += self._answered(queued.publish, lane.group, True)
+        return out

@@ -1,0 +1,252 @@
+"""Forwarding of publishes and confirms (``brokerha/partition/forward.py``), sans-I/O, and its
+``ForwardLog`` over a real ``Broker`` (``brokerha/partition/forward_apply.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from brokerha.broker.broker import Broker
+from brokerha.cluster.messages import ErrorCode
+from brokerha.cluster.replication import HA_ID
+from brokerha.ha.simulation.world import message
+from brokerha.partition.forward import (
+    Confirm,
+    Effect,
+    Forward,
+    Forwarded,
+    ForwardError,
+    ForwardMessage,
+    ForwardReceiver,
+    ForwardSender,
+    LeaderNotice,
+    Mark,
+    ToNode,
+    Unsafe,
+    WhenDurable,
+    mark_name,
+    marks_from,
+)
+from brokerha.partition.forward_apply import BrokerForwardLog, recover_marks
+
+
+def msg(body: str, queue: str = "1.1") -> ForwardMessage:
+    return ForwardMessage("/", (queue,), "", "q", b"h", body.encode())
+
+
+class Log:
+    """A group primary's log: what it applied, in order; ``full`` queues refuse."""
+
+    def __init__(self, full: set[str] | None = None) -> None:
+        self.applied: list[tuple[str, int, bytes]] = []
+        self.names: list[str] = []
+        self.full = full or set()
+
+    def apply(self, origin: str, upto: int,
+              messages: Sequence[tuple[int, ForwardMessage]]) -> list[int]:
+        refused = [f for f, m in messages if set(m.queues) & self.full]
+        self.applied += [(origin, f, m.body) for f, m in messages if f not in refused]
+        self.names.append(mark_name(1, origin, upto, refused))
+        return refused
+
+
+def forwards(effects: Sequence[Effect]) -> list[Forward]:
+    return [e.packet for e in effects if isinstance(e, ToNode) and isinstance(e.packet, Forward)]
+
+
+def durable(effects: Sequence[Effect]) -> list[Forwarded]:
+    """The answers a receiver gives through the group's gate (all of them, here)."""
+    out = []
+    for e in effects:
+        assert not (isinstance(e, ToNode) and isinstance(e.packet, Forwarded)), \
+            "an answer outside the gate"
+        if isinstance(e, WhenDurable):
+            assert isinstance(e.send.packet, Forwarded)
+            out.append(e.send.packet)
+    return out
+
+
+def confirms(effects: Sequence[Effect]) -> list[tuple[int, bool]]:
+    return [(e.publish, e.ack) for e in effects if isinstance(e, Confirm)]
+
+
+def test_a_publish_to_two_groups_is_confirmed_when_both_answered() -> None:
+    s = ForwardSender("a.1")
+    s.leader(0.0, LeaderNotice(1, 3, "b"))
+    s.leader(0.0, LeaderNotice(2, 5, "c"))
+    assert s.publish(1, {1: msg("x"), 2: msg("x")}) == []
+    assert s.publish(2, {1: msg("y")}) == []
+    sent = s.flush(0.0)
+    f1, f2 = forwards(sent)
+    # one forward per group per turn, fseqs per group, each to its leader in its epoch
+    assert (f1.group, f1.epoch, f1.first_fseq, len(f1.messages)) == (1, 3, 1, 2)
+    assert (f2.group, f2.epoch, f2.first_fseq, len(f2.messages)) == (2, 5, 1, 1)
+    assert [e.node for e in sent if isinstance(e, ToNode)] == ["b", "c"]
+    assert confirms(s.receive(0.1, Forwarded(1, "a.1", 2, []))) == [(2, True)]
+    assert confirms(s.receive(0.1, Forwarded(2, "a.1", 1, []))) == [(1, True)]
+
+
+def test_a_message_refused_by_one_group_is_nacked() -> None:
+    s = ForwardSender("a.1")
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    s.leader(0.0, LeaderNotice(2, 1, "c"))
+    s.publish(7, {1: msg("x"), 2: msg("x")})
+    s.flush(0.0)
+    assert s.receive(0.1, Forwarded(1, "a.1", 1, [1])) == []
+    assert confirms(s.receive(0.1, Forwarded(2, "a.1", 1, []))) == [(7, False)]
+
+
+def test_the_receiver_answers_only_through_the_gate_and_up_to_what_it_applied() -> None:
+    log = Log(full={"full"})
+    r = ForwardReceiver(1, 4, log)
+    out = r.receive("a", Forward(1, 4, "a.1", 1, 0, [msg("x").as_wire(),
+                                                      msg("y", "full").as_wire()]))
+    assert durable(out) == [Forwarded(1, "a.1", 2, [2])]
+    assert log.applied == [("a.1", 1, b"x")]
+    assert r.marks["a.1"].upto == 2 and r.marks["a.1"].refused == {2}
+
+
+def test_a_forward_resent_is_not_applied_twice_and_says_what_was_refused() -> None:
+    log = Log(full={"full"})
+    r = ForwardReceiver(1, 4, log)
+    batch = [msg("x").as_wire(), msg("y", "full").as_wire()]
+    r.receive("a", Forward(1, 4, "a.1", 1, 0, batch))
+    out = r.receive("a", Forward(1, 4, "a.1", 1, 0, [*batch, msg("z").as_wire()]))
+    assert durable(out) == [Forwarded(1, "a.1", 3, [2])]
+    assert [b for _, _, b in log.applied] == [b"x", b"z"]
+    assert r.stats.deduped == 2
+
+
+def test_a_new_primary_drops_what_its_store_holds_of_a_resend_after_a_failover() -> None:
+    """The mark travels with the batch (its name); the new primary reads it back."""
+    old = Log()
+    first = ForwardReceiver(1, 1, old)
+    s = ForwardSender("a.1")
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    for i in range(1, 4):
+        s.publish(i, {1: msg(f"m{i}")})
+    (fwd,) = forwards(s.flush(0.0))
+    first.receive("a", fwd)  # applied and replicated; the answer lost with the primary
+    s.publish(4, {1: msg("m4")})
+    s.flush(0.01)  # this one never reached it
+    new = Log()
+    second = ForwardReceiver(1, 2, new, marks=marks_from(1, old.names))
+    resent = forwards(s.leader(0.5, LeaderNotice(1, 2, "c")))
+    assert [(f.epoch, f.first_fseq, len(f.messages)) for f in resent] == [(2, 1, 4)]
+    assert s.stats.resent == 4
+    answers = durable(second.receive("a", resent[0]))
+    assert new.applied == [("a.1", 4, b"m4")]
+    assert second.stats.deduped_recovered == 3
+    assert confirms(s.receive(0.6, answers[0])) == [(i, True) for i in range(1, 5)]
+
+
+def test_no_dedupe_enqueues_a_resend_twice() -> None:
+    log = Log()
+    r = ForwardReceiver(1, 1, log, unsafe=Unsafe(no_dedupe=True))
+    fwd = Forward(1, 1, "a.1", 1, 0, [msg("x").as_wire()])
+    r.receive("a", fwd)
+    r.receive("a", fwd)
+    assert len(log.applied) == 2
+
+
+def test_answer_before_gate_and_confirm_on_send_skip_the_durability() -> None:
+    r = ForwardReceiver(1, 1, Log(), unsafe=Unsafe(answer_before_gate=True))
+    out = r.receive("a", Forward(1, 1, "a.1", 1, 0, [msg("x").as_wire()]))
+    assert out == [ToNode("a", Forwarded(1, "a.1", 1, []))]
+    s = ForwardSender("a.1", unsafe=Unsafe(confirm_on_send=True))
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    s.publish(1, {1: msg("x")})
+    assert confirms(s.flush(0.0)) == [(1, True)]
+
+
+def test_nothing_is_applied_before_the_metadata_copy_reached_the_forwards_seq() -> None:
+    log = Log()
+    r = ForwardReceiver(1, 1, log, meta_seq=5)
+    fwd = Forward(1, 1, "a.1", 1, 7, [msg("x").as_wire()])
+    assert r.receive("a", fwd) == [] and log.applied == []
+    assert r.metadata_reached(6) == [] and log.applied == []
+    assert durable(r.metadata_reached(7)) == [Forwarded(1, "a.1", 1, [])]
+    assert log.applied == [("a.1", 1, b"x")]
+
+
+def test_a_forward_of_another_epoch_is_not_taken() -> None:
+    r = ForwardReceiver(1, 3, Log())
+    out = r.receive("a", Forward(1, 2, "a.1", 1, 0, [msg("x").as_wire()]))
+    assert len(out) == 1 and isinstance(out[0], ToNode)
+    error = out[0].packet
+    assert isinstance(error, ForwardError) and error.code == ErrorCode.NOT_PRIMARY
+
+
+def test_a_sender_waits_for_the_next_notice_after_not_primary_from_its_leader_only() -> None:
+    s = ForwardSender("a.1")
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    s.publish(1, {1: msg("x")})
+    s.flush(0.0)
+    s.leader(0.1, LeaderNotice(1, 2, "c"))
+    s.receive(0.2, ForwardError(1, "a.1", ErrorCode.NOT_PRIMARY, ""), "b")  # the old leader's
+    assert s.lane(1).leader == "c"
+    s.receive(0.2, ForwardError(1, "a.1", ErrorCode.NOT_PRIMARY, ""), "c")
+    assert s.lane(1).leader is None and s.tick(5.0) == []
+    again = forwards(s.leader(5.0, LeaderNotice(1, 2, "c")))  # the same leader, noticed again
+    assert [(f.epoch, f.first_fseq) for f in again] == [(2, 1)]
+
+
+def test_a_gap_is_dropped_and_the_retry_resends_from_the_first_unanswered() -> None:
+    log = Log()
+    r = ForwardReceiver(1, 1, log)
+    s = ForwardSender("a.1", retry=0.5)
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    s.publish(1, {1: msg("x")})
+    s.flush(0.0)  # lost
+    s.publish(2, {1: msg("y")})
+    (second,) = forwards(s.flush(0.1))
+    assert r.receive("a", second) == [] and r.stats.gaps == 1
+    assert s.tick(0.4) == []
+    (again,) = forwards(s.tick(0.5))
+    assert (again.first_fseq, len(again.messages)) == (1, 2) and s.stats.retried == 2
+    assert durable(r.receive("a", again)) == [Forwarded(1, "a.1", 2, [])]
+
+
+def test_a_full_window_holds_the_publishers_of_that_group_only() -> None:
+    s = ForwardSender("a.1", window=3, batch=2)
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    for i in range(3):
+        s.publish(i, {1: msg(f"m{i}")})
+    assert s.holds([1]) and not s.holds([2])
+    assert [len(f.messages) for f in forwards(s.flush(0.0))] == [2, 1]
+    s.receive(0.1, Forwarded(1, "a.1", 2, []))
+    assert not s.holds([1])
+
+
+def test_an_answer_to_an_earlier_start_of_the_node_is_ignored() -> None:
+    s = ForwardSender("a.2")
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    s.publish(1, {1: msg("x")})
+    s.flush(0.0)
+    assert s.receive(0.1, Forwarded(1, "a.1", 5, [])) == []
+
+
+def test_marks_read_back_from_their_names() -> None:
+    names = [mark_name(2, "n1:x.3", 4, [2]), mark_name(2, "n1:x.3", 9, []),
+             mark_name(3, "n1:x.3", 99, []), None, "a client's own tx id"]
+    assert marks_from(2, names) == {"n1:x.3": Mark(9, {2})}
+
+
+def test_a_forward_applied_to_a_broker_records_its_mark_and_refuses_when_full() -> None:
+    broker = Broker("b")
+    vhost = broker.add_vhost("/")
+    q = vhost.declare_queue("q", owner=None, durable=True, arguments={HA_ID: "1.1"})
+    full = vhost.declare_queue("full", owner=None, durable=True, arguments={
+        HA_ID: "1.2", "x-max-length": 1, "x-overflow": "reject-publish"})
+    placed: list[tuple[str, int, str, int]] = []
+    log = BrokerForwardLog(broker, 1, lambda queue: True,
+                           placed=lambda o, f, queue, p: placed.append((o, f, queue.name, p)))
+    m = message(b"x", persistent=True)
+    both = ForwardMessage("/", ("1.1", "1.2"), "", "q", m.header, b"x")
+    gone = ForwardMessage("/", ("9.9",), "", "q", m.header, b"y")
+    assert log.apply("a.1", 3, [(1, both), (2, both), (3, gone)]) == [2]
+    assert [e.message.body for e in q.ready] == [b"x", b"x"]
+    assert [e.message.body for e in full.ready] == [b"x"]
+    assert log.unknown_queues == 1
+    assert placed == [("a.1", 1, "q", 1), ("a.1", 1, "full", 1), ("a.1", 2, "q", 2)]
+    assert recover_marks(broker, 1) == {"a.1": Mark(3, {2})}
+    assert recover_marks(broker, 2) == {}
