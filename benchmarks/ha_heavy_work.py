@@ -369,6 +369,51 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> tuple[float, float]:
+    """(the main thread's, the other threads') CPU seconds so far, from /proc (an event
+    loop's thread is the process's main thread; the others are the store's, the watchdog)."""
+    main = others = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0.0, 0.0
+    for task in tasks:
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        if task.name == str(pid):
+            main += cpu
+        else:
+            others += cpu
+    return main, others
+
+
+PROFILE_DIR = os.environ.get("HA_HEAVY_PROFILE")  # perf record the catch-up's two nodes here
+
+
+def start_profile(pid: int, name: str) -> subprocess.Popen[bytes] | None:
+    """``perf record -g`` on ``pid`` (every thread) until stopped (``HA_HEAVY_PROFILE``)."""
+    if not PROFILE_DIR:
+        return None
+    Path(PROFILE_DIR).mkdir(parents=True, exist_ok=True)
+    out = Path(PROFILE_DIR) / f"{name}-{int(time.time())}.data"
+    return subprocess.Popen(["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profile(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def vm_rss(pid: int) -> int:
     """Resident set size of a process in bytes (0 once it is gone)."""
     try:
@@ -608,21 +653,42 @@ def catch_up_brokerha(cluster: LocalCluster, probe: Probe, op: Operation, out: O
         rss = RssSampler(pid)
         rss.start()
         primary_cpu = cpu_seconds(pid)
+        primary_threads = thread_cpu(pid)
+        load = os.getloadavg()[0]
         started = time.perf_counter()
         cluster.start_node(backup)
         booted = time.perf_counter() - started
+        backup_pid = cluster.nodes[backup].proc.pid  # type: ignore[union-attr]
+        # the backup's CPU once its process is up (its imports and recovery done):
+        # what the catch-up itself cost it
+        up_cpu = thread_cpu(backup_pid)
+        profiles = [start_profile(backup_pid, "backup"), start_profile(pid, "primary")]
         try:
             cluster.wait_ready(backup, ready_timeout)
             caught_up = time.perf_counter() - started
+            for proc in profiles:
+                stop_profile(proc)
             out.mb_s = len(filled.confirmed_ids) * op.size / 1e6 / caught_up
-            backup_pid = cluster.nodes[backup].proc.pid  # type: ignore[union-attr]
+            n = max(1, len(filled.confirmed_ids))
+            b_loop, b_other = thread_cpu(backup_pid)
+            b_loop, b_other = b_loop - up_cpu[0], b_other - up_cpu[1]
+            p_loop, p_other = thread_cpu(pid)
+            p_loop, p_other = p_loop - primary_threads[0], p_other - primary_threads[1]
             out.notes.append(f"CPU to ready: backup {cpu_seconds(backup_pid):.2f} s (its start "
                              f"included), primary {cpu_seconds(pid) - primary_cpu:.2f} s")
+            out.notes.append(
+                f"CPU per message once the backup was up: backup loop {b_loop / n * 1e6:.2f} + "
+                f"other threads {b_other / n * 1e6:.2f} us, primary loop "
+                f"{p_loop / n * 1e6:.2f} + other threads {p_other / n * 1e6:.2f} us; "
+                f"load {load:.1f} -> {os.getloadavg()[0]:.1f}")
             guarded = wait_guarded(cluster, primary, backup, ready_timeout)
             out.notes.append(f"process up {booted:.1f} s, ready {caught_up:.1f} s, the primary "
                              f"counts it ready {guarded - started:.1f} s")
         except TimeoutError:
             out.notes.append(f"{backup} not ready within {ready_timeout:.0f} s")
+        finally:
+            for proc in profiles:
+                stop_profile(proc)
         out.rss_mib = (rss.finish() - steady) / MiB
     return filled
 

@@ -78,6 +78,7 @@ from brokerha.cluster.replication import (
     StaleEpoch,
     TxVote,
 )
+from brokerha.node.gc_governor import bulk_made
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,7 @@ class Backup:
         self.commit_slice = commit_slice
         self._commit: tuple[int, Iterator[None]] | None = None
         self._held: deque[tuple[int, list[Any]]] = deque()
+        self._bulk = False  # the packet being applied held a catch-up's run (gc_governor)
         if scope is None:
             hold_all_timers(broker)
         else:
@@ -253,6 +255,9 @@ class Backup:
             # the rest of this packet is the old session's, the new join's catch-up covers it
             self.rejoin_requested = True
             self._held.clear()
+        if self._bulk:  # a catch-up's runs made entries by the thousand: frozen as they are
+            self._bulk = False
+            bulk_made()
 
     def step(self) -> bool:
         """The next slice of the commit in progress, then what waited behind it once it is
@@ -307,6 +312,7 @@ class Backup:
                 offset += run - 1
                 seq += run - 1
             elif kind == R.ENQUEUED_RUN:  # a catch-up's run: one batch, stored as it came
+                self._bulk = True
                 try:
                     self._replicator(event.vhost, event.queue).enqueue_packed(
                         event.first, event.length, event.contents)

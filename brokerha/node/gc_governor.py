@@ -30,6 +30,18 @@ waits for the backlog to drain. ``stats`` feeds the node's status and
 ``/metrics`` (with ``pauses``, a histogram per generation); a collection
 longer than ``STALL_WARNING`` is logged.
 
+A backup's catch-up makes the same long-lived objects in bulk (an ``Entry``
+and a ``Message`` per message caught up, ~150,000 a second): with the
+thresholds above each of them was still walked by a young and a middle
+collection before being frozen, a seventh of the catching-up backup's loop
+(issue 33). So the backup says when it applied a catch-up packet
+(``bulk_made``, module-level: a no-op in a process without an installed
+governor) and the governor freezes at once what is not frozen yet (``gc.freeze``
+moves the generations' lists, it walks nothing): those objects are never
+walked. What that gives up is the same as above, for the cyclic garbage made
+since the last collection (a catch-up packet's decode and apply make none: the
+backup's objects are freed by reference counting, tests/node/test_gc_governor.py).
+
 Counting the frozen objects is itself a walk of all of them
 (``gc.get_freeze_count`` follows the permanent generation's linked list):
 called by every ``/metrics`` scrape and status read it held the node
@@ -57,6 +69,17 @@ STALL_WARNING = 0.1
 OBJECTS_PER_MESSAGE = 3  # tracked objects a held message keeps (its Entry, Message, ...)
 
 
+_installed: GCGovernor | None = None  # the process's (``install``): bulk_made's
+
+
+def bulk_made() -> None:
+    """Long-lived objects were just made in bulk (a backup applied a catch-up packet):
+    freeze what the collector holds now, if a governor is installed (a node's process)."""
+    governor = _installed
+    if governor is not None:
+        governor.freeze_bulk()
+
+
 class GCGovernor:
     """``backlog``: how many messages the node holds (cheap); without it the thaw check
     counts the frozen objects whatever their number (tests, tools)."""
@@ -72,6 +95,7 @@ class GCGovernor:
         self.pause_max = 0.0
         self.thaws = 0
         self.skipped_thaws = 0
+        self.bulk_freezes = 0  # freeze_bulk (a backup's catch-up packets)
         self._started = 0.0
         self._last_thaw = clock()
         self._installed = False
@@ -86,14 +110,25 @@ class GCGovernor:
         return sum(h.sum for h in self.pauses)
 
     def install(self) -> None:
+        global _installed
         if not self._installed:
             gc.callbacks.append(self._callback)
             self._installed = True
+            _installed = self
 
     def uninstall(self) -> None:
+        global _installed
         if self._installed:
             gc.callbacks.remove(self._callback)
             self._installed = False
+            if _installed is self:
+                _installed = None
+
+    def freeze_bulk(self) -> None:
+        """Freeze what is not frozen yet, without a collection (``bulk_made``)."""
+        if gc.isenabled():
+            gc.freeze()
+            self.bulk_freezes += 1
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -140,4 +175,5 @@ class GCGovernor:
         age = None if self.frozen_at is None else round(self.clock() - self.frozen_at, 1)
         return {"collections": self.collections, "pause_seconds_total": self.pause_total,
                 "pause_seconds_max": self.pause_max, "frozen": self.frozen,
-                "frozen_age": age, "thaws": self.thaws, "thaws_skipped": self.skipped_thaws}
+                "frozen_age": age, "thaws": self.thaws, "thaws_skipped": self.skipped_thaws,
+                "bulk_freezes": self.bulk_freezes}
