@@ -144,6 +144,7 @@ async def import_(api: ManagementAPI, checks: DefinitionsAPI, call: Call) -> Non
         for entry in _entries(body, kind):
             if _vhost_of(entry) not in known:
                 raise refused(["no_such_vhost", _vhost_of(entry)])
+    _guard(api, *(_entries(body, kind) for kind in ("exchanges", "queues", "bindings")))
     await apply_durably(broker, changes)  # answered once durable, as the API's changes
     declared = _declare(api, body)
     log.info("management API: %s imported definitions%s: %d changes of users, vhosts, "
@@ -285,6 +286,33 @@ def _declare(api: ManagementAPI, body: dict[str, Any]) -> tuple[int, int, int]:
         vh.bind(_text(item, "source"), dest, _text(item, "routing_key", ""),
                 dict(item.get("arguments") or {}))
     return len(exchanges), len(queues), len(bindings)
+
+
+def _guard(api: ManagementAPI, exchanges: list[dict[str, Any]], queues: list[dict[str, Any]],
+           bindings: list[dict[str, Any]]) -> None:
+    """A node running partition groups (issue 35 stage 2, ``Broker.groups``): nothing of
+    the file is applied unless this node serves everything it names now -- the metadata
+    group for a new exchange, each queue's partition -- else 404 before any change."""
+    groups = api.node.broker.groups
+    if groups is None:
+        return
+    vhosts = api.node.broker.vhosts
+    for item in exchanges:
+        vh = vhosts.get(_vhost_of(item))
+        if vh is None or _text(item, "name") not in vh.exchanges:
+            groups.check_configuration(None, f"declare exchange '{_text(item, 'name')}'")
+    for item in queues:
+        groups.check_queue(None, _vhost_of(item), _text(item, "name"),
+                           item.get("arguments") or {}, False)
+    for item in bindings:
+        if item.get("destination_type", "queue") == "queue":
+            vh = vhosts.get(_vhost_of(item))
+            queue = None if vh is None else vh.queues.get(_text(item, "destination"))
+            arguments = {} if queue is None else queue.arguments
+            groups.check_queue(None, _vhost_of(item), _text(item, "destination"), arguments,
+                               queue is not None and queue.exclusive_owner is not None)
+        else:
+            groups.check_configuration(None, "bind exchanges")
 
 
 def refused(reason: Any) -> ManagementError:

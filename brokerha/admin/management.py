@@ -49,6 +49,7 @@ from brokerha.broker.content import build_header, decode_header
 from brokerha.broker.errors import BrokerError
 from brokerha.broker.flow import STATUS_KEYS as FLOW_STATUS_KEYS
 from brokerha.broker.message import Message
+from brokerha.broker.placement import NotLeader
 from brokerha.httpapi.server import (
     READ_TAGS,
     HTTPError,
@@ -326,6 +327,27 @@ class ManagementAPI:
         base = member.https_url or member.admin_url
         return await forward(base, request, self.node.tls.member_client)
 
+    # -- a node running partition groups (issue 35 stage 2, Broker.groups) --------------
+
+    def _guard_queue(self, vhost: str, name: str, arguments: Any,
+                     exclusive: bool = False) -> None:
+        """404 (``NotLeader``) unless this node leads the queue's partition now: the
+        request came to the metadata primary, which serves no other partition's queue."""
+        groups = self.node.broker.groups
+        if groups is not None:
+            groups.check_queue(None, vhost, name, arguments, exclusive)
+
+    def _guard_configuration(self, what: str) -> None:
+        groups = self.node.broker.groups
+        if groups is not None:
+            groups.check_configuration(None, what)
+
+    def _guard_destination(self, vhost: str, dest: Any, kind: str) -> None:
+        if kind == "queue":
+            self._guard_queue(vhost, dest.name, dest.arguments, dest.exclusive_owner is not None)
+        else:
+            self._guard_configuration(f"bind to exchange '{dest.name}'")
+
     # -- sampling ----------------------------------------------------------------------
 
     def start(self) -> None:
@@ -502,6 +524,7 @@ class ManagementAPI:
         """RabbitMQ's: declare ``aliveness-test``, publish to it, get it back."""
         vhost = self._vhost(call, call.params["vhost"])
         self._check(call, "configure", vhost.name, "queue", "aliveness-test")
+        self._guard_queue(vhost.name, "aliveness-test", {})
         q = vhost.declare_queue("aliveness-test", owner=None, durable=False)
         q.enqueue(Message("", "aliveness-test", build_header(len(b"test")), b"test"))
         entry = q.get()
@@ -610,6 +633,8 @@ class ManagementAPI:
         kind = body.get("type")
         if not isinstance(kind, str) or not kind:
             raise bad_request("type: the exchange type (direct, fanout, topic, headers)")
+        if not existed:
+            self._guard_configuration(f"declare exchange '{name}'")
         vh.declare_exchange(name, kind, durable=_bool(body.get("durable"), True),
                             auto_delete=_bool(body.get("auto_delete"), False),
                             internal=_bool(body.get("internal"), False),
@@ -624,6 +649,7 @@ class ManagementAPI:
         self._check(call, "configure", vh.name, "exchange", name)
         if name not in vh.exchanges:
             raise not_found()
+        self._guard_configuration(f"delete exchange '{name}'")
         vh.delete_exchange(name, if_unused=_flag(call.request, "if-unused"))
         log.info("management API: %s deleted exchange '%s' in vhost '%s'", call.user.name,
                  name, vh.name)
@@ -660,6 +686,8 @@ class ManagementAPI:
             raise bad_request(f"user_id property set to '{message.user_id}' but authenticated "
                               f"user was '{call.user.name}'")
         queues = vh.route(exchange, message)
+        for q in queues:  # a partitioned node: never into a queue of a group it follows
+            self._guard_queue(vh.name, q.name, q.arguments, q.exclusive_owner is not None)
         if any(q.ordered for q in queues):  # ordered by another layer: a transaction
             tx = self.node.broker.new_transaction()
             tx.publish(queues, message)
@@ -722,6 +750,7 @@ class ManagementAPI:
         self._check(call, "configure", vh.name, "queue", name)
         if _bool(body.get("exclusive"), False):
             raise bad_request("exclusive queues belong to an AMQP connection; declare them there")
+        self._guard_queue(vh.name, name, _arguments(body))
         vh.declare_queue(name, owner=None, durable=_bool(body.get("durable"), True),
                          auto_delete=_bool(body.get("auto_delete"), False),
                          arguments=_arguments(body))
@@ -732,6 +761,7 @@ class ManagementAPI:
     def delete_queue(self, call: Call) -> None:
         q = self._queue(call)
         self._check(call, "configure", q.vhost, "queue", q.name)
+        self._guard_queue(q.vhost, q.name, q.arguments, q.exclusive_owner is not None)
         self.node.broker.vhosts[q.vhost].delete_queue(
             q.name, owner=None, if_unused=_flag(call.request, "if-unused"),
             if_empty=_flag(call.request, "if-empty"))
@@ -741,6 +771,7 @@ class ManagementAPI:
     def purge(self, call: Call) -> None:
         q = self._queue(call)
         self._check(call, "read", q.vhost, "queue", q.name)
+        self._guard_queue(q.vhost, q.name, q.arguments, q.exclusive_owner is not None)
         count = self.node.broker.vhosts[q.vhost].purge_queue(q.name, None)
         log.info("management API: %s purged %d messages of queue '%s' in vhost '%s'",
                  call.user.name, count, q.name, q.vhost)
@@ -767,6 +798,7 @@ class ManagementAPI:
         truncate = body.get("truncate")
         if q.ordering is not None:
             raise bad_request(q.ordering.refuse_get(q))
+        self._guard_queue(q.vhost, q.name, q.arguments, q.exclusive_owner is not None)
         taken = []
         for _ in range(max(0, min(count, MAX_GET))):
             entry = q.get()
@@ -847,6 +879,7 @@ class ManagementAPI:
             raise bad_request("routing_key: a string")
         self._check(call, "write", vh.name, kind, dest.name)
         self._check(call, "read", vh.name, "exchange", source.name)
+        self._guard_destination(vh.name, dest, kind)
         vh.bind(source.name, dest, key, _arguments(body))
         return Response(201, b"")
 
@@ -866,6 +899,7 @@ class ManagementAPI:
         vh, source, dest, kind, b = self._binding(call)
         self._check(call, "write", vh.name, kind, dest.name)
         self._check(call, "read", vh.name, "exchange", source.name)
+        self._guard_destination(vh.name, dest, kind)
         vh.unbind(source.name, dest, b.routing_key, b.arguments)
 
 # -- helpers ---------------------------------------------------------------------------
@@ -1033,6 +1067,8 @@ def _columns(item: dict[str, Any], columns: list[str]) -> dict[str, Any]:
 def _amqp_error(exc: BrokerError) -> ManagementError:
     code = exc.code
     text = str(exc)
+    if isinstance(exc, NotLeader):  # a partitioned node's: which node leads it
+        return ManagementError(404, "not_found", text)
     if code == 404:
         return not_found()
     if code == 403:

@@ -85,7 +85,8 @@ class GroupGuard(Protocol):
 
     ``client`` is the AMQP connection asking (``ServerConnection``): once a check
     passes, the connection is among the clients of that group, closed (320) in the
-    step that ends the group's role, as a primary's clients are today.
+    step that ends the group's role, as a primary's clients are today. None: the
+    management API's request (answered at once: no connection to close later).
     """
 
     def check_queue(self, client: object, vhost: str, name: str,

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerha.ha")
 
+PREFERRED_FIRST = 3
+
 
 def group_role(member: HAMember) -> str:
     """``primary`` (verified, its lease valid or lapsed), ``backup`` (following a primary)
@@ -92,8 +94,9 @@ class GroupsNode(Shell):
             self._now, timing=self.timing(),
             verification_timeout=cluster.verification_timeout, layers=[coordinator],
             # a partition's preferred cell stands first at a start: leaders spread as the
-            # placement spread the preferred cells
-            preferred_first=cluster.election_timeout)
+            # placement spread the preferred cells (PREFERRED_FIRST election timeouts ahead
+            # of the others: a node whose process starts a second late still comes first)
+            preferred_first=PREFERRED_FIRST * cluster.election_timeout)
         self.clients = GroupClients(self.ha, lambda name: cluster.member(name).amqp_url)
         node.admission = self.clients  # which connections are served: the groups' answers
         self.broker.groups = self.clients  # which queues: their group's leader only

@@ -149,12 +149,14 @@ class GroupClients:
 
     def _join(self, client: object, group: int, what: Callable[[], str]) -> None:
         """The client is served for ``group`` now (it becomes that group's client), or
-        NotLeader says who leads it."""
+        NotLeader says who leads it. ``client`` None: a request of the management API
+        (admin/management.py), served at once, no connection to close later."""
         member = self.member.groups.get(group)
-        link = self._by_id.get(getattr(client, "conn_id", -1))
+        link = None if client is None else self._by_id.get(getattr(client, "conn_id", -1))
         term = member.clients.term() if member is not None else None
-        if member is not None and term is not None and link is not None:
-            member.clients.connections[link] = term
+        if member is not None and term is not None and (client is None or link is not None):
+            if link is not None:
+                member.clients.connections[link] = term
             return
         raise NotLeader(f"{what()}, {self._leader_text(group)}; stage 2 of partitioning "
                         "serves a queue on its partition's leader only")

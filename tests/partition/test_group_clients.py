@@ -10,6 +10,9 @@ from functools import partial
 
 import pytest
 
+from brokerha.broker.broker import Broker
+from brokerha.broker.content import build_header
+from brokerha.broker.message import Message
 from brokerha.broker.placement import NotLeader
 from brokerha.ha.admission import Admission
 from brokerha.ha.simulation.world import Faults
@@ -148,3 +151,21 @@ def test_a_node_that_serves_no_group_closes_every_connection() -> None:
     assert n3.serving_groups() == [] and n3.decide(True) is Admission.RELAY
     assert n3.lost_groups() == [idle] and idle.closed
     assert not n3.admit(Link()) and n3.refused == 1
+
+
+def test_a_dead_letter_goes_to_the_queues_this_node_leads_only() -> None:
+    """On a partitioned node a queue of a group it follows is a copy (``followed``): a dead
+    letter of a queue it leads is not enqueued into it (stage 3 forwards it instead)."""
+    broker = Broker("n1")
+    vh = broker.add_vhost("/")
+    source = vh.declare_queue("work", owner=None,
+                              arguments={"x-dead-letter-exchange": "amq.fanout"})
+    led, copy = (vh.declare_queue(name, owner=None) for name in ("dead-here", "dead-there"))
+    for q in (led, copy):
+        vh.bind("amq.fanout", q, "")
+    vh.followed.add(copy)  # a scoped Backup marks its group's queues so (backup/timers.py)
+    source.enqueue(Message("", "work", build_header(3), b"job"))
+    entry = source.get()
+    assert entry is not None
+    source.reject(entry)
+    assert led.message_count == 1 and copy.message_count == 0
