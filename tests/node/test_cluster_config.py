@@ -85,3 +85,23 @@ def test_unlisted_node_and_contradicting_listen_are_refused(tmp_path: Path) -> N
         config_from_args(_args(tmp_path, "--name", "n9"))
     with pytest.raises(ConfigError, match="contradicts"):
         config_from_args(_args(tmp_path, "--name", "n1", "--listen", "127.0.0.1:5999"))
+
+
+def test_partition_groups_are_off_unless_switched_on_with_p_above_one() -> None:
+    """``[cluster] partition_groups`` (issue 35 stage 2): off by default; on, the nodes run
+    partition groups only when P > 1 (P defaults to 3 x nodes)."""
+    assert not parse_cluster(table(), "t", Path(".")).groups_on
+    assert parse_cluster(table(partition_groups=True), "t", Path(".")).groups_on
+    assert not parse_cluster(table(partition_groups=True, partitions=1), "t",
+                             Path(".")).groups_on
+    with pytest.raises(ConfigError, match="partition_groups: expected true or false"):
+        parse_cluster(table(partition_groups="yes"), "t", Path("."))
+
+
+def test_cluster_up_writes_the_partition_groups_switch(tmp_path: Path) -> None:
+    from brokerha.admin.cluster_cli import cluster_file
+
+    text = cluster_file(tmp_path / "on", 3, 41000, "dc1", partitions=3,
+                        partition_groups=True).read_text()
+    assert "partitions = 3\npartition_groups = true\n" in text
+    assert "partition_groups" not in cluster_file(tmp_path / "off", 3, 41000, "dc1").read_text()
