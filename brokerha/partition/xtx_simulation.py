@@ -49,10 +49,25 @@ Checked after every event:
 ``Unsafe`` (``partition.xtx.Unsafe``): ``commit_before_decision`` (rule a)
 and ``presume_without_tombstone`` (rule b), each caught in the first seeds
 (``tests/partition/test_xtx_simulation.py``).
+
+``brokers``: the partitions whose primary is the product's instead of a log
+(``BrokerPartition``): a ``Broker`` over a simulated disk (``DiskStore``: a
+sync is the partition's majority holding what was written; a sync of a
+deposed primary's never happens), its ``DtxManager`` and ``TxOutcomes``
+behind ``BrokerTransactions`` (``partition/xtx_broker.py``), the backups'
+votes played by a transaction observer (a round of a few ms that may say
+no, a deposed primary's always no); ``WhenDurable`` is the store's
+``after_sync``; a failover restores a new ``Broker`` from the disk image
+(or, half the time, from all that was written: a backup held it), and the
+deposed one runs on. Its coroutines (XA ``prepare``) run on an asyncio loop
+the simulation drives between its events, so a seed still replays exactly.
+Checked besides: (e) at the end, its queue holds one message per gtxid
+committed there, none of the others.
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import random
@@ -61,7 +76,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pamqp import commands
+
 from brokerha import seed_runner
+from brokerha.broker.broker import Broker
+from brokerha.broker.content import build_header
+from brokerha.broker.dtx import Xid
+from brokerha.broker.message import Entry as QueueEntry
+from brokerha.broker.message import Message
+from brokerha.broker.queue import Queue
+from brokerha.broker.transaction import Transaction, TransactionObserver
+from brokerha.broker.tx_outcomes import COMMITTED, group_of
+from brokerha.ha.simulation.disk import DiskStore, Image
 from brokerha.ha.simulation.world import SimResult, Violation
 from brokerha.partition.xtx import (
     Answer,
@@ -83,6 +109,8 @@ from brokerha.partition.xtx import (
     XPrepared,
     XPublish,
 )
+from brokerha.partition.xtx_broker import BrokerTransactions
+from brokerha.primary.verification import Verification, carry_out
 
 __all__ = ["CATCHES", "SimResult", "Unsafe", "XtxSimulation", "run_many", "run_seed"]
 
@@ -106,6 +134,8 @@ STALL = (0.5, 3.0)
 TX_EVERY = 0.15         # mean seconds between a coordinator's new commits
 TICK = 0.1              # every primary's and coordinator's tick
 SETTLE = 40.0           # at most this long after the faults for everything to settle
+# the content header of a branch's message: a body of 2 bytes, persistent (kept by the store)
+HEADER = build_header(2, commands.Basic.Properties(delivery_mode=2))
 
 
 @dataclass
@@ -191,6 +221,63 @@ class SimPartition:
             self.branches.pop(g, None)
 
 
+@dataclass
+class BrokerPartition(SimPartition):
+    """A partition whose primary is the product's: a ``Broker`` over a ``DiskStore`` with
+    ``BrokerTransactions`` (the module's docstring). ``log``/``durable`` stay empty: what
+    is durable is the store's disk image."""
+
+    broker: Broker | None = None
+    txs: BrokerTransactions | None = None
+    sync_due: bool = False  # a sync of its store is scheduled
+
+    @property
+    def store(self) -> DiskStore:
+        assert self.broker is not None and isinstance(self.broker.store, DiskStore)
+        return self.broker.store
+
+    def status_of(self, gtxid: str) -> Status:
+        assert self.txs is not None
+        return self.txs.status(gtxid)
+
+    def in_doubt(self) -> Iterable[InDoubt]:
+        assert self.txs is not None
+        return self.txs.in_doubt()
+
+    def settled_everything(self) -> bool:
+        assert self.broker is not None
+        return not self.store.waiting and not self.sync_due and not self.broker.dtx.branches
+
+
+class SimVote(TransactionObserver):
+    """The backups' votes on a branch's prepare: a round of a few ms, sometimes a no."""
+
+    def __init__(self, sim: XtxSimulation, part: BrokerPartition) -> None:
+        self.sim, self.part = sim, part
+
+    def publish(self, queue: Queue, message: Message) -> None:
+        pass
+
+    def accept(self, acked: list[tuple[Queue, QueueEntry]],
+               unacked: list[tuple[Queue, QueueEntry]]) -> None:
+        pass
+
+    async def prepare(self) -> bool:
+        vote: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.sim.after(self.sim.rng.uniform(*PREPARE), self.sim.vote, self.part, vote)
+        return await vote
+
+
+class SimVotes:
+    """The ``TransactionObserverFactory`` of a ``BrokerPartition``'s broker."""
+
+    def __init__(self, sim: XtxSimulation, part: BrokerPartition) -> None:
+        self.sim, self.part = sim, part
+
+    def create(self, transaction: Transaction) -> TransactionObserver:
+        return SimVote(self.sim, self.part)
+
+
 class Adapter:
     """``PartitionTransactions`` over a ``SimPartition`` (its ``status`` is a field)."""
 
@@ -232,7 +319,8 @@ class Begun:
 class XtxSimulation:
     def __init__(self, seed: int, *, duration: float = 20.0, partitions: int = 3,
                  coordinators: int = 3, unsafe: Unsafe = SAFE, faults: bool = True,
-                 check_answers: bool = True, trace: bool = False) -> None:
+                 check_answers: bool = True, trace: bool = False,
+                 brokers: Sequence[int] = ()) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.duration = duration
@@ -245,7 +333,13 @@ class XtxSimulation:
         self._seq = itertools.count()
         self.trace: list[str] = []
         self.counts: Counter[str] = Counter()
-        self.parts = [SimPartition(p) for p in range(partitions)]
+        # the product's brokers' coroutines run on this loop, between the events
+        self.loop = asyncio.new_event_loop() if brokers else None
+        self.loop_due = False
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.parts: list[SimPartition] = [
+            self.broker_partition(p, 1, None) if p in brokers else SimPartition(p)
+            for p in range(partitions)]
         self.deposed: dict[int, SimPartition] = {}  # each partition's last deposed primary
         for part in self.parts:
             part.sim = self
@@ -280,12 +374,16 @@ class XtxSimulation:
                 when, _, action, args = heapq.heappop(self._queue)
                 self.now = when
                 action(*args)
+                if self.loop_due:
+                    self.run_loop()
                 if self.now > self.duration + 2.0 and self.quiet():
                     break
             self.finish()
         except Violation as v:
             violation = str(v)
             self.log("VIOLATION " + violation)
+        finally:
+            self.close_loop()
         stats = dict(self.counts)
         return SimResult(self.seed, violation and f"{violation} (seed {self.seed})",
                          self.trace[-60:] if violation or self.keep_trace else [], stats)
@@ -305,9 +403,105 @@ class XtxSimulation:
     def violate(self, text: str) -> None:
         raise Violation(text)
 
+    # -- the product's brokers ------------------------------------------------------------------
+
+    def spawn(self, work: Any, on_done: Callable[[BaseException | None], None]) -> None:
+        """A broker's spawner: a task of the simulation's loop, run before the next event."""
+        assert self.loop is not None
+        task = self.loop.create_task(work)
+        task.add_done_callback(lambda t: on_done(None if t.cancelled() else t.exception()))
+        # kept until done: a dead primary's prepare waits for ever (cancelled at the end)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        self.loop_due = True
+
+    def run_loop(self) -> None:
+        """Let the tasks run until each waits for something of the simulation again."""
+        assert self.loop is not None
+        self.loop_due = False
+
+        async def turns() -> None:
+            for _ in range(8):
+                await asyncio.sleep(0)
+        self.loop.run_until_complete(turns())
+
+    def close_loop(self) -> None:
+        loop = self.loop
+        if loop is None:
+            return
+        tasks = set(self.tasks)  # a dead primary's prepares, waiting for ever
+        for task in tasks:
+            task.cancel()
+
+        async def ended() -> None:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        loop.run_until_complete(ended())
+        loop.close()
+
+    def broker_partition(self, p: int, term: int, image: Image | None,
+                         **kw: Any) -> BrokerPartition:
+        """The product's primary of partition ``p``: a new broker, from a disk image."""
+        part = BrokerPartition(p, term=term, sim=self, **kw)
+        store = DiskStore(image, on_wait=lambda: self.store_waits(part))
+        broker = Broker(f"p{p}.{term}", store=store, clock=lambda: self.now, spawn=self.spawn)
+        broker.observers.add_transaction_observer_factory(SimVotes(self, part))
+        if image is None:
+            broker.add_vhost("/").declare_queue(f"q{p}", owner=None, durable=True)
+            store.waiting.clear()
+            store.sync()
+        else:
+            broker.restore(store.load())
+        part.broker = broker
+        part.txs = BrokerTransactions(broker, p, lambda g, ok: self.broker_prepared(part, g, ok))
+        return part
+
+    def broker_prepared(self, part: BrokerPartition, gtxid: str, ok: bool) -> None:
+        if self.alive(part):
+            assert part.rules is not None
+            self.carry_out(part, part.rules.prepared(gtxid, ok))
+
+    def vote(self, part: BrokerPartition, vote: asyncio.Future[bool]) -> None:
+        if vote.done() or not self.alive(part):
+            return  # a primary that is gone: its prepare waits for ever
+        ok = True
+        if part.deposed_until is not None:  # its backups vote for the new primary: no
+            self.counts["prepare failed on a deposed primary"] += 1
+            ok = False
+        elif self.rng.random() < REFUSE:
+            self.counts["prepare refused"] += 1
+            ok = False
+        vote.set_result(ok)
+        self.loop_due = True
+
+    def store_waits(self, part: BrokerPartition) -> None:
+        if not part.sync_due:
+            part.sync_due = True
+            self.after(self.rng.uniform(*SYNC), self.sync_store, part)
+
+    def sync_store(self, part: BrokerPartition) -> None:
+        """What the broker wrote is on the partition's majority: settle it, check (a)."""
+        part.sync_due = False
+        if part is not self.parts[part.number] or not part.up:
+            return  # a deposed primary's write never reaches its majority
+        image = part.store.image()
+        prefix = f"g{part.number + 1}/xtx:"
+        for txid, record in image.outcomes.items():
+            if group_of(txid) == part.number + 1 and txid.startswith(prefix):
+                gtxid = txid[len(prefix):]
+                kind = "c" if record[2] == COMMITTED else "r"
+                if part.settled.get(gtxid) != kind:
+                    self.settle(part, Entry(kind, gtxid))
+        for key in image.prepared:
+            part.prepared_durably.add(Xid.from_key(key).gtrid.decode())
+        part.store.sync()  # its callbacks: WhenDurable sends, prepares' records
+        self.loop_due = True
+
     # -- partitions ---------------------------------------------------------------------------
 
     def new_rules(self, part: SimPartition) -> DecisionRules:
+        if isinstance(part, BrokerPartition):
+            assert part.txs is not None
+            return DecisionRules(part.number, part.txs, unsafe=self.unsafe)
         return DecisionRules(part.number, Adapter(part), unsafe=self.unsafe)
 
     def alive(self, part: SimPartition | None) -> bool:
@@ -373,7 +567,8 @@ class XtxSimulation:
         old = self.parts[p]
         if old.up:
             keep = old.durable
-            if self.rng.random() < 0.5:
+            beyond = self.rng.random() < 0.5  # a backup held some of what was not durable
+            if beyond:
                 keep = self.rng.randint(old.durable, len(old.log))
             lease = self.rng.uniform(0.0, 1.0)
             self.log(f"p{p} primary of term {old.term} deposed (runs {lease:.2f}s more): the "
@@ -382,9 +577,20 @@ class XtxSimulation:
             self.counts["undurable records lost"] += len(old.log) - keep
             old.deposed_until = self.now + lease
             self.deposed[p] = old
-            new = SimPartition(p, log=old.log[:keep], durable=old.durable, term=old.term + 1,
-                               up=False, settled=old.settled,
-                               prepared_durably=old.prepared_durably, sim=self)
+            new: SimPartition
+            if isinstance(old, BrokerPartition):
+                store = old.store  # all that was written, or what its majority held
+                written = store.image()
+                if written != store.disk:
+                    self.counts["undurable writes " + ("kept" if beyond else "lost")] += 1
+                image = written if beyond else store.disk.copy()
+                new = self.broker_partition(p, old.term + 1, image, up=False,
+                                            settled=old.settled,
+                                            prepared_durably=old.prepared_durably)
+            else:
+                new = SimPartition(p, log=old.log[:keep], durable=old.durable,
+                                   term=old.term + 1, up=False, settled=old.settled,
+                                   prepared_durably=old.prepared_durably, sim=self)
             self.parts[p] = new
             self.after(self.rng.uniform(*LEADERLESS), self.new_leader, p, new.term)
         self.after(self.rng.expovariate(1 / FAILOVER_EVERY), self.failover, p)
@@ -397,8 +603,19 @@ class XtxSimulation:
         for entry in part.log:
             part.apply(entry)
         part.rules = self.new_rules(part)
-        self.log(f"p{p} new primary, term {term}, {len(part.branches)} branches prepared")
-        self.after(self.rng.uniform(*SYNC), self.synced, part, len(part.log))
+        self.log(f"p{p} new primary, term {term}, {len(list(part.in_doubt()))} branches "
+                 "prepared")
+        if isinstance(part, BrokerPartition):
+            # the new primary's verification (primary/verification.py), with nobody to ask:
+            # what it restored is what its majority holds
+            assert part.broker is not None
+            verification = Verification.start(part.broker, term, f"p{p}", [], self.now, 0.0)
+            for decision in carry_out(part.broker, verification).values():
+                self.counts[f"verification: {decision}"] += 1
+            self.after(self.rng.uniform(*SYNC), self.sync_store, part)
+            part.sync_due = True
+        else:
+            self.after(self.rng.uniform(*SYNC), self.synced, part, len(part.log))
         for coord in self.coords.values():  # its LeaderNotice
             self.after(self.rng.uniform(*DELAY), self.notice, coord.name, coord.incarnation, p)
 
@@ -473,7 +690,7 @@ class XtxSimulation:
             return
         width = self.rng.choices((1, 2, 3), (3, 4, 3))[0]
         chosen = sorted(self.rng.sample(range(len(self.parts)), min(width, len(self.parts))))
-        branches = {p: [XPublish("/", (f"q{p}",), "", f"q{p}", b"", f"m{p}".encode())]
+        branches = {p: [XPublish("/", (f"q{p}",), "", f"q{p}", HEADER, f"m{p}".encode())]
                     for p in chosen}
         gtxid, effects = coord.tx.begin(self.now, branches)
         self.begun[gtxid] = Begun(gtxid, tuple(chosen))
@@ -575,13 +792,18 @@ class XtxSimulation:
 
     def carry_out(self, part: SimPartition, effects: Sequence[Effect]) -> None:
         for effect in effects:
-            if isinstance(effect, WhenDurable):
+            if isinstance(effect, WhenDurable) and isinstance(part, BrokerPartition):
+                part.store.after_sync(self.sender(part, effect.send))
+            elif isinstance(effect, WhenDurable):
                 if len(part.log) <= part.durable:
                     self.send_from(part, effect.send)
                 else:
                     part.waits.append((len(part.log), effect.send))
             elif isinstance(effect, ToPartition | ToNode):
                 self.send_from(part, effect)
+
+    def sender(self, part: SimPartition, send: ToPartition | ToNode) -> Callable[[], None]:
+        return lambda: self.send_from(part, send)
 
     def send_from(self, part: SimPartition, send: ToPartition | ToNode) -> None:
         """A primary's packet: an answer must be backed by a durable record (b)."""
@@ -617,13 +839,18 @@ class XtxSimulation:
 
     def quiet(self) -> bool:
         return (all(part.up and part.durable == len(part.log) and not part.branches
-                    and not part.preparing for part in self.parts)
+                    and not part.preparing
+                    and (not isinstance(part, BrokerPartition) or part.settled_everything())
+                    for part in self.parts)
                 and all(c.tx is not None and not c.tx.commits and not c.backlog
                         for c in self.coords.values()))
 
     def finish(self) -> None:
         if not self.quiet():
-            doubt = {f"p{p.number}": sorted(p.branches) + sorted(p.preparing) for p in self.parts}
+            doubt = {f"p{p.number}": sorted(p.branches) + sorted(p.preparing)
+                     + ([] if not isinstance(p, BrokerPartition) or p.broker is None
+                        else sorted(b.id for b in p.broker.dtx.branches.values()))
+                     for p in self.parts}
             open_ = {c.name: sorted(c.tx.commits) if c.tx else "down" for c in self.coords.values()}
             self.violate(f"(c) still in doubt {SETTLE:.0f}s after the faults: branches {doubt}, "
                          f"commits {open_}")
@@ -635,6 +862,17 @@ class XtxSimulation:
                     self.violate(f"(d) {g} committed in part: {held}, answered {begun.answer}")
                 self.counts["committed everywhere"] += 1
         self.counts["unanswered"] = sum(1 for b in self.begun.values() if b.answer is None)
+        for part in self.parts:
+            if not isinstance(part, BrokerPartition):
+                continue
+            assert part.broker is not None
+            commits = sum(1 for g, b in self.begun.items() if part.number in b.participants
+                          and part.status_of(g) is Status.COMMITTED)
+            messages = part.broker.vhosts["/"].queues[f"q{part.number}"].message_count
+            if messages != commits:
+                self.violate(f"(e) p{part.number}'s queue holds {messages} messages; {commits} "
+                             "transactions committed there")
+            self.counts["broker partition messages"] += messages
 
 
 def run_seed(seed: int, *, unsafe: Unsafe = SAFE, faults: Any = True,
