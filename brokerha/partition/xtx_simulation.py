@@ -70,6 +70,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -115,6 +116,7 @@ from brokerha.primary.verification import Verification, carry_out
 __all__ = ["CATCHES", "SimResult", "Unsafe", "XtxSimulation", "run_many", "run_seed"]
 
 CATCHES = tuple(Unsafe.names())
+ON_BROKERS = True  # ``brokers="all"`` (``cluster simulate --on-brokers``): BrokerPartitions
 SAFE = Unsafe()
 
 LOSS = 0.02             # a packet lost
@@ -320,7 +322,7 @@ class XtxSimulation:
     def __init__(self, seed: int, *, duration: float = 20.0, partitions: int = 3,
                  coordinators: int = 3, unsafe: Unsafe = SAFE, faults: bool = True,
                  check_answers: bool = True, trace: bool = False,
-                 brokers: Sequence[int] = ()) -> None:
+                 brokers: Sequence[int] | str = ()) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.duration = duration
@@ -333,6 +335,8 @@ class XtxSimulation:
         self._seq = itertools.count()
         self.trace: list[str] = []
         self.counts: Counter[str] = Counter()
+        if brokers == "all":
+            brokers = range(partitions)
         # the product's brokers' coroutines run on this loop, between the events
         self.loop = asyncio.new_event_loop() if brokers else None
         self.loop_due = False
@@ -879,7 +883,11 @@ def run_seed(seed: int, *, unsafe: Unsafe = SAFE, faults: Any = True,
              duration: float = 20.0, **kw: Any) -> SimResult:
     """One seed. ``faults``: a bool, or ``world.Faults`` (``Faults.none()``: no faults)."""
     on = bool(getattr(faults, "rate", faults))
-    return XtxSimulation(seed, unsafe=unsafe, faults=on, duration=duration, **kw).run()
+    logging.disable(logging.WARNING)  # the brokers' verification warnings: the trace tells
+    try:
+        return XtxSimulation(seed, unsafe=unsafe, faults=on, duration=duration, **kw).run()
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def run_many(seeds: Iterable[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:

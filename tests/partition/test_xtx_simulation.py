@@ -152,3 +152,12 @@ def test_the_command_line_runs_the_xtx_workload_and_reproduces_a_seed() -> None:
     assert here.violation in lines[0]
     assert lines[1:len(here.trace) + 1] == ["    " + t for t in here.trace]
     assert "xtx: seeds 1, violations 1" in out.stdout
+
+
+def test_the_command_line_runs_the_workload_on_the_products_brokers() -> None:
+    out = subprocess.run([sys.executable, "-m", "brokerha.cli", "cluster", "simulate",
+                          "--workload", "xtx", "--jobs", "1", "--seeds", "2", "--on-brokers"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "xtx: seeds 2, violations 0" in out.stdout
+    assert run_seed(0, brokers="all").stats == run_seed(0, brokers=(0, 1, 2)).stats

@@ -23,7 +23,8 @@ these run the product's HA members on the harness of ``world.py``, with its cost
 model. ``--workload xtx`` (``partition/xtx_simulation.py``) is apart: commits across
 partitions (``partition/xtx.py``'s coordinators and decision rules) over partitions
 modelled as logs that keep what was durable on their majority (issue 35, stage 4's
-core). ``--small-bounds`` (confirms, transactions) makes every commit slice, every
+core), or with ``--on-brokers`` each partition's primary the product's broker with its
+``BrokerTransactions`` over a simulated disk. ``--small-bounds`` (confirms, transactions) makes every commit slice, every
 body go in parts and flushes split, with faults aimed at the middle of them.
 ``--unsliced-operations`` (heavy, transactions) runs each slow operation in
 one step of the node's loop instead of slices: (f) must catch it, as
@@ -83,6 +84,11 @@ def register(parser: argparse.ArgumentParser,
                         "without it (workloads: "
                         + ", ".join(n for n, m in workloads.items()
                                     if getattr(m, "SMALL_BOUNDS", None) is not None) + ")")
+    parser.add_argument("--on-brokers", action="store_true",
+                        help="every partition's primary a Broker with BrokerTransactions over a "
+                        "simulated disk, not a log (workloads: "
+                        + ", ".join(n for n, m in workloads.items() if getattr(m, "ON_BROKERS", False))
+                        + ")")
     parser.add_argument("--trace", action="store_true", help="print the trace tail of failing seeds")
     parser.set_defaults(handler=simulate, workloads=workloads)
 
@@ -105,6 +111,10 @@ def simulate(args: argparse.Namespace) -> int:
         if getattr(module, "SMALL_BOUNDS", None) is None:
             raise SystemExit(f"the {args.workload} workload has no small bounds")
         kw["small_bounds"] = True
+    if args.on_brokers:
+        if not getattr(module, "ON_BROKERS", False):
+            raise SystemExit(f"the {args.workload} workload runs on no brokers")
+        kw["brokers"] = "all"
     if args.workload in ("confirms", "heavy", "policy", "table", "groups", "forward"):
         kw["nodes"] = args.nodes
     elif args.nodes != 3:
