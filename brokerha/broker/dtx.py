@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,6 +87,7 @@ class Xid:
 # (``brokerha/partition/xtx.py``), whose xid carries all a new primary needs to resolve it:
 # gtrid the gtxid, bqual ``<partition>/<decider>/<participants>``.
 XTX_FORMAT = 0x78747831  # "xtx1"
+_XTX_BQUAL = re.compile(rb"\d+/\d+/\d+(,\d+)*")
 
 
 def xtx_txid(partition: int, gtxid: str) -> str:
@@ -102,8 +104,9 @@ def is_xtx_txid(txid: str) -> bool:
 
 def xtx_partition(xid: Xid) -> int | None:
     """The partition of a cross-partition branch's xid, None for any other xid."""
-    if xid.format_id != XTX_FORMAT:
-        return None
+    if xid.format_id != XTX_FORMAT or not _XTX_BQUAL.fullmatch(xid.bqual) \
+            or not xid.gtrid.isascii():
+        return None  # a TM's xid of that format: not ours
     return int(xid.bqual.split(b"/", 1)[0])
 
 
@@ -400,7 +403,7 @@ class DtxManager:
         """
         return [b.xid for b in self.branches.values()
                 if b.state in (State.PREPARED, State.HEURISTIC_COMMIT, State.HEURISTIC_ROLLBACK)
-                and b.xid.format_id != XTX_FORMAT]
+                and xtx_partition(b.xid) is None]
 
     # -- timeouts ----------------------------------------------------------------------------
 

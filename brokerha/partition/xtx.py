@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from brokerha.broker.dtx import XTX_FORMAT as XTX_FORMAT  # its home: broker/dtx.py
-from brokerha.broker.dtx import Xid
+from brokerha.broker.dtx import Xid, xtx_partition
 from brokerha.broker.dtx import xtx_txid as xtx_txid
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
 from brokerha.seed_runner import UnsafeRules
@@ -151,7 +151,7 @@ def xid_of(branch: XBranch) -> Xid:
 
 def branch_of(xid: Xid) -> XBranch | None:
     """The branch an xid names (its ops and coordinator are not in it), None if not ours."""
-    if xid.format_id != XTX_FORMAT:
+    if xtx_partition(xid) is None:
         return None
     partition, decider, participants = xid.bqual.decode().split("/")
     return XBranch(xid.gtrid.decode(), int(partition), int(decider),

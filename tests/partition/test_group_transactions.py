@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 
 from brokerha.backup.tx_buffer import DtxBuffer
-from brokerha.broker.dtx import Xid
+from brokerha.broker.dtx import XA, XTX_FORMAT, Xid
 from brokerha.broker.tx_outcomes import COMMITTED, group_of, in_group
-from brokerha.partition.xtx import XBranch, xid_of, xtx_txid
+from brokerha.partition.xtx import XBranch, branch_of, xid_of, xtx_txid
 from brokerha.primary.verification import IN_DOUBT, Verification
 from tests.clock import Clock
 from tests.ha.harness import Node, message
@@ -120,3 +120,20 @@ def test_a_groups_verification_settles_only_its_transactions() -> None:
     assert list(mine.decisions()) == [xtx_txid(1, GTXID)]
     everything = Verification.start(a.broker, 2, "A", [], 0.0, 1.0)
     assert len(everything.decisions()) == 3 and everything.decisions()["dtx:x"] == IN_DOUBT
+
+
+def test_a_tms_xid_of_the_cross_partition_format_is_an_ordinary_branch() -> None:
+    """A TM may use any format id: one of ``XTX_FORMAT`` whose bqual is not
+    ``<partition>/<decider>/<participants>`` is its own branch, listed by ``recover``."""
+    async def scenario() -> None:
+        a = Node("A", Clock())
+        dtx = a.broker.dtx
+        q = queue(a, "a1")
+        for xid in (Xid(XTX_FORMAT, b"mine", b"not/ours"), Xid(XTX_FORMAT, b"\xff", b"0/0/0")):
+            work = dtx.start(xid, "channel")
+            assert work.id == f"dtx:{xid.key}" and work.group is None and branch_of(xid) is None
+            work.publish([q], message(b"m", "a1"))
+            dtx.end(xid, "channel")
+            assert await dtx.prepare(xid) == XA.OK
+        assert len(dtx.recover()) == 2
+    asyncio.run(scenario())
