@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from brokerha.broker.content import build_header, decode_header
-from brokerha.broker.dtx import XA, DtxManager, XAError, Xid
+from brokerha.broker.dtx import XA, DtxManager, XAError, Xid, xtx_partition
 from brokerha.broker.errors import PreconditionFailed
 from brokerha.broker.message import Message
 
@@ -53,10 +53,15 @@ def parse_xid(data: Any) -> Xid:
     if not isinstance(data, dict):
         raise XAError(XA.ER_INVAL, "xid must be an object with format_id, gtrid, bqual")
     try:
-        return Xid(int(data["format_id"]), bytes.fromhex(data["gtrid"]),
-                   bytes.fromhex(data.get("bqual", "")))
+        xid = Xid(int(data["format_id"]), bytes.fromhex(data["gtrid"]),
+                  bytes.fromhex(data.get("bqual", "")))
     except (KeyError, ValueError, TypeError) as exc:
         raise XAError(XA.ER_INVAL, f"malformed xid: {exc}") from exc
+    if xtx_partition(xid) is not None:
+        # a branch of a transaction across partitions: its partitions decide it, no TM
+        raise XAError(XA.ER_INVAL, f"xid {xid.key} names a branch of a transaction across "
+                                   "partitions, which is not a TM's to act on")
+    return xid
 
 
 def xid_json(xid: Xid) -> dict[str, Any]:

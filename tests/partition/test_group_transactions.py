@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from brokerha.amqp.dtx_control import parse_xid
 from brokerha.backup.tx_buffer import DtxBuffer
-from brokerha.broker.dtx import XA, XTX_FORMAT, Xid
+from brokerha.broker.dtx import XA, XTX_FORMAT, XAError, Xid
 from brokerha.broker.tx_outcomes import COMMITTED, group_of, in_group
 from brokerha.partition.xtx import XBranch, branch_of, xid_of, xtx_txid
 from brokerha.primary.verification import IN_DOUBT, Verification
@@ -137,3 +140,14 @@ def test_a_tms_xid_of_the_cross_partition_format_is_an_ordinary_branch() -> None
             assert await dtx.prepare(xid) == XA.OK
         assert len(dtx.recover()) == 2
     asyncio.run(scenario())
+
+
+def test_a_tm_cannot_name_a_cross_partition_branch() -> None:
+    """Its partitions decide it (``DecisionRules``): the ``amq.dtx`` verbs refuse its xid."""
+    xid = xid_of(XBranch(GTXID, 1, 0, (0, 1), "n9"))
+    named = {"format_id": xid.format_id, "gtrid": xid.gtrid.hex(), "bqual": xid.bqual.hex()}
+    with pytest.raises(XAError) as refused:
+        parse_xid(named)
+    assert refused.value.code is XA.ER_INVAL
+    tms = {**named, "bqual": b"mine".hex()}  # the same format id, a TM's own bqual
+    assert parse_xid(tms) == Xid(XTX_FORMAT, xid.gtrid, b"mine")
