@@ -221,6 +221,13 @@ def _print_status(status: dict[str, Any]) -> None:
                 "joining again" if b.get("rejoining")
                 else "timed out" if b.get("timed_out") else "catching up")
             print(f"  {name:<12} {state:<12} acked {b.get('acked')}  lag {b.get('lag')}")
+    groups = status.get("groups")
+    if groups:  # nodes running partition groups (issue 35 stage 2)
+        print("\ngroups (0: metadata, p + 1: partition p):")
+        for group, g in groups.items():
+            roles = " ".join(f"{name}:{n['role']}" for name, n in sorted(g["nodes"].items()))
+            print(f"  {group:>3}  leader {g['leader'] or '(none)':<12} epoch {g['epoch']:<4} "
+                  f"{roles}")
     changes = replication.get("replicate_changes") or {}
     if changes.get("pending"):  # an ha-replicate change of existing queues (docs/ha.md)
         again = ", ".join(changes.get("backups_to_join_again") or []) or "none"

@@ -47,3 +47,31 @@ def test_an_ha_replicate_change_not_applied_yet_is_printed(
     assert "n2           joining again" in out
     assert ("ha-replicate changes not applied yet (1 queues: 'orders' in vhost '/': none -> "
             "all (policy 'keep')); backups to join again: n2") in out
+
+
+def group(role: str, epoch: int, leader: str | None) -> dict[str, Any]:
+    return {"role": role, "phase": role if role != "none" else "joining", "serving":
+            role == "primary", "ready": True, "epoch": epoch, "leader": leader,
+            "members": ["n1", "n2"], "position": [epoch, 0]}
+
+
+def test_each_group_s_leader_is_the_node_that_says_it_leads_it_in_the_newest_epoch(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Nodes running partition groups (issue 35 stage 2): ``groups_view`` per group."""
+    from brokerha.admin.ctl import groups_view
+
+    nodes = [{"name": "n1", "groups": {"0": group("primary", 1, "n1"),
+                                       "1": group("primary", 2, "n1")}},
+             {"name": "n2", "groups": {"0": group("backup", 1, "n1"),
+                                       "1": group("primary", 3, "n2")}},
+             {"name": "n3", "role": "down"}]
+    view = groups_view(nodes)
+    assert view is not None and list(view) == ["0", "1"]
+    assert (view["0"]["leader"], view["0"]["epoch"]) == ("n1", 1)
+    assert (view["1"]["leader"], view["1"]["epoch"]) == ("n2", 3)  # n1's epoch 2 is older
+    assert view["1"]["nodes"]["n1"] == {"role": "primary", "phase": "primary", "epoch": 2,
+                                        "serving": True}
+    assert groups_view([{"name": "n1"}]) is None  # no node runs groups
+    _print_status({**status(), "groups": view})
+    assert "    1  leader n2           epoch 3    n1:primary n2:primary" in \
+        capsys.readouterr().out
