@@ -313,3 +313,41 @@ def test_a_version_1_database_is_migrated(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(StoreError, match="version 99"):
         SQLStore(f"sqlite:///{db}")
+
+
+def _page_size(db: Path) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        return int(conn.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_new_database_has_large_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    """A run is written in PAGE_SIZE frames (issue 33: 4 KiB frames were half the catching-up
+    backup's writer thread); a database made with 4 KiB pages opens, keeps them and its
+    messages, and takes runs as before."""
+    from brokerha.store.sql import PAGE_SIZE
+
+    new = tmp_path / "new.db"
+    node = StoreNode(f"sqlite:///{new}")
+    q = node.queue()
+    add(node, q, 1, 300)
+    node.close()
+    assert _page_size(new) == PAGE_SIZE > 4096
+    assert [p for p, _, _ in stored(f"sqlite:///{new}")] == list(range(1, 301))
+
+    old = tmp_path / "old.db"
+    conn = sqlite3.connect(old)
+    conn.execute("PRAGMA page_size=4096")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE t (x)")  # the page size is fixed from the first table on
+    conn.commit()
+    conn.close()
+    node = StoreNode(f"sqlite:///{old}")
+    q = node.queue()
+    add(node, q, 1, 300)
+    node.close()
+    assert _page_size(old) == 4096
+    got = stored(f"sqlite:///{old}")
+    assert [(p, b) for p, b, _ in got] == [(p, body(p)) for p in range(1, 301)]
