@@ -247,10 +247,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_promote(args: argparse.Namespace) -> int:
     status = cluster_status(args.node)
-    primary = next((n for n in status["nodes"] if n.get("role") == "primary"), None)
+    body: dict[str, Any] = {"node": args.target}
+    if args.partition is None:
+        primary = next((n for n in status["nodes"] if n.get("role") == "primary"), None)
+    else:  # one partition's group, on nodes running partition groups: ask its leader
+        group = (status.get("groups") or {}).get(str(args.partition + 1))
+        if group is None:
+            raise CtlError(f"no group of partition {args.partition}: the nodes run no "
+                           "partition groups ([cluster] partition_groups), or P is smaller")
+        primary = next((n for n in status["nodes"] if n["name"] == group["leader"]), None)
+        body["group"] = args.partition + 1
     if primary is None:
         raise CtlError("no primary is serving; an election is under way or no majority is up")
-    answer = request(primary["admin_url"], "/api/promote", body={"node": args.target},
+    answer = request(primary["admin_url"], "/api/promote", body=body,
                      user=args.user, password=args.password)
     if args.json:
         json.dump(answer, sys.stdout, indent=1, sort_keys=True)
@@ -485,6 +494,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(ctl_handler=cmd_partitions)
     p = sub.add_parser("promote", help="hand the primary role to a ready backup")
     p.add_argument("target", metavar="NODE")
+    p.add_argument("--partition", type=int, metavar="P",
+                   help="hand partition P's leadership over (nodes running partition "
+                        "groups); default: the metadata group's primary role")
     p.add_argument("--json", action="store_true")
     p.set_defaults(ctl_handler=cmd_promote)
     for name, handler, text in (

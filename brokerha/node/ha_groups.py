@@ -197,7 +197,10 @@ class GroupsNode(Shell):
         """``ctl promote NODE`` (the metadata group) or ``{"node", "group"}`` (one group)."""
         body = request.json()
         target = str(body.get("node", ""))
-        group = int(body.get("group", METADATA_GROUP))
+        try:
+            group = int(body.get("group", METADATA_GROUP))
+        except (TypeError, ValueError):
+            raise HTTPError(400, "group: a group number (0: the metadata group)") from None
         member = self.ha.groups.get(group)
         if member is None:
             raise HTTPError(404, f"{self.me} is not a member of group {group}")

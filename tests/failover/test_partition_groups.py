@@ -39,12 +39,16 @@ PUBLISHED = 150
 CONSUMED = 20
 
 
-def ctl_status(cluster: LocalCluster, name: str) -> dict[str, Any]:
+def ctl(cluster: LocalCluster, name: str, *args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
-                           cluster.url(name), "status", "--json"], capture_output=True,
-                          text=True, timeout=30)
+                           cluster.url(name), *args], capture_output=True, text=True,
+                          timeout=30)
     assert done.returncode == 0, done.stderr
-    return dict(json.loads(done.stdout))
+    return done.stdout
+
+
+def ctl_status(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    return dict(json.loads(ctl(cluster, name, "status", "--json")))
 
 
 def led(cluster: LocalCluster, names: list[str]) -> dict[str, list[str]]:
@@ -236,8 +240,21 @@ def test_each_partition_elects_on_its_own_and_a_leader_s_sigkill_moves_only_its_
             want = after["groups"][group]
             assert (g["epoch"], g["leader"]) == (want["epoch"], want["leader"]), (group, g)
 
+        # its partition handed back to it by hand (ctl promote --partition: the group's
+        # TransferPrimary; stage 5's balance would do it): that group alone elects again
+        back = next(int(g) - 1 for g in victim_led if g != "0")
+        ctl(cluster, survivors[0], "promote", victim, "--partition", str(back))
+        until("the partition handed back", lambda: led(cluster, names)[str(back + 1)] == [victim])
+        handed = ctl_status(cluster, names[0])
+        for group in GROUPS:
+            g, was = handed["groups"][group], rejoined["groups"][group]
+            if group == str(back + 1):
+                assert g["leader"] == victim and g["epoch"] > was["epoch"], (group, g)
+            else:
+                assert (g["epoch"], g["leader"]) == (was["epoch"], was["leader"]), (group, g)
+
         for p, queue in enumerate(queues):
-            got = drain(cluster, rejoined["groups"][str(p + 1)]["leader"], queue)
+            got = drain(cluster, handed["groups"][str(p + 1)]["leader"], queue)
             lost = confirmed[p] - consumed[p] - set(got)
             assert not lost, f"partition {p}: confirmed messages lost: {sorted(lost)[:10]}"
             assert len(got) == PUBLISHED - CONSUMED and set(got) <= confirmed[p]
