@@ -133,10 +133,12 @@ def _print_partitions(view: dict[str, Any] | None) -> None:
             f"{name} {ptid}" for name, ptid in view["ptids"].items()) + ")")
     print(f"partition table: ptid {view['ptid']}, {view['partitions']} partitions, "
           f"{view['num_replicas']} replicas (NR), as held by {view['from']}{differs}")
-    print("routing by it: not yet (issue 35 stage 3); cells: U up to date, O out of date "
-          "(learner), F feeding (leaving), C corrupted")
-    operational = set(view.get("operational", []))
     led = any("leader" in row for row in view["rows"])  # the nodes run partition groups
+    routing = ("each partition's queues served by its leader (partition groups, stage 2; "
+               "forwarding between nodes is stage 3)" if led else "not yet (issue 35 stage 3)")
+    print(f"routing by it: {routing}; cells: U up to date, O out of date (learner), "
+          "F feeding (leaving), C corrupted")
+    operational = set(view.get("operational", []))
 
     def leader(row: dict[str, Any]) -> list[Any]:
         if not led:
