@@ -83,6 +83,7 @@ from brokerha.ha.simulation.world import (
     message,
 )
 from brokerha.partition.forward import (
+    RETRY,
     Confirm,
     Effect,
     Forward,
@@ -126,7 +127,7 @@ class ForwardNode(GroupNode):
         super().__init__(world, name, incarnation, disk)
         self.fw = cast(ForwardSimulation, world)
         self.sender = ForwardSender(f"{name}.{incarnation}", window=self.fw.window,
-                                    unsafe=self.fw.fw_unsafe)
+                                    retry=self.fw.retry, unsafe=self.fw.fw_unsafe)
         self.fw.senders.append(self.sender)
         self.receivers: dict[int, ForwardReceiver] = {}
         self._flush_scheduled = False
@@ -291,12 +292,15 @@ class ForwardSimulation(GroupSimulation):
     node_class = ForwardNode
 
     def __init__(self, seed: int, *, clients: int = 6, rate: float = 8.0,
-                 settle: float = 15.0, window: int = 64,
+                 settle: float = 15.0, window: int = 64, retry: float = RETRY,
                  unsafe: Unsafe | None = None, **kw: Any) -> None:
+        """``retry``: the senders' (``ForwardSender.retry``); a long one leaves the resends
+        to new leaders alone."""
         kw.setdefault("publish_rate", 0.0)
         kw.setdefault("consume_rate", 0.0)
         self.fw_unsafe = unsafe or Unsafe()
         self.window = window
+        self.retry = retry
         self.senders: list[ForwardSender] = []
         self.receivers: list[ForwardReceiver] = []
         super().__init__(seed, **kw)

@@ -56,6 +56,16 @@ def test_each_unsafe_rule_is_caught(rule: str) -> None:
     assert seed == 0 and violation.startswith(check), violation
 
 
+def test_no_dedupe_is_caught_by_the_resends_to_new_leaders_alone() -> None:
+    """With the senders' retry off, what is sent again goes to a new leader after a failover
+    (the marks that new primary read back are what stops the duplicates)."""
+    found = first_failing(run_seed, Unsafe(no_dedupe=True), range(10), duration=DURATION,
+                          retry=1e9)
+    assert found is not None
+    seed, violation = found
+    assert seed == 1 and violation.startswith("(b)"), violation
+
+
 @pytest.mark.slow
 def test_many_seeds_have_no_violation() -> None:
     results = run_many(range(1_000, 1_300), jobs=2)
