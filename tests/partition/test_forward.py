@@ -250,3 +250,33 @@ def test_a_forward_applied_to_a_broker_records_its_mark_and_refuses_when_full() 
     assert placed == [("a.1", 1, "q", 1), ("a.1", 1, "full", 1), ("a.1", 2, "q", 2)]
     assert recover_marks(broker, 1) == {"a.1": Mark(3, {2})}
     assert recover_marks(broker, 2) == {}
+
+
+def test_a_batchs_mark_reaches_the_backup_in_the_event_that_carries_its_enqueues() -> None:
+    """A product ``Primary`` and its ``Backup`` (tests/ha/harness.py): after every single
+    event the backup applied, it holds the batch's enqueues and its mark together or
+    neither (a backup's position may stop between any two events); promoted, it reads
+    the mark back."""
+    from tests.ha.harness import Cluster
+
+    c = Cluster(2)
+    q = c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
+    c.follow("n2")
+    c.pump()
+    backup = c.node("n2").broker
+    seen: list[tuple[int, dict[str, Mark]]] = []
+
+    def check(_: object) -> None:
+        held = len(backup.vhosts["/"].queues["q"].ready)
+        seen.append((held, recover_marks(backup, 1)))
+
+    c.check = check
+    m = message(b"x", persistent=True)
+    ha_id = str(q.arguments[HA_ID])
+    log = BrokerForwardLog(c.broker, 1, lambda queue: True)
+    log.apply("a.1", 2, [(1, ForwardMessage("/", (ha_id,), "", "q", m.header, b"x")),
+                         (2, ForwardMessage("/", (ha_id,), "", "q", m.header, b"y"))])
+    c.pump()
+    assert seen and all(s in ((0, {}), (2, {"a.1": Mark(2, set())})) for s in seen), seen
+    assert [e.message.body for e in backup.vhosts["/"].queues["q"].ready] == [b"x", b"y"]
+    assert recover_marks(backup, 1) == {"a.1": Mark(2, set())}
