@@ -56,6 +56,20 @@ def test_each_unsafe_rule_is_caught(rule: str) -> None:
     assert seed == 0 and violation.startswith(check), violation
 
 
+@pytest.mark.parametrize(("nodes", "partitions", "seeds"), [
+    (5, 5, 3), (3, 9, 3),
+    pytest.param(5, 5, 50, marks=pytest.mark.slow), pytest.param(3, 9, 50, marks=pytest.mark.slow)])
+def test_five_nodes_of_five_partitions_and_nine_partitions_on_three(
+        nodes: int, partitions: int, seeds: int) -> None:
+    """Five nodes: each partition on three of them, so some senders hold no cell of the
+    groups they forward to; nine partitions: three groups led per node."""
+    results = run_many(range(500, 500 + seeds), jobs=2, nodes=nodes, partitions=partitions,
+                       duration=DURATION)
+    assert [r.summary() for r in results if r.violation] == []
+    seen = totals(results)
+    assert seen["acked"] > 200 * seeds and seen["failovers"] > 0
+
+
 def test_no_dedupe_is_caught_by_the_resends_to_new_leaders_alone() -> None:
     """With the senders' retry off, what is sent again goes to a new leader after a failover
     (the marks that new primary read back are what stops the duplicates)."""
