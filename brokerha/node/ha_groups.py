@@ -188,6 +188,8 @@ class GroupsNode(Shell):
         self.ha.peer_down(peer)
 
     def _on_message(self, peer: str, msg_id: int, msg: Message) -> None:
+        # every packet of a partitioned node is a mux packet (stage 3's forwards, which name
+        # their group themselves, will be dispatched before this check once wired)
         if not isinstance(msg, GROUPED):
             mismatched(self.me, peer, "does not run partition groups")
             return
