@@ -82,6 +82,7 @@ from brokerha.ha.simulation.world import (
     Violation,
     message,
 )
+from brokerha.ha.simulation.world import Unsafe as HAUnsafe
 from brokerha.partition.forward import (
     RETRY,
     Confirm,
@@ -293,9 +294,13 @@ class ForwardSimulation(GroupSimulation):
 
     def __init__(self, seed: int, *, clients: int = 6, rate: float = 8.0,
                  settle: float = 15.0, window: int = 64, retry: float = RETRY,
-                 unsafe: Unsafe | None = None, **kw: Any) -> None:
+                 unsafe: Unsafe | None = None, ha_unsafe: HAUnsafe | None = None,
+                 **kw: Any) -> None:
         """``retry``: the senders' (``ForwardSender.retry``); a long one leaves the resends
-        to new leaders alone."""
+        to new leaders alone. ``unsafe``: forwarding's rules broken; ``ha_unsafe``: the HA
+        rules of every group's member (``world.Unsafe``), under the forwards."""
+        if ha_unsafe is not None:
+            kw["unsafe"] = ha_unsafe
         kw.setdefault("publish_rate", 0.0)
         kw.setdefault("consume_rate", 0.0)
         self.fw_unsafe = unsafe or Unsafe()

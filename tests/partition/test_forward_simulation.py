@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 
+from brokerha.ha.simulation.world import Unsafe as HAUnsafe
 from brokerha.partition.forward_simulation import CATCHES, Unsafe, run_many, run_seed
 from tests.seeds import first_failing, totals
 
@@ -68,6 +69,18 @@ def test_five_nodes_of_five_partitions_and_nine_partitions_on_three(
     assert [r.summary() for r in results if r.violation] == []
     seen = totals(results)
     assert seen["acked"] > 200 * seeds and seen["failovers"] > 0
+
+
+@pytest.mark.parametrize("rule", ["confirm_early", "early_ack"])
+def test_an_ha_rule_broken_under_the_forwards_is_caught_by_c(rule: str) -> None:
+    """A forward's answer is only as good as its group's barriers: the HA member's rules
+    broken in every group (the primary's own disk for a quorum; a backup acknowledging
+    before its sync) give acks that (c) catches."""
+    found = first_failing(run_seed, Unsafe(), range(10), duration=DURATION,
+                          ha_unsafe=HAUnsafe.of([rule]))
+    assert found is not None
+    seed, violation = found
+    assert seed == 0 and violation.startswith("(c)"), violation
 
 
 def test_no_dedupe_is_caught_by_the_resends_to_new_leaders_alone() -> None:
