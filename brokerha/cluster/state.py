@@ -59,6 +59,10 @@ class StateFile:
         except (OSError, ValueError) as exc:
             raise RuntimeError(f"cannot read {self.path}: {exc}; refusing to start with a "
                                "forgotten epoch or vote") from exc
+        if isinstance(raw, dict) and "groups" in raw:  # partition/state.py's, one per group
+            raise RuntimeError(f"{self.path} holds the votes of a node running partition "
+                               "groups ([cluster] partition_groups = true): refusing to start "
+                               "without them, with a forgotten epoch or vote")
         return NodeState(**{k: raw[k] for k in asdict(NodeState()) if k in raw})
 
     def save(self, *, epoch: int, voted_for: str | None) -> None:

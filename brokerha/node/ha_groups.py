@@ -40,6 +40,7 @@ from brokerha.cluster import election as el
 from brokerha.cluster.messages import Message
 from brokerha.ha.member import HAMember
 from brokerha.httpapi.server import HTTPError, Request, Response
+from brokerha.node.config import ConfigError
 from brokerha.node.ha import GROUPED, Shell, mismatched
 from brokerha.node.relay import RelayTarget
 from brokerha.partition.clients import GroupClients
@@ -87,6 +88,13 @@ class GroupsNode(Shell):
             raise ValueError("[txlog] with [cluster] partition_groups: the TxLog master "
                              "follows one group's role; not supported (issue 35)")
         self.state = GroupStateFile(node.config.data_dir)
+        if self.state.unpartitioned:
+            # its store holds queues of the one group, which no partition group's position
+            # covers: a partition group would start at (0, 0) over data its peers lack
+            raise ConfigError(
+                f"{self.state.path} is an unpartitioned node's: this data directory was "
+                "written without [cluster] partition_groups; start it without, or from an "
+                "empty data directory (moving a cluster's queues into partitions is stage 5)")
         coordinator = self.partitions
         self.ha = PartitionedMember(
             self.broker, self.me, [m.name for m in cluster.members],

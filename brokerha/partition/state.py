@@ -26,6 +26,7 @@ from brokerha.files import replace_durably
 class GroupStateFile:
     def __init__(self, data_dir: Path) -> None:
         self.path = Path(data_dir) / FILE_NAME
+        self.unpartitioned = False  # the file is an unpartitioned node's (one group's)
         self.states = self._read()
 
     def _read(self) -> dict[int, NodeState]:
@@ -38,6 +39,7 @@ class GroupStateFile:
                                "forgotten epoch or vote") from exc
         try:
             if "groups" not in raw:  # one group's file: the metadata group's
+                self.unpartitioned = True
                 return {METADATA_GROUP: NodeState(epoch=int(raw["epoch"]),
                                                   voted_for=raw["voted_for"])}
             return {int(group): NodeState(epoch=int(vote["epoch"]), voted_for=vote["voted_for"])

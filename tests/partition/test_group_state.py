@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from brokerha.cluster.state import StateFile
 from brokerha.partition.state import GroupStateFile
 
 
@@ -28,6 +29,17 @@ def test_an_unpartitioned_nodes_file_is_the_metadata_groups(tmp_path: Path) -> N
     (tmp_path / "cluster-state.json").write_text(json.dumps({"epoch": 4, "voted_for": "n3"}))
     states = GroupStateFile(tmp_path)
     assert (states.state(0).epoch, states.state(0).voted_for) == (4, "n3")
+    assert states.unpartitioned  # the node's shell refuses it (node/ha_groups.py)
+    states.save(0, epoch=5, voted_for=None)
+    assert not GroupStateFile(tmp_path).unpartitioned
+
+
+def test_a_partitioned_nodes_file_stops_a_node_without_groups(tmp_path: Path) -> None:
+    """Read as one group's, it would have no epoch and no vote: the node could vote twice
+    in an epoch. ``StateFile`` (cluster/state.py) refuses it."""
+    GroupStateFile(tmp_path).save(0, epoch=6, voted_for="n2")
+    with pytest.raises(RuntimeError, match="partition groups.*forgotten epoch or vote"):
+        StateFile(tmp_path)
 
 
 @pytest.mark.parametrize("text", ["{", json.dumps({"groups": {"1": {"epoch": "x"}}})])
