@@ -60,6 +60,7 @@ MODULES = (
     "brokerha.amqp.connection",
     "brokerha.amqp.methods.basic",
     "brokerha.broker.broker",
+    "brokerha.primary.replicating_subscription",
 )
 
 
