@@ -93,6 +93,11 @@ class GroupGuard(Protocol):
                     arguments: Mapping[str, Any] | None, exclusive: bool) -> None:
         """Raise ``NotLeader`` unless this node serves the group holding the queue now."""
 
+    def serves_queue(self, vhost: str, name: str, arguments: Mapping[str, Any] | None,
+                     exclusive: bool) -> bool:
+        """Whether this node serves the group of such a queue now (``check_queue`` would
+        pass): a server-named queue is given a name this node serves."""
+
     def check_configuration(self, client: object, what: str) -> None:
         """Raise ``NotLeader`` unless this node serves the metadata group now."""
 

@@ -139,6 +139,15 @@ class GroupClients:
         self._join(client, group, lambda: f"queue '{name}' in vhost '{vhost}' is in "
                                           f"partition {group - 1}")
 
+    def serves_queue(self, vhost: str, name: str, arguments: Mapping[str, Any] | None,
+                     exclusive: bool) -> bool:
+        try:
+            group = self.group_of_queue(vhost, name, arguments, exclusive)
+        except NotLeader:
+            return False
+        member = None if group is None else self.member.groups.get(group)
+        return group is None or (member is not None and member.clients.term() is not None)
+
     def check_configuration(self, client: object, what: str) -> None:
         self._join(client, METADATA_GROUP, lambda: f"cannot {what}: the exchanges are the "
                                                    "metadata group's")

@@ -106,6 +106,15 @@ def test_a_queue_is_served_on_its_partition_s_leader_only(sim: GroupSimulation) 
     n2.gone(link)
 
 
+def test_whether_a_queue_is_served_is_asked_without_a_connection(sim: GroupSimulation
+                                                                 ) -> None:
+    """``serves_queue``: a server-named queue gets a name whose partition the node leads."""
+    n2 = clients_of(sim.node("n2"))
+    assert n2.serves_queue("/", QUEUES[1], {}, False)
+    assert not n2.serves_queue("/", QUEUES[0], {}, False)
+    assert n2.serves_queue("/", QUEUES[0], {}, True)  # exclusive: in no partition
+
+
 def test_a_connection_never_admitted_is_served_nothing(sim: GroupSimulation) -> None:
     n2 = clients_of(sim.node("n2"))
     with pytest.raises(NotLeader):

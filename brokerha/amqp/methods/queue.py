@@ -15,12 +15,30 @@ if TYPE_CHECKING:
     from brokerha.amqp.channel import Channel
 
 
+SERVER_NAME_TRIES = 64  # names drawn for a server-named queue on a partitioned node
+
+
+def _server_name(ch: Channel, m: commands.Queue.Declare) -> str:
+    """``amq.gen-...``; on a node running partition groups, one whose partition this node
+    leads (of P partitions it leads k: a name drawn at random is one in P/k tries)."""
+    vhost = ch.vhost
+    groups = ch.conn.broker.groups
+    name = vhost.new_queue_name()
+    if groups is None:
+        return name
+    for _ in range(SERVER_NAME_TRIES):
+        if groups.serves_queue(vhost.name, name, m.arguments, m.exclusive):
+            break
+        name = vhost.new_queue_name()
+    return name  # none served here after so many: check_queue says who leads its partition
+
+
 def declare(ch: Channel, m: commands.Queue.Declare) -> None:
     vhost = ch.vhost
     name = m.queue
     server_named = not name and not m.passive
     if not m.passive:
-        name = name or vhost.new_queue_name()
+        name = name or _server_name(ch, m)
         ch.user.check("configure", vhost.name, "queue", name)
     groups = ch.conn.broker.groups
     if groups is not None and not m.passive:  # before the queue exists: never on a copy
