@@ -34,30 +34,40 @@ seconds on average: to the queue of one partition, or (one in four) to queues
 of two partitions at once; one publish in ten goes to a partition's bounded
 queue (``x-max-length``, ``reject-publish``), which refuses once full (a
 nack). A connection whose sender's window to a target is full is held (the
-publish waits). Faults for ``duration`` virtual seconds, then none for
-``settle`` seconds (the outages run their course, every node comes back, no
-new publish) before the final checks.
+publish waits). A consumer on each group's serving primary takes the head
+of its plain queue (basic.get and ack, ``consume`` a second; remote
+consumers are not built), so marks outlive their messages: a message may be
+consumed before its publisher's ack, or before a failover after which its
+publisher sends it again. Faults for ``duration`` virtual seconds, then none
+for ``settle`` seconds (the outages run their course, every node comes back,
+no new publish, no consumer) before the final checks.
 
 Checked:
 
-- (a) at the end, after healing: every acknowledged message is in each of
-  its target queues on the group's serving primary and on a majority of the
-  group's cells;
+- (a) at the end, after healing: every acknowledged message not taken by a
+  consumer is in each of its target queues on the group's serving primary
+  and on a majority of the group's cells;
 - (b) no message twice in a queue (a message is one (origin, fseq) per
-  group): at the end, on every node;
+  group): at the end, on every node, none twice in a queue; and over the
+  run, no message at two positions of a queue, the positions known from
+  the consumers' dequeues once durable (``after_durable_in``: the enqueue
+  before them committed too) and from the primaries' queues at the end;
 - (c) when a publisher gets an ack, every target group's majority of cells
-  holds the message durably (in its disk image: the store synced it);
+  holds the message durably (in its disk image: the store synced it; not
+  checked for a message a consumer took already, whose records may be gone);
 - (d) per channel (a connection's) and queue, the order of publishing is
-  kept: at the end on every group's serving primary;
+  kept: the positions of (b) in order;
 - (e) liveness: once the faults stop, every publish on a connection still
-  open is answered;
+  open is answered (``liveness``: not with the senders' retry off);
 
 and the groups simulation's own (a)-(h) per group (elections, leases,
 scopes) all along.
 
 ``Unsafe`` (``partition.forward.Unsafe``): ``confirm_on_send`` (caught by
 (c)), ``no_dedupe`` (caught by (b)) and ``answer_before_gate`` (caught by
-(c)), each at a pinned seed in ``tests/partition/test_forward_simulation.py``.
+(c)), each at a pinned seed in ``tests/partition/test_forward_simulation.py``;
+``ha_unsafe`` (``world.Unsafe``) breaks the HA rules of every group's member
+under the forwards.
 """
 
 from __future__ import annotations
@@ -293,11 +303,13 @@ class ForwardSimulation(GroupSimulation):
     node_class = ForwardNode
 
     def __init__(self, seed: int, *, clients: int = 6, rate: float = 8.0,
-                 settle: float = 15.0, window: int = 64, retry: float = RETRY,
+                 consume: float = 6.0, settle: float = 15.0, window: int = 64,
+                 retry: float = RETRY, liveness: bool = True,
                  unsafe: Unsafe | None = None, ha_unsafe: HAUnsafe | None = None,
                  **kw: Any) -> None:
-        """``retry``: the senders' (``ForwardSender.retry``); a long one leaves the resends
-        to new leaders alone. ``unsafe``: forwarding's rules broken; ``ha_unsafe``: the HA
+        """``consume``: gets a second on each group's plain queue (0: none). ``retry``: the
+        senders' (``ForwardSender.retry``); a long one leaves the resends to new leaders
+        alone (and a lost answer unanswered: ``liveness`` False leaves (e) out). ``unsafe``: forwarding's rules broken; ``ha_unsafe``: the HA
         rules of every group's member (``world.Unsafe``), under the forwards."""
         if ha_unsafe is not None:
             kw["unsafe"] = ha_unsafe
@@ -306,6 +318,7 @@ class ForwardSimulation(GroupSimulation):
         self.fw_unsafe = unsafe or Unsafe()
         self.window = window
         self.retry = retry
+        self.liveness = liveness
         self.senders: list[ForwardSender] = []
         self.receivers: list[ForwardReceiver] = []
         super().__init__(seed, **kw)
@@ -317,6 +330,13 @@ class ForwardSimulation(GroupSimulation):
         self.fseqs: dict[tuple[str, int, int], int] = {}  # (origin, group, fseq) -> publish
         self.publishes: dict[int, Publish] = {}
         self.acked: dict[bytes, dict[int, str]] = {}  # body -> group -> queue
+        self.consume = consume
+        # queue -> position -> body: what was held there, consumed with its dequeue durable
+        # or held at the end (a committed position holds one message in every lineage)
+        self.seen_at: dict[str, dict[int, bytes]] = {}
+        # (queue, body) a consumer took and acknowledged: gone from its queue, perhaps for
+        # good (its dequeue may be durable though the gate refused to say so: the role ended)
+        self.taken: set[tuple[str, bytes]] = set()
         self.publishing = True
         self.result = ForwardResult(seed, self.result.nodes, self.partitions, None, [], "")
 
@@ -328,6 +348,10 @@ class ForwardSimulation(GroupSimulation):
             self.start()
             for client in self.fw_clients:
                 self.after(self.rng.expovariate(self.rate), partial(self._fw_publish, client))
+            if self.consume > 0:
+                for group in self.groups[1:]:
+                    self.after(self.rng.expovariate(self.consume),
+                               partial(self._fw_consume, group))
             self.run_until(self.duration)
             self.calm = True
             self.publishing = False
@@ -470,6 +494,44 @@ class ForwardSimulation(GroupSimulation):
         self.counts[f"to {len(names)} partitions"] += 1
         node.publish(client, pid, targets)
 
+    def _fw_consume(self, group: int) -> None:
+        """A consumer on the group's serving primary: basic.get and ack of the plain queue's
+        head (its deliveries are local: remote consumers are not built)."""
+        if not self.publishing:
+            return
+        self.after(self.rng.expovariate(self.consume), partial(self._fw_consume, group))
+        node = cast(ForwardNode | None, self.serving_groups[group])
+        if node is not None and node.serves(group):
+            node.run(partial(self._fw_consume_on, node, group))
+
+    def _fw_consume_on(self, node: ForwardNode, group: int) -> None:
+        member = node.member(group)
+        if member is None or not node.serves(group):
+            return
+        name = queue_name(group - 1)
+        q = node.broker.vhosts[VHOST].queues.get(name)
+        entry = q.get() if q is not None else None
+        if q is None or entry is None:
+            return
+        node.charge(self.costs.client_op)
+        q.settle(entry)
+        position, body = entry.position, entry.message.body
+        self.counts["consumed"] += 1
+        self.taken.add((name, body))
+
+        def durable() -> None:  # the dequeue, so the enqueue before it, on the majority
+            self.counts["consumed durably"] += 1
+            self.observe(name, position, body)
+
+        node.broker.after_durable_in(member.durability_gate, durable, member.barriers())
+
+    def observe(self, name: str, position: int, body: bytes) -> None:
+        """(b): a committed position holds one message; a message, one position."""
+        at = self.seen_at.setdefault(name, {})
+        known = at.setdefault(position, body)
+        if known != body:
+            self.violate(f"(b) {name} position {position} holds {known!r} and {body!r}")
+
     def confirmed(self, node: ForwardNode, confirm: Confirm) -> None:
         publish = self.publishes[confirm.publish]
         if publish.answered:
@@ -482,7 +544,10 @@ class ForwardSimulation(GroupSimulation):
             self.counts["nacked"] += 1
             return
         self.counts["acked"] += 1
-        self.check_durable(publish)
+        if any((n, publish.body) in self.taken for n in publish.queues.values()):
+            self.counts["acked once consumed"] += 1  # its disk records may be gone: no (c)
+        else:
+            self.check_durable(publish)
         self.acked[publish.body] = publish.queues
 
     # -- checks -------------------------------------------------------------------------------
@@ -521,7 +586,7 @@ class ForwardSimulation(GroupSimulation):
                 self.violate(f"(e) no primary of group {group} after {self.settle}s of calm")
         stuck = [p.body for p in self.publishes.values()
                  if not p.answered and p.conn.usable]
-        if stuck:
+        if stuck and self.liveness:
             self.violate(f"(e) {len(stuck)} publishes unanswered {self.settle}s after the "
                          f"faults stopped, on open connections: {stuck[:3]}")
         bodies: dict[tuple[str, str], list[bytes]] = {}
@@ -533,8 +598,24 @@ class ForwardSimulation(GroupSimulation):
                 twice = [b for b, n in Counter(held).items() if n > 1]
                 if twice:
                     self.violate(f"(b) {node.name} holds {twice[:3]} twice in {name}")
+        for group in self.groups[1:]:
+            serving = self.serving_groups[group]
+            vhost = serving.broker.vhosts.get(VHOST) if serving is not None else None
+            for name, q in (vhost.queues.items() if vhost is not None else ()):
+                for e in q.ready:
+                    self.observe(name, e.position, e.message.body)
+        for name, at in self.seen_at.items():
+            where: dict[bytes, list[int]] = {}
+            for position, body in at.items():
+                where.setdefault(body, []).append(position)
+            moved = {b: sorted(ps) for b, ps in where.items() if len(ps) > 1}
+            if moved:
+                body, positions = next(iter(moved.items()))
+                self.violate(f"(b) {body!r} enqueued twice in {name}, at positions {positions}")
         for body, queues in self.acked.items():
             for group, name in queues.items():
+                if (name, body) in self.taken:
+                    continue  # delivered and acknowledged
                 cells = self.cells[group]
                 holding = [c for c in cells if body in bodies.get((c, name), ())]
                 primary = self.serving_groups[group]
@@ -543,18 +624,15 @@ class ForwardSimulation(GroupSimulation):
                     self.violate(f"(a) acknowledged {body!r} of {name} held only by {holding} "
                                  f"(group {group}'s primary "
                                  f"{primary.name if primary else None})")
-        for group in self.groups[1:]:
-            primary = self.serving_groups[group]
-            assert primary is not None
-            for bounded in (False, True):
-                name = queue_name(group - 1, bounded)
-                last: dict[str, int] = {}
-                for body in bodies.get((primary.name, name), ()):
-                    client, seq = body.decode().split(".")
-                    if int(seq) <= last.get(client, 0):
-                        self.violate(f"(d) {name} on {primary.name}: {body!r} after "
-                                     f"{client}.{last[client]}")
-                    last[client] = int(seq)
+        for name, at in self.seen_at.items():  # (d): in position order, consumed ones too
+            last: dict[str, int] = {}
+            for position in sorted(at):
+                body = at[position]
+                client, seq = body.decode().split(".")
+                if int(seq) <= last.get(client, 0):
+                    self.violate(f"(d) {name} position {position}: {body!r} after "
+                                 f"{client}.{last[client]}")
+                last[client] = int(seq)
 
     def member_of(self, node: ForwardNode, group: int) -> HAMember | None:
         return node.member(group)

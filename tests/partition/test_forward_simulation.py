@@ -8,8 +8,9 @@ clients on random nodes publishing with confirms to one or two partitions;
 crashes, pauses, partitions, link failures, late packets and handovers.
 (a) every acked message in its queues on the group's majority at the end,
 (b) none twice, (c) no ack before every target majority holds it on disk,
-(d) order per channel and queue, (e) everything answered once calm. About
-1.4 s a seed of 20 virtual seconds (+ 15 s of calm).
+(d) order per channel and queue, (e) everything answered once calm; a
+consumer on each group's primary takes messages meanwhile. About 1.5 s a
+seed of 20 virtual seconds (+ 15 s of calm).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from brokerha.ha.simulation.world import Unsafe as HAUnsafe
 from brokerha.partition.forward_simulation import CATCHES, Unsafe, run_many, run_seed
 from tests.seeds import first_failing, totals
 
-SEEDS = 40
+SEEDS = 30
 DURATION = 20.0
 
 
@@ -46,6 +47,9 @@ def test_seeds_of_forwarded_publishes_through_faults_have_no_violation() -> None
     assert seen["deduped"] > 50 * SEEDS and seen["deduped_recovered"] > 2 * SEEDS
     assert seen["not primary"] > 2 * SEEDS and seen["gaps"] > SEEDS
     assert seen["held"] > 0 and seen["held by a full window"] > 0
+    # consumers on the primaries took messages (their dequeues durable), some before their
+    # publisher's ack: a mark outlives its messages
+    assert seen["consumed durably"] > 100 * SEEDS and seen["acked once consumed"] > 0
 
 
 @pytest.mark.parametrize("rule", CATCHES)
@@ -85,12 +89,13 @@ def test_an_ha_rule_broken_under_the_forwards_is_caught_by_c(rule: str) -> None:
 
 def test_no_dedupe_is_caught_by_the_resends_to_new_leaders_alone() -> None:
     """With the senders' retry off, what is sent again goes to a new leader after a failover
-    (the marks that new primary read back are what stops the duplicates)."""
+    (the marks that new primary read back are what stops the duplicates); a lost answer
+    then stays unanswered, so liveness (e) is not checked."""
     found = first_failing(run_seed, Unsafe(no_dedupe=True), range(10), duration=DURATION,
-                          retry=1e9)
+                          retry=1e9, liveness=False)
     assert found is not None
     seed, violation = found
-    assert seed == 1 and violation.startswith("(b)"), violation
+    assert seed == 2 and violation.startswith("(b)"), violation
 
 
 @pytest.mark.slow
