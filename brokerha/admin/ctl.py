@@ -20,7 +20,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
-from brokerha.admin import definitions_ctl, policies_ctl, users_ctl
+from brokerha.admin import check_ctl, definitions_ctl, policies_ctl, users_ctl
 from brokerha.cluster.partition_table import PartitionTable
 from brokerha.cluster.ports import ADMIN_OFFSET
 from brokerha.httpapi.client import CREDENTIALS, CtlError, request
@@ -501,6 +501,7 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "groups); default: the metadata group's primary role")
     p.add_argument("--json", action="store_true")
     p.set_defaults(ctl_handler=cmd_promote)
+    check_ctl.register(sub, cluster_status)
     for name, handler, text in (
             ("queues", cmd_queues, "queues on the primary: depth, unacked, consumers, in/out"),
             ("connections", cmd_connections, "client connections on the primary (administrator)")):

@@ -42,8 +42,10 @@ from brokerha.cluster.messages import REGISTRY, Error, ErrorCode, Message, packe
 # (cluster/replication.py), which a node of version 1 cannot apply; 3: a node running
 # partition groups (node/ha_groups.py) sends every packet through its GroupMux
 # (partition/mux.py: ``Grouped``, ``Heartbeats``, ``HeartbeatAcks``, codes 20-22), which
-# a node of version 2 does not know (an unknown packet code: the link fails at the first)
-VERSION = 3
+# a node of version 2 does not know (an unknown packet code: the link fails at the first);
+# 4: the ``ck`` event (a replica check, ha/check.py) and its ``CheckReport`` (code 34),
+# which a backup of version 3 cannot apply (an unknown event: it would join again and again)
+VERSION = 4
 MAGIC = b"BRKRHA" + VERSION.to_bytes(2, "big")
 MAX_PACKET = 64 * 1024 * 1024
 NONCE_SIZE = 16

@@ -46,6 +46,7 @@ kind     fields after the kind                                           meaning
 ``lp``   bytes (the runtime sync peers' JSON) or None (the config's)     TxLog peers
 ``pt``   ptid, num_replicas, partitions, [[p, [[node, state]..]]..]      partition table changed
 ``ps``   ptid, num_replicas, [[[node, state], ...], ...]                 partition table (catch-up)
+``ck``   token                                                           check the replicas
 =======  ==============================================================  ==========
 
 A catch-up sends the messages of one queue at consecutive positions and
@@ -120,6 +121,11 @@ emits ``a``, which changes nothing on the backup and is acknowledged promptly.
 queue whose ``ha-replicate`` became ``all`` reaches it with its messages in
 that join's catch-up (``Primary.replicate_changed``, docs/ha.md).
 
+``ck`` changes nothing: each member takes its report for the check ``token`` of
+its queues as they are where it applies it (``ha/check.py``, docs/ha.md
+"Replicas checked"), the primary at emit, and a backup sends it back as a
+``CheckReport``.
+
 A catch-up (the primary's answer to a ``Join``) is numbered so that its ``c``
 marker lands on the primary's seq at the join: the numbers before it are
 private to that backup, which holds no consistent copy until the marker.
@@ -172,6 +178,7 @@ TXLOG_EVENTS = frozenset([TXLOG_RECORD, TXLOG_SNAPSHOT, TXLOG_APPLIED, TXLOG_BRO
 PARTITION_TABLE_CHANGED = "pt"  # a PartitionChange.as_wire() (cluster/partition_table.py)
 PARTITION_TABLE = "ps"  # the whole PartitionTable.as_wire() at a join
 PARTITION_EVENTS = frozenset([PARTITION_TABLE_CHANGED, PARTITION_TABLE])
+CHECK = "ck"  # check the replicas: each member reports its queues as at this seq (ha/check.py)
 
 # -- the events as named records (fields after ``kind`` as in the table above) -----------
 
@@ -403,6 +410,11 @@ class PartitionTableSnapshot(NamedTuple):
     rows: list[Any]  # every row: [[node, state], ...]
 
 
+class CheckToken(NamedTuple):
+    kind: str
+    token: str  # names the check: the backups' reports carry it back
+
+
 RECORDS: dict[str, Any] = {
     VHOST: VhostExists, DEFINITION: DefinitionChanged, DEFINITIONS: DefinitionsSnapshot,
     EXCHANGE_DECLARED: ExchangeDeclared, EXCHANGE_DELETED: ExchangeDeleted,
@@ -416,6 +428,7 @@ RECORDS: dict[str, Any] = {
     TXLOG_SNAPSHOT: TxLogSnapshot, TXLOG_APPLIED: TxLogApplied,
     TXLOG_BROKER_BACKUP: TxLogBrokerBackup, TXLOG_PEERS: TxLogPeers,
     PARTITION_TABLE_CHANGED: PartitionTableChanged, PARTITION_TABLE: PartitionTableSnapshot,
+    CHECK: CheckToken,
 }
 
 
@@ -510,6 +523,22 @@ class ResourceAlarm(Message):
     epoch: int
     node: str
     alarms: dict[str, str]
+
+
+@packet(34)
+class CheckReport(Message):
+    """Backup -> primary: its queues as they were where it applied the ``ck`` of ``token``.
+
+    ``caught_up``: whether its copy was consistent there (a backup still catching up
+    may lack what the primary holds); ``queues``: ``QueueReport.as_wire()`` each
+    (``ha/check.py``).
+    """
+
+    epoch: int
+    node: str
+    token: str
+    caught_up: bool
+    queues: list[Any]
 
 
 @packet(60)

@@ -34,9 +34,11 @@ from brokerha.backup.backup import Backup, LayerReplica
 from brokerha.broker.broker import Broker
 from brokerha.broker.placement import GroupScope
 from brokerha.cluster import election as el
+from brokerha.cluster import replication as R
 from brokerha.cluster.messages import Error, ErrorCode, Message
 from brokerha.cluster.replication import (
     Ack,
+    CheckReport,
     Events,
     Join,
     ResourceAlarm,
@@ -47,6 +49,7 @@ from brokerha.cluster.replication import (
 from brokerha.cluster.state import NodeState
 from brokerha.ha import admission
 from brokerha.ha.admission import ClientAdmission
+from brokerha.ha.check import CheckRefused, ReplicaCheck, ReplicaChecks
 from brokerha.ha.core import Effects, HACore, PrimarySettings
 from brokerha.ha.core import Unsafe as CoreUnsafe
 from brokerha.primary import verification as verify
@@ -152,6 +155,9 @@ class HAMember:
         self.core = HACore(broker, me, state, effects, settings, clock,
                            primary_factory=primary_factory, unsafe=core_unsafe, scope=scope)
         self.verification: verify.Verification | None = None
+        # ``ctl check-replicas``: the checks this member runs as primary, its reports as a
+        # backup (ha/check.py)
+        self.checks = ReplicaChecks(broker, me, scope, effects.soon, effects.send, clock)
         # the client connections this node serves, closed in the step that ends the role
         self.clients = ClientAdmission(self.term, later=effects.later, unsafe=admission_unsafe,
                                        role_term=self.role_term)
@@ -352,6 +358,8 @@ class HAMember:
             if self.verification is not None:
                 self.verification.receive(msg)
                 self._verification_due()
+        elif isinstance(msg, CheckReport):
+            self.checks.received(peer, msg)
         else:
             self.carry_out(self.election.receive(self.clock(), peer, msg))
             self._run_deferred()
@@ -368,6 +376,14 @@ class HAMember:
                 f"{target} is blocked by {len(session.tx_trackers)} TxTrackers (prepared "
                 "transactions whose outcome has not reached it)")
         self.carry_out(self.election.promote(self.clock(), target))
+
+    def check_replicas(self) -> ReplicaCheck:
+        """Check this group's replicas (``ha/check.py``): a ``ck`` in the log, this node's
+        report at it and the backups' as they come; ``CheckRefused`` unless serving."""
+        primary = self.primary
+        if primary is None or self.phase != "primary":
+            raise CheckRefused(f"{self.me} is not the serving primary of its group; ask it")
+        return self.checks.start(primary, self.election.members)
 
     # -- the election's actions ------------------------------------------------------------
 
@@ -419,8 +435,10 @@ class HAMember:
         self.effects.follow(primary, epoch)
         self.core.become_backup(epoch, primary,
                                 None if self.layer is None else self.layer.replica,
-                                {kind: layer.replica for layer in self.layers
-                                 for kind in layer.kinds})
+                                {R.CHECK: self.checks.replica(lambda: self.core.backup, primary,
+                                                              epoch),
+                                 **{kind: layer.replica for layer in self.layers
+                                    for kind in layer.kinds}})
 
     # -- verification ----------------------------------------------------------------------
 

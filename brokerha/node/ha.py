@@ -36,6 +36,7 @@ from brokerha.cluster.state import StateFile
 from brokerha.ha.core import Cancellable, PrimarySettings, load_position
 from brokerha.ha.member import TICK, HAMember
 from brokerha.httpapi.server import HTTPError, Request, Response
+from brokerha.node import check_replicas
 from brokerha.node.relay import RelayTarget
 from brokerha.partition.coordinator import TableCoordinator
 from brokerha.partition.mux import Grouped, HeartbeatAcks, Heartbeats
@@ -86,6 +87,7 @@ class Shell:
             partitions=cluster.partitions, replicas=cluster.partition_replicas)
         self._ticker: asyncio.Task[None] | None = None
         node.admin.route("POST", "/api/promote", self._promote_request, admin=True)
+        node.admin.route("POST", "/api/check-replicas", self._check_request, admin=True)
 
     def settings(self) -> PrimarySettings:
         cluster = self.cluster
@@ -179,6 +181,15 @@ class Shell:
         self.node._spawn(work, _log_failure)
 
     def _promote_request(self, request: Request) -> Response:
+        raise NotImplementedError
+
+    async def _check_request(self, request: Request) -> Response:
+        """``ctl check-replicas``: a group's replicas compared (node/check_replicas.py)."""
+        return await check_replicas.answer(request, self.group_member, self.me)
+
+    def group_member(self, group: int | None) -> HAMember | None:
+        """The member of replication group ``group`` (None: the node's one group, or its
+        metadata group) this node runs, or None."""
         raise NotImplementedError
 
     def _on_message(self, peer: str, msg_id: int, msg: Message) -> None:
@@ -321,6 +332,9 @@ class HANode(Shell):
             mismatched(self.me, peer, "sends partition groups' packets")
             return
         self.ha.on_message(peer, msg_id, msg)
+
+    def group_member(self, group: int | None) -> HAMember | None:
+        return self.ha if group in (None, 0) else None
 
     def _promote_request(self, request: Request) -> Response:
         target = str(request.json().get("node", ""))

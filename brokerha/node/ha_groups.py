@@ -203,6 +203,9 @@ class GroupsNode(Shell):
             return
         self.ha.on_message(peer, msg_id, msg)
 
+    def group_member(self, group: int | None) -> HAMember | None:
+        return self.ha.groups.get(METADATA_GROUP if group is None else group)
+
     def _promote_request(self, request: Request) -> Response:
         """``ctl promote NODE`` (the metadata group) or ``{"node", "group"}`` (one group)."""
         body = request.json()

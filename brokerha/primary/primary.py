@@ -615,6 +615,11 @@ class Primary(ConfigurationObserver, QueueObserver):
         if queue.exclusive_owner is None and (scope is None or scope.queues(queue)):
             self._acquired.setdefault(queue, {})[entry.position] = entry
 
+    def acquired_entries(self, queue: Queue) -> list[Entry]:
+        """``queue``'s entries delivered and not acknowledged: on its backups' copies they are
+        ready (a replica check, ``ha/check.py``, counts them as the backups do)."""
+        return list(self._acquired.get(queue, {}).values())
+
     def requeued(self, queue: Queue, entry: Entry) -> None:
         held = self._acquired.get(queue)
         if held:
