@@ -224,6 +224,12 @@ class ReadyList:
         self._count = 0
         return levels
 
+    def levels_copy(self) -> list[list[Entry]]:
+        """Each priority level's entries (highest first), each in position order: copies of
+        the references made at C speed (a replica check lists a deep queue at once,
+        ha/check.py; iterating the list costs three times as much)."""
+        return [list(level) for level in reversed(self._levels)]
+
     def __iter__(self) -> Iterator[Entry]:
         for level in reversed(self._levels):
             yield from level

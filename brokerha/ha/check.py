@@ -40,6 +40,7 @@ strings), header and body. What a replica differs in by content alone
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import struct
@@ -48,6 +49,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from brokerha.backup.backup import Backup
@@ -60,17 +62,17 @@ from brokerha.cluster import replication as R
 from brokerha.cluster.messages import Message
 from brokerha.cluster.replication import CheckReport
 from brokerha.primary.primary import Primary
-from brokerha.primary.replicating_subscription import queue_entries
 
 log = logging.getLogger("brokerha.ha")
 
 SLICE_ENTRIES = 4096  # entries digested in one slice (one loop turn) at most
-SLICE_BYTES = 4 << 20  # ... and bytes of content (a slice of 1 KiB messages: ~3 ms)
-READ_BATCH = 256  # entries per store read of paged-out bodies
+SLICE_BYTES = 4 << 20  # ... and bytes of content
+SLICE_SECONDS = 0.002  # ... and time: a slice ends after the chunk that passes it
+READ_BATCH = 256  # entries per chunk, and per store read of paged-out bodies
 KEEP = 16  # checks a primary remembers (the newest)
 SHOWN_RUNS = 8  # runs of missing or extra positions a difference lists at most
-_EVERYTHING = 1 << 62
 _HEAD = struct.Struct(">qII")  # position, header length, body length
+_position = attrgetter("position")
 
 BodyReader = Callable[[str, str, list[int]], dict[int, tuple[bytes, bytes]]]
 Schedule = Callable[[Callable[[], None]], None]
@@ -87,6 +89,19 @@ def entry_digest(crc: int, position: int, route: bytes, header: bytes, body: byt
     crc = zlib.crc32(route, crc)
     crc = zlib.crc32(header, crc)
     return zlib.crc32(body, crc)
+
+
+def listed(queue: Queue, acquired: Iterable[Entry]) -> Iterator[Entry]:
+    """The queue's entries now, ready and ``acquired`` (delivered, not acknowledged), in
+    position order: each priority level's references copied now at C speed (~20 ms for
+    2,000,000 entries), merged lazily as they are walked (each level is in position order)."""
+    levels = [level for level in queue.ready.levels_copy() if level]
+    held = sorted(acquired, key=_position)
+    if held:
+        levels.append(held)
+    if len(levels) == 1:
+        return iter(levels[0])
+    return heapq.merge(*levels, key=_position)
 
 
 @dataclass
@@ -140,18 +155,25 @@ class _QueueWalk:
         batch = list(itertools.islice(self.entries, limit))
         if len(batch) < limit:
             self.done = True
+        if not batch:
+            return 0, 0
         q = self.queue
         paged = [e.position for e in batch if e.paged == PAGED]
         bodies = read_bodies(q.vhost, q.name, paged) if paged else {}
         runs = self.runs
+        if runs:
+            first, last = runs.pop()
+        else:
+            first = last = batch[0].position
+        crc32, pack = zlib.crc32, _HEAD.pack
         crc = self.crc
         size = 0
         for e in batch:
             p = e.position
-            if runs and runs[-1][1] + 1 == p:
-                runs[-1][1] = p
-            else:
-                runs.append([p, p])
+            if p != last + 1 and p != first:
+                runs.append([first, last])
+                first = p
+            last = p
             m = e.message
             if e.paged == PAGED:
                 found = bodies.get(p)
@@ -162,7 +184,9 @@ class _QueueWalk:
             else:
                 header, body = m.header, m.body
             size += len(body) + len(header)
-            crc = entry_digest(crc, p, m.route, header, body)
+            crc = crc32(body, crc32(header, crc32(m.route, crc32(
+                pack(p, len(header), len(body)), crc))))  # entry_digest, inlined
+        runs.append([first, last])
         self.crc = crc
         self.count += len(batch)
         return len(batch), size
@@ -178,10 +202,11 @@ class ReportBuilder:
     queue and its entries held by consumers, which its backups hold as ready), their
     digests made by ``step`` in bounded slices."""
 
-    def __init__(self, queues: Iterable[tuple[Queue, Iterable[Entry]]],
+    def __init__(self, queues: Iterable[tuple[Queue, Iterable[Entry] | None]],
                  read_bodies: BodyReader) -> None:
         self.read_bodies = read_bodies
-        self._walks = deque([_QueueWalk(q, queue_entries(q, acquired, _EVERYTHING))
+        # acquired None: the queue's messages are not listed (not replicated: count 0)
+        self._walks = deque([_QueueWalk(q, iter(()) if acquired is None else listed(q, acquired))
                              for q, acquired in queues])
         self.reports: list[QueueReport] = []
         self.entries = 0
@@ -194,12 +219,15 @@ class ReportBuilder:
     def done(self) -> bool:
         return not self._walks
 
-    def step(self, max_entries: int = SLICE_ENTRIES, max_bytes: int = SLICE_BYTES) -> bool:
+    def step(self, max_entries: int = SLICE_ENTRIES, max_bytes: int = SLICE_BYTES,
+             max_seconds: float = SLICE_SECONDS) -> bool:
         """One slice; True once every queue is reported (``reports``)."""
-        began = time.perf_counter()
+        clock = time.perf_counter
+        began = clock()
+        until = began + max_seconds
         entries = size = 0
         walks = self._walks
-        while walks and entries < max_entries and size < max_bytes:
+        while walks and entries < max_entries and size < max_bytes and clock() < until:
             walk = walks[0]
             n, b = walk.chunk(self.read_bodies, min(READ_BATCH, max_entries - entries))
             entries += n
@@ -207,7 +235,7 @@ class ReportBuilder:
             if walk.done:
                 self.reports.append(walk.report())
                 walks.popleft()
-        spent = time.perf_counter() - began
+        spent = clock() - began
         self.entries += entries
         self.bytes += size
         self.slices += 1
@@ -226,11 +254,12 @@ class ReportBuilder:
                 "busy_seconds": round(self.busy, 4), "longest_slice": round(self.longest, 4)}
 
 
-def primary_queues(primary: Primary) -> tuple[list[tuple[Queue, list[Entry]]], dict[tuple[str, str], str]]:
-    """The queues a primary replicates, with their entries held by consumers (none for a
-    queue whose messages are not replicated: its backups hold an empty copy), and each
-    one's mode (``all`` or ``configuration``)."""
-    queues: list[tuple[Queue, list[Entry]]] = []
+def primary_queues(primary: Primary) -> tuple[list[tuple[Queue, list[Entry] | None]],
+                                               dict[tuple[str, str], str]]:
+    """The queues a primary replicates, with their entries held by consumers (None for a
+    queue whose messages are not replicated: not listed, its backups hold an empty
+    copy), and each one's mode (``all`` or ``configuration``)."""
+    queues: list[tuple[Queue, list[Entry] | None]] = []
     modes: dict[tuple[str, str], str] = {}
     for vhost in primary.broker.vhosts.values():
         for q in vhost.queues.values():
@@ -238,11 +267,12 @@ def primary_queues(primary: Primary) -> tuple[list[tuple[Queue, list[Entry]]], d
             if mode == "none" or q.exclusive_owner is not None:
                 continue
             modes[(q.vhost, q.name)] = mode
-            queues.append((q, primary.acquired_entries(q)) if mode == "all" else (q, []))
+            queues.append((q, primary.acquired_entries(q) if mode == "all" else None))
     return queues, modes
 
 
-def backup_queues(broker: Broker, scope: GroupScope | None) -> list[tuple[Queue, list[Entry]]]:
+def backup_queues(broker: Broker,
+                  scope: GroupScope | None) -> list[tuple[Queue, list[Entry] | None]]:
     """The queues a backup holds of its group (no consumers: everything is ready)."""
     return [(q, []) for vhost in broker.vhosts.values() for q in vhost.queues.values()
             if q.exclusive_owner is None and (scope is None or scope.queues(q))]

@@ -3,6 +3,7 @@ Backups in one process, one of them altered behind its back."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -108,7 +109,7 @@ def test_slices_are_bounded_and_add_up_to_the_whole() -> None:
     whole = ReportBuilder([(q, []), (small, [])], _no_store).run()
     builder = ReportBuilder([(q, []), (small, [])], _no_store)
     steps = 0
-    while not builder.step(max_entries=64, max_bytes=1 << 20):
+    while not builder.step(max_entries=64, max_bytes=1 << 20, max_seconds=math.inf):
         steps += 1
         assert builder.entries <= 64 * steps
     assert builder.reports == whole and builder.slices == 16
