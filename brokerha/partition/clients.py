@@ -37,7 +37,6 @@ queue's partition:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -47,8 +46,6 @@ from brokerha.broker.queue import Queue
 from brokerha.ha.admission import Admission, ClientLink
 from brokerha.ha.member import HAMember
 from brokerha.partition.member import PartitionedMember, group_of
-
-log = logging.getLogger("brokerha.partition")
 
 
 class GroupClients:
