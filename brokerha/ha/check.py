@@ -71,6 +71,7 @@ SLICE_SECONDS = 0.002  # ... and time: a slice ends after the chunk that passes 
 READ_BATCH = 256  # entries per chunk, and per store read of paged-out bodies
 KEEP = 16  # checks a primary remembers (the newest)
 SHOWN_RUNS = 8  # runs of missing or extra positions a difference lists at most
+CHANGING = "changing"  # a queue's mode while its ha-replicate change is not applied
 _HEAD = struct.Struct(">qII")  # position, header length, body length
 _position = attrgetter("position")
 
@@ -258,7 +259,8 @@ def primary_queues(primary: Primary) -> tuple[list[tuple[Queue, list[Entry] | No
                                                dict[tuple[str, str], str]]:
     """The queues a primary replicates, with their entries held by consumers (None for a
     queue whose messages are not replicated: not listed, its backups hold an empty
-    copy), and each one's mode (``all`` or ``configuration``)."""
+    copy), and each one's mode (``all``, ``configuration``, or ``CHANGING``: an
+    ``ha-replicate`` change not applied yet)."""
     queues: list[tuple[Queue, list[Entry] | None]] = []
     modes: dict[tuple[str, str], str] = {}
     for vhost in primary.broker.vhosts.values():
@@ -266,6 +268,8 @@ def primary_queues(primary: Primary) -> tuple[list[tuple[Queue, list[Entry] | No
             mode = primary.replicate_mode(q)
             if mode == "none" or q.exclusive_owner is not None:
                 continue
+            if primary.replicate_change(q) is not None:
+                mode = CHANGING  # its backups' copies are being replaced: not compared
             modes[(q.vhost, q.name)] = mode
             queues.append((q, primary.acquired_entries(q) if mode == "all" else None))
     return queues, modes
@@ -322,6 +326,8 @@ def compare(reference: QueueReport | None, mode: str | None,
     if copy.ha_id != reference.ha_id:
         return [{"what": "another incarnation", "ha_id": copy.ha_id,
                  "count": copy.count}], []
+    if mode == CHANGING:
+        return [], ["its ha-replicate change is not applied on every backup yet: not compared"]
     if mode != "all":  # its messages are not replicated: its copies hold none
         return [], []
     out: list[dict[str, Any]] = []
