@@ -17,6 +17,7 @@ import base64
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -146,7 +147,7 @@ def put_queue(cluster: LocalCluster, node: str, name: str) -> tuple[int, str]:
         return exc.code, str(json.loads(exc.read()).get("reason"))
 
 
-def drain(cluster: LocalCluster, node: str, queue: str) -> list[int]:
+def drain_bodies(cluster: LocalCluster, node: str, queue: str) -> list[bytes]:
     conn = pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
     try:
         ch = conn.channel()
@@ -155,9 +156,13 @@ def drain(cluster: LocalCluster, node: str, queue: str) -> list[int]:
             method, _props, body = ch.basic_get(queue, auto_ack=True)
             if method is None:
                 return got
-            got.append(int(body))
+            got.append(body)
     finally:
         conn.close()
+
+
+def drain(cluster: LocalCluster, node: str, queue: str) -> list[int]:
+    return [int(body) for body in drain_bodies(cluster, node, queue)]
 
 
 def name_in(partition: int, prefix: str) -> str:
@@ -275,3 +280,62 @@ def test_each_partition_elects_on_its_own_and_a_leader_s_sigkill_moves_only_its_
             assert not lost, f"partition {p}: confirmed messages lost: {sorted(lost)[:10]}"
             assert len(got) == PUBLISHED - CONSUMED and set(got) <= confirmed[p]
         print(f"failover of group {victim_led} seen in {gap:.2f}s (poll included)")
+
+
+def test_a_paused_partition_leader_confirms_nothing_more_and_closes_its_clients() -> None:
+    """SIGSTOP of a partition's leader (not the metadata primary): its group elects among
+    the others, no other group does; a publish its client sent meanwhile is never
+    confirmed once it runs again (its lease lapsed: the channel or the connection is
+    closed, 404 or 320), and every message it confirmed before is on the new leader."""
+    queues = queue_names(3)
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        names = cluster.names
+        leaders = until("one serving primary per group", lambda: one_leader_each(cluster, names))
+        until("every node ready in every group", lambda: ready_everywhere(cluster, names))
+        metadata = leaders["0"]
+        mine = next(p for p in range(3) if leaders[str(p + 1)] != metadata)
+        paused = leaders[str(mine + 1)]
+        group = str(mine + 1)
+        before = ctl_status(cluster, metadata)["groups"]
+
+        conn = pika.BlockingConnection(pika.URLParameters(cluster.url(paused)))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(queues[mine], durable=True)
+        for i in range(20):
+            ch.basic_publish("", queues[mine], b"%d" % i, pika.BasicProperties(delivery_mode=2))
+        cluster.pause(paused)
+        try:
+            others = [n for n in names if n != paused]
+            until("the paused leader's group elects among the others",
+                  lambda: (one_leader_each(cluster, others) or {}).get(group) in others)
+            outcome: list[BaseException | None] = []
+
+            def late_publish() -> None:
+                try:
+                    ch.basic_publish("", queues[mine], b"late",
+                                     pika.BasicProperties(delivery_mode=2))
+                    outcome.append(None)
+                except (pika.exceptions.AMQPError, OSError) as exc:
+                    outcome.append(exc)
+
+            sender = threading.Thread(target=late_publish)
+            sender.start()
+            time.sleep(0.3)  # the publish is on the socket, the leader still stopped
+        finally:
+            cluster.resume(paused)
+        sender.join(15)
+        assert outcome and outcome[0] is not None, "a deposed leader confirmed a publish"
+        assert isinstance(outcome[0], pika.exceptions.ChannelClosedByBroker
+                          | pika.exceptions.ConnectionClosedByBroker
+                          | pika.exceptions.StreamLostError), repr(outcome[0])
+        after = ctl_status(cluster, metadata)["groups"]
+        for g in GROUPS:
+            if g == group:
+                assert after[g]["epoch"] > before[g]["epoch"] and after[g]["leader"] != paused
+            else:
+                assert (after[g]["epoch"], after[g]["leader"]) == \
+                    (before[g]["epoch"], before[g]["leader"]), (g, after[g])
+        got = drain_bodies(cluster, after[group]["leader"], queues[mine])
+        assert {b"%d" % i for i in range(20)} <= set(got), got
+        print(f"the paused leader's late publish: {outcome[0]!r}")
