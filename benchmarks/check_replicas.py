@@ -34,8 +34,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--queue-max-memory", metavar="SIZE",
+                        help="[limits] queue_max_memory (e.g. 16MiB): bodies past it are paged "
+                             "out to the store, and the check reads them back")
     args = parser.parse_args()
-    with LocalCluster(3) as cluster:
+    cluster = LocalCluster(3)
+    if args.queue_max_memory:
+        with cluster.config.open("a") as config:
+            config.write(f'\n[limits]\nqueue_max_memory = "{args.queue_max_memory}"\n')
+    with cluster:
         primary = wait_all_ready(cluster)
         began = time.monotonic()
         published = fill(cluster.urls, QUEUE, args.messages, args.size, connections=2)
