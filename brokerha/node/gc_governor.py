@@ -53,8 +53,10 @@ status reports that count and when it was taken.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +69,38 @@ THAW_INTERVAL = 60.0
 THAW_MAX_OBJECTS = 200_000
 STALL_WARNING = 0.1
 OBJECTS_PER_MESSAGE = 3  # tracked objects a held message keeps (its Entry, Message, ...)
+
+
+# glibc's malloc in a node's process (``tune_malloc``): mallopt's parameters and values
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+MALLOC_SETTINGS = ((M_MMAP_THRESHOLD, 8 << 20), (M_TRIM_THRESHOLD, 64 << 20),
+                   (M_TOP_PAD, 16 << 20))
+
+
+def tune_malloc() -> bool:
+    """Keep the C heap's freed memory for the next buffers (a node's own process only).
+
+    A catch-up makes and frees buffers of 0.25-1 MiB many times a second (a run's
+    packed contents, a packet, a socket read). With glibc's defaults those above
+    its mmap threshold were mapped and unmapped each time, and freed memory at the
+    top of the heap was given back as soon as it passed the trim threshold, so
+    the next buffer faulted its pages in again: page faults and the kernel's
+    zeroing of pages were an eighth of the primary's loop in a catch-up (issue
+    33). Here buffers up to 8 MiB come from the heap and up to 64 MiB of free
+    memory stay at its top (RSS that may stay after a burst). A no-op where
+    there is no glibc ``mallopt``, or when the operator set glibc's own
+    variables (``MALLOC_*_``, ``GLIBC_TUNABLES``). True if applied.
+    """
+    if "GLIBC_TUNABLES" in os.environ or any(
+            k.startswith("MALLOC_") and k.endswith("_") for k in os.environ):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return all([mallopt(param, value) == 1 for param, value in MALLOC_SETTINGS])
 
 
 _installed: GCGovernor | None = None  # the process's (``install``): bulk_made's

@@ -25,7 +25,7 @@ from brokerha.httpapi.server import AdminServer, Request, Response
 from brokerha.node.cluster_config import ClusterConfig
 from brokerha.node.config import NodeConfig
 from brokerha.node.disk import DiskMonitor
-from brokerha.node.gc_governor import GCGovernor
+from brokerha.node.gc_governor import GCGovernor, tune_malloc
 from brokerha.node.loop_monitor import LoopMonitor
 from brokerha.node.relay import Refuse, RelayProtocol, RelayTarget
 from brokerha.node.tls import NodeTLS
@@ -135,6 +135,7 @@ def tune_gc(governor: GCGovernor | None = None) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+    tune_malloc()  # and the C heap's (node/gc_governor.py)
     if governor is not None:
         governor.count_frozen()  # what the start froze (the modules, the recovered state)
         governor.install()

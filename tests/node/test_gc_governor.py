@@ -180,3 +180,21 @@ def test_a_catch_up_packet_leaves_no_cyclic_garbage_on_the_backup() -> None:
             gc.enable()
     assert packets >= 3 and len(node.broker.vhosts["/"].queues["q"].ready) == 3_000
     assert found == 0
+
+
+def test_the_c_heap_is_tuned_unless_the_operator_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """glibc's malloc keeps catch-up buffers' memory (issue 33); an operator's own MALLOC_*_
+    or GLIBC_TUNABLES win (the call changes nothing then)."""
+    import ctypes.util
+    import platform
+
+    for name in [k for k in __import__("os").environ if k.startswith("MALLOC_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    glibc = platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c") is not None
+    assert gc_governor.tune_malloc() is glibc
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.check=0")
+    assert gc_governor.tune_malloc() is False
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert gc_governor.tune_malloc() is False
