@@ -39,6 +39,8 @@ def targets(status: dict[str, Any], partition: int | None) -> list[tuple[int | N
             raise CtlError("--partition: the nodes run one replication group (no [cluster] "
                            "partition_groups); check it without --partition")
         primary = status.get("primary")
+        if primary is None and any(n.get("role") == "standalone" for n in nodes.values()):
+            raise CtlError("a standalone node: it has no replicas to check")
         return [(None, "the cluster's group", nodes.get(primary) if primary else None)]
     if partition is not None:
         group = groups.get(str(partition + 1))

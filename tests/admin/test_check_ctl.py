@@ -104,3 +104,6 @@ def test_partition_asked_of_one_group_or_out_of_range_is_refused() -> None:
         check_ctl.targets(single(), 0)
     with pytest.raises(CtlError, match="no group of partition 5"):
         check_ctl.targets(grouped({"0": "n1", "1": "n2"}), 5)
+    standalone = {"nodes": [{"name": "n1", "role": "standalone"}], "primary": None}
+    with pytest.raises(CtlError, match="standalone"):
+        check_ctl.targets(standalone, None)
