@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))      # ha_heavy_work, d
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.*
 
 from deep_queue_ops import lag_between  # noqa: E402
-from ha_heavy_work import Probe, fill, scrape_lag  # noqa: E402
+from ha_heavy_work import Probe, fill, scrape_lag, stall_lines  # noqa: E402
 
 from brokerha.httpapi.client import request  # noqa: E402
 from brokerha.testing import LocalCluster  # noqa: E402
@@ -51,16 +51,19 @@ def main() -> int:
         primary = wait_all_ready(cluster, 120)
         time.sleep(1.0)
         with Probe(cluster.urls, ()) as probe:
-            quiet = time.monotonic()
-            time.sleep(2.0)  # the probe alone: its gaps without a check, to compare
+            quiet, quiet_wall = time.monotonic(), time.time()
+            calm = {n: scrape_lag(cluster, n) for n in cluster.names}
+            time.sleep(2.0)  # the probe alone: its gaps and the loops' lag without a check
             base = [t for t in probe.pub.confirmed_at if t >= quiet]
             before = {n: scrape_lag(cluster, n) for n in cluster.names}
+            calm_stalls = stall_lines(cluster, quiet_wall, time.time())
             confirmed = len(probe.pub.confirmed)
-            began = time.monotonic()
+            began, wall = time.monotonic(), time.time()
             answer = request(cluster.admin_url(primary), "/api/check-replicas",
                              body={"timeout": 300}, user="guest", password="guest",
                              timeout=320)
             took = time.monotonic() - began
+            stalls = stall_lines(cluster, wall - 0.1, time.time() + 0.1)
             after = {n: scrape_lag(cluster, n) for n in cluster.names}
             stamps = [t for t in probe.pub.confirmed_at if t >= began]
         gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
@@ -70,10 +73,16 @@ def main() -> int:
         for name, r in sorted(answer["replicas"].items()):
             print(f"  {name}: {r['role']}, reported in {r['seconds']} s")
         for name in cluster.names:
-            b, a = before[name], after[name]
+            b, a, c = before[name], after[name], calm[name]
             p99, top = lag_between(b, a) if b is not None and a is not None else ("-", "-")
+            p99_calm, top_calm = lag_between(c, b) if c is not None and b is not None \
+                else ("-", "-")
             print(f"  {name}{' (primary)' if name == primary else ''}: loop lag p99 {p99} s, "
-                  f"max {top} s over the check")
+                  f"max {top} s over the check (2 s before it: p99 {p99_calm}, max {top_calm})")
+        for line in calm_stalls:
+            print(f"  before the check: {line}")
+        for line in stalls:  # stalls, elections and GC pauses the nodes logged meanwhile
+            print(f"  {line}")
         base_gaps = [b - a for a, b in zip(base, base[1:], strict=False)]
         print(f"probe: {len(probe.pub.confirmed) - confirmed} confirms during the check, "
               f"longest gap {max(gaps, default=0.0) * 1000:.0f} ms (alone for 2 s before: "

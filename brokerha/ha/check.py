@@ -70,6 +70,7 @@ SLICE_BYTES = 4 << 20  # ... and bytes of content
 SLICE_SECONDS = 0.002  # ... and time: a slice ends after the chunk that passes it
 READ_BATCH = 256  # entries per chunk, and per store read of paged-out bodies
 KEEP = 16  # checks a primary remembers (the newest)
+PACE = 3.0  # a slice of t seconds is followed by t x PACE of rest (ReplicaChecks)
 SHOWN_RUNS = 8  # runs of missing or extra positions a difference lists at most
 CHANGING = "changing"  # a queue's mode while its ha-replicate change is not applied
 _HEAD = struct.Struct(">qII")  # position, header length, body length
@@ -78,6 +79,7 @@ _position = attrgetter("position")
 BodyReader = Callable[[str, str, list[int]], dict[int, tuple[bytes, bytes]]]
 Schedule = Callable[[Callable[[], None]], None]
 Send = Callable[[str, Message], None]
+Later = Callable[[float, Callable[[], None]], object]
 
 
 class CheckRefused(Exception):
@@ -475,8 +477,13 @@ class ReplicaChecks:
     node)."""
 
     def __init__(self, broker: Broker, me: str, scope: GroupScope | None, schedule: Schedule,
-                 send: Send, clock: Callable[[], float]) -> None:
+                 send: Send, clock: Callable[[], float],
+                 later: Later | None = None, pace: float = PACE) -> None:
         self.broker = broker
+        # after a slice of t seconds the next waits t x pace (``later``; without it, the
+        # next loop turn): the node's process is busy with a check at most 1 / (1 + pace)
+        self.later = later
+        self.pace = pace
         self.me = me
         self.scope = scope
         self.schedule = schedule
@@ -492,8 +499,11 @@ class ReplicaChecks:
 
     def _pump(self, builder: ReportBuilder, done: Callable[[], None]) -> None:
         def step() -> None:
+            before = builder.busy
             if builder.step():
                 done()
+            elif self.later is not None and self.pace > 0:
+                self.later((builder.busy - before) * self.pace, step)
             else:
                 self.schedule(step)
 

@@ -157,7 +157,8 @@ class HAMember:
         self.verification: verify.Verification | None = None
         # ``ctl check-replicas``: the checks this member runs as primary, its reports as a
         # backup (ha/check.py)
-        self.checks = ReplicaChecks(broker, me, scope, effects.soon, effects.send, clock)
+        self.checks = ReplicaChecks(broker, me, scope, effects.soon, effects.send, clock,
+                                    effects.later)
         # the client connections this node serves, closed in the step that ends the role
         self.clients = ClientAdmission(self.term, later=effects.later, unsafe=admission_unsafe,
                                        role_term=self.role_term)

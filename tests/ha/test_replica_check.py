@@ -347,3 +347,34 @@ def test_entries_are_entry_objects_of_the_queue() -> None:
     k = Checked()
     _workload(k)
     assert all(isinstance(e, Entry) for e in k.queue("n2").ready)
+
+
+def test_a_check_rests_between_slices_in_proportion_to_their_work() -> None:
+    """With ``later`` (a node's), a slice of t seconds is followed by t x pace of rest: the
+    node's process is busy with a check a quarter of the time (PACE 3), so its loop and
+    the others' on a shared machine keep their pace (benchmarks/check_replicas.py)."""
+    broker = _broker()
+    q = _queue(broker)
+    for i in range(20_000):  # more than a slice of 2 ms digests, on any machine
+        q.enqueue(message(b"m%d" % i))
+    soon: list[Callable[[], None]] = []
+    rests: list[float] = []
+    later_calls: list[Callable[[], None]] = []
+
+    def later(delay: float, callback: Callable[[], None]) -> None:
+        rests.append(delay)
+        later_calls.append(callback)
+
+    checks = ReplicaChecks(broker, "n1", None, soon.append, lambda p, m: None, lambda: 0.0,
+                           later, pace=3.0)
+    builder = ReportBuilder([(q, [])], _no_store)
+    done: list[bool] = []
+    checks._pump(builder, lambda: done.append(True))
+    soon.pop()()  # the first slice, the next loop turn
+    while not done:
+        assert not soon and len(later_calls) == 1
+        later_calls.pop()()
+    assert builder.slices == len(rests) + 1 >= 2
+    # every slice but the last is followed by three times its time
+    assert 3.0 * (builder.busy - builder.longest) <= sum(rests) * (1 + 1e-9)
+    assert sum(rests) <= 3.0 * builder.busy * (1 + 1e-9)
