@@ -26,6 +26,7 @@ import pytest
 
 from brokerha.store.factory import DEFAULT_FILE, open_store
 from brokerha.testing import LocalCluster
+from tests.failover.clients import AioPikaConsumer, ConfirmedPublisher
 from tests.failover.test_failover import FAST, wait_all_ready
 from tests.failover.test_partition_groups import (
     OPTIONS,
@@ -142,6 +143,38 @@ def test_check_replicas_agree_after_a_confirmed_workload_and_name_a_corrupted_ba
         assert all(v["agree"] for v in audit["replicas"].values())  # its catch-up sent it again
         code, text = check_text(cluster, primary)
         assert code == 1 and f"{victim} DIFFERS: digest differs" in text, text
+
+
+def test_replicas_checked_under_a_live_workload_agree() -> None:
+    """A publisher with confirms and a consumer acking run during every check: each member's
+    report is of its queues at the check's seq, whatever it applies while its slices run,
+    so the copies agree while the queue moves (deliveries held unacknowledged included)."""
+    with LocalCluster(3, options=FAST) as cluster:
+        primary = wait_all_ready(cluster)
+
+        def declare(ch: object) -> None:
+            ch.queue_declare("live", durable=True)  # type: ignore[attr-defined]
+
+        pub = ConfirmedPublisher(cluster.urls, "live", declare=declare, limit=10**9,
+                                 pause=0.001)
+        pub.start()
+        until("the publisher confirmed some", lambda: len(pub.confirmed) > 200)
+        consumer = AioPikaConsumer(cluster.urls, "live")
+        consumer.start()
+        until("the consumer took some", lambda: len(consumer.consumed) > 50)
+        try:
+            for _ in range(3):
+                code, answer = check_replicas(cluster, primary)
+                group, = answer["groups"]
+                assert code == 0 and group["agree"] and group["complete"], answer
+                assert sorted(group["replicas"]) == sorted(cluster.names)
+        finally:
+            pub.stop_event.set()
+            consumer.stop_event.set()
+            pub.join(10)
+            consumer.join(10)
+        assert pub.error is None and consumer.error is None
+        assert pub.reconnects == 0 and consumer.reconnects == 0
 
 
 def test_check_replicas_of_partition_groups() -> None:
