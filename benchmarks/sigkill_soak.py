@@ -321,6 +321,10 @@ class SoakResult:
     on_no_node: int = 0
     load: tuple[float, float] = (0.0, 0.0)
     data_dir: str = ""
+    # ``ctl check-replicas`` once settled (ha/check.py): copies that differ from the final
+    # primary's (a violation), and whether every copy was compared
+    replicas_differ: int = 0
+    replicas_checked: str = "not run"
 
     @property
     def partial(self) -> int:
@@ -328,7 +332,7 @@ class SoakResult:
 
     @property
     def violations(self) -> int:
-        return (self.missing_on_final + self.partial
+        return (self.missing_on_final + self.partial + self.replicas_differ
                 + sum(n.duplicates + n.never_committed for n in self.nodes))
 
     @property
@@ -548,6 +552,9 @@ def run_soak(cfg: SoakConfig, out: Any = sys.stdout) -> SoakResult:
         else:
             cluster.note(f"did not settle within {cfg.settle_timeout:g} s")
         time.sleep(0.5)  # the last acknowledgements
+        if final is not None:
+            check_replicas(cluster, final, result)
+            say(f"{wall()} replicas checked: {result.replicas_checked}")
         result.settle_epochs = (epoch0, watch.highest)
         watch.stop_event.set()
         watch.join(5)
@@ -624,12 +631,34 @@ def report(r: SoakResult) -> str:
         f"committed {unit} missing from the final primary: {r.missing_on_final}",
         f"committed {unit} on no node: {r.on_no_node}",
         f"partial on any node: {r.partial}",
+        f"replicas checked once settled (ctl check-replicas): {r.replicas_checked}",
         "RESULT: " + ("FAIL (see above)" if r.violations else
                       "ok" + (" but SHORT of the asked kills or queue" if r.short else "")),
     ]
     if r.data_dir:
         lines.append(f"data and node logs kept in {r.data_dir}")
     return "\n".join(lines)
+
+
+def check_replicas(cluster: SoakCluster, primary: str, result: SoakResult) -> None:
+    """Every backup's copy against the settled primary's (``ctl check-replicas``'s request)."""
+    from brokerha.httpapi.client import CtlError, request
+
+    try:
+        answer = request(cluster.admin_url(primary), "/api/check-replicas",
+                         body={"timeout": 120}, user="guest", password="guest", timeout=130)
+    except CtlError as exc:
+        result.replicas_checked = f"failed: {exc}"
+        return
+    result.replicas_differ = int(answer["differences"])
+    differing = [f"{q['name']} on {node}: " + ", ".join(d["what"] for d in v["differences"])
+                 for q in answer["queues"] for node, v in q["replicas"].items()
+                 if v["differences"]]
+    result.replicas_checked = (
+        f"{'agree' if answer['agree'] else 'DIFFER: ' + '; '.join(differing)}, "
+        f"{'complete' if answer['complete'] else 'NOT complete'}, "
+        f"{sum(q['count'] or 0 for q in answer['queues']):,} messages in "
+        f"{answer['seconds']:.2f} s")
 
 
 class Terminated(Exception):
