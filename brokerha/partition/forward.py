@@ -295,14 +295,14 @@ class ForwardReceiver:
         if forward.first_fseq > mark.upto + 1:
             self.stats.gaps += 1  # an earlier forward was lost: the sender's retry resends it
             return []
-        fresh = [(forward.first_fseq + i, ForwardMessage.from_wire(raw))
-                 for i, raw in enumerate(forward.messages)]
+        skip = 0  # the messages at or below the mark: applied already
         if not self.unsafe.no_dedupe:
-            kept = [(f, m) for f, m in fresh if f > mark.upto]
-            self.stats.deduped += len(fresh) - len(kept)
+            skip = min(len(forward.messages), mark.upto + 1 - forward.first_fseq)
             recovered = self.recovered.get(forward.origin, 0)
-            self.stats.deduped_recovered += sum(1 for f, _ in fresh if f <= recovered)
-            fresh = kept
+            self.stats.deduped += skip
+            self.stats.deduped_recovered += max(0, min(skip, recovered + 1 - forward.first_fseq))
+        fresh = [(forward.first_fseq + i, ForwardMessage.from_wire(forward.messages[i]))
+                 for i in range(skip, len(forward.messages))]
         if fresh:
             upto = max(mark.upto, fresh[-1][0])
             refused = self.log.apply(forward.origin, upto, fresh)
