@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from brokerha.broker.errors import NotFound
+from brokerha.broker.message import Message
 from brokerha.broker.queue import Queue
 
 METADATA_GROUP = 0
@@ -92,6 +93,13 @@ class GroupGuard(Protocol):
     def check_queue(self, client: object, vhost: str, name: str,
                     arguments: Mapping[str, Any] | None, exclusive: bool) -> None:
         """Raise ``NotLeader`` unless this node serves the group holding the queue now."""
+
+    def publish(self, client: object, vhost: str, queues: Sequence[Queue], message: Message,
+                settle: Callable[[bool], None] | None) -> None:
+        """A publish routed to ``queues``: enqueue it on those of groups this node serves,
+        forward it to the leaders of the others' (stage 3), or raise ``NotLeader`` before
+        anything is enqueued; ``settle(ack)`` once every target answered (None: no
+        confirm asked)."""
 
     def serves_queue(self, vhost: str, name: str, arguments: Mapping[str, Any] | None,
                      exclusive: bool) -> bool:

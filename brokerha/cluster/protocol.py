@@ -44,8 +44,10 @@ from brokerha.cluster.messages import REGISTRY, Error, ErrorCode, Message, packe
 # (partition/mux.py: ``Grouped``, ``Heartbeats``, ``HeartbeatAcks``, codes 20-22), which
 # a node of version 2 does not know (an unknown packet code: the link fails at the first);
 # 4: the ``ck`` event (a replica check, ha/check.py) and its ``CheckReport`` (code 34),
-# which a backup of version 3 cannot apply (an unknown event: it would join again and again)
-VERSION = 4
+# which a backup of version 3 cannot apply (an unknown event: it would join again and again);
+# 5: a partitioned node forwards its clients' publishes (partition/forwarding.py: ``Forward``,
+# ``Forwarded``, ``ForwardError``, ``LeaderNotice``, codes 23-26), unknown to version 4
+VERSION = 5
 MAGIC = b"BRKRHA" + VERSION.to_bytes(2, "big")
 MAX_PACKET = 64 * 1024 * 1024
 NONCE_SIZE = 16

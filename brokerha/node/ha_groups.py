@@ -23,8 +23,13 @@ decision is the member's; this module only carries its inputs and outputs
 - which connections are served and which queues a client may use here are
   ``partition/clients.py``'s ``GroupClients`` (the node's ``admission`` and
   the broker's ``groups``): a queue only on its partition's leader (404
-  elsewhere), the configuration on the metadata primary, a confirm through
-  the gate and barriers of the queues' groups.
+  elsewhere) but for publishes, the configuration on the metadata primary, a
+  confirm through the gate and barriers of the queues' groups;
+- a publish to a queue of a partition this node does not serve is forwarded
+  to its leader (stage 3, ``partition/forwarding.py``'s ``NodeForwarding``:
+  the node's ``ForwardSender``, a ``ForwardReceiver`` per group it serves,
+  ``LeaderNotice`` at serving, on each link up and every second; packets
+  23-26 dispatched here before the mux).
 
 The status adds ``groups`` (per group: role, epoch, leader, phase, members),
 read from the members when asked.
@@ -33,6 +38,7 @@ read from the members when asked.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from brokerha.broker.placement import METADATA_GROUP
@@ -44,6 +50,7 @@ from brokerha.node.config import ConfigError
 from brokerha.node.ha import GROUPED, Shell, mismatched
 from brokerha.node.relay import RelayTarget
 from brokerha.partition.clients import GroupClients
+from brokerha.partition.forwarding import PACKETS, NodeForwarding
 from brokerha.partition.member import PartitionedMember
 from brokerha.partition.state import GroupStateFile
 
@@ -108,6 +115,12 @@ class GroupsNode(Shell):
         self.clients = GroupClients(self.ha, lambda name: cluster.member(name).amqp_url)
         node.admission = self.clients  # which connections are served: the groups' answers
         self.broker.groups = self.clients  # which queues: their group's leader only
+        # publishes to the partitions this node does not serve, forwarded to their leaders
+        # (stage 3): one origin per start of the node, so a restart's fseqs start afresh
+        self.forwarding = NodeForwarding(
+            self.ha, f"{self.me}.{uuid.uuid4().hex[:12]}", [m.name for m in cluster.members],
+            send=self.send, soon=self.soon, clock=self._now)
+        self.clients.forwarding = self.forwarding
 
     # -- what the admin endpoints read (admin/node_view.py, HAView): the metadata group -----
 
@@ -162,6 +175,7 @@ class GroupsNode(Shell):
         if member.clients.open(epoch):
             log.warning("node %s leads partition %d (group %d, epoch %d): serving its queues",
                         self.me, group - 1, group, epoch)
+        self.forwarding.serving(group, epoch)  # its forwards taken here from now on
 
     def demoted(self, group: int, reason: str) -> None:
         """The member closes the group's connections in this same step; a connection that
@@ -169,6 +183,7 @@ class GroupsNode(Shell):
         self._record_failover("stepped down", node=self.me, reason=reason, group=group)
         if group == METADATA_GROUP:
             self.node.stopped_serving()
+        self.forwarding.demoted(group)
         self.soon(self.clients.lost_groups)
 
     def follow(self, group: int, primary: str, epoch: int) -> None:
@@ -188,16 +203,21 @@ class GroupsNode(Shell):
 
     def _tick(self) -> None:
         self.ha.tick()
+        self.forwarding.tick()
 
     def _on_peer_up(self, peer: str) -> None:
         self.ha.peer_up(peer)
+        self.forwarding.peer_up(peer)  # the groups this node serves: a LeaderNotice each
 
     def _on_peer_down(self, peer: str) -> None:
         self.ha.peer_down(peer)
 
     def _on_message(self, peer: str, msg_id: int, msg: Message) -> None:
-        # every packet of a partitioned node is a mux packet (stage 3's forwards, which name
-        # their group themselves, will be dispatched before this check once wired)
+        # every packet of a partitioned node is a mux packet but stage 3's forwards (codes
+        # 23-26), which name their group themselves
+        if isinstance(msg, PACKETS):
+            self.forwarding.on_packet(peer, msg)
+            return
         if not isinstance(msg, GROUPED):
             mismatched(self.me, peer, "does not run partition groups")
             return
@@ -244,3 +264,4 @@ class GroupsNode(Shell):
         me["groups"] = {str(g): group_status(m, self.ha.members[g])
                         for g, m in sorted(self.ha.groups.items())}
         me["serving_groups"] = self.clients.serving_groups()
+        me["forwarding"] = self.forwarding.status()

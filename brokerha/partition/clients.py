@@ -13,12 +13,16 @@ queue's partition:
   is handed over (``admit``): the metadata group's primary, or the leader of
   any partition. Otherwise it is relayed to the metadata primary
   (``node/relay.py``, as today), or refused while none is known.
-- **A queue** (declare, bind, publish, consume, get, purge, delete) is served
+- **A queue** (declare, bind, consume, get, purge, delete) is served
   only while this node serves the queue's group (``check_queue``): otherwise
   the channel is closed with 404, RabbitMQ's answer for a queue whose home
   node is down or inaccessible, naming the partition and its leader as this
   node knows it. Never on a copy: a declare is checked before the queue
-  exists, a publish before anything is enqueued into any routed queue.
+  exists.
+- **A publish** (``publish``, stage 3) is routed here; a routed queue of a
+  group this node serves is enqueued here, any other is forwarded to its
+  group's leader by ``x-ha-id`` (``partition/forwarding.py``); the confirm
+  waits for both. Every group is checked before anything is enqueued.
 - **The configuration** (a new exchange, a deleted one, exchange-to-exchange
   bindings) is the metadata group's: only its serving primary changes it
   (``check_configuration``).
@@ -41,10 +45,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from brokerha.broker.errors import NotImplementedByBroker
+from brokerha.broker.message import Message
 from brokerha.broker.placement import METADATA_GROUP, NotLeader
 from brokerha.broker.queue import Queue
+from brokerha.cluster.replication import HA_ID
 from brokerha.ha.admission import Admission, ClientLink
 from brokerha.ha.member import HAMember
+from brokerha.partition.forward import ForwardMessage
+from brokerha.partition.forwarding import NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
 
 
@@ -60,6 +68,9 @@ class GroupClients:
         self.connections: dict[ClientLink, int] = {}  # served connection -> 0 (node-level)
         self._by_id: dict[int, ClientLink] = {}  # id(link): the AMQP connection's conn_id
         self.refused = 0
+        # the node's forwarding of publishes to the groups it does not serve (stage 3; the
+        # shell sets it): None, a publish to such a group's queue is refused (404)
+        self.forwarding: NodeForwarding | None = None
 
     # -- the node's admission (node/server.py, node/transport.py) -------------------------
 
@@ -136,6 +147,60 @@ class GroupClients:
         self._join(client, group, lambda: f"queue '{name}' in vhost '{vhost}' is in "
                                           f"partition {group - 1}")
 
+    def publish(self, client: object, vhost: str, queues: Sequence[Queue], message: Message,
+                settle: Callable[[bool], None] | None) -> None:
+        """A publish routed here to ``queues``: those of groups this node serves are
+        enqueued here (the connection becomes their groups' client), the others' are
+        forwarded by ``x-ha-id`` to their groups' leaders (``NodeForwarding``); every group
+        is checked before anything is enqueued. ``settle(ack)`` once the local part passed
+        its groups' gates and every forward was answered (a nack if a queue refused it)."""
+        forwarding = self.forwarding
+        local: list[Queue] = []
+        remote: dict[int, list[str]] = {}
+        for queue in queues:
+            group = self.group_of_queue(vhost, queue.name, queue.arguments,
+                                        queue.exclusive_owner is not None)
+            if group is None:
+                local.append(queue)
+                continue
+            member = self.member.groups.get(group)
+            if forwarding is None or (member is not None and member.clients.term() is not None
+                                      and not forwarding.under_way(group)):
+                self.check_queue(client, vhost, queue.name, queue.arguments, False)
+                local.append(queue)
+                continue
+            ha_id = queue.arguments.get(HA_ID)
+            if ha_id is None:  # not a replicated copy: nothing names it to its leader
+                raise NotLeader(f"queue '{queue.name}' in vhost '{vhost}' is in partition "
+                                f"{group - 1}, {self._leader_text(group)}; its copy here has "
+                                "no x-ha-id to forward to")
+            remote.setdefault(group, []).append(str(ha_id))
+        accepted = True
+        for queue in local:
+            accepted = queue.enqueue(message) and accepted
+        if not remote:
+            if settle is None:
+                return
+            if not accepted:
+                settle(False)
+            else:
+                self.after_durable(local, lambda: settle(True))
+            return
+        assert forwarding is not None
+        targets = {g: ForwardMessage(vhost, tuple(ids), message.exchange, message.routing_key,
+                                     message.header, message.body)
+                   for g, ids in remote.items()}
+        if settle is None or not local:
+            forwarding.publish(targets, settle)
+            return
+        both = _Both(settle)
+        if accepted:
+            self.after_durable(local, both.local_done)
+        else:
+            both.refused = True
+            both.local_done()
+        forwarding.publish(targets, both.remote_done)
+
     def serves_queue(self, vhost: str, name: str, arguments: Mapping[str, Any] | None,
                      exclusive: bool) -> bool:
         try:
@@ -164,8 +229,9 @@ class GroupClients:
             if link is not None:
                 member.clients.connections[link] = term
             return
-        raise NotLeader(f"{what()}, {self._leader_text(group)}; stage 2 of partitioning "
-                        "serves a queue on its partition's leader only")
+        raise NotLeader(f"{what()}, {self._leader_text(group)}; a queue is declared, bound "
+                        "and consumed from on its partition's leader only (publishes to it "
+                        "are forwarded there from any node)")
 
     def _leader_text(self, group: int) -> str:
         me = self.member.me
@@ -209,3 +275,27 @@ class GroupClients:
             broker.after_durable_in(member.durability_gate, then, member.barriers())
 
         return ask
+
+
+class _Both:
+    """A publish's confirm that waits for its local part and its forwards: a nack if
+    either refused it."""
+
+    __slots__ = ("settle", "waiting", "refused")
+
+    def __init__(self, settle: Callable[[bool], None]) -> None:
+        self.settle = settle
+        self.waiting = 2
+        self.refused = False
+
+    def local_done(self) -> None:
+        self._one(True)
+
+    def remote_done(self, ack: bool) -> None:
+        self._one(ack)
+
+    def _one(self, ack: bool) -> None:
+        self.refused = self.refused or not ack
+        self.waiting -= 1
+        if self.waiting == 0:
+            self.settle(not self.refused)

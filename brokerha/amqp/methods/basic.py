@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -26,6 +27,7 @@ from brokerha.broker.message import Message
 
 if TYPE_CHECKING:
     from brokerha.amqp.channel import Channel
+    from brokerha.broker.placement import GroupGuard
     from brokerha.broker.queue import Queue
 
 log = logging.getLogger(__name__)
@@ -84,10 +86,9 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
                                  f"authenticated user was '{ch.user.name}'")
     ch.conn.has_published = True
     queues = vhost.route(exchange, message)
-    if groups is not None:  # a partitioned node: only queues of groups it serves (stage 2)
-        for queue in queues:
-            groups.check_queue(ch.conn, vhost.name, queue.name, queue.arguments,
-                               queue.exclusive_owner is not None)
+    if groups is not None:  # a partitioned node: forwards to the partitions' leaders (stage 3)
+        _publish_grouped(ch, publish, groups, queues, message)
+        return
     if not queues and publish.mandatory:
         ch.send(F.unchecked(commands.Basic.Return, reply_code=C.NO_ROUTE, reply_text="NO_ROUTE",
                           exchange=name, routing_key=publish.routing_key))
@@ -112,10 +113,28 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
         accepted = queue.enqueue(message) and accepted
     if not accepted:
         ch.settle_confirm(tag, False)
-    elif groups is not None:  # each group's gate and barriers: the groups of its queues
-        groups.after_durable(queues, lambda: ch.settle_confirm(tag, True))
     else:
         ch.conn.broker.after_durable(lambda: ch.settle_confirm(tag, True))
+
+
+def _publish_grouped(ch: Channel, publish: F.Publish, groups: GroupGuard, queues: list[Any],
+                     message: Message) -> None:
+    """A publish on a node running partition groups (``Broker.groups``): the queues of
+    groups it serves enqueued here, the others' forwarded to their leaders; the confirm
+    once every target answered. Transactions are refused on such a node (540, at
+    ``tx.select`` and by the DTX control exchange): a commit across groups is stage 4's."""
+    if ch.tx_mode or ch.dtx_branch is not None:
+        groups.check_transactions()
+    if not queues and publish.mandatory:
+        ch.send(F.unchecked(commands.Basic.Return, reply_code=C.NO_ROUTE, reply_text="NO_ROUTE",
+                          exchange=publish.exchange, routing_key=publish.routing_key))
+        ch.send_content(message.header, message.body)
+    confirm = ch.confirm
+    if confirm is None:
+        groups.publish(ch.conn, ch.vhost.name, queues, message, None)
+        return
+    groups.publish(ch.conn, ch.vhost.name, queues, message,
+                   partial(ch.settle_confirm, confirm.issue()))
 
 
 def _publish_ordered(ch: Channel, queues: list[Any], message: Message) -> None:

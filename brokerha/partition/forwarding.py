@@ -1,0 +1,240 @@
+"""A partitioned node's forwarding of publishes: ``partition/forward.py`` over the node's
+groups (issue 35 stage 3, docs/ha.md "Clients on any node").
+
+Sans-I/O as the rest of ``partition/``: the node's shell (``node/ha_groups.py``)
+hands in how to put a packet on a link (``send``), how to run something at the
+next loop turn (``soon``) and the clock; ``GroupClients.publish``
+(``partition/clients.py``) hands in the publishes. What it does:
+
+- **The sender** (``ForwardSender``, one per start of the node: its origin is
+  ``<node>.<incarnation>``): a publish routed to queues of groups this node does
+  not serve goes into the lanes of those groups; the lanes go out once per loop
+  turn (``flush``, scheduled at the first publish of a turn); the publisher's
+  confirm is given when every lane answered (and the local part, if any, passed
+  its groups' gates: ``GroupClients``). A lane's full window holds the node's
+  publishers (``Broker.flow``, hold ``forward``) until answers come back.
+- **A receiver per group this node serves** (``ForwardReceiver``, made in
+  ``serving`` for that epoch with the marks its store holds, dropped in
+  ``demoted``): it applies forwards through ``BrokerForwardLog`` (one local TX per
+  batch, its outcome record carrying the origin's mark) and answers through
+  ``Broker.after_durable_in`` with that group's gate and barriers
+  (``WhenDurable``): never, if the role or its lease is gone by then. A forward
+  to a group this node does not serve in the forward's epoch is answered
+  ``ForwardError(not-primary)``.
+- **Leaders**: a group's new primary sends ``LeaderNotice`` to every node (itself
+  included) when it starts serving, to a peer whose link comes up, and again
+  every ``NOTICE_EVERY`` (a notice lost with a link that went down). The
+  elections' heartbeats name a group's primary to its cells already, but not
+  *when it serves* (after its verification): forwarding to it before would be
+  answered ``not-primary``; the notice says it serves, and reaches non-cells too.
+- ``meta_seq``: 0. A queue's declaration is in its partition's log (stage 2's
+  layout), which the receiver, the group's primary, holds; the metadata
+  directory (``qe``) that would make a receiver wait for its metadata copy is not
+  built, and the metadata log's seqs are not comparable across nodes' epochs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from brokerha.broker.broker import Broker
+from brokerha.cluster.messages import ErrorCode, Message
+from brokerha.ha.member import HAMember
+from brokerha.partition.forward import (
+    Confirm,
+    Effect,
+    Forward,
+    Forwarded,
+    ForwardError,
+    ForwardMessage,
+    ForwardReceiver,
+    ForwardSender,
+    LeaderNotice,
+    ToNode,
+    WhenDurable,
+)
+from brokerha.partition.forward_apply import BrokerForwardLog, recover_marks
+from brokerha.partition.member import PartitionedMember
+
+log = logging.getLogger("brokerha.partition")
+
+PACKETS = (Forward, Forwarded, ForwardError, LeaderNotice)  # codes 23-26, not mux packets
+NOTICE_EVERY = 1.0  # seconds: a serving group primary's LeaderNotice to every node, again
+FLOW_HOLD = "forward"  # the name of a full lane's hold in Broker.flow
+
+Settle = Callable[[bool], None]
+
+
+@dataclass
+class ForwardingStats:
+    published: int = 0   # publishes that went into some lane
+    local_in_lane: int = 0  # ... of which to a group this node serves (its lane under way)
+    notices_sent: int = 0
+    not_serving: int = 0  # forwards this node answered not-primary (no receiver)
+
+
+class NodeForwarding:
+    """The node's sender, its receivers and the publishers' confirms in between."""
+
+    def __init__(self, member: PartitionedMember, origin: str, nodes: Iterable[str], *,
+                 send: Callable[[str, Message], None], soon: Callable[[Callable[[], None]], Any],
+                 clock: Callable[[], float], sender: ForwardSender | None = None) -> None:
+        self.member = member
+        self.broker: Broker = member.broker
+        self.me = member.me
+        self.nodes = sorted(nodes)
+        self._send = send
+        self._soon = soon
+        self.clock = clock
+        self.sender = sender if sender is not None else ForwardSender(origin)
+        self.receivers: dict[int, ForwardReceiver] = {}
+        self.settles: dict[int, Settle] = {}  # publish id -> its publisher's confirm
+        self._next_publish = 0
+        self._flush_scheduled = False
+        self._noticed = 0.0
+        self.held = False
+        self.stats = ForwardingStats()
+
+    # -- the publish path (GroupClients.publish) --------------------------------------------
+
+    def under_way(self, group: int) -> bool:
+        """Whether the lane of ``group`` holds messages not answered yet: a publish to that
+        group goes the same way (its order kept), even once this node serves the group."""
+        lane = self.sender.lanes.get(group)
+        return lane is not None and lane.load > 0
+
+    def publish(self, targets: Mapping[int, ForwardMessage], settle: Settle | None) -> None:
+        """Forward one publish to ``targets`` (group -> the message naming that group's
+        queues); ``settle(ack)`` once every group answered (None: no confirm asked)."""
+        self._next_publish += 1
+        pid = self._next_publish
+        if settle is not None:
+            self.settles[pid] = settle
+        self.stats.published += 1
+        self.stats.local_in_lane += sum(1 for g in targets if self._serving(g))
+        self.carry_out(self.sender.publish(pid, targets))
+        if not self.held and self.sender.holds(targets):
+            self.held = True
+            self.broker.flow.hold(FLOW_HOLD, "a forward lane's window is full (its partition's "
+                                  "leader has not answered)", cause="forward")
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._soon(self.flush)
+
+    def flush(self) -> None:
+        """Once per loop turn that published: each lane's new messages as one Forward."""
+        self._flush_scheduled = False
+        self.carry_out(self.sender.flush(self.clock()))
+
+    # -- the groups' roles (the shell's PartitionEffects) ------------------------------------
+
+    def serving(self, group: int, epoch: int) -> None:
+        """The group's primary serves in ``epoch``: its receiver, with the marks the store
+        holds (what the group's previous primaries applied and replicated), then the
+        notice to every node."""
+        placement = self.member.placement
+        assert placement is not None
+        forward_log = BrokerForwardLog(self.broker, group, placement.of(group - 1))
+        self.receivers[group] = ForwardReceiver(group, epoch, forward_log,
+                                                marks=recover_marks(self.broker, group))
+        self.notify(group)
+
+    def demoted(self, group: int) -> None:
+        self.receivers.pop(group, None)
+
+    def peer_up(self, peer: str) -> None:
+        for group, receiver in sorted(self.receivers.items()):
+            self._notice_to(peer, LeaderNotice(group, receiver.epoch, self.me))
+
+    def notify(self, group: int) -> None:
+        receiver = self.receivers.get(group)
+        if receiver is None:
+            return
+        notice = LeaderNotice(group, receiver.epoch, self.me)
+        for node in self.nodes:
+            self._notice_to(node, notice)
+
+    def _notice_to(self, node: str, notice: LeaderNotice) -> None:
+        self.stats.notices_sent += 1
+        self.carry_out([ToNode(node, notice)])
+
+    def tick(self) -> None:
+        now = self.clock()
+        out = self.sender.tick(now)
+        if now - self._noticed >= NOTICE_EVERY:
+            self._noticed = now
+            for group in sorted(self.receivers):
+                self.notify(group)
+        self.carry_out(out)
+
+    # -- packets -----------------------------------------------------------------------------
+
+    def on_packet(self, src: str, packet: Message) -> None:
+        """A forwarding packet from ``src`` (this node: from its own sender or receiver)."""
+        out: list[Effect]
+        if isinstance(packet, Forward):
+            out = self._forward(src, packet)
+        elif isinstance(packet, Forwarded | ForwardError):
+            out = self.sender.receive(self.clock(), packet, src)
+            if self.held and not self.sender.holds(self.sender.lanes):
+                self.held = False
+                self.broker.flow.release(FLOW_HOLD)
+        elif isinstance(packet, LeaderNotice):
+            out = self.sender.leader(self.clock(), packet)
+        else:
+            return
+        self.carry_out(out)
+
+    def _forward(self, src: str, packet: Forward) -> list[Effect]:
+        receiver = self.receivers.get(packet.group)
+        member = self.member.groups.get(packet.group)
+        if receiver is None or member is None or member.role_term() != receiver.epoch:
+            self.stats.not_serving += 1
+            return [ToNode(src, ForwardError(packet.group, packet.origin, ErrorCode.NOT_PRIMARY,
+                                             f"{self.me} does not lead group {packet.group}"))]
+        return receiver.receive(src, packet)
+
+    # -- effects -------------------------------------------------------------------------------
+
+    def carry_out(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, ToNode):
+                self._to_node(effect)
+            elif isinstance(effect, WhenDurable):
+                self._when_durable(effect)
+            elif isinstance(effect, Confirm):
+                settle = self.settles.pop(effect.publish, None)
+                if settle is not None:
+                    settle(effect.ack)
+
+    def _to_node(self, effect: ToNode) -> None:
+        if effect.node == self.me:  # this node's own receiver or sender: at the next turn
+            packet = effect.packet
+            self._soon(lambda: self.on_packet(self.me, packet))
+        else:
+            self._send(effect.node, effect.packet)
+
+    def _when_durable(self, effect: WhenDurable) -> None:
+        member = self.member.groups.get(effect.group)
+        if member is None:
+            return
+        send = effect.send
+        self.broker.after_durable_in(member.durability_gate, lambda: self._to_node(send),
+                                     member.barriers())
+
+    def _serving(self, group: int) -> bool:
+        member: HAMember | None = self.member.groups.get(group)
+        return member is not None and member.clients.term() is not None
+
+    def status(self) -> dict[str, Any]:
+        """For ``ctl status --json`` (the node's ``forwarding``)."""
+        lanes = {str(g): {"leader": lane.leader, "epoch": lane.epoch,
+                          "unanswered": len(lane.unanswered), "unsent": len(lane.unsent)}
+                 for g, lane in sorted(self.sender.lanes.items())}
+        return {"origin": self.sender.origin, "lanes": lanes,
+                "receivers": {str(g): r.epoch for g, r in sorted(self.receivers.items())},
+                "sender": vars(self.sender.stats).copy(), "node": vars(self.stats).copy(),
+                "held": self.held}

@@ -1,0 +1,297 @@
+"""Publishes forwarded to the partitions' leaders on three real nodes (issue 35 stage 3).
+
+P = 3 over 3 nodes (NR = 2), ``[cluster] partition_groups``, each partition led by its
+preferred node (one a node). A pika publisher with confirms on node A publishes to a
+queue of the partition led by B and to one led by C (and through a fanout exchange to
+both): A forwards each message to the queue's leader (``partition/forwarding.py``) and
+confirms once the leader answered through its group's gate. Each queue, drained on its
+leader, holds exactly its messages, in publishing order. Then SIGKILL of B while A
+publishes to B's queue: A's unanswered forwards go to the partition's new leader
+(deduplicated by its marks): the publisher's connection stays open, every publish is
+confirmed (none nacked), and the queue holds every confirmed message once, in order.
+And SIGKILL of A, the publisher's node: the connection is lost; every message it
+confirmed is on the queue's leader, none twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+from brokerha.testing import LocalCluster
+from tests.failover.test_partition_groups import (
+    OPTIONS,
+    name_in,
+    one_leader_each,
+    promote,
+    ready_everywhere,
+    until,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+N = 150
+FANOUT = "fw-fanout"
+
+
+def connect(cluster: LocalCluster, node: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
+
+
+def setup(cluster: LocalCluster) -> tuple[dict[str, str], str, str, str, dict[str, str]]:
+    """The leaders (group -> node); A, the metadata primary; B and C, the leaders of the
+    two other partitions; a queue of each (declared and bound to the fanout on its
+    leader): {node: queue}."""
+    names = cluster.names
+    leaders = until("one serving primary per group", lambda: one_leader_each(cluster, names))
+    until("every node ready in every group", lambda: ready_everywhere(cluster, names))
+    by_node: dict[str, list[int]] = {}
+    for p in range(3):
+        by_node.setdefault(leaders[str(p + 1)], []).append(p)
+    if len(by_node) < 3:
+        pytest.skip(f"the partitions' leaders are not one a node: {leaders}")
+    a = leaders["0"]
+    b, c = sorted(n for n in names if n != a)
+    conn = connect(cluster, a)
+    try:
+        conn.channel().exchange_declare(FANOUT, "fanout", durable=True)
+    finally:
+        conn.close()
+    queues = {}
+    for node in (b, c):
+        queue = name_in(by_node[node][0], f"fw-{node}")
+        conn = connect(cluster, node)
+        try:
+            ch = conn.channel()
+            ch.queue_declare(queue, durable=True)
+            ch.queue_bind(queue, FANOUT)
+        finally:
+            conn.close()
+        queues[node] = queue
+    return leaders, a, b, c, queues
+
+
+def props(i: int) -> pika.BasicProperties:
+    return pika.BasicProperties(delivery_mode=2, message_id=str(i))
+
+
+class StreamPublisher(threading.Thread):
+    """A pika ``SelectConnection`` publishing with confirms, up to ``window`` unconfirmed
+    (``BlockingChannel`` waits for each ack): message i (its ``message_id``) to the
+    queue ``queue_of(i)``; ``acked`` and ``nacked`` ids, ``closed`` the reason the
+    connection or channel was closed by anything but ``finish``."""
+
+    def __init__(self, url: str, queue_of: Any, window: int = 64) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.queue_of = queue_of
+        self.window = window
+        self.acked: list[int] = []
+        self.nacked: list[int] = []
+        self.closed: BaseException | str | None = None
+        self.outstanding: dict[int, int] = {}  # delivery tag -> id
+        self.next_id = 0
+        self.stopping = threading.Event()
+        self.done = threading.Event()
+        self._finishing = False
+
+    def run(self) -> None:
+        self.conn = pika.SelectConnection(
+            pika.URLParameters(self.url), on_open_callback=self._opened,
+            on_open_error_callback=self._failed, on_close_callback=self._conn_closed)
+        self.conn.ioloop.start()
+        self.done.set()
+
+    def _failed(self, _conn: Any, exc: BaseException) -> None:
+        self.closed = exc
+        self.conn.ioloop.stop()
+
+    def _conn_closed(self, _conn: Any, reason: BaseException) -> None:
+        if not self._finishing:
+            self.closed = reason
+        self.conn.ioloop.stop()
+
+    def _opened(self, conn: Any) -> None:
+        conn.channel(on_open_callback=self._channel)
+
+    def _channel(self, ch: Any) -> None:
+        self.ch = ch
+        ch.add_on_close_callback(self._channel_closed)
+        ch.confirm_delivery(self._confirm, callback=lambda _frame: self._pump())
+        self.conn.ioloop.call_later(0.05, self._watch)
+
+    def _channel_closed(self, _ch: Any, reason: BaseException) -> None:
+        if not self._finishing:
+            self.closed = reason
+            if self.conn.is_open:
+                self.conn.close()
+
+    def _confirm(self, frame: Any) -> None:
+        method = frame.method
+        ack = isinstance(method, pika.spec.Basic.Ack)
+        tags = [t for t in self.outstanding if t <= method.delivery_tag] if method.multiple \
+            else [method.delivery_tag]
+        for tag in tags:
+            (self.acked if ack else self.nacked).append(self.outstanding.pop(tag))
+        self._pump()
+
+    def _pump(self) -> None:
+        while not self.stopping.is_set() and len(self.outstanding) < self.window:
+            i = self.next_id
+            self.next_id += 1
+            self.outstanding[i + 1] = i  # delivery tags count from 1 after confirm.select
+            self.ch.basic_publish("", self.queue_of(i), b"x", props(i))
+
+    def _watch(self) -> None:
+        if self.stopping.is_set() and not self.outstanding:
+            self._finishing = True
+            self.conn.close()
+            return
+        self.conn.ioloop.call_later(0.05, self._watch)
+
+    def finish(self, timeout: float = 20.0) -> None:
+        """Stop publishing; wait until every publish is answered (or the connection gone)."""
+        self.stopping.set()
+        self.done.wait(timeout)
+
+
+def drain(cluster: LocalCluster, node: str, queue: str) -> list[str]:
+    """The message ids in ``queue`` on ``node``, in order (taken)."""
+    conn = connect(cluster, node)
+    try:
+        ch = conn.channel()
+        got = []
+        while True:
+            method, properties, _body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                return got
+            got.append(str(properties.message_id))
+    finally:
+        conn.close()
+
+
+def leader_of(cluster: LocalCluster, names: list[str], group: str) -> str | None:
+    serving = one_leader_each(cluster, names)
+    return None if serving is None else serving.get(group)
+
+
+def group_of_queue(leaders: dict[str, str], node: str) -> str:
+    return next(g for g, n in leaders.items() if n == node and g != "0")
+
+
+def test_a_publisher_on_one_node_is_confirmed_by_the_partitions_leaders() -> None:
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        leaders, a, b, c, queues = setup(cluster)
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        ch.confirm_delivery()  # BlockingChannel: each publish waits for its ack (or raises)
+        started = time.monotonic()
+        for i in range(N):
+            ch.basic_publish("", queues[b], f"b{i}".encode(), props(i), mandatory=True)
+            ch.basic_publish("", queues[c], f"c{i}".encode(), props(1000 + i), mandatory=True)
+        ch.basic_publish(FANOUT, "", b"both", props(99999), mandatory=True)
+        took = time.monotonic() - started
+        status = cluster.status(a) or {}
+        conn.close()
+        forwarding = status["node"]["forwarding"]
+        assert forwarding["sender"]["acks"] == 2 * N + 1, forwarding
+        assert forwarding["sender"]["nacks"] == 0, forwarding
+        assert drain(cluster, b, queues[b]) == [str(i) for i in range(N)] + ["99999"]
+        assert drain(cluster, c, queues[c]) == [str(1000 + i) for i in range(N)] + ["99999"]
+        print(f"{2 * N + 1} publishes from {a} forwarded and confirmed in {took:.2f}s; "
+              f"forwards {forwarding['sender']['forwards']}")
+
+
+def test_the_target_partition_s_leader_killed_mid_stream() -> None:
+    """B (leading the queue's partition, not the metadata group) SIGKILLed while A's
+    client publishes to its queue with confirms, 64 unconfirmed at a time: the forwards
+    unanswered go to the partition's new leader (deduplicated by its marks); the
+    connection stays open and every publish is confirmed, none nacked."""
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        leaders, a, b, _c, queues = setup(cluster)
+        queue = queues[b]
+        group = group_of_queue(leaders, b)
+        client = StreamPublisher(cluster.url(a), lambda _i: queue)
+        client.start()
+        until("a few confirmed", lambda: len(client.acked) >= 300)
+        before = len(client.acked)
+        cluster.kill(b)
+        survivors = [n for n in cluster.names if n != b]
+        new = until("the partition elects among the survivors",
+                    lambda: leader_of(cluster, survivors, group))
+        at_failover = len(client.acked)
+        until("confirms again after the failover",
+              lambda: len(client.acked) >= at_failover + 300)
+        client.finish()
+        assert client.done.is_set() and client.closed is None, repr(client.closed)
+        assert not client.nacked and not client.outstanding, (client.nacked,
+                                                               client.outstanding)
+        assert sorted(client.acked) == list(range(client.next_id))
+        got = drain(cluster, new, queue)
+        twice = [m for m, n in Counter(got).items() if n > 1]
+        assert not twice, f"enqueued twice: {twice[:10]}"
+        ids = [int(m) for m in got]
+        assert ids == sorted(ids), "order per queue not kept"
+        lost = set(client.acked) - set(ids)
+        assert not lost, f"confirmed and lost: {sorted(lost)[:10]}"
+        status: dict[str, Any] = (cluster.status(a) or {})["node"]["forwarding"]
+        print(f"killed {b} after {before} confirmed; new leader {new} (the client's node "
+              f"{a}); {len(client.acked)} confirmed, {len(got)} in the queue; sender "
+              f"{status['sender']}")
+
+
+def test_the_target_partition_handed_to_a_third_node_mid_stream() -> None:
+    """B's partition handed over to C (``ctl promote --partition``) while A's client
+    publishes to its queue: what A forwarded to B unanswered goes to C once C serves
+    (B, deposed, answers ``not-primary`` or not at all); the connection stays open,
+    every publish is confirmed once, in order."""
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        leaders, a, b, c, queues = setup(cluster)
+        queue = queues[b]
+        group = group_of_queue(leaders, b)
+        client = StreamPublisher(cluster.url(a), lambda _i: queue)
+        client.start()
+        until("a few confirmed", lambda: len(client.acked) >= 300)
+        until("the hand-over taken", lambda: promote(cluster, b, c, int(group) - 1))
+        until("C serves the partition", lambda: leader_of(cluster, cluster.names, group) == c)
+        at_handover = len(client.acked)
+        until("confirms again after the hand-over",
+              lambda: len(client.acked) >= at_handover + 300)
+        client.finish()
+        assert client.done.is_set() and client.closed is None, repr(client.closed)
+        assert not client.nacked and not client.outstanding
+        assert sorted(client.acked) == list(range(client.next_id))
+        got = [int(m) for m in drain(cluster, c, queue)]
+        assert got == list(range(client.next_id)), "a message lost, twice, or out of order"
+        status: dict[str, Any] = (cluster.status(a) or {})["node"]["forwarding"]
+        print(f"handed {b} -> {c}: {len(client.acked)} confirmed and in the queue once, in "
+              f"order; sender {status['sender']}")
+
+
+def test_the_publisher_s_node_killed() -> None:
+    """A (the client's node, the metadata primary) SIGKILLed while its client publishes to
+    B's and C's queues, 64 unconfirmed at a time: the connection is lost; every message
+    confirmed is on its queue's leader, none twice, in order."""
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        _leaders, a, b, c, queues = setup(cluster)
+        client = StreamPublisher(cluster.url(a), lambda i: queues[b if i % 2 else c])
+        client.start()
+        until("a few confirmed", lambda: len(client.acked) >= 300)
+        cluster.kill(a)
+        assert client.done.wait(20)
+        assert client.closed is not None and not client.nacked
+        for node, parity in ((b, 1), (c, 0)):
+            got = drain(cluster, node, queues[node])
+            assert all(n == 1 for n in Counter(got).values()), "enqueued twice"
+            ids = [int(m) for m in got]
+            assert ids == sorted(ids)
+            lost = {i for i in client.acked if i % 2 == parity} - set(ids)
+            assert not lost, f"confirmed and lost on {node}: {sorted(lost)[:10]}"
+        print(f"killed {a} after {len(client.acked)} confirmed, {len(client.outstanding)} "
+              f"unconfirmed: {client.closed!r}")

@@ -1,0 +1,141 @@
+"""A partitioned node's forwarding of publishes (brokerha/partition/forwarding.py with
+partition/clients.py's ``GroupClients.publish``, issue 35 stage 3), over the simulation's
+nodes (each the product's ``PartitionedMember`` over its broker): what is enqueued here,
+what is forwarded and to whom, when the publisher's confirm is given."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from pamqp import commands
+
+from brokerha.broker.content import build_header
+from brokerha.broker.message import Message
+from brokerha.broker.placement import NotLeader
+from brokerha.cluster.messages import Message as Packet
+from brokerha.cluster.replication import HA_ID
+from brokerha.partition.clients import GroupClients
+from brokerha.partition.forward import Forward, Forwarded, ForwardError, ForwardSender
+from brokerha.partition.forwarding import NodeForwarding
+from brokerha.partition.group_simulation import GroupSimulation
+from tests.partition.test_group_clients import QUEUES, laid_out, served
+
+
+class Wires:
+    """Every node's ``NodeForwarding`` over one in-memory network: packets and the
+    callbacks of ``soon`` held until ``pump``."""
+
+    def __init__(self, sim: GroupSimulation) -> None:
+        self.sim = sim
+        self.packets: list[tuple[str, str, Packet]] = []  # (from, to, packet)
+        self.soon: list[Callable[[], None]] = []
+        self.nodes: dict[str, NodeForwarding] = {}
+        self.clients: dict[str, GroupClients] = {}
+        for name in ("n1", "n2", "n3"):
+            node = sim.node(name)
+            fw = NodeForwarding(node.ha, f"{name}.1", ["n1", "n2", "n3"],
+                                send=lambda peer, p, src=name: self.packets.append(
+                                    (src, peer, p)),
+                                soon=self.soon.append, clock=lambda: sim.now)
+            clients = GroupClients(node.ha, lambda n: f"amqp://{n}")
+            clients.forwarding = fw
+            self.nodes[name], self.clients[name] = fw, clients
+            for group, member in node.ha.groups.items():
+                term = member.role_term()
+                if group and term is not None:
+                    fw.serving(group, term)
+
+    def pump(self, rounds: int = 20) -> list[tuple[str, str, Packet]]:
+        """Deliver what is held, run the simulation a little (syncs, acks), again."""
+        seen = []
+        for _ in range(rounds):
+            while self.soon or self.packets:
+                soon, self.soon = self.soon, []
+                for callback in soon:
+                    callback()
+                packets, self.packets = self.packets, []
+                seen += packets
+                for src, dst, packet in packets:
+                    self.nodes[dst].on_packet(src, packet)
+            self.sim.run_until(self.sim.now + 0.1)
+        return seen
+
+
+@pytest.fixture()
+def wires() -> Wires:
+    return Wires(laid_out())  # n1: metadata group and partition 0; n2: 1; n3: 2
+
+
+def message(body: bytes, routing_key: str = "") -> Message:
+    return Message("", routing_key, build_header(len(body), commands.Basic.Properties(delivery_mode=2)), body)
+
+
+def publish(wires: Wires, node: str, queues: list[str], body: bytes) -> list[bool]:
+    """``body`` published on ``node`` to ``queues`` (as routed there): the confirms."""
+    clients = wires.clients[node]
+    _, conn = served(clients)
+    vhost = wires.sim.node(node).broker.vhosts["/"]
+    answers: list[bool] = []
+    clients.publish(conn, "/", [vhost.queues[q] for q in queues], message(body),
+                    answers.append)
+    return answers
+
+
+def test_a_queue_of_a_group_served_here_is_enqueued_here_the_others_forwarded(
+        wires: Wires) -> None:
+    own, theirs = QUEUES[1], QUEUES[0]  # partition 1 is n2's; partition 0 n1's
+    before = {q: wires.sim.node(n).broker.vhosts["/"].queues[q].message_count
+              for q, n in ((own, "n2"), (theirs, "n1"))}
+    answers = publish(wires, "n2", [own, theirs], b"900001")
+    assert wires.sim.node("n2").broker.vhosts["/"].queues[own].message_count == \
+        before[own] + 1
+    assert answers == []  # neither part answered yet
+    seen = wires.pump()
+    forwards = [(s, d, p) for s, d, p in seen if isinstance(p, Forward)]
+    assert [(s, d, p.group) for s, d, p in forwards] == [("n2", "n1", 1)]
+    copy = wires.sim.node("n2").broker.vhosts["/"].queues[theirs]
+    assert forwards[0][2].messages[0][1] == [str(copy.arguments[HA_ID])]  # by x-ha-id
+    assert wires.sim.node("n1").broker.vhosts["/"].queues[theirs].message_count == \
+        before[theirs] + 1
+    assert answers == [True]  # both answered: one confirm
+    assert any(isinstance(p, Forwarded) and d == "n2" for _, d, p in seen)
+
+
+def test_every_node_hears_who_serves_each_group(wires: Wires) -> None:
+    wires.pump(1)
+    for name, fw in wires.nodes.items():
+        leaders = {g: lane.leader for g, lane in fw.sender.lanes.items()}
+        assert leaders == {1: "n1", 2: "n2", 3: "n3"}, (name, leaders)
+
+
+def test_a_forward_to_a_node_not_serving_the_group_is_answered_not_primary(
+        wires: Wires) -> None:
+    wires.pump(1)
+    n3 = wires.nodes["n3"]
+    n3.on_packet("n2", Forward(1, 1, "n2.1", 1, 0, []))  # group 1 is n1's
+    assert [type(p) for _, _, p in wires.packets] == [ForwardError]
+    assert n3.stats.not_serving == 1
+
+
+def test_without_forwarding_a_queue_of_another_group_is_refused_before_anything(
+        wires: Wires) -> None:
+    clients = wires.clients["n2"]
+    clients.forwarding = None
+    vhost = wires.sim.node("n2").broker.vhosts["/"]
+    own = vhost.queues[QUEUES[1]]
+    count = own.message_count
+    _, conn = served(clients)
+    with pytest.raises(NotLeader, match="led by n1"):
+        clients.publish(conn, "/", [own, vhost.queues[QUEUES[0]]], message(b"900002"), None)
+    assert own.message_count == count  # checked before anything was enqueued
+
+
+def test_a_full_lane_holds_the_node_s_publishers_until_answered(wires: Wires) -> None:
+    n2 = wires.nodes["n2"]
+    n2.sender = ForwardSender("n2.2", window=2)  # no leader known yet: nothing goes
+    broker = wires.sim.node("n2").broker
+    answers = [publish(wires, "n2", [QUEUES[0]], b"%d" % i) for i in range(3)]
+    assert broker.flow.held and "forward" in broker.flow.holds
+    wires.pump()  # the notices name n1; it answers; the lane empties
+    assert not broker.flow.held and answers == [[True]] * 3
