@@ -686,8 +686,10 @@ class ManagementAPI:
             raise bad_request(f"user_id property set to '{message.user_id}' but authenticated "
                               f"user was '{call.user.name}'")
         queues = vh.route(exchange, message)
-        for q in queues:  # a partitioned node: never into a queue of a group it follows
-            self._guard_queue(vh.name, q.name, q.arguments, q.exclusive_owner is not None)
+        groups = self.node.broker.groups
+        if groups is not None:  # a partitioned node: a copy's messages go to its leader
+            groups.publish(None, vh.name, queues, message, None)
+            return {"routed": bool(queues)}
         if any(q.ordered for q in queues):  # ordered by another layer: a transaction
             tx = self.node.broker.new_transaction()
             tx.publish(queues, message)

@@ -15,8 +15,11 @@ confirmed is on the queue's leader, none twice.
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import time
+import urllib.request
 from collections import Counter
 from typing import Any
 
@@ -75,6 +78,18 @@ def setup(cluster: LocalCluster) -> tuple[dict[str, str], str, str, str, dict[st
             conn.close()
         queues[node] = queue
     return leaders, a, b, c, queues
+
+
+def api_publish(cluster: LocalCluster, node: str, queue: str, message_id: str) -> Any:
+    """``POST /api/exchanges/%2F/amq.default/publish`` on ``node``: its answer."""
+    body = json.dumps({"routing_key": queue, "payload": "api", "payload_encoding": "string",
+                       "properties": {"delivery_mode": 2, "message_id": message_id}})
+    request = urllib.request.Request(
+        f"{cluster.admin_url(node)}/api/exchanges/%2F/amq.default/publish", data=body.encode(),
+        method="POST", headers={"content-type": "application/json", "authorization": "Basic "
+                                + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
 
 
 def props(i: int) -> pika.BasicProperties:
@@ -195,14 +210,17 @@ def test_a_publisher_on_one_node_is_confirmed_by_the_partitions_leaders() -> Non
         for i in range(N):
             ch.basic_publish("", queues[b], f"b{i}".encode(), props(i), mandatory=True)
             ch.basic_publish("", queues[c], f"c{i}".encode(), props(1000 + i), mandatory=True)
+        # the management API's publish (no confirm) to B's queue: forwarded too, in B's lane
+        # ahead of the next publish, whose confirm comes after its answer
+        assert api_publish(cluster, a, queues[b], "api") == {"routed": True}
         ch.basic_publish(FANOUT, "", b"both", props(99999), mandatory=True)
         took = time.monotonic() - started
         status = cluster.status(a) or {}
         conn.close()
         forwarding = status["node"]["forwarding"]
-        assert forwarding["sender"]["acks"] == 2 * N + 1, forwarding
+        assert forwarding["sender"]["acks"] == 2 * N + 2, forwarding  # the API's too
         assert forwarding["sender"]["nacks"] == 0, forwarding
-        assert drain(cluster, b, queues[b]) == [str(i) for i in range(N)] + ["99999"]
+        assert drain(cluster, b, queues[b]) == [str(i) for i in range(N)] + ["api", "99999"]
         assert drain(cluster, c, queues[c]) == [str(1000 + i) for i in range(N)] + ["99999"]
         print(f"{2 * N + 1} publishes from {a} forwarded and confirmed in {took:.2f}s; "
               f"forwards {forwarding['sender']['forwards']}")
