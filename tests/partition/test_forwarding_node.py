@@ -16,7 +16,13 @@ from brokerha.broker.placement import NotLeader
 from brokerha.cluster.messages import Message as Packet
 from brokerha.cluster.replication import HA_ID
 from brokerha.partition.clients import GroupClients
-from brokerha.partition.forward import Forward, Forwarded, ForwardError, ForwardSender
+from brokerha.partition.forward import (
+    Forward,
+    Forwarded,
+    ForwardError,
+    ForwardSender,
+    LeaderNotice,
+)
 from brokerha.partition.forwarding import NodeForwarding
 from brokerha.partition.group_simulation import GroupSimulation
 from tests.partition.test_group_clients import QUEUES, laid_out, served
@@ -35,8 +41,7 @@ class Wires:
         for name in ("n1", "n2", "n3"):
             node = sim.node(name)
             fw = NodeForwarding(node.ha, f"{name}.1", ["n1", "n2", "n3"],
-                                send=lambda peer, p, src=name: self.packets.append(
-                                    (src, peer, p)),
+                                send=self.sender(name),
                                 soon=self.soon.append, clock=lambda: sim.now)
             clients = GroupClients(node.ha, lambda n: f"amqp://{n}")
             clients.forwarding = fw
@@ -46,12 +51,19 @@ class Wires:
                 if group and term is not None:
                     fw.serving(group, term)
 
+    def sender(self, src: str) -> Callable[[str, Packet], None]:
+        def send(peer: str, packet: Packet) -> None:
+            self.packets.append((src, peer, packet))
+
+        return send
+
     def pump(self, rounds: int = 20) -> list[tuple[str, str, Packet]]:
-        """Deliver what is held, run the simulation a little (syncs, acks), again."""
+        """Deliver what is held, run the simulation a little (syncs, acks), tick, again."""
         seen = []
         for _ in range(rounds):
             while self.soon or self.packets:
-                soon, self.soon = self.soon, []
+                soon = list(self.soon)  # (the nodes hold self.soon.append)
+                self.soon.clear()
                 for callback in soon:
                     callback()
                 packets, self.packets = self.packets, []
@@ -59,6 +71,8 @@ class Wires:
                 for src, dst, packet in packets:
                     self.nodes[dst].on_packet(src, packet)
             self.sim.run_until(self.sim.now + 0.1)
+            for fw in self.nodes.values():  # the shell's tick: retries, notices
+                fw.tick()
         return seen
 
 
@@ -114,7 +128,8 @@ def test_a_forward_to_a_node_not_serving_the_group_is_answered_not_primary(
     wires.pump(1)
     n3 = wires.nodes["n3"]
     n3.on_packet("n2", Forward(1, 1, "n2.1", 1, 0, []))  # group 1 is n1's
-    assert [type(p) for _, _, p in wires.packets] == [ForwardError]
+    assert [(d, type(p)) for _, d, p in wires.packets if not isinstance(p, LeaderNotice)] \
+        == [("n2", ForwardError)]
     assert n3.stats.not_serving == 1
 
 
@@ -139,3 +154,26 @@ def test_a_full_lane_holds_the_node_s_publishers_until_answered(wires: Wires) ->
     assert broker.flow.held and "forward" in broker.flow.holds
     wires.pump()  # the notices name n1; it answers; the lane empties
     assert not broker.flow.held and answers == [[True]] * 3
+
+
+def test_a_forward_is_confirmed_only_through_its_group_s_gate_and_applied_once(
+        wires: Wires) -> None:
+    """n1 applies n2's forward but its gate answers for nothing (as a leader whose lease
+    is gone): no confirm; the sender's retries are dropped below n1's mark (nothing
+    enqueued twice) and answered through the gate again; once the gate answers, the
+    publish is confirmed once."""
+    wires.pump(1)
+    member = wires.sim.node("n1").ha.groups[1]
+    queue = wires.sim.node("n1").broker.vhosts["/"].queues[QUEUES[0]]
+    count = queue.message_count
+    member.term = lambda: None  # type: ignore[method-assign]
+    member.lapsed = lambda: None  # type: ignore[method-assign]
+    member.refused = lambda: None  # type: ignore[method-assign]
+    answers = publish(wires, "n2", [QUEUES[0]], b"900020")
+    wires.pump(15)  # 1.5 s: the sender's retry (0.5 s) resends twice at least
+    receiver = wires.nodes["n1"].receivers[1]
+    assert answers == [] and queue.message_count == count + 1
+    assert receiver.stats.applied == 1 and receiver.stats.deduped >= 2
+    del member.term, member.lapsed, member.refused  # the gate answers again
+    wires.pump(10)
+    assert answers == [True] and queue.message_count == count + 1
