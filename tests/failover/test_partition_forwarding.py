@@ -226,15 +226,18 @@ def test_a_publisher_on_one_node_is_confirmed_by_the_partitions_leaders() -> Non
               f"forwards {forwarding['sender']['forwards']}")
 
 
-def test_the_target_partition_s_leader_killed_mid_stream() -> None:
-    """B (leading the queue's partition, not the metadata group) SIGKILLed while A's
-    client publishes to its queue with confirms, 64 unconfirmed at a time: the forwards
-    unanswered go to the partition's new leader (deduplicated by its marks); the
-    connection stays open and every publish is confirmed, none nacked."""
+@pytest.mark.parametrize("client_on", ["metadata-primary", "third-node"])
+def test_the_target_partition_s_leader_killed_mid_stream(client_on: str) -> None:
+    """B (leading the queue's partition, not the metadata group) SIGKILLed while a client
+    on A (the metadata primary) or on C publishes to its queue with confirms, 64
+    unconfirmed at a time: the forwards unanswered go to the partition's new leader
+    (deduplicated by its marks); the connection stays open and every publish is
+    confirmed, none nacked."""
     with LocalCluster(3, options=OPTIONS) as cluster:
-        leaders, a, b, _c, queues = setup(cluster)
+        leaders, a, b, c, queues = setup(cluster)
         queue = queues[b]
         group = group_of_queue(leaders, b)
+        a = a if client_on == "metadata-primary" else c
         client = StreamPublisher(cluster.url(a), lambda _i: queue)
         client.start()
         until("a few confirmed", lambda: len(client.acked) >= 300)
