@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from brokerha.broker.errors import NotImplementedByBroker
+from brokerha.broker.errors import NotImplementedByBroker, PreconditionFailed
 from brokerha.broker.message import Message
 from brokerha.broker.placement import METADATA_GROUP, NotLeader
 from brokerha.broker.queue import Queue
@@ -52,7 +52,7 @@ from brokerha.cluster.replication import HA_ID
 from brokerha.ha.admission import Admission, ClientLink
 from brokerha.ha.member import HAMember
 from brokerha.partition.forward import ForwardMessage
-from brokerha.partition.forwarding import NodeForwarding
+from brokerha.partition.forwarding import MAX_MESSAGE, NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
 
 
@@ -175,6 +175,10 @@ class GroupClients:
                                 f"{group - 1}, {self._leader_text(group)}; its copy here has "
                                 "no x-ha-id to forward to")
             remote.setdefault(group, []).append(str(ha_id))
+        if remote and message.size > MAX_MESSAGE:
+            raise PreconditionFailed(f"a message of {message.size} bytes cannot be forwarded "
+                                     f"to another partition's leader (at most {MAX_MESSAGE}): "
+                                     "publish it on the leader of its queues' partition")
         accepted = True
         for queue in local:
             accepted = queue.enqueue(message) and accepted

@@ -64,6 +64,9 @@ from brokerha.seed_runner import UnsafeRules
 
 WINDOW = 512  # messages a lane holds unanswered before it holds its publishers
 BATCH = 256   # messages in one Forward at most
+# headers and bodies in one Forward at most (a bigger message goes alone): a packet over
+# the link's MAX_PACKET (64 MiB) would fail the link, every group's traffic with it
+MAX_BYTES = 8 * 1024 * 1024
 RETRY = 0.5   # unanswered forwards go again to the same leader after this long
 MARK_PREFIX = "fw"  # a batch's transaction name: fw:<group>:<upto>:<refused>:<origin>
 
@@ -369,10 +372,12 @@ class ForwardSender:
     """A node's forwarding of its clients' publishes, for one origin (this start)."""
 
     def __init__(self, origin: str, *, window: int = WINDOW, batch: int = BATCH,
-                 retry: float = RETRY, unsafe: Unsafe = Unsafe()) -> None:
+                 retry: float = RETRY, unsafe: Unsafe = Unsafe(),
+                 max_bytes: int = MAX_BYTES) -> None:
         self.origin = origin
         self.window = window
         self.batch = batch
+        self.max_bytes = max_bytes
         self.retry = retry
         self.unsafe = unsafe
         self.meta_seq = 0  # this node's metadata copy: what a receiver must have applied
@@ -485,6 +490,12 @@ class ForwardSender:
         room = self.window - len(lane.unanswered)
         while lane.unsent and room > 0:
             take = lane.unsent[:min(self.batch, room)]
+            size = 0
+            for i, queued in enumerate(take):  # wire: [.., header, body]
+                size += len(queued.wire[4]) + len(queued.wire[5])
+                if i and size > self.max_bytes:
+                    take = take[:i]
+                    break
             del lane.unsent[:len(take)]
             room -= len(take)
             for queued in take:

@@ -64,6 +64,9 @@ log = logging.getLogger("brokerha.partition")
 PACKETS = (Forward, Forwarded, ForwardError, LeaderNotice)  # codes 23-26, not mux packets
 NOTICE_EVERY = 1.0  # seconds: a serving group primary's LeaderNotice to every node, again
 FLOW_HOLD = "forward"  # the name of a full lane's hold in Broker.flow
+# a message bigger than this is not forwarded (406): one Forward packet carries it whole,
+# and the link refuses a packet over its MAX_PACKET (64 MiB), failing every group's traffic
+MAX_MESSAGE = 48 * 1024 * 1024
 
 Settle = Callable[[bool], None]
 

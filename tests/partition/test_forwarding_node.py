@@ -11,6 +11,7 @@ import pytest
 from pamqp import commands
 
 from brokerha.broker.content import build_header
+from brokerha.broker.errors import PreconditionFailed
 from brokerha.broker.message import Message
 from brokerha.broker.placement import NotLeader
 from brokerha.cluster.messages import Message as Packet
@@ -177,3 +178,27 @@ def test_a_forward_is_confirmed_only_through_its_group_s_gate_and_applied_once(
     del member.term, member.lapsed, member.refused  # the gate answers again
     wires.pump(10)
     assert answers == [True] and queue.message_count == count + 1
+
+
+def test_forwards_are_bounded_in_bytes_and_a_message_too_big_is_refused(
+        wires: Wires, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Forward carries at most ``max_bytes`` of headers and bodies (a bigger message
+    alone): the link refuses a packet over 64 MiB, every group's traffic with it. A
+    message too big for one packet is refused (406) before anything is enqueued."""
+    wires.pump(1)
+    n2 = wires.nodes["n2"]
+    n2.sender.max_bytes = 2500
+    answers = [publish(wires, "n2", [QUEUES[0]], b"%d" % (900030 + i) + b"0" * 1000)
+               for i in range(5)]
+    seen = wires.pump()
+    sizes = [len(p.messages) for _, _, p in seen if isinstance(p, Forward)]
+    assert sizes == [2, 2, 1] and answers == [[True]] * 5
+    monkeypatch.setattr("brokerha.partition.clients.MAX_MESSAGE", 100)
+    vhost = wires.sim.node("n2").broker.vhosts["/"]
+    own = vhost.queues[QUEUES[1]]
+    count = own.message_count
+    _, conn = served(wires.clients["n2"])
+    with pytest.raises(PreconditionFailed, match="cannot be forwarded"):
+        wires.clients["n2"].publish(conn, "/", [own, vhost.queues[QUEUES[0]]],
+                                    message(b"9" * 200), None)
+    assert own.message_count == count
