@@ -55,6 +55,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
+from brokerha import gc_hooks
 from brokerha.backup.broker_replicator import CONFIGURATION_EVENTS, BrokerReplicator
 from brokerha.backup.queue_replicator import QueueReplicator
 from brokerha.backup.timers import (
@@ -78,7 +79,6 @@ from brokerha.cluster.replication import (
     StaleEpoch,
     TxVote,
 )
-from brokerha.node.gc_governor import bulk_made
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ class Backup:
             self._held.clear()
         if self._bulk:  # a catch-up's runs made entries by the thousand: frozen as they are
             self._bulk = False
-            bulk_made()
+            gc_hooks.bulk_made()
 
     def step(self) -> bool:
         """The next slice of the commit in progress, then what waited behind it once it is

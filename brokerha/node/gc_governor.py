@@ -35,8 +35,8 @@ and a ``Message`` per message caught up, ~150,000 a second): with the
 thresholds above each of them was still walked by a young and a middle
 collection before being frozen, a seventh of the catching-up backup's loop
 (issue 33). So the backup says when it applied a catch-up packet
-(``bulk_made``, module-level: a no-op in a process without an installed
-governor) and the governor freezes at once what is not frozen yet (``gc.freeze``
+(``gc_hooks.bulk_made``, a bottom-floor hook the installed governor sets: a
+no-op in a process without one) and the governor freezes at once what is not frozen yet (``gc.freeze``
 moves the generations' lists, it walks nothing): those objects are never
 walked. What that gives up is the same as above, for the cyclic garbage made
 since the last collection (a catch-up packet's decode and apply make none: the
@@ -61,6 +61,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from brokerha import gc_hooks
 from brokerha.broker.stats import LatencyHistogram
 
 log = logging.getLogger("brokerha.node")
@@ -103,17 +104,6 @@ def tune_malloc() -> bool:
     return all([mallopt(param, value) == 1 for param, value in MALLOC_SETTINGS])
 
 
-_installed: GCGovernor | None = None  # the process's (``install``): bulk_made's
-
-
-def bulk_made() -> None:
-    """Long-lived objects were just made in bulk (a backup applied a catch-up packet):
-    freeze what the collector holds now, if a governor is installed (a node's process)."""
-    governor = _installed
-    if governor is not None:
-        governor.freeze_bulk()
-
-
 class GCGovernor:
     """``backlog``: how many messages the node holds (cheap); without it the thaw check
     counts the frozen objects whatever their number (tests, tools)."""
@@ -144,19 +134,18 @@ class GCGovernor:
         return sum(h.sum for h in self.pauses)
 
     def install(self) -> None:
-        global _installed
+        """Watch the process's collections; freeze what a backup makes in bulk
+        (``gc_hooks.bulk_made``)."""
         if not self._installed:
             gc.callbacks.append(self._callback)
             self._installed = True
-            _installed = self
+            gc_hooks.set_bulk_hook(self.freeze_bulk)
 
     def uninstall(self) -> None:
-        global _installed
         if self._installed:
             gc.callbacks.remove(self._callback)
             self._installed = False
-            if _installed is self:
-                _installed = None
+            gc_hooks.clear_bulk_hook(self.freeze_bulk)
 
     def freeze_bulk(self) -> None:
         """Freeze what is not frozen yet, without a collection (``bulk_made``)."""

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from brokerha import gc_hooks
 from brokerha.node import gc_governor
 from brokerha.node.gc_governor import GCGovernor
 from tests.clock import Clock
@@ -135,7 +136,7 @@ def test_a_bulk_of_objects_is_frozen_without_a_collection(governor: GCGovernor) 
     frozen = gc.get_freeze_count()
     kept = [[i] for i in range(5_000)]
     collections = list(governor.collections)
-    gc_governor.bulk_made()
+    gc_hooks.bulk_made()
     assert gc.get_freeze_count() >= frozen + len(kept)
     assert gc.get_count()[0] < 100 and governor.collections == collections
     assert governor.stats()["bulk_freezes"] == 1
@@ -144,7 +145,7 @@ def test_a_bulk_of_objects_is_frozen_without_a_collection(governor: GCGovernor) 
 def test_bulk_made_does_nothing_without_an_installed_governor() -> None:
     gc.unfreeze()
     kept = [[i] for i in range(1_000)]
-    gc_governor.bulk_made()
+    gc_hooks.bulk_made()
     assert gc.get_freeze_count() < len(kept)
 
 
