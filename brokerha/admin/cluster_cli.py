@@ -167,13 +167,20 @@ def register(parser: argparse.ArgumentParser) -> None:
     up.set_defaults(handler=cmd_up)
     sim = sub.add_parser("simulate", help="deterministic simulation of the HA datacenter "
                          "(election, replication, transactions, the TxLog, the partition "
-                         "table, cross-partition commit, forwarded publishes)")
+                         "table, cross-partition commit, forwarded publishes, remote "
+                         "consumers)")
     from brokerha.ha.simulation.cli import WORKLOADS
     from brokerha.ha.simulation.cli import register as register_simulation
-    from brokerha.partition import forward_simulation, group_simulation, xtx_simulation
+    from brokerha.partition import (
+        forward_simulation,
+        group_simulation,
+        remote_consume_simulation,
+        xtx_simulation,
+    )
     from brokerha.partition import simulation as table
     from brokerha.txlog.simulation import datacenter
 
     register_simulation(sim, {**WORKLOADS, "txlog": datacenter, "table": table,
                               "xtx": xtx_simulation, "groups": group_simulation,
-                              "forward": forward_simulation})
+                              "forward": forward_simulation,
+                              "remote-consume": remote_consume_simulation})

@@ -18,7 +18,10 @@ brings them back and marks learners caught up (issue 35); ``--workload groups``
 nodes that run a replication group per partition cell (issue 35, stage 2);
 ``--workload forward`` (``partition/forward_simulation.py``) is clients on random nodes
 of that world publishing with confirms to queues of one or two partitions, each
-publish forwarded to its partitions' primaries (issue 35, stage 3's protocol core). All of
+publish forwarded to its partitions' primaries (issue 35, stage 3's protocol core);
+``--workload remote-consume`` (``partition/remote_consume_simulation.py``) is that world
+with consumers on random nodes taking the messages from the partitions' primaries
+(``partition/remote_consumer.py``: deliveries, settles, re-attaches after failovers). All of
 these run the product's HA members on the harness of ``world.py``, with its cost
 model. ``--workload xtx`` (``partition/xtx_simulation.py``) is apart: commits across
 partitions (``partition/xtx.py``'s coordinators and decision rules) over partitions
@@ -115,7 +118,8 @@ def simulate(args: argparse.Namespace) -> int:
         if not getattr(module, "ON_BROKERS", False):
             raise SystemExit(f"the {args.workload} workload runs on no brokers")
         kw["brokers"] = "all"
-    if args.workload in ("confirms", "heavy", "policy", "table", "groups", "forward"):
+    if args.workload in ("confirms", "heavy", "policy", "table", "groups", "forward",
+                         "remote-consume"):
         kw["nodes"] = args.nodes
     elif args.nodes != 3:
         raise SystemExit(f"the {args.workload} workload runs 3 nodes")

@@ -1,0 +1,367 @@
+"""Remote consumers (``brokerha/partition/remote_consumer.py``), sans-I/O: a
+``ConsumerProxy`` on the client's node and a ``ConsumerHost`` over a real
+``Broker``'s queue on the group's primary, their packets carried by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from brokerha.broker.broker import Broker
+from brokerha.broker.queue import Queue
+from brokerha.cluster.messages import ErrorCode
+from brokerha.cluster.replication import HA_ID
+from brokerha.ha.simulation.world import message
+from brokerha.partition.forward import LeaderNotice
+from brokerha.partition.forward_apply import BrokerForwardLog
+from brokerha.partition.remote_consumer import (
+    ACK,
+    CANCELLED,
+    NOT_FOUND,
+    REJECT,
+    REQUEUE,
+    UNAVAILABLE,
+    Cancelled,
+    Consume,
+    ConsumeError,
+    ConsumerHost,
+    ConsumerProxy,
+    Deliver,
+    Delivered,
+    Effect,
+    Get,
+    GetAnswer,
+    GetReply,
+    RemoteDelivery,
+    SendTo,
+    SendWhenDurable,
+    Settle,
+    SettleAnswered,
+    Settled,
+    Unsafe,
+)
+
+GROUP = 1
+
+
+def primary(bodies: Sequence[bytes] = (b"m1", b"m2", b"m3", b"m4", b"m5")) -> tuple[Broker, Queue]:
+    broker = Broker("p")
+    q = broker.add_vhost("/").declare_queue("q", owner=None, durable=True,
+                                            arguments={HA_ID: "1.1"})
+    for body in bodies:
+        q.enqueue(message(body, persistent=True))
+    return broker, q
+
+
+class Cluster:
+    """One client node (``c``) with its proxy, and group primaries by node name, each a
+    host over its broker; ``carry`` delivers packets at once, durable answers too (or
+    holds them in ``gate``)."""
+
+    def __init__(self, hosts: dict[str, ConsumerHost]) -> None:
+        self.hosts = hosts
+        self.proxy = ConsumerProxy("c.1")
+        self.seen: list[Effect] = []  # what reached the client's channel
+        self.gate: list[SendTo] = []
+        self.hold_gate = False
+
+    def carry(self, effects: Sequence[Effect], src: str = "c") -> None:
+        for e in effects:
+            if isinstance(e, SendWhenDurable):
+                if self.hold_gate:
+                    self.gate.append(e.send)
+                else:
+                    self.carry([e.send], src)
+            elif isinstance(e, SendTo):
+                if e.node == "c":
+                    self.carry(self.proxy.receive(src, e.packet))
+                else:
+                    host = self.hosts[e.node]
+                    self.carry(host.receive(src, e.packet), e.node)
+                    self.carry(host.flush(), e.node)
+            else:
+                self.seen.append(e)
+
+    def turn(self) -> None:
+        """The end of a loop turn on every node."""
+        for name, host in self.hosts.items():
+            self.carry(host.flush(), name)
+        self.carry(self.proxy.flush())
+
+    def notice(self, node: str, epoch: int) -> None:
+        self.carry(self.proxy.leader(LeaderNotice(GROUP, epoch, node)))
+        self.turn()
+
+    def delivered(self) -> list[RemoteDelivery]:
+        out = [e.delivery for e in self.seen if isinstance(e, Delivered)]
+        self.seen = [e for e in self.seen if not isinstance(e, Delivered)]
+        return out
+
+
+def host_on(broker: Broker, epoch: int = 1, unsafe: Unsafe | None = None) -> ConsumerHost:
+    return ConsumerHost(GROUP, epoch, BrokerForwardLog(broker, GROUP, lambda q: True),
+                        unsafe=unsafe or Unsafe())
+
+
+def consume(c: Cluster, prefetch: int = 2) -> int:
+    consumer, out = c.proxy.consume(GROUP, "/", "1.1", prefetch)
+    c.carry(out)
+    c.turn()
+    return consumer
+
+
+def test_a_remote_consumer_takes_its_prefetch_and_more_as_it_acks() -> None:
+    broker, q = primary()
+    c = Cluster({"p": host_on(broker)})
+    c.notice("p", 1)
+    consume(c, prefetch=2)
+    first = c.delivered()
+    assert [(d.position, d.body, d.redelivered) for d in first] == [(1, b"m1", False),
+                                                                   (2, b"m2", False)]
+    assert q.consumer_count == 1 and len(q.ready) == 3
+    c.proxy.settle(first[:1], ACK)
+    c.turn()
+    assert [d.position for d in c.delivered()] == [3]
+    # the ack is answered once durable (here at once): the client's node hears it
+    assert [e for e in c.seen if isinstance(e, SettleAnswered)] == [
+        SettleAnswered(GROUP, 1, 1, "/", "1.1", (1,))]
+    assert q.acked == 1
+
+
+def test_the_deliveries_of_a_turn_go_as_one_deliver_per_consumer() -> None:
+    broker, q = primary(())
+    host = host_on(broker)
+    c = Cluster({"p": host})
+    c.notice("p", 1)
+    consume(c, prefetch=10)
+    for body in (b"a", b"b", b"c"):
+        q.enqueue(message(body, persistent=True))
+    [deliver] = [e.packet for e in host.flush() if isinstance(e, SendTo)]
+    assert isinstance(deliver, Deliver) and [d[5] for d in deliver.deliveries] == [b"a", b"b",
+                                                                                    b"c"]
+
+
+def test_an_ack_is_answered_only_through_the_groups_gate() -> None:
+    broker, q = primary()
+    c = Cluster({"p": host_on(broker)})
+    c.hold_gate = True
+    c.notice("p", 1)
+    consume(c, prefetch=1)
+    c.proxy.settle(c.delivered(), ACK)
+    c.turn()
+    assert not [e for e in c.seen if isinstance(e, SettleAnswered)]
+    assert [type(s.packet) for s in c.gate] == [Settled]
+    # unsafe: answered as soon as applied
+    broker2, _ = primary()
+    c2 = Cluster({"p": host_on(broker2, unsafe=Unsafe(ack_before_durable=True))})
+    c2.hold_gate = True
+    c2.notice("p", 1)
+    consume(c2, prefetch=1)
+    c2.proxy.settle(c2.delivered(), ACK)
+    c2.turn()
+    assert [e for e in c2.seen if isinstance(e, SettleAnswered)] and not c2.gate
+
+
+def test_nack_with_requeue_comes_back_redelivered_and_reject_drops() -> None:
+    broker, q = primary((b"m1", b"m2"))
+    c = Cluster({"p": host_on(broker)})
+    c.notice("p", 1)
+    consume(c, prefetch=1)
+    [d] = c.delivered()
+    c.proxy.settle([d], REQUEUE)
+    c.turn()
+    [again] = c.delivered()
+    assert (again.position, again.redelivered) == (1, True)
+    c.proxy.settle([again], REJECT)
+    c.turn()
+    [second] = c.delivered()
+    assert second.position == 2 and q.message_count == 0
+    assert [e.positions for e in c.seen if isinstance(e, SettleAnswered)] == [(1,)]
+
+
+def test_a_lost_link_requeues_what_the_consumer_held_and_it_attaches_again() -> None:
+    broker, q = primary()
+    host = host_on(broker)
+    c = Cluster({"p": host})
+    c.notice("p", 1)
+    consume(c, prefetch=2)
+    held = c.delivered()
+    assert len(held) == 2 and host.held() == 2
+    c.carry(host.link_lost("c"), "p")
+    assert host.held() == 0 and q.consumer_count == 0
+    assert [(e.position, e.redelivered) for e in list(q.ready)[:2]] == [(1, True), (2, True)]
+    c.carry(c.proxy.link_lost("p"))
+    # an ack of a delivery of the lost attachment is dropped: the message comes again
+    c.proxy.settle(held[:1], ACK)
+    c.turn()
+    assert c.proxy.stats.stale_settles == 1 and q.acked == 0
+    c.notice("p", 1)  # the link is up again: the leader's notice
+    again = c.delivered()
+    assert [(d.position, d.redelivered, d.attach) for d in again] == [(1, True, 2),
+                                                                      (2, True, 2)]
+    assert c.proxy.stats.reattaches == 1
+
+
+def test_without_requeue_on_link_loss_what_was_held_is_stranded() -> None:
+    broker, q = primary()
+    host = host_on(broker, unsafe=Unsafe(no_requeue_on_link_loss=True))
+    c = Cluster({"p": host})
+    c.notice("p", 1)
+    consume(c, prefetch=2)
+    c.carry(host.link_lost("c"), "p")
+    assert len(q.ready) == 3 and q.unacked == 2  # acquired by nobody, for ever
+
+
+def test_credit_ignored_hands_over_everything() -> None:
+    broker, _ = primary()
+    c = Cluster({"p": host_on(broker, unsafe=Unsafe(credit_ignored=True))})
+    c.notice("p", 1)
+    consume(c, prefetch=2)
+    assert len(c.delivered()) == 5
+
+
+def test_a_new_leader_redelivers_what_the_old_one_delivered_with_its_flag_set() -> None:
+    """Delivery state is not replicated: the new primary holds positions 1-5 ready; the
+    proxy names the two it held unsettled, so they come flagged; a late delivery of the
+    deposed primary and an ack of its delivery are dropped."""
+    old_broker, _ = primary()
+    new_broker, new_q = primary()
+    old, new = host_on(old_broker, 1), host_on(new_broker, 2)
+    c = Cluster({"p": old, "n": new})
+    c.notice("p", 1)
+    consume(c, prefetch=2)
+    held = c.delivered()
+    c.notice("n", 2)
+    redelivered = c.delivered()
+    assert [(d.position, d.redelivered, d.epoch) for d in redelivered] == [(1, True, 2),
+                                                                           (2, True, 2)]
+    assert new.stats.marked == 2
+    # the deposed primary's late deliveries are not the channel's
+    c.carry(c.proxy.receive("p", Deliver(GROUP, 1, "c.1", 1, 1, [[3, False, "", "q", b"",
+                                                                  b"m3"]])))
+    assert c.delivered() == [] and c.proxy.stats.stale_deliveries == 1
+    # an ack of a tag given before the failover is dropped; the new delivery's goes
+    c.proxy.settle(held, ACK)
+    c.proxy.settle(redelivered[:1], ACK)
+    c.turn()
+    assert c.proxy.stats.stale_settles == 2 and new_q.acked == 1
+    assert [d.position for d in c.delivered()] == [3]
+    # the old host, deposed, gives back what it held
+    old.stop()
+    assert old_broker.vhosts["/"].queues["q"].unacked == 0
+
+
+def test_a_consume_of_another_epoch_or_an_unknown_queue_is_refused() -> None:
+    broker, _ = primary()
+    host = host_on(broker, epoch=3)
+    c = Cluster({"p": host})
+    c.notice("p", 2)  # a notice the host has moved past
+    consume(c)
+    assert c.proxy.stats.refused == 1 and c.proxy.leaders == {}
+    assert [s.consumer for s in c.proxy.subs.values()] == [1]  # waits for the next notice
+    c.notice("p", 3)
+    assert len(c.delivered()) == 2
+    consumer, out = c.proxy.consume(GROUP, "/", "9.9", 1)
+    c.carry(out)
+    assert Cancelled(consumer, NOT_FOUND, "no queue 9.9 in vhost / in group 1") in c.seen
+    assert consumer not in c.proxy.subs
+
+
+def test_a_deleted_queue_cancels_its_remote_consumers() -> None:
+    broker, q = primary()
+    c = Cluster({"p": host_on(broker)})
+    c.notice("p", 1)
+    consumer = consume(c)
+    q.delete()
+    c.turn()
+    assert [e for e in c.seen if isinstance(e, Cancelled)] == [
+        Cancelled(consumer, CANCELLED, "queue 1.1 deleted")]
+
+
+def test_cancel_keeps_what_is_held_until_settled_and_close_requeues() -> None:
+    broker, q = primary()
+    host = host_on(broker)
+    c = Cluster({"p": host})
+    c.notice("p", 1)
+    consumer = consume(c, prefetch=2)
+    held = c.delivered()
+    c.carry(c.proxy.cancel(consumer))
+    assert q.consumer_count == 0 and host.held() == 2
+    c.proxy.settle(held[:1], ACK)
+    c.turn()
+    assert q.acked == 1 and host.held() == 1 and c.delivered() == []
+    other = consume(c, prefetch=5)
+    assert [d.position for d in c.delivered()] == [3, 4, 5]
+    c.carry(c.proxy.close(other))
+    assert host.held() == 1 and [e.position for e in q.ready] == [3, 4, 5]
+
+
+def test_a_get_is_one_request_and_its_ack_one_settle() -> None:
+    broker, q = primary((b"m1",))
+    c = Cluster({"p": host_on(broker)})
+    request, out = c.proxy.get(GROUP, "/", "1.1")
+    assert out == [GetAnswer(request, None, UNAVAILABLE)]  # no leader known yet
+    c.notice("p", 1)
+    request, out = c.proxy.get(GROUP, "/", "1.1")
+    assert isinstance(out[0], SendTo) and isinstance(out[0].packet, Get)
+    c.carry(out)
+    [answer] = [e for e in c.seen if isinstance(e, GetAnswer)]
+    assert answer.request == request and answer.delivery is not None
+    assert answer.delivery.body == b"m1" and q.unacked == 1
+    c.proxy.settle([answer.delivery], ACK)
+    c.turn()
+    assert q.acked == 1
+    c.seen.clear()
+    _, out = c.proxy.get(GROUP, "/", "1.1")
+    c.carry(out)
+    assert [e.delivery for e in c.seen if isinstance(e, GetAnswer)] == [None]  # empty
+
+
+def test_a_get_lost_with_its_link_is_answered_unavailable() -> None:
+    broker, q = primary()
+    c = Cluster({"p": host_on(broker)})
+    c.notice("p", 1)
+    request, out = c.proxy.get(GROUP, "/", "1.1")
+    assert [e for e in c.proxy.link_lost("p")] == [GetAnswer(request, None, UNAVAILABLE)]
+    c.carry(out)  # the answer, arriving after all, is nobody's
+    assert [e for e in c.seen if isinstance(e, GetAnswer)] == []
+
+
+def test_a_get_to_a_node_not_serving_is_refused() -> None:
+    broker, _ = primary()
+    host = ConsumerHost(GROUP, 1, BrokerForwardLog(broker, GROUP, lambda q: True),
+                        serving=lambda: False)
+    [reply] = host.receive("c", Get(GROUP, 1, "c.1", 7, 1, "/", "1.1", False))
+    assert isinstance(reply, SendTo) and reply.packet == GetReply(GROUP, "c.1", 7, [],
+                                                                  ErrorCode.NOT_PRIMARY)
+
+
+def test_the_cluster_links_codec_carries_the_packets() -> None:
+    from brokerha.cluster.protocol import PacketCodec
+
+    packets = [Consume(1, 2, "n1.1", 3, 1, "/", "1.1", 5, False, True, [4, 7]),
+               Deliver(1, 2, "n1.1", 3, 1, [[4, True, "", "q", b"h", b"body"]]),
+               Settle(1, 2, "n1.1", 3, 1, "/", "1.1", [4], ACK),
+               Get(1, 2, "n1.1", 9, 1, "/", "1.1", False),
+               GetReply(1, "n1.1", 9, [], ""),
+               ConsumeError(1, "n1.1", 3, 1, NOT_FOUND, "gone"),
+               Settled(1, 2, "n1.1", 3, "/", "1.1", [4])]
+    codec = PacketCodec()
+    data = b"".join(codec.encode(i, p) for i, p in enumerate(packets))
+    assert [p for _, p in PacketCodec().feed(data)] == packets
+
+
+def test_a_host_serving_again_after_a_lapse_hands_out_at_its_tick() -> None:
+    broker, q = primary()
+    serving = [True]
+    host = ConsumerHost(GROUP, 1, BrokerForwardLog(broker, GROUP, lambda q: True),
+                        serving=lambda: serving[0])
+    serving[0] = False
+    host.receive("c", Consume(GROUP, 1, "c.1", 1, 1, "/", "1.1", 2, False, False, []))
+    assert host.flush() == []
+    serving[0] = True
+    host.redispatch()
+    assert [len(e.packet.deliveries) for e in host.flush()
+            if isinstance(e, SendTo) and isinstance(e.packet, Deliver)] == [2]
+    # a settle of no known kind is not taken for an ack
+    host.receive("c", Settle(GROUP, 1, "c.1", 1, 1, "/", "1.1", [1], "bogus"))
+    assert q.acked == 0 and host.held() == 2
