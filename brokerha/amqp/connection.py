@@ -161,6 +161,9 @@ class ServerConnection:
         self.on_output: Callable[[], None] | None = None
         self.on_read_paused: Callable[[bool], None] | None = None
         self.reading_paused = False
+        # holds of this connection alone (a partitioned node's full forward lane it publishes
+        # to: partition/forwarding.py), beside the broker's flow holds and alarms
+        self.publish_holds: set[str] = set()
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -250,7 +253,7 @@ class ServerConnection:
             if self.broker.limits.memory_limit:
                 self.broker.check_memory()
                 self._maybe_pause_reading()
-            if self.broker.flow.held:
+            if self.broker.flow.held or self.publish_holds:
                 self._set_reading_paused(True)
 
     def _check_protocol_header(self, header: bytes) -> None:
@@ -663,7 +666,7 @@ class ServerConnection:
             else:
                 self.send_method(0, commands.Connection.Unblocked())
         if not blocked:
-            if not self.broker.flow.held:
+            if not self.broker.flow.held and not self.publish_holds:
                 self._set_reading_paused(False)
         else:
             self._maybe_pause_reading()
@@ -677,7 +680,21 @@ class ServerConnection:
         if held:
             if self.has_published:
                 self._set_reading_paused(True)
-        elif not self.broker.publishers_blocked:
+        elif not self.broker.publishers_blocked and not self.publish_holds:
+            self._set_reading_paused(False)
+
+    def hold_publishing(self, name: str, held: bool) -> None:
+        """Hold (or release) this connection alone for ``name``: not read while held, as for
+        a flow hold (no ``connection.blocked``: internal back-pressure, per connection as
+        RabbitMQ's credit flow)."""
+        if held:
+            self.publish_holds.add(name)
+            if self.state != CLOSED and not self.wants_close:
+                self._set_reading_paused(True)
+            return
+        self.publish_holds.discard(name)
+        if (not self.publish_holds and self.state != CLOSED and not self.broker.flow.held
+                and not self.broker.publishers_blocked):
             self._set_reading_paused(False)
 
     def _set_reading_paused(self, paused: bool) -> None:

@@ -215,7 +215,7 @@ class TransactionReplicator:
         for txid, client_id, outcome, at in records:
             if seen is not None:
                 seen.add(txid)
-            current = outcomes._records.get(txid)
+            current = outcomes.get(txid)
             if current is None or current[1:3] != (client_id, outcome):
                 outcomes.record(txid, client_id, outcome, at)
 

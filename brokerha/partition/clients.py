@@ -195,7 +195,7 @@ class GroupClients:
                                      message.header, message.body)
                    for g, ids in remote.items()}
         if settle is None or not local:
-            forwarding.publish(targets, settle)
+            forwarding.publish(targets, settle, client)
             return
         both = _Both(settle)
         if accepted:
@@ -203,7 +203,7 @@ class GroupClients:
         else:
             both.refused = True
             both.local_done()
-        forwarding.publish(targets, both.remote_done)
+        forwarding.publish(targets, both.remote_done, client)
 
     def serves_queue(self, vhost: str, name: str, arguments: Mapping[str, Any] | None,
                      exclusive: bool) -> bool:

@@ -19,9 +19,11 @@ Two state machines, with no sockets, no asyncio and no clock of their own
   receiver, in process, so a failover that makes the client's node the
   leader keeps every queue's order (what was forwarded before is resent
   ahead of what comes after). What is unanswered is sent again, in order,
-  to a new leader at once and to the same one every ``retry`` seconds; a
-  lane holds at most ``window`` messages unanswered (``holds``: the shell
-  stops reading the publishing connections, as for any flow hold).
+  to a new leader at once; to the same one, what went ``retry`` seconds ago
+  and is still unanswered (from the oldest, at most a window's worth), the
+  delay doubled at each retry the leader leaves unanswered (up to
+  ``retry_max``); a lane holds at most ``window`` messages unanswered
+  (``holds``: the shell stops reading the connections that publish to it).
 - ``ForwardReceiver``, on a group's primary, made for one epoch of its
   role: it applies no forward before its node's metadata copy reached the
   forward's ``meta_seq`` (``metadata_reached``; a queue declared on another
@@ -59,6 +61,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# a batch's transaction name, its mark: fw:<group>:<upto>:<refused>:<origin> (the outcomes
+# keep the newest per group and origin apart from the clients' records)
+from brokerha.broker.tx_outcomes import MARK_PREFIX as MARK_PREFIX
 from brokerha.cluster.messages import ErrorCode, Message, packet
 from brokerha.seed_runner import UnsafeRules
 
@@ -67,8 +72,12 @@ BATCH = 256   # messages in one Forward at most
 # headers and bodies in one Forward at most (a bigger message goes alone): a packet over
 # the link's MAX_PACKET (64 MiB) would fail the link, every group's traffic with it
 MAX_BYTES = 8 * 1024 * 1024
-RETRY = 0.5   # unanswered forwards go again to the same leader after this long
-MARK_PREFIX = "fw"  # a batch's transaction name: fw:<group>:<upto>:<refused>:<origin>
+RETRY = 0.5   # unanswered forwards go again to the same leader after this long ...
+RETRY_MAX = 8.0  # ... doubled at each retry the leader left unanswered, up to this
+# a mark names the refused fseqs above its upto - REFUSED_KEPT only: a sender resends no fseq
+# that far below one applied (what it holds unanswered is contiguous and at most its window,
+# which must not exceed this)
+REFUSED_KEPT = 4 * WINDOW
 
 
 @dataclass(frozen=True)
@@ -204,8 +213,10 @@ class Mark:
 
 
 def mark_name(group: int, origin: str, upto: int, refused: Iterable[int]) -> str:
-    """The name a batch's record carries (the shell's transaction client id)."""
-    return f"{MARK_PREFIX}:{group}:{upto}:{','.join(map(str, sorted(refused)))}:{origin}"
+    """The name a batch's record carries (the shell's transaction client id): the refused
+    fseqs above ``upto - REFUSED_KEPT`` only (a resend never goes below)."""
+    kept = sorted(f for f in refused if f > upto - REFUSED_KEPT)
+    return f"{MARK_PREFIX}:{group}:{upto}:{','.join(map(str, kept))}:{origin}"
 
 
 def marks_from(group: int, names: Iterable[str | None]) -> dict[str, Mark]:
@@ -313,6 +324,8 @@ class ForwardReceiver:
             self.stats.refused += len(refused)
             mark.upto = upto
             mark.refused.update(refused)
+            if mark.refused:  # below upto - REFUSED_KEPT no resend comes (nor in the mark)
+                mark.refused = {f for f in mark.refused if f > upto - REFUSED_KEPT}
         answer = ToNode(sender, Forwarded(
             self.group, forward.origin, min(mark.upto, forward.last_fseq),
             sorted(f for f in mark.refused if forward.first_fseq <= f <= forward.last_fseq)))
@@ -344,6 +357,7 @@ class Lane:
     unanswered: dict[int, Queued] = field(default_factory=dict)  # fseq -> queued, in order
     leader: str | None = None
     epoch: int = -1
+    delay: float = RETRY  # the retry's delay now (the sender's retry, doubled while unanswered)
 
     @property
     def load(self) -> int:
@@ -362,7 +376,8 @@ class Publish:
 class SenderStats:
     forwards: int = 0   # Forward packets sent
     resent: int = 0     # messages sent again to a new leader
-    retried: int = 0    # messages sent again to the same leader after ``retry``
+    retried: int = 0    # messages sent again to the same leader after ``retry`` ...
+    retries: int = 0    # ... in this many retries
     acks: int = 0
     nacks: int = 0
     errors: int = 0     # ForwardError answers
@@ -373,12 +388,15 @@ class ForwardSender:
 
     def __init__(self, origin: str, *, window: int = WINDOW, batch: int = BATCH,
                  retry: float = RETRY, unsafe: Unsafe = Unsafe(),
-                 max_bytes: int = MAX_BYTES) -> None:
+                 max_bytes: int = MAX_BYTES, retry_max: float = RETRY_MAX) -> None:
+        # (a window over REFUSED_KEPT, benchmarks/forward_path.py's: a message refused more
+        # than REFUSED_KEPT below the mark and resent would be acked)
         self.origin = origin
         self.window = window
         self.batch = batch
         self.max_bytes = max_bytes
         self.retry = retry
+        self.retry_max = max(retry, retry_max)
         self.unsafe = unsafe
         self.meta_seq = 0  # this node's metadata copy: what a receiver must have applied
         self.lanes: dict[int, Lane] = {}
@@ -388,7 +406,7 @@ class ForwardSender:
     def lane(self, group: int) -> Lane:
         lane = self.lanes.get(group)
         if lane is None:
-            lane = self.lanes[group] = Lane(group)
+            lane = self.lanes[group] = Lane(group, delay=self.retry)
         return lane
 
     def holds(self, groups: Iterable[int]) -> bool:
@@ -425,7 +443,8 @@ class ForwardSender:
                                          and lane.leader == notice.node):
             return []
         lane.leader, lane.epoch = notice.node, notice.epoch
-        return self._resend(lane, now, new_leader=True)
+        lane.delay = self.retry
+        return self._resend(lane, now)
 
     def receive(self, now: float, packet: Forwarded | ForwardError,
                 src: str | None = None) -> list[Effect]:
@@ -442,17 +461,30 @@ class ForwardSender:
         refused = set(packet.refused)
         for fseq in [f for f in lane.unanswered if f <= packet.upto_fseq]:
             queued = lane.unanswered.pop(fseq)
+            lane.delay = self.retry  # the leader answers: no backoff
             out += self._answered(queued.publish, lane.group, fseq not in refused)
         return out + self._send(lane, now)
 
     def tick(self, now: float) -> list[Effect]:
-        """The oldest message of a lane unanswered ``retry`` seconds: everything unanswered
-        goes again to the same leader (one lost forward makes the next ones gaps)."""
+        """A lane whose oldest unanswered message went ``delay`` seconds ago (``retry``,
+        doubled at each retry the leader left unanswered, up to ``retry_max``): what is
+        unanswered and that old goes again to the same leader, from the oldest on (one
+        lost forward makes the next ones gaps), at most a window's worth."""
         out: list[Effect] = []
         for lane in self.lanes.values():
             oldest = next(iter(lane.unanswered.values()), None)
-            if oldest is not None and lane.leader is not None and now - oldest.sent >= self.retry:
-                out += self._resend(lane, now, new_leader=False)
+            if oldest is None or lane.leader is None or now - oldest.sent < lane.delay:
+                continue
+            cutoff = now - lane.delay
+            again: list[Queued] = []
+            for queued in lane.unanswered.values():
+                if queued.sent > cutoff or len(again) >= self.window:
+                    break
+                again.append(queued)
+            self.stats.retries += 1
+            self.stats.retried += len(again)
+            lane.delay = min(lane.delay * 2, self.retry_max)
+            out += self._forwards(lane, again, now)
         return out
 
     # -- steps --------------------------------------------------------------------------------
@@ -472,13 +504,11 @@ class ForwardSender:
             self.stats.nacks += 1
         return [Confirm(publish, pending.ack)]
 
-    def _resend(self, lane: Lane, now: float, *, new_leader: bool) -> list[Effect]:
-        """Everything unanswered goes back ahead of what waits, and out again in order."""
+    def _resend(self, lane: Lane, now: float) -> list[Effect]:
+        """A new leader: everything unanswered goes back ahead of what waits, and out again
+        in order, at once."""
         again = list(lane.unanswered.values())
-        if new_leader:
-            self.stats.resent += len(again)
-        else:
-            self.stats.retried += len(again)
+        self.stats.resent += len(again)
         lane.unsent[:0] = again
         lane.unanswered.clear()
         return self._send(lane, now)
@@ -486,26 +516,37 @@ class ForwardSender:
     def _send(self, lane: Lane, now: float) -> list[Effect]:
         if lane.leader is None or not lane.unsent:
             return []
-        out: list[Effect] = []
         room = self.window - len(lane.unanswered)
-        while lane.unsent and room > 0:
-            take = lane.unsent[:min(self.batch, room)]
+        if room <= 0:
+            return []
+        take = lane.unsent[:room]
+        del lane.unsent[:len(take)]
+        for queued in take:
+            lane.unanswered[queued.fseq] = queued
+        return self._forwards(lane, take, now)
+
+    def _forwards(self, lane: Lane, queued: list[Queued], now: float) -> list[Effect]:
+        """``queued`` (in fseq order, contiguous) to the lane's leader as Forwards of at most
+        ``batch`` messages and ``max_bytes`` (a bigger message alone)."""
+        assert lane.leader is not None
+        out: list[Effect] = []
+        at = 0
+        while at < len(queued):
+            take = queued[at:at + self.batch]
             size = 0
-            for i, queued in enumerate(take):  # wire: [.., header, body]
-                size += len(queued.wire[4]) + len(queued.wire[5])
+            for i, q in enumerate(take):  # wire: [.., header, body]
+                size += len(q.wire[4]) + len(q.wire[5])
                 if i and size > self.max_bytes:
                     take = take[:i]
                     break
-            del lane.unsent[:len(take)]
-            room -= len(take)
-            for queued in take:
-                queued.sent = now
-                lane.unanswered[queued.fseq] = queued
+            at += len(take)
+            for q in take:
+                q.sent = now
             out.append(ToNode(lane.leader, Forward(lane.group, lane.epoch, self.origin,
                                                    take[0].fseq, self.meta_seq,
                                                    [q.wire for q in take])))
             self.stats.forwards += 1
             if self.unsafe.confirm_on_send:
-                for queued in take:
-                    out += self._answered(queued.publish, lane.group, True)
+                for q in take:
+                    out += self._answered(q.publish, lane.group, True)
         return out

@@ -13,21 +13,31 @@ invalid until its last). So a batch is applied as a local TX
 ``fw:<group>:<upto>:<refused>:<origin>``); the TX's ``tc`` carries the
 enqueues (``e`` ops) and the client id, every backup records it with the
 outcome (``TxOutcomes``) in the same store batch, a joining backup gets it in
-its catch-up's ``to``, and a new primary reads the marks back from its
-outcomes (``recover_marks``). No new event kind, no new field: the wire is
-today's.
+its catch-up's ``to``, and a new primary reads the marks back (``recover_marks``).
+No new event kind, no new field: the wire is today's.
 
-What this leans on, and its limits: the outcomes' retention (``MAX_RECORDS``
-newest, ``MAX_AGE``): a sender whose forward stays unanswered past it could
-have it applied twice; and ``TxOutcomes`` has no group column yet (docs/ha.md
-"What stage 2 leaves"): a catch-up's ``to`` of one group replaces the outcomes
-of every group on the joining node (``TransactionReplicator.caught_up``,
-``keep_only``), which can take marks of another group away from it.
+Where the marks are kept: ``TxOutcomes`` keeps a mark's record apart from the
+clients' (``TxOutcomes.marks``, ``broker/tx_outcomes.py``): the newest per
+(group, origin) only -- the one before is deleted from the store in the same
+callback, so the store holds one row per origin, in the outcomes' table, no
+schema change --, not counted against ``MAX_RECORDS``/``MAX_AGE`` (a sustained
+forwarding would otherwise evict the clients' records, and a mark evicted
+while its sender still resends would let a duplicate in). The newest mark
+names every refused fseq above ``upto - REFUSED_KEPT`` (the marks before it
+are gone: ``ForwardBatch`` carries their refused ones on), enough for any
+resend (a sender's unanswered messages are contiguous and at most its
+window). Origins not heard for ``MARK_MAX_AGE``, and beyond
+``MARK_MAX_ORIGINS`` in a group (the least recently heard), are dropped: an
+origin is a start of a node, and a live sender with something unanswered
+resends it every few seconds. A group's catch-up replaces that group's marks
+only (``TransactionReplicator`` with its group's scope; ``keep_only`` goes by
+the group the mark's name says): another group's marks on the joining node
+stay (tests/partition/test_forward_marks.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from brokerha.broker.broker import Broker
 from brokerha.broker.message import Message
@@ -47,7 +57,7 @@ class ForwardBatch(Transaction):
 
     def __init__(self, tx_id: str, factories: list[TransactionObserverFactory], *,
                  group: int, origin: str, upto: int, broker: Broker,
-                 placed: Placed | None = None) -> None:
+                 placed: Placed | None = None, refused_before: Iterable[int] = ()) -> None:
         super().__init__(tx_id, factories, on_outcome=self._record)
         self.group = group
         self.origin = origin
@@ -56,6 +66,9 @@ class ForwardBatch(Transaction):
         self.placed = placed
         self.fseqs: list[int] = []
         self.refused: list[int] = []
+        # the origin's refused fseqs the mark before named: the new mark names them too (the
+        # outcomes keep the newest mark only)
+        self.refused_before = list(refused_before)
 
     def add(self, fseq: int, queues: list[Queue], message: Message) -> None:
         self.fseqs.append(fseq)
@@ -75,7 +88,8 @@ class ForwardBatch(Transaction):
             if refused:
                 self.refused.append(fseq)
         # the mark: recorded with the outcome, sent in the tc (read at the observers' commit)
-        self.client_id = mark_name(self.group, self.origin, self.upto, self.refused)
+        self.client_id = mark_name(self.group, self.origin, self.upto,
+                                   [*self.refused_before, *self.refused])
 
     def _record(self, tx: Transaction, outcome: str) -> None:
         if outcome == COMMITTED:  # as Broker's recorder: in the commit's loop callback
@@ -115,9 +129,12 @@ class BrokerForwardLog:
     def apply(self, origin: str, upto: int,
               messages: Sequence[tuple[int, ForwardMessage]]) -> list[int]:
         self._batches += 1
+        held = self.broker.outcomes.marks.get((self.group, origin))
+        before = marks_from(self.group, [held[1]]).get(origin) if held is not None else None
         batch = ForwardBatch(f"{self.broker.node_name}:fw:{self.group}:{self._batches}",
                              self.broker.observers.transactions, group=self.group,
-                             origin=origin, upto=upto, broker=self.broker, placed=self.placed)
+                             origin=origin, upto=upto, broker=self.broker, placed=self.placed,
+                             refused_before=() if before is None else before.refused)
         for fseq, m in messages:
             queues = []
             for ha_id in m.queues:
@@ -135,4 +152,4 @@ class BrokerForwardLog:
 
 def recover_marks(broker: Broker, group: int) -> dict[str, Mark]:
     """The marks of ``group`` this node's store holds (a new primary's receiver starts so)."""
-    return marks_from(group, (record[1] for record in broker.outcomes.snapshot()))
+    return marks_from(group, (record[1] for record in broker.outcomes.marks_of(group)))

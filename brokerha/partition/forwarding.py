@@ -11,8 +11,10 @@ next loop turn (``soon``) and the clock; ``GroupClients.publish``
   not serve goes into the lanes of those groups; the lanes go out once per loop
   turn (``flush``, scheduled at the first publish of a turn); the publisher's
   confirm is given when every lane answered (and the local part, if any, passed
-  its groups' gates: ``GroupClients``). A lane's full window holds the node's
-  publishers (``Broker.flow``, hold ``forward``) until answers come back.
+  its groups' gates: ``GroupClients``). A lane's full window holds the
+  connections that publish to it, each alone (``hold_publishing(FLOW_HOLD, ...)``:
+  not read, as a flow hold), until answers bring it under its window; the
+  connections publishing to other partitions go on.
 - **A receiver per group this node serves** (``ForwardReceiver``, made in
   ``serving`` for that epoch with the marks its store holds, dropped in
   ``demoted``): it applies forwards through ``BrokerForwardLog`` (one local TX per
@@ -38,7 +40,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 from brokerha.broker.broker import Broker
 from brokerha.cluster.messages import ErrorCode, Message
@@ -63,12 +65,18 @@ log = logging.getLogger("brokerha.partition")
 
 PACKETS = (Forward, Forwarded, ForwardError, LeaderNotice)  # codes 23-26, not mux packets
 NOTICE_EVERY = 1.0  # seconds: a serving group primary's LeaderNotice to every node, again
-FLOW_HOLD = "forward"  # the name of a full lane's hold in Broker.flow
+FLOW_HOLD = "forward"  # the name of a full lane's hold of a connection (hold_publishing)
 # a message bigger than this is not forwarded (406): one Forward packet carries it whole,
 # and the link refuses a packet over its MAX_PACKET (64 MiB), failing every group's traffic
 MAX_MESSAGE = 48 * 1024 * 1024
 
 Settle = Callable[[bool], None]
+
+
+class Holdable(Protocol):
+    """A publishing connection (``amqp/connection.py``): not read while held."""
+
+    def hold_publishing(self, name: str, held: bool) -> None: ...
 
 
 @dataclass
@@ -77,6 +85,7 @@ class ForwardingStats:
     local_in_lane: int = 0  # ... of which to a group this node serves (its lane under way)
     notices_sent: int = 0
     not_serving: int = 0  # forwards this node answered not-primary (no receiver)
+    connection_holds: int = 0  # times a connection was held by a full lane
 
 
 class NodeForwarding:
@@ -98,7 +107,8 @@ class NodeForwarding:
         self._next_publish = 0
         self._flush_scheduled = False
         self._noticed = 0.0
-        self.held = False
+        # the connections held, by the full lanes (groups) they published to
+        self.held: dict[Holdable, set[int]] = {}
         self.stats = ForwardingStats()
 
     # -- the publish path (GroupClients.publish) --------------------------------------------
@@ -109,9 +119,12 @@ class NodeForwarding:
         lane = self.sender.lanes.get(group)
         return lane is not None and lane.load > 0
 
-    def publish(self, targets: Mapping[int, ForwardMessage], settle: Settle | None) -> None:
+    def publish(self, targets: Mapping[int, ForwardMessage], settle: Settle | None,
+                client: object = None) -> None:
         """Forward one publish to ``targets`` (group -> the message naming that group's
-        queues); ``settle(ack)`` once every group answered (None: no confirm asked)."""
+        queues); ``settle(ack)`` once every group answered (None: no confirm asked).
+        ``client``: the publishing connection, held while a lane it published to is full
+        (one without ``hold_publishing``, the management API's None: not held)."""
         self._next_publish += 1
         pid = self._next_publish
         if settle is not None:
@@ -119,10 +132,17 @@ class NodeForwarding:
         self.stats.published += 1
         self.stats.local_in_lane += sum(1 for g in targets if self._serving(g))
         self.carry_out(self.sender.publish(pid, targets))
-        if not self.held and self.sender.holds(targets):
-            self.held = True
-            self.broker.flow.hold(FLOW_HOLD, "a forward lane's window is full (its partition's "
-                                  "leader has not answered)", cause="forward")
+        if hasattr(client, "hold_publishing"):
+            full = {g for g in targets if self.sender.holds([g])}
+            if full:
+                conn = cast(Holdable, client)
+                groups = self.held.get(conn)
+                if groups is None:
+                    self.held[conn] = full
+                    self.stats.connection_holds += 1
+                    conn.hold_publishing(FLOW_HOLD, True)
+                else:
+                    groups |= full
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._soon(self.flush)
@@ -182,14 +202,25 @@ class NodeForwarding:
             out = self._forward(src, packet)
         elif isinstance(packet, Forwarded | ForwardError):
             out = self.sender.receive(self.clock(), packet, src)
-            if self.held and not self.sender.holds(self.sender.lanes):
-                self.held = False
-                self.broker.flow.release(FLOW_HOLD)
+            if self.held:
+                self._release(packet.group)
         elif isinstance(packet, LeaderNotice):
             out = self.sender.leader(self.clock(), packet)
         else:
             return
         self.carry_out(out)
+
+    def _release(self, group: int) -> None:
+        """The connections held by ``group``'s lane go on once it is under its window (and
+        no other full lane holds them)."""
+        if self.sender.holds([group]):
+            return
+        for client, groups in list(self.held.items()):
+            if group in groups:
+                groups.discard(group)
+                if not groups:
+                    del self.held[client]
+                    client.hold_publishing(FLOW_HOLD, False)
 
     def _forward(self, src: str, packet: Forward) -> list[Effect]:
         receiver = self.receivers.get(packet.group)
@@ -240,4 +271,4 @@ class NodeForwarding:
         return {"origin": self.sender.origin, "lanes": lanes,
                 "receivers": {str(g): r.epoch for g, r in sorted(self.receivers.items())},
                 "sender": vars(self.sender.stats).copy(), "node": vars(self.stats).copy(),
-                "held": self.held}
+                "held": len(self.held)}

@@ -201,9 +201,37 @@ def test_a_gap_is_dropped_and_the_retry_resends_from_the_first_unanswered() -> N
     (second,) = forwards(s.flush(0.1))
     assert r.receive("a", second) == [] and r.stats.gaps == 1
     assert s.tick(0.4) == []
-    (again,) = forwards(s.tick(0.5))
-    assert (again.first_fseq, len(again.messages)) == (1, 2) and s.stats.retried == 2
-    assert durable(r.receive("a", again)) == [Forwarded(1, "a.1", 2, [])]
+    (again,) = forwards(s.tick(0.5))  # only what went 0.5 s ago: fseq 1
+    assert (again.first_fseq, len(again.messages)) == (1, 1) and s.stats.retried == 1
+    (answer,) = durable(r.receive("a", again))
+    assert answer == Forwarded(1, "a.1", 1, [])
+    s.receive(0.55, answer)
+    (last,) = forwards(s.tick(0.65))  # fseq 2 went at 0.1
+    assert (last.first_fseq, len(last.messages)) == (2, 1)
+    assert durable(r.receive("a", last)) == [Forwarded(1, "a.1", 2, [])]
+    assert (s.stats.retries, s.stats.retried) == (2, 2)
+
+
+def test_the_retry_to_a_silent_leader_backs_off_and_a_new_leader_gets_all_at_once() -> None:
+    """The same leader: only what is older than the delay, at most a window's worth, the
+    delay doubled at each retry left unanswered (up to retry_max), back to ``retry`` once
+    the leader answers; a new leader: everything unanswered at once."""
+    s = ForwardSender("a.1", retry=0.5, retry_max=2.0, window=8, batch=4)
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    for i in range(8):
+        s.publish(i, {1: msg(f"m{i}")})
+    assert [len(f.messages) for f in forwards(s.flush(0.0))] == [4, 4]
+    retried_at = [t / 10 for t in range(1, 80) if forwards(s.tick(t / 10))]
+    assert retried_at == [0.5, 1.5, 3.5, 5.5, 7.5]  # 0.5, 1, 2, 2, 2 s apart
+    assert s.stats.retries == 5 and s.stats.retried == 5 * 8
+    s.receive(7.6, Forwarded(1, "a.1", 2, []))  # an answer: the delay is 0.5 again
+    assert forwards(s.tick(7.9)) == []
+    again = forwards(s.tick(8.0))  # fseq 3..8 went at 7.5
+    assert [(f.first_fseq, len(f.messages)) for f in again] == [(3, 4), (7, 2)]
+    assert [len(f.messages) for f in forwards(s.tick(8.1))] == []
+    moved = forwards(s.leader(8.2, LeaderNotice(1, 2, "c")))
+    assert [(f.first_fseq, len(f.messages)) for f in moved] == [(3, 4), (7, 2)]
+    assert s.stats.resent == 6
 
 
 def test_a_full_window_holds_the_publishers_of_that_group_only() -> None:

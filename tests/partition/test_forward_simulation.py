@@ -44,7 +44,10 @@ def test_seeds_of_forwarded_publishes_through_faults_have_no_violation() -> None
     # leading refused, a lost forward making the next ones gaps, a forward waiting for the
     # metadata copy, publishers held by a full window
     assert seen["failovers"] > 2 * SEEDS and seen["resent"] > 20 * SEEDS
-    assert seen["deduped"] > 50 * SEEDS and seen["deduped_recovered"] > 2 * SEEDS
+    # (the retry resends to the same leader only what is older than its delay, backing off
+    # while unanswered: about 45 deduped a seed, ~2,000 when it resent everything each 0.5 s)
+    assert seen["deduped"] > 20 * SEEDS and seen["deduped_recovered"] > 2 * SEEDS
+    assert seen["retries"] > 10 * SEEDS
     assert seen["not primary"] > 2 * SEEDS and seen["gaps"] > SEEDS
     assert seen["held"] > 0 and seen["held by a full window"] > 0
     # consumers on the primaries took messages (their dequeues durable), some before their

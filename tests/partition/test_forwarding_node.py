@@ -26,7 +26,20 @@ from brokerha.partition.forward import (
 )
 from brokerha.partition.forwarding import NodeForwarding
 from brokerha.partition.group_simulation import GroupSimulation
-from tests.partition.test_group_clients import QUEUES, laid_out, served
+from tests.partition.test_group_clients import QUEUES, Conn, laid_out, served
+
+
+class HeldConn(Conn):
+    """A publishing connection that records its holds (``Connection.hold_publishing``)."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn_id = conn.conn_id
+        self.holds: set[str] = set()
+        self.changes: list[bool] = []
+
+    def hold_publishing(self, name: str, held: bool) -> None:
+        (self.holds.add if held else self.holds.discard)(name)
+        self.changes.append(held)
 
 
 class Wires:
@@ -39,6 +52,8 @@ class Wires:
         self.soon: list[Callable[[], None]] = []
         self.nodes: dict[str, NodeForwarding] = {}
         self.clients: dict[str, GroupClients] = {}
+        self.paused: set[str] = set()  # nodes whose packets wait (as a SIGSTOPped process's)
+        self.waiting: list[tuple[str, str, Packet]] = []
         for name in ("n1", "n2", "n3"):
             node = sim.node(name)
             fw = NodeForwarding(node.ha, f"{name}.1", ["n1", "n2", "n3"],
@@ -68,9 +83,14 @@ class Wires:
                 for callback in soon:
                     callback()
                 packets, self.packets = self.packets, []
+                if not self.paused:
+                    packets, self.waiting = self.waiting + packets, []
                 seen += packets
                 for src, dst, packet in packets:
-                    self.nodes[dst].on_packet(src, packet)
+                    if dst in self.paused or src in self.paused:
+                        self.waiting.append((src, dst, packet))
+                    else:
+                        self.nodes[dst].on_packet(src, packet)
             self.sim.run_until(self.sim.now + 0.1)
             for fw in self.nodes.values():  # the shell's tick: retries, notices
                 fw.tick()
@@ -86,10 +106,13 @@ def message(body: bytes, routing_key: str = "") -> Message:
     return Message("", routing_key, build_header(len(body), commands.Basic.Properties(delivery_mode=2)), body)
 
 
-def publish(wires: Wires, node: str, queues: list[str], body: bytes) -> list[bool]:
-    """``body`` published on ``node`` to ``queues`` (as routed there): the confirms."""
+def publish(wires: Wires, node: str, queues: list[str], body: bytes,
+            conn: Conn | None = None) -> list[bool]:
+    """``body`` published on ``node`` to ``queues`` (as routed there), by ``conn`` (None: a
+    new connection): the confirms."""
     clients = wires.clients[node]
-    _, conn = served(clients)
+    if conn is None:
+        _, conn = served(clients)
     vhost = wires.sim.node(node).broker.vhosts["/"]
     answers: list[bool] = []
     clients.publish(conn, "/", [vhost.queues[q] for q in queues], message(body),
@@ -147,14 +170,45 @@ def test_without_forwarding_a_queue_of_another_group_is_refused_before_anything(
     assert own.message_count == count  # checked before anything was enqueued
 
 
-def test_a_full_lane_holds_the_node_s_publishers_until_answered(wires: Wires) -> None:
+def test_a_full_lane_holds_its_publishers_until_answered(wires: Wires) -> None:
     n2 = wires.nodes["n2"]
     n2.sender = ForwardSender("n2.2", window=2)  # no leader known yet: nothing goes
     broker = wires.sim.node("n2").broker
-    answers = [publish(wires, "n2", [QUEUES[0]], b"%d" % i) for i in range(3)]
-    assert broker.flow.held and "forward" in broker.flow.holds
+    conn = HeldConn(served(wires.clients["n2"])[1])
+    answers = [publish(wires, "n2", [QUEUES[0]], b"%d" % i, conn) for i in range(3)]
+    assert conn.holds == {"forward"} and not broker.flow.held  # the connection, not the node
+    assert n2.status()["held"] == 1
     wires.pump()  # the notices name n1; it answers; the lane empties
-    assert not broker.flow.held and answers == [[True]] * 3
+    assert conn.holds == set() and conn.changes == [True, False] and answers == [[True]] * 3
+    assert n2.status()["held"] == 0 and n2.stats.connection_holds == 1
+
+
+def test_a_lane_whose_leader_is_paused_holds_its_publishers_only(wires: Wires) -> None:
+    """Two publishers on n2: one to partition 0, whose leader n1 is paused (its packets
+    wait), one to partition 2 (n3's): the first is held once its lane is full, the second
+    goes on getting its confirms; n1 back, the first is released and confirmed."""
+    wires.pump(1)
+    n2 = wires.nodes["n2"]
+    n2.sender.window = 4
+    for lane in n2.sender.lanes.values():
+        assert lane.leader is not None
+    slow, fast = (HeldConn(served(wires.clients["n2"])[1]) for _ in range(2))
+    wires.paused.add("n1")
+    slow_answers = [publish(wires, "n2", [QUEUES[0]], b"%d" % (900100 + i), slow)
+                    for i in range(4)]
+    wires.pump(3)
+    assert slow.holds == {"forward"} and slow_answers == [[]] * 4
+    fast_answers = []
+    for i in range(20):
+        fast_answers.append(publish(wires, "n2", [QUEUES[2]], b"%d" % (900200 + i), fast))
+        wires.pump(1)
+        assert fast_answers[:-1] == [[True]] * i  # confirmed the round after
+    wires.pump(1)
+    assert fast.changes == [] and fast_answers == [[True]] * 20
+    assert slow.holds == {"forward"} and slow_answers == [[]] * 4
+    wires.paused.clear()
+    wires.pump(40)  # n1's answers to what waited, then the retries' (backed off)
+    assert slow.holds == set() and slow_answers == [[True]] * 4
 
 
 def test_a_forward_is_confirmed_only_through_its_group_s_gate_and_applied_once(
@@ -171,12 +225,12 @@ def test_a_forward_is_confirmed_only_through_its_group_s_gate_and_applied_once(
     member.lapsed = lambda: None  # type: ignore[method-assign]
     member.refused = lambda: None  # type: ignore[method-assign]
     answers = publish(wires, "n2", [QUEUES[0]], b"900020")
-    wires.pump(15)  # 1.5 s: the sender's retry (0.5 s) resends twice at least
+    wires.pump(25)  # 2.5 s: the sender's retries (0.5 s, then 1 s later) resend twice
     receiver = wires.nodes["n1"].receivers[1]
     assert answers == [] and queue.message_count == count + 1
     assert receiver.stats.applied == 1 and receiver.stats.deduped >= 2
     del member.term, member.lapsed, member.refused  # the gate answers again
-    wires.pump(10)
+    wires.pump(30)  # the next retry (2 s after the last, the delay doubled meanwhile)
     assert answers == [True] and queue.message_count == count + 1
 
 
