@@ -338,3 +338,26 @@ def test_external_refusals_close_with_403(identity: tuple[str | None, str | None
     assert close.reply_text == ("ACCESS_REFUSED - Login was refused using authentication "
                                 "mechanism EXTERNAL. For details see the broker logfile.")
     assert w.conn.wants_close and w.conn.user is None
+
+
+def test_a_connection_held_alone_is_not_read_and_keeps_a_flow_hold_or_alarm() -> None:
+    """``hold_publishing`` (a partitioned node's full forward lane): this connection's
+    reading pauses, others' does not, no connection.blocked; released, it reads again
+    unless the broker's flow hold or an alarm still holds publishers."""
+    broker = make_broker()
+    held, other = Wire(broker).connected(), Wire(broker).connected()
+    paused: list[bool] = []
+    others: list[bool] = []
+    held.conn.on_read_paused = paused.append
+    other.conn.on_read_paused = others.append
+    held.conn.hold_publishing("forward", True)
+    assert paused == [True] and others == []
+    assert not any(isinstance(m, commands.Connection.Blocked) for m in held.methods())
+    broker.flow.hold("replication", "a backup lags")
+    broker.flow.release("replication")  # the broker's hold ends: still held alone
+    assert paused == [True]
+    broker.set_alarm("disk", "free 10 MB, limit 50 MB")
+    held.conn.hold_publishing("forward", False)  # the alarm holds it still
+    assert paused == [True]
+    broker.set_alarm("disk", None)
+    assert paused == [True, False]
