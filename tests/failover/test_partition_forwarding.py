@@ -316,3 +316,46 @@ def test_the_publisher_s_node_killed() -> None:
             assert not lost, f"confirmed and lost on {node}: {sorted(lost)[:10]}"
         print(f"killed {a} after {len(client.acked)} confirmed, {len(client.outstanding)} "
               f"unconfirmed: {client.closed!r}")
+
+
+def test_a_paused_leader_holds_only_the_connections_publishing_to_its_partition() -> None:
+    """B (leading a partition) SIGSTOPped; on A, one connection publishes to B's queue, up
+    to 2,000 unconfirmed, and fills its lane (512 unanswered): that connection alone is
+    held (``forwarding.held``); another, publishing to C's partition (forwarded too),
+    keeps getting confirms meanwhile (once B, a backup of its group too, is cut out of
+    it). B resumed: the first is released and confirmed."""
+    options = {**OPTIONS, "election_timeout": 5.0}  # B's partition stays leaderless a while
+    with LocalCluster(3, options=options) as cluster:
+        _leaders, a, b, c, queues = setup(cluster)
+        fast_queue = queues[c]  # forwarded to C
+        fast = StreamPublisher(cluster.url(a), lambda _i: fast_queue)
+        fast.start()
+        until("the fast publisher confirmed", lambda: len(fast.acked) >= 200)
+        cluster.pause(b)
+        slow = StreamPublisher(cluster.url(a), lambda _i: queues[b], window=2000)
+        try:
+            slow.start()
+
+            def held() -> bool:
+                return bool(((cluster.status(a) or {})["node"]["forwarding"])["held"])
+
+            until("the slow connection held", held)
+            time.sleep(1.0)  # B cut out of the healthy group's copies (its backup there)
+            at_hold = len(fast.acked)
+            time.sleep(1.0)
+            still = held()
+            during = len(fast.acked) - at_hold
+            slow_acked = len(slow.acked)
+        finally:
+            cluster.resume(b)
+        assert still, "the hold ended within a second (B's partition failed over?)"
+        assert slow_acked == 0 and during >= 100, (slow_acked, during)
+        until("the slow publisher confirmed", lambda: len(slow.acked) >= 600)
+        fast.finish()
+        slow.finish()
+        assert fast.closed is None and slow.closed is None, (fast.closed, slow.closed)
+        assert not fast.nacked and not slow.nacked
+        forwarding = (cluster.status(a) or {})["node"]["forwarding"]
+        assert forwarding["held"] == 0 and forwarding["node"]["connection_holds"] >= 1
+        print(f"{b} paused: the healthy partition's publisher confirmed {during} in 1 s "
+              f"while the other was held; sender {forwarding['sender']}")
