@@ -35,8 +35,8 @@ of two partitions at once; one publish in ten goes to a partition's bounded
 queue (``x-max-length``, ``reject-publish``), which refuses once full (a
 nack). A connection whose sender's window to a target is full is held (the
 publish waits). A consumer on each group's serving primary takes the head
-of its plain queue (basic.get and ack, ``consume`` a second; remote
-consumers are not built), so marks outlive their messages: a message may be
+of its plain queue (basic.get and ack, ``consume`` a second; consumers on
+other nodes are ``remote_consume_simulation.py``'s), so marks outlive their messages: a message may be
 consumed before its publisher's ack, or before a failover after which its
 publisher sends it again. Faults for ``duration`` virtual seconds, then none
 for ``settle`` seconds (the outages run their course, every node comes back,
@@ -496,7 +496,8 @@ class ForwardSimulation(GroupSimulation):
 
     def _fw_consume(self, group: int) -> None:
         """A consumer on the group's serving primary: basic.get and ack of the plain queue's
-        head (its deliveries are local: remote consumers are not built)."""
+        head (its deliveries are local: consumers on other nodes are
+        ``remote_consume_simulation.py``'s, which sets ``consume`` to 0)."""
         if not self.publishing:
             return
         self.after(self.rng.expovariate(self.consume), partial(self._fw_consume, group))
