@@ -24,6 +24,7 @@ from brokerha.admin import check_ctl, definitions_ctl, policies_ctl, users_ctl
 from brokerha.cluster.partition_table import PartitionTable
 from brokerha.cluster.ports import ADMIN_OFFSET
 from brokerha.httpapi.client import CREDENTIALS, CtlError, request
+from brokerha.partition import balance
 
 
 def admin_url(node: str) -> str:
@@ -84,7 +85,8 @@ def groups_view(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
             entry = out.setdefault(group, {"leader": None, "epoch": None,
                                            "members": g["members"], "nodes": {}})
             entry["nodes"][name] = {"role": g["role"], "phase": g["phase"],
-                                    "epoch": g["epoch"], "serving": g["serving"]}
+                                    "epoch": g["epoch"], "serving": g["serving"],
+                                    "ready": g.get("ready", False)}
             if g["role"] == "primary" and (entry["epoch"] is None or g["epoch"] > entry["epoch"]):
                 entry["leader"], entry["epoch"] = name, g["epoch"]
     for entry in out.values():
@@ -158,6 +160,8 @@ def _print_partitions(view: dict[str, Any] | None) -> None:
 
 
 def cmd_partitions(args: argparse.Namespace) -> int:
+    if args.action == "balance":
+        return cmd_partitions_balance(args)
     status = cluster_status(args.node)
     view = status["partitions"]
     groups = status["groups"]
@@ -171,6 +175,72 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     else:
         _print_partitions(view)
     return 0
+
+
+def observed_groups(status: dict[str, Any]) -> dict[int, balance.GroupView]:
+    """Per partition, its group as ``cluster_status`` found it: the leader only if it says
+    it serves (a primary whose lease lapsed, or not verified yet, is no leader to hand
+    over from), each answering member's role, epoch and readiness."""
+    out: dict[int, balance.GroupView] = {}
+    for group, g in (status.get("groups") or {}).items():
+        if int(group) == 0:
+            continue
+        cells = {name: balance.CellView(n["role"], n["epoch"], bool(n.get("serving")),
+                                        bool(n.get("ready")))
+                 for name, n in g["nodes"].items()}
+        leader = g["leader"]
+        if leader is not None and not cells[leader].serving:
+            leader = None
+        out[int(group) - 1] = balance.GroupView(leader, g["epoch"], cells)
+    return out
+
+
+def cmd_partitions_balance(args: argparse.Namespace) -> int:
+    """Each partition whose leader is not its preferred cell handed over to it, one at a
+    time, each waited for (the preferred cell serving in a newer epoch) up to
+    ``--timeout`` (``partition/balance.py`` decides; this loop asks and sends). Exit 0:
+    every partition led by its preferred cell; 1: some left unbalanced (skipped, why
+    said); 2: the node did not answer."""
+    status = cluster_status(args.node)
+    view = status["partitions"]
+    if view is None or status["groups"] is None:
+        raise CtlError("no partition groups: the nodes run without [cluster] "
+                       "partition_groups (one group: nothing to balance)")
+    started = time.monotonic()
+    balancer = balance.Balancer([row["preferred_leader"] for row in view["rows"]],
+                                timeout=args.timeout)
+    while True:
+        now = time.monotonic()
+        action = balancer.step(now, observed_groups(status))
+        if isinstance(action, balance.Done):
+            break
+        if isinstance(action, balance.Promote):
+            leader = next((n for n in status["nodes"] if n["name"] == action.leader), None)
+            try:
+                if leader is None:
+                    raise CtlError(f"{action.leader} is not a member")
+                request(leader["admin_url"], "/api/promote",
+                        body={"node": action.target, "group": action.group},
+                        user=args.user, password=args.password)
+            except CtlError as exc:
+                balancer.refused(time.monotonic(), action.partition, str(exc))
+            if not args.json:
+                print(f"partition {action.partition}: asking {action.leader} to hand over to "
+                      f"{action.target}", flush=True)
+        time.sleep(0.05)
+        status = cluster_status(args.node)
+    report = action.report
+    unbalanced = balancer.unbalanced()
+    if args.json:
+        _dump({"partitions": [line.as_json() for line in report],
+               "moved": sum(line.status == balance.MOVED for line in report),
+               "unbalanced": unbalanced, "seconds": round(time.monotonic() - started, 3)})
+    else:
+        for line in report:
+            print(line.text())
+        print(f"unbalanced: {', '.join(map(str, unbalanced))}" if unbalanced
+              else "every partition led by its preferred cell")
+    return 1 if unbalanced else 0
 
 
 def last_election(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -490,8 +560,15 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("status", help="roles, epoch, readiness and lag of every node")
     p.add_argument("--json", action="store_true")
     p.set_defaults(ctl_handler=cmd_status)
-    p = sub.add_parser("partitions", help="the partition table (read-only): cells, states, "
-                       "preferred leaders, which partitions a node's loss would stop")
+    p = sub.add_parser("partitions", help="the partition table: cells, states, preferred "
+                       "leaders, which partitions a node's loss would stop; 'balance': "
+                       "leaders back to their preferred cells (administrator)")
+    p.add_argument("action", nargs="?", choices=["balance"],
+                   help="balance: hand each partition whose leader is not its preferred "
+                        "cell over to it, one at a time (exit 0 balanced, 1 some left "
+                        "unbalanced, 2 unreachable)")
+    p.add_argument("--timeout", type=float, default=15.0, metavar="S",
+                   help="balance: the longest a move may take (default 15 s)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(ctl_handler=cmd_partitions)
     p = sub.add_parser("promote", help="hand the primary role to a ready backup")
