@@ -20,7 +20,7 @@ import pytest
 from brokerha.partition.remote_consume_simulation import CATCHES, Unsafe, run_many, run_seed
 from tests.seeds import first_failing, totals
 
-SEEDS = 16
+SEEDS = 12
 DURATION = 20.0
 # the first seed at which each rule broken is caught, and by which check
 CAUGHT = {"credit_ignored": (0, "(D)"), "no_requeue_on_link_loss": (5, "(C)"),
