@@ -177,69 +177,35 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     return 0
 
 
-def observed_groups(status: dict[str, Any]) -> dict[int, balance.GroupView]:
-    """Per partition, its group as ``cluster_status`` found it: the leader only if it says
-    it serves (a primary whose lease lapsed, or not verified yet, is no leader to hand
-    over from), each answering member's role, epoch and readiness."""
-    out: dict[int, balance.GroupView] = {}
-    for group, g in (status.get("groups") or {}).items():
-        if int(group) == 0:
-            continue
-        cells = {name: balance.CellView(n["role"], n["epoch"], bool(n.get("serving")),
-                                        bool(n.get("ready")))
-                 for name, n in g["nodes"].items()}
-        leader = g["leader"]
-        if leader is not None and not cells[leader].serving:
-            leader = None
-        out[int(group) - 1] = balance.GroupView(leader, g["epoch"], cells)
-    return out
-
-
 def cmd_partitions_balance(args: argparse.Namespace) -> int:
-    """Each partition whose leader is not its preferred cell handed over to it, one at a
-    time, each waited for (the preferred cell serving in a newer epoch) up to
-    ``--timeout`` (``partition/balance.py`` decides; this loop asks and sends). Exit 0:
-    every partition led by its preferred cell; 1: some left unbalanced (skipped, why
-    said); 2: the node did not answer."""
+    """Asks the metadata primary (the partition table's coordinator) to hand each partition
+    whose leader is not its preferred cell over to it, one at a time, each waited for up
+    to ``--timeout`` (``node/partition_balance.py``, ``partition/balance.py``), and
+    prints its answer. Exit 0: every partition led by its preferred cell; 1: some left
+    unbalanced (skipped, why said), or no coordinator serving; 2: the node did not
+    answer."""
     status = cluster_status(args.node)
     view = status["partitions"]
     if view is None or status["groups"] is None:
         raise CtlError("no partition groups: the nodes run without [cluster] "
                        "partition_groups (one group: nothing to balance)")
-    started = time.monotonic()
-    balancer = balance.Balancer([row["preferred_leader"] for row in view["rows"]],
-                                timeout=args.timeout)
-    while True:
-        now = time.monotonic()
-        action = balancer.step(now, observed_groups(status))
-        if isinstance(action, balance.Done):
-            break
-        if isinstance(action, balance.Promote):
-            leader = next((n for n in status["nodes"] if n["name"] == action.leader), None)
-            try:
-                if leader is None:
-                    raise CtlError(f"{action.leader} is not a member")
-                request(leader["admin_url"], "/api/promote",
-                        body={"node": action.target, "group": action.group},
-                        user=args.user, password=args.password)
-            except CtlError as exc:
-                balancer.refused(time.monotonic(), action.partition, str(exc))
-            if not args.json:
-                print(f"partition {action.partition}: asking {action.leader} to hand over to "
-                      f"{action.target}", flush=True)
-        time.sleep(0.05)
-        status = cluster_status(args.node)
-    report = action.report
-    unbalanced = balancer.unbalanced()
+    coordinator = next((n for n in status["nodes"] if n.get("role") == "primary"), None)
+    if coordinator is None:
+        raise CtlError("no metadata primary (the partition table's coordinator) is serving; "
+                       "an election is under way or no majority is up")
+    answer = request(coordinator["admin_url"], "/api/partitions/balance",
+                     body={"timeout": args.timeout}, user=args.user, password=args.password,
+                     timeout=view["partitions"] * (args.timeout + 5.0) + 30.0)
+    unbalanced = answer.get("unbalanced") or []
     if args.json:
-        _dump({"partitions": [line.as_json() for line in report],
-               "moved": sum(line.status == balance.MOVED for line in report),
-               "unbalanced": unbalanced, "seconds": round(time.monotonic() - started, 3)})
+        _dump(answer)
     else:
-        for line in report:
-            print(line.text())
+        for line in answer.get("partitions") or []:
+            print(balance.Line(**{k: v for k, v in line.items()}).text())
         print(f"unbalanced: {', '.join(map(str, unbalanced))}" if unbalanced
               else "every partition led by its preferred cell")
+        print(f"(by {answer.get('by')}, the table's coordinator, in "
+              f"{answer.get('seconds', 0):.2f} s)")
     return 1 if unbalanced else 0
 
 

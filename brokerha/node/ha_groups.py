@@ -48,6 +48,7 @@ from brokerha.ha.member import HAMember
 from brokerha.httpapi.server import HTTPError, Request, Response
 from brokerha.node.config import ConfigError
 from brokerha.node.ha import GROUPED, Shell, mismatched
+from brokerha.node.partition_balance import BalanceEndpoint
 from brokerha.node.relay import RelayTarget
 from brokerha.partition.clients import GroupClients
 from brokerha.partition.forwarding import PACKETS, NodeForwarding
@@ -121,6 +122,8 @@ class GroupsNode(Shell):
             self.ha, f"{self.me}.{uuid.uuid4().hex[:12]}", [m.name for m in cluster.members],
             send=self.send, soon=self.soon, clock=self._now)
         self.clients.forwarding = self.forwarding
+        # ctl partitions balance: answered by the metadata primary (node/partition_balance.py)
+        self.balance = BalanceEndpoint(self)
 
     # -- what the admin endpoints read (admin/node_view.py, HAView): the metadata group -----
 

@@ -20,7 +20,9 @@ hand over next, and follows each hand-over to its end:
 
 Each partition is decided once per run, in partition order, on the observation of the
 step that reaches it. What drives it (asks the nodes, sends the requests, waits) is the
-caller: ``admin/ctl.py``'s ``partitions balance``.
+table's coordinator, the metadata primary: ``node/partition_balance.py`` answers
+``POST /api/partitions/balance`` (``ctl partitions balance``) with the report.
+``observe`` makes the observation from the nodes' own status answers.
 """
 
 from __future__ import annotations
@@ -104,6 +106,31 @@ class Line:
             return (f"partition {self.partition}: already balanced (led by {self.preferred}, "
                     f"epoch {self.epoch})")
         return f"partition {self.partition}: skipped: {self.reason}"
+
+
+def observe(nodes: Sequence[Mapping[str, Any]]) -> dict[int, GroupView]:
+    """Per partition, its group as the nodes answered (each node's status entry: ``name``
+    and ``groups``, ``node/ha_groups.py`` ``group_status``): its leader is the member
+    that says it *serves* the group (a primary whose lease lapsed, or not verified yet,
+    is no leader to hand over from), in the highest epoch; the group's epoch is that
+    leader's, else the highest any member holds."""
+    out: dict[int, GroupView] = {}
+    cells: dict[int, dict[str, CellView]] = {}
+    for node in nodes:
+        for group, g in (node.get("groups") or {}).items():
+            if int(group) == 0:  # the metadata group: not a partition
+                continue
+            cells.setdefault(int(group) - 1, {})[str(node["name"])] = CellView(
+                str(g["role"]), int(g["epoch"]), bool(g.get("serving")), bool(g.get("ready")))
+    for p, members in cells.items():
+        serving = [(c.epoch, name) for name, c in members.items()
+                   if c.role == "primary" and c.serving]
+        if serving:
+            epoch, leader = max(serving)
+            out[p] = GroupView(leader, epoch, members)
+        else:
+            out[p] = GroupView(None, max(c.epoch for c in members.values()), members)
+    return out
 
 
 def why_not(preferred: str, group: GroupView | None) -> str | None:

@@ -32,6 +32,7 @@ from tests.failover.test_partition_groups import (
     ctl_status,
     name_in,
     one_leader_each,
+    promote,
     ready_everywhere,
     until,
 )
@@ -62,7 +63,11 @@ def epochs(status: dict[str, Any]) -> dict[str, tuple[str, int]]:
     return {g: (v["leader"], v["epoch"]) for g, v in status["groups"].items()}
 
 
-def test_balance_hands_a_returned_node_s_partition_back_to_it_online() -> None:
+@pytest.mark.parametrize("held_by", ["coordinator", "third-node"])
+def test_balance_hands_a_returned_node_s_partition_back_to_it_online(held_by: str) -> None:
+    """``held_by``: B's partition is led, when ``balance`` runs, by A (the coordinator
+    hands it over itself) or by C (asked over C's admin listener); whichever survivor
+    the failover elected, a ``ctl promote --partition`` puts it there first."""
     started = time.monotonic()
     with LocalCluster(3, options=OPTIONS) as cluster:
         names = cluster.names
@@ -103,11 +108,20 @@ def test_balance_hands_a_returned_node_s_partition_back_to_it_online() -> None:
         until("B rejoins every group", lambda: ready_everywhere(cluster, names), timeout=30)
         rejoined = ctl_status(cluster, a)
         assert rejoined["groups"][group]["leader"] == after_kill[group]  # nothing moved it
+        c = next(n for n in survivors if n != a)
+        holder = a if held_by == "coordinator" else c
+        if after_kill[group] != holder:
+            until("the hand-over to the holder taken",
+                  lambda: promote(cluster, a, holder, moved))
+            until("the holder serves B's partition",
+                  lambda: (one_leader_each(cluster, names) or {}).get(group) == holder)
+            until("every node ready in every group", lambda: ready_everywhere(cluster, names))
+            rejoined = ctl_status(cluster, a)
 
-        # the client on the survivor that did not take B's partition: it forwards to the
+        # the client on the survivor that does not lead B's partition: it forwards to the
         # partition's leader, then to B (a client on the leader itself is that group's
         # client, closed 320 when its role ends, node/ha_groups.py)
-        client_node = next(n for n in survivors if n != after_kill[group])
+        client_node = next(n for n in survivors if n != holder)
         client = TimedPublisher(cluster.url(client_node), queue)
         client.start()
         until("a few confirmed", lambda: len(client.acked) >= 300)
@@ -116,8 +130,9 @@ def test_balance_hands_a_returned_node_s_partition_back_to_it_online() -> None:
         took = time.monotonic() - asked
         assert code == 0, (report, stderr)
         assert report["moved"] == 1 and report["unbalanced"] == [], report
+        assert report["by"] == a  # the coordinator ran it
         line = report["partitions"][moved]
-        assert line["status"] == "moved" and line["leader"] == after_kill[group], line
+        assert line["status"] == "moved" and line["leader"] == holder, line
         at_balance = len(client.acked)
         until("confirms after the move", lambda: len(client.acked) >= at_balance + 300)
         client.finish()

@@ -13,6 +13,7 @@ from brokerha.partition.balance import (
     GroupView,
     Promote,
     Wait,
+    observe,
 )
 
 NODES = ["n1", "n2", "n3"]
@@ -114,3 +115,22 @@ def test_a_leader_already_preferred_at_a_later_epoch_is_not_a_move_of_this_run()
     assert balancer.step(0.0, {0: group("n2", 2)}) == Promote(0, "n2", "n1")
     stale = GroupView("n1", 2, {"n1": CellView("primary", 2, True, True)})
     assert balancer.step(0.1, {0: stale}) == Wait(0)
+
+
+def test_observe_takes_the_serving_primary_in_the_highest_epoch_as_the_leader() -> None:
+    def g(role: str, epoch: int, serving: bool = False, ready: bool = True) -> dict[str, object]:
+        return {"role": role, "epoch": epoch, "serving": serving, "ready": ready}
+
+    nodes = [
+        {"name": "n1", "groups": {"0": g("primary", 1, True), "1": g("primary", 2, True),
+                                  "2": g("primary", 3, False)}},  # its lease lapsed in 2
+        {"name": "n2", "groups": {"0": g("backup", 1), "1": g("backup", 2),
+                                  "2": g("none", 4, ready=False)}},
+        {"name": "n3", "role": "down"},  # no groups: not a cell that answered
+    ]
+    seen = observe(nodes)
+    assert sorted(seen) == [0, 1]  # the metadata group is no partition
+    assert (seen[0].leader, seen[0].epoch) == ("n1", 2)
+    assert seen[0].cells["n2"] == CellView("backup", 2, False, True)
+    assert (seen[1].leader, seen[1].epoch) == (None, 4)  # an election under way
+    assert "n3" not in seen[0].cells

@@ -1,0 +1,132 @@
+"""The table coordinator's side of ``brokerha ctl partitions balance`` (issue 35).
+
+``POST /api/partitions/balance {"timeout": S}`` on the metadata primary (the partition
+table's coordinator, ``partition/coordinator.py``): a ``partition.balance.Balancer``
+over the partition table's preferred cells, stepped every ``STEP`` with what the nodes
+answer (``admin/api.py`` ``cluster_view``: every member's own status, its groups'
+roles, epochs, readiness), until it is done. Each ``Promote`` goes to the group's
+leader: this node's member when it leads the group (``PartitionedMember.promote``),
+else ``POST /api/promote {"node", "group"}`` on the leader's admin listener with the
+operator's credentials (a member's signature is good for reads only). One move at a
+time, each waited for; one run at a time per node (409 meanwhile). The answer: one
+line per partition (moved, balanced, skipped and why), the partitions left
+unbalanced, the run's seconds.
+
+Driven by the request, not by the node's tick: nothing moves a leader unless an
+operator asks (no ``auto_balance`` yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from brokerha.admin.api import cluster_view, member_url
+from brokerha.broker.placement import METADATA_GROUP
+from brokerha.httpapi.server import HTTPError, Request, Response, exchange
+from brokerha.partition import balance
+
+if TYPE_CHECKING:
+    from brokerha.node.ha_groups import GroupsNode
+
+log = logging.getLogger("brokerha.ha")
+
+STEP = 0.05  # between two observations
+ASK_TIMEOUT = 5.0  # a leader's answer to a hand-over request
+MAX_TIMEOUT = 300.0
+
+
+class BalanceEndpoint:
+    """``POST /api/partitions/balance`` of a node running partition groups."""
+
+    def __init__(self, shell: GroupsNode) -> None:
+        self.shell = shell
+        self.running = False
+        shell.node.admin.route("POST", "/api/partitions/balance", self.request, admin=True)
+
+    async def request(self, request: Request) -> Response:
+        shell = self.shell
+        metadata = shell.ha.groups[METADATA_GROUP]
+        if metadata.role_term() is None:
+            raise HTTPError(409, f"{shell.me} is not the metadata primary (the partition "
+                                 "table's coordinator): ask "
+                                 f"{metadata.election.primary or 'it (none known now)'}")
+        table = shell.partitions.table
+        if not table.exists:
+            raise HTTPError(409, "no partition table yet")
+        try:
+            timeout = float(request.json().get("timeout", 15.0))
+        except (TypeError, ValueError):
+            raise HTTPError(400, "timeout: seconds a move may take") from None
+        if not 0 < timeout <= MAX_TIMEOUT:
+            raise HTTPError(400, f"timeout: more than 0, at most {MAX_TIMEOUT:g} seconds")
+        if self.running:
+            raise HTTPError(409, f"a balance is under way on {shell.me}")
+        self.running = True
+        try:
+            return Response.json(await self.run(request, [
+                table.preferred_leader(p) or "" for p in range(table.partitions)], timeout))
+        finally:
+            self.running = False
+
+    async def run(self, request: Request, preferred: list[str],
+                  timeout: float) -> dict[str, Any]:
+        started = time.monotonic()
+        balancer = balance.Balancer(preferred, timeout)
+        while True:
+            view = await cluster_view(self.shell.node)
+            action = balancer.step(time.monotonic(), balance.observe(view["nodes"]))
+            if isinstance(action, balance.Done):
+                break
+            if isinstance(action, balance.Promote):
+                reason = await self.ask(action, request, view["nodes"])
+                if reason is not None:
+                    balancer.refused(time.monotonic(), action.partition, reason)
+            await asyncio.sleep(STEP)
+        report = action.report
+        for line in report:
+            if line.status != balance.BALANCED:
+                log.warning("partitions balance: %s", line.text())
+        return {"partitions": [line.as_json() for line in report],
+                "moved": sum(line.status == balance.MOVED for line in report),
+                "unbalanced": balancer.unbalanced(), "by": self.shell.me,
+                "seconds": round(time.monotonic() - started, 3)}
+
+    async def ask(self, action: balance.Promote, request: Request,
+                  nodes: list[dict[str, Any]]) -> str | None:
+        """Ask the group's leader to hand over: None, or why it did not."""
+        shell = self.shell
+        log.warning("partitions balance: partition %d (group %d) asked of %s, to %s",
+                    action.partition, action.group, action.leader, action.target)
+        if action.leader == shell.me:
+            try:
+                shell.ha.promote(action.group, action.target)
+            except ValueError as exc:
+                return str(exc)
+            shell._record_failover("promote requested", node=action.target, by=shell.me,
+                                   group=action.group)
+            return None
+        member = next((n for n in nodes if n.get("name") == action.leader), None)
+        if member is None or not (member.get("admin_url") or member.get("https_url")):
+            return f"{action.leader}: no admin URL known"
+        headers = {"content-type": "application/json"}
+        if "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        body = json.dumps({"node": action.target, "group": action.group}).encode()
+        try:
+            answer = await asyncio.wait_for(
+                exchange(member_url(member), "POST", "/api/promote", headers, body,
+                         shell.node.tls.member_client), ASK_TIMEOUT)
+        except (OSError, TimeoutError, ValueError, IndexError) as exc:
+            return f"{action.leader} did not answer: {exc}"
+        if answer.status != 200:
+            try:
+                parsed = json.loads(answer.body)
+                said = parsed.get("error") or parsed.get("reason")
+            except (ValueError, AttributeError):
+                said = answer.body[:200]
+            return f"{action.leader}: {answer.status} {said}"
+        return None
