@@ -167,6 +167,8 @@ class ConsumeNode(ForwardNode):
                                                  [], "not-primary"))])
         elif isinstance(packet, Deliver | GetReply | ConsumeError | Settled):
             self.carry(self.proxy.receive(src, packet))
+            if self.proxy.pending:
+                self.want_proxy_flush()
 
     def link_lost(self, peer: str) -> None:
         out: list[Effect] = []

@@ -641,6 +641,7 @@ class ProxyStats:
     delivered: int = 0     # messages handed to channels
     stale_deliveries: int = 0  # messages of an earlier attachment, dropped
     stale_settles: int = 0     # settles of a delivery of an earlier attachment, dropped
+    returned: int = 0      # delivered after a basic.cancel: sent back to the queue
     settles: int = 0       # positions sent in Settle packets
     gets: int = 0          # Get sent
     gets_failed: int = 0   # answered unavailable (no leader, or lost)
@@ -674,15 +675,14 @@ class ConsumerProxy:
         return consumer, self._attach(sub)
 
     def cancel(self, consumer: int) -> list[Effect]:
-        """basic.cancel: no more deliveries; what it holds may still be settled."""
+        """basic.cancel: no more deliveries; what it holds may still be settled. The
+        consumer is kept until its channel closes: a delivery already on its way when the
+        host took the cancel is sent back (a ``requeue`` settle), not left held there."""
         sub = self.subs.get(consumer)
         if sub is None or sub.cancelled:
             return []
         sub.cancelled = True
-        out = self._to_leader(sub, release=False)
-        if not sub.held:
-            del self.subs[consumer]
-        return out
+        return self._to_leader(sub, release=False)
 
     def close(self, consumer: int) -> list[Effect]:
         """The consumer's channel closed: what it holds goes back to the queue."""
@@ -702,8 +702,6 @@ class ConsumerProxy:
                 sub = self.subs.get(d.consumer)
                 if sub is not None and sub.held.get(d.position) == d.attach:
                     del sub.held[d.position]
-                    if sub.cancelled and not sub.held:
-                        del self.subs[d.consumer]
                 current = sub is not None and sub.attach == d.attach and \
                     sub.epoch == d.epoch and sub.node is not None
             if not current:
@@ -730,6 +728,11 @@ class ConsumerProxy:
         self.stats.gets += 1
         return request, [SendTo(leader[0], Get(group, leader[1], self.origin, request,
                                                lane.attach, vhost, queue, no_ack))]
+
+    @property
+    def pending(self) -> bool:
+        """Settles wait for ``flush`` (the shell flushes at the end of such a turn)."""
+        return bool(self.settles)
 
     def flush(self) -> list[Effect]:
         """The end of a loop turn: the settles as one ``Settle`` per consumer, queue, how."""
@@ -825,9 +828,15 @@ class ConsumerProxy:
 
     def _delivered(self, src: str, packet: Deliver) -> list[Effect]:
         sub = self.subs.get(packet.consumer)
-        if sub is None or sub.cancelled or (sub.node, sub.epoch, sub.attach) != \
+        if sub is None or (sub.node, sub.epoch, sub.attach) != \
                 (src, packet.epoch, packet.attach):
             self.stats.stale_deliveries += len(packet.deliveries)
+            return []
+        if sub.cancelled:  # sent before the host took the cancel: back to the queue
+            self.stats.returned += len(packet.deliveries)
+            if not sub.no_ack:
+                key = (sub.group, sub.consumer, sub.vhost, sub.queue, REQUEUE)
+                self.settles.setdefault(key, []).extend(int(d[0]) for d in packet.deliveries)
             return []
         out: list[Effect] = []
         for raw in packet.deliveries:

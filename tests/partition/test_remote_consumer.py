@@ -365,3 +365,27 @@ def test_a_host_serving_again_after_a_lapse_hands_out_at_its_tick() -> None:
     # a settle of no known kind is not taken for an ack
     host.receive("c", Settle(GROUP, 1, "c.1", 1, 1, "/", "1.1", [1], "bogus"))
     assert q.acked == 0 and host.held() == 2
+
+
+def test_a_delivery_on_its_way_when_the_host_takes_a_cancel_goes_back_to_the_queue() -> None:
+    broker, q = primary()
+    host = host_on(broker)
+    c = Cluster({"p": host})
+    c.notice("p", 1)
+    consumer = consume(c, prefetch=1)
+    [held] = c.delivered()
+    # the ack frees credit: the host hands out position 2, whose Deliver is still on the way
+    # when the client cancels
+    c.proxy.settle([held], ACK)
+    in_flight = host.receive("c", Settle(GROUP, 1, "c.1", consumer, 1, "/", "1.1", [1], ACK))
+    c.proxy.settles.clear()
+    late = [e for e in host.flush() if isinstance(e, SendTo) and isinstance(e.packet, Deliver)]
+    assert [[d[0] for d in e.packet.deliveries] for e in late
+            if isinstance(e.packet, Deliver)] == [[2]]
+    c.carry(c.proxy.cancel(consumer))
+    assert host.held() == 1 and q.consumer_count == 0
+    c.carry(late, "p")
+    assert c.delivered() == [] and c.proxy.stats.returned == 1
+    c.turn()  # sent back as a requeue: nothing left held at the host
+    assert host.held() == 0 and [e.position for e in q.ready][:1] == [2]
+    assert in_flight  # (the ack's answer)
