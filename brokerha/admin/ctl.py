@@ -85,8 +85,7 @@ def groups_view(nodes: list[dict[str, Any]]) -> dict[str, Any] | None:
             entry = out.setdefault(group, {"leader": None, "epoch": None,
                                            "members": g["members"], "nodes": {}})
             entry["nodes"][name] = {"role": g["role"], "phase": g["phase"],
-                                    "epoch": g["epoch"], "serving": g["serving"],
-                                    "ready": g.get("ready", False)}
+                                    "epoch": g["epoch"], "serving": g["serving"]}
             if g["role"] == "primary" and (entry["epoch"] is None or g["epoch"] > entry["epoch"]):
                 entry["leader"], entry["epoch"] = name, g["epoch"]
     for entry in out.values():
