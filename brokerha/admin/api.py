@@ -298,8 +298,10 @@ def queue_list(node: Node) -> list[dict[str, Any]]:
     return out
 
 
-async def cluster_view(node: Node) -> dict[str, Any]:
-    """Every member's own status (role ``down`` when it does not answer), asked in parallel."""
+async def member_statuses(node: Node) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                                list[dict[str, Any]]]:
+    """(this node's status, the members, each member's own status answer -- role ``down``
+    when it does not answer), asked in parallel."""
     own = node.status()
     own["node"].setdefault("loop", node.loop_monitor.status())  # a standalone node's too
     members = own.get("members") or []
@@ -317,6 +319,13 @@ async def cluster_view(node: Node) -> dict[str, Any]:
                              "error": str(exc) or type(exc).__name__}}
 
     answers = await asyncio.gather(*(ask(m) for m in members)) if members else [own]
+    return own, members, list(answers)
+
+
+async def cluster_view(node: Node) -> dict[str, Any]:
+    """Every member's own status (role ``down`` when it does not answer), asked in parallel."""
+    own, members, answers = await member_statuses(node)
+    me = node.config.name
     nodes = []
     for member, answer in zip(members or [{"name": me, "admin_url": None}], answers,
                               strict=True):

@@ -3,8 +3,9 @@
 ``POST /api/partitions/balance {"timeout": S}`` on the metadata primary (the partition
 table's coordinator, ``partition/coordinator.py``): a ``partition.balance.Balancer``
 over the partition table's preferred cells, stepped every ``STEP`` with what the nodes
-answer (``admin/api.py`` ``cluster_view``: every member's own status, its groups'
-roles, epochs, readiness), until it is done. Each ``Promote`` goes to the group's
+answer (``admin/api.py`` ``member_statuses``: every member's own status, its
+groups' roles, epochs, readiness; not ``cluster_view``, whose queue list would cost
+the coordinator's loop every step), until it is done. Each ``Promote`` goes to the group's
 leader: this node's member when it leads the group (``PartitionedMember.promote``),
 else ``POST /api/promote {"node", "group"}`` on the leader's admin listener with the
 operator's credentials (a member's signature is good for reads only). One move at a
@@ -24,7 +25,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from brokerha.admin.api import cluster_view, member_url
+from brokerha.admin.api import member_statuses, member_url
 from brokerha.broker.placement import METADATA_GROUP
 from brokerha.httpapi.server import HTTPError, Request, Response, exchange
 from brokerha.partition import balance
@@ -77,12 +78,15 @@ class BalanceEndpoint:
         started = time.monotonic()
         balancer = balance.Balancer(preferred, timeout)
         while True:
-            view = await cluster_view(self.shell.node)
-            action = balancer.step(time.monotonic(), balance.observe(view["nodes"]))
+            _own, members, answers = await member_statuses(self.shell.node)
+            nodes = [{**(answer.get("node") or {}), **{k: member.get(k) for k in (
+                "name", "admin_url", "https_url")}} for member, answer in zip(
+                members or [{"name": self.shell.me}], answers, strict=True)]
+            action = balancer.step(time.monotonic(), balance.observe(nodes))
             if isinstance(action, balance.Done):
                 break
             if isinstance(action, balance.Promote):
-                reason = await self.ask(action, request, view["nodes"])
+                reason = await self.ask(action, request, nodes)
                 if reason is not None:
                     balancer.refused(time.monotonic(), action.partition, reason)
             await asyncio.sleep(STEP)
