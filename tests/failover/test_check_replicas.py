@@ -27,14 +27,14 @@ import pytest
 from brokerha.store.factory import DEFAULT_FILE, open_store
 from brokerha.testing import LocalCluster
 from tests.failover.clients import AioPikaConsumer, ConfirmedPublisher
-from tests.failover.test_failover import FAST, wait_all_ready
-from tests.failover.test_partition_groups import (
+from tests.failover.groups import (
     OPTIONS,
     name_in,
     one_leader_each,
     ready_everywhere,
     until,
 )
+from tests.failover.test_failover import FAST, wait_all_ready
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -26,10 +26,12 @@ from typing import Any
 import pytest
 
 from brokerha.testing import LocalCluster
-from tests.failover.test_partition_forwarding import StreamPublisher, connect, drain
-from tests.failover.test_partition_groups import (
+from tests.failover.groups import (
     OPTIONS,
+    StreamPublisher,
+    connect,
     ctl_status,
+    drain_ids,
     name_in,
     one_leader_each,
     promote,
@@ -148,7 +150,7 @@ def test_balance_hands_a_returned_node_s_partition_back_to_it_online(held_by: st
 
         assert client.done.is_set() and client.closed is None, repr(client.closed)
         assert not client.nacked and not client.outstanding
-        got = drain(cluster, b, queue)
+        got = drain_ids(cluster, b, queue)
         twice = [m for m, n in Counter(got).items() if n > 1]
         assert not twice, f"enqueued twice: {twice[:10]}"
         lost = set(client.acked) - {int(m) for m in got}

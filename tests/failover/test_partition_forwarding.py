@@ -17,22 +17,23 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 import time
 import urllib.request
 from collections import Counter
 from typing import Any
 
-import pika
-import pika.exceptions
 import pytest
 
 from brokerha.testing import LocalCluster
-from tests.failover.test_partition_groups import (
+from tests.failover.groups import (
     OPTIONS,
+    StreamPublisher,
+    connect,
+    drain_ids,
     name_in,
     one_leader_each,
     promote,
+    props,
     ready_everywhere,
     until,
 )
@@ -41,10 +42,6 @@ pytestmark = pytest.mark.timeout(90)
 
 N = 150
 FANOUT = "fw-fanout"
-
-
-def connect(cluster: LocalCluster, node: str) -> pika.BlockingConnection:
-    return pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
 
 
 def setup(cluster: LocalCluster) -> tuple[dict[str, str], str, str, str, dict[str, str]]:
@@ -92,105 +89,6 @@ def api_publish(cluster: LocalCluster, node: str, queue: str, message_id: str) -
         return json.loads(answer.read())
 
 
-def props(i: int) -> pika.BasicProperties:
-    return pika.BasicProperties(delivery_mode=2, message_id=str(i))
-
-
-class StreamPublisher(threading.Thread):
-    """A pika ``SelectConnection`` publishing with confirms, up to ``window`` unconfirmed
-    (``BlockingChannel`` waits for each ack): message i (its ``message_id``) to the
-    queue ``queue_of(i)``; ``acked`` and ``nacked`` ids, ``closed`` the reason the
-    connection or channel was closed by anything but ``finish``."""
-
-    def __init__(self, url: str, queue_of: Any, window: int = 64) -> None:
-        super().__init__(daemon=True)
-        self.url = url
-        self.queue_of = queue_of
-        self.window = window
-        self.acked: list[int] = []
-        self.nacked: list[int] = []
-        self.closed: BaseException | str | None = None
-        self.outstanding: dict[int, int] = {}  # delivery tag -> id
-        self.next_id = 0
-        self.stopping = threading.Event()
-        self.done = threading.Event()
-        self._finishing = False
-
-    def run(self) -> None:
-        self.conn = pika.SelectConnection(
-            pika.URLParameters(self.url), on_open_callback=self._opened,
-            on_open_error_callback=self._failed, on_close_callback=self._conn_closed)
-        self.conn.ioloop.start()
-        self.done.set()
-
-    def _failed(self, _conn: Any, exc: BaseException) -> None:
-        self.closed = exc
-        self.conn.ioloop.stop()
-
-    def _conn_closed(self, _conn: Any, reason: BaseException) -> None:
-        if not self._finishing:
-            self.closed = reason
-        self.conn.ioloop.stop()
-
-    def _opened(self, conn: Any) -> None:
-        conn.channel(on_open_callback=self._channel)
-
-    def _channel(self, ch: Any) -> None:
-        self.ch = ch
-        ch.add_on_close_callback(self._channel_closed)
-        ch.confirm_delivery(self._confirm, callback=lambda _frame: self._pump())
-        self.conn.ioloop.call_later(0.05, self._watch)
-
-    def _channel_closed(self, _ch: Any, reason: BaseException) -> None:
-        if not self._finishing:
-            self.closed = reason
-            if self.conn.is_open:
-                self.conn.close()
-
-    def _confirm(self, frame: Any) -> None:
-        method = frame.method
-        ack = isinstance(method, pika.spec.Basic.Ack)
-        tags = [t for t in self.outstanding if t <= method.delivery_tag] if method.multiple \
-            else [method.delivery_tag]
-        for tag in tags:
-            (self.acked if ack else self.nacked).append(self.outstanding.pop(tag))
-        self._pump()
-
-    def _pump(self) -> None:
-        while not self.stopping.is_set() and len(self.outstanding) < self.window:
-            i = self.next_id
-            self.next_id += 1
-            self.outstanding[i + 1] = i  # delivery tags count from 1 after confirm.select
-            self.ch.basic_publish("", self.queue_of(i), b"x", props(i))
-
-    def _watch(self) -> None:
-        if self.stopping.is_set() and not self.outstanding:
-            self._finishing = True
-            self.conn.close()
-            return
-        self.conn.ioloop.call_later(0.05, self._watch)
-
-    def finish(self, timeout: float = 20.0) -> None:
-        """Stop publishing; wait until every publish is answered (or the connection gone)."""
-        self.stopping.set()
-        self.done.wait(timeout)
-
-
-def drain(cluster: LocalCluster, node: str, queue: str) -> list[str]:
-    """The message ids in ``queue`` on ``node``, in order (taken)."""
-    conn = connect(cluster, node)
-    try:
-        ch = conn.channel()
-        got = []
-        while True:
-            method, properties, _body = ch.basic_get(queue, auto_ack=True)
-            if method is None:
-                return got
-            got.append(str(properties.message_id))
-    finally:
-        conn.close()
-
-
 def leader_of(cluster: LocalCluster, names: list[str], group: str) -> str | None:
     serving = one_leader_each(cluster, names)
     return None if serving is None else serving.get(group)
@@ -220,8 +118,8 @@ def test_a_publisher_on_one_node_is_confirmed_by_the_partitions_leaders() -> Non
         forwarding = status["node"]["forwarding"]
         assert forwarding["sender"]["acks"] == 2 * N + 2, forwarding  # the API's too
         assert forwarding["sender"]["nacks"] == 0, forwarding
-        assert drain(cluster, b, queues[b]) == [str(i) for i in range(N)] + ["api", "99999"]
-        assert drain(cluster, c, queues[c]) == [str(1000 + i) for i in range(N)] + ["99999"]
+        assert drain_ids(cluster, b, queues[b]) == [str(i) for i in range(N)] + ["api", "99999"]
+        assert drain_ids(cluster, c, queues[c]) == [str(1000 + i) for i in range(N)] + ["99999"]
         print(f"{2 * N + 1} publishes from {a} forwarded and confirmed in {took:.2f}s; "
               f"forwards {forwarding['sender']['forwards']}")
 
@@ -254,7 +152,7 @@ def test_the_target_partition_s_leader_killed_mid_stream(client_on: str) -> None
         assert not client.nacked and not client.outstanding, (client.nacked,
                                                                client.outstanding)
         assert sorted(client.acked) == list(range(client.next_id))
-        got = drain(cluster, new, queue)
+        got = drain_ids(cluster, new, queue)
         twice = [m for m, n in Counter(got).items() if n > 1]
         assert not twice, f"enqueued twice: {twice[:10]}"
         ids = [int(m) for m in got]
@@ -288,7 +186,7 @@ def test_the_target_partition_handed_to_a_third_node_mid_stream() -> None:
         assert client.done.is_set() and client.closed is None, repr(client.closed)
         assert not client.nacked and not client.outstanding
         assert sorted(client.acked) == list(range(client.next_id))
-        got = [int(m) for m in drain(cluster, c, queue)]
+        got = [int(m) for m in drain_ids(cluster, c, queue)]
         assert got == list(range(client.next_id)), "a message lost, twice, or out of order"
         status: dict[str, Any] = (cluster.status(a) or {})["node"]["forwarding"]
         print(f"handed {b} -> {c}: {len(client.acked)} confirmed and in the queue once, in "
@@ -308,7 +206,7 @@ def test_the_publisher_s_node_killed() -> None:
         assert client.done.wait(20)
         assert client.closed is not None and not client.nacked
         for node, parity in ((b, 1), (c, 0)):
-            got = drain(cluster, node, queues[node])
+            got = drain_ids(cluster, node, queues[node])
             assert all(n == 1 for n in Counter(got).values()), "enqueued twice"
             ids = [int(m) for m in got]
             assert ids == sorted(ids)

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -30,71 +28,23 @@ import pytest
 from brokerha.cluster.partition_table import hash_partition
 from brokerha.partition.group_simulation import queue_names
 from brokerha.testing import LocalCluster
-from tests.failover.test_failover import FAST
+from tests.failover.groups import (
+    GROUPS,
+    OPTIONS,
+    connect,
+    ctl_status,
+    led,
+    name_in,
+    one_leader_each,
+    promote,
+    ready_everywhere,
+    until,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
-OPTIONS: dict[str, float | str | bool] = {**FAST, "partitions": 3, "partition_groups": True}
-GROUPS = ["0", "1", "2", "3"]  # the metadata group and partitions 0..2
 PUBLISHED = 150
 CONSUMED = 20
-
-
-def ctl(cluster: LocalCluster, name: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
-                           cluster.url(name), *args], capture_output=True, text=True,
-                          timeout=30)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def promote(cluster: LocalCluster, name: str, target: str, partition: int) -> bool:
-    done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
-                           cluster.url(name), "promote", target, "--partition", str(partition)],
-                          capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0 or "409" in done.stderr or "ready" in done.stderr, done.stderr
-    return done.returncode == 0
-
-
-def ctl_status(cluster: LocalCluster, name: str) -> dict[str, Any]:
-    return dict(json.loads(ctl(cluster, name, "status", "--json")))
-
-
-def led(cluster: LocalCluster, names: list[str]) -> dict[str, list[str]]:
-    """Per group, the nodes among ``names`` that serve it now (their own status)."""
-    out: dict[str, list[str]] = {g: [] for g in GROUPS}
-    for name in names:
-        status = cluster.status(name)
-        for group, g in ((status or {}).get("node", {}).get("groups") or {}).items():
-            if g["serving"]:
-                out[group].append(name)
-    return out
-
-
-def ready_everywhere(cluster: LocalCluster, names: list[str]) -> bool:
-    for name in names:
-        groups = (cluster.status(name) or {}).get("node", {}).get("groups") or {}
-        if sorted(groups) != GROUPS or not all(g["ready"] for g in groups.values()):
-            return False
-    return True
-
-
-def until(what: str, check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
-
-
-def one_leader_each(cluster: LocalCluster, names: list[str]) -> dict[str, str] | None:
-    serving = led(cluster, names)
-    if all(len(nodes) == 1 for nodes in serving.values()):
-        return {g: nodes[0] for g, nodes in serving.items()}
-    return None
 
 
 def publish(cluster: LocalCluster, node: str, queue: str, first: int) -> set[int]:
@@ -148,7 +98,7 @@ def put_queue(cluster: LocalCluster, node: str, name: str) -> tuple[int, str]:
 
 
 def drain_bodies(cluster: LocalCluster, node: str, queue: str) -> list[bytes]:
-    conn = pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
+    conn = connect(cluster, node)
     try:
         ch = conn.channel()
         got = []
@@ -163,12 +113,6 @@ def drain_bodies(cluster: LocalCluster, node: str, queue: str) -> list[bytes]:
 
 def drain(cluster: LocalCluster, node: str, queue: str) -> list[int]:
     return [int(body) for body in drain_bodies(cluster, node, queue)]
-
-
-def name_in(partition: int, prefix: str) -> str:
-    """A queue name of ``prefix`` hashing into ``partition`` (P = 3, vhost /)."""
-    return next(f"{prefix}-{i}" for i in range(1000)
-                if hash_partition("/", f"{prefix}-{i}", 3) == partition)
 
 
 @pytest.mark.parametrize("victim_kind", ["partition-leader", "metadata-primary"])

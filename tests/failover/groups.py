@@ -1,0 +1,188 @@
+"""Three real nodes running partition groups (issue 35): the options, the ctl calls,
+the groups' leaders read from the nodes' status, queue names of a given partition,
+and a windowed publisher with confirms -- shared by the partition groups',
+forwarding, balance and check-replicas tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pika
+
+from brokerha.cluster.partition_table import hash_partition
+from brokerha.testing import LocalCluster
+from tests.failover.test_failover import FAST
+
+OPTIONS: dict[str, float | str | bool] = {**FAST, "partitions": 3, "partition_groups": True}
+GROUPS = ["0", "1", "2", "3"]  # the metadata group and partitions 0..2
+
+
+def ctl(cluster: LocalCluster, name: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
+                           cluster.url(name), *args], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def promote(cluster: LocalCluster, name: str, target: str, partition: int) -> bool:
+    done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
+                           cluster.url(name), "promote", target, "--partition", str(partition)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 or "409" in done.stderr or "ready" in done.stderr, done.stderr
+    return done.returncode == 0
+
+
+def ctl_status(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    return dict(json.loads(ctl(cluster, name, "status", "--json")))
+
+
+def led(cluster: LocalCluster, names: list[str]) -> dict[str, list[str]]:
+    """Per group, the nodes among ``names`` that serve it now (their own status)."""
+    out: dict[str, list[str]] = {g: [] for g in GROUPS}
+    for name in names:
+        status = cluster.status(name)
+        for group, g in ((status or {}).get("node", {}).get("groups") or {}).items():
+            if g["serving"]:
+                out[group].append(name)
+    return out
+
+
+def ready_everywhere(cluster: LocalCluster, names: list[str]) -> bool:
+    for name in names:
+        groups = (cluster.status(name) or {}).get("node", {}).get("groups") or {}
+        if sorted(groups) != GROUPS or not all(g["ready"] for g in groups.values()):
+            return False
+    return True
+
+
+def until(what: str, check: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+
+
+def one_leader_each(cluster: LocalCluster, names: list[str]) -> dict[str, str] | None:
+    serving = led(cluster, names)
+    if all(len(nodes) == 1 for nodes in serving.values()):
+        return {g: nodes[0] for g, nodes in serving.items()}
+    return None
+
+
+def name_in(partition: int, prefix: str) -> str:
+    """A queue name of ``prefix`` hashing into ``partition`` (P = 3, vhost /)."""
+    return next(f"{prefix}-{i}" for i in range(1000)
+                if hash_partition("/", f"{prefix}-{i}", 3) == partition)
+
+
+def connect(cluster: LocalCluster, node: str) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
+
+
+def props(i: int) -> pika.BasicProperties:
+    return pika.BasicProperties(delivery_mode=2, message_id=str(i))
+
+
+class StreamPublisher(threading.Thread):
+    """A pika ``SelectConnection`` publishing with confirms, up to ``window`` unconfirmed
+    (``BlockingChannel`` waits for each ack): message i (its ``message_id``) to the
+    queue ``queue_of(i)``; ``acked`` and ``nacked`` ids, ``closed`` the reason the
+    connection or channel was closed by anything but ``finish``."""
+
+    def __init__(self, url: str, queue_of: Any, window: int = 64) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.queue_of = queue_of
+        self.window = window
+        self.acked: list[int] = []
+        self.nacked: list[int] = []
+        self.closed: BaseException | str | None = None
+        self.outstanding: dict[int, int] = {}  # delivery tag -> id
+        self.next_id = 0
+        self.stopping = threading.Event()
+        self.done = threading.Event()
+        self._finishing = False
+
+    def run(self) -> None:
+        self.conn = pika.SelectConnection(
+            pika.URLParameters(self.url), on_open_callback=self._opened,
+            on_open_error_callback=self._failed, on_close_callback=self._conn_closed)
+        self.conn.ioloop.start()
+        self.done.set()
+
+    def _failed(self, _conn: Any, exc: BaseException) -> None:
+        self.closed = exc
+        self.conn.ioloop.stop()
+
+    def _conn_closed(self, _conn: Any, reason: BaseException) -> None:
+        if not self._finishing:
+            self.closed = reason
+        self.conn.ioloop.stop()
+
+    def _opened(self, conn: Any) -> None:
+        conn.channel(on_open_callback=self._channel)
+
+    def _channel(self, ch: Any) -> None:
+        self.ch = ch
+        ch.add_on_close_callback(self._channel_closed)
+        ch.confirm_delivery(self._confirm, callback=lambda _frame: self._pump())
+        self.conn.ioloop.call_later(0.05, self._watch)
+
+    def _channel_closed(self, _ch: Any, reason: BaseException) -> None:
+        if not self._finishing:
+            self.closed = reason
+            if self.conn.is_open:
+                self.conn.close()
+
+    def _confirm(self, frame: Any) -> None:
+        method = frame.method
+        ack = isinstance(method, pika.spec.Basic.Ack)
+        tags = [t for t in self.outstanding if t <= method.delivery_tag] if method.multiple \
+            else [method.delivery_tag]
+        for tag in tags:
+            (self.acked if ack else self.nacked).append(self.outstanding.pop(tag))
+        self._pump()
+
+    def _pump(self) -> None:
+        while not self.stopping.is_set() and len(self.outstanding) < self.window:
+            i = self.next_id
+            self.next_id += 1
+            self.outstanding[i + 1] = i  # delivery tags count from 1 after confirm.select
+            self.ch.basic_publish("", self.queue_of(i), b"x", props(i))
+
+    def _watch(self) -> None:
+        if self.stopping.is_set() and not self.outstanding:
+            self._finishing = True
+            self.conn.close()
+            return
+        self.conn.ioloop.call_later(0.05, self._watch)
+
+    def finish(self, timeout: float = 20.0) -> None:
+        """Stop publishing; wait until every publish is answered (or the connection gone)."""
+        self.stopping.set()
+        self.done.wait(timeout)
+
+
+def drain_ids(cluster: LocalCluster, node: str, queue: str) -> list[str]:
+    """The message ids in ``queue`` on ``node``, in order (taken)."""
+    conn = connect(cluster, node)
+    try:
+        ch = conn.channel()
+        got = []
+        while True:
+            method, properties, _body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                return got
+            got.append(str(properties.message_id))
+    finally:
+        conn.close()
