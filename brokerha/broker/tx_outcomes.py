@@ -177,12 +177,16 @@ class TxOutcomes:
                 callback(outcome)
 
     def _record_mark(self, key: tuple[int, str, int], record: Record) -> None:
-        group, origin, upto = key
+        # The mark of a record replaces the one held whatever its upto: records come in
+        # the group's log order (a tc's, live, after the catch-up's), and a catch-up's
+        # ``to`` is the primary's mark as of the join -- lower than one this node applied
+        # beyond the primary's log (uncommitted, from a deposed primary), which it must
+        # replace: kept, ``keep_only`` then dropped it as unknown and the origin had no
+        # mark at all (forwards above it gaps, resends at or below it duplicates; the
+        # remote-consume simulation's seed 511 of five nodes).
+        group, origin, _upto = key
         old = self.marks.get((group, origin))
         if old is not None:
-            old_key = mark_key(old[1])
-            if old_key is not None and old_key[2] > upto:
-                return  # an older mark than the one held (a catch-up's, resent): nothing
             self._drop_mark((group, origin), write=old[0] != record[0])
         self.marks[(group, origin)] = record
         self._mark_txids[record[0]] = (group, origin)

@@ -140,6 +140,22 @@ def test_a_groups_catch_up_replaces_its_own_marks_and_leaves_the_others() -> Non
     assert o.outcome("client-2") == COMMITTED
 
 
+def test_a_catch_up_replaces_a_higher_mark_the_primary_never_had() -> None:
+    """A backup that applied a deposed primary's forward (mark 28, never committed) and
+    joins the new primary, whose mark of that origin is 26: the catch-up's 26 is the
+    mark, not none (it was: the 26 ignored as older, the 28 then dropped as unknown to
+    the primary -- the remote-consume simulation's seed 511 of five nodes)."""
+    broker = Broker("b")
+    broker.outcomes.record("g1/fw-9", mark_name(1, "n4.1", 28, []), COMMITTED)
+    scope: Any = SimpleNamespace(group=1)
+    tr = TransactionReplicator(broker, lambda vhost, queue: None, "b", 2,  # type: ignore
+                               scope=scope)
+    tr.catch_up_begins()
+    tr.outcomes([["g1/fw-5", mark_name(1, "n4.1", 26, []), COMMITTED, 1.0]])
+    tr.caught_up()
+    assert recover_marks(broker, 1) == {"n4.1": Mark(26, set())}
+
+
 def test_a_backup_holds_the_newest_mark_only_and_reads_it_back_promoted() -> None:
     """A product ``Primary`` and its ``Backup`` (tests/ha/harness.py), both keeping 5
     outcome records: 30 batches of two origins; the backup holds one mark per origin (its
