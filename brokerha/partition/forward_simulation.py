@@ -72,14 +72,12 @@ under the forwards.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
-from brokerha import seed_runner
 from brokerha.broker.queue import Queue
 from brokerha.cluster.messages import Message as Packet
 from brokerha.cluster.replication import HA_ID
@@ -114,6 +112,8 @@ from brokerha.partition.group_simulation import (
     GroupNode,
     GroupSimulation,
     SimResult,
+    run_quietly,
+    run_seeds,
 )
 from brokerha.partition.member import PIN, group_of
 
@@ -294,9 +294,12 @@ class ForwardResult(SimResult):
         if self.violation:
             return head + f"VIOLATION {self.violation}"
         s = self.stats
-        return head + (f"ok, {s['acks']} acked / {s['published']} published, "
-                       f"{s['failovers']} group failovers, {s['resent']} resent, "
-                       f"{s['deduped']} deduped")
+        return head + f"ok, {s['acks']} acked / {s['published']} published, " + self.counts()
+
+    def counts(self) -> str:
+        """What the summary says of a seed without a violation, after the acks."""
+        s = self.stats
+        return f"{s['failovers']} group failovers, {s['resent']} resent, {s['deduped']} deduped"
 
 
 class ForwardSimulation(GroupSimulation):
@@ -644,17 +647,9 @@ class ForwardSimulation(GroupSimulation):
 
 def run_seed(seed: int, *, nodes: int = 3, duration: float = 30.0,
              faults: Faults | None = None, **kw: Any) -> SimResult:
-    logging.disable(logging.WARNING)
-    try:
-        return ForwardSimulation(seed, nodes=nodes, duration=duration,
-                                 faults=faults or FAULTS, **kw).run()
-    finally:
-        logging.disable(logging.NOTSET)
+    return run_quietly(ForwardSimulation, seed, nodes=nodes, duration=duration,
+                       faults=faults or FAULTS, **kw)
 
 
 def run_many(seeds: Sequence[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:
-    results: list[SimResult] = seed_runner.run_many(run_seed, seeds, jobs=jobs, **kw)
-    for result in results:
-        if result.violation is None:
-            result.trace = []
-    return results
+    return run_seeds(run_seed, seeds, jobs=jobs, **kw)

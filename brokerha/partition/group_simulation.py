@@ -794,18 +794,33 @@ class GroupSimulation(World):
 # ---- running many seeds ---------------------------------------------------------------------
 
 
-def run_seed(seed: int, *, nodes: int = 3, duration: float = 30.0,
-             faults: Faults | None = None, **kw: Any) -> SimResult:
+def run_quietly(simulation: Callable[..., GroupSimulation], seed: int,
+                **kw: Any) -> SimResult:
+    """One seed of a groups world (this one or a subclass: forward, remote-consume), the
+    product's warnings silenced (its faults make many)."""
     logging.disable(logging.WARNING)
     try:
-        return GroupSimulation(seed, nodes=nodes, duration=duration, faults=faults, **kw).run()
+        return simulation(seed, **kw).run()
     finally:
         logging.disable(logging.NOTSET)
 
 
-def run_many(seeds: Sequence[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:
+def run_seeds(run_seed: Callable[..., SimResult], seeds: Sequence[int], *, jobs: int = 1,
+              **kw: Any) -> list[SimResult]:
+    """``run_seed`` (a module-level function: the seeds go to processes) of every seed; a
+    result without a violation keeps no trace."""
     results: list[SimResult] = seed_runner.run_many(run_seed, seeds, jobs=jobs, **kw)
     for result in results:
         if result.violation is None:
             result.trace = []
     return results
+
+
+def run_seed(seed: int, *, nodes: int = 3, duration: float = 30.0,
+             faults: Faults | None = None, **kw: Any) -> SimResult:
+    return run_quietly(GroupSimulation, seed, nodes=nodes, duration=duration, faults=faults,
+                       **kw)
+
+
+def run_many(seeds: Sequence[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:
+    return run_seeds(run_seed, seeds, jobs=jobs, **kw)

@@ -50,13 +50,11 @@ by (D)), ``no_requeue_on_link_loss`` (by (C)), ``ack_before_durable`` (by (B)),
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
-from brokerha import seed_runner
 from brokerha.cluster.messages import Message as Packet
 from brokerha.ha.simulation.disk import Image
 from brokerha.ha.simulation.world import Faults, SimConnection, SimNode
@@ -69,7 +67,13 @@ from brokerha.partition.forward_simulation import (
     ForwardSimulation,
     queue_name,
 )
-from brokerha.partition.group_simulation import FAULTS, GroupSimulation, SimResult
+from brokerha.partition.group_simulation import (
+    FAULTS,
+    GroupSimulation,
+    SimResult,
+    run_quietly,
+    run_seeds,
+)
 from brokerha.partition.member import group_of
 from brokerha.partition.remote_consumer import (
     ACK,
@@ -256,14 +260,10 @@ class Getter:
 
 
 class ConsumeResult(ForwardResult):
-    def summary(self) -> str:
-        head = f"seed {self.seed} ({self.nodes} nodes, P = {self.partitions}): "
-        if self.violation:
-            return head + f"VIOLATION {self.violation}"
+    def counts(self) -> str:
         s = self.stats
-        return head + (f"ok, {s['acks']} acked / {s['published']} published, "
-                       f"{s['client ack']} client acks, {s['failovers']} group "
-                       f"failovers, {s['proxy reattaches']} re-attaches, {s['released']} requeued")
+        return (f"{s['client ack']} client acks, {s['failovers']} group failovers, "
+                f"{s['proxy reattaches']} re-attaches, {s['released']} requeued")
 
 
 class RemoteConsumeSimulation(ForwardSimulation):
@@ -569,17 +569,9 @@ class RemoteConsumeSimulation(ForwardSimulation):
 
 def run_seed(seed: int, *, nodes: int = 3, duration: float = 20.0,
              faults: Faults | None = None, **kw: Any) -> SimResult:
-    logging.disable(logging.WARNING)
-    try:
-        return RemoteConsumeSimulation(seed, nodes=nodes, duration=duration,
-                                       faults=faults or FAULTS, **kw).run()
-    finally:
-        logging.disable(logging.NOTSET)
+    return run_quietly(RemoteConsumeSimulation, seed, nodes=nodes, duration=duration,
+                       faults=faults or FAULTS, **kw)
 
 
 def run_many(seeds: Sequence[int], *, jobs: int = 1, **kw: Any) -> list[SimResult]:
-    results: list[SimResult] = seed_runner.run_many(run_seed, seeds, jobs=jobs, **kw)
-    for result in results:
-        if result.violation is None:
-            result.trace = []
-    return results
+    return run_seeds(run_seed, seeds, jobs=jobs, **kw)
