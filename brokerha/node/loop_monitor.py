@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -115,33 +116,46 @@ class LoopMonitor:
         """Sample the main thread once per stall, while it lasts."""
         sampled_at = 0.0
         seen_beat = 0.0
-        cpu_at_beat: dict[int, float] = {}
+        at_beat: dict[int, tuple[float, float | None]] = {}
+        since = 0.0
         while not self._stop.wait(INTERVAL):
             beat = self._beat
             if beat != seen_beat:  # the loop woke since: a stall would start from here
-                seen_beat, cpu_at_beat = beat, _thread_cpu()
+                seen_beat, at_beat, since = beat, _thread_times(self._main), time.monotonic()
             elif time.monotonic() - beat > STALL_WARNING and sampled_at != beat:
                 self._sample = self._where_all(sys._current_frames(),  # noqa: SLF001
-                                               cpu_at_beat, _thread_cpu())
+                                               at_beat, _thread_times(self._main),
+                                               time.monotonic() - since)
                 sampled_at = beat
 
-    def _where_all(self, frames: dict[int, FrameType], before: dict[int, float],
-                   after: dict[int, float]) -> str:
+    def _where_all(self, frames: dict[int, FrameType],
+                   before: dict[int, tuple[float, float | None]],
+                   after: dict[int, tuple[float, float | None]], span: float = 0.0) -> str:
         """What the loop's thread runs, and the CPU each thread used since the stall began.
 
         The loop's thread using little CPU through a stall was not running: it
-        waited for the GIL (another thread's CPU says which: a store thread
-        encoding or committing a batch) or for a core (the process starved).
+        waited for a core (the process starved: the kernel's run-queue wait,
+        ``/proc/self/task/<tid>/schedstat``, says how long) or it was blocked --
+        on the GIL, held by another thread of the process (their CPU says which:
+        a store thread encoding or committing a batch), or in a blocking call.
+        ``span``: the seconds the figures cover (the stall so far).
         """
         where = _where(frames.get(self._main or -1))
         names = {t.ident: t.name for t in threading.enumerate()}
-        used = {ident: cpu - before.get(ident, 0.0) for ident, cpu in after.items()}  # new: all
+        used = {ident: cpu - before.get(ident, (0.0, None))[0]
+                for ident, (cpu, _) in after.items()}  # new: all
         main = self._main or -1
         if main not in used:
             return where
         others = sorted(((cpu, ident) for ident, cpu in used.items()
                          if ident != main and cpu >= BUSY_CPU), reverse=True)
         text = f"{where}; loop thread CPU {used[main]:.3f}s"
+        waited_now, waited_then = after[main][1], before.get(main, (0.0, None))[1]
+        if span > 0 and waited_now is not None and waited_then is not None:
+            waited = waited_now - waited_then
+            blocked = max(0.0, span - used[main] - waited)
+            text += (f" of {span:.3f}s, waiting for a core {waited:.3f}s, "
+                     f"blocked (the GIL, or a blocking call) {blocked:.3f}s")
         if others:
             text += ", other threads' " + ", ".join(
                 f"{names.get(ident, ident)} {cpu:.3f}s at {_where(frames.get(ident))}"
@@ -149,16 +163,30 @@ class LoopMonitor:
         return text
 
 
-def _thread_cpu() -> dict[int, float]:
-    """CPU seconds used by each of the process's threads (but the watchdog)."""
-    out = {}
+def _thread_times(loop_thread: int | None = None) -> dict[int, tuple[float, float | None]]:
+    """(CPU seconds, seconds spent runnable waiting for a core) of each of the process's
+    threads but the watchdog. The wait is read for ``loop_thread`` only, from
+    ``/proc/self/task/<tid>/schedstat`` (on-CPU ns, run-queue wait ns, timeslices); None
+    for the others, and where the kernel does not say."""
+    out: dict[int, tuple[float, float | None]] = {}
     me = threading.get_ident()
     for thread in threading.enumerate():
         ident = thread.ident
         if ident is None or ident == me:
             continue
+        if ident == loop_thread:
+            try:
+                fd = os.open(f"/proc/self/task/{thread.native_id}/schedstat", os.O_RDONLY)
+                try:
+                    cpu_ns, wait_ns = os.read(fd, 128).split()[:2]
+                finally:
+                    os.close(fd)
+                out[ident] = (int(cpu_ns) / 1e9, int(wait_ns) / 1e9)
+                continue
+            except (OSError, ValueError):  # not Linux
+                pass
         try:
-            out[ident] = time.clock_gettime(time.pthread_getcpuclockid(ident))
+            out[ident] = (time.clock_gettime(time.pthread_getcpuclockid(ident)), None)
         except (OSError, AttributeError):  # the thread just ended; or not POSIX
             continue
     return out

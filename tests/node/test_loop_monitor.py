@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 import pytest
@@ -83,3 +84,6 @@ def test_a_stall_names_what_the_other_threads_were_doing(caplog: pytest.LogCaptu
     assert lines and "busy_purging_a_deep_queue" in lines[0], lines
     assert "loop thread CPU" in lines[0] and "store-writer" in lines[0], lines
     assert "loop-watchdog" not in lines[0]
+    if os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
+        # the rest of the stall: the loop's thread waiting for a core, or blocked (the GIL)
+        assert "waiting for a core" in lines[0] and "blocked (the GIL" in lines[0], lines
