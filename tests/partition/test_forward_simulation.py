@@ -21,7 +21,7 @@ from brokerha.ha.simulation.world import Unsafe as HAUnsafe
 from brokerha.partition.forward_simulation import CATCHES, Unsafe, run_many, run_seed
 from tests.seeds import first_failing, totals
 
-SEEDS = 30
+SEEDS = 16
 DURATION = 20.0
 
 
