@@ -44,7 +44,8 @@ of docs/ha.md):
   *lapsed*: it serves nobody (a confirm waits, ``Broker.after_durable``),
   keeps its role and its heartbeats, and serves again if a majority
   acknowledges one within ``lapse_timeout`` (``election_timeout``: until then
-  a majority that heard it elects nobody else). Past that, or on a newer
+  a majority that heard it elects nobody else, and it grants no pre-vote or
+  vote itself: it is a live primary). Past that, or on a newer
   epoch, it emits ``StopServing`` and becomes ``joining``. So a stall of its
   loop longer than the lease (a slow disk, CPU starvation) pauses its clients
   instead of costing them their connections and the cluster an election
@@ -264,6 +265,9 @@ class Unsafe(UnsafeRules):
     # a primary steps down the moment its lease runs out (no lapse): a stall longer than the
     # lease costs it the role, and its clients (the simulation's stability invariant)
     step_down_at_lease_end: bool = False
+    # a lapsed primary grants pre-votes and votes as if no primary were heard (the rule
+    # before the seed 141 fix): a node just reconnected to it deposes it with its grant
+    grant_while_lapsed: bool = False
 
 
 class PromoteRefused(ValueError):
@@ -562,9 +566,18 @@ class Election:
         return cand.valid and cand >= self.vote_floor
 
     def _heard_primary(self, now: float) -> bool:
-        """Evidence of a live primary (stickiness): a primary heard lately whose link still stands."""
+        """Evidence of a live primary (stickiness): a primary heard lately whose link still stands.
+
+        A primary is its own evidence for as long as it keeps the role, its lapse included
+        (a lease that ran out less than ``lapse_timeout`` ago): the lapse waits for a
+        majority's acknowledgement on the promise that a majority hearing it elects nobody
+        else, and the primary is one of that majority. Granting a pre-vote while lapsed
+        let a node whose link to it had just come back win a majority of two with the
+        primary's own grant (the remote-consume simulation's seed 141, docs/ha.md). Past
+        the lapse ``receive`` and ``tick`` step it down first, and it grants as any node.
+        """
         if self._role == "primary":
-            return self.lease_valid(now)
+            return not self.unsafe.grant_while_lapsed or self.lease_valid(now)
         if self._primary_link_down:
             return False
         return now - self._heard_primary_at < self.timing.election_timeout
@@ -616,6 +629,8 @@ class Election:
     def _on_pre_vote(self, now: float, sender: str, msg: VoteReply) -> list[Action]:
         if self._role != "candidate" or not self._pre or msg.epoch != self._epoch + 1:
             return []
+        if not self.position.valid:
+            return []  # catching up since the round went out: never stand (tick retries)
         self._votes.add(sender)
         return self._campaign(now) if len(self._votes) >= self._majority else []
 

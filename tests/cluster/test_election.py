@@ -715,6 +715,72 @@ def test_a_lapsed_primary_losing_one_link_of_two_keeps_its_role() -> None:
     assert node.lapses_renewed == 1 and sum(node.stepdowns.values()) == 0
 
 
+def _lapse_while_cut_from(unsafe: Unsafe | None) -> tuple[Mesh, str, str, str]:
+    """The remote-consume simulation's seed 141: the primary's link to ``back`` closed;
+    the other backup's acknowledgements are late (a spiked packet) past the lease, not
+    past the lapse: the primary is lapsed, and ``back``'s link to it has just come back."""
+    mesh = Mesh.of(3, unsafe=unsafe)
+    primary = mesh.elect()
+    node = mesh.nodes[primary]
+    mesh.backups_hold(primary, Position(node.epoch, 0))
+    back, other = sorted(n for n in mesh.nodes if n != primary)
+    mesh.carry(back, mesh.nodes[back].link_down(mesh.now, primary))
+    mesh.carry(primary, node.link_down(mesh.now, back))
+    mesh.dropped = {(primary, back), (back, primary), (other, primary)}
+    mesh.run(mesh.now + TIMING.lease_timeout + 0.2)
+    assert node.lapsed(mesh.now) and node.role == "primary"
+    assert mesh.nodes[other].role == "backup"  # it hears the primary: refuses ``back``
+    mesh.dropped = set()
+    return mesh, primary, back, other
+
+
+def test_a_lapsed_primary_grants_no_pre_vote_nor_vote() -> None:
+    """A lapsed primary is a live primary (stickiness): it does not grant a pre-vote or a
+    vote to a node whose link to it comes back, which with its grant had a majority of
+    two and deposed it (seed 141); its lapse is renewed, nobody is elected."""
+    mesh, primary, back, _ = _lapse_while_cut_from(None)
+    node = mesh.nodes[primary]
+    epoch = node.epoch
+    pos = Position(epoch, 0)
+    pre = node.receive(mesh.now, back, VoteRequest(epoch + 1, back, pos.epoch, pos.seq, True))
+    assert len(pre) == 1 and isinstance(pre[0], Send)
+    assert isinstance(pre[0].message, VoteReply) and pre[0].message.granted is False
+    assert node.receive(mesh.now, back, VoteRequest(epoch + 1, back, pos.epoch, pos.seq)) == []
+    assert node.role == "primary" and node.epoch == epoch
+    mesh.run(mesh.now + 2 * TIMING.heartbeat_interval + STEP)
+    assert node.serving and mesh.primaries() == [primary]
+    assert {e.epoch for e in mesh.nodes.values()} == {epoch}
+    assert node.lapses_renewed == 1 and sum(node.stepdowns.values()) == 0
+
+
+def test_with_grant_while_lapsed_the_reconnected_node_deposes_the_primary() -> None:
+    mesh, primary, back, _ = _lapse_while_cut_from(Unsafe(grant_while_lapsed=True))
+    node = mesh.nodes[primary]
+    epoch = node.epoch
+    pos = Position(epoch, 0)
+    pre = node.receive(mesh.now, back, VoteRequest(epoch + 1, back, pos.epoch, pos.seq, True))
+    assert isinstance(pre[0], Send) and isinstance(pre[0].message, VoteReply)
+    assert pre[0].message.granted is True
+    actions = node.receive(mesh.now, back, VoteRequest(epoch + 1, back, pos.epoch, pos.seq))
+    assert any(isinstance(a, StopServing) and a.cause == "newer_epoch" for a in actions)
+    assert node.role != "primary" and node.epoch == epoch + 1
+
+
+def test_a_candidate_catching_up_since_its_pre_vote_round_does_not_campaign() -> None:
+    """Its pre-vote round went out with a valid position; it joined a primary and catches
+    up (INVALID) before a grant came: it stands only with a valid position, so it takes
+    no epoch (seed 141 asked for votes with position (catching up))."""
+    node = member("n1", 1, Position(1, 1), 0)
+    node.start(0.0)
+    actions = node.tick(10.0)
+    assert node.role == "candidate" and any(
+        isinstance(a, Send) and isinstance(a.message, VoteRequest) and a.message.pre
+        for a in actions)
+    node.set_position(Position.INVALID)
+    assert node.receive(10.01, "n2", VoteReply(2, "n2", True, True, 1, 1)) == []
+    assert node.epoch == 1 and node.voted_for is None
+
+
 def test_a_late_heartbeat_is_counted_and_warned_once_per_stall(
         caplog: pytest.LogCaptureFixture) -> None:
     """etcd warns when a leader missed a heartbeat because it was busy: so does the primary,
