@@ -700,10 +700,15 @@ class ConsumerProxy:
                     lane.epoch == d.epoch and lane.node is not None
             else:
                 sub = self.subs.get(d.consumer)
-                if sub is not None and sub.held.get(d.position) == d.attach:
-                    del sub.held[d.position]
                 current = sub is not None and sub.attach == d.attach and \
                     sub.epoch == d.epoch and sub.node is not None
+                # a settle that cannot reach the primary that delivered it (detached, or of
+                # an earlier attachment) keeps its position named at the next attach: that
+                # message comes again flagged redelivered; so does an ack or reject until
+                # answered Settled (a primary killed before it made the ack durable)
+                if current and how == REQUEUE and sub is not None and \
+                        sub.held.get(d.position) == d.attach:
+                    del sub.held[d.position]
             if not current:
                 self.stats.stale_settles += 1
                 continue
@@ -798,6 +803,10 @@ class ConsumerProxy:
         if isinstance(packet, ConsumeError):
             return self._refused(src, packet)
         if isinstance(packet, Settled):
+            sub = self.subs.get(packet.consumer)
+            if sub is not None:  # durable: no primary of its epoch or later delivers it again
+                for position in packet.positions:
+                    sub.held.pop(position, None)
             return [SettleAnswered(packet.group, packet.epoch, packet.consumer, packet.vhost,
                                    packet.queue, tuple(packet.positions))]
         return []

@@ -250,6 +250,51 @@ def test_a_new_leader_redelivers_what_the_old_one_delivered_with_its_flag_set() 
     assert old_broker.vhosts["/"].queues["q"].unacked == 0
 
 
+def test_an_ack_while_detached_still_names_the_position_at_the_re_attach() -> None:
+    """The leader's link lost (its node killed), the client acks what it held before the
+    proxy attaches again: the ack cannot reach the primary that delivered it (dropped),
+    and the new primary delivers the message again -- flagged, since the re-attach's
+    ``Consume`` still names it (found by tests/failover/test_partition_consuming.py: the
+    client acked within the election and got the message again unflagged)."""
+    old_broker, _ = primary()
+    new_broker, _ = primary()
+    old, new = host_on(old_broker, 1), host_on(new_broker, 2)
+    c = Cluster({"p": old, "n": new})
+    c.notice("p", 1)
+    consume(c, prefetch=2)
+    held = c.delivered()
+    c.carry(c.proxy.link_lost("p"))
+    c.proxy.settle(held, ACK)
+    c.turn()
+    assert c.proxy.stats.stale_settles == 2
+    c.notice("n", 2)
+    assert [(d.position, d.redelivered) for d in c.delivered()] == [(1, True), (2, True)]
+
+
+def test_an_ack_not_answered_settled_is_named_at_the_re_attach() -> None:
+    """An ack the primary applied but did not make durable before it died (its gate held):
+    the new primary holds the message ready and delivers it again, flagged; an ack
+    answered ``Settled`` is no longer named."""
+    old_broker, _ = primary()
+    new_broker, _ = primary()
+    old, new = host_on(old_broker, 1), host_on(new_broker, 2)
+    c = Cluster({"p": old, "n": new})
+    c.notice("p", 1)
+    consume(c, prefetch=2)
+    first, second = c.delivered()
+    c.proxy.settle([first], ACK)
+    c.turn()  # answered Settled (the gate open)
+    c.hold_gate = True
+    c.proxy.settle([second], ACK)
+    c.turn()  # applied on p, its Settled held at the gate: p dies
+    c.carry(c.proxy.link_lost("p"))
+    c.notice("n", 2)
+    got = [(d.position, d.redelivered) for d in c.delivered() if d.epoch == 2]
+    # named: 2 (acked, not durable) and 3, 4 (delivered meanwhile, held); not 1
+    assert new.stats.marked == 3
+    assert got == [(1, False), (2, True)]  # (1 is still on this test's new primary)
+
+
 def test_a_consume_of_another_epoch_or_an_unknown_queue_is_refused() -> None:
     broker, _ = primary()
     host = host_on(broker, epoch=3)
