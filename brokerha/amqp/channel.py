@@ -441,6 +441,9 @@ class Channel:
         for consumer in list(self.consumers.values()):
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()
+        groups = self.conn.broker.groups
+        if groups is not None:  # remote consumers closed before their unacked are requeued
+            groups.channel_closed(self)
         deliveries = list(self.unacked.values())
         self.unacked.clear()
         for d in sorted(deliveries, key=lambda d: d.entry.position, reverse=True):

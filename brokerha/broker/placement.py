@@ -101,6 +101,23 @@ class GroupGuard(Protocol):
         anything is enqueued; ``settle(ack)`` once every target answered (None: no
         confirm asked)."""
 
+    def consume_remote(self, channel: Any, queue: Queue, tag: str, no_ack: bool,
+                       exclusive: bool, nowait: bool) -> bool:
+        """basic.consume of ``queue``: True if its group is served elsewhere and the consumer
+        went to its leader (stage 3's remote consumers, ``channel.consumers[tag]`` set);
+        False: this node serves it (``check_queue`` decides as before)."""
+
+    def get_remote(self, channel: Any, queue: Queue, no_ack: bool) -> bool:
+        """basic.get of ``queue``: True if asked of its group's leader elsewhere (the
+        channel answered later), False as ``consume_remote``."""
+
+    def cancel_remote(self, channel: Any, tag: str) -> None:
+        """basic.cancel of a consumer ``tag`` (a remote one's goes to its leader)."""
+
+    def channel_closed(self, channel: Any) -> None:
+        """The channel is released: its remote consumers closed, before its unacked are
+        requeued."""
+
     def serves_queue(self, vhost: str, name: str, arguments: Mapping[str, Any] | None,
                      exclusive: bool) -> bool:
         """Whether this node serves the group of such a queue now (``check_queue`` would

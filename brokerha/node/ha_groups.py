@@ -29,7 +29,10 @@ decision is the member's; this module only carries its inputs and outputs
   to its leader (stage 3, ``partition/forwarding.py``'s ``NodeForwarding``:
   the node's ``ForwardSender``, a ``ForwardReceiver`` per group it serves,
   ``LeaderNotice`` at serving, on each link up and every second; packets
-  23-26 dispatched here before the mux).
+  23-26 dispatched here before the mux);
+- a consume or get of such a queue goes to its leader (``partition/consuming.py``'s
+  ``NodeConsuming``: the node's ``ConsumerProxy``, a ``ConsumerHost`` per group it
+  serves; packets 40-47 dispatched here before the mux).
 
 The status adds ``groups`` (per group: role, epoch, leader, phase, members),
 read from the members when asked.
@@ -51,6 +54,8 @@ from brokerha.node.ha import GROUPED, Shell, mismatched
 from brokerha.node.partition_balance import BalanceEndpoint
 from brokerha.node.relay import RelayTarget
 from brokerha.partition.clients import GroupClients
+from brokerha.partition.consuming import PACKETS as CONSUME_PACKETS
+from brokerha.partition.consuming import NodeConsuming
 from brokerha.partition.forwarding import PACKETS, NodeForwarding
 from brokerha.partition.member import PartitionedMember
 from brokerha.partition.state import GroupStateFile
@@ -118,10 +123,17 @@ class GroupsNode(Shell):
         self.broker.groups = self.clients  # which queues: their group's leader only
         # publishes to the partitions this node does not serve, forwarded to their leaders
         # (stage 3): one origin per start of the node, so a restart's fseqs start afresh
+        origin = f"{self.me}.{uuid.uuid4().hex[:12]}"
         self.forwarding = NodeForwarding(
-            self.ha, f"{self.me}.{uuid.uuid4().hex[:12]}", [m.name for m in cluster.members],
+            self.ha, origin, [m.name for m in cluster.members],
             send=self.send, soon=self.soon, clock=self._now)
         self.clients.forwarding = self.forwarding
+        # consumers of queues of the partitions this node does not serve, attached to their
+        # leaders (stage 3's remote consumers): the same origin, the same notices
+        self.consuming = NodeConsuming(self.ha, origin, send=self.send, soon=self.soon,
+                                       clock=self._now)
+        self.forwarding.notice_listeners.append(self.consuming.leader)
+        self.clients.consuming = self.consuming
         # ctl partitions balance: answered by the metadata primary (node/partition_balance.py)
         self.balance = BalanceEndpoint(self)
 
@@ -179,6 +191,7 @@ class GroupsNode(Shell):
             log.warning("node %s leads partition %d (group %d, epoch %d): serving its queues",
                         self.me, group - 1, group, epoch)
         self.forwarding.serving(group, epoch)  # its forwards taken here from now on
+        self.consuming.serving(group, epoch)  # and its remote consumers
 
     def demoted(self, group: int, reason: str) -> None:
         """The member closes the group's connections in this same step; a connection that
@@ -187,6 +200,7 @@ class GroupsNode(Shell):
         if group == METADATA_GROUP:
             self.node.stopped_serving()
         self.forwarding.demoted(group)
+        self.consuming.demoted(group)
         self.soon(self.clients.lost_groups)
 
     def follow(self, group: int, primary: str, epoch: int) -> None:
@@ -207,6 +221,7 @@ class GroupsNode(Shell):
     def _tick(self) -> None:
         self.ha.tick()
         self.forwarding.tick()
+        self.consuming.tick()
 
     def _on_peer_up(self, peer: str) -> None:
         self.ha.peer_up(peer)
@@ -214,12 +229,16 @@ class GroupsNode(Shell):
 
     def _on_peer_down(self, peer: str) -> None:
         self.ha.peer_down(peer)
+        self.consuming.link_lost(peer)  # what its consumers held here requeued; ours re-attach
 
     def _on_message(self, peer: str, msg_id: int, msg: Message) -> None:
         # every packet of a partitioned node is a mux packet but stage 3's forwards (codes
         # 23-26), which name their group themselves
         if isinstance(msg, PACKETS):
             self.forwarding.on_packet(peer, msg)
+            return
+        if isinstance(msg, CONSUME_PACKETS):  # remote consumers (codes 40-47)
+            self.consuming.on_packet(peer, msg)
             return
         if not isinstance(msg, GROUPED):
             mismatched(self.me, peer, "does not run partition groups")
@@ -268,3 +287,4 @@ class GroupsNode(Shell):
                         for g, m in sorted(self.ha.groups.items())}
         me["serving_groups"] = self.clients.serving_groups()
         me["forwarding"] = self.forwarding.status()
+        me["consuming"] = self.consuming.status()

@@ -13,7 +13,8 @@ queue's partition:
   is handed over (``admit``): the metadata group's primary, or the leader of
   any partition. Otherwise it is relayed to the metadata primary
   (``node/relay.py``, as today), or refused while none is known.
-- **A queue** (declare, bind, consume, get, purge, delete) is served
+- **A queue** (declare, bind, purge, delete; a consume or get when the node has no
+  ``consuming`` layer or the queue's copy no ``x-ha-id``) is served
   only while this node serves the queue's group (``check_queue``): otherwise
   the channel is closed with 404, RabbitMQ's answer for a queue whose home
   node is down or inaccessible, naming the partition and its leader as this
@@ -23,6 +24,10 @@ queue's partition:
   group this node serves is enqueued here, any other is forwarded to its
   group's leader by ``x-ha-id`` (``partition/forwarding.py``); the confirm
   waits for both. Every group is checked before anything is enqueued.
+- **A consume or get** of a queue of a group this node does not serve goes to
+  that group's leader (``consume_remote``, ``get_remote``: ``partition/consuming.py``,
+  stage 3's remote consumers); ``cancel_remote`` and ``channel_closed`` carry the
+  channel's cancel and release there.
 - **The configuration** (a new exchange, a deleted one, exchange-to-exchange
   bindings) is the metadata group's: only its serving primary changes it
   (``check_configuration``).
@@ -51,6 +56,7 @@ from brokerha.broker.queue import Queue
 from brokerha.cluster.replication import HA_ID
 from brokerha.ha.admission import Admission, ClientLink
 from brokerha.ha.member import HAMember
+from brokerha.partition.consuming import NodeConsuming
 from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.forwarding import MAX_MESSAGE, NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
@@ -71,6 +77,9 @@ class GroupClients:
         # the node's forwarding of publishes to the groups it does not serve (stage 3; the
         # shell sets it): None, a publish to such a group's queue is refused (404)
         self.forwarding: NodeForwarding | None = None
+        # the node's remote consumers (stage 3; the shell sets it): None, a consume or get
+        # of such a group's queue is refused (404)
+        self.consuming: NodeConsuming | None = None
 
     # -- the node's admission (node/server.py, node/transport.py) -------------------------
 
@@ -205,6 +214,49 @@ class GroupClients:
             both.local_done()
         forwarding.publish(targets, both.remote_done, client)
 
+    def _remote(self, queue: Queue) -> tuple[NodeConsuming, int, str] | None:
+        """The consuming layer, group and x-ha-id of ``queue`` if its group is served
+        elsewhere and its copy here names it (else None: ``check_queue`` decides)."""
+        consuming = self.consuming
+        if consuming is None or queue.exclusive_owner is not None:
+            return None
+        group = self.group_of_queue(queue.vhost, queue.name, queue.arguments, False)
+        if group is None:
+            return None
+        member = self.member.groups.get(group)
+        if member is not None and member.clients.term() is not None:
+            return None
+        ha_id = queue.arguments.get(HA_ID)
+        if ha_id is None:
+            return None
+        return consuming, group, str(ha_id)
+
+    def consume_remote(self, channel: Any, queue: Queue, tag: str, no_ack: bool,
+                       exclusive: bool, nowait: bool) -> bool:
+        remote = self._remote(queue)
+        if remote is None:
+            return False
+        consuming, group, ha_id = remote
+        consuming.consume(channel, queue, group, ha_id, tag, no_ack=no_ack,
+                          exclusive=exclusive, nowait=nowait)
+        return True
+
+    def get_remote(self, channel: Any, queue: Queue, no_ack: bool) -> bool:
+        remote = self._remote(queue)
+        if remote is None:
+            return False
+        consuming, group, ha_id = remote
+        consuming.get(channel, queue, group, ha_id, no_ack)
+        return True
+
+    def cancel_remote(self, channel: Any, tag: str) -> None:
+        if self.consuming is not None:
+            self.consuming.cancel(channel, tag)
+
+    def channel_closed(self, channel: Any) -> None:
+        if self.consuming is not None:
+            self.consuming.channel_closed(channel)
+
     def serves_queue(self, vhost: str, name: str, arguments: Mapping[str, Any] | None,
                      exclusive: bool) -> bool:
         try:
@@ -233,9 +285,9 @@ class GroupClients:
             if link is not None:
                 member.clients.connections[link] = term
             return
-        raise NotLeader(f"{what()}, {self._leader_text(group)}; a queue is declared, bound "
-                        "and consumed from on its partition's leader only (publishes to it "
-                        "are forwarded there from any node)")
+        raise NotLeader(f"{what()}, {self._leader_text(group)}; a queue is declared, bound, "
+                        "purged and deleted on its partition's leader only (publishes, "
+                        "consumes and gets of it are carried there from any node)")
 
     def _leader_text(self, group: int) -> str:
         me = self.member.me

@@ -110,6 +110,8 @@ class NodeForwarding:
         # the connections held, by the full lanes (groups) they published to
         self.held: dict[Holdable, set[int]] = {}
         self.stats = ForwardingStats()
+        # told of every LeaderNotice this node takes (the node's remote consumers' proxy)
+        self.notice_listeners: list[Callable[[LeaderNotice], None]] = []
 
     # -- the publish path (GroupClients.publish) --------------------------------------------
 
@@ -206,6 +208,8 @@ class NodeForwarding:
                 self._release(packet.group)
         elif isinstance(packet, LeaderNotice):
             out = self.sender.leader(self.clock(), packet)
+            for listener in self.notice_listeners:
+                listener(packet)
         else:
             return
         self.carry_out(out)

@@ -176,22 +176,22 @@ def test_wrong_magic_is_noticed_at_the_first_wrong_byte() -> None:
 def test_another_protocol_version_is_told_apart() -> None:
     _, a = pair()
     step = a.receive(b"BRKRHA\x00\x07")
-    assert step.outcome == Refused("protocol version 7 is not ours (5)") and step.out == b""
+    assert step.outcome == Refused("protocol version 7 is not ours (6)") and step.out == b""
 
 
 def test_a_peer_of_a_version_before_replica_checks_is_refused() -> None:
     """Version 1 knows neither ``bp`` nor ``er`` events, version 2 no grouped packet of a
     node running partition groups (codes 20-22), version 3 no ``ck`` event nor
-    ``CheckReport`` (a replica check), version 4 no forward of a publish (codes 23-26):
-    each would fail on the first one (a replication error, or an unknown packet code), so
+    ``CheckReport`` (a replica check), version 4 no forward of a publish (codes 23-26),
+    version 5 no remote consumer's packet (codes 40-47): each would fail on the first one (a replication error, or an unknown packet code), so
     all are refused at the handshake."""
-    assert VERSION == 5 and MAGIC == b"BRKRHA\x00\x05"
-    for old in (1, 2, 3, 4):
+    assert VERSION == 6 and MAGIC == b"BRKRHA\x00\x06"
+    for old in (1, 2, 3, 4, 5):
         dialer, acceptor = pair()
         dialer.start()
         for side in (dialer, acceptor):
             step = side.receive(b"BRKRHA\x00" + bytes([old]))
-            assert step.outcome == Refused(f"protocol version {old} is not ours (5)")
+            assert step.outcome == Refused(f"protocol version {old} is not ours (6)")
             assert step.out == b""
 
 

@@ -191,8 +191,14 @@ def consume(ch: Channel, m: commands.Basic.Consume) -> None:
     name = ch.resolve_queue(m.queue)
     ch.user.check("read", vhost.name, "queue", name)
     queue = vhost.queue_for(name, ch.conn)
-    guard_queue(ch, queue)
     tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex[:22]}"
+    groups = ch.conn.broker.groups
+    if groups is not None:  # a partitioned node: a queue led elsewhere is consumed there
+        if tag in ch.consumers:
+            raise NotAllowed(f"attempt to reuse consumer tag '{tag}'")
+        if groups.consume_remote(ch, queue, tag, m.no_ack, m.exclusive, m.nowait):
+            return
+    guard_queue(ch, queue)
     if tag in ch.consumers:
         raise NotAllowed(f"attempt to reuse consumer tag '{tag}'")
     queue.check_consumer(m.exclusive)
@@ -212,6 +218,9 @@ def cancel(ch: Channel, m: commands.Basic.Cancel) -> None:
         ch.send(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
     if consumer is not None:
         consumer.queue.remove_consumer(consumer)
+        groups = ch.conn.broker.groups
+        if groups is not None:  # a remote consumer's cancel goes to its queue's leader
+            groups.cancel_remote(ch, consumer.tag)
 
 
 def get(ch: Channel, m: commands.Basic.Get) -> None:
@@ -219,6 +228,9 @@ def get(ch: Channel, m: commands.Basic.Get) -> None:
     name = ch.resolve_queue(m.queue)
     ch.user.check("read", vhost.name, "queue", name)
     queue = vhost.queue_for(name, ch.conn)
+    groups = ch.conn.broker.groups
+    if groups is not None and groups.get_remote(ch, queue, m.no_ack):
+        return  # asked of the queue's leader: answered when it answers
     guard_queue(ch, queue)
     if m.no_ack:
         _no_ack_on_ordered(queue, "basic.get")

@@ -1,0 +1,345 @@
+"""A partitioned node's remote consumers: ``partition/remote_consumer.py`` over the node's
+groups and its AMQP channels (issue 35 stage 3, docs/ha.md "Clients on any node").
+
+The node's shell (``node/ha_groups.py``) hands in how to put a packet on a link
+(``send``), how to run something at the next loop turn (``soon``); the channel's
+methods (``amqp/methods/basic.py``, through ``partition/clients.py``'s
+``GroupClients``) hand in the consumes, gets, cancels and closes of queues of
+groups this node does not serve. What it does:
+
+- **The proxy** (``ConsumerProxy``, one per start of the node, the forward
+  sender's origin): told of every ``LeaderNotice`` (``NodeForwarding``'s
+  listeners) and every link down; its settles go out once per loop turn.
+- **A host per group this node serves** (``ConsumerHost``, made in ``serving``
+  for that epoch, stopped in ``demoted``): queues by ``x-ha-id``
+  (``BrokerForwardLog``), ``serving`` while the member's role is of that epoch
+  and its clients' term (lease) holds; ``Settled`` through the group's gate.
+- **The channel's side**: a remote consumer is a ``ChannelConsumer`` in the
+  channel's ``consumers`` whose queue is a *stand-in* (``StandIn``: a private
+  ``Queue`` nothing routes to, never dispatching), and each delivery is kept in
+  the channel's ``unacked`` as an ``Entry`` of that stand-in, so the channel's
+  ack, nack, reject (``multiple`` too) and its release work unchanged: the
+  stand-in's ``dequeued`` and ``requeued`` hooks turn them into the proxy's
+  settles (an ack counts in the queue's ``acked``, a reject does not).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from brokerha.amqp import constants as C
+from brokerha.amqp import frames as F
+from brokerha.amqp.channel import OPEN
+from brokerha.amqp.consumer import ChannelConsumer, Delivery
+from brokerha.amqp.errors import AMQPError
+from brokerha.broker.message import Entry
+from brokerha.broker.message import Message as BrokerMessage
+from brokerha.broker.queue import Queue, QueueHooks
+from brokerha.cluster.messages import ErrorCode, Message
+from brokerha.partition.forward import LeaderNotice
+from brokerha.partition.forward_apply import BrokerForwardLog
+from brokerha.partition.member import PartitionedMember
+from brokerha.partition.remote_consumer import (
+    ACCESS_REFUSED,
+    ACK,
+    NOT_FOUND,
+    REJECT,
+    REQUEUE,
+    Cancel,
+    Cancelled,
+    Consume,
+    ConsumeError,
+    ConsumerHost,
+    ConsumerProxy,
+    Deliver,
+    Delivered,
+    Effect,
+    Get,
+    GetAnswer,
+    GetReply,
+    RemoteDelivery,
+    SendTo,
+    SendWhenDurable,
+    Settle,
+    Settled,
+)
+
+if TYPE_CHECKING:
+    from brokerha.amqp.channel import Channel
+
+log = logging.getLogger("brokerha.partition")
+
+PACKETS = (Consume, Deliver, Settle, Cancel, Get, GetReply, ConsumeError, Settled)  # 40-47
+TO_HOST = (Consume, Settle, Cancel, Get)
+
+
+class StandIn:
+    """The queue a channel's remote deliveries are held under: a private ``Queue`` (never
+    routed to, no consumers) whose settle hooks go to the proxy."""
+
+    def __init__(self, node: NodeConsuming, vhost: str, name: str) -> None:
+        self.node = node
+        self.held: dict[int, tuple[Entry, RemoteDelivery]] = {}  # id(entry) -> its delivery
+        self._acked = 0
+        hooks = QueueHooks()
+        hooks.dequeued.append(self.dequeued)
+        hooks.requeued.append(self.requeued)
+        self.queue = Queue(vhost, name, hooks=hooks, clock=node.clock)
+
+    def hold(self, d: RemoteDelivery) -> Entry:
+        entry = Entry(d.position, BrokerMessage(d.exchange, d.routing_key, d.header, d.body),
+                      None)
+        entry.redelivered = d.redelivered
+        self.held[id(entry)] = (entry, d)
+        self.queue.unacked += 1
+        return entry
+
+    def dequeued(self, queue: Queue, entry: Entry) -> None:
+        how = ACK if queue.acked != self._acked else REJECT  # Queue.settle counts acks
+        self._acked = queue.acked
+        held = self.held.pop(id(entry), None)
+        if held is not None:
+            self.node.settle(held[1], how)
+
+    def requeued(self, queue: Queue, entry: Entry) -> None:
+        queue.take_position(entry.position)  # not ready here: its queue is the leader's
+        queue.unacked -= 1
+        held = self.held.pop(id(entry), None)
+        if held is not None:
+            self.node.settle(held[1], REQUEUE)
+
+
+class RemoteSub:
+    """A channel's consumer of a remote queue."""
+
+    def __init__(self, channel: Channel, consumer: ChannelConsumer, stand_in: StandIn) -> None:
+        self.channel = channel
+        self.consumer = consumer
+        self.stand_in = stand_in
+
+
+class NodeConsuming:
+    """The node's consumer proxy, its hosts and the channels in between."""
+
+    def __init__(self, member: PartitionedMember, origin: str, *,
+                 send: Callable[[str, Message], None], soon: Callable[[Callable[[], None]], Any],
+                 clock: Callable[[], float]) -> None:
+        self.member = member
+        self.me = member.me
+        self._send = send
+        self._soon = soon
+        self.clock = clock
+        self.proxy = ConsumerProxy(origin)
+        self.hosts: dict[int, ConsumerHost] = {}
+        self.subs: dict[int, RemoteSub] = {}  # consumer id -> its channel's consumer
+        self.by_channel: dict[int, dict[str, int]] = {}  # id(channel) -> tag -> consumer id
+        self.gets: dict[int, tuple[Channel, StandIn, bool]] = {}  # request -> channel ...
+        self._flush_scheduled = False
+
+    # -- the channel's calls (GroupClients) ---------------------------------------------------
+
+    def consume(self, ch: Channel, queue: Queue, group: int, ha_id: str, tag: str, *,
+                no_ack: bool, exclusive: bool, nowait: bool) -> None:
+        stand_in = StandIn(self, queue.vhost, queue.name)
+        consumer = ChannelConsumer(ch, stand_in.queue, tag, no_ack=no_ack, exclusive=exclusive,
+                                   prefetch=ch.prefetch_count, arguments={})
+        cid, out = self.proxy.consume(group, queue.vhost, ha_id, ch.prefetch_count,
+                                      no_ack=no_ack, exclusive=exclusive)
+        self.subs[cid] = RemoteSub(ch, consumer, stand_in)
+        self.by_channel.setdefault(id(ch), {})[tag] = cid
+        if not nowait:
+            ch.send(commands.Basic.ConsumeOk(consumer_tag=tag))
+        ch.consumers[tag] = consumer
+        self.carry_out(out)
+
+    def get(self, ch: Channel, queue: Queue, group: int, ha_id: str, no_ack: bool) -> None:
+        request, out = self.proxy.get(group, queue.vhost, ha_id, no_ack=no_ack)
+        self.gets[request] = (ch, StandIn(self, queue.vhost, queue.name), no_ack)
+        ch.block()  # the channel's later frames wait for the answer
+        self.carry_out(out)
+
+    def cancel(self, ch: Channel, tag: str) -> None:
+        cid = self.by_channel.get(id(ch), {}).get(tag)
+        if cid is not None:
+            self.carry_out(self.proxy.cancel(cid))
+
+    def channel_closed(self, ch: Channel) -> None:
+        """Before the channel requeues its unacked: the consumers' close (the host requeues
+        what they held); the gets' deliveries come back as requeue settles after this."""
+        for cid in self.by_channel.pop(id(ch), {}).values():
+            self.subs.pop(cid, None)
+            self.carry_out(self.proxy.close(cid))
+
+    def settle(self, d: RemoteDelivery, how: str) -> None:
+        self.proxy.settle([d], how)
+        self._want_flush()
+
+    def _want_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        self.carry_out(self.proxy.flush())
+
+    # -- the groups' roles (the shell's PartitionEffects) ------------------------------------
+
+    def serving(self, group: int, epoch: int) -> None:
+        placement = self.member.placement
+        assert placement is not None
+        old = self.hosts.pop(group, None)
+        if old is not None:
+            old.stop()
+        queues = BrokerForwardLog(self.member.broker, group, placement.of(group - 1))
+        host: ConsumerHost
+
+        def serves() -> bool:
+            member = self.member.groups.get(group)
+            return member is not None and member.role_term() == epoch and \
+                member.clients.term() is not None
+
+        def soon() -> None:
+            self._soon(lambda: self.carry_out(host.flush()))
+
+        host = ConsumerHost(group, epoch, queues, serving=serves, soon=soon)
+        self.hosts[group] = host
+
+    def demoted(self, group: int) -> None:
+        host = self.hosts.pop(group, None)
+        if host is not None:
+            host.stop()
+
+    def leader(self, notice: LeaderNotice) -> None:
+        self.carry_out(self.proxy.leader(notice))
+
+    def link_lost(self, peer: str) -> None:
+        out: list[Effect] = []
+        for host in list(self.hosts.values()):
+            out += host.link_lost(peer)
+        out += self.proxy.link_lost(peer)
+        self.carry_out(out)
+
+    def tick(self) -> None:
+        for host in list(self.hosts.values()):
+            host.redispatch()
+
+    # -- packets -------------------------------------------------------------------------------
+
+    def on_packet(self, src: str, packet: Message) -> None:
+        if isinstance(packet, TO_HOST):
+            host = self.hosts.get(packet.group)
+            if host is not None:
+                self.carry_out(host.receive(src, packet))
+            elif isinstance(packet, Consume):
+                self.carry_out([SendTo(src, ConsumeError(
+                    packet.group, packet.origin, packet.consumer, packet.attach,
+                    ErrorCode.NOT_PRIMARY, f"{self.me} does not lead group {packet.group}"))])
+            elif isinstance(packet, Get):
+                self.carry_out([SendTo(src, GetReply(packet.group, packet.origin,
+                                                     packet.request, [],
+                                                     ErrorCode.NOT_PRIMARY))])
+        elif isinstance(packet, Deliver | GetReply | ConsumeError | Settled):
+            self.carry_out(self.proxy.receive(src, packet))
+            if self.proxy.pending:
+                self._want_flush()
+
+    # -- effects -------------------------------------------------------------------------------
+
+    def carry_out(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, SendTo):
+                self._to_node(effect)
+            elif isinstance(effect, SendWhenDurable):
+                member = self.member.groups.get(effect.group)
+                if member is not None:
+                    self.member.broker.after_durable_in(
+                        member.durability_gate, partial(self._to_node, effect.send),
+                        member.barriers())
+            elif isinstance(effect, Delivered):
+                self._delivered(effect.delivery)
+            elif isinstance(effect, GetAnswer):
+                self._got(effect)
+            elif isinstance(effect, Cancelled):
+                self._cancelled(effect)
+
+    def _to_node(self, effect: SendTo) -> None:
+        packet = effect.packet
+        if effect.node == self.me:  # this node's own host or proxy: at the next turn
+            self._soon(lambda: self.on_packet(self.me, packet))
+        else:
+            self._send(effect.node, packet)
+
+    def _delivered(self, d: RemoteDelivery) -> None:
+        sub = self.subs.get(d.consumer)
+        if sub is None:
+            return
+        ch = sub.channel
+        if ch.state != OPEN:
+            return
+        entry = sub.stand_in.hold(d)
+        tag = ch.next_tag()
+        consumer = sub.consumer
+        if consumer.no_ack:
+            sub.stand_in.held.pop(id(entry), None)
+        else:
+            ch.unacked[tag] = Delivery(sub.stand_in.queue, entry, None)
+        conn = ch.conn
+        conn.write(F.encode_delivery(ch.number, consumer.packed_tag, tag, d.redelivered,
+                                     entry.message.route, d.header, d.body, conn.frame_max))
+
+    def _got(self, answer: GetAnswer) -> None:
+        pending = self.gets.pop(answer.request, None)
+        if pending is None:
+            return
+        ch, stand_in, no_ack = pending
+        d = answer.delivery
+        if ch.state != OPEN:
+            if d is not None and not no_ack:
+                self.settle(d, REQUEUE)
+            return
+        if d is None:
+            if answer.code == NOT_FOUND:
+                ch.conn.fail(ch, AMQPError(C.NOT_FOUND, "NOT_FOUND - the queue is not on its "
+                                           "partition's leader", 60, 70))
+                return
+            ch.send(commands.Basic.GetEmpty())  # empty, or no leader serving it now
+            ch.unblock()
+            return
+        entry = stand_in.hold(d)
+        tag = ch.next_tag()
+        ch.conn.write(F.encode_get_ok(ch.number, tag, d.redelivered, d.exchange,
+                                      d.routing_key, 0))
+        ch.send_content(d.header, d.body)
+        if no_ack:
+            stand_in.held.pop(id(entry), None)
+        else:
+            ch.unacked[tag] = Delivery(stand_in.queue, entry, None)
+        ch.unblock()
+
+    def _cancelled(self, effect: Cancelled) -> None:
+        sub = self.subs.pop(effect.consumer, None)
+        if sub is None:
+            return
+        ch = sub.channel
+        tag = sub.consumer.tag
+        self.by_channel.get(id(ch), {}).pop(tag, None)
+        ch.consumers.pop(tag, None)
+        if ch.state != OPEN:
+            return
+        if effect.code in (NOT_FOUND, ACCESS_REFUSED):
+            code = C.NOT_FOUND if effect.code == NOT_FOUND else C.ACCESS_REFUSED
+            ch.conn.fail(ch, AMQPError(code, f"{effect.code}: {effect.message}", 60, 20))
+        elif ch.conn.capability("consumer_cancel_notify"):
+            ch.send(commands.Basic.Cancel(consumer_tag=tag, nowait=True))
+
+    def status(self) -> dict[str, Any]:
+        return {"origin": self.proxy.origin, "consumers": len(self.proxy.subs),
+                "proxy": vars(self.proxy.stats).copy(),
+                "hosts": {str(g): {"epoch": h.epoch, "held": h.held(),
+                                   **vars(h.stats)} for g, h in sorted(self.hosts.items())}}
