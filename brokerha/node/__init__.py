@@ -209,8 +209,11 @@ def main(args: argparse.Namespace) -> int:
         install_admin_api(node)  # /, /metrics, /api/queues, ... (brokerha/admin/)
         if cluster is not None and cluster.groups_on:  # issue 35 stage 2: partition groups
             from brokerha.node.ha_groups import GroupsNode
+            from brokerha.node.partition_balance import BalanceEndpoint
 
             node.ha = GroupsNode(node, cluster)
+            # ctl partitions balance: answered by the metadata primary (its route holds it)
+            BalanceEndpoint(node.ha)
         elif cluster is not None:
             from brokerha.node.ha import HANode
 

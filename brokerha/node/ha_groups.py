@@ -51,7 +51,6 @@ from brokerha.ha.member import HAMember
 from brokerha.httpapi.server import HTTPError, Request, Response
 from brokerha.node.config import ConfigError
 from brokerha.node.ha import GROUPED, Shell, mismatched
-from brokerha.node.partition_balance import BalanceEndpoint
 from brokerha.node.relay import RelayTarget
 from brokerha.partition.clients import GroupClients
 from brokerha.partition.consuming import PACKETS as CONSUME_PACKETS
@@ -134,8 +133,6 @@ class GroupsNode(Shell):
                                        clock=self._now)
         self.forwarding.notice_listeners.append(self.consuming.leader)
         self.clients.consuming = self.consuming
-        # ctl partitions balance: answered by the metadata primary (node/partition_balance.py)
-        self.balance = BalanceEndpoint(self)
 
     # -- what the admin endpoints read (admin/node_view.py, HAView): the metadata group -----
 
