@@ -10,9 +10,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import pika
+import pytest
 
 from brokerha.cluster.partition_table import hash_partition
 from brokerha.testing import LocalCluster
@@ -77,6 +78,33 @@ def one_leader_each(cluster: LocalCluster, names: list[str]) -> dict[str, str] |
     if all(len(nodes) == 1 for nodes in serving.values()):
         return {g: nodes[0] for g, nodes in serving.items()}
     return None
+
+
+class Layout(NamedTuple):
+    """Three nodes each leading one partition: A the metadata primary, B and C the two
+    others (sorted); ``leaders`` group -> node, ``partitions`` node -> its partitions."""
+
+    leaders: dict[str, str]
+    a: str
+    b: str
+    c: str
+    partitions: dict[str, list[int]]
+
+
+def one_partition_each(cluster: LocalCluster) -> Layout:
+    """Once every group has one serving primary and every node is ready in every group:
+    the layout (the test is skipped when the leaders are not one partition a node)."""
+    names = cluster.names
+    leaders = until("one serving primary per group", lambda: one_leader_each(cluster, names))
+    until("every node ready in every group", lambda: ready_everywhere(cluster, names))
+    by_node: dict[str, list[int]] = {}
+    for p in range(3):
+        by_node.setdefault(leaders[str(p + 1)], []).append(p)
+    if len(by_node) < 3:
+        pytest.skip(f"the partitions' leaders are not one a node: {leaders}")
+    a = leaders["0"]
+    b, c = sorted(n for n in names if n != a)
+    return Layout(leaders, a, b, c, by_node)
 
 
 def name_in(partition: int, prefix: str) -> str:
@@ -173,16 +201,21 @@ class StreamPublisher(threading.Thread):
         self.done.wait(timeout)
 
 
-def drain_ids(cluster: LocalCluster, node: str, queue: str) -> list[str]:
-    """The message ids in ``queue`` on ``node``, in order (taken)."""
+def drained(cluster: LocalCluster, node: str, queue: str) -> list[tuple[Any, bytes]]:
+    """Every message in ``queue`` on ``node``, in order, taken: (properties, body)."""
     conn = connect(cluster, node)
     try:
         ch = conn.channel()
         got = []
         while True:
-            method, properties, _body = ch.basic_get(queue, auto_ack=True)
+            method, properties, body = ch.basic_get(queue, auto_ack=True)
             if method is None:
                 return got
-            got.append(str(properties.message_id))
+            got.append((properties, body))
     finally:
         conn.close()
+
+
+def drain_ids(cluster: LocalCluster, node: str, queue: str) -> list[str]:
+    """The message ids in ``queue`` on ``node``, in order (taken)."""
+    return [str(properties.message_id) for properties, _ in drained(cluster, node, queue)]

@@ -28,9 +28,8 @@ from tests.failover.groups import (
     StreamPublisher,
     connect,
     name_in,
-    one_leader_each,
+    one_partition_each,
     props,
-    ready_everywhere,
     until,
 )
 
@@ -42,16 +41,7 @@ N = 300
 def setup(cluster: LocalCluster) -> tuple[str, str, str, str, str]:
     """A (the metadata primary), B and C (the two other partitions' leaders), B's
     partition's group, and a durable queue of it declared on B."""
-    names = cluster.names
-    leaders = until("one serving primary per group", lambda: one_leader_each(cluster, names))
-    until("every node ready in every group", lambda: ready_everywhere(cluster, names))
-    by_node: dict[str, list[int]] = {}
-    for p in range(3):
-        by_node.setdefault(leaders[str(p + 1)], []).append(p)
-    if len(by_node) < 3:
-        pytest.skip(f"the partitions' leaders are not one a node: {leaders}")
-    a = leaders["0"]
-    b, c = sorted(n for n in names if n != a)
+    _leaders, a, b, c, by_node = one_partition_each(cluster)
     partition = by_node[b][0]
     queue = name_in(partition, f"rc-{b}")
     conn = connect(cluster, b)

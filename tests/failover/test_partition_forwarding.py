@@ -32,9 +32,9 @@ from tests.failover.groups import (
     drain_ids,
     name_in,
     one_leader_each,
+    one_partition_each,
     promote,
     props,
-    ready_everywhere,
     until,
 )
 
@@ -48,16 +48,7 @@ def setup(cluster: LocalCluster) -> tuple[dict[str, str], str, str, str, dict[st
     """The leaders (group -> node); A, the metadata primary; B and C, the leaders of the
     two other partitions; a queue of each (declared and bound to the fanout on its
     leader): {node: queue}."""
-    names = cluster.names
-    leaders = until("one serving primary per group", lambda: one_leader_each(cluster, names))
-    until("every node ready in every group", lambda: ready_everywhere(cluster, names))
-    by_node: dict[str, list[int]] = {}
-    for p in range(3):
-        by_node.setdefault(leaders[str(p + 1)], []).append(p)
-    if len(by_node) < 3:
-        pytest.skip(f"the partitions' leaders are not one a node: {leaders}")
-    a = leaders["0"]
-    b, c = sorted(n for n in names if n != a)
+    leaders, a, b, c, by_node = one_partition_each(cluster)
     conn = connect(cluster, a)
     try:
         conn.channel().exchange_declare(FANOUT, "fanout", durable=True)

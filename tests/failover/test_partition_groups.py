@@ -31,8 +31,8 @@ from brokerha.testing import LocalCluster
 from tests.failover.groups import (
     GROUPS,
     OPTIONS,
-    connect,
     ctl_status,
+    drained,
     led,
     name_in,
     one_leader_each,
@@ -98,17 +98,7 @@ def put_queue(cluster: LocalCluster, node: str, name: str) -> tuple[int, str]:
 
 
 def drain_bodies(cluster: LocalCluster, node: str, queue: str) -> list[bytes]:
-    conn = connect(cluster, node)
-    try:
-        ch = conn.channel()
-        got = []
-        while True:
-            method, _props, body = ch.basic_get(queue, auto_ack=True)
-            if method is None:
-                return got
-            got.append(body)
-    finally:
-        conn.close()
+    return [body for _, body in drained(cluster, node, queue)]
 
 
 def drain(cluster: LocalCluster, node: str, queue: str) -> list[int]:
