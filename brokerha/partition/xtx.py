@@ -63,6 +63,7 @@ from brokerha.broker.dtx import XTX_FORMAT as XTX_FORMAT  # its home: broker/dtx
 from brokerha.broker.dtx import Xid, xtx_partition
 from brokerha.broker.dtx import xtx_txid as xtx_txid
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.partition.forward import ForwardMessage
 from brokerha.seed_runner import UnsafeRules
 
 PREPARE_TIMEOUT = 5.0  # [cluster] tx_prepare_timeout: every vote within this, else rollback
@@ -99,16 +100,10 @@ class Status(enum.Enum):
 # -- what a branch does ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class XPublish:
-    """A message the branch enqueues on its partition's queues (one routing of one publish)."""
-
-    vhost: str
-    queues: tuple[str, ...]
-    exchange: str
-    routing_key: str
-    header: bytes
-    body: bytes
+# A message the branch enqueues on its partition's queues (one routing of one publish) is a
+# ``forward.ForwardMessage``: its queues named by their incarnation's ``x-ha-id``, as a
+# forwarded publish names them (a queue deleted, or declared again, since the client
+# published is left out), the same six fields on the wire.
 
 
 @dataclass(frozen=True)
@@ -120,7 +115,7 @@ class XDequeue:
     positions: tuple[int, ...]
 
 
-XOp = XPublish | XDequeue
+XOp = ForwardMessage | XDequeue
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,14 @@ from collections.abc import Callable, Iterable
 from brokerha.broker.broker import Broker
 from brokerha.broker.dtx import XA, DtxBranch, State, XAError, xtx_partition
 from brokerha.broker.message import Entry, Message
+from brokerha.broker.queue import Queue
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.cluster.replication import HA_ID
+from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.xtx import (
     InDoubt,
     Status,
     XBranch,
-    XPublish,
     branch_of,
     xid_of,
     xtx_txid,
@@ -67,10 +69,15 @@ class BrokerTransactions:
     """
 
     def __init__(self, broker: Broker, partition: int,
-                 prepared: Callable[[str, bool], None]) -> None:
+                 prepared: Callable[[str, bool], None],
+                 in_partition: Callable[[Queue], bool] | None = None) -> None:
+        """``in_partition``: whether a queue is this partition's (``PartitionScope.of``): a
+        publish names its queues by ``x-ha-id``, unique within the partition's group only
+        (None: every queue of the broker, a broker holding one partition)."""
         self.broker = broker
         self.partition = partition
         self.prepared = prepared
+        self.in_partition = in_partition
         self.held: dict[Held, Entry] = {}
         self._owner = object()  # the "channel" a branch is associated with while it is built
         # gtxids whose rollback was decided while their prepare ran: rolled back when it ends
@@ -102,11 +109,14 @@ class BrokerTransactions:
         dtx, xid = self.broker.dtx, xid_of(branch)
         work = dtx.start(xid, self._owner)
         missing = False
+        by_id: dict[str, dict[str, Queue]] = {}  # vhost -> x-ha-id -> queue, once a prepare
         for op in branch.ops:
             vhost = self.broker.vhosts.get(op.vhost)
-            if isinstance(op, XPublish):
-                queues = [q for n in op.queues
-                          if vhost is not None and (q := vhost.queues.get(n)) is not None]
+            if isinstance(op, ForwardMessage):
+                held = by_id.get(op.vhost)
+                if held is None:
+                    held = by_id[op.vhost] = self._by_ha_id(op.vhost)
+                queues = [q for i in op.queues if (q := held.get(i)) is not None]
                 if queues:  # a queue deleted meanwhile: the message routed to none there
                     work.publish(queues, Message(op.exchange, op.routing_key, op.header,
                                                  op.body))
@@ -166,6 +176,15 @@ class BrokerTransactions:
         return out
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _by_ha_id(self, vhost: str) -> dict[str, Queue]:
+        """The partition's queues of ``vhost`` by their incarnation's ``x-ha-id``."""
+        host = self.broker.vhosts.get(vhost)
+        if host is None:
+            return {}
+        return {str(ha_id): q for q in host.queues.values()
+                if (ha_id := q.arguments.get(HA_ID)) is not None and not q.deleted
+                and (self.in_partition is None or self.in_partition(q))}
 
     def _roll_back_branch(self, gtxid: str) -> None:
         work = self._branch(gtxid)

@@ -88,8 +88,10 @@ from brokerha.broker.message import Message
 from brokerha.broker.queue import Queue
 from brokerha.broker.transaction import Transaction, TransactionObserver
 from brokerha.broker.tx_outcomes import COMMITTED, group_of
+from brokerha.cluster.replication import HA_ID
 from brokerha.ha.simulation.disk import DiskStore, Image
 from brokerha.ha.simulation.world import SimResult, Violation
+from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.xtx import (
     Answer,
     CrossTx,
@@ -108,7 +110,6 @@ from brokerha.partition.xtx import (
     XOutcomeReply,
     XPrepare,
     XPrepared,
-    XPublish,
 )
 from brokerha.partition.xtx_broker import BrokerTransactions
 from brokerha.primary.verification import Verification, carry_out
@@ -118,6 +119,12 @@ __all__ = ["CATCHES", "SimResult", "Unsafe", "XtxSimulation", "run_many", "run_s
 CATCHES = tuple(Unsafe.names())
 ON_BROKERS = True  # ``brokers="all"`` (``cluster simulate --on-brokers``): BrokerPartitions
 SAFE = Unsafe()
+
+
+def ha_id(p: int) -> str:
+    """The ``x-ha-id`` of partition ``p``'s queue ``q<p>`` (a publish names it so)."""
+    return f"1.{p + 1}"
+
 
 LOSS = 0.02             # a packet lost
 LATE = 0.03             # a packet late ...
@@ -450,7 +457,8 @@ class XtxSimulation:
         broker = Broker(f"p{p}.{term}", store=store, clock=lambda: self.now, spawn=self.spawn)
         broker.observers.add_transaction_observer_factory(SimVotes(self, part))
         if image is None:
-            broker.add_vhost("/").declare_queue(f"q{p}", owner=None, durable=True)
+            broker.add_vhost("/").declare_queue(f"q{p}", owner=None, durable=True,
+                                                arguments={HA_ID: ha_id(p)})
             store.waiting.clear()
             store.sync()
         else:
@@ -694,7 +702,8 @@ class XtxSimulation:
             return
         width = self.rng.choices((1, 2, 3), (3, 4, 3))[0]
         chosen = sorted(self.rng.sample(range(len(self.parts)), min(width, len(self.parts))))
-        branches = {p: [XPublish("/", (f"q{p}",), "", f"q{p}", HEADER, f"m{p}".encode())]
+        branches = {p: [ForwardMessage("/", (ha_id(p),), "", f"q{p}", HEADER,
+                                       f"m{p}".encode())]
                     for p in chosen}
         gtxid, effects = coord.tx.begin(self.now, branches)
         self.begun[gtxid] = Begun(gtxid, tuple(chosen))

@@ -13,6 +13,7 @@ import pytest
 
 from brokerha.broker.dtx import Xid
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.xtx import (
     Answer,
     CrossTx,
@@ -33,7 +34,6 @@ from brokerha.partition.xtx import (
     XOutcomeReply,
     XPrepare,
     XPrepared,
-    XPublish,
     XRollback,
     branch_of,
     xid_of,
@@ -93,8 +93,8 @@ def unwrap(effects: Sequence[Effect]) -> list[Effect]:
     return [e.send if isinstance(e, WhenDurable) else e for e in effects]
 
 
-def publish(p: int) -> list[XPublish]:
-    return [XPublish("/", (f"q{p}",), "", f"q{p}", b"", b"m")]
+def publish(p: int) -> list[ForwardMessage]:
+    return [ForwardMessage("/", (f"1.{p + 1}",), "", f"q{p}", b"", b"m")]
 
 
 class Cluster:

@@ -20,6 +20,8 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.content import build_header
 from brokerha.broker.message import Message
 from brokerha.broker.tx_outcomes import ROLLED_BACK
+from brokerha.cluster.replication import HA_ID
+from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.xtx import (
     Answer,
     CrossTx,
@@ -35,7 +37,6 @@ from brokerha.partition.xtx import (
     XDequeue,
     XOp,
     XOutcome,
-    XPublish,
     xtx_txid,
 )
 from brokerha.partition.xtx_broker import BrokerTransactions
@@ -62,7 +63,7 @@ class Partitions:
             else:
                 broker = Broker(f"p{p}", clock=self.clock, spawn=spawn)
                 broker.add_vhost("/")
-            broker.vhosts["/"].declare_queue(f"q{p}", owner=None)
+            broker.vhosts["/"].declare_queue(f"q{p}", owner=None, arguments={HA_ID: f"1.{p + 1}"})
             self.brokers.append(broker)
             self.rules.append(DecisionRules(p, BrokerTransactions(broker, p, self._prepared(p))))
         self.coordinator = CrossTx("n1")
@@ -91,7 +92,7 @@ class Partitions:
 
 
 def message(p: int, body: bytes = b"m") -> XOp:
-    return XPublish("/", (f"q{p}",), "", f"q{p}", build_header(len(body)), body)
+    return ForwardMessage("/", (f"1.{p + 1}",), "", f"q{p}", build_header(len(body)), body)
 
 
 async def settle() -> None:

@@ -19,6 +19,8 @@ from brokerha.broker.content import build_header
 from brokerha.broker.dtx import XA, Xid
 from brokerha.broker.message import Message
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.cluster.replication import HA_ID
+from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.xtx import (
     DecisionRules,
     Status,
@@ -27,7 +29,6 @@ from brokerha.partition.xtx import (
     XBranch,
     XOutcome,
     XOutcomeReply,
-    XPublish,
     xtx_txid,
 )
 from brokerha.partition.xtx_broker import BrokerTransactions
@@ -35,6 +36,7 @@ from brokerha.primary.verification import IN_DOUBT, RESOLVE, ROLLBACK, Verificat
 from tests.ha.harness import Cluster, carry
 
 GTXID = "0000000000100000000-n9"
+HA_ID_Q = "1.1"  # the queue's x-ha-id: a branch's publish names it so
 
 
 def spawn(work: Any, on_done: Callable[[BaseException | None], None]) -> None:
@@ -46,7 +48,8 @@ def group(partition: int = 0) -> tuple[Cluster, BrokerTransactions, list[tuple[s
     """``n1`` the primary of partition ``partition``'s group, ``n2`` its caught-up backup."""
     c = Cluster(2)
     c.broker._spawn = spawn  # a node's broker has its spawner; the harness's has none
-    c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
+    c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True,
+                                      arguments={HA_ID: HA_ID_Q})
     c.follow("n2")
     c.pump()
     reports: list[tuple[str, bool]] = []
@@ -57,7 +60,7 @@ def group(partition: int = 0) -> tuple[Cluster, BrokerTransactions, list[tuple[s
 def branch(partition: int = 0, decider: int = 0) -> XBranch:
     body = b"m"
     return XBranch(GTXID, partition, decider, (0, 1), "n9",
-                   (XPublish("/", ("q",), "", "q", build_header(len(body)), body),))
+                   (ForwardMessage("/", (HA_ID_Q,), "", "q", build_header(len(body)), body),))
 
 
 async def run(c: Cluster, rounds: int = 30) -> None:
