@@ -440,7 +440,11 @@ class Workload:
     durable_queue: bool = True
     # queue.declare arguments as (key, value) pairs, e.g. (("x-queue-type", "quorum"),)
     # for a RabbitMQ quorum queue (ha_cluster.py); empty: no arguments
-    queue_arguments: tuple[tuple[str, str], ...] = ()
+    queue_arguments: tuple[tuple[str, str | int], ...] = ()
+    # False: the queue exists already and is not the client's to declare or delete
+    # (scale_out.py's partitioned layouts declare it on its partition's leader, where
+    # a node running partition groups takes declarations)
+    declare: bool = True
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -537,10 +541,11 @@ class LoadRun:
         w, s = self.workload, self.settings
         self.pub = pub = await connect(self.address)
         self.cons = cons = await connect(self.address)
-        await pub.rpc(CHANNEL, commands.Queue.Declare(
-            queue=self.queue, durable=w.durable_queue,
-            arguments=dict(w.queue_arguments) if w.queue_arguments else None),
-            commands.Queue.DeclareOk)
+        if w.declare:
+            await pub.rpc(CHANNEL, commands.Queue.Declare(
+                queue=self.queue, durable=w.durable_queue,
+                arguments=dict(w.queue_arguments) if w.queue_arguments else None),
+                commands.Queue.DeclareOk)
         if not w.auto_ack:
             await cons.rpc(CHANNEL, commands.Basic.Qos(prefetch_count=s.prefetch),
                            commands.Basic.QosOk)
@@ -631,7 +636,9 @@ class LoadRun:
     async def _delete_queue(self, conn: LoadConnection) -> None:
         await conn.rpc(CHANNEL, commands.Basic.Cancel(consumer_tag="loadgen"),
                        commands.Basic.CancelOk)
-        await conn.rpc(CHANNEL, commands.Queue.Delete(queue=self.queue), commands.Queue.DeleteOk)
+        if self.workload.declare:
+            await conn.rpc(CHANNEL, commands.Queue.Delete(queue=self.queue),
+                           commands.Queue.DeleteOk)
 
 
 async def run_workload(

@@ -70,6 +70,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import itertools
 import json
 import os
 import re
@@ -100,14 +102,19 @@ from ha_cluster import (
 from loadgen import WORKLOADS, Result, Workload, percentiles_ms
 from rabbitmq_ref import available as rabbitmq_available
 
+from brokerha.cluster.partition_table import hash_partition
 from brokerha.testing import LocalCluster
 
-MACHINES = 3
+MACHINES = 3  # the default; --nodes 5 (at 0.36 CPU each: the same total)
+TOTAL_CPU = 1.8  # --cap's default is TOTAL_CPU / --nodes
 STAGE0_LAYOUTS = ("single-group", "partitioned-direct", "rabbitmq-quorum")
-LAYOUTS = STAGE0_LAYOUTS  # stage 3 adds "partitioned" (P = 9, forwarding, one cluster)
+PARTITIONED_LAYOUTS = ("partitioned", "partitioned-leader")
+LAYOUTS = ("single-group", "partitioned-direct", *PARTITIONED_LAYOUTS, "rabbitmq-quorum")
+PARTITIONS = 9  # the partitioned layouts' P
 CGROUP_PREFIX = "brokerha-scale-"
 RABBIT_ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
-QUORUM_ARGUMENTS = (("x-queue-type", "quorum"), ("x-queue-leader-locator", "balanced"))
+QUORUM_ARGUMENTS: tuple[tuple[str, str | int], ...] = (
+    ("x-queue-type", "quorum"), ("x-queue-leader-locator", "balanced"))
 PY_SPY_RATE = 100
 
 
@@ -285,7 +292,7 @@ class Machines:
     """``MACHINES`` capped cgroups for one run; ``with Machines(cap) as m: m[i].add(pid)``."""
 
     def __init__(self, cap: float, period_us: int = 100_000,
-                 roots: CgroupRoots | None = None) -> None:
+                 roots: CgroupRoots | None = None, count: int = MACHINES) -> None:
         found = roots or CgroupRoots.find()
         if found is None:
             raise RuntimeError("no cgroup hierarchy with a cpu controller is mounted")
@@ -293,7 +300,10 @@ class Machines:
             raise RuntimeError("CPU caps need root (cgroup directories are created here)")
         self.roots = found
         tag = f"{CGROUP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:4]}"
-        self.groups = [CpuCgroup(found, f"{tag}-m{i}", cap, period_us) for i in range(MACHINES)]
+        self.groups = [CpuCgroup(found, f"{tag}-m{i}", cap, period_us) for i in range(count)]
+
+    def __len__(self) -> int:
+        return len(self.groups)
 
     def __getitem__(self, i: int) -> CpuCgroup:
         return self.groups[i]
@@ -331,7 +341,7 @@ class Node:
     label: str  # e.g. "c2/n1"
     pid: int
     machine: int
-    role: str  # "primary", "backup" or "rabbit"
+    role: str  # "primary", "backup", "leader" (partitioned: leads some, backs others) or "rabbit"
 
 
 @dataclass
@@ -339,36 +349,42 @@ class Layout:
     """A started layout: where each queue's clients go and which process runs where."""
 
     name: str
-    queue_url: Callable[[int, str], str]  # (queue index, its fresh name) -> its clients' URL
+    queue_url: Callable[[int, str], str]  # (queue index, its name) -> its clients' URL
     nodes: list[Node]
-    queue_arguments: tuple[tuple[str, str], ...] = ()
+    queue_arguments: tuple[tuple[str, str | int], ...] = ()
     checks: list[Callable[[], str | None]] = field(default_factory=list)  # notes after a run
-    declare: Callable[[list[str]], None] | None = None  # before queue_url (RabbitMQ: leaders)
+    # before queue_url: declares the queues (RabbitMQ: finds their leaders; partitioned:
+    # names each into a partition and declares it on the leader), returns the names used
+    declare: Callable[[list[str]], list[str]] | None = None
+    client_declares: bool = True  # False: the queues are declared and deleted by the layout
+    cleanup: Callable[[], None] | None = None  # after each measurement
 
     def workload(self, name: str) -> Workload:
-        return replace(WORKLOADS[name], queue_arguments=self.queue_arguments)
+        return replace(WORKLOADS[name], queue_arguments=self.queue_arguments,
+                       declare=self.client_declares)
 
     def targets(self, workload: str, queues: int, publishers: int) -> list[tuple[str, str]]:
         """Fresh queues for one measurement; ``publishers`` (url, queue) pairs per queue."""
         names = [f"scale-out-{workload}-{uuid.uuid4().hex[:8]}-{q}" for q in range(queues)]
         if self.declare is not None:
-            self.declare(names)
+            names = self.declare(names)
         return [(self.queue_url(q, name), name) for q, name in enumerate(names)
                 for _ in range(publishers)]
 
 
 def _brokerha_cluster(
-    stack: ExitStack, machines: Machines, k: int, label: str,
+    stack: ExitStack, machines: Machines, k: int, label: str, size: int = 3,
 ) -> tuple[LocalCluster, str, list[Node], Callable[[], str | None]]:
-    """Start one 3-node cluster; node i from its primary goes to machine (i + k) % 3."""
-    cluster = stack.enter_context(LocalCluster(3, options=HA_DEFAULTS))
+    """Start one cluster of ``size`` nodes; node i from its primary goes to machine
+    (i + k) % machines."""
+    cluster = stack.enter_context(LocalCluster(size, options=HA_DEFAULTS))
     primary = wait_all_ready(cluster)
     order = [primary] + [n for n in cluster.names if n != primary]
     nodes = []
     for i, name in enumerate(order):
         proc = cluster.nodes[name].proc
         assert proc is not None
-        machine = (i + k) % MACHINES
+        machine = (i + k) % len(machines)
         machines.place(machine, proc.pid)
         nodes.append(Node(f"{label}/{name}", proc.pid, machine, "backup" if i else "primary"))
     elected = _elections(cluster)
@@ -386,20 +402,23 @@ def _brokerha_cluster(
 @contextmanager
 def started(layout: str, machines: Machines) -> Iterator[Layout]:
     t0 = time.monotonic()
+    n = len(machines)
     with ExitStack() as stack:
         if layout == "single-group":
-            cluster, primary, nodes, check = _brokerha_cluster(stack, machines, 0, "c1")
+            cluster, primary, nodes, check = _brokerha_cluster(stack, machines, 0, "c1", n)
             url = cluster.url(primary)
             result = Layout(layout, lambda q, name: url, nodes, checks=[check])
         elif layout == "partitioned-direct":
             urls, nodes, checks = [], [], []
-            for k in range(MACHINES):
+            for k in range(n):
                 cluster, primary, cnodes, check = _brokerha_cluster(stack, machines, k,
                                                                     f"c{k + 1}")
                 urls.append(cluster.url(primary))
                 nodes += cnodes
                 checks.append(check)
-            result = Layout(layout, lambda q, name: urls[q % MACHINES], nodes, checks=checks)
+            result = Layout(layout, lambda q, name: urls[q % n], nodes, checks=checks)
+        elif layout in PARTITIONED_LAYOUTS:
+            result = _partitioned(stack, machines, layout)
         elif layout == "rabbitmq-quorum":
             result = _rabbitmq(stack, machines)
         else:
@@ -409,11 +428,146 @@ def started(layout: str, machines: Machines) -> Iterator[Layout]:
         yield result
 
 
+def group_leaders(statuses: dict[str, dict[str, object] | None],
+                  partitions: int = PARTITIONS) -> dict[int, tuple[str, int]] | None:
+    """Per partition, its leader and epoch, once every group (the metadata group 0 and
+    partition p's group p + 1) has exactly one serving node and every node is ready in
+    every group it is in (``ctl status --json``'s ``node.groups``); None until then."""
+    serving: dict[int, list[tuple[str, int]]] = {}
+    for name, status in statuses.items():
+        node = status.get("node") if isinstance(status, dict) else None
+        groups = node.get("groups") if isinstance(node, dict) else None
+        if not isinstance(groups, dict) or not groups:
+            return None
+        for group, g in groups.items():
+            if not g.get("ready"):
+                return None
+            if g.get("serving"):
+                serving.setdefault(int(group), []).append((name, int(g.get("epoch") or 0)))
+    if sorted(serving) != list(range(partitions + 1)) or any(
+            len(v) != 1 for v in serving.values()):
+        return None
+    return {group - 1: v[0] for group, v in serving.items() if group}
+
+
+def queue_name_in(partition: int, base: str, partitions: int = PARTITIONS) -> str:
+    """``base`` with a suffix making it hash into ``partition`` (vhost /)."""
+    return next(f"{base}-{i}" for i in itertools.count()
+                if hash_partition("/", f"{base}-{i}", partitions) == partition)
+
+
+def spread(names: Sequence[str], leaders: dict[int, tuple[str, int]],
+           queues: int) -> list[tuple[int, str, str]]:
+    """Queue q's (partition, leader, client node) for the partitioned layouts: leaders
+    round-robin over the nodes (``names`` order; within a node, over the partitions it
+    leads), so each node leads its share of the queues, as RabbitMQ's balanced locator
+    does; the clients round-robin the other way (node 2q mod N), so with an odd N exactly
+    the queues q = 0 mod N have their clients on their leader: 1/N of them (1/3 of 12
+    on 3 nodes: 2/3 of the publishes forwarded, 2/3 of the consumers remote)."""
+    led = {n: sorted(p for p, (leader, _) in leaders.items() if leader == n) for n in names}
+    leading = [n for n in names if led[n]]
+    out = []
+    for q in range(queues):
+        leader = leading[q % len(leading)]
+        partition = led[leader][(q // len(leading)) % len(led[leader])]
+        out.append((partition, leader, names[(2 * q) % len(names)]))
+    return out
+
+
+def _partitioned(stack: ExitStack, machines: Machines, layout: str) -> Layout:
+    """One brokerha cluster of N nodes (one a machine) running partition groups,
+    P = ``PARTITIONS``, NR = 2; each queue declared on its partition's leader;
+    ``partitioned``: its clients on node 2q mod N (any node: forwarding and remote
+    consumers); ``partitioned-leader``: on the leader."""
+    n = len(machines)
+    options: dict[str, float | str | bool] = {**HA_DEFAULTS, "partitions": PARTITIONS,
+                                              "partition_groups": True}
+    cluster = stack.enter_context(LocalCluster(n, options=options))
+    cluster.wait_primary(60)
+
+    def leaders_now(timeout: float = 90.0) -> dict[int, tuple[str, int]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = group_leaders({name: cluster.status(name) for name in cluster.names})
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{layout}: not every group led and ready in {timeout:g} s")
+            time.sleep(0.2)
+
+    leaders = leaders_now()
+    counts = [sum(leader == name for leader, _ in leaders.values()) for name in cluster.names]
+    if max(counts) - min(counts) > 1:  # a start's election race: back to the preferred cells
+        subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
+                        cluster.url(cluster.names[0]), "partitions", "balance", "--timeout",
+                        "60"], capture_output=True, timeout=90)
+        leaders = leaders_now()
+    nodes = []
+    for i, name in enumerate(cluster.names):
+        proc = cluster.nodes[name].proc
+        assert proc is not None
+        machines.place(i, proc.pid)
+        nodes.append(Node(f"p/{name}", proc.pid, i, "leader"))
+    on_leader = layout == "partitioned-leader"
+    url_of: dict[str, str] = {}
+    leader_of: dict[str, str] = {}
+
+    def declare(bases: list[str]) -> list[str]:
+        names = []
+        for base, (partition, leader, client) in zip(
+                bases, spread(cluster.names, leaders, len(bases)), strict=True):
+            name = queue_name_in(partition, base)
+            names.append(name)
+            leader_of[name] = leader
+            url_of[name] = cluster.url(leader if on_leader else client)
+        for leader in dict.fromkeys(leader_of[name] for name in names):
+            conn = pika.BlockingConnection(pika.URLParameters(cluster.url(leader)))
+            try:
+                ch = conn.channel()
+                for name in names:
+                    if leader_of[name] == leader:
+                        ch.queue_declare(name, durable=True)
+            finally:
+                conn.close()
+        off = sum(url_of[name] != cluster.url(leader_of[name]) for name in names)
+        print(f" ({off} of {len(names)} queues' clients off their leader)", end="", flush=True)
+        return names
+
+    def cleanup() -> None:
+        for leader in dict.fromkeys(leader_of.values()):
+            try:
+                conn = pika.BlockingConnection(pika.URLParameters(cluster.url(leader)))
+                try:
+                    ch = conn.channel()
+                    for name, at in leader_of.items():
+                        if at == leader:
+                            ch.queue_delete(name)
+                finally:
+                    conn.close()
+            except (pika.exceptions.AMQPError, OSError) as exc:
+                print(f" (cleanup on {leader}: {type(exc).__name__})", end="", flush=True)
+        leader_of.clear()
+        url_of.clear()
+
+    def check() -> str | None:
+        try:
+            now = leaders_now(10)
+        except TimeoutError as exc:
+            return str(exc)
+        if now != leaders:
+            moved = {p: f"{leaders[p]} -> {now.get(p)}" for p in leaders if now.get(p) != leaders[p]}
+            return f"{layout}: partitions elected during the run (leader, epoch): {moved}"
+        return None
+
+    return Layout(layout, lambda q, name: url_of[name], nodes, checks=[check], declare=declare,
+                  client_declares=False, cleanup=cleanup)
+
+
 def _rabbitmq(stack: ExitStack, machines: Machines) -> Layout:
     saved = os.environ.get("RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS")
     os.environ["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"] = RABBIT_ERL_ARGS
     try:
-        rabbits = RabbitCluster()
+        rabbits = RabbitCluster(len(machines))
         urls = stack.enter_context(rabbits)
     finally:
         if saved is None:
@@ -427,14 +581,17 @@ def _rabbitmq(stack: ExitStack, machines: Machines) -> Layout:
         nodes.append(Node(node.nodename.split("-")[0], node.pid, i, "rabbit"))
     by_node = {n.nodename: n.url for n in rabbits.nodes}
     leaders: dict[str, str] = {}
+    # 3 replicas a queue on more than 3 nodes, as brokerha's NR = 2
+    arguments = QUORUM_ARGUMENTS + ((("x-quorum-initial-group-size", 3),)
+                                    if len(machines) > 3 else ())
 
-    def declare(names: list[str]) -> None:
+    def declare(names: list[str]) -> list[str]:
         """Declare on one node, one at a time ("balanced" sees the ones before); find leaders."""
         conn = pika.BlockingConnection(pika.URLParameters(urls[0]))
         try:
             ch = conn.channel()
             for name in names:
-                ch.queue_declare(name, durable=True, arguments=dict(QUORUM_ARGUMENTS))
+                ch.queue_declare(name, durable=True, arguments=dict(arguments))
         finally:
             conn.close()
         rows = json.loads(rabbits.nodes[0].check("list_queues", "name", "leader", "--formatter",
@@ -443,9 +600,10 @@ def _rabbitmq(stack: ExitStack, machines: Machines) -> Layout:
         spread = {n.nodename.split("-")[0]: sum(leaders.get(q) == n.nodename for q in names)
                   for n in rabbits.nodes}
         print(f" (leaders per node {spread})", end="", flush=True)
+        return names
 
     return Layout("rabbitmq-quorum", lambda q, name: by_node.get(leaders.get(name, ""), urls[0]),
-                  nodes, QUORUM_ARGUMENTS, declare=declare)
+                  nodes, arguments, declare=declare)
 
 
 # -- measuring -------------------------------------------------------------------------
@@ -473,6 +631,10 @@ class Figures:
     kernel_share: float | None = None  # of the brokerha nodes' CPU, in the kernel (system)
     primary_loop_us_per_msg: float | None = None  # of primary_us_per_msg, the event loop's
     backup_loop_us_per_msg: float | None = None  # the rest: the store's threads
+    # every brokerha node's CPU / messages (partitioned-direct: c_p + 2 c_b; partitioned:
+    # the same plus forwarding and remote consumers, whose nodes lead and back at once)
+    nodes_us_per_msg: float | None = None
+    nodes_loop_us_per_msg: float | None = None  # of it, the event loops'
     loadgen_cpu: float = 0.0  # CPUs used by the load generator (one process)
     leading_machines: list[int] = field(default_factory=list)  # hold a primary / leader
     notes: list[str] = field(default_factory=list)
@@ -492,9 +654,9 @@ class Figures:
         return self.msgs_per_s * self.cap / busiest if busiest and not self.error else None
 
     def predicted_ratio(self) -> float | None:
-        """docs/ha.md's ceiling from these per-message costs: 3 c_p / (c_p + 2 c_b)."""
+        """docs/ha.md's ceiling from these per-message costs: N c_p / (c_p + 2 c_b)."""
         cp, cb = self.primary_us_per_msg, self.backup_us_per_msg
-        return MACHINES * cp / (cp + 2 * cb) if cp and cb else None
+        return len(self.machine_cpu) * cp / (cp + 2 * cb) if cp and cb else None
 
 
 def measure(layout: Layout, workload: str, args: argparse.Namespace, machines: Machines,
@@ -511,11 +673,11 @@ def measure(layout: Layout, workload: str, args: argparse.Namespace, machines: M
                         for n in layout.nodes})
         if py_spy is not None and edge == "start":
             for n in layout.nodes[:3]:  # one cluster's primary and backups are enough
-                if n.role in ("primary", "backup"):
+                if n.role in ("primary", "backup", "leader"):
                     spy_of[n.pid] = spies.enter_context(PySpy(
                         n.pid, py_spy / f"{layout.name}-{workload}-{n.label.replace('/', '-')}"
                         f"-{n.role}.txt", PY_SPY_RATE,
-                        cpu=lambda pid=n.pid: tree_cpu_times(pid)))
+                        cpu=functools.partial(tree_cpu_times, n.pid)))
         elif edge == "end":
             spies.close()
 
@@ -532,6 +694,9 @@ def measure(layout: Layout, workload: str, args: argparse.Namespace, machines: M
         fig.error = f"{type(exc).__name__}: {exc}"[:2000]
         print(f" error: {fig.error}", flush=True)
         return fig
+    finally:
+        if layout.cleanup is not None:
+            layout.cleanup()
     fig.load = (fig.load[0], os.getloadavg()[0])
     _fill(fig, results, marks, layout)
     for check in layout.checks:
@@ -548,7 +713,7 @@ def _fill(fig: Figures, results: Sequence[Result],
           marks: dict[str, Mark],
           layout: Layout) -> None:
     fig.leading_machines = sorted({n.machine for n in layout.nodes
-                                   if n.role in ("primary", "rabbit")})
+                                   if n.role in ("primary", "leader", "rabbit")})
     fig.msgs_per_s = sum(r.msgs_per_s for r in results)
     fig.commits_per_s = sum(r.commits_per_s for r in results)
     fig.p50_ms, fig.p99_ms = percentiles_ms([x for r in results for x in r.latency_ms])
@@ -562,17 +727,24 @@ def _fill(fig: Figures, results: Sequence[Result],
     fig.machine_throttled = [(b.throttled - a.throttled) / max(1, b.periods - a.periods)
                              for a, b in zip(s0, s1, strict=True)]
     messages = fig.msgs_per_s * wall
-    if messages and any(n.role == "primary" for n in layout.nodes):
-        used = {role: sum(sum(c1[n.pid][:2]) - sum(c0[n.pid][:2]) for n in layout.nodes
-                          if n.role == role) for role in ("primary", "backup")}
-        loop = {role: sum(c1[n.pid][2] - c0[n.pid][2] for n in layout.nodes
-                          if n.role == role) for role in ("primary", "backup")}
-        fig.primary_loop_us_per_msg = 1e6 * loop["primary"] / messages
-        fig.backup_loop_us_per_msg = 1e6 * loop["backup"] / (2 * messages)
-        fig.primary_us_per_msg = 1e6 * used["primary"] / messages
-        fig.backup_us_per_msg = 1e6 * used["backup"] / (2 * messages)
-        kernel = sum(c1[n.pid][1] - c0[n.pid][1] for n in layout.nodes)
-        fig.kernel_share = kernel / max(1e-9, used["primary"] + used["backup"])
+    roles = ("primary", "backup", "leader")
+    brokerha = [n for n in layout.nodes if n.role in roles]
+    if messages and brokerha:
+        used = {role: sum(sum(c1[n.pid][:2]) - sum(c0[n.pid][:2]) for n in brokerha
+                          if n.role == role) for role in roles}
+        loop = {role: sum(c1[n.pid][2] - c0[n.pid][2] for n in brokerha
+                          if n.role == role) for role in roles}
+        fig.nodes_us_per_msg = 1e6 * sum(used.values()) / messages
+        fig.nodes_loop_us_per_msg = 1e6 * sum(loop.values()) / messages
+        kernel = sum(c1[n.pid][1] - c0[n.pid][1] for n in brokerha)
+        fig.kernel_share = kernel / max(1e-9, sum(used.values()))
+        primaries = sum(n.role == "primary" for n in brokerha)
+        if primaries:  # backups per group: 2 (partitioned-direct) or N - 1 (single-group)
+            backups = sum(n.role == "backup" for n in brokerha) / primaries
+            fig.primary_loop_us_per_msg = 1e6 * loop["primary"] / messages
+            fig.backup_loop_us_per_msg = 1e6 * loop["backup"] / (backups * messages)
+            fig.primary_us_per_msg = 1e6 * used["primary"] / messages
+            fig.backup_us_per_msg = 1e6 * used["backup"] / (backups * messages)
 
 
 def _write_profiles(fig: Figures, layout: Layout, out: Path, results: Sequence[Result],
@@ -594,10 +766,11 @@ def one_line(f: Figures) -> str:
     cpu = " ".join(f"{c:.2f}" for c in f.machine_cpu)
     thr = " ".join(f"{t:.0%}" for t in f.machine_throttled)
     per = (f", primary {f.primary_us_per_msg:.1f} (loop {_ms(f.primary_loop_us_per_msg)}) / "
-           f"backup {f.backup_us_per_msg:.1f} (loop {_ms(f.backup_loop_us_per_msg)}) µs/msg "
-           f"({f.kernel_share:.0%} kernel)"
-           if f.primary_us_per_msg is not None and f.backup_us_per_msg is not None
-           and f.kernel_share is not None else "")
+           f"backup {f.backup_us_per_msg:.1f} (loop {_ms(f.backup_loop_us_per_msg)})"
+           if f.primary_us_per_msg is not None and f.backup_us_per_msg is not None else "")
+    if f.nodes_us_per_msg is not None and f.kernel_share is not None:
+        per += (f"{',' if not per else ';'} all nodes {f.nodes_us_per_msg:.1f} "
+                f"(loops {_ms(f.nodes_loop_us_per_msg)}) µs/msg ({f.kernel_share:.0%} kernel)")
     commits = f" ({f.commits_per_s:,.0f} commits/s)" if f.commits_per_s else ""
     return (f"{f.msgs_per_s:,.0f} msgs/s{commits}, p50 {_ms(f.p50_ms)} p99 {_ms(f.p99_ms)} ms, "
             f"machines {cpu} CPU (throttled {thr}){per}, loadgen {f.loadgen_cpu:.2f} CPU, "
@@ -637,7 +810,7 @@ def ratios(figs: Sequence[Figures], workload: str, num: str, den: str,
 def report(figs: Sequence[Figures], workloads: Sequence[str], cap: float) -> str:
     head = ["layout", "workload", "msgs/s", "at cap (est.)", "saturated", "p50 ms", "p99 ms",
             f"CPU per machine (cap {cap:.2f})", "throttled periods", "primary µs/msg (loop)",
-            "backup µs/msg (loop)", "of which kernel", "loadgen CPU", "load"]
+            "backup µs/msg (loop)", "all nodes µs/msg (loops)", "of which kernel", "loadgen CPU", "load"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in figs:
         if f.error:
@@ -651,6 +824,7 @@ def report(figs: Sequence[Figures], workloads: Sequence[str], cap: float) -> str
             f"{' / '.join(f'{t:.0%}' for t in f.machine_throttled)} | "
             f"{_ms(f.primary_us_per_msg)} ({_ms(f.primary_loop_us_per_msg)}) | "
             f"{_ms(f.backup_us_per_msg)} ({_ms(f.backup_loop_us_per_msg)}) | "
+            f"{_ms(f.nodes_us_per_msg)} ({_ms(f.nodes_loop_us_per_msg)}) | "
             f"{'-' if f.kernel_share is None else f'{f.kernel_share:.0%}'} | "
             f"{f.loadgen_cpu:.2f} | {f.load[0]:.1f}–{f.load[1]:.1f} |")
     lines.append("")
@@ -658,19 +832,30 @@ def report(figs: Sequence[Figures], workloads: Sequence[str], cap: float) -> str
         single = [f for f in figs if (f.layout, f.workload) == ("single-group", w) and not f.error]
         predicted = _median([f.predicted_ratio() for f in single])
         if predicted is not None:
+            n = len(single[0].machine_cpu)
             lines.append(f"{w}: single-group's own costs predict a ceiling of "
-                         f"3 c_p / (c_p + 2 c_b) = {predicted:.2f}x")
-    for scaled in (True, False):  # the measured ratios last
-        for den, label in (("single-group", "single-group"), ("rabbitmq-quorum", "RabbitMQ")):
+                         f"{n} c_p / (c_p + 2 c_b) = {predicted:.2f}x")
+    # the real partitioned layout's measured ratios last, as issue 35 asks
+    numerators = ("partitioned-direct", "partitioned-leader", "partitioned")
+    for scaled in (True, False):
+        for num in numerators:
             for w in workloads:
-                rs = ratios(figs, w, "partitioned-direct", den, scaled)
-                if rs:
+                for den, label in (("single-group", "single-group"),
+                                   ("rabbitmq-quorum", "RabbitMQ")):
+                    rs = ratios(figs, w, num, den, scaled)
+                    if not rs:
+                        continue
                     each = ", ".join(f"{r:.2f}" for r in rs)
                     what = "scaled to the caps, est.: " if scaled else ""
-                    clean = ratios(figs, w, "partitioned-direct", den, scaled, saturated=True)
+                    clean = ratios(figs, w, num, den, scaled, saturated=True)
                     both = ", ".join(f"{r:.2f}" for r in clean) or "none"
-                    lines.append(f"{what}partitioned / {label} = {statistics.median(rs):.2f}x "
+                    lines.append(f"{what}{num} / {label} = {statistics.median(rs):.2f}x "
                                  f"({w}; per round {each}; both saturated: {both})")
+    for w in workloads:  # a workload no partitioned layout measured says so
+        cells = [f for f in figs if f.layout == "partitioned" and f.workload == w]
+        if cells and all(f.error for f in cells):
+            lines.append(f"partitioned / single-group = not measured ({w}: "
+                         f"{cells[0].error[:160] if cells[0].error else ''})")
     return "\n".join(lines)
 
 
@@ -681,9 +866,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--stage0", action="store_true",
                    help="issue 35 stage 0: layouts single-group, partitioned-direct, "
-                        "rabbitmq-quorum (the default today)")
-    p.add_argument("--layouts", default=",".join(STAGE0_LAYOUTS),
-                   help=f"comma-separated, of {', '.join(LAYOUTS)}")
+                        "rabbitmq-quorum")
+    p.add_argument("--layouts", default=",".join(LAYOUTS),
+                   help=f"comma-separated, of {', '.join(LAYOUTS)} (all by default)")
+    p.add_argument("--nodes", type=int, default=MACHINES,
+                   help="machines (and nodes of each brokerha or RabbitMQ cluster): 3 or 5, "
+                        "odd so that the partitioned layout's clients are off their leader for "
+                        "(N-1)/N of the queues")
     p.add_argument("--workloads", default="confirm,tx", help="comma-separated: confirm, tx")
     p.add_argument("--queues", type=int, default=12)
     p.add_argument("--publishers", type=int, default=1,
@@ -696,7 +885,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each")
     p.add_argument("--rounds", type=int, default=1,
                    help="each layout started afresh per round, order reversed on odd rounds")
-    p.add_argument("--cap", type=float, default=0.6, help="CPUs per machine (cgroup quota)")
+    p.add_argument("--cap", type=float, default=None,
+                   help=f"CPUs per machine (cgroup quota); default {TOTAL_CPU:g} / --nodes "
+                        "(0.6 for 3, 0.36 for 5: the same total)")
     p.add_argument("--period-us", type=int, default=100_000, help="CFS period")
     p.add_argument("--no-rabbitmq", action="store_true", help="leave out rabbitmq-quorum")
     p.add_argument("--py-spy", type=Path, metavar="DIR",
@@ -715,6 +906,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         x for x in args.workloads if x not in ("confirm", "tx")]
     if bad:
         p.error(f"unknown layout or workload: {', '.join(bad)}")
+    if args.cap is None:
+        args.cap = round(TOTAL_CPU / args.nodes, 3) if args.nodes > 0 else 0.0
+    if args.nodes not in (3, 5, 7):
+        p.error("--nodes: 3, 5 or 7")
     if not (0 < args.seconds <= 120 and 0 <= args.warmup <= 60 and 1 <= args.rounds <= 10
             and 0.05 <= args.cap <= 4 and 1 <= args.queues <= 120
             and 1 <= args.publishers <= 8 and 1 <= args.tx_publishers <= 8
@@ -743,7 +938,7 @@ def from_json(path: Path) -> str:
     figs = [Figures(**{**f, "load": tuple(f["load"])}) for f in data["figures"]]
     for f in figs:  # written before the field existed
         f.leading_machines = f.leading_machines or ([0] if f.layout == "single-group" else
-                                                    list(range(MACHINES)))
+                                                    list(range(len(f.machine_cpu))))
     args = data["args"]
     head = f"{data['started'][:16]} UTC; uptime at start: {data['uptime'][0]}; at end: " \
            f"{data['uptime'][-1]}"
@@ -769,10 +964,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"code: {code}", flush=True)
     figs: list[Figures] = []
     t0 = time.monotonic()
-    with Machines(args.cap, args.period_us) as machines:
+    with Machines(args.cap, args.period_us, count=args.nodes) as machines:
         print(f"scale-out: {len(layouts)} layout(s) x {len(args.workloads)} workload(s), "
               f"{args.queues} queues, {args.seconds:g} s (+{args.warmup:g} s warm-up) each, "
-              f"{args.rounds} round(s); {MACHINES} machines = cgroup v{machines.roots.version} "
+              f"{args.rounds} round(s); {args.nodes} machines = cgroup v{machines.roots.version} "
               f"{machines.roots.cpu}/{machines[0].name[:-3]}-m*, {args.cap:g} CPU each; "
               f"{os.cpu_count()} CPUs; {uptime[0]}", flush=True)
         for rnd in range(args.rounds):
@@ -788,7 +983,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     figs += [Figures(layout, w, rnd, (os.getloadavg()[0],) * 2, args.cap,
                                      error=error) for w in args.workloads]
     uptime.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
-    print(f"\nscale-out stage 0, {started_at:%Y-%m-%d %H:%M} UTC, "
+    print(f"\nscale-out ({', '.join(layouts)}; {args.nodes} nodes), {started_at:%Y-%m-%d %H:%M} UTC, "
           f"{time.monotonic() - t0:.0f} s in all; {args.queues} queues, {args.seconds:g} s "
           f"per cell; uptime at start: {uptime[0]}; at end: {uptime[1]}; {code}\n")
     for f in figs:

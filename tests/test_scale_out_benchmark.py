@@ -1,6 +1,7 @@
-"""benchmarks/scale_out.py (issue 35 stage 0): its arguments and its CPU-cap cgroups.
+"""benchmarks/scale_out.py (issue 35 stages 0 and 6): its arguments, its CPU-cap cgroups,
+the partitioned layouts' queues and leaders, and (slow) one tiny run of them.
 
-Fast: no broker is started. The cgroup test runs only as root on a machine with
+Fast but the last: no broker is started. The cgroup test runs only as root on a machine with
 a cpu controller mounted, and removes what it creates.
 """
 
@@ -8,9 +9,12 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from brokerha.cluster.partition_table import hash_partition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -23,16 +27,54 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
 V1_JOINED = "cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,nosuid,cpu,cpuacct 0 0\n"
 
 
-def test_stage0_is_the_default_and_runs_stay_bounded() -> None:
+def test_every_layout_is_the_default_and_runs_stay_bounded() -> None:
     args = scale_out.parse_args([])
-    assert args.layouts == scale_out.STAGE0_LAYOUTS
+    assert args.layouts == scale_out.LAYOUTS and "partitioned" in args.layouts
     assert args.workloads == ("confirm", "tx") and args.queues == 12 and args.cap == 0.6
+    assert args.nodes == 3
     args = scale_out.parse_args(["--stage0", "--no-rabbitmq", "--workloads", "confirm"])
     assert args.layouts == ("single-group", "partitioned-direct")
+    args = scale_out.parse_args(["--nodes", "5", "--layouts", "partitioned"])
+    assert args.cap == 0.36 and args.layouts == ("partitioned",)  # the same 1.8 CPU in all
+    assert scale_out.parse_args(["--nodes", "5", "--cap", "0.5"]).cap == 0.5
     for bad in (["--layouts", "nine"], ["--seconds", "600"], ["--cap", "0"],
-                ["--workloads", "pipe"]):
+                ["--workloads", "pipe"], ["--nodes", "4"]):
         with pytest.raises(SystemExit):
             scale_out.parse_args(bad)
+
+
+def test_partitioned_queues_spread_over_leaders_with_clients_off_them() -> None:
+    names = ["n1", "n2", "n3"]
+    leaders = {p: (names[p % 3], 1) for p in range(9)}
+    spread = scale_out.spread(names, leaders, 12)
+    assert Counter(leader for _, leader, _ in spread) == {"n1": 4, "n2": 4, "n3": 4}
+    assert Counter(client for _, _, client in spread) == {"n1": 4, "n2": 4, "n3": 4}
+    assert all(leaders[p][0] == leader for p, leader, _ in spread)
+    # 1/3 of the queues have their clients on their leader, 2/3 forwarded
+    assert [q for q, (_, leader, client) in enumerate(spread) if leader == client] == [0, 3, 6, 9]
+    assert len({p for p, _, _ in spread}) == 9  # every partition has a queue
+    five = ["a", "b", "c", "d", "e"]
+    spread5 = scale_out.spread(five, {p: (five[p % 5], 1) for p in range(9)}, 12)
+    assert sum(leader == client for _, leader, client in spread5) == 3  # q = 0, 5, 10
+    # a node leading nothing gets no queue (its clients still do)
+    skewed = {p: (names[p % 2], 1) for p in range(9)}
+    assert {leader for _, leader, _ in scale_out.spread(names, skewed, 12)} == {"n1", "n2"}
+    name = scale_out.queue_name_in(4, "scale-out-x")
+    assert hash_partition("/", name, 9) == 4 and name.startswith("scale-out-x-")
+
+
+def test_group_leaders_wait_for_one_serving_node_a_group_all_ready() -> None:
+    def node(serving: set[int], ready: bool = True) -> dict[str, object]:
+        return {"node": {"groups": {str(g): {"serving": g in serving, "ready": ready,
+                                             "epoch": 2} for g in range(4)}}}
+
+    statuses: dict[str, dict[str, object] | None] = {
+        "n1": node({0, 1}), "n2": node({2}), "n3": node({3})}
+    assert scale_out.group_leaders(statuses, 3) == {0: ("n1", 2), 1: ("n2", 2), 2: ("n3", 2)}
+    assert scale_out.group_leaders({**statuses, "n3": node(set())}, 3) is None  # 3 unled
+    assert scale_out.group_leaders({**statuses, "n3": node({2, 3})}, 3) is None  # two lead 2
+    assert scale_out.group_leaders({**statuses, "n2": node({2}, ready=False)}, 3) is None
+    assert scale_out.group_leaders({**statuses, "n2": None}, 3) is None  # not answering
 
 
 def test_the_cpu_controller_is_found_in_v1_and_v2_mounts(tmp_path: Path) -> None:
@@ -68,3 +110,27 @@ def test_a_capped_machine_holds_a_process_and_is_removed() -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(os.geteuid() != 0 or scale_out.CgroupRoots.find() is None,
+                    reason="needs root and a cgroup cpu controller")
+def test_a_tiny_run_of_the_partitioned_layouts() -> None:
+    """Both partitioned layouts, confirms, 3 queues, 1 s, caps of 4 CPUs (none in effect):
+    a cluster of 3 nodes running partition groups started, measured and stopped."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "scale_out.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--layouts", "partitioned,partitioned-leader",
+         "--workloads", "confirm", "--queues", "3", "--seconds", "1", "--warmup", "0.5",
+         "--cap", "4"], capture_output=True, text=True, timeout=220)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "(2 of 3 queues' clients off their leader)" in out
+    assert "(0 of 3 queues' clients off their leader)" in out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines()
+            if line.startswith("| partitioned")}
+    assert set(rows) == {"partitioned", "partitioned-leader"}
+    for row in rows.values():
+        assert int(row.split("|")[3].strip().replace(",", "")) > 0  # msgs/s delivered
+    assert "NOTE" not in out  # no partition elected during the run
