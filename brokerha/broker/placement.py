@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerha.broker.errors import NotFound
 from brokerha.broker.message import Message
 from brokerha.broker.queue import Queue
+
+if TYPE_CHECKING:
+    from brokerha.broker.transaction import Transaction
 
 METADATA_GROUP = 0
 
@@ -127,7 +130,14 @@ class GroupGuard(Protocol):
         """Raise ``NotLeader`` unless this node serves the metadata group now."""
 
     def check_transactions(self) -> None:
-        """Raise (540) if transactions are not served on this node."""
+        """Raise (540): XA transactions are not served on this node."""
+
+    def tx_commit(self, client: object, tx: Transaction,
+                  answer: Callable[[bool, str], None]) -> Transaction | None:
+        """tx.commit of ``tx``: the transaction to commit here as a local TX (its queues'
+        groups' gates answer it: ``after_durable``), or None: committed across partitions
+        by the node's coordinator, ``answer(committed, reason)`` later; raises (540) for
+        what such a commit does not take."""
 
     def after_durable(self, queues: Sequence[Queue], callback: Callable[[], None]) -> None:
         """``Broker.after_durable`` for data of these queues: through the gate and barriers

@@ -47,8 +47,10 @@ from brokerha.cluster.messages import REGISTRY, Error, ErrorCode, Message, packe
 # which a backup of version 3 cannot apply (an unknown event: it would join again and again);
 # 5: a partitioned node forwards its clients' publishes (partition/forwarding.py: ``Forward``,
 # ``Forwarded``, ``ForwardError``, ``LeaderNotice``, codes 23-26), unknown to version 4;
-# 6: remote consumers (partition/remote_consumer.py, codes 40-47), unknown to version 5
-VERSION = 6
+# 6: remote consumers (partition/remote_consumer.py, codes 40-47), unknown to version 5;
+# 9: transactions across partitions (partition/transactions.py ``XtxToPartition``,
+# ``XtxToNode``, codes 63-64), unknown to version 8
+VERSION = 9
 MAGIC = b"BRKRHA" + VERSION.to_bytes(2, "big")
 MAX_PACKET = 64 * 1024 * 1024
 NONCE_SIZE = 16

@@ -58,6 +58,8 @@ from brokerha.partition.consuming import NodeConsuming
 from brokerha.partition.forwarding import PACKETS, NodeForwarding
 from brokerha.partition.member import PartitionedMember
 from brokerha.partition.state import GroupStateFile
+from brokerha.partition.transactions import PACKETS as XTX_PACKETS
+from brokerha.partition.transactions import NodeTransactions
 
 if TYPE_CHECKING:
     from brokerha.node.cluster_config import ClusterConfig
@@ -132,6 +134,11 @@ class GroupsNode(Shell):
         self.consuming = NodeConsuming(self.ha, origin, send=self.send, soon=self.soon,
                                        clock=self._now)
         self.forwarding.notice_listeners.append(self.consuming.leader)
+        # transactions across partitions (stage 4): the node's coordinator, the rules of the
+        # groups it serves; the same origin, the same notices
+        self.transactions = NodeTransactions(self.ha, origin, send=self.send, soon=self.soon)
+        self.forwarding.notice_listeners.append(self.transactions.leader)
+        self.clients.transactions = self.transactions
         self.clients.consuming = self.consuming
 
     # -- what the admin endpoints read (admin/node_view.py, HAView): the metadata group -----
@@ -189,6 +196,7 @@ class GroupsNode(Shell):
                         self.me, group - 1, group, epoch)
         self.forwarding.serving(group, epoch)  # its forwards taken here from now on
         self.consuming.serving(group, epoch)  # and its remote consumers
+        self.transactions.serving(group, epoch)  # and its cross-partition branches
 
     def demoted(self, group: int, reason: str) -> None:
         """The member closes the group's connections in this same step; a connection that
@@ -198,6 +206,7 @@ class GroupsNode(Shell):
             self.node.stopped_serving()
         self.forwarding.demoted(group)
         self.consuming.demoted(group)
+        self.transactions.demoted(group)
         self.soon(self.clients.lost_groups)
 
     def follow(self, group: int, primary: str, epoch: int) -> None:
@@ -219,6 +228,7 @@ class GroupsNode(Shell):
         self.ha.tick()
         self.forwarding.tick()
         self.consuming.tick()
+        self.transactions.tick()
 
     def _on_peer_up(self, peer: str) -> None:
         self.ha.peer_up(peer)
@@ -236,6 +246,9 @@ class GroupsNode(Shell):
             return
         if isinstance(msg, CONSUME_PACKETS):  # remote consumers (codes 40-47)
             self.consuming.on_packet(peer, msg)
+            return
+        if isinstance(msg, XTX_PACKETS):  # transactions across partitions (codes 63-64)
+            self.transactions.on_packet(peer, msg)
             return
         if not isinstance(msg, GROUPED):
             mismatched(self.me, peer, "does not run partition groups")
@@ -285,3 +298,4 @@ class GroupsNode(Shell):
         me["serving_groups"] = self.clients.serving_groups()
         me["forwarding"] = self.forwarding.status()
         me["consuming"] = self.consuming.status()
+        me["transactions"] = self.transactions.status()

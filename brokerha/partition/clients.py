@@ -53,6 +53,7 @@ from brokerha.broker.errors import NotImplementedByBroker, PreconditionFailed
 from brokerha.broker.message import Message
 from brokerha.broker.placement import METADATA_GROUP, NotLeader
 from brokerha.broker.queue import Queue
+from brokerha.broker.transaction import Transaction
 from brokerha.cluster.replication import HA_ID
 from brokerha.ha.admission import Admission, ClientLink
 from brokerha.ha.member import HAMember
@@ -60,6 +61,8 @@ from brokerha.partition.consuming import NodeConsuming
 from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.forwarding import MAX_MESSAGE, NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
+from brokerha.partition.transactions import XTX_MAX_BYTES, NodeTransactions
+from brokerha.partition.xtx import XOp
 
 
 class GroupClients:
@@ -80,6 +83,9 @@ class GroupClients:
         # the node's remote consumers (stage 3; the shell sets it): None, a consume or get
         # of such a group's queue is refused (404)
         self.consuming: NodeConsuming | None = None
+        # the node's coordinator of transactions across partitions (stage 4; the shell sets
+        # it): None, a transaction whose commit is not local is refused (540)
+        self.transactions: NodeTransactions | None = None
 
     # -- the node's admission (node/server.py, node/transport.py) -------------------------
 
@@ -271,8 +277,96 @@ class GroupClients:
                                                    "metadata group's")
 
     def check_transactions(self) -> None:
-        raise NotImplementedByBroker("transactions on a node running partition groups (a "
-                                     "commit across groups is issue 35 stage 4's)")
+        """XA (dtx.*, the DTX control exchange): refused (540) on a partitioned node."""
+        raise NotImplementedByBroker("XA transactions (dtx) on a node running partition "
+                                     "groups: a branch across partitions is not built (issue "
+                                     "35 stage 4 commits TX, tx.select, across partitions)")
+
+    def tx_commit(self, client: object, tx: Transaction,
+                  answer: Callable[[bool, str], None]) -> Transaction | None:
+        """tx.commit of ``tx`` (docs/ha.md "Transactions across partitions"): the
+        transaction to commit here as today's local TX -- every queue it touches is of
+        one group this node serves (or of none) -- or None: it spans partitions (or its
+        partition is led elsewhere) and the node's coordinator commits it, ``answer
+        (committed, reason)`` once every partition committed durably (or none did).
+        Refused (540) before anything is done: acknowledgements in a transaction that
+        goes to the coordinator, an exclusive queue beside other partitions' queues."""
+        published = [q for queues, _ in tx.publishes for q in queues]
+        acked = [q for q, _ in tx.accepts] + [q for q, _, _ in tx.rejects]
+        groups: dict[int | None, list[Queue]] = {}
+        for queue in published + acked:
+            group = self.group_of_queue(queue.vhost, queue.name, queue.arguments,
+                                        queue.exclusive_owner is not None)
+            groups.setdefault(group, []).append(queue)
+        partitioned = [g for g in groups if g is not None]
+        forwarding = self.forwarding
+        if len(partitioned) <= 1 and all(self._serves(g) and (
+                forwarding is None or not forwarding.under_way(g)) for g in partitioned):
+            for group in partitioned:
+                for queue in groups[group]:
+                    self.check_queue(client, queue.vhost, queue.name, queue.arguments, False)
+            return tx if not partitioned else self._with_observer(tx, partitioned[0])
+        transactions = self.transactions
+        if transactions is None:
+            raise NotImplementedByBroker("a transaction across partitions on this node (no "
+                                         "coordinator)")
+        if acked:
+            raise NotImplementedByBroker(
+                "a transaction acknowledging messages whose commit goes to other partitions' "
+                "leaders (its queues are in partitions "
+                f"{sorted(g - 1 for g in partitioned)}, not all led by this node): acknowledge "
+                "in a transaction on the leader of the one partition it touches, or outside it")
+        if None in groups:
+            raise NotImplementedByBroker("a transaction publishing to an exclusive queue and "
+                                         "to queues of partitions led elsewhere")
+        branches: dict[int, list[XOp]] = {}
+        size = 0
+        for queues, message in tx.publishes:
+            by_group: dict[int, list[str]] = {}
+            for queue in queues:
+                group = self.group_of_queue(queue.vhost, queue.name, queue.arguments, False)
+                assert group is not None
+                ha_id = queue.arguments.get(HA_ID)
+                if ha_id is None:
+                    raise NotLeader(f"queue '{queue.name}' in vhost '{queue.vhost}' is in "
+                                    f"partition {group - 1}, {self._leader_text(group)}; its "
+                                    "copy here has no x-ha-id to name it to its leader")
+                by_group.setdefault(group, []).append(str(ha_id))
+            for group, ids in by_group.items():
+                size += message.size
+                branches.setdefault(group - 1, []).append(ForwardMessage(
+                    queues[0].vhost, tuple(ids), message.exchange, message.routing_key,
+                    message.header, message.body))
+        if size > XTX_MAX_BYTES:
+            raise PreconditionFailed(f"a transaction of {size} bytes across partitions (at "
+                                     f"most {XTX_MAX_BYTES}: one packet carries a partition's "
+                                     "share): commit it in smaller transactions")
+        tx.rollback()  # nothing of it is applied here: the partitions' leaders apply it
+        transactions.commit(branches, answer)
+        return None
+
+    def _serves(self, group: int) -> bool:
+        member = self.member.groups.get(group)
+        return member is not None and member.clients.term() is not None
+
+    def _with_observer(self, tx: Transaction, group: int) -> Transaction:
+        """``tx``, or its copy made now if the group's primary attached no observer to it
+        (made before this node led the group: its commit would reach no backup)."""
+        primary = self.member.groups[group].primary
+        if primary is None or any(getattr(o, "primary", None) is primary
+                                  for o in tx.observers):
+            return tx
+        fresh = self.member.broker.new_transaction()
+        for queues, message in tx.publishes:
+            fresh.publish(list(queues), message)
+        if tx.accepts:
+            fresh.accept(list(tx.accepts), [])
+        for requeue in (False, True):
+            rejects = [(q, e) for q, e, r in tx.rejects if r is requeue]
+            if rejects:
+                fresh.reject(rejects, requeue)
+        tx.rollback()
+        return fresh
 
     def _join(self, client: object, group: int, what: Callable[[], str]) -> None:
         """The client is served for ``group`` now (it becomes that group's client), or

@@ -185,7 +185,7 @@ def test_a_peer_of_a_version_before_replica_checks_is_refused() -> None:
     ``CheckReport`` (a replica check), version 4 no forward of a publish (codes 23-26),
     version 5 no remote consumer's packet (codes 40-47): each would fail on the first one (a replication error, or an unknown packet code), so
     all are refused at the handshake."""
-    assert VERSION == 6 and MAGIC == b"BRKRHA\x00\x06"
+    assert VERSION == 9 and MAGIC == b"BRKRHA\x00\x09"
     for old in (1, 2, 3, 4, 5):
         dialer, acceptor = pair()
         dialer.start()
