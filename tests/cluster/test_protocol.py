@@ -175,8 +175,8 @@ def test_wrong_magic_is_noticed_at_the_first_wrong_byte() -> None:
 
 def test_another_protocol_version_is_told_apart() -> None:
     _, a = pair()
-    step = a.receive(b"BRKRHA\x00\x07")
-    assert step.outcome == Refused("protocol version 7 is not ours (6)") and step.out == b""
+    step = a.receive(b"BRKRHA\x00\x0a")
+    assert step.outcome == Refused("protocol version 10 is not ours (9)") and step.out == b""
 
 
 def test_a_peer_of_a_version_before_replica_checks_is_refused() -> None:

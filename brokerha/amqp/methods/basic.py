@@ -121,14 +121,18 @@ def _publish_grouped(ch: Channel, publish: F.Publish, groups: GroupGuard, queues
                      message: Message) -> None:
     """A publish on a node running partition groups (``Broker.groups``): the queues of
     groups it serves enqueued here, the others' forwarded to their leaders; the confirm
-    once every target answered. Transactions are refused on such a node (540, at
-    ``tx.select`` and by the DTX control exchange): a commit across groups is stage 4's."""
-    if ch.tx_mode or ch.dtx_branch is not None:
+    once every target answered. In tx mode the publish is the channel's transaction's,
+    its commit decides where it goes (``GroupGuard.tx_commit``); XA is refused on such a
+    node (540, here and by the DTX control exchange)."""
+    if ch.dtx_branch is not None:
         groups.check_transactions()
     if not queues and publish.mandatory:
         ch.send(F.unchecked(commands.Basic.Return, reply_code=C.NO_ROUTE, reply_text="NO_ROUTE",
                           exchange=publish.exchange, routing_key=publish.routing_key))
         ch.send_content(message.header, message.body)
+    if ch.tx_mode:
+        ch.transaction().publish(queues, message)
+        return
     confirm = ch.confirm
     if confirm is None:
         groups.publish(ch.conn, ch.vhost.name, queues, message, None)

@@ -1,0 +1,354 @@
+"""A partitioned node's transactions across partitions: ``partition/xtx.py`` over the node's
+groups, its links and its AMQP channels (issue 35 stage 4, docs/ha.md "Transactions across
+partitions").
+
+The node's shell (``node/ha_groups.py``) hands in how to put a packet on a link
+(``send``), how to run something at the next loop turn (``soon``); the channel's
+``tx.commit`` (``amqp/methods/tx.py``, through ``partition/clients.py``'s
+``GroupClients.tx_commit``) hands in the commits that span partitions. What it does:
+
+- **The coordinator** (``CrossTx``, one per start of the node, named by the
+  forward sender's origin ``<node>.<incarnation>``: a restarted node's gtxids
+  are new even if its clock went back): ``commit(branches, answer)`` begins a
+  commit, ``answer(committed, reason)`` is called with its ``Answer``. Its clock
+  is the wall clock (``time.time``: a gtxid is ``<ns since 1970>-<origin>``).
+- **The rules per group this node serves** (``DecisionRules`` over a
+  ``BrokerTransactions`` of the partition, made in ``serving`` for that epoch,
+  dropped in ``demoted``): packets to a partition are taken only while the
+  member's role is of that epoch; ``WhenDurable`` passes that group's gate and
+  barriers (``Broker.after_durable_in``): never, if the role is gone by then.
+  Their clock is the broker's (a prepared branch's ``since``).
+- **Leaders**: every ``LeaderNotice`` (``NodeForwarding.notice_listeners``)
+  names a partition's serving primary; a newer one makes the coordinator send
+  what that partition owes at once (``leader_changed``). A packet to a partition
+  with no leader known is dropped: the sender's retries carry it.
+- **The wire**: two cluster packets, dispatched by the shell before the mux
+  (they name their target themselves): ``XtxToPartition(partition, kind, args)``
+  (code 63; to the partition's leader: ``XPrepare``, ``XDecide``, ``XCommit``,
+  ``XRollback``, ``XOutcome``, ``XOutcomeReply``) and ``XtxToNode(kind, args)``
+  (code 64; to a coordinator: ``XPrepared``, ``XDecided``, ``XFinished``);
+  ``kind`` indexes ``KINDS``, ``args`` are the packet's fields in order (an
+  ``XPrepare``'s branch flattened, each op ``[0, *ForwardMessage]`` or
+  ``[1, vhost, queue, positions]``). A packet for this node goes in process, at
+  the next loop turn.
+
+Test hook (``BROKERHA_XTX_HOLD``, e.g. ``decide=30`` or ``commit=30``): the
+coordinator keeps back, for that many seconds from the first attempt, every
+``XDecide`` (``decide``) or ``XCommit``/``XRollback`` (``commit``) it would send:
+``tests/failover/test_partition_transactions.py`` kills the coordinator's node
+between the prepares and the decision, or between the decision and the commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from typing import Any
+
+from brokerha.broker.broker import Broker
+from brokerha.cluster.messages import Message, packet
+from brokerha.partition.forward import ForwardMessage, LeaderNotice
+from brokerha.partition.member import PartitionedMember
+from brokerha.partition.xtx import (
+    Answer,
+    CrossTx,
+    DecisionRules,
+    Effect,
+    Packet,
+    ToNode,
+    ToPartition,
+    WhenDurable,
+    XBranch,
+    XCommit,
+    XDecide,
+    XDecided,
+    XDequeue,
+    XFinished,
+    XOp,
+    XOutcome,
+    XOutcomeReply,
+    XPrepare,
+    XPrepared,
+    XRollback,
+)
+from brokerha.partition.xtx_broker import BrokerTransactions
+
+log = logging.getLogger("brokerha.partition")
+
+HOLD_ENV = "BROKERHA_XTX_HOLD"
+# the messages of a transaction across partitions at most (headers and bodies): a
+# partition's share goes whole in one XPrepare, and a packet over the link's MAX_PACKET
+# (64 MiB) would fail the link, every group's traffic with it
+XTX_MAX_BYTES = 48 * 1024 * 1024
+
+Answered = Callable[[bool, str], None]
+
+
+@packet(63)
+class XtxToPartition(Message):
+    """A cross-partition transaction's packet to ``partition``'s leader (``KINDS[kind]``)."""
+
+    partition: int
+    kind: int
+    args: list[Any]
+
+
+@packet(64)
+class XtxToNode(Message):
+    """A cross-partition transaction's packet to its coordinator (``KINDS[kind]``)."""
+
+    kind: int
+    args: list[Any]
+
+
+PACKETS = (XtxToPartition, XtxToNode)
+KINDS: tuple[type, ...] = (XPrepare, XPrepared, XDecide, XDecided, XCommit, XRollback,
+                           XFinished, XOutcome, XOutcomeReply)
+_KIND = {kind: i for i, kind in enumerate(KINDS)}
+
+
+def _op_wire(op: XOp) -> list[Any]:
+    if isinstance(op, ForwardMessage):
+        return [0, op.vhost, list(op.queues), op.exchange, op.routing_key, op.header, op.body]
+    return [1, op.vhost, op.queue, list(op.positions)]
+
+
+def _op_from(raw: Sequence[Any]) -> XOp:
+    if int(raw[0]) == 0:
+        return ForwardMessage.from_wire(list(raw[1:7]))
+    _, vhost, queue, positions = raw
+    return XDequeue(str(vhost), str(queue), tuple(int(n) for n in positions))
+
+
+def encode(p: Packet) -> tuple[int, list[Any]]:
+    """``(kind, args)`` of a packet."""
+    if isinstance(p, XPrepare):
+        b = p.branch
+        return _KIND[XPrepare], [b.gtxid, b.partition, b.decider, list(b.participants),
+                                 b.coordinator, [_op_wire(op) for op in b.ops]]
+    return _KIND[type(p)], [getattr(p, f.name) for f in fields(p)]
+
+
+def decode(kind: int, args: list[Any]) -> Packet:
+    """The packet ``encode`` made; TypeError/ValueError/IndexError on a wrong shape."""
+    cls = KINDS[kind]
+    if cls is XPrepare:
+        gtxid, partition, decider, participants, coordinator, ops = args
+        return XPrepare(XBranch(str(gtxid), int(partition), int(decider),
+                                tuple(int(q) for q in participants), str(coordinator),
+                                tuple(_op_from(op) for op in ops)))
+    names = [f.name for f in fields(cls)]
+    if len(args) != len(names):
+        raise TypeError(f"{cls.__name__} takes {len(names)} args, got {len(args)}")
+    packet_: Packet = cls(*args)
+    return packet_
+
+
+def node_of(coordinator: str) -> str:
+    """The node of a coordinator named ``<node>.<incarnation>``."""
+    return coordinator.rsplit(".", 1)[0]
+
+
+def parse_hold(text: str) -> dict[type, float]:
+    """``BROKERHA_XTX_HOLD``: ``decide=S`` and/or ``commit=S`` (comma-separated)."""
+    hold: dict[type, float] = {}
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        what, _, seconds = part.partition("=")
+        if what == "decide":
+            hold[XDecide] = float(seconds)
+        elif what == "commit":
+            hold[XCommit] = hold[XRollback] = float(seconds)
+        else:
+            raise ValueError(f"{HOLD_ENV}: {part!r} is not decide=S or commit=S")
+    return hold
+
+
+class _Rules:
+    """One served group's rules, for the epoch they were made in."""
+
+    __slots__ = ("group", "epoch", "rules")
+
+    def __init__(self, group: int, epoch: int, rules: DecisionRules) -> None:
+        self.group = group
+        self.epoch = epoch
+        self.rules = rules
+
+
+class NodeTransactions:
+    """The node's coordinator, its rules per served group, and the channels' answers."""
+
+    def __init__(self, member: PartitionedMember, origin: str, *,
+                 send: Callable[[str, Message], None], soon: Callable[[Callable[[], None]], Any],
+                 wall: Callable[[], float] = time.time,
+                 hold: Mapping[type, float] | None = None) -> None:
+        self.member = member
+        self.broker: Broker = member.broker
+        self.me = member.me
+        self._send = send
+        self._soon = soon
+        self.wall = wall
+        self.coordinator = CrossTx(origin)
+        self.rules: dict[int, _Rules] = {}
+        self.leaders: dict[int, tuple[int, str]] = {}  # group -> (epoch, node) serving it
+        self.answers: dict[str, Answered] = {}
+        self.hold = dict(hold if hold is not None else parse_hold(os.environ.get(HOLD_ENV, "")))
+        self._held: dict[tuple[str, type], float] = {}  # (gtxid, packet type) -> held until
+        self.stats: dict[str, int] = {"begun": 0, "committed": 0, "refused": 0, "held": 0,
+                                      "not_serving": 0, "no_leader": 0}
+
+    # -- the channel's side (GroupClients.tx_commit) ---------------------------------------
+
+    def commit(self, branches: Mapping[int, Sequence[XOp]], answer: Answered) -> str:
+        """Commit ``branches`` (partition -> its ops) across their partitions; ``answer
+        (committed, reason)`` once the coordinator has its ``Answer``."""
+        gtxid, effects = self.coordinator.begin(self.wall(), branches)
+        self.answers[gtxid] = answer
+        self.stats["begun"] += 1
+        self.carry_out(effects)
+        return gtxid
+
+    # -- the groups' roles (the shell) -----------------------------------------------------
+
+    def serving(self, group: int, epoch: int) -> None:
+        placement = self.member.placement
+        assert placement is not None
+        partition = group - 1
+        holder: list[_Rules] = []
+
+        def prepared(gtxid: str, ok: bool) -> None:
+            own = holder[0]
+            if self.rules.get(group) is own:  # else demoted since: the coordinator asks again
+                self.carry_out(own.rules.prepared(gtxid, ok), group)
+
+        txs = BrokerTransactions(self.broker, partition, prepared, placement.of(partition))
+        own = _Rules(group, epoch, DecisionRules(partition, txs))
+        holder.append(own)
+        self.rules[group] = own
+
+    def demoted(self, group: int) -> None:
+        self.rules.pop(group, None)
+
+    def leader(self, notice: LeaderNotice) -> None:
+        """A group's serving primary (``NodeForwarding``'s notices)."""
+        known = self.leaders.get(notice.group)
+        if known is not None and known[0] > notice.epoch:
+            return
+        self.leaders[notice.group] = (notice.epoch, notice.node)
+        if known != (notice.epoch, notice.node):
+            self.carry_out(self.coordinator.leader_changed(self.wall(), notice.group - 1))
+
+    def tick(self) -> None:
+        out: list[tuple[Effect, int | None]] = [(e, None)
+                                                for e in self.coordinator.tick(self.wall())]
+        now = self.broker.clock()
+        for own in list(self.rules.values()):
+            out += [(e, own.group) for e in own.rules.tick(now)]
+        for effect, group in out:
+            self.carry_out([effect], group)
+
+    # -- packets -----------------------------------------------------------------------------
+
+    def on_packet(self, src: str, message: Message) -> None:
+        try:
+            if isinstance(message, XtxToPartition):
+                self._to_partition(int(message.partition), decode(message.kind, message.args))
+            elif isinstance(message, XtxToNode):
+                self._to_coordinator(decode(message.kind, message.args))
+        except (TypeError, ValueError, IndexError) as exc:
+            log.warning("a malformed cross-partition transaction packet from %s: %s", src, exc)
+
+    def _to_partition(self, partition: int, p: Packet) -> None:
+        group = partition + 1
+        own = self.rules.get(group)
+        member = self.member.groups.get(group)
+        if own is None or member is None or member.role_term() != own.epoch:
+            self.stats["not_serving"] += 1  # the sender retries, to the next leader
+            return
+        self.carry_out(own.rules.receive(self.broker.clock(), p), group)
+
+    def _to_coordinator(self, p: Packet) -> None:
+        self.carry_out(self.coordinator.receive(self.wall(), p))
+
+    # -- effects -------------------------------------------------------------------------------
+
+    def carry_out(self, effects: Sequence[Effect], group: int | None = None) -> None:
+        """``group``: the served group whose rules made these effects (its gate answers
+        their ``WhenDurable``); None: the coordinator's."""
+        for effect in effects:
+            if isinstance(effect, WhenDurable):
+                self._when_durable(effect.send, group)
+            elif isinstance(effect, ToPartition):
+                self._send_to_partition(effect, coordinator=group is None)
+            elif isinstance(effect, ToNode):
+                self._send_to_node(effect)
+            elif isinstance(effect, Answer):
+                self._answer(effect)
+
+    def _when_durable(self, send: ToPartition | ToNode, group: int | None) -> None:
+        member = None if group is None else self.member.groups.get(group)
+        if member is None:
+            return
+        self.broker.after_durable_in(member.durability_gate, lambda: self.carry_out([send]),
+                                     member.barriers())
+
+    def _send_to_partition(self, effect: ToPartition, coordinator: bool) -> None:
+        p = effect.packet
+        if coordinator and self._holding(p):
+            return
+        leader = self.leaders.get(effect.partition + 1)
+        if leader is None:
+            self.stats["no_leader"] += 1
+            return
+        node = leader[1]
+        if node == self.me:
+            partition = effect.partition
+            self._soon(lambda: self._to_partition(partition, p))
+            return
+        kind, args = encode(p)
+        self._send(node, XtxToPartition(effect.partition, kind, args))
+
+    def _send_to_node(self, effect: ToNode) -> None:
+        node, p = node_of(effect.node), effect.packet
+        if node == self.me:
+            self._soon(lambda: self._to_coordinator(p))
+            return
+        kind, args = encode(p)
+        self._send(node, XtxToNode(kind, args))
+
+    def _holding(self, p: Packet) -> bool:
+        """The test hook: keep this packet back (its retries carry it once the hold ends)."""
+        seconds = self.hold.get(type(p))
+        if seconds is None:
+            return False
+        now = time.monotonic()
+        key = (p.gtxid, type(p))
+        until = self._held.get(key)
+        if until is None:
+            until = self._held[key] = now + seconds
+            self.stats["held"] += 1
+            log.warning("node %s holds back %s of %s for %.1f s (%s)", self.me,
+                        type(p).__name__, p.gtxid, seconds, HOLD_ENV)
+        return now < until
+
+    def _answer(self, effect: Answer) -> None:
+        self.stats["committed" if effect.committed else "refused"] += 1
+        for key in [k for k in self._held if k[0] == effect.gtxid]:
+            del self._held[key]
+        answer = self.answers.pop(effect.gtxid, None)
+        if answer is not None:
+            answer(effect.committed, effect.reason)
+
+    def status(self) -> dict[str, Any]:
+        """For ``ctl status --json`` (the node's ``transactions``)."""
+        commits = {gtxid: {"phase": tx.phase.value, "participants": list(tx.participants),
+                           "waiting": sorted(tx.waiting)}
+                   for gtxid, tx in self.coordinator.commits.items()}
+        in_doubt = {str(g): len(list(own.rules.txs.in_doubt()))
+                    for g, own in sorted(self.rules.items())}
+        return {"coordinator": self.coordinator.node, "commits": commits,
+                "in_doubt": in_doubt, "rules": {str(g): own.epoch
+                                                for g, own in sorted(self.rules.items())},
+                **self.stats}

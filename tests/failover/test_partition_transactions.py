@@ -1,0 +1,265 @@
+"""Transactions (tx.select) across partitions on three real nodes (issue 35 stage 4).
+
+P = 3 over 3 nodes, ``[cluster] partition_groups``, each partition led by one node. A
+pika client on A (the metadata primary) commits transactions publishing to a queue of
+the partition led by B and to one led by C: A's coordinator (``partition/transactions.py``,
+``CrossTx``) prepares a branch on each leader, the lower partition's leader decides,
+the other commits; commit-ok once both committed durably. Checked: every transaction
+committed is on both queues, one rolled back on neither, one to A's own partition is a
+local TX; B SIGKILLed mid-stream: each transaction whole or absent, never on one queue
+only; A SIGKILLed between the prepares and the decision (``BROKERHA_XTX_HOLD=decide``)
+or between the decision and the other's commit (``commit``): B and C resolve their
+branches from the decider's outcome (``XOutcome``): absent on both, or on both; nothing
+held prepared afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+from brokerha.testing import LocalCluster
+from tests.failover.groups import (
+    OPTIONS,
+    Layout,
+    connect,
+    drain_ids,
+    name_in,
+    one_leader_each,
+    one_partition_each,
+    promote,
+    props,
+    ready_everywhere,
+    until,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def spread(cluster: LocalCluster) -> Layout:
+    """One partition a node: as the start placed the leaders, else handed over
+    (``ctl promote --partition``) from a node leading two to a cell leading none."""
+    names = cluster.names
+    for _ in range(3):
+        leaders = until("one serving primary per group", lambda: one_leader_each(cluster, names))
+        until("every node ready in every group", lambda: ready_everywhere(cluster, names))
+        by_node: dict[str, list[int]] = {}
+        for p in range(3):
+            by_node.setdefault(leaders[str(p + 1)], []).append(p)
+        idle = [n for n in names if n not in by_node]
+        if not idle:
+            return one_partition_each(cluster)
+        groups = (cluster.status(idle[0]) or {})["node"]["groups"]
+        moved = next(p for node, ps in by_node.items() if len(ps) > 1 for p in ps
+                     if idle[0] in groups[str(p + 1)]["members"])
+        until("the hand-over taken", lambda: promote(cluster, leaders[str(moved + 1)],
+                                                     idle[0], moved))
+        until("the new leader serves", lambda: (one_leader_each(cluster, names) or {}).get(
+            str(moved + 1)) == idle[0])
+    return one_partition_each(cluster)
+
+
+def setup(cluster: LocalCluster) -> tuple[Layout, dict[str, str]]:
+    """The layout and a queue of each node's partition, declared on its leader."""
+    layout = spread(cluster)
+    queues = {}
+    for node in (layout.a, layout.b, layout.c):
+        queue = name_in(layout.partitions[node][0], f"tx-{node}")
+        conn = connect(cluster, node)
+        try:
+            conn.channel().queue_declare(queue, durable=True)
+        finally:
+            conn.close()
+        queues[node] = queue
+    return layout, queues
+
+
+def transactions(cluster: LocalCluster, node: str) -> dict[str, Any]:
+    return dict(((cluster.status(node) or {}).get("node") or {}).get("transactions") or {})
+
+
+def settled(cluster: LocalCluster, nodes: list[str]) -> bool:
+    """No commit under way on any of ``nodes`` and no branch held prepared."""
+    for node in nodes:
+        status = transactions(cluster, node)
+        if not status or status["commits"] or any(status["in_doubt"].values()):
+            return False
+    return True
+
+
+def test_commits_across_partitions_are_whole() -> None:
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout, queues = setup(cluster)
+        a, b, c = layout.a, layout.b, layout.c
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        ch.tx_select()
+        started = time.monotonic()
+        n = 20
+        for i in range(n):
+            ch.basic_publish("", queues[b], b"b", props(i))
+            ch.basic_publish("", queues[c], b"c", props(i))
+            if i % 5 == 4:
+                ch.tx_rollback()  # discarded: on neither queue
+            else:
+                ch.tx_commit()
+        took = time.monotonic() - started
+        ch.basic_publish("", queues[a], b"a", props(1))  # A's own partition: a local TX
+        ch.basic_publish("", queues[a], b"a", props(2))
+        ch.tx_commit()
+        status = transactions(cluster, a)
+        conn.close()
+        committed = [str(i) for i in range(n) if i % 5 != 4]
+        assert drain_ids(cluster, b, queues[b]) == committed
+        assert drain_ids(cluster, c, queues[c]) == committed
+        assert drain_ids(cluster, a, queues[a]) == ["1", "2"]
+        assert status["begun"] == status["committed"] == len(committed), status
+        assert status["refused"] == 0, status
+        until("nothing held prepared", lambda: settled(cluster, [a, b, c]))
+        print(f"{len(committed)} commits across two partitions from {a} in {took:.2f}s "
+              f"({took / n * 1000:.0f} ms each with the rollbacks); coordinator {status}")
+
+
+def test_acknowledging_in_a_transaction_across_partitions_is_refused() -> None:
+    """An ack in a transaction whose commit goes to the coordinator: 540, nothing done."""
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout, queues = setup(cluster)
+        a, b, c = layout.a, layout.b, layout.c
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        ch.basic_publish("", queues[a], b"a", props(7))
+        ch.tx_select()
+        method, _props, _body = ch.basic_get(queues[a])
+        assert method is not None
+        ch.basic_ack(method.delivery_tag)
+        ch.basic_publish("", queues[b], b"b", props(8))
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            ch.tx_commit()
+        assert closed.value.reply_code == 540, closed.value
+        assert "acknowledging" in closed.value.reply_text
+        assert drain_ids(cluster, a, queues[a]) == ["7"]  # requeued with the connection
+        assert drain_ids(cluster, b, queues[b]) == []
+        assert drain_ids(cluster, c, queues[c]) == []
+
+
+class Committer(threading.Thread):
+    """Commits transactions of one message to each of two queues, one after the other;
+    ``committed`` the ids answered commit-ok, ``unknown`` those whose commit got no
+    answer (the channel or connection closed), reopening the channel (or the
+    connection) after each such close until ``stop``."""
+
+    def __init__(self, cluster: LocalCluster, node: str, queues: tuple[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.node = node
+        self.queues = queues
+        self.committed: list[int] = []
+        self.unknown: list[int] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        i = 0
+        conn: Any = None
+        while not self.stop.is_set():
+            try:
+                if conn is None or not conn.is_open:
+                    conn = connect(self.cluster, self.node)
+                ch = conn.channel()
+                ch.tx_select()
+                while not self.stop.is_set():
+                    i += 1
+                    for queue in self.queues:
+                        ch.basic_publish("", queue, b"x", props(i))
+                    ch.tx_commit()
+                    self.committed.append(i)
+            except pika.exceptions.AMQPError as exc:
+                self.unknown.append(i)
+                self.errors.append(repr(exc)[:200])
+                time.sleep(0.1)
+        if conn is not None and conn.is_open:
+            conn.close()
+
+
+def test_a_participant_s_leader_killed_mid_stream() -> None:
+    """B SIGKILLed while A's client commits transactions over B's and C's partitions:
+    every transaction answered commit-ok is on both queues; every other one on both or
+    on neither; nothing held prepared once the partition has its new leader."""
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout, queues = setup(cluster)
+        a, b, c = layout.a, layout.b, layout.c
+        group = str(layout.partitions[b][0] + 1)
+        client = Committer(cluster, a, (queues[b], queues[c]))
+        client.start()
+        until("a few committed", lambda: len(client.committed) >= 20, 30)
+        before = len(client.committed)
+        cluster.kill(b)
+        survivors = [a, c]
+        new = until("B's partition elects among the survivors",
+                    lambda: (one_leader_each(cluster, survivors) or {}).get(group), 30)
+        at_failover = len(client.committed)
+        until("commits again after the failover",
+              lambda: len(client.committed) >= at_failover + 10, 40)
+        client.stop.set()
+        client.join(20)
+        until("nothing held prepared", lambda: settled(cluster, survivors), 20)
+        on_b = drain_ids(cluster, new, queues[b])
+        on_c = drain_ids(cluster, c, queues[c])
+        assert len(on_b) == len(set(on_b)) and len(on_c) == len(set(on_c)), "twice"
+        assert set(on_b) == set(on_c), (f"partial: only on B's queue "
+                                        f"{sorted(set(on_b) - set(on_c))}, only on C's "
+                                        f"{sorted(set(on_c) - set(on_b))}")
+        lost = {str(i) for i in client.committed} - set(on_b)
+        assert not lost, f"committed and lost: {sorted(lost)}"
+        assert set(on_b) <= {str(i) for i in client.committed + client.unknown}
+        print(f"killed {b} after {before} commits; new leader {new}; {len(client.committed)} "
+              f"committed, {len(client.unknown)} unanswered ({client.errors[:3]}), "
+              f"{len(on_b)} on both queues")
+
+
+@pytest.mark.parametrize("hold", ["decide", "commit"])
+def test_the_coordinator_s_node_killed_between_the_rounds(
+        hold: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A (the coordinator) holds back its XDecide (``decide``: B and C prepared, nothing
+    decided) or its XCommit (``commit``: the decider committed, the other prepared) and is
+    SIGKILLed: the participants ask the decider (``XOutcome``, after the resolve timeout);
+    the decider writes a tombstone (nothing decided: absent on both queues) or answers
+    committed (on both); nothing stays prepared."""
+    monkeypatch.setenv("BROKERHA_XTX_HOLD", f"{hold}=60")
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout, queues = setup(cluster)
+        a, b, c = layout.a, layout.b, layout.c
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        ch.tx_select()
+        ch.basic_publish("", queues[b], b"b", props(1))
+        ch.basic_publish("", queues[c], b"c", props(1))
+        phase = "deciding" if hold == "decide" else "finishing"
+        committing = threading.Thread(target=lambda: _commit_quietly(ch), daemon=True)
+        committing.start()
+        until(f"A's commit {phase}", lambda: any(
+            t["phase"] == phase for t in transactions(cluster, a).get("commits", {}).values()),
+            20)
+        held = {n: transactions(cluster, n)["in_doubt"] for n in (b, c)}
+        cluster.kill(a)
+        started = time.monotonic()
+        until("B and C resolved their branches", lambda: settled(cluster, [b, c]), 30)
+        took = time.monotonic() - started
+        on_b = drain_ids(cluster, b, queues[b])
+        on_c = drain_ids(cluster, c, queues[c])
+        expected = [] if hold == "decide" else ["1"]
+        assert on_b == on_c == expected, (on_b, on_c)
+        print(f"{hold}: A killed; B and C held {held}; resolved in {took:.1f}s; "
+              f"on the queues {on_b} {on_c}")
+
+
+def _commit_quietly(ch: Any) -> None:
+    try:
+        ch.tx_commit()
+    except Exception:  # the coordinator's node is killed: no answer
+        pass
