@@ -736,6 +736,7 @@ class ManagementAPI:
             "messages_unacknowledged": unacked,
             "messages_unacknowledged_details": details(s, (*key, "unacked")),
             "message_bytes_ready": q.ready_bytes, "consumers": q.consumer_count,
+            **self._queue_home(q),
             "message_stats": {
                 "publish": q.published, "publish_details": details(s, (*key, "publish")),
                 "deliver_get": q.delivered,
@@ -743,6 +744,16 @@ class ManagementAPI:
                 "ack": q.acked, "ack_details": details(s, (*key, "ack")),
             },
         }
+
+    def _queue_home(self, q: Any) -> dict[str, Any]:
+        """``partition`` (None without partition groups) and ``leader``: the node serving the
+        queue (its partition group's leader as this node knows it; this node without
+        groups, where the management API is answered by the primary)."""
+        groups = self.node.broker.groups
+        if groups is None:
+            return {"partition": None, "leader": self.node.config.name}
+        partition, leader = groups.queue_home(q)
+        return {"partition": partition, "leader": leader}
 
     def declare_queue(self, call: Call) -> Response:
         vh = self._vhost(call, call.params["vhost"])

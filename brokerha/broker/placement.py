@@ -126,6 +126,19 @@ class GroupGuard(Protocol):
         """Whether this node serves the group of such a queue now (``check_queue`` would
         pass): a server-named queue is given a name this node serves."""
 
+    def queue_remote(self, channel: Any, method: Any, name: str) -> bool:
+        """A queue method (declare, bind, unbind, purge, delete) of ``name``: True if its
+        group is served elsewhere and it went to that group's leader (the channel answered
+        later, partition/declarations.py); False: decided here as before."""
+
+    def configuration_remote(self, channel: Any, method: Any) -> bool:
+        """An exchange method changing the configuration: True if it went to the metadata
+        group's leader (the channel answered later); False: decided here as before."""
+
+    def queue_home(self, queue: Queue) -> tuple[int | None, str | None]:
+        """The queue's partition (None: exclusive, in none) and its group's leader as this
+        node knows it (the management API's queue objects)."""
+
     def check_configuration(self, client: object, what: str) -> None:
         """Raise ``NotLeader`` unless this node serves the metadata group now."""
 

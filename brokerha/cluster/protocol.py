@@ -49,8 +49,10 @@ from brokerha.cluster.messages import REGISTRY, Error, ErrorCode, Message, packe
 # ``Forwarded``, ``ForwardError``, ``LeaderNotice``, codes 23-26), unknown to version 4;
 # 6: remote consumers (partition/remote_consumer.py, codes 40-47), unknown to version 5;
 # 9: transactions across partitions (partition/transactions.py ``XtxToPartition``,
-# ``XtxToNode``, codes 63-64), unknown to version 8
-VERSION = 9
+# ``XtxToNode``, codes 63-64), unknown to version 8;
+# 10: declarations from any node (partition/declarations.py ``MetaRequest``, ``MetaReply``,
+# codes 50-51), unknown to version 9
+VERSION = 10
 MAGIC = b"BRKRHA" + VERSION.to_bytes(2, "big")
 MAX_PACKET = 64 * 1024 * 1024
 NONCE_SIZE = 16

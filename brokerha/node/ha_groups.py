@@ -55,6 +55,8 @@ from brokerha.node.relay import RelayTarget
 from brokerha.partition.clients import GroupClients
 from brokerha.partition.consuming import PACKETS as CONSUME_PACKETS
 from brokerha.partition.consuming import NodeConsuming
+from brokerha.partition.declarations import PACKETS as DECLARATION_PACKETS
+from brokerha.partition.declarations import NodeDeclarations
 from brokerha.partition.forwarding import PACKETS, NodeForwarding
 from brokerha.partition.member import PartitionedMember
 from brokerha.partition.state import GroupStateFile
@@ -140,6 +142,12 @@ class GroupsNode(Shell):
         self.forwarding.notice_listeners.append(self.transactions.leader)
         self.clients.transactions = self.transactions
         self.clients.consuming = self.consuming
+        # declarations of queues and exchanges of groups this node does not serve, asked of
+        # their leaders (stage 3's declarations, codes 50-51)
+        self.declarations = NodeDeclarations(self.ha, origin, send=self.send, soon=self.soon,
+                                             clock=self._now)
+        self.forwarding.notice_listeners.append(self.declarations.notice)
+        self.clients.declarations = self.declarations
 
     # -- what the admin endpoints read (admin/node_view.py, HAView): the metadata group -----
 
@@ -229,6 +237,7 @@ class GroupsNode(Shell):
         self.forwarding.tick()
         self.consuming.tick()
         self.transactions.tick()
+        self.declarations.tick()
 
     def _on_peer_up(self, peer: str) -> None:
         self.ha.peer_up(peer)
@@ -237,6 +246,7 @@ class GroupsNode(Shell):
     def _on_peer_down(self, peer: str) -> None:
         self.ha.peer_down(peer)
         self.consuming.link_lost(peer)  # what its consumers held here requeued; ours re-attach
+        self.declarations.link_lost(peer)  # asked of it, unanswered: asked again, or closed
 
     def _on_message(self, peer: str, msg_id: int, msg: Message) -> None:
         # every packet of a partitioned node is a mux packet but stage 3's forwards (codes
@@ -250,10 +260,14 @@ class GroupsNode(Shell):
         if isinstance(msg, XTX_PACKETS):  # transactions across partitions (codes 63-64)
             self.transactions.on_packet(peer, msg)
             return
+        if isinstance(msg, DECLARATION_PACKETS):  # declarations (codes 50-51)
+            self.declarations.on_packet(peer, msg)
+            return
         if not isinstance(msg, GROUPED):
             mismatched(self.me, peer, "does not run partition groups")
             return
         self.ha.on_message(peer, msg_id, msg)
+        self.declarations.moved()  # answers waiting for this node's copies
 
     def group_member(self, group: int | None) -> HAMember | None:
         return self.ha.groups.get(METADATA_GROUP if group is None else group)
@@ -299,3 +313,4 @@ class GroupsNode(Shell):
         me["forwarding"] = self.forwarding.status()
         me["consuming"] = self.consuming.status()
         me["transactions"] = self.transactions.status()
+        me["declarations"] = self.declarations.status()

@@ -49,6 +49,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from pamqp import commands
+
 from brokerha.broker.errors import NotImplementedByBroker, PreconditionFailed
 from brokerha.broker.message import Message
 from brokerha.broker.placement import METADATA_GROUP, NotLeader
@@ -58,6 +60,7 @@ from brokerha.cluster.replication import HA_ID
 from brokerha.ha.admission import Admission, ClientLink
 from brokerha.ha.member import HAMember
 from brokerha.partition.consuming import NodeConsuming
+from brokerha.partition.declarations import NodeDeclarations
 from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.forwarding import MAX_MESSAGE, NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
@@ -83,6 +86,9 @@ class GroupClients:
         # the node's remote consumers (stage 3; the shell sets it): None, a consume or get
         # of such a group's queue is refused (404)
         self.consuming: NodeConsuming | None = None
+        # declarations of queues and exchanges of groups this node does not serve, asked of
+        # their leaders (stage 3; the shell sets it): None, refused (404)
+        self.declarations: NodeDeclarations | None = None
         # the node's coordinator of transactions across partitions (stage 4; the shell sets
         # it): None, a transaction whose commit is not local is refused (540)
         self.transactions: NodeTransactions | None = None
@@ -159,6 +165,10 @@ class GroupClients:
         group = self.group_of_queue(vhost, name, arguments, exclusive)
         if group is None:
             return
+        host = self.member.broker.vhosts.get(vhost)
+        local = None if host is None else host.queues.get(name)
+        if local is not None and local.exclusive_owner is not None:
+            return  # an exclusive queue of this node's: its vhost answers (405 to others)
         self._join(client, group, lambda: f"queue '{name}' in vhost '{vhost}' is in "
                                           f"partition {group - 1}")
 
@@ -258,6 +268,68 @@ class GroupClients:
     def cancel_remote(self, channel: Any, tag: str) -> None:
         if self.consuming is not None:
             self.consuming.cancel(channel, tag)
+
+    # -- declarations from any node (docs/ha.md "Declarations", partition/declarations.py) ---
+
+    def queue_remote(self, channel: Any, method: Any, name: str) -> bool:
+        """queue.declare, bind, unbind, purge or delete (``method``) of the queue ``name``
+        (resolved), after the channel's permission checks: True if its group is served
+        elsewhere and the method went to its leader (the channel answered later); False:
+        this node serves it, the queue is exclusive (on this node only) or no group holds
+        it yet (``check_queue`` decides as before)."""
+        declarations = self.declarations
+        if declarations is None:
+            return False
+        vhost = channel.vhost
+        local = vhost.queues.get(name)
+        if local is not None and local.exclusive_owner is not None:
+            return False
+        exclusive = isinstance(method, commands.Queue.Declare) and method.exclusive
+        arguments = local.arguments if local is not None else \
+            getattr(method, "arguments", None) if isinstance(method, commands.Queue.Declare) \
+            else None
+        if exclusive and not method.passive:
+            return False
+        try:
+            group = self.group_of_queue(vhost.name, name, arguments, False)
+        except NotLeader:
+            return False
+        member = self.member.groups.get(group) if group is not None else None
+        if group is None or (member is not None and member.clients.term() is not None):
+            return False
+        declarations.queue_method(channel, group, method, name)
+        return True
+
+    def configuration_remote(self, channel: Any, method: Any) -> bool:
+        """exchange.declare (of an exchange this node does not hold), delete, bind or unbind,
+        after the channel's permission checks: True if the metadata group is served
+        elsewhere and the method went to its leader; False: served here (or no
+        ``declarations``: ``check_configuration`` decides as before)."""
+        declarations = self.declarations
+        if declarations is None:
+            return False
+        member = self.member.groups.get(METADATA_GROUP)
+        if member is not None and member.clients.term() is not None:
+            return False
+        declarations.exchange_method(channel, method)
+        return True
+
+    def queue_home(self, queue: Queue) -> tuple[int | None, str | None]:
+        """The queue's partition and its group's leader as this node knows it (the management
+        API's ``partition`` and ``leader``): an exclusive queue is in no partition, on this
+        node; (None, None) while the node holds no table."""
+        try:
+            group = self.group_of_queue(queue.vhost, queue.name, queue.arguments,
+                                        queue.exclusive_owner is not None)
+        except NotLeader:
+            return None, None
+        if group is None:
+            return None, self.member.me
+        member = self.member.groups.get(group)
+        if member is not None:
+            return group - 1, member.election.primary
+        leader = None if self.declarations is None else self.declarations.leader_of(group)
+        return group - 1, None if leader is None else leader[0]
 
     def channel_closed(self, channel: Any) -> None:
         if self.consuming is not None:

@@ -175,8 +175,8 @@ def test_wrong_magic_is_noticed_at_the_first_wrong_byte() -> None:
 
 def test_another_protocol_version_is_told_apart() -> None:
     _, a = pair()
-    step = a.receive(b"BRKRHA\x00\x0a")
-    assert step.outcome == Refused("protocol version 10 is not ours (9)") and step.out == b""
+    step = a.receive(b"BRKRHA\x00\x0b")
+    assert step.outcome == Refused("protocol version 11 is not ours (10)") and step.out == b""
 
 
 def test_a_peer_of_a_version_before_replica_checks_is_refused() -> None:
@@ -185,13 +185,13 @@ def test_a_peer_of_a_version_before_replica_checks_is_refused() -> None:
     ``CheckReport`` (a replica check), version 4 no forward of a publish (codes 23-26),
     version 5 no remote consumer's packet (codes 40-47): each would fail on the first one (a replication error, or an unknown packet code), so
     all are refused at the handshake."""
-    assert VERSION == 9 and MAGIC == b"BRKRHA\x00\x09"
+    assert VERSION == 10 and MAGIC == b"BRKRHA\x00\x0a"
     for old in (1, 2, 3, 4, 5):
         dialer, acceptor = pair()
         dialer.start()
         for side in (dialer, acceptor):
             step = side.receive(b"BRKRHA\x00" + bytes([old]))
-            assert step.outcome == Refused(f"protocol version {old} is not ours (6)")
+            assert step.outcome == Refused(f"protocol version {old} is not ours ({VERSION})")
             assert step.out == b""
 
 

@@ -13,6 +13,13 @@ if TYPE_CHECKING:
     from brokerha.amqp.channel import Channel
 
 
+def remote_configuration(ch: Channel, m: Any) -> bool:
+    """On a node running partition groups that does not serve the metadata group: True if
+    the method went to that group's leader, which answers it (partition/declarations.py)."""
+    groups = ch.conn.broker.groups
+    return groups is not None and groups.configuration_remote(ch, m)
+
+
 def guard_configuration(ch: Channel, what: str) -> None:
     """On a node running partition groups: ``NotLeader`` (404) unless it serves the
     metadata group now, whose log holds the exchanges (``Broker.groups``)."""
@@ -30,6 +37,8 @@ def declare(ch: Channel, m: commands.Exchange.Declare) -> None:
     if not m.passive:
         ch.user.check("configure", ch.vhost.name, "exchange", m.exchange)
         if not again:
+            if remote_configuration(ch, m):
+                return
             guard_configuration(ch, f"declare exchange '{m.exchange}'")
     exchange = ch.vhost.declare_exchange(
         m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
@@ -45,6 +54,8 @@ def declare(ch: Channel, m: commands.Exchange.Declare) -> None:
 def delete(ch: Channel, m: commands.Exchange.Delete) -> None:
     ch.user.check("configure", ch.vhost.name, "exchange", m.exchange)
     if m.exchange in ch.vhost.exchanges or m.exchange == "":
+        if m.exchange and remote_configuration(ch, m):
+            return
         guard_configuration(ch, f"delete exchange '{m.exchange}'")
         ch.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
     # deleting a missing exchange succeeds, as in RabbitMQ 3.x
@@ -65,6 +76,8 @@ def _bind_args(ch: Channel, m: commands.Exchange.Bind | commands.Exchange.Unbind
 
 def bind(ch: Channel, m: commands.Exchange.Bind) -> None:
     destination, key, args = _bind_args(ch, m)
+    if remote_configuration(ch, m):
+        return
     guard_configuration(ch, f"bind exchange '{m.destination}'")
     ch.vhost.bind(m.source, destination, key, args)
     if not m.nowait:
@@ -81,6 +94,8 @@ def unbind(ch: Channel, m: commands.Exchange.Unbind) -> None:
     if source is not None and source.type == "topic":
         ch.user.check_topic("read", vhost.name, source.name, m.routing_key)
     if destination is not None and m.source in vhost.exchanges:
+        if remote_configuration(ch, m):
+            return
         guard_configuration(ch, f"unbind exchange '{m.destination}'")
         vhost.unbind(m.source, destination, m.routing_key, m.arguments)
     if not m.nowait:

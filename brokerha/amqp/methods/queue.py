@@ -41,6 +41,9 @@ def declare(ch: Channel, m: commands.Queue.Declare) -> None:
         name = name or _server_name(ch, m)
         ch.user.check("configure", vhost.name, "queue", name)
     groups = ch.conn.broker.groups
+    if groups is not None and groups.queue_remote(  # its group's leader answers
+            ch, m, ch.resolve_queue(name) if m.passive else name):
+        return
     if groups is not None and not m.passive:  # before the queue exists: never on a copy
         groups.check_queue(ch.conn, vhost.name, name, m.arguments, m.exclusive)
     queue = vhost.declare_queue(
@@ -77,6 +80,13 @@ def _binding(ch: Channel, m: commands.Queue.Bind | commands.Queue.Unbind) -> tup
 
 
 def bind(ch: Channel, m: commands.Queue.Bind) -> None:
+    groups = ch.conn.broker.groups
+    if groups is not None:
+        name = ch.resolve_queue(m.queue)
+        ch.user.check("write", ch.vhost.name, "queue", name)
+        ch.user.check("read", ch.vhost.name, "exchange", m.exchange)
+        if groups.queue_remote(ch, m, name):  # its group's leader answers
+            return
     queue, key, args = _binding(ch, m)
     ch.vhost.bind(m.exchange, queue, key, args)
     if not m.nowait:
@@ -99,6 +109,9 @@ def unbind(ch: Channel, m: commands.Queue.Unbind) -> None:
     key = m.routing_key if (m.routing_key or m.queue) else name
     if exchange is not None and exchange.type == "topic":
         ch.user.check_topic("read", vhost.name, exchange.name, key)
+    groups = ch.conn.broker.groups
+    if groups is not None and groups.queue_remote(ch, m, name):  # its group's leader answers
+        return
     if queue is not None and exchange is not None and \
             vhost.has_binding(exchange, queue, key, m.arguments):
         guard_queue(ch, queue)
@@ -114,6 +127,9 @@ def purge(ch: Channel, m: commands.Queue.Purge) -> None:
     """
     name = ch.resolve_queue(m.queue)
     ch.user.check("read", ch.vhost.name, "queue", name)
+    groups = ch.conn.broker.groups
+    if groups is not None and groups.queue_remote(ch, m, name):  # its group's leader answers
+        return
     queue = ch.vhost.queue_for(name, ch.conn)
     guard_queue(ch, queue)
     count = ch.vhost.purge_queue(name, ch.conn)
@@ -126,6 +142,9 @@ def delete(ch: Channel, m: commands.Queue.Delete) -> None:
     queue once that is durable where it must be, as its declare-ok."""
     name = ch.resolve_queue(m.queue)
     ch.user.check("configure", ch.vhost.name, "queue", name)
+    groups = ch.conn.broker.groups
+    if groups is not None and groups.queue_remote(ch, m, name):  # its group's leader answers
+        return
     queue = ch.vhost.queues.get(name)
     if queue is not None:
         guard_queue(ch, queue)

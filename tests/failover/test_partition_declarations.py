@@ -1,0 +1,266 @@
+"""Declarations from any node of three real nodes running partition groups (issue 35 stage
+3's declarations, ``partition/declarations.py``).
+
+P = 3 over 3 nodes, each partition led by its preferred node (one a node): A leads the
+metadata group (the coordinator) and one partition, B and C one partition each. A
+client on a node that does not serve a queue's partition (or, for an exchange, the
+metadata group) declares, binds, purges and deletes all the same: its node asks the
+group's leader, which answers once durable; the client's node answers once its own copy
+holds it (read-your-writes). Errors carry the leader's code and text, the ones the
+leader gives its own clients.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+
+from brokerha.testing import LocalCluster
+from tests.failover.groups import (
+    OPTIONS,
+    connect,
+    drain_ids,
+    name_in,
+    one_leader_each,
+    props,
+    ready_everywhere,
+    until,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Layout:
+    """Whatever the elections gave (under load the preferred leaders do not always win): A
+    the coordinator (the metadata group's leader), C and B the two other nodes, and
+    ``partition`` one that C does not lead (B's if B leads one, else A's)."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        names = cluster.names
+        leaders = until("one serving primary per group",
+                        lambda: one_leader_each(cluster, names), timeout=30)
+        until("every node ready in every group", lambda: ready_everywhere(cluster, names),
+              timeout=30)
+        self.leaders = leaders
+        self.a = leaders["0"]
+        others = [n for n in names if n != self.a]
+        led = {n: [p for p in range(3) if leaders[str(p + 1)] == n] for n in names}
+        # C: a node other than A that does not lead every partition A does not
+        self.c, self.b = sorted(others, key=lambda n: len(led[n]))
+        self.partition = (led[self.b] or led[self.a])[0]
+        self.leader = leaders[str(self.partition + 1)]
+        self.led = led
+
+
+def closed_with(fn: Any) -> tuple[int, str]:
+    """The channel error ``fn`` ends in: (code, text)."""
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+        fn()
+    return caught.value.reply_code, caught.value.reply_text
+
+
+def test_declare_bind_publish_consume_across_three_nodes() -> None:
+    """The queue declared on C (B leads its partition), the exchange on B (A is the
+    coordinator), the binding on C, published with confirms on A, consumed on C; then
+    the errors on C are the leader's: 406, 404, and 405 of another connection's
+    exclusive queue; purge and delete on C, answered with the leader's counts."""
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout = Layout(cluster)
+        a, b, c, leader = layout.a, layout.b, layout.c, layout.leader
+        queue = name_in(layout.partition, "decl")
+        on_c = connect(cluster, c)
+        on_b = connect(cluster, b)
+        on_a = connect(cluster, a)
+        try:
+            ch_c, ch_b, ch_a = on_c.channel(), on_b.channel(), on_a.channel()
+            ok = ch_c.queue_declare(queue, durable=True).method
+            assert (ok.queue, ok.message_count, ok.consumer_count) == (queue, 0, 0)
+            ch_b.exchange_declare("decl-x", "direct", durable=True)
+            ch_c.queue_bind(queue, "decl-x", routing_key="k")
+            ch_a.confirm_delivery()
+            for i in range(50):  # every one routed (mandatory) and confirmed
+                ch_a.basic_publish("decl-x", "k", b"x", props(i), mandatory=True)
+            # the leader's count, answered on C
+            assert until("50 on the queue", lambda: ch_c.queue_declare(
+                queue, passive=True).method.message_count == 50)
+            got = []
+            for _ in range(50):
+                method, _props, _body = ch_c.basic_get(queue)
+                assert method is not None
+                got.append(_props.message_id)
+                ch_c.basic_ack(method.delivery_tag)
+            assert got == [str(i) for i in range(50)]
+
+            # errors: the leader's code and text, as on the leader itself
+            on_c_err = connect(cluster, c)
+            code_c = closed_with(lambda: on_c_err.channel().queue_declare(queue,
+                                                                          durable=False))
+            on_l = connect(cluster, leader)
+            code_b = closed_with(lambda: on_l.channel().queue_declare(queue, durable=False))
+            assert code_c == code_b and code_c[0] == 406, (code_c, code_b)
+            missing = name_in(layout.partition, "missing")
+            code_c = closed_with(lambda: on_c_err.channel().queue_declare(missing,
+                                                                          passive=True))
+            code_b = closed_with(lambda: on_l.channel().queue_declare(missing, passive=True))
+            assert code_c == code_b and code_c[0] == 404, (code_c, code_b)
+            code_c = closed_with(lambda: on_c_err.channel().queue_bind(queue, "no-such-x"))
+            code_b = closed_with(lambda: on_l.channel().queue_bind(queue, "no-such-x"))
+            on_l.close()
+            assert code_c == code_b and code_c[0] == 404, (code_c, code_b)
+            # an exclusive queue lives on the declaring node: 405 for another connection
+            ch_c.queue_declare("decl-excl", exclusive=True)
+            code_c = closed_with(lambda: on_c_err.channel().queue_declare("decl-excl"))
+            assert code_c[0] == 405 and "RESOURCE_LOCKED" in code_c[1], code_c
+            on_c_err.close()
+
+            # purge and delete from C: the leader's counts
+            for i in range(7):
+                ch_a.basic_publish("", queue, b"y", props(i))
+            assert ch_c.queue_purge(queue).method.message_count == 7
+            ch_a.basic_publish("", queue, b"z", props(99))
+            code_c = closed_with(lambda: on_c.channel().queue_delete(queue, if_empty=True))
+            assert code_c[0] == 406, code_c
+            ch_c = on_c.channel()
+            other = name_in(layout.partition, "decl-other")
+            ch_c.queue_declare(other, durable=True)
+            assert ch_c.queue_delete(queue).method.message_count == 1
+            assert not any(exists(cluster, n, "queue", queue) for n in (a, b, c))
+            # the management API's queue objects: partition and leader
+            objects = {q["name"]: q for q in api_get(cluster, a, "/api/queues")}
+            assert objects[other]["partition"] == layout.partition
+            assert objects[other]["leader"] == leader
+            ch_b.queue_unbind(queue, "decl-x", routing_key="k")  # idempotent, as RabbitMQ's
+            ch_c.exchange_delete("decl-x")
+            assert not exists(cluster, a, "exchange", "decl-x")
+        finally:
+            for conn in (on_a, on_b, on_c):
+                if conn.is_open:
+                    conn.close()
+
+
+def api_get(cluster: LocalCluster, node: str, path: str) -> Any:
+    request = urllib.request.Request(
+        f"{cluster.admin_url(node)}{path}", headers={
+            "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def exists(cluster: LocalCluster, node: str, kind: str, name: str) -> bool:
+    """A passive declare on ``node`` (a queue's: answered by its partition's leader)."""
+    conn = connect(cluster, node)
+    try:
+        ch = conn.channel()
+        if kind == "queue":
+            ch.queue_declare(name, passive=True)
+        else:
+            ch.exchange_declare(name, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        assert exc.reply_code == 404, exc
+        return False
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_read_your_writes_declare_then_publish_on_a_non_leader() -> None:
+    """On C, each of 20 queues of A's and B's partitions declared then published to at
+    once through the default exchange with confirms, mandatory: every message routed and
+    confirmed, then on its queue (drained on its leader); server-named and passive too."""
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout = Layout(cluster)
+        c = layout.c
+        elsewhere = [p for p in range(3) if layout.leaders[str(p + 1)] != c]
+        conn = connect(cluster, c)
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            names = [(name_in(p, f"ryw{i}"), p) for i in range(10) for p in elsewhere]
+            for i, (queue, _p) in enumerate(names):
+                ch.queue_declare(queue, durable=True)
+                ch.basic_publish("", queue, b"m", props(i), mandatory=True)
+            for i, (queue, p) in enumerate(names):
+                assert drain_ids(cluster, layout.leaders[str(p + 1)], queue) == [str(i)]
+        finally:
+            conn.close()
+
+
+def test_coordinator_killed_during_declarations() -> None:
+    """Clients on B and C declare queues of every partition and exchanges in a stream
+    while A, the coordinator (and one partition's leader), is SIGKILLed: each declare is
+    answered ok or its connection is closed, never declare-ok for what is then missing."""
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout = Layout(cluster)
+        a, b, c = layout.a, layout.b, layout.c
+        acked: list[tuple[str, str]] = []  # (kind, name) answered ok
+        closed: list[str] = []
+        stop = threading.Event()
+
+        def stream(node: str) -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    conn = connect(cluster, node)
+                except pika.exceptions.AMQPError:
+                    time.sleep(0.1)
+                    continue
+                try:
+                    ch = conn.channel()
+                    while not stop.is_set():
+                        i += 1
+                        if i % 4 == 0:
+                            name = f"kx-{node}-{i}"
+                            ch.exchange_declare(name, "fanout", durable=True)
+                            acked.append(("exchange", name))
+                        else:
+                            name = f"kq-{node}-{i}"
+                            ch.queue_declare(name, durable=True)
+                            acked.append(("queue", name))
+                except pika.exceptions.AMQPError as exc:
+                    closed.append(f"{node}: {exc!r}")
+                finally:
+                    if conn.is_open:
+                        try:
+                            conn.close()
+                        except pika.exceptions.AMQPError:
+                            pass
+
+        threads = [threading.Thread(target=stream, args=(n,), daemon=True) for n in (b, c)]
+        for t in threads:
+            t.start()
+        until("declarations under way", lambda: len(acked) >= 40, timeout=30)
+        before = len(acked)
+        cluster.kill(a)
+        until("declarations answered after the kill", lambda: len(acked) >= before + 60,
+              timeout=40)
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        names = {b, c}
+        until("a coordinator again", lambda: any(
+            ((cluster.status(n) or {}).get("node", {}).get("groups") or {}).get("0", {})
+            .get("serving") for n in names))
+
+        # every queue and exchange declared ok is there, asked on B and on C (a queue's
+        # existence answered by its partition's leader, an exchange's by the node's copy)
+        until("a leader for every partition", lambda: all(
+            leader_known(cluster, names, str(p + 1)) for p in range(3)), timeout=30)
+        missing = [(node, kind, name) for node in sorted(names) for kind, name in acked
+                   if not exists(cluster, node, kind, name)]
+        assert not missing, missing[:10]
+        print(f"{len(acked)} declarations answered ok ({before} before the kill), "
+              f"{len(closed)} connections closed: {closed[:4]}")
+
+
+def leader_known(cluster: LocalCluster, names: set[str], group: str) -> bool:
+    return any(((cluster.status(n) or {}).get("node", {}).get("groups") or {})
+               .get(group, {}).get("serving") for n in names)
