@@ -130,7 +130,8 @@ def tune_gc(governor: GCGovernor | None = None) -> None:
     larger thresholds let in-flight messages die young: confirms with two
     backups ran about 15 % faster (docs/benchmarks.md). Cycles are still
     collected, after 20,000 net allocations at most. ``governor`` (the node's
-    ``GCGovernor``) keeps full collections from growing with a backlog.
+    ``GCGovernor``) keeps full collections from growing with a backlog and, called on
+    the node's running loop, runs every collection on it (never on a store thread).
     """
     gc.collect()
     gc.freeze()
@@ -138,7 +139,11 @@ def tune_gc(governor: GCGovernor | None = None) -> None:
     tune_malloc()  # and the C heap's (node/gc_governor.py)
     if governor is not None:
         governor.count_frozen()  # what the start froze (the modules, the recovered state)
-        governor.install()
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # not on a loop (a tool): CPython's automatic collection
+            loop = None
+        governor.install(loop)
 
 
 class HALayer(HAView, Protocol):
