@@ -49,10 +49,12 @@ from dataclasses import fields
 from typing import Any
 
 from brokerha.broker.broker import Broker
+from brokerha.broker.errors import NotImplementedByBroker
 from brokerha.cluster.messages import Message, packet
 from brokerha.partition.forward import ForwardMessage, LeaderNotice
 from brokerha.partition.member import PartitionedMember
 from brokerha.partition.xtx import (
+    MAX_NODE_NAME,
     Answer,
     CrossTx,
     DecisionRules,
@@ -152,6 +154,17 @@ def node_of(coordinator: str) -> str:
     return coordinator.rsplit(".", 1)[0]
 
 
+def coordinator_name(origin: str) -> str | None:
+    """The coordinator's name from the node's origin ``<node>.<incarnation>``: its
+    incarnation shortened to fit a gtxid (``MAX_NODE_NAME`` bytes, at least 6 hex digits
+    of it kept), None if the node's name is too long for that."""
+    node, _, incarnation = origin.rpartition(".")
+    room = MAX_NODE_NAME - len(node.encode()) - 1
+    if room < min(6, len(incarnation)):
+        return None
+    return f"{node}.{incarnation[:room]}"
+
+
 def parse_hold(text: str) -> dict[type, float]:
     """``BROKERHA_XTX_HOLD``: ``decide=S`` and/or ``commit=S`` (comma-separated)."""
     hold: dict[type, float] = {}
@@ -190,7 +203,10 @@ class NodeTransactions:
         self._send = send
         self._soon = soon
         self.wall = wall
-        self.coordinator = CrossTx(origin)
+        # None: the node's name leaves no room for an incarnation in a gtxid (an XA gtrid,
+        # 64 bytes): a commit across partitions is refused (540) on this node
+        name = coordinator_name(origin)
+        self.coordinator: CrossTx | None = None if name is None else CrossTx(name)
         self.rules: dict[int, _Rules] = {}
         self.leaders: dict[int, tuple[int, str]] = {}  # group -> (epoch, node) serving it
         self.answers: dict[str, Answered] = {}
@@ -204,6 +220,10 @@ class NodeTransactions:
     def commit(self, branches: Mapping[int, Sequence[XOp]], answer: Answered) -> str:
         """Commit ``branches`` (partition -> its ops) across their partitions; ``answer
         (committed, reason)`` once the coordinator has its ``Answer``."""
+        if self.coordinator is None:
+            raise NotImplementedByBroker(
+                f"a transaction across partitions on node {self.me}: its name is too long "
+                f"for a transaction id (at most {MAX_NODE_NAME - 7} bytes)")
         gtxid, effects = self.coordinator.begin(self.wall(), branches)
         self.answers[gtxid] = answer
         self.stats["begun"] += 1
@@ -237,12 +257,13 @@ class NodeTransactions:
         if known is not None and known[0] > notice.epoch:
             return
         self.leaders[notice.group] = (notice.epoch, notice.node)
-        if known != (notice.epoch, notice.node):
+        if known != (notice.epoch, notice.node) and self.coordinator is not None:
             self.carry_out(self.coordinator.leader_changed(self.wall(), notice.group - 1))
 
     def tick(self) -> None:
-        out: list[tuple[Effect, int | None]] = [(e, None)
-                                                for e in self.coordinator.tick(self.wall())]
+        out: list[tuple[Effect, int | None]] = []
+        if self.coordinator is not None:
+            out += [(e, None) for e in self.coordinator.tick(self.wall())]
         now = self.broker.clock()
         for own in list(self.rules.values()):
             out += [(e, own.group) for e in own.rules.tick(now)]
@@ -270,7 +291,8 @@ class NodeTransactions:
         self.carry_out(own.rules.receive(self.broker.clock(), p), group)
 
     def _to_coordinator(self, p: Packet) -> None:
-        self.carry_out(self.coordinator.receive(self.wall(), p))
+        if self.coordinator is not None:
+            self.carry_out(self.coordinator.receive(self.wall(), p))
 
     # -- effects -------------------------------------------------------------------------------
 
@@ -343,12 +365,13 @@ class NodeTransactions:
 
     def status(self) -> dict[str, Any]:
         """For ``ctl status --json`` (the node's ``transactions``)."""
+        coordinator = self.coordinator
         commits = {gtxid: {"phase": tx.phase.value, "participants": list(tx.participants),
                            "waiting": sorted(tx.waiting)}
-                   for gtxid, tx in self.coordinator.commits.items()}
+                   for gtxid, tx in (coordinator.commits if coordinator else {}).items()}
         in_doubt = {str(g): len(list(own.rules.txs.in_doubt()))
                     for g, own in sorted(self.rules.items())}
-        return {"coordinator": self.coordinator.node, "commits": commits,
+        return {"coordinator": coordinator and coordinator.node, "commits": commits,
                 "in_doubt": in_doubt, "rules": {str(g): own.epoch
                                                 for g, own in sorted(self.rules.items())},
                 **self.stats}
