@@ -40,8 +40,12 @@ queue's partition:
   ``durability_gate`` and ``barriers()``), one group after the other when a
   message went to queues of two groups; a message routed to no queue of any
   group (none, or exclusive ones only) passes the gate of a group this node
-  serves now. Transactions (TX and XA) are refused (540): their
-  cross-group commit is stage 4's.
+  serves now.
+- **A transaction** (TX, stage 4): at ``tx.commit`` (``tx_commit``), one whose
+  queues are all of one group this node serves (or of none) is today's local
+  TX, answered through that group's gate; any other is committed by the
+  node's coordinator across the partitions' leaders (``partition/transactions.py``),
+  refused (540) if it acknowledges messages. XA is refused (540).
 """
 
 from __future__ import annotations
