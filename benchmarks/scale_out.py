@@ -456,21 +456,43 @@ def queue_name_in(partition: int, base: str, partitions: int = PARTITIONS) -> st
                 if hash_partition("/", f"{base}-{i}", partitions) == partition)
 
 
+def group_members(statuses: dict[str, dict[str, object] | None],
+                  partitions: int = PARTITIONS) -> dict[int, list[str]]:
+    """Per partition, the nodes in its group (its cells: all N when N <= NR + 1)."""
+    out: dict[int, list[str]] = {p: [] for p in range(partitions)}
+    for name, status in statuses.items():
+        node = status.get("node") if isinstance(status, dict) else None
+        groups = node.get("groups") if isinstance(node, dict) else None
+        for group in groups if isinstance(groups, dict) else ():
+            if 0 < int(group) <= partitions:
+                out[int(group) - 1].append(name)
+    return out
+
+
 def spread(names: Sequence[str], leaders: dict[int, tuple[str, int]],
-           queues: int) -> list[tuple[int, str, str]]:
+           queues: int, members: dict[int, list[str]] | None = None,
+           ) -> list[tuple[int, str, str]]:
     """Queue q's (partition, leader, client node) for the partitioned layouts: leaders
     round-robin over the nodes (``names`` order; within a node, over the partitions it
     leads), so each node leads its share of the queues, as RabbitMQ's balanced locator
     does; the clients round-robin the other way (node 2q mod N), so with an odd N exactly
     the queues q = 0 mod N have their clients on their leader: 1/N of them (1/3 of 12
-    on 3 nodes: 2/3 of the publishes forwarded, 2/3 of the consumers remote)."""
+    on 3 nodes: 2/3 of the publishes forwarded, 2/3 of the consumers remote). With
+    ``members`` (N > NR + 1: a partition on 3 of the N nodes), a client node that is not
+    in the queue's partition is replaced by one of its cells that is not the leader, in
+    turn (a node outside the group does not know the queue: its consume is refused 404)."""
     led = {n: sorted(p for p, (leader, _) in leaders.items() if leader == n) for n in names}
     leading = [n for n in names if led[n]]
     out = []
     for q in range(queues):
         leader = leading[q % len(leading)]
         partition = led[leader][(q // len(leading)) % len(led[leader])]
-        out.append((partition, leader, names[(2 * q) % len(names)]))
+        client = names[(2 * q) % len(names)]
+        cells = (members or {}).get(partition) or list(names)
+        if client not in cells:
+            others = [n for n in cells if n != leader] or [leader]
+            client = others[q % len(others)]
+        out.append((partition, leader, client))
     return out
 
 
@@ -496,6 +518,7 @@ def _partitioned(stack: ExitStack, machines: Machines, layout: str) -> Layout:
             time.sleep(0.2)
 
     leaders = leaders_now()
+    members = group_members({name: cluster.status(name) for name in cluster.names})
     counts = [sum(leader == name for leader, _ in leaders.values()) for name in cluster.names]
     if max(counts) - min(counts) > 1:  # a start's election race: back to the preferred cells
         subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
@@ -515,7 +538,7 @@ def _partitioned(stack: ExitStack, machines: Machines, layout: str) -> Layout:
     def declare(bases: list[str]) -> list[str]:
         names = []
         for base, (partition, leader, client) in zip(
-                bases, spread(cluster.names, leaders, len(bases)), strict=True):
+                bases, spread(cluster.names, leaders, len(bases), members), strict=True):
             name = queue_name_in(partition, base)
             names.append(name)
             leader_of[name] = leader

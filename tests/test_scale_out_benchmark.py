@@ -56,6 +56,11 @@ def test_partitioned_queues_spread_over_leaders_with_clients_off_them() -> None:
     five = ["a", "b", "c", "d", "e"]
     spread5 = scale_out.spread(five, {p: (five[p % 5], 1) for p in range(9)}, 12)
     assert sum(leader == client for _, leader, client in spread5) == 3  # q = 0, 5, 10
+    # a partition on 3 of the 5 nodes: clients only on its cells, never on the leader more
+    cells = {p: [five[(p + i) % 5] for i in range(3)] for p in range(9)}
+    within = scale_out.spread(five, {p: (five[p % 5], 1) for p in range(9)}, 12, cells)
+    assert all(client in cells[p] for p, _, client in within)
+    assert sum(leader == client for _, leader, client in within) == 3
     # a node leading nothing gets no queue (its clients still do)
     skewed = {p: (names[p % 2], 1) for p in range(9)}
     assert {leader for _, leader, _ in scale_out.spread(names, skewed, 12)} == {"n1", "n2"}
