@@ -133,8 +133,8 @@ class GroupsNode(Shell):
         self.clients.forwarding = self.forwarding
         # consumers of queues of the partitions this node does not serve, attached to their
         # leaders (stage 3's remote consumers): the same origin, the same notices
-        self.consuming = NodeConsuming(self.ha, origin, send=self.send, soon=self.soon,
-                                       clock=self._now)
+        self.consuming = NodeConsuming(self.ha, origin, send=self._after_forwards,
+                                       soon=self.soon, clock=self._now)
         self.forwarding.notice_listeners.append(self.consuming.leader)
         # transactions across partitions (stage 4): the node's coordinator, the rules of the
         # groups it serves; the same origin, the same notices
@@ -144,10 +144,18 @@ class GroupsNode(Shell):
         self.clients.consuming = self.consuming
         # declarations of queues and exchanges of groups this node does not serve, asked of
         # their leaders (stage 3's declarations, codes 50-51)
-        self.declarations = NodeDeclarations(self.ha, origin, send=self.send, soon=self.soon,
-                                             clock=self._now)
+        self.declarations = NodeDeclarations(self.ha, origin, send=self._after_forwards,
+                                             soon=self.soon, clock=self._now)
         self.forwarding.notice_listeners.append(self.declarations.notice)
         self.clients.declarations = self.declarations
+
+    def _after_forwards(self, peer: str, message: Message) -> None:
+        """A remote consumer's or a declaration's packet goes after the forwards of what
+        this node's clients published before it (flushed now rather than at the end of the
+        turn): a channel's publish then get, purge or delete keeps its order, as on one
+        node."""
+        self.forwarding.flush()
+        self.send(peer, message)
 
     # -- what the admin endpoints read (admin/node_view.py, HAView): the metadata group -----
 
