@@ -51,8 +51,10 @@ from brokerha.cluster.messages import REGISTRY, Error, ErrorCode, Message, packe
 # 9: transactions across partitions (partition/transactions.py ``XtxToPartition``,
 # ``XtxToNode``, codes 63-64), unknown to version 8;
 # 10: declarations from any node (partition/declarations.py ``MetaRequest``, ``MetaReply``,
-# codes 50-51), unknown to version 9
-VERSION = 10
+# codes 50-51), unknown to version 9;
+# 11: a large body forwarded or delivered in parts (partition/forward.py ``ForwardPart``,
+# code 27; partition/remote_consumer.py ``DeliverPart``, code 48), unknown to version 10
+VERSION = 11
 MAGIC = b"BRKRHA" + VERSION.to_bytes(2, "big")
 MAX_PACKET = 64 * 1024 * 1024
 NONCE_SIZE = 16

@@ -66,7 +66,7 @@ from brokerha.ha.member import HAMember
 from brokerha.partition.consuming import NodeConsuming
 from brokerha.partition.declarations import NodeDeclarations
 from brokerha.partition.forward import ForwardMessage
-from brokerha.partition.forwarding import MAX_MESSAGE, NodeForwarding
+from brokerha.partition.forwarding import NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
 from brokerha.partition.transactions import XTX_MAX_BYTES, NodeTransactions
 from brokerha.partition.xtx import XOp
@@ -204,10 +204,6 @@ class GroupClients:
                                 f"{group - 1}, {self._leader_text(group)}; its copy here has "
                                 "no x-ha-id to forward to")
             remote.setdefault(group, []).append(str(ha_id))
-        if remote and message.size > MAX_MESSAGE:
-            raise PreconditionFailed(f"a message of {message.size} bytes cannot be forwarded "
-                                     f"to another partition's leader (at most {MAX_MESSAGE}): "
-                                     "publish it on the leader of its queues' partition")
         accepted = True
         for queue in local:
             accepted = queue.enqueue(message) and accepted

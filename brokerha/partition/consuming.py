@@ -43,6 +43,7 @@ from brokerha.broker.queue import Queue, QueueHooks
 from brokerha.cluster.messages import ErrorCode, Message
 from brokerha.partition.forward import LeaderNotice
 from brokerha.partition.forward_apply import BrokerForwardLog
+from brokerha.partition.forwarding import Paced
 from brokerha.partition.member import PartitionedMember
 from brokerha.partition.remote_consumer import (
     ACCESS_REFUSED,
@@ -58,6 +59,7 @@ from brokerha.partition.remote_consumer import (
     ConsumerProxy,
     Deliver,
     Delivered,
+    DeliverPart,
     Effect,
     Get,
     GetAnswer,
@@ -74,7 +76,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerha.partition")
 
-PACKETS = (Consume, Deliver, Settle, Cancel, Get, GetReply, ConsumeError, Settled)  # 40-47
+PACKETS = (Consume, Deliver, Settle, Cancel, Get, GetReply, ConsumeError, Settled,  # 40-47
+           DeliverPart)  # 48
 TO_HOST = (Consume, Settle, Cancel, Get)
 
 
@@ -131,7 +134,8 @@ class NodeConsuming:
                  clock: Callable[[], float]) -> None:
         self.member = member
         self.me = member.me
-        self._send = send
+        self.paced = Paced(send, soon)  # a large delivery's parts spread over loop turns
+        self._send = self.paced.send
         self._soon = soon
         self.clock = clock
         self.proxy = ConsumerProxy(origin)
@@ -244,7 +248,7 @@ class NodeConsuming:
                 self.carry_out([SendTo(src, GetReply(packet.group, packet.origin,
                                                      packet.request, [],
                                                      ErrorCode.NOT_PRIMARY))])
-        elif isinstance(packet, Deliver | GetReply | ConsumeError | Settled):
+        elif isinstance(packet, Deliver | GetReply | ConsumeError | Settled | DeliverPart):
             self.carry_out(self.proxy.receive(src, packet))
             if self.proxy.pending:
                 self._want_flush()

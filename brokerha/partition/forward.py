@@ -53,6 +53,17 @@ group, so the mux does not wrap them. A forwarded message is
 named by their incarnation's ``x-ha-id``, and one the receiver does not
 hold (deleted since, or declared again) is left out, as a publish routed
 to a queue deleted meanwhile.
+
+A large body travels in parts, as replication's ``bp`` events do
+(``cluster/replication.py``): a message whose body is over ``PART_BYTES``
+goes alone in its ``Forward``, its body sent before it as ``ForwardPart``
+packets of at most that many bytes (``[..., header, b"", size]`` in the
+``Forward``), so no packet comes near the link's ``MAX_PACKET`` (64 MiB)
+whatever the broker's ``max_message_size``. The receiver holds one body in
+parts per origin and puts it back together when the ``Forward`` comes; a
+body not whole then (a part lost with a link) makes that forward a gap: the
+sender's retry, or its resend to a new leader, sends the parts again, and a
+part of a message at or below the origin's mark is dropped (applied already).
 """
 
 from __future__ import annotations
@@ -78,6 +89,9 @@ RETRY_MAX = 8.0  # ... doubled at each retry the leader left unanswered, up to t
 # that far below one applied (what it holds unanswered is contiguous and at most its window,
 # which must not exceed this)
 REFUSED_KEPT = 4 * WINDOW
+# a body over this goes as ForwardPart packets of this size before its Forward (replication's
+# BODY_PART_BYTES): a 128 MiB message whole in one packet would pass the link's MAX_PACKET
+PART_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -144,7 +158,21 @@ class LeaderNotice(Message):
     node: str
 
 
-Packet = Forward | Forwarded | ForwardError | LeaderNotice
+@packet(27)
+class ForwardPart(Message):
+    """Sender -> a group's primary: bytes ``offset``.. of the body (``size`` bytes in all) of
+    the origin's message ``fseq``, whose ``Forward`` follows the last part."""
+
+    group: int
+    epoch: int
+    origin: str
+    fseq: int
+    size: int
+    offset: int
+    data: bytes
+
+
+Packet = Forward | Forwarded | ForwardError | LeaderNotice | ForwardPart
 
 
 @dataclass(frozen=True)
@@ -161,6 +189,12 @@ class ForwardMessage:
     def as_wire(self) -> list[Any]:
         return [self.vhost, list(self.queues), self.exchange, self.routing_key, self.header,
                 self.body]
+
+    @staticmethod
+    def in_parts(wire: list[Any]) -> list[Any]:
+        """A message whose body goes in ``ForwardPart``s as its ``Forward`` names it: the
+        body empty, its size after it."""
+        return [*wire[:5], b"", len(wire[5])]
 
     @classmethod
     def from_wire(cls, raw: Sequence[Any]) -> ForwardMessage:
@@ -259,6 +293,20 @@ class ReceiverStats:
     held: int = 0        # forwards that waited for this node's metadata copy
     refused: int = 0     # messages a queue refused
     not_primary: int = 0  # forwards answered ForwardError
+    parts: int = 0       # ForwardParts taken ...
+    parts_deduped: int = 0  # ... or dropped: their message is at or below the mark ...
+    parts_lost: int = 0  # ... or not following the part before (one lost): the body dropped
+    incomplete: int = 0  # forwards dropped: a body in parts not whole (the retry resends)
+
+
+@dataclass
+class Partial:
+    """A body in parts of an origin's message ``fseq``: what came so far."""
+
+    fseq: int
+    size: int
+    chunks: list[bytes] = field(default_factory=list)
+    have: int = 0
 
 
 class ForwardReceiver:
@@ -277,12 +325,66 @@ class ForwardReceiver:
         self.meta_seq = meta_seq
         self.unsafe = unsafe
         self.waiting: list[tuple[str, Forward]] = []  # (sender, forward) until meta_seq
+        # per origin, the body in parts of its next message in parts (one at a time: the
+        # sender sends each one's parts then its Forward, in order on the link)
+        self.partial: dict[str, Partial] = {}
         self.stats = ReceiverStats()
+
+    def part(self, sender: str, part: ForwardPart) -> list[Effect]:
+        """A part of a large body: held until its ``Forward`` (nothing to answer)."""
+        if part.group != self.group or part.epoch != self.epoch:
+            return []  # its Forward is answered not-primary
+        mark = self.marks.get(part.origin)
+        if mark is not None and part.fseq <= mark.upto and not self.unsafe.no_dedupe:
+            self.stats.parts_deduped += 1  # a resend of a message applied: not held again
+            self.partial.pop(part.origin, None)
+            return []
+        held = self.partial.get(part.origin)
+        if part.offset == 0:  # a first part: what was held of another body is lost
+            held = self.partial[part.origin] = Partial(part.fseq, part.size)
+        elif held is None or (held.fseq, held.size, held.have) != \
+                (part.fseq, part.size, part.offset):
+            self.stats.parts_lost += 1  # one before it lost: the body is not whole
+            self.partial.pop(part.origin, None)
+            return []
+        data = bytes(part.data)
+        held.chunks.append(data)
+        held.have += len(data)
+        self.stats.parts += 1
+        return []
+
+    def _assembled(self, forward: Forward) -> Forward | None:
+        """``forward`` with its bodies in parts put back together (each message in parts
+        is alone in its Forward); cut before one not whole (None: nothing left)."""
+        if not any(len(raw) > 6 for raw in forward.messages):
+            return forward
+        mark = self.marks.get(forward.origin)
+        upto = -1 if mark is None or self.unsafe.no_dedupe else mark.upto
+        messages: list[Any] = []
+        for i, raw in enumerate(forward.messages):
+            fseq = forward.first_fseq + i
+            if len(raw) > 6 and fseq > upto:  # (one at or below the mark is skipped)
+                held = self.partial.get(forward.origin)
+                if held is None or held.fseq != fseq or held.have != held.size or \
+                        held.size != raw[6]:
+                    self.stats.incomplete += 1
+                    break
+                del self.partial[forward.origin]
+                raw = [*raw[:5], b"".join(held.chunks)]
+            messages.append(raw[:6])
+        if not messages:
+            return None
+        return Forward(forward.group, forward.epoch, forward.origin, forward.first_fseq,
+                       forward.meta_seq, messages)
 
     def receive(self, sender: str, forward: Forward) -> list[Effect]:
         if forward.group != self.group or forward.epoch != self.epoch:
             self.stats.not_primary += 1
             return [self.not_primary(sender, forward)]
+        whole = self._assembled(forward)
+        if whole is None:  # as a gap: the sender sends the parts again
+            return []
+        forward = whole
         if forward.meta_seq > self.meta_seq:
             self.stats.held += 1
             self.waiting.append((sender, forward))
@@ -381,6 +483,7 @@ class SenderStats:
     acks: int = 0
     nacks: int = 0
     errors: int = 0     # ForwardError answers
+    parts: int = 0      # ForwardParts sent (a large body's)
 
 
 class ForwardSender:
@@ -388,13 +491,15 @@ class ForwardSender:
 
     def __init__(self, origin: str, *, window: int = WINDOW, batch: int = BATCH,
                  retry: float = RETRY, unsafe: Unsafe = Unsafe(),
-                 max_bytes: int = MAX_BYTES, retry_max: float = RETRY_MAX) -> None:
+                 max_bytes: int = MAX_BYTES, retry_max: float = RETRY_MAX,
+                 part_bytes: int = PART_BYTES) -> None:
         # (a window over REFUSED_KEPT, benchmarks/forward_path.py's: a message refused more
         # than REFUSED_KEPT below the mark and resent would be acked)
         self.origin = origin
         self.window = window
         self.batch = batch
         self.max_bytes = max_bytes
+        self.part_bytes = part_bytes
         self.retry = retry
         self.retry_max = max(retry, retry_max)
         self.unsafe = unsafe
@@ -527,7 +632,8 @@ class ForwardSender:
 
     def _forwards(self, lane: Lane, queued: list[Queued], now: float) -> list[Effect]:
         """``queued`` (in fseq order, contiguous) to the lane's leader as Forwards of at most
-        ``batch`` messages and ``max_bytes`` (a bigger message alone)."""
+        ``batch`` messages and ``max_bytes`` (a bigger message alone); a body over
+        ``part_bytes`` goes in ``ForwardPart``s, its message alone in the Forward after."""
         assert lane.leader is not None
         out: list[Effect] = []
         at = 0
@@ -535,18 +641,36 @@ class ForwardSender:
             take = queued[at:at + self.batch]
             size = 0
             for i, q in enumerate(take):  # wire: [.., header, body]
-                size += len(q.wire[4]) + len(q.wire[5])
+                body = len(q.wire[5])
+                if body > self.part_bytes:
+                    take = take[:i or 1]
+                    break
+                size += len(q.wire[4]) + body
                 if i and size > self.max_bytes:
                     take = take[:i]
                     break
             at += len(take)
             for q in take:
                 q.sent = now
+            wires = [q.wire for q in take]
+            if len(take) == 1 and len(take[0].wire[5]) > self.part_bytes:
+                out += self._parts(lane, take[0])
+                wires = [ForwardMessage.in_parts(take[0].wire)]
             out.append(ToNode(lane.leader, Forward(lane.group, lane.epoch, self.origin,
-                                                   take[0].fseq, self.meta_seq,
-                                                   [q.wire for q in take])))
+                                                   take[0].fseq, self.meta_seq, wires)))
             self.stats.forwards += 1
             if self.unsafe.confirm_on_send:
                 for q in take:
                     out += self._answered(q.publish, lane.group, True)
         return out
+
+    def _parts(self, lane: Lane, queued: Queued) -> list[Effect]:
+        """A large body's ``ForwardPart``s, in order (its Forward follows them)."""
+        assert lane.leader is not None
+        body: bytes = queued.wire[5]
+        size = len(body)
+        self.stats.parts += (size + self.part_bytes - 1) // self.part_bytes
+        return [ToNode(lane.leader, ForwardPart(lane.group, lane.epoch, self.origin, queued.fseq,
+                                                size, offset,
+                                                body[offset:offset + self.part_bytes]))
+                for offset in range(0, size, self.part_bytes)]

@@ -38,6 +38,7 @@ next loop turn (``soon``) and the clock; ``GroupClients.publish``
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -52,6 +53,7 @@ from brokerha.partition.forward import (
     Forwarded,
     ForwardError,
     ForwardMessage,
+    ForwardPart,
     ForwardReceiver,
     ForwardSender,
     LeaderNotice,
@@ -63,14 +65,74 @@ from brokerha.partition.member import PartitionedMember
 
 log = logging.getLogger("brokerha.partition")
 
-PACKETS = (Forward, Forwarded, ForwardError, LeaderNotice)  # codes 23-26, not mux packets
+# codes 23-27, not mux packets
+PACKETS = (Forward, Forwarded, ForwardError, LeaderNotice, ForwardPart)
 NOTICE_EVERY = 1.0  # seconds: a serving group primary's LeaderNotice to every node, again
 FLOW_HOLD = "forward"  # the name of a full lane's hold of a connection (hold_publishing)
-# a message bigger than this is not forwarded (406): one Forward packet carries it whole,
-# and the link refuses a packet over its MAX_PACKET (64 MiB), failing every group's traffic
-MAX_MESSAGE = 48 * 1024 * 1024
+
+# the parts of large bodies put on one peer's link in a loop turn at most (as a primary's
+# outbox to a backup, primary/remote_backup.py): a 60 MiB body's 60 parts encoded and
+# written in one turn held the loop 1.7 s at load 20, every group's heartbeats with it
+PART_BYTES_PER_TURN = 4 << 20
 
 Settle = Callable[[bool], None]
+
+
+class Paced:
+    """Packets to peers, in order per peer, at most ``per_turn`` bytes of body parts
+    (``ForwardPart``, ``DeliverPart``: a ``data`` field) to each peer a loop turn; what
+    follows a part held back waits behind it (the link's order is the protocol's)."""
+
+    def __init__(self, send: Callable[[str, Message], None],
+                 soon: Callable[[Callable[[], None]], Any],
+                 per_turn: int = PART_BYTES_PER_TURN) -> None:
+        self._send = send
+        self._soon = soon
+        self.per_turn = per_turn
+        self.queues: dict[str, deque[Message]] = {}
+        self.budget: dict[str, int] = {}  # what a peer may still take this turn
+        self._scheduled = False
+        self.turns_held = 0  # (statistics) turns that left parts for the next
+
+    def send(self, node: str, packet: Message) -> None:
+        queue = self.queues.get(node)
+        if queue is not None:
+            queue.append(packet)
+            return
+        size = len(getattr(packet, "data", b""))
+        if not size:
+            self._send(node, packet)
+            return
+        budget = self.budget.get(node, self.per_turn)
+        if budget > 0:
+            self.budget[node] = budget - size
+            self._send(node, packet)
+        else:
+            self.queues[node] = deque([packet])
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self._soon(self._turn)
+
+    def _turn(self) -> None:
+        """A new loop turn: each peer's budget again, what waited goes out within it."""
+        self._scheduled = False
+        self.budget.clear()
+        for node, queue in list(self.queues.items()):
+            budget = self.per_turn
+            while queue and budget > 0:
+                packet = queue.popleft()
+                budget -= len(getattr(packet, "data", b""))
+                self._send(node, packet)
+            if queue:
+                self.turns_held += 1
+            else:
+                del self.queues[node]
+            self.budget[node] = budget
+        if self.queues or self.budget:
+            self._schedule()
 
 
 class Holdable(Protocol):
@@ -98,7 +160,8 @@ class NodeForwarding:
         self.broker: Broker = member.broker
         self.me = member.me
         self.nodes = sorted(nodes)
-        self._send = send
+        self.paced = Paced(send, soon)
+        self._send = self.paced.send
         self._soon = soon
         self.clock = clock
         self.sender = sender if sender is not None else ForwardSender(origin)
@@ -202,6 +265,10 @@ class NodeForwarding:
         out: list[Effect]
         if isinstance(packet, Forward):
             out = self._forward(src, packet)
+        elif isinstance(packet, ForwardPart):
+            receiver = self.receivers.get(packet.group)
+            # no receiver: dropped (its Forward, after it, is answered not-primary)
+            out = [] if receiver is None else receiver.part(src, packet)
         elif isinstance(packet, Forwarded | ForwardError):
             out = self.sender.receive(self.clock(), packet, src)
             if self.held:

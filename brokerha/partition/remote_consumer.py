@@ -35,7 +35,16 @@ settles and errors of an earlier attachment are dropped on both sides (a
 late packet of a deposed primary, a settle of a tag given before the
 failover: the message is redelivered, at least once as today).
 
-Packets are cluster ``Message``s, codes 40-47 (the queues' range of
+A large body travels in parts, as a forwarded one (``forward.py``): a delivery
+whose body is over ``PART_BYTES`` goes alone in its ``Deliver`` (or
+``GetReply``) with its body empty and its size after it, its body sent before
+as ``DeliverPart`` packets; and a ``Deliver`` carries at most ``MAX_BYTES`` of
+headers and bodies (a consumer's prefetch of large messages would otherwise
+make one packet past the link's ``MAX_PACKET``). The proxy puts the body back
+together; one not whole (a part lost with a link) is sent back as a
+``requeue`` (the message comes again, flagged).
+
+Packets are cluster ``Message``s, codes 40-48 (the queues' range of
 ``cluster/messages.py``), fields wire types in wire order; each names its
 group, so the mux does not wrap them. Queues are named by ``(vhost,
 x-ha-id)`` within the group (``forward_apply.BrokerForwardLog.queue``).
@@ -51,7 +60,7 @@ from brokerha.broker.errors import AccessRefused
 from brokerha.broker.message import Entry
 from brokerha.broker.queue import Queue
 from brokerha.cluster.messages import ErrorCode, Message, packet
-from brokerha.partition.forward import LeaderNotice
+from brokerha.partition.forward import MAX_BYTES, PART_BYTES, LeaderNotice
 from brokerha.seed_runner import UnsafeRules
 
 ACK, REQUEUE, REJECT = "ack", "requeue", "reject"  # a Settle's ``how``
@@ -192,7 +201,25 @@ class Settled(Message):
     positions: list[int]
 
 
-Packet = Consume | Deliver | Settle | Cancel | Get | GetReply | ConsumeError | Settled
+@packet(48)
+class DeliverPart(Message):
+    """Primary -> proxy: bytes ``offset``.. of the body (``size`` bytes in all) of the
+    message at ``position`` that the ``Deliver`` (or, for ``GETTER``, the ``GetReply``)
+    after the last part hands to ``consumer``."""
+
+    group: int
+    epoch: int
+    origin: str
+    consumer: int
+    attach: int
+    position: int
+    size: int
+    offset: int
+    data: bytes
+
+
+Packet = (Consume | Deliver | Settle | Cancel | Get | GetReply | ConsumeError | Settled
+          | DeliverPart)
 
 
 # -- effects ----------------------------------------------------------------------------------
@@ -279,6 +306,22 @@ def wire_delivery(entry: Entry) -> list[Any]:
     return [entry.position, entry.redelivered, m.exchange, m.routing_key, m.header, m.body]
 
 
+def in_parts(wire: list[Any]) -> list[Any]:
+    """A delivery whose body goes in ``DeliverPart``s as its packet names it: the body
+    empty, its size after it."""
+    return [*wire[:5], b"", len(wire[5])]
+
+
+@dataclass
+class Partial:
+    """A body in parts of the delivery of ``position``: what came so far."""
+
+    position: int
+    size: int
+    chunks: list[bytes] = field(default_factory=list)
+    have: int = 0
+
+
 # -- the primary's side ------------------------------------------------------------------------
 
 
@@ -298,6 +341,7 @@ class HostStats:
     stale: int = 0        # packets of another attachment or epoch, dropped
     gets: int = 0         # Get answered with a message
     marked: int = 0       # positions a re-attach named, found ready and marked redelivered
+    parts: int = 0        # DeliverParts sent (large bodies)
 
 
 class Holder:
@@ -352,11 +396,14 @@ class ConsumerHost:
 
     def __init__(self, group: int, epoch: int, queues: QueueLookup, *,
                  serving: Callable[[], bool] = lambda: True,
-                 soon: Callable[[], None] = lambda: None, unsafe: Unsafe = Unsafe()) -> None:
+                 soon: Callable[[], None] = lambda: None, unsafe: Unsafe = Unsafe(),
+                 part_bytes: int = PART_BYTES, max_bytes: int = MAX_BYTES) -> None:
         """``serving``: whether the group's member serves now (its term and lease: a host
         whose role lapsed hands out nothing); ``soon``: schedule ``flush`` at the end of
         this loop turn (called once per turn that has something to send)."""
         self.group = group
+        self.part_bytes = part_bytes
+        self.max_bytes = max_bytes
         self.epoch = epoch
         self.queues = queues
         self.serving = serving
@@ -389,10 +436,42 @@ class ConsumerHost:
         for rc in flushing.values():
             if rc.pending:
                 self.stats.delivered += len(rc.pending)
-                self.outbox.append(SendTo(rc.node, Deliver(self.group, self.epoch, rc.origin,
-                                                           rc.consumer, rc.attach, rc.pending)))
+                self._deliver(rc.node, rc.origin, rc.consumer, rc.attach, rc.pending)
                 rc.pending = []
         return self._take_outbox()
+
+    def _deliver(self, node: str, origin: str, consumer: int, attach: int,
+                 pending: list[list[Any]]) -> None:
+        """``pending`` as Delivers of at most ``max_bytes`` of headers and bodies (a bigger
+        delivery alone), a body over ``part_bytes`` in ``DeliverPart``s before its own."""
+        at = 0
+        while at < len(pending):
+            take: list[list[Any]] = []
+            size = 0
+            for raw in pending[at:]:
+                body = len(raw[5])
+                if body > self.part_bytes:
+                    if not take:
+                        self._parts(node, origin, consumer, attach, raw)
+                        take.append(in_parts(raw))
+                    break
+                size += len(raw[4]) + body
+                if take and size > self.max_bytes:
+                    break
+                take.append(raw)
+            at += len(take)
+            self.outbox.append(SendTo(node, Deliver(self.group, self.epoch, origin, consumer,
+                                                    attach, take)))
+
+    def _parts(self, node: str, origin: str, consumer: int, attach: int,
+               raw: list[Any]) -> None:
+        body: bytes = raw[5]
+        step = self.part_bytes
+        self.stats.parts += (len(body) + step - 1) // step
+        for offset in range(0, len(body), step):
+            self.outbox.append(SendTo(node, DeliverPart(
+                self.group, self.epoch, origin, consumer, attach, int(raw[0]), len(body),
+                offset, body[offset:offset + step])))
 
     def link_lost(self, node: str) -> list[Effect]:
         """The link to ``node`` went down (or the node died): what its consumers held comes
@@ -556,7 +635,11 @@ class ConsumerHost:
             queue.settle(entry)
         else:
             holder.held[(packet.queue, entry.position)] = (queue, entry)
-        reply(wire_delivery(entry))
+        raw = wire_delivery(entry)
+        if len(raw[5]) > self.part_bytes:
+            self._parts(src, packet.origin, GETTER, packet.attach, raw)
+            raw = in_parts(raw)
+        reply(raw)
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -646,6 +729,9 @@ class ProxyStats:
     gets: int = 0          # Get sent
     gets_failed: int = 0   # answered unavailable (no leader, or lost)
     refused: int = 0       # ConsumeError taken
+    parts: int = 0         # DeliverParts taken (large bodies) ...
+    parts_lost: int = 0    # ... or not following the part before: that body dropped
+    incomplete: int = 0    # deliveries whose body in parts was not whole: sent back (requeue)
 
 
 class ConsumerProxy:
@@ -659,6 +745,8 @@ class ConsumerProxy:
         self.lanes: dict[int, GetLane] = {}
         self.gets: dict[int, tuple[int, str, str, str]] = {}  # request -> group, node, vhost, queue
         self.settles: dict[tuple[int, int, str, str, str], list[int]] = {}
+        # a body in parts per (node, group, consumer): its parts, then its Deliver or GetReply
+        self.partial: dict[tuple[str, int, int], Partial] = {}
         self._next = 1
         self.stats = ProxyStats()
 
@@ -796,10 +884,13 @@ class ConsumerProxy:
         return self._fail_gets(lambda g, n: n == node)
 
     def receive(self, src: str, packet: Packet) -> list[Effect]:
+        if isinstance(packet, DeliverPart):
+            self._part(src, packet)
+            return []
         if isinstance(packet, Deliver):
             return self._delivered(src, packet)
         if isinstance(packet, GetReply):
-            return self._got(packet)
+            return self._got(src, packet)
         if isinstance(packet, ConsumeError):
             return self._refused(src, packet)
         if isinstance(packet, Settled):
@@ -835,20 +926,56 @@ class ConsumerProxy:
         return [SendTo(sub.node, Cancel(sub.group, sub.epoch, self.origin, sub.consumer,
                                         sub.attach, release))]
 
+    def _part(self, src: str, packet: DeliverPart) -> None:
+        key = (src, packet.group, packet.consumer)
+        held = self.partial.get(key)
+        if packet.offset == 0:  # a first part: what was held of another body is lost
+            held = self.partial[key] = Partial(packet.position, packet.size)
+        elif held is None or (held.position, held.size, held.have) != \
+                (packet.position, packet.size, packet.offset):
+            self.stats.parts_lost += 1
+            self.partial.pop(key, None)
+            return
+        data = bytes(packet.data)
+        held.chunks.append(data)
+        held.have += len(data)
+        self.stats.parts += 1
+
+    def _whole(self, src: str, group: int, consumer: int,
+               raw: Sequence[Any]) -> Sequence[Any] | None:
+        """A delivery as it came, or with its body in parts put back together (None: not
+        whole, a part lost)."""
+        if len(raw) <= 6:
+            return raw
+        held = self.partial.pop((src, group, consumer), None)
+        if held is None or held.position != int(raw[0]) or held.size != raw[6] or \
+                held.have != held.size:
+            self.stats.incomplete += 1
+            return None
+        return [*raw[:5], b"".join(held.chunks)]
+
     def _delivered(self, src: str, packet: Deliver) -> list[Effect]:
         sub = self.subs.get(packet.consumer)
         if sub is None or (sub.node, sub.epoch, sub.attach) != \
                 (src, packet.epoch, packet.attach):
             self.stats.stale_deliveries += len(packet.deliveries)
+            self.partial.pop((src, packet.group, packet.consumer), None)
             return []
         if sub.cancelled:  # sent before the host took the cancel: back to the queue
             self.stats.returned += len(packet.deliveries)
+            self.partial.pop((src, packet.group, packet.consumer), None)
             if not sub.no_ack:
                 key = (sub.group, sub.consumer, sub.vhost, sub.queue, REQUEUE)
                 self.settles.setdefault(key, []).extend(int(d[0]) for d in packet.deliveries)
             return []
         out: list[Effect] = []
-        for raw in packet.deliveries:
+        for sent in packet.deliveries:
+            raw = self._whole(src, sub.group, sub.consumer, sent)
+            if raw is None:  # back to the queue: it comes again, flagged
+                if not sub.no_ack:
+                    key = (sub.group, sub.consumer, sub.vhost, sub.queue, REQUEUE)
+                    self.settles.setdefault(key, []).append(int(sent[0]))
+                continue
             d = self._delivery(sub.consumer, sub.group, packet.epoch, packet.attach, sub.vhost,
                                sub.queue, raw)
             if not sub.no_ack:
@@ -857,7 +984,10 @@ class ConsumerProxy:
         self.stats.delivered += len(out)
         return out
 
-    def _got(self, packet: GetReply) -> list[Effect]:
+    def _got(self, src: str, packet: GetReply) -> list[Effect]:
+        raw: Sequence[Any] | None = packet.delivery
+        if raw:
+            raw = self._whole(src, packet.group, GETTER, raw)
         pending = self.gets.pop(packet.request, None)
         if pending is None:
             return []  # failed already (its leader lost)
@@ -868,8 +998,12 @@ class ConsumerProxy:
             return [GetAnswer(packet.request, None, packet.code or UNAVAILABLE)]
         if not packet.delivery:
             return [GetAnswer(packet.request, None)]
-        d = self._delivery(GETTER, group, lane.epoch, lane.attach, vhost, queue,
-                           packet.delivery)
+        if raw is None:  # its body not whole: back to the queue (a no-ack get's is lost)
+            self.stats.gets_failed += 1
+            key = (group, GETTER, vhost, queue, REQUEUE)
+            self.settles.setdefault(key, []).append(int(packet.delivery[0]))
+            return [GetAnswer(packet.request, None, UNAVAILABLE)]
+        d = self._delivery(GETTER, group, lane.epoch, lane.attach, vhost, queue, raw)
         return [GetAnswer(packet.request, d)]
 
     def _refused(self, src: str, packet: ConsumeError) -> list[Effect]:

@@ -175,18 +175,19 @@ def test_wrong_magic_is_noticed_at_the_first_wrong_byte() -> None:
 
 def test_another_protocol_version_is_told_apart() -> None:
     _, a = pair()
-    step = a.receive(b"BRKRHA\x00\x0b")
-    assert step.outcome == Refused("protocol version 11 is not ours (10)") and step.out == b""
+    step = a.receive(b"BRKRHA\x00\x0c")
+    assert step.outcome == Refused("protocol version 12 is not ours (11)") and step.out == b""
 
 
 def test_a_peer_of_a_version_before_replica_checks_is_refused() -> None:
     """Version 1 knows neither ``bp`` nor ``er`` events, version 2 no grouped packet of a
     node running partition groups (codes 20-22), version 3 no ``ck`` event nor
     ``CheckReport`` (a replica check), version 4 no forward of a publish (codes 23-26),
-    version 5 no remote consumer's packet (codes 40-47): each would fail on the first one (a replication error, or an unknown packet code), so
-    all are refused at the handshake."""
-    assert VERSION == 10 and MAGIC == b"BRKRHA\x00\x0a"
-    for old in (1, 2, 3, 4, 5):
+    version 5 no remote consumer's packet (codes 40-47), version 10 no part of a large body
+    forwarded or delivered (codes 27, 48): each would fail on the first one (a replication
+    error, or an unknown packet code), so all are refused at the handshake."""
+    assert VERSION == 11 and MAGIC == b"BRKRHA\x00\x0b"
+    for old in (1, 2, 3, 4, 5, 10):
         dialer, acceptor = pair()
         dialer.start()
         for side in (dialer, acceptor):

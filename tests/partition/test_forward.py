@@ -16,6 +16,7 @@ from brokerha.partition.forward import (
     Forwarded,
     ForwardError,
     ForwardMessage,
+    ForwardPart,
     ForwardReceiver,
     ForwardSender,
     LeaderNotice,
@@ -251,6 +252,115 @@ def test_an_answer_to_an_earlier_start_of_the_node_is_ignored() -> None:
     s.publish(1, {1: msg("x")})
     s.flush(0.0)
     assert s.receive(0.1, Forwarded(1, "a.1", 5, [])) == []
+
+
+def packets(effects: Sequence[Effect]) -> list[Forward | ForwardPart]:
+    """What goes to a leader, in order: parts and forwards."""
+    return [e.packet for e in effects
+            if isinstance(e, ToNode) and isinstance(e.packet, Forward | ForwardPart)]
+
+
+def deliver(r: ForwardReceiver, sent: Sequence[Forward | ForwardPart]) -> list[Effect]:
+    out: list[Effect] = []
+    for p in sent:
+        out += r.part("a", p) if isinstance(p, ForwardPart) else r.receive("a", p)
+    return out
+
+
+def test_a_large_body_goes_in_parts_and_is_put_back_together() -> None:
+    """A body over ``part_bytes`` goes as ForwardParts, then its message alone in a Forward
+    naming its size; the small ones around it go in their own Forwards."""
+    s = ForwardSender("a.1", part_bytes=4)
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    s.publish(1, {1: msg("ab")})
+    s.publish(2, {1: msg("0123456789")})
+    s.publish(3, {1: msg("cd")})
+    sent = packets(s.flush(0.0))
+    assert [type(p).__name__ for p in sent] == ["Forward", "ForwardPart", "ForwardPart",
+                                                "ForwardPart", "Forward", "Forward"]
+    parts = [p for p in sent if isinstance(p, ForwardPart)]
+    assert [(p.fseq, p.size, p.offset, p.data) for p in parts] == \
+        [(2, 10, 0, b"0123"), (2, 10, 4, b"4567"), (2, 10, 8, b"89")]
+    big = sent[4]
+    assert isinstance(big, Forward) and big.first_fseq == 2
+    assert big.messages == [["/", ["1.1"], "", "q", b"h", b"", 10]]
+    assert s.stats.parts == 3
+    log = Log()
+    r = ForwardReceiver(1, 1, log)
+    answers = durable(deliver(r, sent))
+    assert [b for _, _, b in log.applied] == [b"ab", b"0123456789", b"cd"]
+    assert [a.upto_fseq for a in answers] == [1, 2, 3] and r.partial == {}
+    assert r.stats.parts == 3
+    assert confirms(s.receive(0.1, answers[-1])) == [(1, True), (2, True), (3, True)]
+
+
+def test_a_body_missing_a_part_is_not_applied_and_the_retry_sends_it_whole() -> None:
+    log = Log()
+    r = ForwardReceiver(1, 1, log)
+    s = ForwardSender("a.1", part_bytes=4, retry=0.5)
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    s.publish(1, {1: msg("0123456789")})
+    sent = packets(s.flush(0.0))
+    assert deliver(r, [sent[0], sent[2], sent[3]]) == []  # the second part lost
+    assert log.applied == [] and r.stats.parts_lost == 1 and r.stats.incomplete == 1
+    assert "a.1" not in r.marks
+    again = packets(s.tick(0.5))
+    assert [type(p).__name__ for p in again] == ["ForwardPart"] * 3 + ["Forward"]
+    assert durable(deliver(r, again)) == [Forwarded(1, "a.1", 1, [])]
+    assert log.applied == [("a.1", 1, b"0123456789")]
+
+
+def test_a_failover_mid_message_resends_it_whole_to_the_new_leader() -> None:
+    """The old leader got two parts of three and died: the new leader gets every part
+    again, then the Forward, and applies the body once; a later Forward whose parts went
+    to the old leader only is a gap there."""
+    s = ForwardSender("a.1", part_bytes=4)
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    s.publish(1, {1: msg("0123456789")})
+    old = ForwardReceiver(1, 1, Log())
+    deliver(old, packets(s.flush(0.0))[:2])
+    assert old.partial["a.1"].have == 8
+    new_log = Log()
+    new = ForwardReceiver(1, 2, new_log)
+    moved = packets(s.leader(0.3, LeaderNotice(1, 2, "c")))
+    assert [type(p).__name__ for p in moved] == ["ForwardPart"] * 3 + ["Forward"]
+    assert {(p.group, p.epoch) for p in moved} == {(1, 2)}
+    assert durable(deliver(new, moved)) == [Forwarded(1, "a.1", 1, [])]
+    assert new_log.applied == [("a.1", 1, b"0123456789")]
+    # a part of the old epoch reaching the new leader is not held
+    assert new.part("a", ForwardPart(1, 1, "a.1", 2, 10, 0, b"0123")) == [] and not new.partial
+    # a Forward naming a body in parts that never came: nothing applied
+    assert new.receive("a", Forward(1, 2, "a.1", 2, 0, [
+        ForwardMessage.in_parts(msg("0123456789").as_wire())])) == []
+    assert new.stats.incomplete == 1 and len(new_log.applied) == 1
+
+
+def test_a_resent_body_in_parts_is_dropped_below_the_mark_new_primary_included() -> None:
+    """Dedupe holds for large bodies: the retry's parts of a message applied are not held,
+    its Forward is answered, nothing applied twice -- by the same receiver, and by a new
+    primary that read the mark back from its store."""
+    log = Log()
+    r = ForwardReceiver(1, 1, log)
+    s = ForwardSender("a.1", part_bytes=4, retry=0.5)
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    s.publish(1, {1: msg("0123456789")})
+    deliver(r, packets(s.flush(0.0)))  # applied; the answer lost
+    again = packets(s.tick(0.5))
+    assert durable(deliver(r, again)) == [Forwarded(1, "a.1", 1, [])]
+    assert len(log.applied) == 1 and r.stats.parts_deduped == 3 and not r.partial
+    new_log = Log()
+    second = ForwardReceiver(1, 2, new_log, marks=marks_from(1, log.names))
+    moved = packets(s.leader(0.6, LeaderNotice(1, 2, "c")))
+    answers = durable(deliver(second, moved))
+    assert answers == [Forwarded(1, "a.1", 1, [])] and new_log.applied == []
+    assert second.stats.parts_deduped == 3 and second.stats.deduped_recovered == 1
+    assert confirms(s.receive(0.7, answers[0])) == [(1, True)]
+    # unsafe: without the marks the resend is put together and enqueued again
+    twice = Log()
+    unsafe = ForwardReceiver(1, 1, twice, unsafe=Unsafe(no_dedupe=True))
+    deliver(unsafe, again)
+    deliver(unsafe, again)
+    assert [b for _, _, b in twice.applied] == [b"0123456789"] * 2
 
 
 def test_marks_read_back_from_their_names() -> None:

@@ -11,7 +11,6 @@ import pytest
 from pamqp import commands
 
 from brokerha.broker.content import build_header
-from brokerha.broker.errors import PreconditionFailed
 from brokerha.broker.message import Message
 from brokerha.broker.placement import NotLeader
 from brokerha.cluster.messages import Message as Packet
@@ -21,6 +20,7 @@ from brokerha.partition.forward import (
     Forward,
     Forwarded,
     ForwardError,
+    ForwardPart,
     ForwardSender,
     LeaderNotice,
 )
@@ -234,11 +234,12 @@ def test_a_forward_is_confirmed_only_through_its_group_s_gate_and_applied_once(
     assert answers == [True] and queue.message_count == count + 1
 
 
-def test_forwards_are_bounded_in_bytes_and_a_message_too_big_is_refused(
-        wires: Wires, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forwards_are_bounded_in_bytes_and_a_large_body_goes_in_parts(
+        wires: Wires) -> None:
     """A Forward carries at most ``max_bytes`` of headers and bodies (a bigger message
-    alone): the link refuses a packet over 64 MiB, every group's traffic with it. A
-    message too big for one packet is refused (406) before anything is enqueued."""
+    alone): the link refuses a packet over 64 MiB, every group's traffic with it. A body
+    over ``part_bytes`` goes as ForwardParts before its Forward, and the leader enqueues it
+    whole, once, beside the part enqueued here."""
     wires.pump(1)
     n2 = wires.nodes["n2"]
     n2.sender.max_bytes = 2500
@@ -247,12 +248,44 @@ def test_forwards_are_bounded_in_bytes_and_a_message_too_big_is_refused(
     seen = wires.pump()
     sizes = [len(p.messages) for _, _, p in seen if isinstance(p, Forward)]
     assert sizes == [2, 2, 1] and answers == [[True]] * 5
-    monkeypatch.setattr("brokerha.partition.clients.MAX_MESSAGE", 100)
-    vhost = wires.sim.node("n2").broker.vhosts["/"]
-    own = vhost.queues[QUEUES[1]]
-    count = own.message_count
-    _, conn = served(wires.clients["n2"])
-    with pytest.raises(PreconditionFailed, match="cannot be forwarded"):
-        wires.clients["n2"].publish(conn, "/", [own, vhost.queues[QUEUES[0]]],
-                                    message(b"9" * 200), None)
-    assert own.message_count == count
+    n2.sender.part_bytes = 1024
+    own = wires.sim.node("n2").broker.vhosts["/"].queues[QUEUES[1]]
+    theirs = wires.sim.node("n1").broker.vhosts["/"].queues[QUEUES[0]]
+    counts = own.message_count, theirs.message_count
+    body = b"900040" + b"0123456789" * 300  # 3,006 bytes (digits: the checks read them)
+    answers = publish(wires, "n2", [QUEUES[1], QUEUES[0]], body)
+    seen = wires.pump()
+    parts = [p for _, d, p in seen if isinstance(p, ForwardPart) and d == "n1"]
+    assert [(len(p.data), p.offset) for p in parts] == [(1024, 0), (1024, 1024), (958, 2048)]
+    assert answers == [True]
+    assert (own.message_count, theirs.message_count) == (counts[0] + 1, counts[1] + 1)
+    assert list(theirs.ready)[-1].message.body == body == list(own.ready)[-1].message.body
+    assert wires.nodes["n1"].receivers[1].stats.parts == 3
+
+
+def test_parts_to_a_peer_are_spread_over_loop_turns_in_order() -> None:
+    """``Paced``: at most ``per_turn`` bytes of body parts to a peer a loop turn (a 60 MiB
+    body written in one turn held the loop); what follows a part held back waits behind
+    it; another peer's packets go at once."""
+    from brokerha.partition.forwarding import Paced
+
+    sent: list[tuple[str, object]] = []
+    turns: list[Callable[[], None]] = []
+    paced = Paced(lambda node, p: sent.append((node, p)), turns.append, per_turn=10)
+    parts = [ForwardPart(1, 1, "a.1", 1, 24, 4 * i, b"abcd") for i in range(6)]
+    for part in parts:
+        paced.send("n2", part)
+    forward = Forward(1, 1, "a.1", 1, 0, [])
+    paced.send("n2", forward)
+    paced.send("n3", forward)
+    assert sent == [("n2", p) for p in parts[:3]] + [("n3", forward)]
+    sent.clear()
+    while turns:
+        before = len(sent)
+        turns.pop(0)()
+        if len(sent) > before:
+            sent.append(("turn", None))
+    # the next turn: three parts more (10 bytes' budget); the forward the turn after
+    assert sent == [*[("n2", p) for p in parts[3:]], ("turn", None), ("n2", forward),
+                    ("turn", None)]
+    assert paced.turns_held == 1 and not paced.queues

@@ -434,3 +434,88 @@ def test_a_delivery_on_its_way_when_the_host_takes_a_cancel_goes_back_to_the_que
     c.turn()  # sent back as a requeue: nothing left held at the host
     assert host.held() == 0 and [e.position for e in q.ready][:1] == [2]
     assert in_flight  # (the ack's answer)
+
+
+def test_large_bodies_go_in_parts_and_a_deliver_is_bounded_in_bytes() -> None:
+    """A body over ``part_bytes`` goes as DeliverParts, then alone in its Deliver; the
+    small ones around it in Delivers of at most ``max_bytes``; the proxy hands each to the
+    channel whole, in the queue's order."""
+    bodies = [b"s1", b"0123456789", b"s2s2", b"s3s3", b"s4"]
+    broker, q = primary(bodies)
+    header = len(message(b"").header)
+    host = ConsumerHost(GROUP, 1, BrokerForwardLog(broker, GROUP, lambda q: True),
+                        part_bytes=4, max_bytes=2 * (header + 4))
+    proxy = ConsumerProxy("c.1")
+    proxy.leader(LeaderNotice(GROUP, 1, "p"))
+    _, out = proxy.consume(GROUP, "/", "1.1", 10)
+    [attach] = [e.packet for e in out if isinstance(e, SendTo)]
+    host.receive("c", attach)
+    sent = [e.packet for e in host.flush() if isinstance(e, SendTo)]
+    assert [type(p).__name__ for p in sent] == [
+        "Deliver", "DeliverPart", "DeliverPart", "DeliverPart", "Deliver", "Deliver", "Deliver"]
+    assert [len(p.deliveries) for p in sent if isinstance(p, Deliver)] == [1, 1, 2, 1]
+    header_of_big = message(b"0123456789", persistent=True).header
+    assert sent[4].deliveries == [[2, False, "", "q", header_of_big, b"", 10]]
+    assert host.stats.parts == 3
+    got: list[Effect] = []
+    for p in sent:
+        got += proxy.receive("p", p)
+    assert [e.delivery.body for e in got if isinstance(e, Delivered)] == bodies
+    assert proxy.stats.parts == 3 and proxy.partial == {}
+
+
+def test_a_body_missing_a_part_is_sent_back_and_comes_again_whole_and_flagged() -> None:
+    broker, q = primary((b"0123456789",))
+    host = ConsumerHost(GROUP, 1, BrokerForwardLog(broker, GROUP, lambda q: True),
+                        part_bytes=4)
+    proxy = ConsumerProxy("c.1")
+    proxy.leader(LeaderNotice(GROUP, 1, "p"))
+    _, out = proxy.consume(GROUP, "/", "1.1", 1)
+    host.receive("c", out[0].packet)  # type: ignore[union-attr]
+    sent = [e.packet for e in host.flush() if isinstance(e, SendTo)]
+    got: list[Effect] = []
+    for p in [sent[0], *sent[2:]]:  # the second part lost
+        got += proxy.receive("p", p)
+    assert got == [] and proxy.stats.parts_lost == 1 and proxy.stats.incomplete == 1
+    back: list[Effect] = []
+    for e in proxy.flush():  # a requeue of it
+        assert isinstance(e, SendTo) and isinstance(e.packet, Settle)
+        assert e.packet.how == REQUEUE and e.packet.positions == [1]
+        back += host.receive("c", e.packet)
+    again = [e.packet for e in host.flush() if isinstance(e, SendTo)]
+    for p in again:
+        got += proxy.receive("p", p)
+    [d] = [e.delivery for e in got if isinstance(e, Delivered)]
+    assert (d.body, d.redelivered) == (b"0123456789", True)
+
+
+def test_a_get_of_a_large_body_comes_in_parts() -> None:
+    broker, q = primary((b"0123456789",))
+    host = ConsumerHost(GROUP, 1, BrokerForwardLog(broker, GROUP, lambda q: True),
+                        part_bytes=4)
+    proxy = ConsumerProxy("c.1")
+    proxy.leader(LeaderNotice(GROUP, 1, "p"))
+    request, out = proxy.get(GROUP, "/", "1.1")
+    sent = [e.packet for e in host.receive("c", out[0].packet)  # type: ignore[union-attr]
+            if isinstance(e, SendTo)]
+    assert [type(p).__name__ for p in sent] == ["DeliverPart"] * 3 + ["GetReply"]
+    got: list[Effect] = []
+    for p in sent:
+        got += proxy.receive("p", p)
+    [answer] = got
+    assert isinstance(answer, GetAnswer) and answer.request == request
+    assert answer.delivery is not None and answer.delivery.body == b"0123456789"
+    assert q.unacked == 1
+
+
+def test_the_cluster_links_codec_carries_the_parts() -> None:
+    from brokerha.cluster.protocol import PacketCodec
+    from brokerha.partition.forward import ForwardPart
+    from brokerha.partition.remote_consumer import DeliverPart
+
+    packets = [DeliverPart(1, 2, "n1.1", 3, 1, 4, 10, 4, b"4567"),
+               ForwardPart(1, 2, "n1.1", 7, 10, 8, b"89"),
+               Deliver(1, 2, "n1.1", 3, 1, [[4, True, "", "q", b"h", b"", 10]])]
+    codec = PacketCodec()
+    data = b"".join(codec.encode(i, p) for i, p in enumerate(packets))
+    assert [p for _, p in PacketCodec().feed(data)] == packets
