@@ -116,6 +116,7 @@ RABBIT_ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 QUORUM_ARGUMENTS: tuple[tuple[str, str | int], ...] = (
     ("x-queue-type", "quorum"), ("x-queue-leader-locator", "balanced"))
 PY_SPY_RATE = 100
+IDLE_SECONDS = 3.0  # each layout's nodes measured idle once started (timers, heartbeats)
 
 
 # -- CPU caps --------------------------------------------------------------------------
@@ -358,6 +359,7 @@ class Layout:
     declare: Callable[[list[str]], list[str]] | None = None
     client_declares: bool = True  # False: the queues are declared and deleted by the layout
     cleanup: Callable[[], None] | None = None  # after each measurement
+    idle_cpu: float | None = None  # CPUs all its nodes used idle, once started (capped)
 
     def workload(self, name: str) -> Workload:
         return replace(WORKLOADS[name], queue_arguments=self.queue_arguments,
@@ -424,8 +426,18 @@ def started(layout: str, machines: Machines) -> Iterator[Layout]:
         else:
             raise ValueError(layout)
         where = ", ".join(f"{n.label} {n.role[0]}@m{n.machine}" for n in result.nodes)
-        print(f"  ({layout}: ready in {time.monotonic() - t0:.0f} s; {where})", flush=True)
+        result.idle_cpu = idle_cpu([n.pid for n in result.nodes], IDLE_SECONDS)
+        print(f"  ({layout}: ready in {time.monotonic() - t0:.0f} s; {where}; idle "
+              f"{result.idle_cpu:.3f} CPU in all)", flush=True)
         yield result
+
+
+def idle_cpu(pids: Sequence[int], seconds: float) -> float:
+    """CPUs the processes (with their children) used over ``seconds`` with no client."""
+    before, t0 = [sum(tree_cpu_times(pid)) for pid in pids], time.perf_counter()
+    time.sleep(seconds)
+    after, t1 = [sum(tree_cpu_times(pid)) for pid in pids], time.perf_counter()
+    return (sum(after) - sum(before)) / (t1 - t0)
 
 
 def group_leaders(statuses: dict[str, dict[str, object] | None],
@@ -475,9 +487,11 @@ def spread(names: Sequence[str], leaders: dict[int, tuple[str, int]],
     """Queue q's (partition, leader, client node) for the partitioned layouts: leaders
     round-robin over the nodes (``names`` order; within a node, over the partitions it
     leads), so each node leads its share of the queues, as RabbitMQ's balanced locator
-    does; the clients round-robin the other way (node 2q mod N), so with an odd N exactly
-    the queues q = 0 mod N have their clients on their leader: 1/N of them (1/3 of 12
-    on 3 nodes: 2/3 of the publishes forwarded, 2/3 of the consumers remote). With
+    does. Queue q of round r = q // N led by node L gets its clients on node (2 L + r) mod
+    N: each round puts one client on each node (N odd) and one queue's clients on its
+    leader, and over N rounds every (leader, client) pair comes once, so every node both
+    forwards to and takes forwards from every other (on 3 nodes, 12 queues: 4 on their
+    leader, 2/3 of the publishes forwarded and 2/3 of the consumers remote). With
     ``members`` (N > NR + 1: a partition on 3 of the N nodes), a client node that is not
     in the queue's partition is replaced by one of its cells that is not the leader, in
     turn (a node outside the group does not know the queue: its consume is refused 404)."""
@@ -487,7 +501,7 @@ def spread(names: Sequence[str], leaders: dict[int, tuple[str, int]],
     for q in range(queues):
         leader = leading[q % len(leading)]
         partition = led[leader][(q // len(leading)) % len(led[leader])]
-        client = names[(2 * q) % len(names)]
+        client = names[(2 * names.index(leader) + q // len(leading)) % len(names)]
         cells = (members or {}).get(partition) or list(names)
         if client not in cells:
             others = [n for n in cells if n != leader] or [leader]
@@ -499,8 +513,8 @@ def spread(names: Sequence[str], leaders: dict[int, tuple[str, int]],
 def _partitioned(stack: ExitStack, machines: Machines, layout: str) -> Layout:
     """One brokerha cluster of N nodes (one a machine) running partition groups,
     P = ``PARTITIONS``, NR = 2; each queue declared on its partition's leader;
-    ``partitioned``: its clients on node 2q mod N (any node: forwarding and remote
-    consumers); ``partitioned-leader``: on the leader."""
+    ``partitioned``: its clients on another node for (N-1)/N of the queues (``spread``:
+    forwarding and remote consumers); ``partitioned-leader``: on the leader."""
     n = len(machines)
     options: dict[str, float | str | bool] = {**HA_DEFAULTS, "partitions": PARTITIONS,
                                               "partition_groups": True}
@@ -659,6 +673,7 @@ class Figures:
     nodes_us_per_msg: float | None = None
     nodes_loop_us_per_msg: float | None = None  # of it, the event loops'
     loadgen_cpu: float = 0.0  # CPUs used by the load generator (one process)
+    idle_cpu: float | None = None  # CPUs the layout's nodes used idle (Layout.idle_cpu)
     leading_machines: list[int] = field(default_factory=list)  # hold a primary / leader
     notes: list[str] = field(default_factory=list)
     error: str | None = None
@@ -685,7 +700,8 @@ class Figures:
 def measure(layout: Layout, workload: str, args: argparse.Namespace, machines: Machines,
             rnd: int) -> Figures:
     seconds, warmup, cap, py_spy = args.seconds, args.warmup, args.cap, args.py_spy
-    fig = Figures(layout.name, workload, rnd, (os.getloadavg()[0], 0.0), cap)
+    fig = Figures(layout.name, workload, rnd, (os.getloadavg()[0], 0.0), cap,
+                  idle_cpu=layout.idle_cpu)
     marks: dict[str, Mark] = {}
     spies = ExitStack()
     spy_of: dict[int, PySpy] = {}
@@ -833,7 +849,7 @@ def ratios(figs: Sequence[Figures], workload: str, num: str, den: str,
 def report(figs: Sequence[Figures], workloads: Sequence[str], cap: float) -> str:
     head = ["layout", "workload", "msgs/s", "at cap (est.)", "saturated", "p50 ms", "p99 ms",
             f"CPU per machine (cap {cap:.2f})", "throttled periods", "primary µs/msg (loop)",
-            "backup µs/msg (loop)", "all nodes µs/msg (loops)", "of which kernel", "loadgen CPU", "load"]
+            "backup µs/msg (loop)", "all nodes µs/msg (loops)", "of which kernel", "idle CPU", "loadgen CPU", "load"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in figs:
         if f.error:
@@ -849,6 +865,7 @@ def report(figs: Sequence[Figures], workloads: Sequence[str], cap: float) -> str
             f"{_ms(f.backup_us_per_msg)} ({_ms(f.backup_loop_us_per_msg)}) | "
             f"{_ms(f.nodes_us_per_msg)} ({_ms(f.nodes_loop_us_per_msg)}) | "
             f"{'-' if f.kernel_share is None else f'{f.kernel_share:.0%}'} | "
+            f"{'-' if f.idle_cpu is None else f'{f.idle_cpu:.3f}'} | "
             f"{f.loadgen_cpu:.2f} | {f.load[0]:.1f}–{f.load[1]:.1f} |")
     lines.append("")
     for w in workloads:

@@ -51,16 +51,19 @@ def test_partitioned_queues_spread_over_leaders_with_clients_off_them() -> None:
     assert Counter(client for _, _, client in spread) == {"n1": 4, "n2": 4, "n3": 4}
     assert all(leaders[p][0] == leader for p, leader, _ in spread)
     # 1/3 of the queues have their clients on their leader, 2/3 forwarded
-    assert [q for q, (_, leader, client) in enumerate(spread) if leader == client] == [0, 3, 6, 9]
+    assert [q for q, (_, leader, client) in enumerate(spread) if leader == client] == [0, 5, 7, 9]
+    # every node's clients reach every other node's partitions (each forwards, each takes)
+    assert {(leader, client) for _, leader, client in spread} == {
+        (a, b) for a in names for b in names}
     assert len({p for p, _, _ in spread}) == 9  # every partition has a queue
     five = ["a", "b", "c", "d", "e"]
     spread5 = scale_out.spread(five, {p: (five[p % 5], 1) for p in range(9)}, 12)
-    assert sum(leader == client for _, leader, client in spread5) == 3  # q = 0, 5, 10
+    assert sum(leader == client for _, leader, client in spread5) == 2  # q = 0, 9
     # a partition on 3 of the 5 nodes: clients only on its cells, never on the leader more
     cells = {p: [five[(p + i) % 5] for i in range(3)] for p in range(9)}
     within = scale_out.spread(five, {p: (five[p % 5], 1) for p in range(9)}, 12, cells)
     assert all(client in cells[p] for p, _, client in within)
-    assert sum(leader == client for _, leader, client in within) == 3
+    assert sum(leader == client for _, leader, client in within) == 2
     # a node leading nothing gets no queue (its clients still do)
     skewed = {p: (names[p % 2], 1) for p in range(9)}
     assert {leader for _, leader, _ in scale_out.spread(names, skewed, 12)} == {"n1", "n2"}
