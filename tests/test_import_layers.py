@@ -31,7 +31,8 @@ FLOORS: list[set[str]] = [
     {"store", "httpapi"},
     {"broker"},
     {"cluster"},
-    {"files", "seed_runner", "certs", "tls_start", "slices", "gc_hooks", "__init__"},
+    {"files", "seed_runner", "certs", "tls_start", "slices", "gc_hooks", "thread_priority",
+     "__init__"},
     {"native"},
 ]
 

@@ -25,6 +25,7 @@ from brokerha.node.config import (
     parse_choice,
     parse_disk_free_limit,
     parse_listen,
+    parse_nice,
     parse_size,
 )
 
@@ -85,6 +86,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
                         help="auto (default): uvloop if installed, else asyncio's own loop")
+    parser.add_argument("--background-nice", metavar="N",
+                        help="added to the store threads' nice value, 0-19 (default 0)")
     parser.set_defaults(handler=main)
 
 
@@ -149,6 +152,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[NodeConfig, ClusterConfi
         cfg.store.oplog = args.store_oplog == "on"
     if args.event_loop:
         cfg.event_loop = parse_choice(args.event_loop, "--event-loop", EVENT_LOOPS)
+    if args.background_nice is not None:
+        cfg.background_nice = parse_nice(args.background_nice, "--background-nice")
     if args.log_level:
         cfg.log_level = args.log_level
     if cfg.txlog_table is not None:  # after --data: the TxLog journal lives in the data dir
@@ -202,10 +207,12 @@ def main(args: argparse.Namespace) -> int:
     from brokerha.admin.endpoints import install as install_admin_api
     from brokerha.node.server import Node, tune_gc
     from brokerha.store.sql import StoreError
+    from brokerha.thread_priority import set_background_nice
 
     async def run() -> int:
         node = Node(cfg, cluster)
         node.reset_definitions = args.reset_definitions
+        set_background_nice(cfg.background_nice)  # the store's threads, started by the node
         install_admin_api(node)  # /, /metrics, /api/queues, ... (brokerha/admin/)
         if cluster is not None and cluster.groups_on:  # issue 35 stage 2: partition groups
             from brokerha.node.ha_groups import GroupsNode

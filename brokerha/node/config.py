@@ -103,6 +103,9 @@ class NodeConfig:
     users: list[UserConfig] = field(default_factory=list)
     permissions: list[PermissionConfig] = field(default_factory=list)
     tick_interval: float = 0.1
+    # added to the nice value of the node's background threads (the store's writer and
+    # operation log), 0-19; 0 (default): as the process's (thread_priority.py)
+    background_nice: int = 0
     # the disk alarm (node/disk.py): free space under which publishers are blocked
     disk_free_limit: DiskFreeLimit = field(default_factory=DiskFreeLimit)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -175,7 +178,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 _SECTIONS = {"node", "limits", "security", "store", "vhosts", "users", "permissions",
              "cluster", "txlog", "tls"}
 _NODE_KEYS = {"name", "listen", "data", "log_level", "tick_interval", "admin", "event_loop",
-              "amqps_listen", "https_listen"}
+              "amqps_listen", "https_listen", "background_nice"}
 _TLS_KEYS = {"cert", "key", "ca", "verify_peer", "fail_if_no_peer_cert", "login_from"}
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 _LIMIT_KEYS = {"frame_max", "channel_max", "heartbeat", "max_message_size", "memory_limit",
@@ -183,6 +186,14 @@ _LIMIT_KEYS = {"frame_max", "channel_max", "heartbeat", "max_message_size", "mem
 _SIZE_KEYS = ("max_message_size", "memory_limit", "queue_max_memory", "node_max_memory")
 _SECURITY_KEYS = {"default_user", "loopback_users"}
 _STORE_KEYS = {"url", "synchronous", "oplog"}
+
+
+def parse_nice(value: Any, key: str) -> int:
+    """A nice value's increment, 0 to 19."""
+    if isinstance(value, bool) or not isinstance(value, int | str) or \
+            not str(value).strip().isdigit() or int(value) > 19:
+        raise ConfigError(f"{key}: expected a whole number from 0 to 19, got {value!r}")
+    return int(value)
 
 
 def check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -297,6 +308,8 @@ def apply_document(doc: dict[str, Any], cfg: NodeConfig, where: str = "config") 
         cfg.tick_interval = float(node["tick_interval"])
     if "event_loop" in node:
         cfg.event_loop = parse_choice(node["event_loop"], "node.event_loop", EVENT_LOOPS)
+    if "background_nice" in node:
+        cfg.background_nice = parse_nice(node["background_nice"], "node.background_nice")
     if "admin" in node:
         parse_admin(str(node["admin"]), cfg)
     if "cluster" in doc:

@@ -66,6 +66,7 @@ from brokerha.store.batch import (
     runs_of,
 )
 from brokerha.store.writer import ApplyPolicy, DiskFull, Writer
+from brokerha.thread_priority import lower_this_thread
 
 log = logging.getLogger("brokerha.store")
 
@@ -498,6 +499,7 @@ class LogAppender(threading.Thread):
             return done
 
     def run(self) -> None:
+        lower_this_thread()  # [node] background_nice: the event loop's thread first
         try:
             self._serve()
         except Exception as exc:

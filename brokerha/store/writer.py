@@ -29,6 +29,7 @@ from brokerha.store.runs import (
     write_runs,
 )
 from brokerha.store.schema import Statements
+from brokerha.thread_priority import lower_this_thread
 
 log = logging.getLogger("brokerha.store")
 
@@ -240,6 +241,7 @@ class Writer(threading.Thread):
     # -- writer thread -------------------------------------------------------------------
 
     def run(self) -> None:
+        lower_this_thread()  # [node] background_nice: the event loop's thread first
         try:
             conn = self._connect()
             self.runs.load(conn, self.statements)
