@@ -257,8 +257,10 @@ def test_coordinator_killed_during_declarations() -> None:
         missing = [(node, kind, name) for node in sorted(names) for kind, name in acked
                    if not exists(cluster, node, kind, name)]
         assert not missing, missing[:10]
+        counters = {n: ((cluster.status(n) or {}).get("node", {}).get("declarations") or {})
+                    .get("requests") for n in sorted(names)}
         print(f"{len(acked)} declarations answered ok ({before} before the kill), "
-              f"{len(closed)} connections closed: {closed[:4]}")
+              f"{len(closed)} connections closed: {closed[:4]}; requests {counters}")
 
 
 def leader_known(cluster: LocalCluster, names: set[str], group: str) -> bool:
