@@ -116,6 +116,9 @@ RABBIT_ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 QUORUM_ARGUMENTS: tuple[tuple[str, str | int], ...] = (
     ("x-queue-type", "quorum"), ("x-queue-leader-locator", "balanced"))
 PY_SPY_RATE = 100
+# brokerha's timings: HA_DEFAULTS (docs/ha.md's defaults), lease and election timeouts
+# times --slow-timers (main sets it)
+OPTIONS: dict[str, float | str] = dict(HA_DEFAULTS)
 IDLE_SECONDS = 3.0  # each layout's nodes measured idle once started (timers, heartbeats)
 
 
@@ -379,7 +382,7 @@ def _brokerha_cluster(
 ) -> tuple[LocalCluster, str, list[Node], Callable[[], str | None]]:
     """Start one cluster of ``size`` nodes; node i from its primary goes to machine
     (i + k) % machines."""
-    cluster = stack.enter_context(LocalCluster(size, options=HA_DEFAULTS))
+    cluster = stack.enter_context(LocalCluster(size, options=OPTIONS))
     primary = wait_all_ready(cluster)
     order = [primary] + [n for n in cluster.names if n != primary]
     nodes = []
@@ -516,7 +519,7 @@ def _partitioned(stack: ExitStack, machines: Machines, layout: str) -> Layout:
     ``partitioned``: its clients on another node for (N-1)/N of the queues (``spread``:
     forwarding and remote consumers); ``partitioned-leader``: on the leader."""
     n = len(machines)
-    options: dict[str, float | str | bool] = {**HA_DEFAULTS, "partitions": PARTITIONS,
+    options: dict[str, float | str | bool] = {**OPTIONS, "partitions": PARTITIONS,
                                               "partition_groups": True}
     cluster = stack.enter_context(LocalCluster(n, options=options))
     cluster.wait_primary(60)
@@ -930,6 +933,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "(0.6 for 3, 0.36 for 5: the same total)")
     p.add_argument("--period-us", type=int, default=100_000, help="CFS period")
     p.add_argument("--no-rabbitmq", action="store_true", help="leave out rabbitmq-quorum")
+    p.add_argument("--slow-timers", type=float, default=1.0, metavar="K",
+                   help="brokerha's lease and election timeouts K times docs/ha.md's defaults "
+                        "(0.4 and 0.6 s): on a box whose load starves the capped nodes for "
+                        "longer than a lease, the default timers elect mid-run")
     p.add_argument("--py-spy", type=Path, metavar="DIR",
                    help="py-spy record the brokerha nodes in each measured window (raw stacks "
                         "and per-message summaries into DIR; py-spy on PATH)")
@@ -953,6 +960,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if not (0 < args.seconds <= 120 and 0 <= args.warmup <= 60 and 1 <= args.rounds <= 10
             and 0.05 <= args.cap <= 4 and 1 <= args.queues <= 120
             and 1 <= args.publishers <= 8 and 1 <= args.tx_publishers <= 8
+            and 1 <= args.slow_timers <= 10
             and 1000 <= args.period_us <= 1_000_000):
         p.error("keep runs bounded: 0 < --seconds <= 120, --warmup <= 60, 1 <= --rounds <= 10, "
                 "0.05 <= --cap <= 4, 1 <= --queues <= 120")
@@ -992,6 +1000,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     loadgen.selftest()
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    for key in ("lease_timeout", "election_timeout"):
+        OPTIONS[key] = float(HA_DEFAULTS[key]) * args.slow_timers
     layouts = list(args.layouts)
     if "rabbitmq-quorum" in layouts and not rabbitmq_available():
         print("rabbitmq-server is not installed: brokerha layouts only", flush=True)
@@ -1001,6 +1011,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started_at = datetime.now(UTC)
     uptime = [subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]
     code = code_state()
+    if args.slow_timers != 1:
+        code += (f"; lease and election timeouts x{args.slow_timers:g} "
+                 f"({OPTIONS['lease_timeout']:g} and {OPTIONS['election_timeout']:g} s)")
     print(f"code: {code}", flush=True)
     figs: list[Figures] = []
     t0 = time.monotonic()
