@@ -57,11 +57,14 @@ def spread(cluster: LocalCluster) -> Layout:
         groups = (cluster.status(idle[0]) or {})["node"]["groups"]
         moved = next(p for node, ps in by_node.items() if len(ps) > 1 for p in ps
                      if idle[0] in groups[str(p + 1)]["members"])
-        until("the hand-over taken", lambda: promote(cluster, leaders[str(moved + 1)],
-                                                     idle[0], moved))
-        until("the new leader serves", lambda: (one_leader_each(cluster, names) or {}).get(
-            str(moved + 1)) == idle[0])
+        hand_over(cluster, leaders[str(moved + 1)], idle[0], moved)
     return one_partition_each(cluster)
+
+
+def hand_over(cluster: LocalCluster, leader: str, to: str, partition: int) -> None:
+    until("the hand-over taken", lambda: promote(cluster, leader, to, partition))
+    until("the new leader serves", lambda: (one_leader_each(cluster, cluster.names) or {}).get(
+        str(partition + 1)) == to)
 
 
 def setup(cluster: LocalCluster) -> tuple[Layout, dict[str, str]]:
@@ -112,13 +115,16 @@ def test_commits_across_partitions_are_whole() -> None:
         ch.basic_publish("", queues[a], b"a", props(1))  # A's own partition: a local TX
         ch.basic_publish("", queues[a], b"a", props(2))
         ch.tx_commit()
+        ch.basic_publish("", queues[a], b"a", props(3))  # A's and B's: A's branch in process
+        ch.basic_publish("", queues[b], b"b", props(n))
+        ch.tx_commit()
         status = transactions(cluster, a)
         conn.close()
         committed = [str(i) for i in range(n) if i % 5 != 4]
-        assert drain_ids(cluster, b, queues[b]) == committed
+        assert drain_ids(cluster, b, queues[b]) == [*committed, str(n)]
         assert drain_ids(cluster, c, queues[c]) == committed
-        assert drain_ids(cluster, a, queues[a]) == ["1", "2"]
-        assert status["begun"] == status["committed"] == len(committed), status
+        assert drain_ids(cluster, a, queues[a]) == ["1", "2", "3"]
+        assert status["begun"] == status["committed"] == len(committed) + 1, status
         assert status["refused"] == 0, status
         until("nothing held prepared", lambda: settled(cluster, [a, b, c]))
         print(f"{len(committed)} commits across two partitions from {a} in {took:.2f}s "
@@ -126,7 +132,8 @@ def test_commits_across_partitions_are_whole() -> None:
 
 
 def test_acknowledging_in_a_transaction_across_partitions_is_refused() -> None:
-    """An ack in a transaction whose commit goes to the coordinator: 540, nothing done."""
+    """An ack in a transaction whose commit goes to the coordinator (of a message of A's
+    queue beside a publish to B's, or of B's queue got on A): 540, nothing done."""
     with LocalCluster(3, options=OPTIONS) as cluster:
         layout, queues = setup(cluster)
         a, b, c = layout.a, layout.b, layout.c
@@ -144,6 +151,21 @@ def test_acknowledging_in_a_transaction_across_partitions_is_refused() -> None:
         assert "acknowledging" in closed.value.reply_text
         assert drain_ids(cluster, a, queues[a]) == ["7"]  # requeued with the connection
         assert drain_ids(cluster, b, queues[b]) == []
+        # a message of B's queue got on A (a remote consumer's) and acknowledged in a
+        # transaction: refused too, the message requeued on B
+        conn = connect(cluster, b)
+        conn.channel().basic_publish("", queues[b], b"b", props(9))
+        conn.close()
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        ch.tx_select()
+        method, _props, _body = ch.basic_get(queues[b])
+        assert method is not None
+        ch.basic_ack(method.delivery_tag)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            ch.tx_commit()
+        assert closed.value.reply_code == 540, closed.value
+        assert until("B's message requeued", lambda: drain_ids(cluster, b, queues[b])) == ["9"]
         assert drain_ids(cluster, c, queues[c]) == []
 
 
