@@ -372,8 +372,11 @@ class GroupClients:
             groups.setdefault(group, []).append(queue)
         partitioned = [g for g in groups if g is not None]
         forwarding = self.forwarding
+        # a lane under way to a group served here: its publishes go that way too (their
+        # order kept), but acknowledgements can only be committed here
         if len(partitioned) <= 1 and all(self._serves(g) and (
-                forwarding is None or not forwarding.under_way(g)) for g in partitioned):
+                forwarding is None or acked or not forwarding.under_way(g))
+                for g in partitioned):
             for group in partitioned:
                 for queue in groups[group]:
                     self.check_queue(client, queue.vhost, queue.name, queue.arguments, False)
