@@ -337,6 +337,30 @@ class ManagementAPI:
         if groups is not None:
             groups.check_queue(None, vhost, name, arguments, exclusive)
 
+    def _via_leader(self, vhost: str, name: str, arguments: Any, op: str,
+                    args: list[Any], then: Callable[[list[Any]], Any]) -> Any:
+        """A queue method of a partition led elsewhere: asked of its leader
+        (partition/declarations.py), ``then(result)`` its answer (a coroutine); None:
+        decided here (``_guard_queue``)."""
+        groups = self.node.broker.groups
+        pending = None if groups is None else groups.queue_request(vhost, name, arguments,
+                                                                   op, args)
+        if pending is None:
+            return None
+
+        async def answered() -> Any:
+            from brokerha.partition.declarations import CONNECTION_FORCED, LeaderRefused
+
+            try:
+                result = await pending
+            except LeaderRefused as exc:
+                if exc.code == CONNECTION_FORCED:  # no answer: its outcome is unknown
+                    raise ManagementError(503, "service_unavailable", exc.text) from None
+                raise
+            return then(result)
+
+        return answered()
+
     def _guard_configuration(self, what: str) -> None:
         groups = self.node.broker.groups
         if groups is not None:
@@ -755,7 +779,7 @@ class ManagementAPI:
         partition, leader = groups.queue_home(q)
         return {"partition": partition, "leader": leader}
 
-    def declare_queue(self, call: Call) -> Response:
+    def declare_queue(self, call: Call) -> Any:
         vh = self._vhost(call, call.params["vhost"])
         name = call.params["name"]
         existed = name in vh.queues
@@ -763,6 +787,13 @@ class ManagementAPI:
         self._check(call, "configure", vh.name, "queue", name)
         if _bool(body.get("exclusive"), False):
             raise bad_request("exclusive queues belong to an AMQP connection; declare them there")
+        remote = self._via_leader(
+            vh.name, name, _arguments(body), "queue.declare",
+            [vh.name, name, False, _bool(body.get("durable"), True),
+             _bool(body.get("auto_delete"), False), _arguments(body)],
+            lambda _result: Response(204 if existed else 201, b""))
+        if remote is not None:
+            return remote
         self._guard_queue(vh.name, name, _arguments(body))
         vh.declare_queue(name, owner=None, durable=_bool(body.get("durable"), True),
                          auto_delete=_bool(body.get("auto_delete"), False),
@@ -771,9 +802,15 @@ class ManagementAPI:
                  vh.name)
         return Response(204 if existed else 201, b"")
 
-    def delete_queue(self, call: Call) -> None:
+    def delete_queue(self, call: Call) -> Any:
         q = self._queue(call)
         self._check(call, "configure", q.vhost, "queue", q.name)
+        remote = self._via_leader(
+            q.vhost, q.name, q.arguments, "queue.delete",
+            [q.vhost, q.name, _flag(call.request, "if-unused"), _flag(call.request, "if-empty")],
+            lambda _result: None)
+        if remote is not None:
+            return remote
         self._guard_queue(q.vhost, q.name, q.arguments, q.exclusive_owner is not None)
         self.node.broker.vhosts[q.vhost].delete_queue(
             q.name, owner=None, if_unused=_flag(call.request, "if-unused"),
@@ -781,9 +818,13 @@ class ManagementAPI:
         log.info("management API: %s deleted queue '%s' in vhost '%s'", call.user.name, q.name,
                  q.vhost)
 
-    def purge(self, call: Call) -> None:
+    def purge(self, call: Call) -> Any:
         q = self._queue(call)
         self._check(call, "read", q.vhost, "queue", q.name)
+        remote = self._via_leader(q.vhost, q.name, q.arguments, "queue.purge",
+                                  [q.vhost, q.name], lambda _result: None)
+        if remote is not None:
+            return remote
         self._guard_queue(q.vhost, q.name, q.arguments, q.exclusive_owner is not None)
         count = self.node.broker.vhosts[q.vhost].purge_queue(q.name, None)
         log.info("management API: %s purged %d messages of queue '%s' in vhost '%s'",
@@ -884,7 +925,7 @@ class ManagementAPI:
         return [_binding_entry(vh.name, source.name, kind, dest.name, b.routing_key, b.arguments)
                 for b in source.bindings.values() if b.destination is dest]
 
-    def bind(self, call: Call) -> Response:
+    def bind(self, call: Call) -> Any:
         vh, source, dest, kind = self._endpoints(call)
         body = call.body()
         key = body.get("routing_key", "")
@@ -892,6 +933,12 @@ class ManagementAPI:
             raise bad_request("routing_key: a string")
         self._check(call, "write", vh.name, kind, dest.name)
         self._check(call, "read", vh.name, "exchange", source.name)
+        if kind == "queue":
+            remote = self._via_leader(vh.name, dest.name, dest.arguments, "queue.bind",
+                                      [vh.name, dest.name, source.name, key, _arguments(body)],
+                                      lambda _result: Response(201, b""))
+            if remote is not None:
+                return remote
         self._guard_destination(vh.name, dest, kind)
         vh.bind(source.name, dest, key, _arguments(body))
         return Response(201, b"")
@@ -908,10 +955,17 @@ class ManagementAPI:
         vh, source, dest, kind, b = self._binding(call)
         return _binding_entry(vh.name, source.name, kind, dest.name, b.routing_key, b.arguments)
 
-    def unbind(self, call: Call) -> None:
+    def unbind(self, call: Call) -> Any:
         vh, source, dest, kind, b = self._binding(call)
         self._check(call, "write", vh.name, kind, dest.name)
         self._check(call, "read", vh.name, "exchange", source.name)
+        if kind == "queue":
+            remote = self._via_leader(
+                vh.name, dest.name, dest.arguments, "queue.unbind",
+                [vh.name, dest.name, source.name, b.routing_key, dict(b.arguments or {})],
+                lambda _result: None)
+            if remote is not None:
+                return remote
         self._guard_destination(vh.name, dest, kind)
         vh.unbind(source.name, dest, b.routing_key, b.arguments)
 

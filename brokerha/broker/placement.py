@@ -17,7 +17,7 @@ read it and the broker model is what it describes; it imports nothing of HA.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -130,6 +130,11 @@ class GroupGuard(Protocol):
         """A queue method (declare, bind, unbind, purge, delete) of ``name``: True if its
         group is served elsewhere and it went to that group's leader (the channel answered
         later, partition/declarations.py); False: decided here as before."""
+
+    def queue_request(self, vhost: str, name: str, arguments: Mapping[str, Any] | None,
+                      op: str, args: list[Any]) -> Awaitable[list[Any]] | None:
+        """The management API's queue method: an awaitable of its group's leader's answer if
+        that group is served elsewhere (partition/declarations.py), else None."""
 
     def configuration_remote(self, channel: Any, method: Any) -> bool:
         """An exchange method changing the configuration: True if it went to the metadata

@@ -50,7 +50,7 @@ queue's partition:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from pamqp import commands
@@ -299,6 +299,30 @@ class GroupClients:
             return False
         declarations.queue_method(channel, group, method, name)
         return True
+
+    def queue_request(self, vhost: str, name: str, arguments: Mapping[str, Any] | None,
+                      op: str, args: list[Any]) -> Awaitable[list[Any]] | None:
+        """The management API's ``op`` (``partition/declarations.py``'s ``QUEUE_OPS``) of
+        the queue ``name``: if its partition is served elsewhere, asked of its leader (the
+        awaitable's result is the leader's, or it raises ``LeaderRefused``); None: served
+        here, exclusive, or no table yet (``check_queue`` decides as before)."""
+        declarations = self.declarations
+        if declarations is None:
+            return None
+        host = self.member.broker.vhosts.get(vhost)
+        local = None if host is None else host.queues.get(name)
+        if local is not None:
+            if local.exclusive_owner is not None:
+                return None
+            arguments = local.arguments
+        try:
+            group = self.group_of_queue(vhost, name, arguments, False)
+        except NotLeader:
+            return None
+        if group is None or self._serves(group):
+            return None
+        future: Awaitable[list[Any]] = declarations.request(group, op, args)
+        return future
 
     def configuration_remote(self, channel: Any, method: Any) -> bool:
         """exchange.declare (of an exchange this node does not hold), delete, bind or unbind,

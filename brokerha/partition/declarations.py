@@ -86,6 +86,18 @@ class MetaReply(Message):
 PACKETS = (MetaRequest, MetaReply)
 
 
+class LeaderRefused(BrokerError):
+    """The group's leader refused a request (its AMQP code and reply text), or the
+    connection's answer was forced (``CONNECTION_FORCED``): what the management API's
+    request gets (``NodeDeclarations.request``)."""
+
+    def __init__(self, code: int, reply_text: str) -> None:
+        name, _, text = reply_text.partition(" - ")
+        super().__init__(text or reply_text)
+        self.code = code
+        self.name = name if text else "ERROR"
+
+
 # -- effects ------------------------------------------------------------------------------------
 
 
@@ -489,6 +501,8 @@ class NodeDeclarations:
                                     apply=BrokerOps(member.broker).apply)
         # request -> (channel, answer(result) -> the method to send or None, op)
         self.channels: dict[int, tuple[Any, Callable[[list[Any]], Any], str]] = {}
+        # request -> the management API's future (``request``)
+        self.futures: dict[int, Any] = {}
 
     # -- what the core asks ----------------------------------------------------------------
 
@@ -582,6 +596,18 @@ class NodeDeclarations:
         ch.block()  # the channel's later frames wait for the answer, in order
         self.carry_out(out)
 
+    def request(self, group: int, op: str, args: list[Any]) -> Any:
+        """The management API's request (no channel): an ``asyncio.Future`` of the leader's
+        result, or of ``LeaderRefused``."""
+        import asyncio
+
+        future = asyncio.get_running_loop().create_future()
+        after = copy_position(self.member.metadata) if group else [-1, 0]
+        request, out = self.requests.ask(self.clock(), group, op, args, after)
+        self.futures[request] = future
+        self.carry_out(out)
+        return future
+
     # -- the shell's calls ------------------------------------------------------------------
 
     def notice(self, notice: Any) -> None:
@@ -656,6 +682,15 @@ class NodeDeclarations:
         from brokerha.amqp.channel import OPEN
         from brokerha.amqp.errors import AMQPError
 
+        future = self.futures.pop(effect.request, None)
+        if future is not None:
+            if future.done():
+                return
+            if effect.code == 0:
+                future.set_result(effect.result)
+            else:
+                future.set_exception(LeaderRefused(effect.code, effect.text))
+            return
         held = self.channels.pop(effect.request, None)
         if held is None:
             return

@@ -16,6 +16,7 @@ import base64
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -137,6 +138,29 @@ def test_declare_bind_publish_consume_across_three_nodes() -> None:
             objects = {q["name"]: q for q in api_get(cluster, a, "/api/queues")}
             assert objects[other]["partition"] == layout.partition
             assert objects[other]["leader"] == leader
+            # the management API (answered by A) declares, binds, purges and deletes a queue
+            # of a partition another node leads through that leader, as the AMQP methods
+            elsewhere = [p for p in range(3) if layout.leaders[str(p + 1)] != a]
+            if elsewhere:
+                api_q = name_in(elsewhere[0], "decl-api")
+                q_path = f"/api/queues/%2F/{api_q}"
+                assert api(cluster, c, "PUT", q_path, {"durable": True}) == (201, "")
+                assert api(cluster, b, "PUT", q_path, {"durable": True}) == (204, "")
+                status, reason = api(cluster, a, "PUT", q_path, {"durable": False})
+                assert status == 400 and "inequivalent arg 'durable'" in reason, reason
+                ch_b.exchange_declare("decl-api-x", "fanout", durable=True)
+                assert api(cluster, c, "POST", f"/api/bindings/%2F/e/decl-api-x/q/{api_q}",
+                           {"routing_key": ""}) == (201, "")
+                ch_a.basic_publish("decl-api-x", "", b"via-api", props(1), mandatory=True)
+                assert until("the message on the queue", lambda: ch_c.queue_declare(
+                    api_q, passive=True).method.message_count == 1)
+                assert api(cluster, b, "DELETE", f"{q_path}/contents") == (204, "")
+                assert ch_c.queue_declare(api_q, passive=True).method.message_count == 0
+                assert api(cluster, c, "DELETE", q_path) == (204, "")
+                assert not exists(cluster, c, "queue", api_q)
+                ch_b.exchange_delete("decl-api-x")
+                print(f"management API: a queue of partition {elsewhere[0]}, led by "
+                      f"{layout.leaders[str(elsewhere[0] + 1)]}, asked of A = {a}")
             ch_b.queue_unbind(queue, "decl-x", routing_key="k")  # idempotent, as RabbitMQ's
             ch_c.exchange_delete("decl-x")
             assert not exists(cluster, a, "exchange", "decl-x")
@@ -152,6 +176,22 @@ def api_get(cluster: LocalCluster, node: str, path: str) -> Any:
             "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
     with urllib.request.urlopen(request, timeout=10) as answer:
         return json.loads(answer.read())
+
+
+def api(cluster: LocalCluster, node: str, method: str, path: str,
+        body: Any = None) -> tuple[int, str]:
+    """A management API request on ``node`` (answered by the metadata primary): (status,
+    the reason of an error)."""
+    request = urllib.request.Request(
+        f"{cluster.admin_url(node)}{path}", method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"content-type": "application/json", "authorization": "Basic "
+                 + base64.b64encode(b"guest:guest").decode()})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, str(json.loads(exc.read() or b"{}").get("reason"))
 
 
 def exists(cluster: LocalCluster, node: str, kind: str, name: str) -> bool:

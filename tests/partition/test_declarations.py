@@ -347,3 +347,26 @@ def test_broker_ops_answer_as_the_vhost() -> None:
     assert ops.apply("queue.delete", ["/", "missing", False, False]) == [0]
     ops.apply("exchange.delete", ["/", "x", False])
     ops.apply("exchange.delete", ["/", "x", False])  # a missing one: ok, as RabbitMQ 3.x
+
+
+def test_the_management_apis_request_is_a_future_of_the_leaders_answer(net: Net) -> None:
+    """``NodeDeclarations.request`` (the management API's, no channel): the leader's
+    result, or ``LeaderRefused`` with its code and text."""
+    import asyncio
+
+    from brokerha.partition.declarations import LeaderRefused
+
+    name = name_in(2, "api")  # partition 2: n3 leads it; asked on n1
+    node = net.nodes["n1"]
+
+    async def ask(args: list[Any]) -> Any:
+        future = node.request(group_of(2), "queue.declare", args)
+        net.pump()
+        return await future
+
+    assert asyncio.run(ask(["/", name, False, True, False, {}])) == [name, 0, 0]
+    assert name in net.sim.node("n1").broker.vhosts["/"].queues  # read-your-writes
+    with pytest.raises(LeaderRefused) as refused:
+        asyncio.run(ask(["/", name, False, False, False, {}]))
+    assert refused.value.code == 406 and refused.value.reply_text.startswith(
+        "PRECONDITION_FAILED - inequivalent arg 'durable'")
