@@ -56,7 +56,7 @@ from typing import Any
 from pamqp import commands
 
 from brokerha.broker.errors import NotImplementedByBroker, PreconditionFailed
-from brokerha.broker.message import Message
+from brokerha.broker.message import Entry, Message
 from brokerha.broker.placement import METADATA_GROUP, NotLeader
 from brokerha.broker.queue import Queue
 from brokerha.broker.transaction import Transaction
@@ -385,8 +385,10 @@ class GroupClients:
         one group this node serves (or of none) -- or None: it spans partitions (or its
         partition is led elsewhere) and the node's coordinator commits it, ``answer
         (committed, reason)`` once every partition committed durably (or none did).
-        Refused (540) before anything is done: acknowledgements in a transaction that
-        goes to the coordinator, an exclusive queue beside other partitions' queues."""
+        Its acknowledgements of messages of groups served here go to those partitions'
+        branches (``XDequeue``). Refused (540) before anything is done: one of a message
+        of a group led elsewhere (a remote consumer's), a reject or nack, an exclusive
+        queue beside other partitions' queues."""
         published = [q for queues, _ in tx.publishes for q in queues]
         acked = [q for q, _ in tx.accepts] + [q for q, _, _ in tx.rejects]
         groups: dict[int | None, list[Queue]] = {}
@@ -409,12 +411,28 @@ class GroupClients:
         if transactions is None:
             raise NotImplementedByBroker("a transaction across partitions on this node (no "
                                          "coordinator)")
-        if acked:
+        if tx.rejects:
             raise NotImplementedByBroker(
-                "a transaction acknowledging messages whose commit goes to other partitions' "
-                "leaders (its queues are in partitions "
-                f"{sorted(g - 1 for g in partitioned)}, not all led by this node): acknowledge "
-                "in a transaction on the leader of the one partition it touches, or outside it")
+                "basic.reject or basic.nack in a transaction whose commit goes to other "
+                "partitions' leaders (its queues are in partitions "
+                f"{sorted(g - 1 for g in partitioned)}): reject outside the transaction")
+        handed: dict[int, list[tuple[Queue, Entry]]] = {}
+        for queue, entry in tx.accepts:
+            group = self.group_of_queue(queue.vhost, queue.name, queue.arguments,
+                                        queue.exclusive_owner is not None)
+            host = self.member.broker.vhosts.get(queue.vhost)
+            if group is None or not self._serves(group) or host is None \
+                    or host.queues.get(queue.name) is not queue:
+                raise NotImplementedByBroker(
+                    f"a transaction acknowledging a message of queue '{queue.name}' (in "
+                    f"partition {'none' if group is None else group - 1}, not led by this "
+                    "node, or got through a remote consumer) whose commit goes to other "
+                    "partitions' leaders: acknowledge it outside the transaction, or in one "
+                    "on the leader of its partition")
+            handed.setdefault(group, []).append((queue, entry))
+        for entries in handed.values():
+            for queue in {id(q): q for q, _ in entries}.values():
+                self.check_queue(client, queue.vhost, queue.name, queue.arguments, False)
         if None in groups:
             raise NotImplementedByBroker("a transaction publishing to an exclusive queue and "
                                          "to queues of partitions led elsewhere")
@@ -440,8 +458,10 @@ class GroupClients:
             raise PreconditionFailed(f"a transaction of {size} bytes across partitions (at "
                                      f"most {XTX_MAX_BYTES}: one packet carries a partition's "
                                      "share): commit it in smaller transactions")
-        tx.rollback()  # nothing of it is applied here: the partitions' leaders apply it
-        transactions.commit(branches, answer)
+        # nothing of it is applied here: the partitions' leaders apply it; the entries it
+        # acknowledged stay acquired, handed to their partitions' branches
+        tx.rollback()
+        transactions.commit(branches, answer, handed)
         return None
 
     def _serves(self, group: int) -> bool:
