@@ -50,6 +50,8 @@ from typing import Any
 
 from brokerha.broker.broker import Broker
 from brokerha.broker.errors import NotImplementedByBroker
+from brokerha.broker.message import Entry
+from brokerha.broker.queue import Queue
 from brokerha.cluster.messages import Message, packet
 from brokerha.partition.forward import ForwardMessage, LeaderNotice
 from brokerha.partition.member import PartitionedMember
@@ -76,7 +78,7 @@ from brokerha.partition.xtx import (
     XPrepared,
     XRollback,
 )
-from brokerha.partition.xtx_broker import BrokerTransactions
+from brokerha.partition.xtx_broker import BrokerTransactions, Held
 
 log = logging.getLogger("brokerha.partition")
 
@@ -182,12 +184,19 @@ def parse_hold(text: str) -> dict[type, float]:
 class _Rules:
     """One served group's rules, for the epoch they were made in."""
 
-    __slots__ = ("group", "epoch", "rules")
+    __slots__ = ("group", "epoch", "rules", "txs")
 
-    def __init__(self, group: int, epoch: int, rules: DecisionRules) -> None:
+    def __init__(self, group: int, epoch: int, rules: DecisionRules,
+                 txs: BrokerTransactions) -> None:
         self.group = group
         self.epoch = epoch
         self.rules = rules
+        self.txs = txs
+
+
+# entries of a served group's queues a client's channel acknowledged in a transaction
+# across partitions: handed to that group's branch (``BrokerTransactions.held``)
+Acked = Sequence[tuple[Queue, Entry]]
 
 
 class NodeTransactions:
@@ -210,6 +219,9 @@ class NodeTransactions:
         self.rules: dict[int, _Rules] = {}
         self.leaders: dict[int, tuple[int, str]] = {}  # group -> (epoch, node) serving it
         self.answers: dict[str, Answered] = {}
+        # per commit under way, the entries it handed to served groups' branches: what no
+        # branch took by its answer (or by the group's demotion) goes back to its queue
+        self._handed: dict[str, list[tuple[BrokerTransactions, Held, Queue]]] = {}
         self.hold = dict(hold if hold is not None else parse_hold(os.environ.get(HOLD_ENV, "")))
         self._held: dict[tuple[str, type], float] = {}  # (gtxid, packet type) -> held until
         self.stats: dict[str, int] = {"begun": 0, "committed": 0, "refused": 0, "held": 0,
@@ -217,15 +229,39 @@ class NodeTransactions:
 
     # -- the channel's side (GroupClients.tx_commit) ---------------------------------------
 
-    def commit(self, branches: Mapping[int, Sequence[XOp]], answer: Answered) -> str:
+    def commit(self, branches: Mapping[int, Sequence[XOp]], answer: Answered,
+               acked: Mapping[int, Acked] | None = None) -> str:
         """Commit ``branches`` (partition -> its ops) across their partitions; ``answer
-        (committed, reason)`` once the coordinator has its ``Answer``."""
+        (committed, reason)`` once the coordinator has its ``Answer``. ``acked``: per
+        group this node serves, the entries the client acknowledged (acquired by its
+        channel's deliveries): dequeued by that partition's branch (``XDequeue``, added
+        here), which holds them from its prepare (requeued by its rollback); those no
+        branch took when the answer comes are requeued here."""
         if self.coordinator is None:
             raise NotImplementedByBroker(
                 f"a transaction across partitions on node {self.me}: its name is too long "
                 f"for a transaction id (at most {MAX_NODE_NAME - 7} bytes)")
-        gtxid, effects = self.coordinator.begin(self.wall(), branches)
+        acked = acked or {}
+        for group in acked:
+            if group not in self.rules:  # checked first: nothing handed over if refused
+                raise NotImplementedByBroker(f"acknowledgements of group {group}'s messages "
+                                             "in a transaction: this node does not lead it")
+        ops = {p: list(o) for p, o in branches.items()}
+        handed: list[tuple[BrokerTransactions, Held, Queue]] = []
+        for group, entries in acked.items():
+            own = self.rules[group]
+            positions: dict[tuple[str, str], list[int]] = {}
+            for queue, entry in entries:
+                key = (queue.vhost, queue.name, entry.position)
+                own.txs.held[key] = entry
+                handed.append((own.txs, key, queue))
+                positions.setdefault((queue.vhost, queue.name), []).append(entry.position)
+            ops.setdefault(group - 1, []).extend(
+                XDequeue(vhost, name, tuple(ns)) for (vhost, name), ns in positions.items())
+        gtxid, effects = self.coordinator.begin(self.wall(), ops)
         self.answers[gtxid] = answer
+        if handed:
+            self._handed[gtxid] = handed
         self.stats["begun"] += 1
         self.carry_out(effects)
         return gtxid
@@ -244,12 +280,15 @@ class NodeTransactions:
                 self.carry_out(own.rules.prepared(gtxid, ok), group)
 
         txs = BrokerTransactions(self.broker, partition, prepared, placement.of(partition))
-        own = _Rules(group, epoch, DecisionRules(partition, txs))
+        own = _Rules(group, epoch, DecisionRules(partition, txs), txs)
         holder.append(own)
         self.rules[group] = own
 
     def demoted(self, group: int) -> None:
-        self.rules.pop(group, None)
+        own = self.rules.pop(group, None)
+        if own is not None:  # entries handed over and not taken: back to their queues
+            for handed in self._handed.values():
+                self._requeue([h for h in handed if h[0] is own.txs])
 
     def leader(self, notice: LeaderNotice) -> None:
         """A group's serving primary (``NodeForwarding``'s notices)."""
@@ -355,8 +394,17 @@ class NodeTransactions:
                         type(p).__name__, p.gtxid, seconds, HOLD_ENV)
         return now < until
 
+    def _requeue(self, handed: list[tuple[BrokerTransactions, Held, Queue]]) -> None:
+        for txs, key, queue in handed:
+            entry = txs.held.pop(key, None)
+            if entry is not None and not queue.deleted:
+                queue.requeue(entry)
+                if queue.consumers:
+                    queue.dispatch()
+
     def _answer(self, effect: Answer) -> None:
         self.stats["committed" if effect.committed else "refused"] += 1
+        self._requeue(self._handed.pop(effect.gtxid, []))
         for key in [k for k in self._held if k[0] == effect.gtxid]:
             del self._held[key]
         answer = self.answers.pop(effect.gtxid, None)
@@ -369,7 +417,7 @@ class NodeTransactions:
         commits = {gtxid: {"phase": tx.phase.value, "participants": list(tx.participants),
                            "waiting": sorted(tx.waiting)}
                    for gtxid, tx in (coordinator.commits if coordinator else {}).items()}
-        in_doubt = {str(g): len(list(own.rules.txs.in_doubt()))
+        in_doubt = {str(g): len(list(own.txs.in_doubt()))
                     for g, own in sorted(self.rules.items())}
         return {"coordinator": coordinator and coordinator.node, "commits": commits,
                 "in_doubt": in_doubt, "rules": {str(g): own.epoch

@@ -6,7 +6,8 @@ the partition led by B and to one led by C: A's coordinator (``partition/transac
 ``CrossTx``) prepares a branch on each leader, the lower partition's leader decides,
 the other commits; commit-ok once both committed durably. Checked: every transaction
 committed is on both queues, one rolled back on neither, one to A's own partition is a
-local TX; B SIGKILLed mid-stream: each transaction whole or absent, never on one queue
+local TX; a message of A's queue acknowledged in a transaction publishing to B's queue
+(dequeued by A's branch), and given back when the commit is refused; B SIGKILLed mid-stream: each transaction whole or absent, never on one queue
 only; A SIGKILLed between the prepares and the decision (``BROKERHA_XTX_HOLD=decide``)
 or between the decision and the other's commit (``commit``): B and C resolve their
 branches from the decider's outcome (``XOutcome``): absent on both, or on both; nothing
@@ -131,28 +132,35 @@ def test_commits_across_partitions_are_whole() -> None:
               f"({took / n * 1000:.0f} ms each with the rollbacks); coordinator {status}")
 
 
-def test_acknowledging_in_a_transaction_across_partitions_is_refused() -> None:
-    """An ack in a transaction whose commit goes to the coordinator (of a message of A's
-    queue beside a publish to B's, or of B's queue got on A): 540, nothing done."""
+def test_acknowledging_in_a_transaction_across_partitions() -> None:
+    """A message of A's queue got and acknowledged on A in a transaction that publishes
+    to B's queue (consume, transform, publish): dequeued by A's branch, enqueued by B's,
+    both or neither; the message then redelivered on a channel in tx mode and left
+    unacknowledged by a rollback. A message of B's queue got on A (a remote consumer's)
+    acknowledged in a transaction across partitions: refused 540, requeued on B."""
     with LocalCluster(3, options=OPTIONS) as cluster:
         layout, queues = setup(cluster)
         a, b, c = layout.a, layout.b, layout.c
         conn = connect(cluster, a)
         ch = conn.channel()
-        ch.basic_publish("", queues[a], b"a", props(7))
+        for i in (7, 8):
+            ch.basic_publish("", queues[a], b"a", props(i))
         ch.tx_select()
         method, _props, _body = ch.basic_get(queues[a])
         assert method is not None
         ch.basic_ack(method.delivery_tag)
-        ch.basic_publish("", queues[b], b"b", props(8))
-        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
-            ch.tx_commit()
-        assert closed.value.reply_code == 540, closed.value
-        assert "acknowledging" in closed.value.reply_text
-        assert drain_ids(cluster, a, queues[a]) == ["7"]  # requeued with the connection
-        assert drain_ids(cluster, b, queues[b]) == []
-        # a message of B's queue got on A (a remote consumer's) and acknowledged in a
-        # transaction: refused too, the message requeued on B
+        ch.basic_publish("", queues[b], b"b", props(70))
+        ch.tx_commit()
+        method, _props, _body = ch.basic_get(queues[a])  # 8, acknowledged then rolled back
+        assert method is not None
+        ch.basic_ack(method.delivery_tag)
+        ch.basic_publish("", queues[b], b"b", props(80))
+        ch.tx_rollback()
+        conn.close()  # 8 requeued with the connection
+        assert drain_ids(cluster, b, queues[b]) == ["70"]
+        assert drain_ids(cluster, a, queues[a]) == ["8"]
+        status = transactions(cluster, a)
+        assert status["committed"] == 1 and status["refused"] == 0, status
         conn = connect(cluster, b)
         conn.channel().basic_publish("", queues[b], b"b", props(9))
         conn.close()
@@ -162,11 +170,42 @@ def test_acknowledging_in_a_transaction_across_partitions_is_refused() -> None:
         method, _props, _body = ch.basic_get(queues[b])
         assert method is not None
         ch.basic_ack(method.delivery_tag)
+        ch.basic_publish("", queues[c], b"c", props(90))
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
             ch.tx_commit()
         assert closed.value.reply_code == 540, closed.value
+        assert "remote consumer" in closed.value.reply_text
         assert until("B's message requeued", lambda: drain_ids(cluster, b, queues[b])) == ["9"]
         assert drain_ids(cluster, c, queues[c]) == []
+        until("nothing held prepared", lambda: settled(cluster, [a, b, c]))
+
+
+def test_a_refused_commit_gives_its_acknowledged_messages_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A holds its XDecide past the resolve timeout: the decider rolls its own branch back
+    (rule b), the other asks and rolls back, the late decision is refused: the channel is
+    closed 406; the message A's branch dequeued is back on A's queue once, B's queue holds
+    nothing."""
+    monkeypatch.setenv("BROKERHA_XTX_HOLD", "decide=4")
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout, queues = setup(cluster)
+        a, b = layout.a, layout.b
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        ch.basic_publish("", queues[a], b"a", props(5))
+        ch.tx_select()
+        method, _props, _body = ch.basic_get(queues[a])
+        assert method is not None
+        ch.basic_ack(method.delivery_tag)
+        ch.basic_publish("", queues[b], b"b", props(50))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            ch.tx_commit()
+        assert closed.value.reply_code == 406, closed.value
+        assert "rolled it back" in closed.value.reply_text, closed.value
+        conn.close()
+        assert drain_ids(cluster, a, queues[a]) == ["5"]
+        assert drain_ids(cluster, b, queues[b]) == []
+        until("nothing held prepared", lambda: settled(cluster, [a, b, layout.c]))
 
 
 class Committer(threading.Thread):

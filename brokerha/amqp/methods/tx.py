@@ -103,7 +103,9 @@ def _grouped(ch: Channel, groups: GroupGuard, tx: Transaction,
     def answered(committed: bool, reason: str) -> None:
         if ch.state != "open":
             return
-        ch.finish_transaction(committed)
+        # the acknowledged entries were handed to the partitions' branches: settled by
+        # the commit, or requeued by the rollback -- never the channel's unacked again
+        ch.finish_transaction(True)
         if committed:
             commit_ok()
         else:
