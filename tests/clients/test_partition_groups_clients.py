@@ -73,6 +73,7 @@ from tests.clients.test_pika_queues import (  # noqa: F401
 )
 from tests.failover.groups import until
 from tests.failover.test_failover import FAST
+from tests.failover.test_partition_declarations import every_node_leads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -93,18 +94,9 @@ def partitioned() -> Iterator[Cluster]:
     with LocalCluster(3, options=options) as cluster:
         names = cluster.names
 
-        def leaders() -> dict[str, str] | None:
-            serving: dict[str, list[str]] = {g: [] for g in GROUPS}
-            for name in names:
-                status = cluster.status(name) or {}
-                for group, g in (status.get("node", {}).get("groups") or {}).items():
-                    if g["serving"]:
-                        serving[group].append(name)
-            if all(len(nodes) == 1 for nodes in serving.values()):
-                return {g: nodes[0] for g, nodes in serving.items()}
-            return None
-
-        led = until("one serving primary per group", leaders, timeout=60)
+        # every node leads a partition: one leading none relays its clients to the
+        # metadata primary (the client would be on the coordinator)
+        led = every_node_leads(cluster, P)
         until("every node ready in every group", lambda: ready_in_all(cluster, names),
               timeout=60)
         # the client's node: one that is not the metadata group's leader (its exchanges are

@@ -146,7 +146,7 @@ def test_each_partition_elects_on_its_own_and_a_leader_s_sigkill_moves_only_its_
             named = conn.channel().queue_declare("", durable=True).method.queue
         finally:
             conn.close()
-        assert hash_partition("/", named, 3) == mine, named
+        assert leaders[str(hash_partition("/", named, 3) + 1)] == follower, named
         # the management API (answered by the metadata primary): a queue of the follower's
         # partition declared through its leader (stage 3's declarations)
         status, reason = put_queue(cluster, follower, name_in(mine, "api"))
