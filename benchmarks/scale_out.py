@@ -363,6 +363,19 @@ class Layout:
     client_declares: bool = True  # False: the queues are declared and deleted by the layout
     cleanup: Callable[[], None] | None = None  # after each measurement
     idle_cpu: float | None = None  # CPUs all its nodes used idle, once started (capped)
+    clusters: list[LocalCluster] = field(default_factory=list)  # brokerha's, for their logs
+
+    def why(self, since: str, limit: int = 6) -> str:
+        """The brokerha nodes' ERROR lines and elections logged from ``since`` (a log
+        line's time stamp, ``log_stamp``): why a cell failed (a node stopped on an error,
+        or an election closed its clients)."""
+        found = []
+        for c in self.clusters:
+            for name, node in c.nodes.items():
+                found += [f"{name}: {line.split('] ', 1)[-1][:200]}" for line in list(node.log)
+                          if line[:23] >= since and (" ERROR " in line or "lease lapsed" in line
+                                                     or "stands for election" in line)][:2]
+        return "; ".join(found[:limit])
 
     def workload(self, name: str) -> Workload:
         return replace(WORKLOADS[name], queue_arguments=self.queue_arguments,
@@ -375,6 +388,12 @@ class Layout:
             names = self.declare(names)
         return [(self.queue_url(q, name), name) for q, name in enumerate(names)
                 for _ in range(publishers)]
+
+
+def log_stamp() -> str:
+    """Now as a node's log line starts (local time, milliseconds)."""
+    now = time.time()
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
 
 
 def _brokerha_cluster(
@@ -412,16 +431,19 @@ def started(layout: str, machines: Machines) -> Iterator[Layout]:
         if layout == "single-group":
             cluster, primary, nodes, check = _brokerha_cluster(stack, machines, 0, "c1", n)
             url = cluster.url(primary)
-            result = Layout(layout, lambda q, name: url, nodes, checks=[check])
+            result = Layout(layout, lambda q, name: url, nodes, checks=[check],
+                            clusters=[cluster])
         elif layout == "partitioned-direct":
-            urls, nodes, checks = [], [], []
+            urls, nodes, checks, clusters = [], [], [], []
             for k in range(n):
                 cluster, primary, cnodes, check = _brokerha_cluster(stack, machines, k,
                                                                     f"c{k + 1}")
                 urls.append(cluster.url(primary))
                 nodes += cnodes
                 checks.append(check)
-            result = Layout(layout, lambda q, name: urls[q % n], nodes, checks=checks)
+                clusters.append(cluster)
+            result = Layout(layout, lambda q, name: urls[q % n], nodes, checks=checks,
+                            clusters=clusters)
         elif layout in PARTITIONED_LAYOUTS:
             result = _partitioned(stack, machines, layout)
         elif layout == "rabbitmq-quorum":
@@ -600,7 +622,7 @@ def _partitioned(stack: ExitStack, machines: Machines, layout: str) -> Layout:
         return None
 
     return Layout(layout, lambda q, name: url_of[name], nodes, checks=[check], declare=declare,
-                  client_declares=False, cleanup=cleanup)
+                  client_declares=False, cleanup=cleanup, clusters=[cluster])
 
 
 def _rabbitmq(stack: ExitStack, machines: Machines) -> Layout:
@@ -725,6 +747,7 @@ def measure(layout: Layout, workload: str, args: argparse.Namespace, machines: M
 
     print(f"  {layout.name:20} {workload:8} ...", end="", flush=True)
     publishers = args.tx_publishers if workload == "tx" else args.publishers
+    logged = log_stamp()
     try:
         targets = layout.targets(workload, args.queues, publishers)
         with spies:
@@ -734,6 +757,9 @@ def measure(layout: Layout, workload: str, args: argparse.Namespace, machines: M
         if isinstance(exc, Terminated):
             raise
         fig.error = f"{type(exc).__name__}: {exc}"[:2000]
+        why = layout.why(logged)
+        if why:
+            fig.error += f" (the nodes' log: {why})"
         print(f" error: {fig.error}", flush=True)
         return fig
     finally:

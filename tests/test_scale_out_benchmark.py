@@ -142,3 +142,20 @@ def test_a_tiny_run_of_the_partitioned_layouts() -> None:
     for row in rows.values():
         assert int(row.split("|")[3].strip().replace(",", "")) > 0  # msgs/s delivered
     assert "NOTE" not in out  # no partition elected during the run
+
+
+def test_a_failed_cell_names_the_nodes_errors_and_elections_since_it_began() -> None:
+    class Node:
+        log = ["2026-11-29 15:31:20,000 ERROR [n1] brokerha.store: an older failure",
+               "2026-11-29 15:31:24,736 ERROR [n1] brokerha.store: commit failed",
+               "2026-11-29 15:31:24,800 INFO [n1] brokerha.node: node n1 stopped",
+               "2026-11-29 15:31:25,087 WARNING [n1] brokerha.ha: node n1 stands for election"]
+
+    class Cluster:
+        nodes = {"n1": Node()}
+
+    layout = scale_out.Layout("x", lambda q, name: "", [], clusters=[Cluster()])  # type: ignore[list-item]
+    assert layout.why("2026-11-29 15:31:24,000") == (
+        "n1: brokerha.store: commit failed; n1: brokerha.ha: node n1 stands for election")
+    assert layout.why("2026-11-29 15:32:00,000") == ""
+    assert len(scale_out.log_stamp()) == 23
