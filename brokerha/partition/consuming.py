@@ -26,6 +26,7 @@ groups this node does not serve. What it does:
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -118,12 +119,14 @@ class StandIn:
 
 
 class RemoteSub:
-    """A channel's consumer of a remote queue."""
+    """A channel's consumer of a remote queue; ``waiting``: deliveries come while the
+    channel's global prefetch (``basic.qos global``) was full, written as acks free it."""
 
     def __init__(self, channel: Channel, consumer: ChannelConsumer, stand_in: StandIn) -> None:
         self.channel = channel
         self.consumer = consumer
         self.stand_in = stand_in
+        self.waiting: deque[RemoteDelivery] = deque()
 
 
 class NodeConsuming:
@@ -152,7 +155,10 @@ class NodeConsuming:
         stand_in = StandIn(self, queue.vhost, queue.name)
         consumer = ChannelConsumer(ch, stand_in.queue, tag, no_ack=no_ack, exclusive=exclusive,
                                    prefetch=ch.prefetch_count, arguments={})
-        cid, out = self.proxy.consume(group, queue.vhost, ha_id, ch.prefetch_count,
+        # the host's credit: the consumer's prefetch, at most the channel's global one (what
+        # comes beyond the channel's room waits here: ``waiting``)
+        credit = min((p for p in (ch.prefetch_count, ch.global_prefetch) if p), default=0)
+        cid, out = self.proxy.consume(group, queue.vhost, ha_id, credit,
                                       no_ack=no_ack, exclusive=exclusive)
         self.subs[cid] = RemoteSub(ch, consumer, stand_in)
         self.by_channel.setdefault(id(ch), {})[tag] = cid
@@ -170,6 +176,11 @@ class NodeConsuming:
     def cancel(self, ch: Channel, tag: str) -> None:
         cid = self.by_channel.get(id(ch), {}).get(tag)
         if cid is not None:
+            sub = self.subs.get(cid)
+            if sub is not None and sub.waiting:  # never written: back to the queue
+                self.proxy.settle(sub.waiting, REQUEUE)
+                sub.waiting.clear()
+                self._want_flush()
             self.carry_out(self.proxy.cancel(cid))
 
     def channel_closed(self, ch: Channel) -> None:
@@ -183,14 +194,15 @@ class NodeConsuming:
         self.proxy.settle([d], how)
         self._want_flush()
 
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        self.carry_out(self.proxy.flush())
+        self._write_waiting()  # an ack made room on its channel
+
     def _want_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._soon(self.flush)
-
-    def flush(self) -> None:
-        self._flush_scheduled = False
-        self.carry_out(self.proxy.flush())
 
     # -- the groups' roles (the shell's PartitionEffects) ------------------------------------
 
@@ -232,6 +244,31 @@ class NodeConsuming:
     def tick(self) -> None:
         for host in list(self.hosts.values()):
             host.redispatch()
+        self._write_waiting()
+
+    def _write_waiting(self) -> None:
+        """Deliveries that waited for the channel's global prefetch, written as it has room
+        (at a remote ack, and at the HA tick for room a local consumer's ack made). A
+        remote ack gives the channel's local consumers their turn too (the channel's own
+        credit return offers only the acked message's queue, here the stand-in): one
+        waiting delivery of each remote consumer, then the local queues, then the rest."""
+        channels: dict[int, list[RemoteSub]] = {}
+        for sub in self.subs.values():
+            if sub.channel.global_prefetch:
+                channels.setdefault(id(sub.channel), []).append(sub)
+            while sub.waiting and sub.channel.can_deliver(False) and \
+                    not sub.channel.global_prefetch:
+                self._write(sub, sub.waiting.popleft())
+        for subs in channels.values():
+            ch = subs[0].channel
+            for sub in subs:
+                if sub.waiting and ch.can_deliver(False):
+                    self._write(sub, sub.waiting.popleft())
+            if ch.state == OPEN and ch.can_deliver(False):
+                ch.redispatch()
+            for sub in subs:
+                while sub.waiting and ch.can_deliver(False):
+                    self._write(sub, sub.waiting.popleft())
 
     # -- packets -------------------------------------------------------------------------------
 
@@ -286,6 +323,15 @@ class NodeConsuming:
         ch = sub.channel
         if ch.state != OPEN:
             return
+        if sub.waiting or (ch.global_prefetch and not ch.can_deliver(sub.consumer.no_ack)):
+            sub.waiting.append(d)  # the channel's global prefetch is full: in order, later
+            return
+        self._write(sub, d)
+
+    def _write(self, sub: RemoteSub, d: RemoteDelivery) -> None:
+        ch = sub.channel
+        if ch.state != OPEN:
+            return
         entry = sub.stand_in.hold(d)
         tag = ch.next_tag()
         consumer = sub.consumer
@@ -308,9 +354,10 @@ class NodeConsuming:
                 self.settle(d, REQUEUE)
             return
         if d is None:
-            if answer.code == NOT_FOUND:
-                ch.conn.fail(ch, AMQPError(C.NOT_FOUND, "NOT_FOUND - the queue is not on its "
-                                           "partition's leader", 60, 70))
+            if answer.code == NOT_FOUND:  # as RabbitMQ (and a single node) words it
+                q = stand_in.queue
+                ch.conn.fail(ch, AMQPError(C.NOT_FOUND, f"no queue '{q.name}' in vhost "
+                                           f"'{q.vhost}'", 60, 70))
                 return
             ch.send(commands.Basic.GetEmpty())  # empty, or no leader serving it now
             ch.unblock()
@@ -336,9 +383,13 @@ class NodeConsuming:
         ch.consumers.pop(tag, None)
         if ch.state != OPEN:
             return
-        if effect.code in (NOT_FOUND, ACCESS_REFUSED):
-            code = C.NOT_FOUND if effect.code == NOT_FOUND else C.ACCESS_REFUSED
-            ch.conn.fail(ch, AMQPError(code, f"{effect.code}: {effect.message}", 60, 20))
+        q = sub.stand_in.queue
+        if effect.code == NOT_FOUND:  # the texts a single node (and RabbitMQ) gives
+            ch.conn.fail(ch, AMQPError(C.NOT_FOUND, f"no queue '{q.name}' in vhost "
+                                       f"'{q.vhost}'", 60, 20))
+        elif effect.code == ACCESS_REFUSED:
+            ch.conn.fail(ch, AMQPError(C.ACCESS_REFUSED, f"queue '{q.name}' in vhost "
+                                       f"'{q.vhost}' in exclusive use", 60, 20))
         elif ch.conn.capability("consumer_cancel_notify"):
             ch.send(commands.Basic.Cancel(consumer_tag=tag, nowait=True))
 
