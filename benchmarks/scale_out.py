@@ -920,11 +920,18 @@ def report(figs: Sequence[Figures], workloads: Sequence[str], cap: float) -> str
                     both = ", ".join(f"{r:.2f}" for r in clean) or "none"
                     lines.append(f"{what}{num} / {label} = {statistics.median(rs):.2f}x "
                                  f"({w}; per round {each}; both saturated: {both})")
-    for w in workloads:  # a workload no partitioned layout measured says so
-        cells = [f for f in figs if f.layout == "partitioned" and f.workload == w]
-        if cells and all(f.error for f in cells):
-            lines.append(f"partitioned / single-group = not measured ({w}: "
-                         f"{cells[0].error[:160] if cells[0].error else ''})")
+    # the last lines, as issue 35 asks, also when a side has no figure (why, then)
+    layouts = {f.layout for f in figs}
+    for w in workloads:
+        for den, label in (("single-group", "single-group"), ("rabbitmq-quorum", "RabbitMQ")):
+            if "partitioned" not in layouts or den not in layouts or ratios(
+                    figs, w, "partitioned", den):
+                continue
+            failed = [f for f in figs if f.workload == w and f.layout in ("partitioned", den)
+                      and f.error]
+            lines.append(f"partitioned / {label} = not measured ({w}: "
+                         + "; ".join(f"{f.layout} round {f.round + 1}: {(f.error or '')[:160]}"
+                                     for f in failed[:2]) + ")")
     return "\n".join(lines)
 
 

@@ -159,3 +159,18 @@ def test_a_failed_cell_names_the_nodes_errors_and_elections_since_it_began() -> 
         "n1: brokerha.store: commit failed; n1: brokerha.ha: node n1 stands for election")
     assert layout.why("2026-11-29 15:32:00,000") == ""
     assert len(scale_out.log_stamp()) == 23
+
+
+def test_the_report_ends_with_the_partitioned_ratios_measured_or_why_not() -> None:
+    def fig(layout: str, msgs: float, error: str | None = None) -> scale_out.Figures:
+        return scale_out.Figures(layout, "confirm", 0, (1.0, 1.0), 0.6, msgs_per_s=msgs,
+                                 machine_cpu=[0.6, 0.6, 0.6], leading_machines=[0, 1, 2],
+                                 error=error)
+
+    figs = [fig("single-group", 1000), fig("partitioned-leader", 2500),
+            fig("partitioned", 2000), fig("rabbitmq-quorum", 0, "320 shutdown")]
+    last = scale_out.report(figs, ["confirm"], 0.6).splitlines()[-2:]
+    assert last[0].startswith("partitioned / single-group = 2.00x (confirm; per round 2.00; "
+                              "both saturated: 2.00)")
+    assert last[1] == ("partitioned / RabbitMQ = not measured (confirm: rabbitmq-quorum "
+                       "round 1: 320 shutdown)")
