@@ -247,13 +247,18 @@ class Committer(threading.Thread):
             conn.close()
 
 
-def test_a_participant_s_leader_killed_mid_stream() -> None:
-    """B SIGKILLed while A's client commits transactions over B's and C's partitions:
+@pytest.mark.parametrize("killed", ["decider", pytest.param("other", marks=pytest.mark.slow)])
+def test_a_participant_s_leader_killed_mid_stream(killed: str) -> None:
+    """The leader of the decision partition (the lower of B's and C's; ``other``: of the
+    higher) SIGKILLed while A's client commits transactions over B's and C's partitions:
     every transaction answered commit-ok is on both queues; every other one on both or
     on neither; nothing held prepared once the partition has its new leader."""
     with LocalCluster(3, options=OPTIONS) as cluster:
         layout, queues = setup(cluster)
         a, b, c = layout.a, layout.b, layout.c
+        lower = b if layout.partitions[b][0] < layout.partitions[c][0] else c
+        if (killed == "decider") != (lower == b):
+            b, c = c, b  # b: the node killed
         group = str(layout.partitions[b][0] + 1)
         client = Committer(cluster, a, (queues[b], queues[c]))
         client.start()
@@ -278,7 +283,8 @@ def test_a_participant_s_leader_killed_mid_stream() -> None:
         lost = {str(i) for i in client.committed} - set(on_b)
         assert not lost, f"committed and lost: {sorted(lost)}"
         assert set(on_b) <= {str(i) for i in client.committed + client.unknown}
-        print(f"killed {b} after {before} commits; new leader {new}; {len(client.committed)} "
+        print(f"killed {b} ({killed}) after {before} commits; new leader {new}; "
+              f"{len(client.committed)} "
               f"committed, {len(client.unknown)} unanswered ({client.errors[:3]}), "
               f"{len(on_b)} on both queues")
 
