@@ -22,9 +22,14 @@ decision is the member's; this module only carries its inputs and outputs
   there, ``node/relay.py``);
 - which connections are served and which queues a client may use here are
   ``partition/clients.py``'s ``GroupClients`` (the node's ``admission`` and
-  the broker's ``groups``): a queue only on its partition's leader (404
-  elsewhere) but for publishes, the configuration on the metadata primary, a
-  confirm through the gate and barriers of the queues' groups;
+  the broker's ``groups``): a queue on its partition's leader, the
+  configuration on the metadata primary, a confirm through the gate and
+  barriers of the queues' groups;
+- a declaration of a queue or an exchange of a group this node does not serve
+  goes to that group's leader (stage 3, ``partition/declarations.py``'s
+  ``NodeDeclarations``, packets 50-51 dispatched here before the mux), answered
+  once this node's copy holds it; its packets and a remote consumer's go after
+  the forwards of what was published before them (``_after_forwards``);
 - a publish to a queue of a partition this node does not serve is forwarded
   to its leader (stage 3, ``partition/forwarding.py``'s ``NodeForwarding``:
   the node's ``ForwardSender``, a ``ForwardReceiver`` per group it serves,

@@ -14,12 +14,15 @@ queue's partition:
   any partition. Otherwise it is relayed to the metadata primary
   (``node/relay.py``, as today), or refused while none is known.
 - **A queue** (declare, bind, purge, delete; a consume or get when the node has no
-  ``consuming`` layer or the queue's copy no ``x-ha-id``) is served
-  only while this node serves the queue's group (``check_queue``): otherwise
-  the channel is closed with 404, RabbitMQ's answer for a queue whose home
-  node is down or inaccessible, naming the partition and its leader as this
-  node knows it. Never on a copy: a declare is checked before the queue
-  exists.
+  ``consuming`` layer or the queue's copy no ``x-ha-id``) is served here
+  only while this node serves the queue's group (``check_queue``); otherwise
+  its declare, bind, unbind, purge and delete go to the group's leader
+  (``queue_remote``, ``queue_request`` for the management API:
+  ``partition/declarations.py``, stage 3), and without that layer, or while
+  the node holds no table, the channel is closed with 404, RabbitMQ's answer
+  for a queue whose home node is down or inaccessible, naming the partition
+  and its leader as this node knows it. Never on a copy: a declare is checked
+  before the queue exists.
 - **A publish** (``publish``, stage 3) is routed here; a routed queue of a
   group this node serves is enqueued here, any other is forwarded to its
   group's leader by ``x-ha-id`` (``partition/forwarding.py``); the confirm
