@@ -340,3 +340,23 @@ def test_coordinator_killed_during_declarations() -> None:
 def leader_known(cluster: LocalCluster, names: set[str], group: str) -> bool:
     return any(((cluster.status(n) or {}).get("node", {}).get("groups") or {})
                .get(group, {}).get("serving") for n in names)
+
+
+def test_management_queue_objects_without_partition_groups() -> None:
+    """One node, no partition groups: ``partition`` None, ``leader`` the node; every other
+    field as before."""
+    from brokerha.testing import NodeProcess, free_base_port
+
+    with NodeProcess("solo", port=free_base_port(1)) as node:
+        conn = pika.BlockingConnection(pika.URLParameters(node.url))
+        try:
+            conn.channel().queue_declare("solo-q", durable=True)
+        finally:
+            conn.close()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{node.port + 10000}/api/queues/%2F/solo-q", headers={
+                "authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            q = json.loads(answer.read())
+        assert (q["partition"], q["leader"]) == (None, "solo")
+        assert (q["name"], q["durable"], q["messages"], q["consumers"]) == ("solo-q", True, 0, 0)
