@@ -277,12 +277,19 @@ class PromoteRefused(ValueError):
 class Election:
     def __init__(self, me: str, members: Sequence[str], *, epoch: int, voted_for: str | None,
                  position: Position, timing: ElectionTiming, rng: random.Random,
-                 vote_floor: Position | None = None, unsafe: Unsafe | None = None) -> None:
-        if me not in members:
+                 vote_floor: Position | None = None, unsafe: Unsafe | None = None,
+                 learners: Sequence[str] = ()) -> None:
+        """``members``: the voters; ``learners``: nodes that follow the primary (its
+        heartbeats reach them, they acknowledge) but neither vote nor count for the
+        majority nor stand (a partition's new cell, ``partition/moves.py``). ``me`` is one
+        or the other; ``reconfigure`` changes both."""
+        if me not in members and me not in learners:
             raise ValueError(f"{me} is not one of the members {list(members)}")
         self.me = me
-        self.members = tuple(dict.fromkeys(members))
-        self.peers = tuple(m for m in self.members if m != me)
+        self.members: tuple[str, ...] = ()
+        self.learners: tuple[str, ...] = ()
+        self.peers: tuple[str, ...] = ()
+        self.voter_peers: tuple[str, ...] = ()
         self.timing = timing
         self.rng = rng
         self.unsafe = unsafe or Unsafe()
@@ -290,7 +297,7 @@ class Election:
         self.position = position
         self.vote_floor = max(position, vote_floor or Position.INVALID)
         self._epoch = epoch
-        self._majority = majority(len(self.members))
+        self._majority = 1
         self._role = "joining"
         self._primary: str | None = None
         self._now = -math.inf
@@ -325,6 +332,40 @@ class Election:
         self._late_seen: float = -math.inf  # the heartbeat after which a late one was counted
         self._late_logged_at = -math.inf
         self._late_unlogged = 0  # late heartbeats counted since the last WARNING
+        self._configure(members, learners)
+
+    def _configure(self, members: Sequence[str], learners: Sequence[str]) -> None:
+        self.members = tuple(dict.fromkeys(members))
+        self.learners = tuple(n for n in dict.fromkeys(learners) if n not in self.members)
+        self.peers = tuple(m for m in (*self.members, *self.learners) if m != self.me)
+        self.voter_peers = tuple(m for m in self.members if m != self.me)
+        self._majority = majority(len(self.members))
+
+    @property
+    def voter(self) -> bool:
+        """One of the voters (else a learner: never stands, grants nothing)."""
+        return self.me in self.members
+
+    def reconfigure(self, members: Sequence[str], learners: Sequence[str] = ()) -> list[Action]:
+        """The group's voters and learners change (a ``pm`` this node holds, applied when
+        appended: Raft's single-server change, ``partition/moves.py``). A primary's lease
+        is then counted over the new voters at once; a candidate that is no voter any more
+        stops campaigning; a primary that is no voter any more steps down (its change
+        hands over first, so only an unsafe change gets here)."""
+        if self.me not in members and self.me not in learners:
+            raise ValueError(f"{self.me} is in neither {list(members)} nor {list(learners)}")
+        self._configure(members, learners)
+        voters = set(self.voter_peers)
+        # a learner's stamps are kept (a learner made a voter renews the lease at once)
+        self._stamps = {n: s for n, s in self._stamps.items() if n in self.peers}
+        self._votes = {n for n in self._votes if n in voters or n == self.me}
+        if self._role == "primary":
+            if not self.voter:
+                return self._stop(self._now, "no longer a voter of its group", "transfer")
+            self._update_lease()
+        elif self._role == "candidate" and not self.voter:
+            self._role, self._pre, self._votes = "joining", False, set()
+        return []
 
     # ---- properties ---------------------------------------------------------------------
 
@@ -453,8 +494,8 @@ class Election:
                 return actions
         if now < self._deadline:
             return []
-        if not self.position.valid:
-            self._deadline = now + self._timeout()  # catching up: never stand
+        if not self.position.valid or not self.voter:
+            self._deadline = now + self._timeout()  # catching up, or a learner: never stand
             return []
         if self._role != "candidate":  # a new campaign; a candidate's is retried
             self._count_election(now, self._why_stand())
@@ -474,7 +515,7 @@ class Election:
 
     def receive(self, now: float, sender: str, msg: Message) -> list[Action]:
         self._now = now
-        if sender == self.me or sender not in self.members:
+        if sender == self.me or (sender not in self.members and sender not in self.learners):
             return []
         if self._role == "primary":
             self._check_late(now)
@@ -510,7 +551,7 @@ class Election:
         if self._role != "primary":
             raise PromoteRefused(f"{self.me} is not the primary (role {self._role}, "
                                  f"primary {self._primary or 'unknown'})")
-        if target not in self.members:
+        if target not in self.members:  # a learner may not be handed the role
             raise PromoteRefused(f"{target!r} is not a member ({', '.join(self.members)})")
         if target == self.me:
             raise PromoteRefused(f"{self.me} is already the primary")
@@ -529,6 +570,10 @@ class Election:
     def _on_vote_request(self, now: float, sender: str, msg: VoteRequest) -> list[Action]:
         if msg.candidate != sender:
             return []
+        if sender not in self.voter_peers or not self.voter:
+            # a learner grants nothing, and nobody grants a learner
+            return [Send(sender, VoteReply(self._epoch, self.me, False, msg.pre,
+                                           self.position.epoch, self.position.seq))]
         cand = Position(msg.pos_epoch, msg.pos_seq)
         if msg.pre:
             granted = (msg.epoch > self._epoch and self._may_vote_for(cand)
@@ -624,13 +669,15 @@ class Election:
             return self._campaign(now)
         pos = self.position
         request = VoteRequest(self._epoch + 1, self.me, pos.epoch, pos.seq, True, False)
-        return [Send(peer, request) for peer in self.peers]
+        return [Send(peer, request) for peer in self.voter_peers]
 
     def _on_pre_vote(self, now: float, sender: str, msg: VoteReply) -> list[Action]:
         if self._role != "candidate" or not self._pre or msg.epoch != self._epoch + 1:
             return []
         if not self.position.valid:
             return []  # catching up since the round went out: never stand (tick retries)
+        if sender not in self.voter_peers or not self.voter:
+            return []
         self._votes.add(sender)
         return self._campaign(now) if len(self._votes) >= self._majority else []
 
@@ -648,10 +695,12 @@ class Election:
             return actions + self._become_primary(now)
         pos = self.position
         request = VoteRequest(self._epoch, self.me, pos.epoch, pos.seq, False, transfer)
-        return actions + [Send(peer, request) for peer in self.peers]
+        return actions + [Send(peer, request) for peer in self.voter_peers]
 
     def _on_vote(self, now: float, sender: str, msg: VoteReply) -> list[Action]:
         if self._role != "candidate" or self._pre or not msg.granted or msg.pre:
+            return []
+        if sender not in self.voter_peers:
             return []
         self._votes.add(sender)
         return self._become_primary(now) if len(self._votes) >= self._majority else []
@@ -704,7 +753,7 @@ class Election:
         if self._role != "primary" or msg.node != sender:
             return
         if msg.stamp > self._stamps.get(sender, -math.inf):
-            self._stamps[sender] = msg.stamp
+            self._stamps[sender] = msg.stamp  # a learner's too: counted once it votes
             self._update_lease()
             if self._lapse_started is not None and now < self._lease_expiry:
                 self._lapse_started = None  # renewed within the lapse: serving again
@@ -717,7 +766,8 @@ class Election:
         if need <= 0 or self.unsafe.no_lease:
             self._lease_expiry = math.inf
             return
-        stamps = sorted(self._stamps.values(), reverse=True)
+        stamps = sorted((s for n, s in self._stamps.items() if n in self.voter_peers),
+                        reverse=True)
         self._lease_expiry = (stamps[need - 1] + self.timing.lease_timeout
                               if len(stamps) >= need else -math.inf)
 
@@ -818,13 +868,15 @@ class Election:
             if self._stamps.pop(peer, None) is None:
                 return []
             self._update_lease()
-            if len(self._stamps) < self._majority - 1:
+            if sum(n in self.voter_peers for n in self._stamps) < self._majority - 1:
                 return self._stop(now, "the cluster links to a majority closed", "links_closed")
             return []  # lapsed or not: the lapse's own rule decides (tick)
         if self._role != "backup" or peer != self._primary:
             return []
         self._primary_link_down = True
         self._fast_rounds = 0
+        if not self.voter:
+            return []  # a learner never stands
         others = sorted(m for m in self.members if m != peer)
         rank = others.index(self.me)
         self._deadline = min(self._deadline, now + rank * self.timing.heartbeat_interval / 2)

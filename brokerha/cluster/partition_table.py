@@ -281,6 +281,54 @@ class PartitionTable:
         rows[partition] = _ordered(row)
         return self.change_to(rows)
 
+    def move(self, partition: int, source: str, target: str) -> PartitionChange:
+        """Move ``partition``'s cell from ``source`` to ``target`` (one row, one ``pt``):
+        the source's voting cell becomes FEEDING (a learner of it just goes), a new
+        OUT_OF_DATE learner on ``target``; ``replicated`` finishes the move. Only one
+        move per row at a time: ``PartitionTableError`` if the row already feeds or
+        learns, if ``source`` holds no cell there or ``target`` holds one."""
+        row = list(self.rows[partition])
+        if any(c.state in (F, OUT) for c in row):
+            raise PartitionTableError(f"partition {partition} has a move under way: "
+                                      f"{' '.join(map(str, row))}")
+        at = next((i for i, c in enumerate(row) if c.node == source), None)
+        if at is None:
+            raise PartitionTableError(f"{source} holds no cell of partition {partition}")
+        if any(c.node == target for c in row):
+            raise PartitionTableError(f"{target} already holds a cell of partition {partition}")
+        if row[at].state.voting:
+            row[at] = Cell(source, F)
+        else:
+            del row[at]
+        row.append(Cell(target, OUT))
+        rows = list(self.rows)
+        rows[partition] = _ordered(row)
+        change = self.change_to(rows)
+        assert change is not None
+        return change
+
+    def withdraw(self, partition: int, node: str) -> PartitionChange | None:
+        """Drop ``node``'s non-voting cell (a learner, a corrupted cell) of ``partition``;
+        None if it holds none there (a voting cell leaves by ``move``)."""
+        row = self.rows[partition]
+        keep = tuple(c for c in row if c.node != node or c.state.voting)
+        if keep == row:
+            return None
+        rows = list(self.rows)
+        rows[partition] = keep
+        return self.change_to(rows)
+
+    def move_target(self, partition: int, nodes: Iterable[str],
+                    exclude: Iterable[str] = ()) -> str | None:
+        """Where a cell of ``partition`` leaving goes: the node of ``nodes`` (but
+        ``exclude``) without a cell in the row holding fewest cells, then the first by
+        name; None if every such node holds one."""
+        out = set(exclude)
+        present = {c.node for c in self.rows[partition]}
+        counts = Counter(c.node for row in self.rows for c in row)
+        free = sorted(n for n in set(nodes) if n not in out and n not in present)
+        return min(free, key=lambda n: (counts[n], n)) if free else None
+
     # -- the store's form ----------------------------------------------------------------------
 
     def as_wire(self) -> list[Any]:

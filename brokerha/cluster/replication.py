@@ -178,6 +178,7 @@ TXLOG_EVENTS = frozenset([TXLOG_RECORD, TXLOG_SNAPSHOT, TXLOG_APPLIED, TXLOG_BRO
 PARTITION_TABLE_CHANGED = "pt"  # a PartitionChange.as_wire() (cluster/partition_table.py)
 PARTITION_TABLE = "ps"  # the whole PartitionTable.as_wire() at a join
 PARTITION_EVENTS = frozenset([PARTITION_TABLE_CHANGED, PARTITION_TABLE])
+GROUP_MEMBERSHIP = "pm"  # a partition group's voters and learners (partition/moves.py)
 CHECK = "ck"  # check the replicas: each member reports its queues as at this seq (ha/check.py)
 
 # -- the events as named records (fields after ``kind`` as in the table above) -----------
@@ -410,6 +411,13 @@ class PartitionTableSnapshot(NamedTuple):
     rows: list[Any]  # every row: [[node, state], ...]
 
 
+class GroupMembership(NamedTuple):
+    kind: str
+    ptid: int  # the table's change it was made for
+    voters: list[str]
+    learners: list[str]
+
+
 class CheckToken(NamedTuple):
     kind: str
     token: str  # names the check: the backups' reports carry it back
@@ -428,7 +436,7 @@ RECORDS: dict[str, Any] = {
     TXLOG_SNAPSHOT: TxLogSnapshot, TXLOG_APPLIED: TxLogApplied,
     TXLOG_BROKER_BACKUP: TxLogBrokerBackup, TXLOG_PEERS: TxLogPeers,
     PARTITION_TABLE_CHANGED: PartitionTableChanged, PARTITION_TABLE: PartitionTableSnapshot,
-    CHECK: CheckToken,
+    GROUP_MEMBERSHIP: GroupMembership, CHECK: CheckToken,
 }
 
 

@@ -138,7 +138,8 @@ class HAMember:
                  admission_unsafe: admission.Unsafe | None = None,
                  layer: PrimaryLayer | None = None,
                  layers: Sequence[StoreLayer] = (),
-                 scope: GroupScope | None = None, gate: bool = True) -> None:
+                 scope: GroupScope | None = None, gate: bool = True,
+                 learners: Sequence[str] = ()) -> None:
         self.broker = broker
         self.me = me
         self.effects = effects
@@ -151,7 +152,8 @@ class HAMember:
             me, members, epoch=state.epoch, voted_for=state.voted_for,
             position=el.Position(state.pos_epoch, state.pos_seq),
             vote_floor=el.Position(state.floor_epoch, state.floor_seq),
-            timing=timing, rng=rng or random.Random(), unsafe=election_unsafe)
+            timing=timing, rng=rng or random.Random(), unsafe=election_unsafe,
+            learners=learners)  # a partition group's learners (partition/moves.py)
         self.core = HACore(broker, me, state, effects, settings, clock,
                            primary_factory=primary_factory, unsafe=core_unsafe, scope=scope)
         self.verification: verify.Verification | None = None

@@ -147,7 +147,6 @@ class GroupNode(SimProcess):
         self.incarnation = incarnation
         states = {g: NodeState(epoch=v.epoch, voted_for=v.voted_for)
                   for (n, g), v in world.group_votes.items() if n == name}
-        unsafe = world.unsafe
         # the product's table coordinator in the metadata group (node/ha.py hands it in):
         # the first metadata primary makes the table, the groups are made from each
         # node's copy once it holds one
@@ -162,9 +161,7 @@ class GroupNode(SimProcess):
             world.clock, timing=world.timing, verification_timeout=world.verification_timeout,
             rng=lambda g: random.Random(f"{world.seed}/{name}/{incarnation}/{g}"),
             primary_factory=world.make_primary,
-            unsafe=GroupUnsafe(member=unsafe.member(), core=unsafe.core(),
-                               election=unsafe.election(), admission=unsafe.admission()),
-            layers=[coordinator])
+            unsafe=world.group_unsafe(), layers=[coordinator])
 
     @property
     def alive(self) -> bool:
@@ -301,6 +298,12 @@ class GroupSimulation(World):
 
     def node(self, name: str) -> GroupNode:
         return cast(GroupNode, self.nodes[name])
+
+    def group_unsafe(self) -> GroupUnsafe:
+        """The rules every node's groups break (a workload adds its own: moves)."""
+        unsafe = self.unsafe
+        return GroupUnsafe(member=unsafe.member(), core=unsafe.core(),
+                           election=unsafe.election(), admission=unsafe.admission())
 
     def group_nodes(self) -> list[GroupNode]:
         return [cast(GroupNode, n) for n in self.nodes.values()]

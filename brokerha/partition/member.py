@@ -51,6 +51,14 @@ from brokerha.ha.core import Cancellable, PrimarySettings, load_position, positi
 from brokerha.ha.core import Unsafe as CoreUnsafe
 from brokerha.ha.member import HAMember, StoreLayer
 from brokerha.ha.member import Unsafe as MemberUnsafe
+from brokerha.partition.moves import (
+    Membership,
+    MembershipChanger,
+    MembershipLayer,
+    ReplicationDone,
+    membership_of,
+)
+from brokerha.partition.moves import Unsafe as MovesUnsafe
 from brokerha.partition.mux import GroupMux, MuxError, unwrap, wrap
 from brokerha.primary.primary import Primary
 
@@ -107,8 +115,9 @@ class GroupEffects:
     """One group's ``MemberEffects``: its packets through the mux, its events named."""
 
     def __init__(self, group: int, members: Sequence[str], effects: PartitionEffects,
-                 mux: GroupMux) -> None:
+                 mux: GroupMux, states: dict[int, NodeState] | None = None) -> None:
         self.group = group
+        self.states = states  # the node's epoch and vote per group, kept as persisted
         self.members = frozenset(members)
         self.effects = effects
         self.mux = mux
@@ -149,6 +158,9 @@ class GroupEffects:
     # -- ha.member.MemberEffects --
 
     def persist(self, epoch: int, voted_for: str | None) -> None:
+        if self.states is not None:  # a group made again in this process starts from it
+            self.states[self.group] = dataclasses.replace(
+                self.states.get(self.group, NodeState()), epoch=epoch, voted_for=voted_for)
         self.effects.persist(self.group, epoch, voted_for)
 
     def reply(self, peer: str, msg_id: int, message: Message) -> None:
@@ -178,6 +190,7 @@ class GroupUnsafe:
     core: CoreUnsafe | None = None
     election: el.Unsafe | None = None
     admission: admission.Unsafe | None = None
+    moves: MovesUnsafe | None = None
 
 
 class PartitionScope:
@@ -246,7 +259,7 @@ class PartitionedMember:
         self._table_of = table if callable(table) else (lambda: table)
         self.table: PartitionTable | None = None  # the one the partition groups were made of
         self.placement: PartitionScope | None = None
-        self._states = states
+        self._states = dict(states)  # kept up to date as each group persists (stage 5)
         self._settings = settings
         self._timing = timing
         self._verification_timeout = verification_timeout
@@ -256,6 +269,18 @@ class PartitionedMember:
         self._preferred_first = preferred_first
         self.groups: dict[int, HAMember] = {}
         self.members: dict[int, tuple[str, ...]] = {}
+        # stage 5 (partition/moves.py): each partition group's membership (its ``pm``) and,
+        # while this node leads it, the walk towards the table's row
+        self.memberships: dict[int, MembershipLayer] = {}
+        self.changers: dict[int, MembershipChanger] = {}
+        #: learners caught up, seen as a group's primary (NEO's ReplicationDone): the
+        #: driver hands them to the coordinator (``moves.Mover``)
+        self.replication_done: dict[tuple[int, str], ReplicationDone] = {}
+        self.dropped = 0  # partition groups this node left (its cell moved away)
+        self._cells: set[int] = set()  # the partitions the table places here
+        #: told of each membership this node appends as a group's primary (group, the one
+        #: before, the new one): the simulation's single-cell check
+        self.emitted: Callable[[int, Membership, Membership], None] | None = None
         self._add_group(METADATA_GROUP, tuple(nodes), GroupScope(METADATA_GROUP, no_queues, True),
                         layers)
         self._partition_groups()
@@ -269,24 +294,42 @@ class PartitionedMember:
         if not current.exists:
             return []
         table = self.table = PartitionTable(current.ptid, current.num_replicas, current.rows)
-        placement = self.placement = PartitionScope(table)
-        made = []
-        for p in table.cells_of(self.me):
-            voters = table.voting(p)
-            if self.me in voters:  # a learner's group is stage 5's (its catch-up, then a vote)
-                group = group_of(p)
-                made.append(self._add_group(group, tuple(voters),
-                                            GroupScope(group, placement.of(p), False), ()))
+        self.placement = PartitionScope(table)
+        self._cells = set(table.cells_of(self.me))
+        made = [self._add_partition(p) for p in sorted(self._cells)]
         log.info("node %s: partition table ptid %d: %d partition groups (%s)", self.me,
                  table.ptid, len(made), ", ".join(str(m.core.scope) for m in made))
         return made
 
+    def _add_partition(self, p: int) -> HAMember:
+        """Partition ``p``'s group on this node (a cell of it): its membership the one the
+        store holds (the latest ``pm`` applied here), else the table's row; a learner if
+        this node is not one of its voters."""
+        table, placement = self.table, self.placement
+        assert table is not None and placement is not None
+        group = group_of(p)
+        initial = membership_of(table, p)
+        layer = MembershipLayer(group, self.broker.store, initial,
+                                lambda m: self._membership_changed(group, m))
+        if self.me not in layer.membership.everyone:  # moved away and back: the row's
+            layer.membership = initial
+        if self.me not in layer.membership.everyone:  # the row lists this node: a learner
+            layer.membership = Membership(initial.ptid, initial.voters,
+                                          (*initial.learners, self.me))
+        layer.emitted = lambda old, new: self._emitted(group, old, new)
+        self.memberships[group] = layer
+        self.changers[group] = MembershipChanger(p, self.me, self._unsafe.moves or MovesUnsafe())
+        m = layer.membership
+        return self._add_group(group, m.voters, GroupScope(group, placement.of(p), False),
+                               [layer], m.learners)
+
     def _add_group(self, group: int, members: tuple[str, ...], scope: GroupScope,
-                   layers: Sequence[StoreLayer]) -> HAMember:
+                   layers: Sequence[StoreLayer], learners: Sequence[str] = ()) -> HAMember:
         unsafe = self._unsafe
         state = dataclasses.replace(self._states.get(group, NodeState()))
         load_position(self.broker, state, position_key(scope))
-        group_effects = GroupEffects(group, members, self.effects, self.mux)
+        group_effects = GroupEffects(group, (*members, *learners), self.effects, self.mux,
+                                     self._states)
         member = HAMember(
             self.broker, self.me, list(members), state, group_effects,
             dataclasses.replace(self._settings, members=len(members)), self.clock,
@@ -295,11 +338,131 @@ class PartitionedMember:
             primary_factory=self._primary_factory, unsafe=unsafe.member,
             core_unsafe=unsafe.core, election_unsafe=unsafe.election,
             admission_unsafe=unsafe.admission, layers=layers, scope=scope,
-            gate=group == METADATA_GROUP)
+            gate=group == METADATA_GROUP, learners=learners)
         group_effects.member = member
         self.groups[group] = member
-        self.members[group] = members
+        self.members[group] = (*members, *learners)
         return member
+
+    # -- stage 5: memberships, moves (partition/moves.py) --------------------------------
+
+    def _membership_changed(self, group: int, m: Membership) -> None:
+        """A ``pm`` appended here (emitted as primary, applied as backup, a catch-up's):
+        the group runs ``m`` from now on this node."""
+        member = self.groups.get(group)
+        if member is None:
+            return
+        everyone = m.everyone
+        self.members[group] = everyone
+        effects = member.effects
+        if isinstance(effects, GroupEffects):
+            effects.members = frozenset(everyone)
+        primary = member.primary
+        election = member.election
+        moves = self._unsafe.moves
+        counted = m.voters + (m.learners if moves is not None and moves.learner_confirms else ())
+        if primary is not None:
+            primary.voters = frozenset(counted)
+            primary.members = len(m.voters)
+        if self.me not in everyone:
+            log.warning("node %s leaves group %d: %s", self.me, group, m)
+            self.effects.soon(lambda: self._drop(group))
+            return
+        member.carry_out(election.reconfigure(m.voters, m.learners))
+
+    def _emitted(self, group: int, old: Membership, new: Membership) -> None:
+        if self.emitted is not None:
+            self.emitted(group, old, new)
+
+    def _table_changed(self) -> None:
+        """The node's table moved on (a ``pt``, a catch-up's ``ps``): a new cell of this node
+        starts its group (as a learner, until its group makes it a voter). A group whose
+        row no longer lists this node goes when its own ``pm`` removes the node
+        (``_membership_changed``), or now if the node follows no primary in it."""
+        table = self.table
+        if table is None:
+            return
+        current = self._table_of()
+        if current.ptid == table.ptid and current.rows == table.rows:
+            return
+        table.replace(PartitionTable(current.ptid, current.num_replicas, current.rows))
+        self._cells = set(table.cells_of(self.me))
+        for p in sorted(self._cells):
+            group = group_of(p)
+            if group not in self.groups:
+                log.warning("node %s: a cell of partition %d (table ptid %d): its group "
+                            "starts here", self.me, p, table.ptid)
+                self._start(group, self._add_partition(p))
+
+    def _leave_stale(self) -> None:
+        """Each tick: a group of a partition the table no longer places here that follows
+        no primary goes (see ``_table_changed``)."""
+        if self.table is None or len(self.groups) - 1 <= len(self._cells):
+            return
+        cells = self._cells
+        for group in sorted(self.groups):
+            if group == METADATA_GROUP or partition_of_group(group) in cells:
+                continue
+            if self.groups[group].election.role in ("joining", "candidate"):
+                # the group removes a leaving cell by its own ``pm``, which a node cut off
+                # then never gets: one that follows no primary goes by the table (it
+                # acknowledges nothing, so no confirm waits for it)
+                self._drop(group)
+
+    def _drop(self, group: int) -> None:
+        """This node leaves partition ``group``'s group: its member stops, the partition's
+        queues held here go (a later cell here is a learner again, caught up anew)."""
+        member = self.groups.get(group)
+        if member is None or group == METADATA_GROUP:
+            return
+        if member.primary is not None:
+            member.carry_out([el.StopServing("its cell moved away", "transfer")])
+        core = member.core
+        if core.state.pos_epoch >= 0:
+            core.invalidate_position()  # its queues go: a later cell here catches up whole
+        if core.backup is not None:
+            core.backup.close()
+            core.backup = None
+        core.following = None
+        core.demote()
+        del self.groups[group]
+        del self.members[group]
+        self.memberships.pop(group, None)
+        self.changers.pop(group, None)
+        self.dropped += 1
+        placement = self.placement
+        if placement is not None:
+            p = partition_of_group(group)
+            for vhost in list(self.broker.vhosts.values()):
+                for q in list(vhost.queues.values()):
+                    if placement.partition(q) == p:
+                        vhost.remove_queue(q)
+        log.warning("node %s left the group of partition %d", self.me, partition_of_group(group))
+
+    def _moves(self) -> None:
+        """Each group this node serves as primary walks its membership towards the row."""
+        table = self.table
+        if table is None:
+            return
+        reports: dict[tuple[int, str], ReplicationDone] = {}
+        for group, changer in list(self.changers.items()):
+            member = self.groups.get(group)
+            layer = self.memberships.get(group)
+            if member is None or layer is None or member.phase != "primary" \
+                    or member.term() is None:
+                continue
+            handover, done = changer.step(layer, table)
+            for report in done:
+                reports[(report.partition, report.node)] = report
+            if handover is not None:
+                try:
+                    member.promote(handover.target)
+                    log.warning("node %s hands group %d over to %s: it leaves the voters",
+                                self.me, group, handover.target)
+                except el.PromoteRefused as exc:
+                    log.info("node %s: handover of group %d to %s refused: %s", self.me,
+                             group, handover.target, exc)
+        self.replication_done = reports  # as of this tick: a stale report never stays
 
     def _new_groups(self) -> None:
         """After an input: the table arrived (the metadata log's ``pt``/``ps``)? Its groups
@@ -309,6 +472,8 @@ class PartitionedMember:
             for group, member in list(self.groups.items()):
                 if member in made:
                     self._start(group, member)
+        else:
+            self._table_changed()
 
     # -- reading -------------------------------------------------------------------------
 
@@ -325,8 +490,11 @@ class PartitionedMember:
         out: dict[str, object] = {}
         for group, member in sorted(self.groups.items()):
             election = member.election
-            out[str(group)] = {**member.status(), "epoch": election.epoch,
-                               "primary": election.primary, "members": list(election.members)}
+            entry = {**member.status(), "epoch": election.epoch,
+                     "primary": election.primary, "members": list(election.members)}
+            if election.learners:
+                entry["learners"] = list(election.learners)
+            out[str(group)] = entry
         return out
 
     # -- inputs (as HAMember's) ----------------------------------------------------------
@@ -350,9 +518,11 @@ class PartitionedMember:
         this node leads beats too (``Election.heartbeat_now``): from then on their
         heartbeats fall due in the same ticks, one bundle per peer."""
         self._new_groups()
+        self._leave_stale()
         started = self.clock()
         for member in list(self.groups.values()):
             member.tick()
+        self._moves()
         leading = [m for m in self.groups.values() if m.election.role == "primary"]
         if any(m.election.last_heartbeat >= started for m in leading):
             now = self.clock()

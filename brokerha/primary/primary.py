@@ -137,6 +137,9 @@ class Primary(ConfigurationObserver, QueueObserver):
         self.on_output = on_output
         self.me = me
         self.members = members
+        # a partition group's voters (partition/moves.py): only their acknowledgements count
+        # for the majority, ``members`` is their number; None: every backup is a voter
+        self.voters: frozenset[str] | None = None
         self.epoch = epoch
         self.seq = start_seq
         self.clock = clock
@@ -1056,7 +1059,13 @@ class Primary(ConfigurationObserver, QueueObserver):
         """
         acked = {n: s.acked for n, s in self.sessions.items() if s.acked is not None}
         guarded = [n for n, s in self.sessions.items() if s.holds_copy]
-        return replicated_seq(self.seq, acked, guarded, self.members)
+        voters = self.voters
+        if voters is None:
+            return replicated_seq(self.seq, acked, guarded, self.members)
+        # a partition group's learners are waited for as any guarded backup, never counted
+        counted = {n: seq for n, seq in acked.items() if n in voters}
+        return min(replicated_seq(self.seq, counted, (), self.members),
+                   replicated_seq(self.seq, acked, guarded, 1))
 
     def barrier(self, callback: Callable[[], None]) -> None:
         """A replication barrier: ``callback`` once everything emitted so far is replicated.
