@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,17 +124,30 @@ def test_spark_connect_reports_equal_local(
     connect_server: ConnectServer, workload: dict[str, Any], tmp_path: Path
 ) -> None:
     connect_server.wait_ready()
-    for command, expected in workload["local"].items():
-        out = tmp_path / command
-        args = ["--input", workload["inputs"], "--out", str(out), "--remote", connect_server.url]
+    # the commands at once, each its own CLI process and Connect session (one after the
+    # other, each process's start -- Python, pyspark's imports -- was much of their time)
+    procs = {}
+    for command in workload["local"]:
+        args = ["--input", workload["inputs"], "--out", str(tmp_path / command),
+                "--remote", connect_server.url]
         if command == "check-history":
             args += ["--history", workload["history"]]
-        proc = subprocess.run(
-            [sys.executable, "-m", "brokerha.cli", "pipeline", command, *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert json.loads((out / "report.json").read_text()) == expected, command
+        with open(tmp_path / f"{command}.stderr", "w") as stderr:  # a file: no pipe to fill
+            procs[command] = subprocess.Popen(
+                [sys.executable, "-m", "brokerha.cli", "pipeline", command, *args],
+                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
+            )
+    deadline = time.monotonic() + 300
+    try:
+        for proc in procs.values():
+            proc.wait(max(1.0, deadline - time.monotonic()))
+    finally:
+        for proc in procs.values():  # by PID: any still running after a timeout
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for command, expected in workload["local"].items():
+        stderr = (tmp_path / f"{command}.stderr").read_text()
+        assert procs[command].returncode == 0, (command, stderr[-3000:])
+        got = json.loads((tmp_path / command / "report.json").read_text())
+        assert got == expected, command
