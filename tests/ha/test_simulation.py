@@ -49,7 +49,10 @@ def test_seeds_of_three_nodes_have_no_violation() -> None:
     assert_safe_and_exercised(run_many(range(CI_SEEDS), jobs=2))
 
 
-@pytest.mark.parametrize("seeds", [50, pytest.param(200, marks=pytest.mark.slow)])
+# 30: with these clients no_lease, lagging_role, confirm_early and runs_across_gaps broken
+# are caught at seed 0, old_epoch_apply at seed 27 (early_ack at 52, invalid_grants in none
+# of the first 50); every seed has deposed calls
+@pytest.mark.parametrize("seeds", [30, pytest.param(200, marks=pytest.mark.slow)])
 def test_a_deposed_primary_that_still_serves_loses_nothing_confirmed(seeds: int) -> None:
     """The case the fast election allows: a successor elected within the old lease.
 
