@@ -9,6 +9,7 @@ accepts, and whose ``prepare`` the broker awaits before it commits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from brokerha.broker.queue import QueueHooks, noop_hook
@@ -16,7 +17,7 @@ from brokerha.broker.transaction import TransactionObserver, TransactionObserver
 
 if TYPE_CHECKING:
     from brokerha.broker.exchange import Binding, Exchange
-    from brokerha.broker.message import Entry
+    from brokerha.broker.message import Entry, Message
     from brokerha.broker.queue import Queue
 
 __all__ = [
@@ -82,6 +83,11 @@ class Observers:
         self.configuration: list[ConfigurationObserver] = []
         self.queue_hooks = QueueHooks()
         self.transactions: list[TransactionObserverFactory] = []
+        # a dead letter routed to queues whose partitions other nodes lead (a partitioned
+        # node's copies: ``VirtualHost.followed``): (source, targets, message) handed to the
+        # node's forwarding (partition/forwarding.py); None: dropped with a warning
+        self.dead_letters_elsewhere: Callable[[Queue, list[Queue], Message], None] | None = \
+            None
 
     def add_configuration_observer(self, observer: ConfigurationObserver) -> None:
         self.configuration.append(observer)

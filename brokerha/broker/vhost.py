@@ -393,7 +393,7 @@ class VirtualHost:
             dead = Message(dlx.name, key, header, message.body)
             targets = [q for q in self.route(dlx, dead) if q is not queue or reason != "expired"]
             if self.followed:  # a partitioned node: never into a copy of another group's queue
-                targets = self._led(targets, queue)
+                targets = self._led(targets, queue, dead)
             ordered = [q for q in targets if q.ordering is not None]
             if ordered:  # into ordered queues: an ordered enqueue, like a publish
                 ordered[0].ordering.publish(ordered, dead)  # type: ignore[union-attr]
@@ -401,15 +401,19 @@ class VirtualHost:
             for target in targets:
                 target.enqueue(dead, deduplicate=False)  # a DLX retry loop must not drop it
 
-    def _led(self, targets: list[Queue], source: Queue) -> list[Queue]:
+    def _led(self, targets: list[Queue], source: Queue, dead: Message) -> list[Queue]:
         """The dead letter's targets this node may enqueue into: on a node running
-        partition groups (issue 35 stage 2), not the copies of queues of groups it follows
-        (``followed``): dropped, at most once as RabbitMQ's dead-lettering, until stage 3
-        forwards them to their partition's leader."""
+        partition groups (issue 35), not the copies of queues of groups it follows
+        (``followed``): those go to their partitions' leaders through the node's
+        forwarding (``observers.dead_letters_elsewhere``), at most once as RabbitMQ's
+        dead-lettering (no confirm: lost if this node fails before they are applied)."""
         led = [q for q in targets if q not in self.followed]
-        if len(led) < len(targets):
+        forward = self.observers.dead_letters_elsewhere
+        if len(led) < len(targets) and forward is not None and source not in self.followed:
+            forward(source, [q for q in targets if q in self.followed], dead)
+        elif len(led) < len(targets):
             log.warning("dead letter from queue '%s' in vhost '%s' not routed to %s: their "
-                        "partitions are led by other nodes (forwarding is stage 3's)",
+                        "partitions are led by other nodes",
                         source.name, self.name,
                         ", ".join(f"'{q.name}'" for q in targets if q in self.followed))
         return led

@@ -44,7 +44,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from brokerha.broker.broker import Broker
+from brokerha.broker.message import Message as BrokerMessage
+from brokerha.broker.queue import Queue
 from brokerha.cluster.messages import ErrorCode, Message
+from brokerha.cluster.replication import HA_ID
 from brokerha.ha.member import HAMember
 from brokerha.partition.forward import (
     Confirm,
@@ -61,7 +64,7 @@ from brokerha.partition.forward import (
     WhenDurable,
 )
 from brokerha.partition.forward_apply import BrokerForwardLog, recover_marks
-from brokerha.partition.member import PartitionedMember
+from brokerha.partition.member import PartitionedMember, group_of
 
 log = logging.getLogger("brokerha.partition")
 
@@ -148,6 +151,8 @@ class ForwardingStats:
     notices_sent: int = 0
     not_serving: int = 0  # forwards this node answered not-primary (no receiver)
     connection_holds: int = 0  # times a connection was held by a full lane
+    dead_letters: int = 0  # dead letters forwarded to queues of partitions led elsewhere
+    dead_letters_dropped: int = 0  # ... targets left out (no x-ha-id, no table)
 
 
 class NodeForwarding:
@@ -175,6 +180,8 @@ class NodeForwarding:
         self.stats = ForwardingStats()
         # told of every LeaderNotice this node takes (the node's remote consumers' proxy)
         self.notice_listeners: list[Callable[[LeaderNotice], None]] = []
+        # the dead letters this node's queues route to queues of partitions led elsewhere
+        self.broker.observers.dead_letters_elsewhere = self.dead_letter
 
     # -- the publish path (GroupClients.publish) --------------------------------------------
 
@@ -211,6 +218,29 @@ class NodeForwarding:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._soon(self.flush)
+
+    def dead_letter(self, source: Queue, targets: list[Queue], message: BrokerMessage) -> None:
+        """A dead letter of ``source`` (a queue this node leads: rejected, expired, dropped
+        from its head) routed to ``targets``, copies of queues of partitions other nodes
+        lead: forwarded to their leaders by ``x-ha-id``, without a confirm (RabbitMQ's
+        at-most-once dead-lettering: the sender resends it until answered, but it is lost
+        if this node fails first). A copy without ``x-ha-id`` is left out."""
+        placement = self.member.placement
+        remote: dict[int, list[str]] = {}
+        for queue in targets:
+            ha_id = queue.arguments.get(HA_ID)
+            if placement is None or ha_id is None:
+                self.stats.dead_letters_dropped += 1
+                continue
+            group = group_of(placement.of_name(queue.vhost, queue.name,
+                                               queue.arguments.get("x-partition")))
+            remote.setdefault(group, []).append(str(ha_id))
+        if not remote:
+            return
+        self.stats.dead_letters += 1
+        self.publish({g: ForwardMessage(source.vhost, tuple(ids), message.exchange,
+                                        message.routing_key, message.header, message.body)
+                      for g, ids in remote.items()}, None)
 
     def flush(self) -> None:
         """Once per loop turn that published: each lane's new messages as one Forward."""

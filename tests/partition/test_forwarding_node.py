@@ -289,3 +289,30 @@ def test_parts_to_a_peer_are_spread_over_loop_turns_in_order() -> None:
     assert sent == [*[("n2", p) for p in parts[3:]], ("turn", None), ("n2", forward),
                     ("turn", None)]
     assert paced.turns_held == 1 and not paced.queues
+
+
+def test_a_dead_letter_routed_to_another_partition_s_queue_is_forwarded_to_its_leader(
+        wires: Wires) -> None:
+    """A message rejected (requeue=false) from a queue n2 leads, its dead-letter exchange
+    routing it to a queue of partition 0 (n1 leads it; n2 holds a copy it follows):
+    forwarded to n1 by ``x-ha-id``, without a confirm, enqueued there once with its
+    x-death; before, it was dropped with a warning."""
+    wires.pump(1)
+    vhost = wires.sim.node("n2").broker.vhosts["/"]
+    target = QUEUES[0]
+    assert vhost.queues[target] in vhost.followed  # a copy of n1's queue
+    source = vhost.declare_queue("dl-source", owner=None, durable=True, arguments={
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": target})
+    theirs = wires.sim.node("n1").broker.vhosts["/"].queues[target]
+    count = theirs.message_count
+    source.enqueue(message(b"900050"))
+    entry = source.get()
+    assert entry is not None
+    source.reject(entry)
+    seen = wires.pump()
+    forwards = [p for s, d, p in seen if isinstance(p, Forward) and (s, d) == ("n2", "n1")]
+    assert len(forwards) == 1 and forwards[0].messages[0][3] == target
+    assert theirs.message_count == count + 1
+    dead = list(theirs.ready)[-1].message
+    assert dead.body == b"900050" and b"x-death" in dead.header and b"rejected" in dead.header
+    assert wires.nodes["n2"].stats.dead_letters == 1
