@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -57,8 +58,14 @@ def _where(frame: FrameType | None) -> str:
 
 
 class LoopMonitor:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    """``gc_seconds``: the seconds the process's cyclic GC collections took so far (the
+    node's ``GCGovernor.pause_total``): a stall's WARNING says how much of it they were."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop,
+                 gc_seconds: Callable[[], float] | None = None) -> None:
         self.loop = loop
+        self.gc_seconds = gc_seconds
+        self._gc_at_beat = 0.0
         self.lag = LatencyHistogram()
         self.max_lag = 0.0
         self.stalls = 0           # stalls over STALL_WARNING
@@ -74,6 +81,7 @@ class LoopMonitor:
         """Called on the loop's thread."""
         self._main = threading.get_ident()
         self._beat = time.monotonic()
+        self._gc_at_beat = self.gc_seconds() if self.gc_seconds is not None else 0.0
         self._task = self.loop.create_task(self._run())
         self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
         self._thread.start()
@@ -91,11 +99,15 @@ class LoopMonitor:
             lag = max(0.0, now - due)
             self.observe(lag)
             self._beat = now
+            gc_then, self._gc_at_beat = self._gc_at_beat, \
+                self.gc_seconds() if self.gc_seconds is not None else 0.0
             if lag > STALL_WARNING:
                 self.stalls += 1
                 where, self._sample = self._sample, None
-                log.warning("event loop stalled %.3fs (running: %s)", lag,
-                            where or "not sampled")
+                collected = self._gc_at_beat - gc_then
+                log.warning("event loop stalled %.3fs (running: %s%s)", lag,
+                            where or "not sampled",
+                            f"; cyclic GC {collected:.3f}s of it" if collected >= 0.001 else "")
 
     def observe(self, lag: float) -> None:
         """One wake-up ``lag`` seconds late."""

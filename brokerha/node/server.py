@@ -204,7 +204,8 @@ class Node:
         self.admin.route("POST", "/api/tls/reload", self._reload_tls, admin=True)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
-        self.loop_monitor = LoopMonitor(self.loop)  # lag histogram, stalls named in the log
+        # lag histogram, stalls named in the log (with the cyclic GC's share of them)
+        self.loop_monitor = LoopMonitor(self.loop, gc_seconds=lambda: self.gc.pause_total)
         # installed by tune_gc (the node's own process only)
         self.gc = GCGovernor(backlog=self._messages_held)
         # the HA layer (node/ha.py's HANode) attaches itself here for a cluster member;

@@ -87,3 +87,27 @@ def test_a_stall_names_what_the_other_threads_were_doing(caplog: pytest.LogCaptu
     if os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
         # the rest of the stall: the loop's thread waiting for a core, or blocked (the GIL)
         assert "waiting for a core" in lines[0] and "blocked (the GIL" in lines[0], lines
+
+
+def test_a_stall_says_how_much_of_it_was_the_cyclic_gc(caplog: pytest.LogCaptureFixture) -> None:
+    """The governor's collections run on the loop (node/gc_governor.py): the stall line says
+    how long they took in it (``gc_seconds``: the node's ``GCGovernor.pause_total``)."""
+    collected = [0.0]
+
+    async def run() -> None:
+        monitor = LoopMonitor(asyncio.get_running_loop(), gc_seconds=lambda: collected[0])
+        monitor.start()
+        await asyncio.sleep(0.1)
+        busy_purging_a_deep_queue(0.3)
+        collected[0] += 0.2  # a collection during the step
+        await asyncio.sleep(0.1)
+        busy_purging_a_deep_queue(0.3)  # none in this one
+        await asyncio.sleep(0.1)
+        monitor.stop()
+
+    with caplog.at_level(logging.WARNING, logger="brokerha.node"):
+        asyncio.run(run())
+    lines = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert lines[0].endswith("; cyclic GC 0.200s of it)"), lines
+    assert "cyclic GC" not in lines[1], lines
