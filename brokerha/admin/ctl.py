@@ -161,6 +161,8 @@ def _print_partitions(view: dict[str, Any] | None) -> None:
 def cmd_partitions(args: argparse.Namespace) -> int:
     if args.action == "balance":
         return cmd_partitions_balance(args)
+    if args.action in ("drain", "undrain"):
+        return cmd_partitions_drain(args)
     status = cluster_status(args.node)
     view = status["partitions"]
     groups = status["groups"]
@@ -174,6 +176,41 @@ def cmd_partitions(args: argparse.Namespace) -> int:
     else:
         _print_partitions(view)
     return 0
+
+
+def cmd_partitions_drain(args: argparse.Namespace) -> int:
+    """Asks the partition table's coordinator to move every cell off NODE (``drain``) or
+    cells back onto it (``undrain``), one partition at a time: a learner on another node,
+    caught up, then the group's voters changed one at a time (``node/partition_balance.py``
+    ``DrainEndpoint``, ``partition/moves.py``). Prints a line per partition. Exit 0:
+    done (drained: the node holds no cell, its loss stops no partition); 1: stopped or
+    timed out (why said); 2: the node did not answer."""
+    if not args.target:
+        raise CtlError(f"ctl partitions {args.action} NODE: which node")
+    status = cluster_status(args.node)
+    if status["partitions"] is None or status["groups"] is None:
+        raise CtlError("no partition groups: the nodes run without [cluster] partition_groups")
+    coordinator = next((n for n in status["nodes"] if n.get("role") == "primary"), None)
+    if coordinator is None:
+        raise CtlError("no metadata primary (the partition table's coordinator) is serving")
+    answer = request(coordinator["admin_url"], "/api/partitions/drain",
+                     body={"node": args.target, "undrain": args.action == "undrain",
+                           "timeout": args.timeout}, user=args.user, password=args.password,
+                     timeout=status["partitions"]["partitions"] * (args.timeout + 5.0) + 30.0)
+    if args.json:
+        _dump(answer)
+    else:
+        for line in answer.get("lines") or []:
+            print(line)
+        cells = answer.get("cells") or []
+        print(f"{args.target} holds cells of partitions {', '.join(map(str, cells))}" if cells
+              else f"{args.target} holds no cell")
+        stops = answer.get("stopped_by") or []
+        print(f"losing {args.target} would stop partitions {', '.join(map(str, stops))}"
+              if stops else f"losing {args.target} stops no partition")
+        print(f"(by {answer.get('by')}, the table's coordinator, in "
+              f"{answer.get('seconds', 0):.2f} s)")
+    return 0 if answer.get("finished") else 1
 
 
 def cmd_partitions_balance(args: argparse.Namespace) -> int:
@@ -528,12 +565,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("partitions", help="the partition table: cells, states, preferred "
                        "leaders, which partitions a node's loss would stop; 'balance': "
                        "leaders back to their preferred cells (administrator)")
-    p.add_argument("action", nargs="?", choices=["balance"],
+    p.add_argument("action", nargs="?", choices=["balance", "drain", "undrain"],
                    help="balance: hand each partition whose leader is not its preferred "
                         "cell over to it, one at a time (exit 0 balanced, 1 some left "
-                        "unbalanced, 2 unreachable)")
+                        "unbalanced, 2 unreachable); drain NODE: move every cell off NODE, "
+                        "one partition at a time (exit 0 done); undrain NODE: cells back")
+    p.add_argument("target", nargs="?", metavar="NODE", help="drain, undrain: the node")
     p.add_argument("--timeout", type=float, default=15.0, metavar="S",
-                   help="balance: the longest a move may take (default 15 s)")
+                   help="balance: the longest a move may take; drain: a step (default 15 s)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(ctl_handler=cmd_partitions)
     p = sub.add_parser("promote", help="hand the primary role to a ready backup")

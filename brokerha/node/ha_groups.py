@@ -97,6 +97,7 @@ def group_status(member: HAMember, members: tuple[str, ...]) -> dict[str, Any]:
             "ready": member.phase == "primary" or (backup is not None and backup.caught_up),
             "epoch": election.epoch,
             "leader": election.primary, "members": list(members),
+            "voters": list(election.members), "learners": list(election.learners),
             "position": [pos.epoch, pos.seq]}
 
 
@@ -156,10 +157,12 @@ class GroupsNode(Shell):
 
     def _after_forwards(self, peer: str, message: Message) -> None:
         """A remote consumer's or a declaration's packet goes after the forwards of what
-        this node's clients published before it (flushed now rather than at the end of the
-        turn): a channel's publish then get, purge or delete keeps its order, as on one
-        node."""
+        this node's clients published before it and the settles they made (flushed now
+        rather than at the end of the turn): a channel's publish then get, purge or
+        delete, and its nack (requeue) then get, keep their order, as on one node."""
         self.forwarding.flush()
+        if self.consuming.proxy.pending:  # and the settles (a requeue) before a get
+            self.consuming.flush()
         self.send(peer, message)
 
     # -- what the admin endpoints read (admin/node_view.py, HAView): the metadata group -----
@@ -322,6 +325,9 @@ class GroupsNode(Shell):
         self._common_status(status, metadata.election)
         me["groups"] = {str(g): group_status(m, self.ha.members[g])
                         for g, m in sorted(self.ha.groups.items())}
+        for p, learner in sorted(self.ha.replication_done):  # stage 5: ReplicationDone
+            if str(p + 1) in me["groups"]:
+                me["groups"][str(p + 1)].setdefault("caught_up", []).append(learner)
         me["serving_groups"] = self.clients.serving_groups()
         me["forwarding"] = self.forwarding.status()
         me["consuming"] = self.consuming.status()

@@ -64,6 +64,9 @@ from brokerha.primary.primary import Primary
 
 log = logging.getLogger("brokerha.partition")
 
+# a voter the table no longer places here that follows no primary for this many election
+# timeouts leaves its group (``_leave_stale``)
+STALE_AFTER = 3
 PIN = "x-partition"  # the queue argument that pins a queue's partition (check_pin)
 
 
@@ -278,6 +281,7 @@ class PartitionedMember:
         self.replication_done: dict[tuple[int, str], ReplicationDone] = {}
         self.dropped = 0  # partition groups this node left (its cell moved away)
         self._cells: set[int] = set()  # the partitions the table places here
+        self._unfollowed: dict[int, float] = {}  # a group the table left: following none since
         #: told of each membership this node appends as a group's primary (group, the one
         #: before, the new one): the simulation's single-cell check
         self.emitted: Callable[[int, Membership, Membership], None] | None = None
@@ -399,14 +403,23 @@ class PartitionedMember:
         no primary goes (see ``_table_changed``)."""
         if self.table is None or len(self.groups) - 1 <= len(self._cells):
             return
-        cells = self._cells
+        cells, now = self._cells, self.clock()
         for group in sorted(self.groups):
             if group == METADATA_GROUP or partition_of_group(group) in cells:
+                self._unfollowed.pop(group, None)
                 continue
-            if self.groups[group].election.role in ("joining", "candidate"):
-                # the group removes a leaving cell by its own ``pm``, which a node cut off
-                # then never gets: one that follows no primary goes by the table (it
-                # acknowledges nothing, so no confirm waits for it)
+            election = self.groups[group].election
+            layer = self.memberships.get(group)
+            if election.role not in ("joining", "candidate") \
+                    or (layer is not None and self.me not in layer.membership.voters):
+                self._unfollowed.pop(group, None)  # following, or a learner: its pm decides
+                continue
+            # the group removes a leaving voter by its own ``pm``, which a node cut off then
+            # never gets: one that followed no primary for a while goes by the table (it
+            # acknowledges nothing, so no confirm waits for it). Not at once: a leader that
+            # just handed over is still a voter its successor's election may need
+            since = self._unfollowed.setdefault(group, now)
+            if now - since >= STALE_AFTER * election.timing.election_timeout:
                 self._drop(group)
 
     def _drop(self, group: int) -> None:
@@ -427,6 +440,7 @@ class PartitionedMember:
         core.demote()
         del self.groups[group]
         del self.members[group]
+        self._unfollowed.pop(group, None)
         self.memberships.pop(group, None)
         self.changers.pop(group, None)
         self.dropped += 1

@@ -378,10 +378,15 @@ class Mover:
     its group's leader runs, if known; ``done`` -- the ``ReplicationDone`` reports
     received. Returns what to do now."""
 
-    def __init__(self, node: str, nodes: Iterable[str], undrain: bool = False) -> None:
+    def __init__(self, node: str, nodes: Iterable[str], undrain: bool = False,
+                 every_group: bool = False) -> None:
+        """``every_group``: a drain is over only once every partition's leader was seen
+        running a membership without the node (the node's endpoint; the simulation sees
+        only the leaders linked to the coordinator)."""
         self.node = node
         self.nodes = sorted(nodes)
         self.undrain = undrain
+        self.every_group = every_group
         self.lines: dict[int, str] = {}
         self.skipped: dict[int, str] = {}
         self.moved: dict[int, tuple[str, str]] = {}  # partition -> (from, to)
@@ -421,6 +426,9 @@ class Mover:
                                      f"{self.moved[p][1]}")
         nxt = self._next(table)
         if nxt is None:
+            unseen = [p for p in range(table.partitions) if memberships.get(p) is None]
+            if self.every_group and not self.undrain and unseen:
+                return Waiting(unseen[0], f"partition {unseen[0]}: no leader serving it seen")
             return Finished(tuple(self.lines[p] for p in sorted(self.lines)))
         p, source, target = nxt
         self.moved[p] = (source, target)
@@ -450,6 +458,26 @@ class Mover:
         return None
 
 
+def observe(nodes: Sequence[Mapping[str, Any]]
+            ) -> tuple[dict[int, Membership | None], list[ReplicationDone]]:
+    """From the nodes' status entries (``node/ha_groups.py`` ``group_status``: each
+    group's ``serving``, ``epoch``, ``voters``, ``learners``, ``caught_up``): per
+    partition, the membership its serving leader of the highest epoch runs, and the
+    learners its leader reports caught up."""
+    best: dict[int, tuple[int, Membership, list[str]]] = {}
+    for node in nodes:
+        for group, g in (node.get("groups") or {}).items():
+            if int(group) == 0 or not g.get("serving") or "voters" not in g:
+                continue
+            p, epoch = int(group) - 1, int(g["epoch"])
+            if p not in best or epoch > best[p][0]:
+                m = Membership(0, tuple(g["voters"]), tuple(g.get("learners") or ()))
+                best[p] = (epoch, m, list(g.get("caught_up") or ()))
+    memberships: dict[int, Membership | None] = {p: m for p, (_, m, _) in best.items()}
+    done = [ReplicationDone(p, n, 0) for p, (_, _, caught) in best.items() for n in caught]
+    return memberships, done
+
+
 def held_membership(store: MetaStore, group: int) -> Membership | None:
     """The membership a node's store holds for ``group`` (None: none yet)."""
     raw = store.get_meta(MEMBERSHIP_KEY.format(group=group))
@@ -463,4 +491,5 @@ def held_membership(store: MetaStore, group: int) -> Membership | None:
 
 __all__ = ["Change", "Finished", "Handover", "Membership", "MembershipChanger",
            "MembershipLayer", "Mover", "PartitionTableError", "ReplicationDone", "Unsafe",
-           "Waiting", "held_membership", "membership_of", "next_membership", "voter_changes"]
+           "Waiting", "held_membership", "membership_of", "next_membership", "observe",
+           "voter_changes"]
