@@ -41,8 +41,10 @@ from tests.clients.test_pika_basic import (  # noqa: F401
     test_consume_with_prefetch_limits_unacked_deliveries,
     test_mandatory_unroutable_publish_is_returned_312_no_route,
     test_message_properties_and_headers_round_trip_exactly,
+    test_nack_without_requeue_drops_message,
     test_publisher_confirms_with_mandatory_return,
     test_publisher_nack_when_queue_rejects_publish,
+    test_requeued_message_comes_back_redelivered,
 )
 from tests.clients.test_pika_exchanges import (  # noqa: F401
     test_bind_missing_queue_is_404,
