@@ -140,13 +140,11 @@ class SoakCluster(LocalCluster):
         self.ready_timeout = ready_timeout
         self.events = data_dir / "soak.log"
 
-    def start_node(self, name: str) -> NodeProcess:
+    def make_node(self, name: str) -> NodeProcess:
         (self.data_dir / name).mkdir(parents=True, exist_ok=True)
-        node = LoggedNode(name, log_path=self.data_dir / name / "node.log", port=self.port(name),
+        return LoggedNode(name, log_path=self.data_dir / name / "node.log", port=self.port(name),
                           data_dir=self.data_dir / name, ready_timeout=self.ready_timeout,
                           extra_args=["--config", str(self.config), *self.extra_args])
-        self.nodes[name] = node.start()
-        return node
 
     def note(self, text: str, node: str | None = None) -> None:
         """A line in the soak's event log (and in ``node``'s log, to read beside its lines)."""

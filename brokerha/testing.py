@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from brokerha.cluster.ports import ADMIN_OFFSET, CLUSTER_OFFSET, TXLOG_OFFSET
 
@@ -76,6 +76,7 @@ class NodeProcess:
         self.proc: subprocess.Popen[str] | None = None
         self.log: deque[str] = deque(maxlen=2000)
         self._ready = threading.Event()
+        self._spawned = 0.0
 
     @property
     def url(self) -> str:
@@ -91,16 +92,27 @@ class NodeProcess:
         ]
 
     def start(self) -> NodeProcess:
+        return self.spawn().wait_ready()
+
+    def spawn(self) -> NodeProcess:
+        """Start the process without waiting for it (``wait_ready`` waits)."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError(f"node {self.name} is already running (pid {self.proc.pid}); "
                                "use either start() or the with statement, not both")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(self.env or {}))
+        self._ready.clear()
         self.proc = subprocess.Popen(
             self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, env=env,
         )
+        self._spawned = time.monotonic()
         threading.Thread(target=self._pump, daemon=True).start()
-        deadline = time.monotonic() + self.ready_timeout
+        return self
+
+    def wait_ready(self) -> NodeProcess:
+        """Until the node logs that it is ready (``ready_timeout`` from its spawn)."""
+        assert self.proc is not None, "spawn() first"
+        deadline = self._spawned + self.ready_timeout
         while not self._ready.wait(0.05):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 output = "\n".join(self.log)
@@ -245,7 +257,35 @@ class ClusterView:
         raise TimeoutError(f"{name} not ready within {timeout} s: {self.status(name)}")
 
 
-class LocalCluster(ClusterView):
+class ProcessCluster(ClusterView):
+    """A cluster of ``NodeProcess``es this process starts (``make_node``: which kind)."""
+
+    nodes: dict[str, Any]
+
+    def make_node(self, name: str) -> NodeProcess:
+        """The process of node ``name``, not started."""
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        """Every node started at once (a node's start is mostly its imports: on two cores
+        the nodes' starts overlap), then each waited for."""
+        for name in self.names:
+            self.nodes[name] = self.make_node(name).spawn()
+        try:
+            for name in self.names:
+                self.nodes[name].wait_ready()
+        except BaseException:
+            for node in self.nodes.values():
+                node.stop()
+            raise
+        return self
+
+    def start_node(self, name: str) -> NodeProcess:
+        node = self.nodes[name] = self.make_node(name).start()
+        return node
+
+
+class LocalCluster(ProcessCluster):
     """N ``brokerha node`` processes of one datacenter on loopback (what ``cluster up`` runs).
 
     Each node is its own process, so one can be SIGKILLed (``kill``), paused
@@ -304,16 +344,9 @@ class LocalCluster(ClusterView):
             return f"https://127.0.0.1:{self.port(name) + len(self.names) + ADMIN_OFFSET}"
         return super().admin_url(name)
 
-    def start(self) -> LocalCluster:
-        for name in self.names:
-            self.start_node(name)
-        return self
-
-    def start_node(self, name: str) -> NodeProcess:
-        node = NodeProcess(name, port=self.port(name), data_dir=self.data_dir / name,
+    def make_node(self, name: str) -> NodeProcess:
+        return NodeProcess(name, port=self.port(name), data_dir=self.data_dir / name,
                            extra_args=["--config", str(self.config), *self.extra_args])
-        self.nodes[name] = node.start()
-        return node
 
     def restart(self, name: str) -> NodeProcess:
         old = self.nodes.get(name)

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from brokerha.testing import ClusterView, NodeProcess, get_json
+from brokerha.testing import NodeProcess, ProcessCluster, get_json
 
 USER, PASSWORD = "jepsen", "jepsen"
 _INSTANCES = itertools.count()
@@ -218,7 +218,7 @@ def cluster_toml(net: Namespaces, names: list[str], options: dict[str, float]) -
     return "\n".join(lines)
 
 
-class NamespacedCluster(ClusterView):
+class NamespacedCluster(ProcessCluster):
     """A 3-node cluster, one node per namespace; the shipped election timing by default."""
 
     poll_interval = 0.2
@@ -244,19 +244,11 @@ class NamespacedCluster(ClusterView):
     def admin_url(self, name: str) -> str:
         return f"http://{self.net.ip(self.index(name))}:{ADMIN_PORT}"
 
-    def start(self) -> NamespacedCluster:
-        for name in self.names:
-            self.start_node(name)
-        return self
-
-    def start_node(self, name: str) -> NamespacedNode:
+    def make_node(self, name: str) -> NamespacedNode:
         i = self.index(name)
-        node = NamespacedNode(name, self.net.exec(i), self.net.ip(i),
+        return NamespacedNode(name, self.net.exec(i), self.net.ip(i),
                               data_dir=self.data_dir / name,
                               extra_args=["--config", str(self.config)], ready_timeout=30)
-        self.nodes[name] = node
-        node.start()
-        return node
 
     def is_running(self, name: str) -> bool:
         node = self.nodes.get(name)
