@@ -92,6 +92,10 @@ REFUSED_KEPT = 4 * WINDOW
 # a body over this goes as ForwardPart packets of this size before its Forward (replication's
 # BODY_PART_BYTES): a 128 MiB message whole in one packet would pass the link's MAX_PACKET
 PART_BYTES = 1 << 20
+# a lane whose unanswered messages hold bodies in parts retries no sooner than they take at
+# this rate (2 x 60 MiB took 12.8 s to confirm at load 22: a 0.5 s retry sent 488 parts
+# for 122, every one a second copy of what the leader was still applying)
+RETRY_BYTES_PER_SECOND = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -572,15 +576,19 @@ class ForwardSender:
 
     def tick(self, now: float) -> list[Effect]:
         """A lane whose oldest unanswered message went ``delay`` seconds ago (``retry``,
-        doubled at each retry the leader left unanswered, up to ``retry_max``): what is
-        unanswered and that old goes again to the same leader, from the oldest on (one
-        lost forward makes the next ones gaps), at most a window's worth."""
+        doubled at each retry the leader left unanswered, up to ``retry_max``; at least the
+        time its bodies in parts take at ``RETRY_BYTES_PER_SECOND``): what is unanswered
+        and that old goes again to the same leader, from the oldest on (one lost forward
+        makes the next ones gaps), at most a window's worth."""
         out: list[Effect] = []
         for lane in self.lanes.values():
             oldest = next(iter(lane.unanswered.values()), None)
-            if oldest is None or lane.leader is None or now - oldest.sent < lane.delay:
+            if oldest is None or lane.leader is None:
                 continue
-            cutoff = now - lane.delay
+            delay = max(lane.delay, self._in_parts(lane) / RETRY_BYTES_PER_SECOND)
+            if now - oldest.sent < delay:
+                continue
+            cutoff = now - delay
             again: list[Queued] = []
             for queued in lane.unanswered.values():
                 if queued.sent > cutoff or len(again) >= self.window:
@@ -663,6 +671,11 @@ class ForwardSender:
                 for q in take:
                     out += self._answered(q.publish, lane.group, True)
         return out
+
+    def _in_parts(self, lane: Lane) -> int:
+        """The bytes of the lane's unanswered bodies that go in parts."""
+        return sum(len(q.wire[5]) for q in lane.unanswered.values()
+                   if len(q.wire[5]) > self.part_bytes)
 
     def _parts(self, lane: Lane, queued: Queued) -> list[Effect]:
         """A large body's ``ForwardPart``s, in order (its Forward follows them)."""

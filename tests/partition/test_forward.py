@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from brokerha.broker.broker import Broker
 from brokerha.cluster.messages import ErrorCode
 from brokerha.cluster.replication import HA_ID
@@ -308,6 +310,20 @@ def test_a_body_missing_a_part_is_not_applied_and_the_retry_sends_it_whole() -> 
     assert [type(p).__name__ for p in again] == ["ForwardPart"] * 3 + ["Forward"]
     assert durable(deliver(r, again)) == [Forwarded(1, "a.1", 1, [])]
     assert log.applied == [("a.1", 1, b"0123456789")]
+
+
+def test_a_lane_with_large_bodies_unanswered_retries_no_sooner_than_they_take(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retry waits at least the time the unanswered bodies in parts take at
+    ``RETRY_BYTES_PER_SECOND`` (here 5 bytes a second: 10 bytes, 2 s), not ``retry``:
+    a leader still applying a large message is not sent every part again."""
+    monkeypatch.setattr("brokerha.partition.forward.RETRY_BYTES_PER_SECOND", 5)
+    s = ForwardSender("a.1", part_bytes=4, retry=0.5)
+    s.leader(0.0, LeaderNotice(1, 1, "b"))
+    s.publish(1, {1: msg("0123456789")})
+    s.flush(0.0)
+    assert [t / 10 for t in range(1, 40) if packets(s.tick(t / 10))] == [2.0]
+    assert s.stats.parts == 6
 
 
 def test_a_failover_mid_message_resends_it_whole_to_the_new_leader() -> None:
