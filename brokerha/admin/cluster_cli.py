@@ -174,6 +174,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     from brokerha.partition import (
         forward_simulation,
         group_simulation,
+        move_simulation,
         remote_consume_simulation,
         xtx_simulation,
     )
@@ -183,4 +184,5 @@ def register(parser: argparse.ArgumentParser) -> None:
     register_simulation(sim, {**WORKLOADS, "txlog": datacenter, "table": table,
                               "xtx": xtx_simulation, "groups": group_simulation,
                               "forward": forward_simulation,
-                              "remote-consume": remote_consume_simulation})
+                              "remote-consume": remote_consume_simulation,
+                              "moves": move_simulation})

@@ -43,12 +43,13 @@ two unsafe rules by their effects, not only by (i).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from brokerha.cluster.partition_table import PartitionTable, PartitionTableError
 from brokerha.ha.member import TICK
 from brokerha.ha.simulation.world import Faults
+from brokerha.ha.simulation.world import Unsafe as WorldUnsafe
 from brokerha.partition.group_simulation import (
     GroupNode,
     GroupSimulation,
@@ -68,7 +69,22 @@ from brokerha.partition.moves import (
 )
 from brokerha.partition.moves import Unsafe as MovesUnsafe
 
-__all__ = ["SCRIPTS", "MoveSimulation", "run_many", "run_seed"]
+__all__ = ["CATCHES", "SCRIPTS", "MoveSimulation", "SimResult", "Unsafe", "run_many",
+           "run_seed"]
+
+CATCHES = ("two_cells",)  # (i) in any run that moves a cell; (c) in the script "split"
+
+
+@dataclass(frozen=True)
+class Unsafe(WorldUnsafe):
+    """The HA rules of the groups world and the moves' own (``moves.Unsafe``), by name for
+    ``brokerha cluster simulate --workload moves --unsafe``."""
+
+    two_cells: bool = False
+    learner_confirms: bool = False
+
+    def moves(self) -> MovesUnsafe:
+        return self._part(MovesUnsafe)  # type: ignore[no-any-return]
 
 SETTLE = 3.0  # after a drain finished, the groups drop the node within this
 MOVES_EVERY = (2.0, 5.0)  # the operator's next drain or undrain, after the last finished
@@ -98,7 +114,9 @@ class MoveSimulation(GroupSimulation):
                 raise ValueError(f"no script {script!r} ({', '.join(SCRIPTS)})")
             kw["faults"] = Faults(rate=0.0, spike_p=0.0)
             kw.setdefault("publish_rate", 10.0 if script in ("cut", "split") else 4.0)
-        self.moves_unsafe = moves_unsafe or MovesUnsafe()
+        unsafe = kw.get("unsafe")
+        self.moves_unsafe = moves_unsafe or (unsafe.moves() if isinstance(unsafe, Unsafe)
+                                             else MovesUnsafe())
         super().__init__(seed, nodes=nodes, partitions=partitions, replicas=replicas, **kw)
         self.script = script
         self.single_cell_check = single_cell_check

@@ -5,6 +5,8 @@ cases (``partition/move_simulation.py``): one per ordering of ``pt``, ``pm`` and
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -299,3 +301,14 @@ def test_many_seeds_of_moves_under_faults() -> None:
     for seed in range(100, 140):
         result = run_seed(seed, duration=40.0)
         assert result.violation is None, result.summary()
+
+
+def test_the_command_line_runs_the_moves_workload() -> None:
+    base = [sys.executable, "-m", "brokerha.cli", "cluster", "simulate", "--workload", "moves",
+            "--jobs", "1", "--seeds", "1", "--duration", "10"]
+    ok = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "moves: seeds 1, violations 0" in ok.stdout and "memberships" in ok.stdout
+    bad = subprocess.run([*base, "--unsafe", "two_cells"], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 1 and "(i)" in bad.stdout, bad.stdout + bad.stderr
