@@ -253,11 +253,11 @@ def test_forwards_are_bounded_in_bytes_and_a_large_body_goes_in_parts(
     theirs = wires.sim.node("n1").broker.vhosts["/"].queues[QUEUES[0]]
     counts = own.message_count, theirs.message_count
     body = b"900040" + b"0123456789" * 300  # 3,006 bytes (digits: the checks read them)
-    answers = publish(wires, "n2", [QUEUES[1], QUEUES[0]], body)
+    big = publish(wires, "n2", [QUEUES[1], QUEUES[0]], body)
     seen = wires.pump()
     parts = [p for _, d, p in seen if isinstance(p, ForwardPart) and d == "n1"]
     assert [(len(p.data), p.offset) for p in parts] == [(1024, 0), (1024, 1024), (958, 2048)]
-    assert answers == [True]
+    assert big == [True]
     assert (own.message_count, theirs.message_count) == (counts[0] + 1, counts[1] + 1)
     assert list(theirs.ready)[-1].message.body == body == list(own.ready)[-1].message.body
     assert wires.nodes["n1"].receivers[1].stats.parts == 3

@@ -455,6 +455,7 @@ def test_large_bodies_go_in_parts_and_a_deliver_is_bounded_in_bytes() -> None:
         "Deliver", "DeliverPart", "DeliverPart", "DeliverPart", "Deliver", "Deliver", "Deliver"]
     assert [len(p.deliveries) for p in sent if isinstance(p, Deliver)] == [1, 1, 2, 1]
     header_of_big = message(b"0123456789", persistent=True).header
+    assert isinstance(sent[4], Deliver)
     assert sent[4].deliveries == [[2, False, "", "q", header_of_big, b"", 10]]
     assert host.stats.parts == 3
     got: list[Effect] = []
