@@ -392,13 +392,22 @@ def thread_cpu(pid: int) -> tuple[float, float]:
 
 
 PROFILE_DIR = os.environ.get("HA_HEAVY_PROFILE")  # perf record the catch-up's two nodes here
+# py-spy (``record --native``, every thread, collapsed stacks) on them instead: its path
+PYSPY = os.environ.get("HA_HEAVY_PYSPY")
 
 
 def start_profile(pid: int, name: str) -> subprocess.Popen[bytes] | None:
-    """``perf record -g`` on ``pid`` (every thread) until stopped (``HA_HEAVY_PROFILE``)."""
+    """``perf record -g`` on ``pid`` (every thread) until stopped (``HA_HEAVY_PROFILE``);
+    with ``HA_HEAVY_PYSPY`` (py-spy's path), ``py-spy record --native`` in raw (collapsed)
+    format, one line per stack with its thread."""
     if not PROFILE_DIR:
         return None
     Path(PROFILE_DIR).mkdir(parents=True, exist_ok=True)
+    if PYSPY:
+        out = Path(PROFILE_DIR) / f"{name}-{int(time.time())}.txt"
+        return subprocess.Popen([PYSPY, "record", "--native", "--threads", "-r", "250",
+                                 "--format", "raw", "-p", str(pid), "-o", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = Path(PROFILE_DIR) / f"{name}-{int(time.time())}.data"
     return subprocess.Popen(["perf", "record", "-F", "499", "-g", "-p", str(pid), "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -38,7 +38,7 @@ PURGED = 5  # (PURGED, vhost, queue, [(first, last), ...]): a queue.purge, posit
 # (ENQUEUED_MANY, vhost, queue, [entry, ...]): a batch of enqueues (a TX's); only the
 # entries of persistent messages are stored (``persistent_entries``)
 ENQUEUED_MANY = 6
-# (ENQUEUED_RUN, vhost, queue, first, last, contents): a message run, the persistent messages
+# (ENQUEUED_RUN, vhost, queue, first, last, contents[, where]): a message run, the persistent messages
 # at consecutive positions first..last of one queue as ONE row and one log record, their
 # (exchange, routing_key, header, body) packed once (``pack_run``) by the store's thread
 # and written as they are to the operation log and to SQL (``message_runs``); positions
@@ -170,7 +170,9 @@ class Batch:
                 firsts.append(first)
             else:
                 insort(firsts, first)
-        runs[first] = PendingRun(first, op[4], op[5])
+        # an op of 7: the operation log's thread wrote the contents as a buffer of their own
+        # (generation, offset, length, crc32): SQL may keep a reference to them (runs.py)
+        runs[first] = PendingRun(first, op[4], op[5], op[6] if len(op) > 6 else None)
 
     def _drop_run(self, key: tuple[str, str], first: int) -> None:
         del self.runs[key][first]
@@ -243,14 +245,18 @@ class Batch:
 class PendingRun:
     """A message run of a batch, with the positions taken off it or delivered meanwhile."""
 
-    __slots__ = ("first", "last", "contents", "gone", "delivered")
+    __slots__ = ("first", "last", "contents", "gone", "delivered", "where")
 
-    def __init__(self, first: int, last: int, contents: bytes) -> None:
+    def __init__(self, first: int, last: int, contents: bytes,
+                 where: tuple[int, int, int, int] | None = None) -> None:
         self.first = first
         self.last = last
         self.contents = contents
         self.gone: set[int] = set()
         self.delivered: set[int] = set()
+        # (log generation, offset, length, crc32) of ``contents`` in the operation log, when
+        # they are a buffer of their own there (runs.py: SQL keeps a reference), else None
+        self.where = where
 
 
 def pack_run(messages: list[Any]) -> bytes:

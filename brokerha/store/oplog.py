@@ -41,7 +41,6 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +205,12 @@ class OpLog:
         self._fd: int | None = None
         self.dirty = False  # appended since the last sync
         self.reused = 0  # files written over (the spare) rather than created
+        # a file a stored message run still refers to (store/runs.py) is kept past its
+        # apply: ``keep(generation)`` says so (set by the store: SQL's refs at start-up,
+        # then the writer's ``RunIndex``); kept files are never the spare
+        self.keep: Callable[[int], bool] = _keep_none
+        self.kept = 0  # applied files kept for their runs, now
+        self._removed_through = 0  # the newest generation remove_through was asked for
         self._lock_fd: int | None = self._lock(database)
 
     def _lock(self, database: Path) -> int:
@@ -410,17 +415,41 @@ class OpLog:
         A leftover (a crash before this ran) is skipped at start-up: its
         generation is not above the applied one.
         """
+        self._removed_through = max(self._removed_through, generation)
+        kept = 0
         for g in self.generations():
             if g > generation or (g == self.generation and self._fd is not None):
                 continue
-            with self._spare_lock:
-                try:
-                    if self.spare.exists():
-                        self.path(g).unlink()
-                    else:
-                        os.rename(self.path(g), self.spare)
-                except FileNotFoundError:
-                    pass
+            if self.keep(g):
+                kept += 1
+                continue
+            self._recycle(g)
+        self.kept = kept
+
+    def drop_kept(self, generations: list[int]) -> None:
+        """Files whose last stored run went (writer thread, after that commit): removed
+        like any applied file (those not applied yet stay for the log's own sake)."""
+        for g in generations:
+            if (g <= self._removed_through and not self.keep(g)
+                    and not (g == self.generation and self._fd is not None)):
+                if self.path(g).exists():
+                    self._recycle(g)
+                    self.kept = max(0, self.kept - 1)
+
+    def _recycle(self, g: int) -> None:
+        """Drop file ``g``: the spare if there is none, else deleted."""
+        with self._spare_lock:
+            try:
+                if self.spare.exists():
+                    self.path(g).unlink()
+                else:
+                    os.rename(self.path(g), self.spare)
+            except FileNotFoundError:
+                pass
+
+
+def _keep_none(_generation: int) -> bool:
+    return False
 
 
 def _seed(generation: int) -> int:
@@ -468,6 +497,11 @@ class LogAppender(threading.Thread):
         # after a failed sync the kernel may have dropped the pages, a retry proves nothing)
         self.disk = DiskFull(on_disk_full, lambda: self._stop_asked, what="operation log write")
         self._pending = Batch()  # folded since the last hand-over to the writer
+        # message runs whose contents are a buffer of their own in the log are kept there,
+        # SQL holding a reference (store/runs.py); False: SQL holds a copy, as before. Not
+        # without fdatasync (synchronous=normal): SQL could then outlive what it refers to
+        self.run_refs = oplog.sync_enabled
+        self._pending_refs = False  # the pending batch refers to runs in the log
         self._pending_ops = 0
         self._pending_since = 0.0
         self.stats: dict[str, Any] = {"appends": 0, "syncs": 0, "log_bytes": 0, "rotations": 0,
@@ -559,8 +593,16 @@ class LogAppender(threading.Thread):
         ops = [op for unit in units for op in unit.ops]
         if ops:
             payload = encode_parts(self._packer, ops)
-            self.stats["log_bytes"] += self._write(partial(self.oplog.append, payload))
+            start: list[int] = []
+
+            def append() -> int:
+                start[:] = [self.oplog.generation, self.oplog.size]  # again after a retry
+                return self.oplog.append(payload)
+
+            self.stats["log_bytes"] += self._write(append)
             self.stats["appends"] += 1
+            if self.run_refs and len(payload) > 1:
+                self._locate_runs(units, payload, start[0], start[1])
         callbacks = [cb for unit in units for cb in unit.callbacks]
         if callbacks:
             self.oplog.sync()
@@ -576,6 +618,34 @@ class LogAppender(threading.Thread):
             self._pending.add(Unit(unit.ops, unit.readable))
         self._pending_ops += len(ops)
 
+    def _locate_runs(self, units: list[Unit], parts: list[Any], generation: int,
+                     start: int) -> None:
+        """Name where each message run's contents went in the log, when they are a buffer of
+        their own there (``encode_parts``: at least ``BIG_BODY``): SQL then keeps a
+        reference to them instead of a copy (store/runs.py). The op gets a 7th field,
+        (generation, offset, length, crc32); the record as written does not change."""
+        offsets: dict[int, int] = {}
+        offset = start + _RECORD.size
+        for part in parts:
+            if isinstance(part, bytes) and len(part) >= BIG_BODY:
+                offsets.setdefault(id(part), offset)
+            offset += len(part)
+        for unit in units:
+            located: list[Op] | None = None
+            for i, op in enumerate(unit.ops):
+                if op[0] != ENQUEUED_RUN or len(op) != 6:
+                    continue
+                contents = op[5]
+                at = offsets.get(id(contents))
+                if at is None or not isinstance(contents, bytes):
+                    continue
+                if located is None:
+                    located = list(unit.ops)
+                located[i] = (*op, (generation, at, len(contents), zlib.crc32(contents)))
+                self._pending_refs = True
+            if located is not None:
+                unit.ops = located
+
     def _hand_over(self, idle: bool) -> None:
         """Give the pending batch to the writer when the policy says it is due."""
         batch, policy = self._pending, self.policy
@@ -585,6 +655,13 @@ class LogAppender(threading.Thread):
                 or self._pending_ops >= policy.max_ops
                 or time.monotonic() - self._pending_since >= policy.max_age):
             return
+        if self._pending_refs:
+            # SQL is to refer to runs in the log: they must be on the disk before it commits
+            if self.oplog.dirty:
+                self.oplog.sync()
+                self.stats["syncs"] += 1
+                self.synced = self.appended
+            self._pending_refs = False
         self.writer.submit_batch(batch)
         self.stats["applies"] += 1
         self._pending, self._pending_ops = Batch(), 0

@@ -70,6 +70,7 @@ from brokerha.store.batch import (
     unpack_run,
 )
 from brokerha.store.oplog import LogAppender, OpLog, OpLogError
+from brokerha.store.runs import SELECT_REFS, RunRefError, ref_of, resolve
 from brokerha.store.writer import (
     ApplyPolicy,
     Checkpointer,
@@ -176,6 +177,7 @@ class SQLStore(Store):
                 next_generation = self._replay_oplog(statements, self.oplog)
                 policy = apply_policy or ApplyPolicy()
                 policy.on_applied = self.oplog.remove_through  # writer thread, after the commit
+                policy.on_released = self.oplog.drop_kept
             else:
                 self._replay_leftover_log(statements)
         except BaseException as exc:
@@ -191,6 +193,9 @@ class SQLStore(Store):
             self._writer_failed, backlog_warning=backlog_warning, policy=policy,
             on_disk_full=partial(self._disk_full, "database"))
         if self.oplog is not None:
+            # from here the writer's index says which log files stored runs refer to (its
+            # thread loads it before it commits, and remove_through runs after a commit)
+            self.oplog.keep = self._writer.runs.kept
             self.oplog.open(next_generation)
             assert policy is not None
             self._appender = LogAppender(self.oplog, self._writer, policy, self._logged,
@@ -243,8 +248,23 @@ class SQLStore(Store):
             log.info("store %r: replayed %d operation log records from %d file(s) (%d rows)",
                      self, records, len(pending), rows)
         newest = max([applied, *generations])
+        kept = self._kept_files()
+        oplog.keep = kept.__contains__
         oplog.remove_through(newest)
         return newest + 1
+
+    def _kept_files(self) -> set[int]:
+        """The log files stored message runs refer to (runs.py), read from SQL."""
+        conn = self.engine.raw_connection()
+        try:
+            cur = conn.cursor()
+            cur.execute(SELECT_REFS)
+            found = {ref[0] for *_, blob in cur.fetchall()
+                     if (ref := ref_of(bytes(blob))) is not None}
+            conn.rollback()
+            return found
+        finally:
+            conn.close()
 
     def _checkpoints(self, wal_limit: int) -> Checkpointer:
         url = self.engine.url
@@ -343,19 +363,30 @@ class SQLStore(Store):
                     f'{p} ORDER BY "first_position"', (vhost, queue, max(wanted), min(wanted)))
         for first, blob in cur.fetchall():
             first = int(first)
-            contents = unpack_run(bytes(blob))
+            contents = unpack_run(self._run_contents(blob))
             hit = [x for x in wanted if first <= x < first + len(contents)]
             for x in hit:
                 found[x] = (contents[x - first].header, contents[x - first].body)
             if hit:
                 self._run_cache = ((vhost, queue), first, contents)
 
+    def _run_contents(self, blob: Any) -> bytes:
+        """A stored run's packed contents: its column, or the log file it refers to."""
+        data = bytes(blob)
+        if ref_of(data) is None:
+            return data
+        try:
+            return resolve(data, self._database_file())
+        except RunRefError as exc:
+            raise StoreError(str(exc)) from exc
+
     def stats(self) -> dict[str, Any]:
         """Counters for logs and benchmarks, including the writer's current backlog."""
         stats = dict(self._writer.stats, backlog_ops=self._writer.backlog_ops,
                      checkpoints=getattr(self._writer.checkpoints, "count", 0))
         if self._appender is not None:
-            stats.update(self._appender.stats, backlog_units=self._appender.backlog_units)
+            stats.update(self._appender.stats, backlog_units=self._appender.backlog_units,
+                         kept_log_files=self.oplog.kept if self.oplog is not None else 0)
         return stats
 
     # -- the durability barrier ----------------------------------------------------------
@@ -654,7 +685,7 @@ class SQLStore(Store):
         result = conn.execution_options(yield_per=16).execute(
             select(runs).order_by(*self._text_order(runs), runs.c.first_position))
         for r in result:
-            for i, c in enumerate(unpack_run(bytes(r.contents))):
+            for i, c in enumerate(unpack_run(self._run_contents(r.contents))):
                 key = (r.vhost, r.queue, int(r.first_position) + i)
                 if key not in gone:
                     yield StoredMessage(r.vhost, r.queue, key[2], c.exchange, c.routing_key,

@@ -109,6 +109,9 @@ class ApplyPolicy:
         self.max_ops = max_ops
         self.idle = idle
         self.on_applied = on_applied  # called (writer thread) with each completed generation
+        # called (writer thread, after a commit) with the kept log files whose last stored
+        # message run went in it (store/runs.py)
+        self.on_released: Callable[[list[int]], None] | None = None
 
 
 DISK_FULL_RETRY_SECONDS = 1.0  # how soon a write that found the disk full is tried again
@@ -209,7 +212,9 @@ class Writer(threading.Thread):
         self._stopping = False
         self.disk = DiskFull(on_disk_full, lambda: self._stopping)
         self._last_warning = 0.0
-        self.runs = RunIndex()  # the message runs SQL holds (loaded when the thread starts)
+        # the message runs SQL holds (loaded when the thread starts); with an operation log
+        # some are references to its files (runs.py), which stay while a run refers to them
+        self.runs = RunIndex(refs=policy is not None)
         self.stats: dict[str, Any] = {"commits": 0, "rows": 0, "cancelled": 0, "units": 0,
                                       "max_backlog_ops": 0, "max_commit_seconds": 0.0}
 
@@ -298,6 +303,9 @@ class Writer(threading.Thread):
                     self._fail(exc)
                     return False
         self.disk.succeeded()
+        released = self.runs.take_released()
+        if released and self.policy is not None and self.policy.on_released is not None:
+            self.policy.on_released(released)  # kept log files no stored run refers to now
         self.stats["cancelled"] += batch.cancelled
         self._report(units, batch.callbacks)
         self.checkpoints.after_commit(conn)
