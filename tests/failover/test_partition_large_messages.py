@@ -32,19 +32,24 @@ from tests.failover.groups import (
 
 pytestmark = pytest.mark.timeout(180)
 
-SIZE = 60 * 1024 * 1024
+MIB = 1024 * 1024
 # a 60 MiB body is copied a few times on each node (the client's frames, the parts, the
 # store, two backups): on the shared 2 cores at load 20 a loop turn of those took up to
 # 0.7 s, so the leases are those of a slower network than FAST's (0.6 s)
 SLOW = {**OPTIONS, "heartbeat_interval": 0.2, "lease_timeout": 2.0, "election_timeout": 3.0,
         "backup_timeout": 6.0}
-PARTS = SIZE // (1 << 20) + 1  # of 1 MiB
 
 
-def test_a_60_mib_message_published_on_a_non_leader_is_consumed_whole_anywhere() -> None:
-    """Two 60 MiB messages published with confirms on A, the queue's partition led by B:
-    both confirmed; the first taken whole on B (the leader), the second consumed whole
-    by a consumer on C (a remote consumer: delivered in parts over the link B -> C)."""
+@pytest.mark.parametrize("mib", [3, pytest.param(60, marks=pytest.mark.slow)])
+def test_a_large_message_published_on_a_non_leader_is_consumed_whole_anywhere(
+        mib: int) -> None:
+    """Two messages of ``mib`` MiB (and a byte) published with confirms on A, the queue's
+    partition led by B: both confirmed; the first taken whole on B (the leader), the
+    second consumed whole by a consumer on C (a remote consumer: delivered in parts over
+    the link B -> C). 3 MiB in the default run (4 parts each), 60 MiB under ``-m slow``
+    (39-52 s)."""
+    size = mib * MIB
+    parts = mib + 1  # of 1 MiB
     with LocalCluster(3, options=SLOW) as cluster:
         names = cluster.names
         leaders = until("one serving primary per group",
@@ -61,7 +66,7 @@ def test_a_60_mib_message_published_on_a_non_leader_is_consumed_whole_anywhere()
             conn.channel().queue_declare(queue, durable=True)
         finally:
             conn.close()
-        bodies = [os.urandom(1024) * (SIZE // 1024) + bytes([i]) for i in range(2)]
+        bodies = [os.urandom(1024) * (size // 1024) + bytes([i]) for i in range(2)]
         digests = [hashlib.sha256(body).hexdigest() for body in bodies]
         conn = connect(cluster, a)
         try:
@@ -76,7 +81,7 @@ def test_a_60_mib_message_published_on_a_non_leader_is_consumed_whole_anywhere()
         forwarding = (cluster.status(a) or {})["node"]["forwarding"]
         assert forwarding["sender"]["acks"] == 2 and forwarding["sender"]["nacks"] == 0
         # (more, if a failover had them sent again)
-        assert forwarding["sender"]["parts"] >= 2 * PARTS, forwarding
+        assert forwarding["sender"]["parts"] >= 2 * parts, forwarding
 
         conn = connect(cluster, b)  # the leader: its own queue
         try:
@@ -84,7 +89,7 @@ def test_a_60_mib_message_published_on_a_non_leader_is_consumed_whole_anywhere()
         finally:
             conn.close()
         assert method is not None and properties.message_id == "0"
-        assert hashlib.sha256(body).hexdigest() == digests[0] and len(body) == SIZE + 1
+        assert hashlib.sha256(body).hexdigest() == digests[0] and len(body) == size + 1
 
         conn = connect(cluster, c)  # a third node: a remote consumer, B delivering in parts
         got: list[tuple[str, bytes, bool]] = []
@@ -105,19 +110,19 @@ def test_a_60_mib_message_published_on_a_non_leader_is_consumed_whole_anywhere()
             consumed = time.monotonic() - started - published
         finally:
             conn.close()
-        assert len(got) == 1, "the 60 MiB message not delivered to the consumer on C"
+        assert len(got) == 1, f"the {mib} MiB message not delivered to the consumer on C"
         message_id, body, redelivered = got[0]
         assert message_id == "1" and not redelivered
-        assert hashlib.sha256(body).hexdigest() == digests[1] and len(body) == SIZE + 1
+        assert hashlib.sha256(body).hexdigest() == digests[1] and len(body) == size + 1
         consuming = (cluster.status(c) or {})["node"]["consuming"]
-        assert consuming["proxy"]["parts"] >= PARTS, consuming
+        assert consuming["proxy"]["parts"] >= parts, consuming
         conn = connect(cluster, b)
         try:
             depth = conn.channel().queue_declare(queue, passive=True).method.message_count
         finally:
             conn.close()
         assert depth == 0
-        print(f"2 x 60 MiB published on {a} to {b}'s queue, confirmed in {published:.2f}s; "
+        print(f"2 x {mib} MiB published on {a} to {b}'s queue, confirmed in {published:.2f}s; "
               f"one taken on {b}, one consumed on {c} ({consumed:.2f}s after); "
               f"parts sent {forwarding['sender']['parts']} (retries "
               f"{forwarding['sender']['retries']}); load {os.getloadavg()[0]:.1f}")
