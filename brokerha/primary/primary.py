@@ -74,6 +74,9 @@ DEFAULT_BACKUP_UNHEARD_TIMEOUT = 0.5
 # lease, so that heartbeats queued behind replication still arrive in time
 DEFAULT_FLOW_LAG = 0.1
 FLOW = "replication"
+#: ``Primary._policies``' mark of a queue of another replication group (a partitioned node's:
+#: broker/placement.py), answered ``REPLICATE_NONE`` without asking the scope again
+OTHER_GROUP = "other-group"
 CHANGES_SHOWN = 20  # queues listed in status()["replicate_changes"]
 
 
@@ -250,13 +253,22 @@ class Primary(ConfigurationObserver, QueueObserver):
         return self.scope is None or self.scope.configuration
 
     def _policy(self, q: Queue) -> str:
-        scope = self.scope
-        if scope is not None and not scope.queues(q):
-            return REPLICATE_NONE  # another group's queue: none of this log
         policy = self._policies.get(q)
         if policy is None:
-            policy = self._policies[q] = queue_policy(q, self.default_policy, self.policies,
-                                                      PolicyEffects.of(self.broker))
+            policy = self._decide(q)
+        return REPLICATE_NONE if policy is OTHER_GROUP else policy
+
+    def _decide(self, q: Queue) -> str:
+        """A queue seen for the first time: ``OTHER_GROUP`` if another group's (the scope
+        asked once: a queue's group is fixed for its life, a re-declared queue is a new
+        ``Queue``), else its policy; remembered until the queue is deleted."""
+        scope = self.scope
+        if scope is not None and not scope.queues(q):
+            policy = OTHER_GROUP  # another group's queue: none of this log
+        else:
+            policy = queue_policy(q, self.default_policy, self.policies,
+                                  PolicyEffects.of(self.broker))
+        self._policies[q] = policy
         return policy
 
     def _replicated(self, q: Queue) -> bool:
@@ -295,8 +307,8 @@ class Primary(ConfigurationObserver, QueueObserver):
         effects = PolicyEffects.of(self.broker)
         for q in list(vhost.queues.values()):
             old = self._policies.get(q)
-            if old is None:
-                continue  # never seen: decided when it is (its declaration)
+            if old is None or old is OTHER_GROUP:
+                continue  # never seen: decided when it is (its declaration); another group's
             new = queue_policy(q, self.default_policy, self.policies, effects)
             if new != old:
                 self._change_mode(q, old, new, decided_by(q, self.default_policy, self.policies,
@@ -613,9 +625,10 @@ class Primary(ConfigurationObserver, QueueObserver):
             self._emit(part)
 
     def acquired(self, queue: Queue, entry: Entry) -> None:
-        scope = self.scope
         # the others may become replicated whole; another group's are not this log's
-        if queue.exclusive_owner is None and (scope is None or scope.queues(queue)):
+        if queue.exclusive_owner is None and (
+                self.scope is None
+                or (self._policies.get(queue) or self._decide(queue)) is not OTHER_GROUP):
             self._acquired.setdefault(queue, {})[entry.position] = entry
 
     def acquired_entries(self, queue: Queue) -> list[Entry]:
