@@ -12,7 +12,9 @@ partitions, the process CPU of:
 - ``broker``: the broker alone (no primary): the reference;
 - ``asking``: the node's primaries (the metadata group's and ``--leads``
   partitions') asking their scope on every event, as before the cache (the
-  old ``Primary._policy`` and ``acquired``, kept here as ``AskingPrimary``);
+  old ``Primary._policy`` and ``acquired``, kept here as ``AskingPrimary``,
+  whose ``enqueued`` and ``dequeued`` go through that ``_policy`` first, as
+  before);
 - ``cached``: today's ``Primary`` (the answer remembered per queue,
   ``Primary._policies``' ``OTHER_GROUP``).
 
@@ -59,6 +61,17 @@ class AskingPrimary(Primary):
         scope = self.scope
         if queue.exclusive_owner is None and (scope is None or scope.queues(queue)):
             self._acquired.setdefault(queue, {})[entry.position] = entry
+
+    def enqueued(self, queue: Queue, entry: Entry) -> None:
+        if self._messages_replicated(queue):  # as before: through _policy, asking
+            super().enqueued(queue, entry)
+
+    def dequeued(self, queue: Queue, entry: Entry) -> None:
+        held = self._acquired.get(queue)
+        if held:
+            held.pop(entry.position, None)
+        if not queue.deleted and self._messages_replicated(queue):
+            super().dequeued(queue, entry)
 
 
 def build(kind: str, args: argparse.Namespace) -> tuple[Broker, list[Queue], list[Primary]]:

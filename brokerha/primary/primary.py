@@ -592,7 +592,8 @@ class Primary(ConfigurationObserver, QueueObserver):
     # -- queue observer ------------------------------------------------------------------
 
     def enqueued(self, queue: Queue, entry: Entry) -> None:
-        if self._messages_replicated(queue):
+        # ``_messages_replicated`` inlined: every group's primary on a node sees every event
+        if (self._policies.get(queue) or self._decide(queue)) == REPLICATE_ALL:
             now = self.clock() if entry.expires_at is not None else 0.0
             if self._capture is not None:
                 self._capture_enqueue(queue, entry, now)
@@ -645,8 +646,8 @@ class Primary(ConfigurationObserver, QueueObserver):
         held = self._acquired.get(queue)
         if held:
             held.pop(entry.position, None)
-        if queue.deleted or not self._messages_replicated(queue):
-            return  # a deleted queue goes as a whole
+        if queue.deleted or (self._policies.get(queue) or self._decide(queue)) != REPLICATE_ALL:
+            return  # a deleted queue goes as a whole; ``_messages_replicated`` inlined
         if self._capture is not None:
             ops = self._capture[1]
             if not (ops and ev.join_dequeue(ops[-1], queue, entry.position)):
