@@ -199,11 +199,13 @@ class GCGovernor:
         loop = self._loop
         if loop is None:
             return
-        generation = _due(gc.get_count(), gc.get_threshold())
-        if generation is not None:
-            self.loop_collections += 1
-            gc.collect(generation)
-        self._poll_handle = loop.call_later(POLL_INTERVAL, self._poll)
+        try:
+            generation = _due(gc.get_count(), gc.get_threshold())
+            if generation is not None:
+                self.loop_collections += 1
+                gc.collect(generation)
+        finally:  # whatever happened, the next check comes: nothing else collects
+            self._poll_handle = loop.call_later(POLL_INTERVAL, self._poll)
 
     def freeze_bulk(self) -> None:
         """Freeze what is not frozen yet, without a collection (``bulk_made``)."""
