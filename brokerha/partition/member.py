@@ -202,7 +202,7 @@ class PartitionScope:
 
     def __init__(self, table: PartitionTable) -> None:
         self.table = table
-        self._known: dict[tuple[str, str, object], int] = {}
+        self._known: dict[tuple[str, str, object, type], int] = {}
 
     def partition(self, queue: Queue) -> int | None:
         """``queue``'s partition; None for an exclusive queue (in none: not replicated)."""
@@ -211,17 +211,22 @@ class PartitionScope:
         return self.of_name(queue.vhost, queue.name, queue.arguments.get(PIN))
 
     def of_name(self, vhost: str, name: str, pin: object) -> int:
-        """The partition of a (non-exclusive) queue of that name and pin, declared or not."""
+        """The partition of a (non-exclusive) queue of that name and pin, declared or not
+        (asked on every publish: one lookup when known; the pin's type in the key: a
+        decimal pin equal to an int one is no pin, ``_first``)."""
+        try:
+            return self._known[(vhost, name, pin, type(pin))]
+        except (KeyError, TypeError):  # not asked yet, or an unhashable pin
+            return self._first(vhost, name, pin)
+
+    def _first(self, vhost: str, name: str, pin: object) -> int:
         if not isinstance(pin, int | float | str | bytes | None):  # a table, a list: no pin
             return hash_partition(vhost, name, self.table.partitions)
-        key = (vhost, name, pin)
-        p = self._known.get(key)
-        if p is None:
-            try:
-                p = self.table.partition_of(vhost, name, pin)
-            except PartitionTableError:  # a pin out of range: stage 3 refuses it at declare
-                p = hash_partition(vhost, name, self.table.partitions)
-            self._known[key] = p
+        try:
+            p = self.table.partition_of(vhost, name, pin)
+        except PartitionTableError:  # a pin out of range: stage 3 refuses it at declare
+            p = hash_partition(vhost, name, self.table.partitions)
+        self._known[(vhost, name, pin, type(pin))] = p
         return p
 
     def of(self, partition: int) -> Callable[[Queue], bool]:
