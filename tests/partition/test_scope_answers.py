@@ -104,3 +104,19 @@ def test_an_exclusive_queue_is_no_groups_and_a_policy_change_skips_other_groups_
     g3.replicate_changed("/")
     assert g3._policies[mine] is OTHER_GROUP and g2.replicate_mode(mine) != "none"
     assert g3.replicate_mode(mine) == "none"
+
+
+def test_of_name_remembers_a_pin_per_value_and_type_and_takes_no_unhashable_one() -> None:
+    from decimal import Decimal
+
+    from brokerha.cluster.partition_table import hash_partition
+
+    scope = PartitionScope(PartitionTable.empty(P, 1))
+    name = next(n for n in (f"n{i}" for i in range(100)) if hash_partition("/", n, P) != 3)
+    hashed = hash_partition("/", name, P)
+    for _ in range(2):  # asked, then remembered: the same answers
+        assert scope.of_name("/", name, 3) == 3
+        assert scope.of_name("/", name, None) == hashed
+        assert scope.of_name("/", name, Decimal(3)) == hashed  # no pin's type: the hash
+        assert scope.of_name("/", name, [3]) == hashed  # unhashable: no pin
+        assert scope.of_name("/", name, {"p": 3}) == hashed
