@@ -145,6 +145,10 @@ def test_drain_moves_every_cell_off_a_node_online() -> None:
         got = drain_ids(cluster, leader_now, queue)
         twice = [m for m, n in Counter(got).items() if n > 1]
         lost = set(client.acked) - {int(m) for m in got}
+        if lost:
+            for name in names:  # what the nodes said of the moves and roles
+                print("\n".join(line for line in cluster.nodes[name].log
+                                if "WARNING" in line and "stall" not in line))
         assert not lost, (f"confirmed and lost: {len(lost)} of {len(client.acked)}, "
                           f"{sorted(lost)[:10]}; {len(got)} in {queue} on {leader_now}, "
                           f"D {d}, leaders {before}, client on {client_node}")
