@@ -214,3 +214,17 @@ def test_a_kept_file_gone_or_changed_fails_the_store(tmp_path: Path, damage: str
         path.write_bytes(bytes(data))
     with pytest.raises(StoreError, match="refers to"):
         stored(f"sqlite:///{db}")
+
+
+def test_without_fdatasync_runs_are_copied_into_sql(tmp_path: Path) -> None:
+    """synchronous=normal: the log is not synced, so SQL could outlive what it refers to."""
+    db = tmp_path / "store.db"
+    node = open_node(db, synchronous="normal")
+    file_per_append(node)
+    q = node.queue()
+    add(node, q, 1, BIG)
+    node.sync()
+    readable(node)
+    node.close()
+    assert [(f, len(c) > REF_BYTES) for f, c in run_rows(db)] == [(1, True)]
+    assert stored(f"sqlite:///{db}") == everything(BIG)
