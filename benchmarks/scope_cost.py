@@ -13,6 +13,7 @@ partitions, the process CPU of:
 - ``asking``: the node's primaries (the metadata group's and ``--leads``
   partitions') asking their scope on every event, as before the cache (the
   old ``Primary._policy`` and ``acquired``, kept here as ``AskingPrimary``,
+  over the old ``of_name``, ``OldScope``,
   whose ``enqueued`` and ``dequeued`` go through that ``_policy`` first, as
   before);
 - ``cached``: today's ``Primary`` (the answer remembered per queue,
@@ -20,7 +21,9 @@ partitions, the process CPU of:
 
 The primaries have no backups (events are counted, not sent). Prints each
 layout's us/message, the primaries' part (minus ``broker``) and the ratio
-asking / cached, with ``uptime``. Run it: ``.venv/bin/python benchmarks/scope_cost.py``.
+asking / cached, then ``PartitionScope.of_name`` (asked twice a publish by
+``GroupClients.publish``) as it was (``OldScope``) and as it is, with the
+load average. Run it: ``.venv/bin/python benchmarks/scope_cost.py``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from brokerha.broker.placement import GroupScope, no_queues
 from brokerha.broker.policy_effects import PolicyEffects
 from brokerha.broker.queue import Queue
 from brokerha.broker.storage import MemoryStore
-from brokerha.cluster.partition_table import PartitionTable
+from brokerha.cluster.partition_table import PartitionTable, hash_partition
 from brokerha.ha.simulation.world import message
 from brokerha.partition.member import PIN, PartitionScope
 from brokerha.primary.policy import queue_policy
@@ -74,6 +77,32 @@ class AskingPrimary(Primary):
             super().dequeued(queue, entry)
 
 
+class OldScope(PartitionScope):
+    """The reference for ``of_name`` (asked twice a publish by ``GroupClients.publish``): as
+    it was, an ``isinstance`` and a tuple before its lookup."""
+
+    def of_name(self, vhost: str, name: str, pin: object) -> int:
+        if not isinstance(pin, int | float | str | bytes | None):
+            return hash_partition(vhost, name, self.table.partitions)
+        key = (vhost, name, pin)
+        p = self._old.get(key)
+        if p is None:
+            p = self._old[key] = self.table.partition_of(vhost, name, pin)
+        return p
+
+    def __init__(self, table: PartitionTable) -> None:
+        super().__init__(table)
+        self._old: dict[tuple[str, str, object], int] = {}
+
+
+def of_name_round(scope: PartitionScope, names: list[str], n: int) -> float:
+    start = time.process_time()
+    for _ in range(n):
+        for name in names:
+            scope.of_name("/", name, None)
+    return (time.process_time() - start) / n / len(names) * 1e6
+
+
 def build(kind: str, args: argparse.Namespace) -> tuple[Broker, list[Queue], list[Primary]]:
     broker = Broker("n1", clock=time.monotonic, store=MemoryStore())
     broker.add_vhost("/")
@@ -84,7 +113,8 @@ def build(kind: str, args: argparse.Namespace) -> tuple[Broker, list[Queue], lis
     primaries: list[Primary] = []
     if kind != "broker":
         factory = AskingPrimary if kind == "asking" else Primary
-        placement = PartitionScope(PartitionTable.empty(args.partitions, 1))
+        table = PartitionTable.empty(args.partitions, 1)
+        placement = OldScope(table) if kind == "asking" else PartitionScope(table)
         scopes = [GroupScope(0, no_queues, True)]
         scopes += [GroupScope(p + 1, placement.of(p), False) for p in range(args.leads)]
         primaries = [factory(broker, me="n1", members=3, epoch=1, start_seq=0,
@@ -130,6 +160,15 @@ def main() -> None:
     asking, cached = med["asking"] - med["broker"], med["cached"] - med["broker"]
     print(f"primaries' part asking / cached = {asking / cached:.2f}x "
           f"({asking - cached:.2f} us/message saved)")
+    table = PartitionTable.empty(args.partitions, 1)
+    scopes = {"old": OldScope(table), "new": PartitionScope(table)}
+    names = [q.name for q in built["broker"][1]]
+    calls: dict[str, list[float]] = {k: [] for k in scopes}
+    for _ in range(args.rounds):
+        for k, scope in scopes.items():
+            calls[k].append(of_name_round(scope, names, 5000))
+    old, new = statistics.median(calls["old"]), statistics.median(calls["new"])
+    print(f"PartitionScope.of_name us/call: old {old:.3f}, new {new:.3f}: {old / new:.2f}x")
     print(f"load: {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} {os.getloadavg()[2]:.1f}")
 
 
