@@ -319,7 +319,8 @@ class PartitionedMember:
         group = group_of(p)
         initial = membership_of(table, p)
         layer = MembershipLayer(group, self.broker.store, initial,
-                                lambda m: self._membership_changed(group, m))
+                                lambda m: self._membership_changed(group, m),
+                                lambda: self._table_of().ptid)
         if self.me not in layer.membership.everyone:  # moved away and back: the row's
             layer.membership = initial
         if self.me not in layer.membership.everyone:  # the row lists this node: a learner

@@ -238,8 +238,14 @@ class MembershipLayer:
     kinds = MEMBERSHIP_EVENTS
 
     def __init__(self, group: int, store: MetaStore, initial: Membership,
-                 changed: Callable[[Membership], None]) -> None:
+                 changed: Callable[[Membership], None],
+                 table_ptid: Callable[[], int] = lambda: 2) -> None:
+        """``table_ptid``: the node's table's ptid now -- a catch-up carries the membership
+        once the table ever changed (ptid > 1); before, no group ever appended a ``pm``
+        and every member runs the one of the first table: the catch-up is as before
+        moves existed (the same wire, the simulations' same course)."""
         self.group = group
+        self.table_ptid = table_ptid
         self.store = store
         self.key = MEMBERSHIP_KEY.format(group=group)
         self.changed = changed
@@ -282,12 +288,20 @@ class MembershipLayer:
     def attach_primary(self, primary: Any) -> None:
         self.primary = primary
         self.pending_seq = None
-        primary.catch_up_providers.append(lambda: [self.membership.event()])
+        primary.catch_up_providers.append(self.catch_up_events)
         self.changed(self.membership)
 
     def detach_primary(self) -> None:
         self.primary = None
         self.pending_seq = None
+
+    def catch_up_events(self) -> list[Any]:
+        """The membership, whole, for a joiner (its own, maybe a deposed primary's
+        uncommitted one, is replaced): once the table or the membership moved on from
+        the first table's."""
+        if self.membership.ptid > 1 or self.table_ptid() > 1:
+            return [self.membership.event()]
+        return []
 
     # -- the membership held -----------------------------------------------------------
 
