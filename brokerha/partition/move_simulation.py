@@ -18,8 +18,10 @@ Checked, beside the groups world's (a)-(h) per group:
 - (i) every membership a group's primary appends differs from the one it ran
   by at most one voter (``Unsafe.two_cells`` breaks it);
 - (j) a drain that finished leaves its node holding no cell: the table has
-  none, and once settled (``SETTLE``) no group's serving primary counts it and
-  the node (if up) holds no partition group and no partition queue;
+  none, and once settled (``SETTLE_TIMEOUTS``) no group's serving primary counts it,
+  and the node (if up, and no random fault ran within the settle time and a fault's
+  longest effect: a node cut off hears its removal only once back) holds no
+  partition group and no partition queue;
 - (c) across moves: a group whose membership changed still holds every
   confirmed message (``Unsafe.learner_confirms``: confirms counted with a
   learner's acknowledgement are lost when the voters elect without it).
@@ -57,7 +59,7 @@ from brokerha.partition.group_simulation import (
     run_quietly,
     run_seeds,
 )
-from brokerha.partition.member import GroupUnsafe, group_of, partition_of_group
+from brokerha.partition.member import STALE_AFTER, GroupUnsafe, group_of, partition_of_group
 from brokerha.partition.moves import (
     Change,
     Finished,
@@ -86,7 +88,10 @@ class Unsafe(WorldUnsafe):
     def moves(self) -> MovesUnsafe:
         return self._part(MovesUnsafe)  # type: ignore[no-any-return]
 
-SETTLE = 3.0  # after a drain finished, the groups drop the node within this
+# after a drain finished (or the drained node resumed from a pause), the groups drop the
+# node within this many election timeouts: a node cut off when the pm removing it went out
+# leaves by the table once it followed no primary for STALE_AFTER of them (member.py)
+SETTLE_TIMEOUTS = STALE_AFTER + 3
 MOVES_EVERY = (2.0, 5.0)  # the operator's next drain or undrain, after the last finished
 SCRIPT_AT = 2.0
 SCRIPTS = ("pt", "pm", "done", "remove", "coordinator", "stop", "cut", "split")
@@ -128,6 +133,8 @@ class MoveSimulation(GroupSimulation):
         self.settle_due: float | None = None
         self.stopped_epochs: dict[int, int] | None = None
         self.stop_check_at = 0.0
+        self.settle = SETTLE_TIMEOUTS * self.timing.election_timeout
+        self.last_fault_at = -1e9  # the last random fault's start (j: the node's own side)
 
     def group_unsafe(self) -> GroupUnsafe:
         return replace(super().group_unsafe(), moves=self.moves_unsafe)
@@ -236,6 +243,10 @@ class MoveSimulation(GroupSimulation):
         elif self.script == "done" and "caught up" in step.why:
             self._fire("after the coordinator's replicated")
 
+    def _fault(self) -> None:
+        self.last_fault_at = self.now
+        super()._fault()
+
     def _emitted(self, name: str, group: int, old: Membership, new: Membership) -> None:
         """(i), and the scripts' failures at a ``pm``."""
         self.counts["memberships"] += 1
@@ -298,7 +309,7 @@ class MoveSimulation(GroupSimulation):
             if held and len(mover.skipped) < len(held):
                 self.violate(f"(j) drain of {mover.node} finished; the table still places "
                              f"it in partitions {held}")
-            self.settle_due = self.now + SETTLE
+            self.settle_due = self.now + self.settle
         if self.script is None:
             self.after(self.rng.uniform(*MOVES_EVERY), self._operate)
 
@@ -312,22 +323,24 @@ class MoveSimulation(GroupSimulation):
         if name is None:
             self.settle_due = None
             return
-        if self.node(name).paused:  # SIGSTOPped: it drops its groups once resumed
-            self.settle_due = self.now + SETTLE
-            return
         self.settle_due = None
         for p in range(self.partitions):
             leader = self.serving_groups[group_of(p)]
             layer = leader.ha.memberships.get(group_of(p)) if leader is not None else None
             if layer is not None and name in layer.membership.everyone:
-                self.violate(f"(j) {SETTLE}s after {name} was drained, group {group_of(p)}'s "
+                self.violate(f"(j) {self.settle}s after {name} was drained, group {group_of(p)}'s "
                              f"primary {leader.name if leader else '-'} still runs "
                              f"{layer.membership}")
         node = self.node(name)
-        if node.alive:
+        # the node's own side only once no fault ran for the settle time and a fault's
+        # longest effect (a node cut off or paused hears its removal only once back)
+        quiet = self.now - self.last_fault_at >= self.settle + self.faults.outage[1] \
+            + self.faults.detect[1]
+        if node.alive and quiet:
+            self.counts["drained_nodes_checked"] += 1
             groups = sorted(g for g in node.ha.groups if g != 0)
             if groups:
-                self.violate(f"(j) {SETTLE}s after {name} was drained it still runs groups "
+                self.violate(f"(j) {self.settle}s after {name} was drained it still runs groups "
                              f"{groups}")
             for client in self.clients:
                 if self.queue_on(node, client.queue) is not None:
@@ -338,7 +351,7 @@ class MoveSimulation(GroupSimulation):
                                    if (serving := self.serving_groups[g]) is not None}
             self.note(f"script: stop drained {name}")
             self.crash_node(node, self.duration)
-            self.stop_check_at = self.now + SETTLE
+            self.stop_check_at = self.now + self.settle
 
     def _stopped(self) -> None:
         if self.stopped_epochs is None or self.now < self.stop_check_at:
