@@ -117,6 +117,15 @@ class GroupsNode(Shell):
                 f"{self.state.path} is an unpartitioned node's: this data directory was "
                 "written without [cluster] partition_groups; start it without, or from an "
                 "empty data directory (moving a cluster's queues into partitions is stage 5)")
+        if len(cluster.members) > cluster.partition_replicas + 1:
+            # issue 35, not built yet: the queue directory (docs/ha.md "Declarations")
+            log.warning(
+                "cluster %s: %d nodes, partition_replicas %d: a node holds cells of only some "
+                "partitions and does not know the queues of the others -- a publish on it "
+                "that only those queues would take is unroutable (confirmed, as RabbitMQ "
+                "confirms an unroutable message, and dropped; mandatory returns it); connect "
+                "clients to nodes holding cells of the partitions they use (ctl partitions)",
+                cluster.name, len(cluster.members), cluster.partition_replicas)
         coordinator = self.partitions
         self.ha = PartitionedMember(
             self.broker, self.me, [m.name for m in cluster.members],
