@@ -199,12 +199,17 @@ class Names:
 def names(request: pytest.FixtureRequest, broker: Broker) -> Iterator[Names]:
     n = Names(request.node.name)
     yield n
-    if not n.made:
+    delete_made(broker, n)
+
+
+def delete_made(broker: Broker, names: Names) -> None:
+    """Delete every queue or exchange ``names`` made (whichever each is), errors ignored."""
+    if not names.made:
         return
     with contextlib.suppress(Exception):
         conn = pika.BlockingConnection(broker.params(socket_timeout=5))
         try:
-            for name in n.made:
+            for name in names.made:
                 for delete in ("queue_delete", "exchange_delete"):
                     try:
                         ch = conn.channel()

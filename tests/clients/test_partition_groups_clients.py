@@ -12,17 +12,15 @@ why is in docs/ha.md ("Declarations from any node", the client suites).
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import pika
 import pytest
 
 from brokerha.cluster.partition_table import hash_partition
 from brokerha.testing import LocalCluster
-from tests.clients.conftest import Broker, Names
+from tests.clients.conftest import Broker, Names, delete_made
 from tests.clients.test_aio_pika import (  # noqa: F401 - collected here, with this module's fixtures
     test_all_field_types_round_trip_including_float,
     test_connect_robust_exchange_queue_publish_get,
@@ -143,20 +141,7 @@ def names(request: pytest.FixtureRequest, broker: Broker,
           partitioned: Cluster) -> Iterator[Names]:
     n = ElsewhereNames(request.node.name, partitioned.led)
     yield n
-    with contextlib.suppress(Exception):
-        conn = pika.BlockingConnection(broker.params(socket_timeout=5))
-        try:
-            for name in n.made:
-                for delete in ("queue_delete", "exchange_delete"):
-                    try:
-                        ch = conn.channel()
-                        getattr(ch, delete)(name)
-                        ch.close()
-                    except pika.exceptions.AMQPChannelError:
-                        pass
-        finally:
-            with contextlib.suppress(Exception):
-                conn.close()
+    delete_made(broker, n)
 
 
 def test_the_layout_is_what_the_module_says(partitioned: Cluster, names: Names) -> None:

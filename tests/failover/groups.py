@@ -117,6 +117,25 @@ def connect(cluster: LocalCluster, node: str) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
 
 
+def depth(cluster: LocalCluster, node: str, queue: str) -> int:
+    """The queue's message count as ``node`` answers a passive declare."""
+    return counts(cluster, node, queue)[0]
+
+
+def consumers_on(cluster: LocalCluster, node: str, queue: str) -> int:
+    """The queue's consumer count as ``node`` answers a passive declare."""
+    return counts(cluster, node, queue)[1]
+
+
+def counts(cluster: LocalCluster, node: str, queue: str) -> tuple[int, int]:
+    conn = connect(cluster, node)
+    try:
+        ok = conn.channel().queue_declare(queue, passive=True).method
+        return int(ok.message_count), int(ok.consumer_count)
+    finally:
+        conn.close()
+
+
 def props(i: int) -> pika.BasicProperties:
     return pika.BasicProperties(delivery_mode=2, message_id=str(i))
 

@@ -27,6 +27,7 @@ from tests.failover.groups import (
     OPTIONS,
     StreamPublisher,
     connect,
+    depth,
     name_in,
     one_partition_each,
     props,
@@ -63,12 +64,6 @@ def publish(cluster: LocalCluster, node: str, queue: str, ids: range) -> None:
         conn.close()
 
 
-def depth(cluster: LocalCluster, node: str, queue: str) -> int:
-    conn = connect(cluster, node)
-    try:
-        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        conn.close()
 
 
 def test_a_consumer_on_another_node_gets_every_message_once_and_acks_it() -> None:

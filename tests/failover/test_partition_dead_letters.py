@@ -19,6 +19,7 @@ from brokerha.testing import LocalCluster
 from tests.failover.groups import (
     OPTIONS,
     connect,
+    depth,
     drained,
     name_in,
     one_leader_each,
@@ -30,12 +31,6 @@ from tests.failover.groups import (
 pytestmark = pytest.mark.timeout(120)
 
 
-def depth(cluster: LocalCluster, node: str, queue: str) -> int:
-    conn = connect(cluster, node)
-    try:
-        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        conn.close()
 
 
 def test_dead_letters_of_one_partition_reach_a_queue_another_node_leads() -> None:

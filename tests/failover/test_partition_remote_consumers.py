@@ -27,6 +27,7 @@ from tests.failover.groups import (
     OPTIONS,
     StreamPublisher,
     connect,
+    consumers_on,
     name_in,
     one_leader_each,
     promote,
@@ -143,12 +144,6 @@ def test_a_missing_queue_an_exclusive_consumer_and_a_deleted_queue_as_a_single_n
                     conn.close()
 
 
-def consumers_on(cluster: LocalCluster, node: str, queue: str) -> int:
-    conn = connect(cluster, node)
-    try:
-        return int(conn.channel().queue_declare(queue, passive=True).method.consumer_count)
-    finally:
-        conn.close()
 
 
 class Consumer(threading.Thread):
