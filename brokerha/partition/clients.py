@@ -87,6 +87,9 @@ class GroupClients:
         self.connections: dict[ClientLink, int] = {}  # served connection -> 0 (node-level)
         self._by_id: dict[int, ClientLink] = {}  # id(link): the AMQP connection's conn_id
         self.refused = 0
+        # publishes refused (540) because this node holds no cell of some partition and
+        # cannot route them completely (``check_route``)
+        self.unroutable_refused = 0
         # the node's forwarding of publishes to the groups it does not serve (stage 3; the
         # shell sets it): None, a publish to such a group's queue is refused (404)
         self.forwarding: NodeForwarding | None = None
@@ -186,6 +189,7 @@ class GroupClients:
         forwarded by ``x-ha-id`` to their groups' leaders (``NodeForwarding``); every group
         is checked before anything is enqueued. ``settle(ack)`` once the local part passed
         its groups' gates and every forward was answered (a nack if a queue refused it)."""
+        self.check_route(vhost, message.exchange, queues)
         forwarding = self.forwarding
         local: list[Queue] = []
         remote: dict[int, list[str]] = {}
@@ -232,6 +236,45 @@ class GroupClients:
             both.refused = True
             both.local_done()
         forwarding.publish(targets, both.remote_done, client)
+
+    def unknown_partitions(self) -> list[int]:
+        """The partitions whose queues and bindings this node does not know: those it runs
+        no group of (it holds no cell of them; their declarations and bindings are in
+        their own logs only). NotLeader while it holds no table."""
+        table = self.member.table
+        if table is None:
+            raise NotLeader("this node runs no partition group yet (it holds no partition "
+                            "table): it cannot route a publish; try again")
+        groups = self.member.groups
+        if len(groups) > table.partitions and all(group_of(p) in groups
+                                                  for p in range(table.partitions)):
+            return []
+        return [p for p in range(table.partitions) if group_of(p) not in groups]
+
+    def check_route(self, vhost: str, exchange: str, queues: Sequence[Queue]) -> None:
+        """Fail closed (docs/ha.md "Declarations", issue 35: the queue directory is not
+        built): a node holding no cell of some partition does not know that partition's
+        queues nor their bindings, so a publish it routes may miss queues it cannot see
+        (it would be confirmed and dropped). Such a node takes only what it routes
+        completely: a publish to the default exchange whose routing key names a queue it
+        holds (a name is one queue of its vhost). Anything else is refused (540) before
+        anything is enqueued or confirmed: on a node holding a cell of every partition,
+        nothing is refused."""
+        missing = self.unknown_partitions()
+        if not missing or (exchange == "" and queues):
+            return
+        self.unroutable_refused += 1
+        target = "the default exchange" if exchange == "" else f"exchange '{exchange}'"
+        where = f" in vhost '{vhost}'" if vhost else ""
+        raise NotImplementedByBroker(
+            f"publish to {target}{where} on {self.member.me}: this node holds no "
+            f"cell of partition{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(str(p) for p in missing)} and does not know "
+            f"{'their' if len(missing) > 1 else 'its'} queues or bindings (no queue "
+            "directory, issue 35), so it cannot route the message to every queue it may "
+            "reach; publish through a node holding a cell of every partition, or to the "
+            "default exchange naming a queue of a partition this node holds (brokerha ctl "
+            "partitions)")
 
     def _remote(self, queue: Queue) -> tuple[NodeConsuming, int, str] | None:
         """The consuming layer, group and x-ha-id of ``queue`` if its group is served
@@ -392,6 +435,8 @@ class GroupClients:
         branches (``XDequeue``). Refused (540) before anything is done: one of a message
         of a group led elsewhere (a remote consumer's), a reject or nack, an exclusive
         queue beside other partitions' queues."""
+        for queues, message in tx.publishes:  # before anything is committed
+            self.check_route(queues[0].vhost if queues else "", message.exchange, queues)
         published = [q for queues, _ in tx.publishes for q in queues]
         acked = [q for q, _ in tx.accepts] + [q for q, _, _ in tx.rejects]
         groups: dict[int | None, list[Queue]] = {}
