@@ -34,6 +34,7 @@ adapts one to the other for each group's member.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import random
 from collections.abc import Callable, Sequence
@@ -47,7 +48,13 @@ from brokerha.cluster.messages import Message
 from brokerha.cluster.partition_table import PartitionTable, PartitionTableError, hash_partition
 from brokerha.cluster.state import NodeState
 from brokerha.ha import admission
-from brokerha.ha.core import Cancellable, PrimarySettings, load_position, position_key
+from brokerha.ha.core import (
+    Cancellable,
+    PrimarySettings,
+    load_position,
+    position_key,
+    stored_position,
+)
 from brokerha.ha.core import Unsafe as CoreUnsafe
 from brokerha.ha.member import HAMember, StoreLayer
 from brokerha.ha.member import Unsafe as MemberUnsafe
@@ -305,10 +312,55 @@ class PartitionedMember:
         table = self.table = PartitionTable(current.ptid, current.num_replicas, current.rows)
         self.placement = PartitionScope(table)
         self._cells = set(table.cells_of(self.me))
+        self._drop_uncelled()
         made = [self._add_partition(p) for p in sorted(self._cells)]
         log.info("node %s: partition table ptid %d: %d partition groups (%s)", self.me,
                  table.ptid, len(made), ", ".join(str(m.core.scope) for m in made))
         return made
+
+    def _drop_uncelled(self) -> None:
+        """At the start (the node's first table): the store's queues of a partition this
+        node holds no cell of go, and that group's stored position is made invalid -- its
+        group left before a crash whose store had not synced the deletion yet (the moves
+        simulation's seed 133), or the cell moved away while the node was down. Fail
+        closed: a queue is served only by a node running its partition's group, and a
+        later cell here catches up whole."""
+        changed = False
+        for p in range(self.table.partitions if self.table is not None else 0):
+            if p in self._cells:
+                continue
+            removed = self._remove_queues(p)
+            key = position_key(GroupScope(group_of(p), no_queues, False))
+            raw = self.broker.store.get_meta(key)
+            if raw is not None:
+                pos_epoch, _, floor_epoch, floor_seq = stored_position(raw)
+                if pos_epoch >= 0:
+                    self.broker.store.put_meta(key, json.dumps([-1, -1, floor_epoch, floor_seq]))
+                    changed = True
+            if removed:
+                changed = True
+                log.warning("node %s: no cell of partition %d (table ptid %d): its %d "
+                            "queue(s) in the store dropped", self.me, p,
+                            self.table.ptid if self.table is not None else 0, removed)
+        if changed:  # a start with nothing to drop asks nothing (the simulations' courses)
+            self._durable("the queues of partitions without a cell here dropped")
+
+    def _remove_queues(self, p: int) -> int:
+        """Delete partition ``p``'s queues held here (the store's too); how many."""
+        placement, removed = self.placement, 0
+        if placement is None:
+            return 0
+        for vhost in list(self.broker.vhosts.values()):
+            for q in list(vhost.queues.values()):
+                if placement.partition(q) == p:
+                    vhost.remove_queue(q)
+                    removed += 1
+        return removed
+
+    def _durable(self, what: str) -> None:
+        """Ask the store to sync what was just recorded (a deletion waits for no other
+        write: a crash before the next one would bring the queues back)."""
+        self.broker.store.after_sync(lambda: log.debug("node %s: %s, durable", self.me, what))
 
     def _add_partition(self, p: int) -> HAMember:
         """Partition ``p``'s group on this node (a cell of it): its membership the one the
@@ -450,13 +502,10 @@ class PartitionedMember:
         self.memberships.pop(group, None)
         self.changers.pop(group, None)
         self.dropped += 1
-        placement = self.placement
-        if placement is not None:
-            p = partition_of_group(group)
-            for vhost in list(self.broker.vhosts.values()):
-                for q in list(vhost.queues.values()):
-                    if placement.partition(q) == p:
-                        vhost.remove_queue(q)
+        self._remove_queues(partition_of_group(group))
+        # durable now: the deletion and the invalid position would otherwise wait for
+        # the store's next write, and a crash before it brought the queues back (seed 133)
+        self._durable(f"the group of partition {partition_of_group(group)} left")
         log.warning("node %s left the group of partition %d", self.me, partition_of_group(group))
 
     def _moves(self) -> None:

@@ -4,6 +4,7 @@ cases (``partition/move_simulation.py``): one per ordering of ``pt``, ``pm`` and
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -28,6 +29,9 @@ from brokerha.cluster.partition_table import (
     PartitionTableError,
 )
 from brokerha.cluster.quorum import replicated_seq
+from brokerha.ha.core import POSITION_KEY
+from brokerha.ha.simulation.world import Faults
+from brokerha.partition.member import group_of
 from brokerha.partition.move_simulation import SCRIPTS, MoveSimulation, run_seed
 from brokerha.partition.moves import (
     Change,
@@ -312,3 +316,71 @@ def test_the_command_line_runs_the_moves_workload() -> None:
     bad = subprocess.run([*base, "--unsafe", "two_cells"], capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 1 and "(i)" in bad.stdout, bad.stdout + bad.stderr
+
+
+# -- a group left, a restart: the partition's queues go, durably (seed 133) ------------------
+
+
+def _quiet_world() -> MoveSimulation:
+    """Four nodes, P = 4, NR = 2, 3 s of publishing without a fault: every node holds three
+    partitions' groups and queues (n1: partitions 0, 2, 3 -- none of partition 1)."""
+    world = MoveSimulation(2, duration=3.0, faults=Faults(rate=0.0, spike_p=0.0))
+    assert world.run().violation is None
+    return world
+
+
+def test_a_group_left_asks_the_store_to_sync_its_queues_deletion() -> None:
+    """``_drop`` deletes the partition's queues and makes its position invalid; both wait
+    for the store's next sync, which nothing else may ask for before a crash: the drop asks
+    for one itself (seed 133: a drained node left partition 1's group, crashed 6.7 s later
+    with no sync in between, and its restart loaded the queue again)."""
+    world = _quiet_world()
+    node = world.node("n1")
+    store = node.store
+    assert ("/", "q0-1") in store.disk.queues
+    waiting = len(store.waiting)
+    node.ha._drop(group_of(0))
+    assert "q0-1" not in node.broker.vhosts["/"].queues
+    assert len(store.waiting) == waiting + 1  # the drop's own sync asked for
+    store.sync()
+    assert ("/", "q0-1") not in store.disk.queues
+    assert json.loads(store.disk.meta[f"{POSITION_KEY}/{group_of(0)}"])[:2] == [-1, -1]
+
+
+def test_a_restart_drops_the_stored_queues_of_partitions_it_holds_no_cell_of() -> None:
+    """A node started from a store holding a queue (and a valid position) of a partition the
+    table places no cell of here makes no group of it and must not hold its queue: the queue
+    goes at the start and the group's position is made invalid (a later cell here catches
+    up whole); the other partitions' queues stay."""
+    world = _quiet_world()
+    n1, n2 = world.node("n1"), world.node("n2")
+    assert 1 not in n1.ha._cells and 1 in n2.ha._cells
+    n2.store.sync()
+    world.crash_node(n1, 1.0)
+    disk = world.disks["n1"]
+    assert disk is not None
+    key = f"{POSITION_KEY}/{group_of(1)}"
+    disk.queues[("/", "q1-0")] = n2.store.disk.queues[("/", "q1-0")]
+    disk.messages.update({k: m for k, m in n2.store.disk.messages.items() if k[1] == "q1-0"})
+    disk.meta[key] = n2.store.disk.meta[key]
+    assert json.loads(disk.meta[key])[0] >= 0
+    world.restart("n1")
+    restarted = world.node("n1")
+    queues = restarted.broker.vhosts["/"].queues
+    assert group_of(1) not in restarted.ha.groups and "q1-0" not in queues
+    assert {"q0-1", "q2-1", "q3-0"} <= set(queues)
+    stored = json.loads(restarted.store.meta[key])
+    assert stored[:2] == [-1, -1] and stored[2:] == json.loads(disk.meta[key])[2:]
+    restarted.store.sync()
+    assert ("/", "q1-0") not in restarted.store.disk.queues
+    assert not any(k[1] == "q1-0" for k in restarted.store.disk.messages)
+
+
+def test_seed_133_a_node_drained_while_down_holds_no_queue_of_a_group_it_left() -> None:
+    """The slow run's seed 133: n4, drained while down, restarted with its old table, left
+    partition 1's and 3's groups by the table (followed no primary in them: the pm removing
+    it went out while it was down) and crashed again before any store sync; its second start
+    held partition 1's queue without its group: (g)."""
+    result = run_seed(133, duration=40.0)
+    assert result.violation is None, result.summary() + "\n" + "\n".join(result.trace[-30:])
+    assert result.stats["drains_done"] >= 1
