@@ -101,8 +101,10 @@ class GroupGuard(Protocol):
                 settle: Callable[[bool], None] | None) -> None:
         """A publish routed to ``queues``: enqueue it on those of groups this node serves,
         forward it to the leaders of the others' (stage 3), or raise ``NotLeader`` before
-        anything is enqueued; ``settle(ack)`` once every target answered (None: no
-        confirm asked)."""
+        anything is enqueued -- or ``NotImplementedByBroker`` (540) if this node holds no
+        cell of some partition and cannot route it completely (no queue directory:
+        anything but the default exchange naming a queue it holds); ``settle(ack)`` once
+        every target answered (None: no confirm asked)."""
 
     def consume_remote(self, channel: Any, queue: Queue, tag: str, no_ack: bool,
                        exclusive: bool, nowait: bool) -> bool:

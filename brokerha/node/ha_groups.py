@@ -118,13 +118,16 @@ class GroupsNode(Shell):
                 "written without [cluster] partition_groups; start it without, or from an "
                 "empty data directory (moving a cluster's queues into partitions is stage 5)")
         if len(cluster.members) > cluster.partition_replicas + 1:
-            # issue 35, not built yet: the queue directory (docs/ha.md "Declarations")
+            # issue 35, not built yet: the queue directory (docs/ha.md "Declarations");
+            # GroupClients.check_route fails closed meanwhile
             log.warning(
                 "cluster %s: %d nodes, partition_replicas %d: a node holds cells of only some "
-                "partitions and does not know the queues of the others -- a publish on it "
-                "that only those queues would take is unroutable (confirmed, as RabbitMQ "
-                "confirms an unroutable message, and dropped; mandatory returns it); connect "
-                "clients to nodes holding cells of the partitions they use (ctl partitions)",
+                "partitions and does not know the queues and bindings of the others -- it "
+                "refuses (540 NOT_IMPLEMENTED) a publish it cannot route completely: to any "
+                "exchange but the default one, or to a queue it holds no copy of; publish to "
+                "the default exchange on a node holding a cell of the queue's partition, "
+                "through other exchanges on a node holding a cell of every partition (ctl "
+                "partitions)",
                 cluster.name, len(cluster.members), cluster.partition_replicas)
         coordinator = self.partitions
         self.ha = PartitionedMember(

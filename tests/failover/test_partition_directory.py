@@ -19,7 +19,7 @@ import time
 
 import pika
 import pytest
-from pika.exceptions import ConnectionClosedByBroker
+from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 from brokerha.testing import LocalCluster
 from tests.failover.groups import connect, drain_ids, props, until
@@ -92,6 +92,15 @@ def test_a_node_outside_a_partition_refuses_what_it_cannot_route() -> None:
             assert confirmed == 0
             assert closed.reply_code == 540, closed
             assert f"exchange '{EXCHANGE}'" in closed.reply_text, closed
+        finally:
+            if conn.is_open:
+                conn.close()
+
+        conn = connect(cluster, x)  # known, left: no copy here to consume through
+        try:
+            with pytest.raises(ChannelClosedByBroker) as gone:
+                conn.channel().basic_get(queue)
+            assert gone.value.reply_code == 404, gone.value
         finally:
             if conn.is_open:
                 conn.close()
