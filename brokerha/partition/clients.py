@@ -246,8 +246,7 @@ class GroupClients:
             raise NotLeader("this node runs no partition group yet (it holds no partition "
                             "table): it cannot route a publish; try again")
         groups = self.member.groups
-        if len(groups) > table.partitions and all(group_of(p) in groups
-                                                  for p in range(table.partitions)):
+        if len(groups) > table.partitions:  # keys are of 0..P: the metadata group and all P
             return []
         return [p for p in range(table.partitions) if group_of(p) not in groups]
 
@@ -260,8 +259,10 @@ class GroupClients:
         holds (a name is one queue of its vhost). Anything else is refused (540) before
         anything is enqueued or confirmed: on a node holding a cell of every partition,
         nothing is refused."""
+        if exchange == "" and queues:
+            return
         missing = self.unknown_partitions()
-        if not missing or (exchange == "" and queues):
+        if not missing:
             return
         self.unroutable_refused += 1
         target = "the default exchange" if exchange == "" else f"exchange '{exchange}'"
