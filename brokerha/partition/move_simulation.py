@@ -39,14 +39,19 @@ reports its learner caught up: it confirms nothing more unless a learner
 counts, ``learner_confirms``) and ``split`` (the same as it appends its first
 change of voters: with ``two_cells`` its new voter set is a majority of its
 own without them, and it serves on beside the primary they elect) show the
-two unsafe rules by their effects, not only by (i).
+two unsafe rules by their effects, not only by (i). ``stall`` (``LEARNER_SCRIPTS``:
+its drain does not finish) shows ``learner_confirms``: once the learner caught up
+the coordinator is held (it stays a learner) and the two other voters' disks
+stall -- they renew the lease but acknowledge nothing and leave the guarded set
+after ``backup_timeout`` --, then they and the leader crash: counted, the
+learner's acknowledgements confirmed what the two, restarted, elect without (c).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from brokerha.cluster.partition_table import PartitionTable, PartitionTableError
 from brokerha.ha.member import TICK
@@ -71,7 +76,7 @@ from brokerha.partition.moves import (
 )
 from brokerha.partition.moves import Unsafe as MovesUnsafe
 
-__all__ = ["CATCHES", "SCRIPTS", "MoveSimulation", "SimResult", "Unsafe", "run_many",
+__all__ = ["CATCHES", "LEARNER_SCRIPTS", "SCRIPTS", "MoveSimulation", "SimResult", "Unsafe", "run_many",
            "run_seed"]
 
 CATCHES = ("two_cells",)  # (i) in any run that moves a cell; (c) in the script "split"
@@ -95,9 +100,20 @@ SETTLE_TIMEOUTS = STALE_AFTER + 3
 MOVES_EVERY = (2.0, 5.0)  # the operator's next drain or undrain, after the last finished
 SCRIPT_AT = 2.0
 SCRIPTS = ("pt", "pm", "done", "remove", "coordinator", "stop", "cut", "split")
+# a script whose drain does not finish (its coordinator is held): the learner's case
+LEARNER_SCRIPTS = ("stall",)
 
 
 class MoveNode(GroupNode):
+    def _sync_wanted(self) -> None:
+        """A stalled disk (the script ``stall``): its syncs complete only once it ends."""
+        until = cast("MoveSimulation", self.sim).disk_stalled.get(self.name, 0.0)
+        if until <= self.sim.now:
+            super()._sync_wanted()
+        elif not self.sync_pending:
+            self.sync_pending = True
+            self.world.after(until - self.sim.now + self.world.fsync_delay(), self._sync)
+
     def demoted(self, group: int, reason: str) -> None:
         """(f) counts a step-down of the group's cells only: a removed cell's (its links cut
         by a script, a zombie) changes nothing in the group."""
@@ -115,10 +131,11 @@ class MoveSimulation(GroupSimulation):
                  single_cell_check: bool = True, **kw: Any) -> None:
         """``single_cell_check`` False: (i) left out, to see what a two-cell change does."""
         if script is not None:
-            if script not in SCRIPTS:
-                raise ValueError(f"no script {script!r} ({', '.join(SCRIPTS)})")
+            if script not in SCRIPTS + LEARNER_SCRIPTS:
+                raise ValueError(f"no script {script!r} "
+                                 f"({', '.join(SCRIPTS + LEARNER_SCRIPTS)})")
             kw["faults"] = Faults(rate=0.0, spike_p=0.0)
-            kw.setdefault("publish_rate", 10.0 if script in ("cut", "split") else 4.0)
+            kw.setdefault("publish_rate", 10.0 if script in ("cut", "split", "stall") else 4.0)
         unsafe = kw.get("unsafe")
         self.moves_unsafe = moves_unsafe or (unsafe.moves() if isinstance(unsafe, Unsafe)
                                              else MovesUnsafe())
@@ -135,6 +152,8 @@ class MoveSimulation(GroupSimulation):
         self.stop_check_at = 0.0
         self.settle = SETTLE_TIMEOUTS * self.timing.election_timeout
         self.last_fault_at = -1e9  # the last random fault's start (j: the node's own side)
+        self.disk_stalled: dict[str, float] = {}  # node -> its syncs complete from then on
+        self.coordinator_held = False  # the script ``stall``: the Mover is not stepped
 
     def group_unsafe(self) -> GroupUnsafe:
         return replace(super().group_unsafe(), moves=self.moves_unsafe)
@@ -202,13 +221,18 @@ class MoveSimulation(GroupSimulation):
             if node.alive and not node.paused and (node is coord
                                                    or self.connected(coord.name, node.name)):
                 done.extend(node.ha.replication_done.values())
-        if self.script == "cut" and not self.fired and self.first_move is not None:
+        if self.script in ("cut", "stall") and not self.fired and self.first_move is not None:
             leader = self.serving_groups[group_of(self.first_move)]
             if leader is not None and any(p == self.first_move
                                           for p, _ in leader.ha.replication_done):
                 layer = leader.ha.memberships[group_of(self.first_move)]
-                self._cut(layer.membership)  # its learner caught up: counted if unsafe
+                if self.script == "cut":
+                    self._cut(layer.membership)  # its learner caught up: counted if unsafe
+                else:
+                    self._stall(leader, layer.membership)
                 return
+        if self.coordinator_held:
+            return
         step = mover.step(table, memberships, done)
         if isinstance(step, Finished):
             self._finished(mover, table, step)
@@ -295,6 +319,35 @@ class MoveSimulation(GroupSimulation):
                   f"{layer.membership.learners} follow)")
         for other in others:
             self.fail_link_between(leader.name, other)
+
+    def _stall(self, leader: GroupNode, running: Membership) -> None:
+        """The script ``stall``: the learner caught up and stays one (the coordinator is
+        held: no ``replicated``); the other voters' disks stall -- they still answer
+        heartbeats (the leader's lease holds) but acknowledge no event, and leave the
+        guarded set after ``backup_timeout``. Safe, nothing is confirmed from then on (a
+        majority of the voters is the leader and one of them); with ``learner_confirms``
+        the leader and the learner confirm. Then the stalled voters crash (their unsynced
+        events lost) and the leader with them for good: the two elect without what was
+        confirmed meanwhile, (c)."""
+        self.fired = True
+        self.coordinator_held = True
+        others = [n for n in running.voters if n != leader.name]
+        wait = self.backup_timeout + 1.0
+        for name in others:
+            self.disk_stalled[name] = self.now + wait + 1.0
+        self.note(f"script: the disks of {'/'.join(others)} stall (learners "
+                  f"{running.learners} follow {leader.name}); the coordinator is held")
+
+        def crash() -> None:
+            self.note(f"script: crash {leader.name} and {'/'.join(others)}")
+            self.counts["scripted_crashes"] += 1
+            if leader.alive:
+                self.crash_node(leader, self.duration)
+            for name in others:
+                node = self.node(name)
+                if node.alive:
+                    self.crash_node(node, 1.0)
+        self.after(wait, crash)
 
     def _finished(self, mover: Mover, table: PartitionTable, step: Finished) -> None:
         self.mover = None

@@ -384,3 +384,20 @@ def test_seed_133_a_node_drained_while_down_holds_no_queue_of_a_group_it_left() 
     result = run_seed(133, duration=40.0)
     assert result.violation is None, result.summary() + "\n" + "\n".join(result.trace[-30:])
     assert result.stats["drains_done"] >= 1
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_learner_confirms_is_caught_when_the_voters_disks_stall(seed: int) -> None:
+    """The script ``stall``: the drained leader's learner caught up and stays a learner (the
+    coordinator held), the two other voters' disks stall -- they renew the lease, acknowledge
+    no event, and leave the guarded set after ``backup_timeout`` --, then they and the leader
+    crash. Safe, the leader confirms nothing of partition 0 from then on (a majority of the
+    voters needs one of them). With ``learner_confirms`` the leader and the learner confirm,
+    and the two voters elect without those messages: (c)."""
+    unsafe = run_seed(seed, duration=12.0, script="stall",
+                      moves_unsafe=Unsafe(learner_confirms=True))
+    assert unsafe.violation is not None and unsafe.violation.startswith("(c)") \
+        and "of group 1 lost" in unsafe.violation, unsafe.summary()
+    safe = run_seed(seed, duration=12.0, script="stall")
+    assert safe.violation is None, safe.summary() + "\n" + "\n".join(safe.trace[-30:])
+    assert safe.stats["scripted_crashes"] == 1 and safe.stats["confirmed"] > 0
