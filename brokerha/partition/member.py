@@ -569,6 +569,11 @@ class PartitionedMember:
     # -- inputs (as HAMember's) ----------------------------------------------------------
 
     def start(self) -> None:
+        """The groups start. A node's shell recovers its store after making this object
+        (node/server.py: the broker is restored in its ``start``): the queues of partitions
+        without a cell here are dropped again now, over what was recovered."""
+        if self.table is not None:
+            self._drop_uncelled()
         for group, member in self.groups.items():
             self._start(group, member)
         self.mux.flush()

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from brokerha.broker.storage import Recovered
 from brokerha.cluster.election import (
     Election,
     ElectionTiming,
@@ -374,6 +375,28 @@ def test_a_restart_drops_the_stored_queues_of_partitions_it_holds_no_cell_of() -
     restarted.store.sync()
     assert ("/", "q1-0") not in restarted.store.disk.queues
     assert not any(k[1] == "q1-0" for k in restarted.store.disk.messages)
+
+
+def test_a_start_drops_them_from_what_the_shell_recovered_after_making_the_groups() -> None:
+    """A node's shell restores its broker from the store after it made its
+    ``PartitionedMember`` (node/server.py ``start``): ``PartitionedMember.start`` drops the
+    recovered queues of partitions without a cell here, from the broker and the store."""
+    world = _quiet_world()
+    n1, n2 = world.node("n1"), world.node("n2")
+    assert 1 not in n1.ha._cells
+    n2.store.sync()
+    record = n2.store.disk.queues[("/", "q1-0")]
+    messages = [m for k, m in n2.store.disk.messages.items() if k[1] == "q1-0"]
+    n1.store.queues[("/", "q1-0")] = record
+    n1.store.messages.update({k: m for k, m in n2.store.disk.messages.items()
+                              if k[1] == "q1-0"})
+    n1.broker.restore(Recovered(queues=[record], messages=messages))  # recovered late
+    assert "q1-0" in n1.broker.vhosts["/"].queues
+    n1.ha.start()
+    assert "q1-0" not in n1.broker.vhosts["/"].queues
+    assert ("/", "q1-0") not in n1.store.queues
+    assert not any(k[1] == "q1-0" for k in n1.store.messages)
+    assert {"q0-1", "q2-1", "q3-0"} <= set(n1.broker.vhosts["/"].queues)
 
 
 def test_seed_133_a_node_drained_while_down_holds_no_queue_of_a_group_it_left() -> None:
