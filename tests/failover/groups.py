@@ -54,6 +54,11 @@ def led(cluster: LocalCluster, names: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def leader(cluster: LocalCluster, names: list[str], group: str) -> str | None:
+    """The first of ``names`` that serves ``group`` now (its own status), or None."""
+    return next(iter(led(cluster, names)[group]), None)
+
+
 def ready_everywhere(cluster: LocalCluster, names: list[str]) -> bool:
     for name in names:
         groups = (cluster.status(name) or {}).get("node", {}).get("groups") or {}

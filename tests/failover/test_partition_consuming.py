@@ -17,7 +17,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import Any
 
 import pika
 import pytest
@@ -28,6 +27,7 @@ from tests.failover.groups import (
     StreamPublisher,
     connect,
     depth,
+    leader,
     name_in,
     one_partition_each,
     props,
@@ -175,15 +175,6 @@ class Consumer(threading.Thread):
             return {m for m, _ in self.deliveries}
 
 
-def leader_of(cluster: LocalCluster, names: list[str], group: str) -> str | None:
-    for name in names:
-        groups: dict[str, Any] = ((cluster.status(name) or {}).get("node", {})
-                                  .get("groups") or {})
-        if groups.get(group, {}).get("serving"):
-            return name
-    return None
-
-
 @pytest.mark.parametrize("consumer_on", ["metadata-primary", "third-node"])
 def test_the_queue_s_leader_killed_mid_consume(consumer_on: str) -> None:
     """The consumer on A (the metadata primary, the publisher on C) or on C (the
@@ -204,7 +195,7 @@ def test_the_queue_s_leader_killed_mid_consume(consumer_on: str) -> None:
             cluster.kill(b)
         survivors = [a, c]
         new = until("the partition elects among the survivors",
-                    lambda: leader_of(cluster, survivors, group))
+                    lambda: leader(cluster, survivors, group))
         at_failover = len(publisher.acked)
         until("confirms again after the failover",
               lambda: len(publisher.acked) >= at_failover + 300, 30)

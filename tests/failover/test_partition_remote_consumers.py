@@ -28,6 +28,7 @@ from tests.failover.groups import (
     StreamPublisher,
     connect,
     consumers_on,
+    leader,
     name_in,
     one_leader_each,
     promote,
@@ -191,11 +192,6 @@ class Consumer(threading.Thread):
         return out
 
 
-def serving(cluster: LocalCluster, node: str, group: str) -> bool:
-    groups = ((cluster.status(node) or {}).get("node", {}).get("groups") or {})
-    return bool(groups.get(group, {}).get("serving"))
-
-
 def test_a_remote_consumer_follows_its_partition_handed_over() -> None:
     """A's client consumes B's queue (prefetch 10, acking each) while another on A
     publishes to it with confirms; B's partition handed to C (``ctl promote C --partition 0``): A's
@@ -212,7 +208,7 @@ def test_a_remote_consumer_follows_its_partition_handed_over() -> None:
         publisher.start()
         until("a few consumed", lambda: len(consumer.seen()) >= 200, 30)
         until("the hand-over taken", lambda: promote(cluster, b, c, 0), 30)
-        until("C serves the partition", lambda: serving(cluster, c, "1"), 30)
+        until("C serves the partition", lambda: leader(cluster, [c], "1") == c, 30)
         at_handover = len(publisher.acked)
         until("confirms again after the hand-over",
               lambda: len(publisher.acked) >= at_handover + 200, 30)

@@ -6,25 +6,16 @@ tweaked again), and ``ctl partitions`` prints it."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from typing import Any
 
 import pytest
 
 from brokerha.testing import LocalCluster
+from tests.failover.groups import ctl
 from tests.failover.test_failover import FAST, wait_all_ready
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def ctl(cluster: LocalCluster, name: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
-                           cluster.url(name), *args], capture_output=True, text=True,
-                          timeout=30)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def status(cluster: LocalCluster, name: str) -> dict[str, Any]:
