@@ -37,6 +37,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from brokerha.admin import definitions_groups
 from brokerha.admin.definitions_api import (
     DefinitionsAPI,
     apply_durably,
@@ -144,9 +145,18 @@ async def import_(api: ManagementAPI, checks: DefinitionsAPI, call: Call) -> Non
         for entry in _entries(body, kind):
             if _vhost_of(entry) not in known:
                 raise refused(["no_such_vhost", _vhost_of(entry)])
-    _guard(api, *(_entries(body, kind) for kind in ("exchanges", "queues", "bindings")))
+    declarations = getattr(broker.groups, "declarations", None)  # GroupClients'
+    if declarations is None:
+        _guard(api, *(_entries(body, kind) for kind in ("exchanges", "queues", "bindings")))
+        items = None
+    else:  # partition groups: each item through its group's leader (definitions_groups.py)
+        items = _plan(api, body)
     await apply_durably(broker, changes)  # answered once durable, as the API's changes
-    declared = _declare(api, body)
+    if items is None:
+        declared = _declare(api, body)
+    else:
+        await definitions_groups.declare(declarations, items)
+        declared = (len(items[0]), len(items[1]), len(items[2]))
     log.info("management API: %s imported definitions%s: %d changes of users, vhosts, "
              "permissions and policies; %d exchanges, %d queues, %d bindings", call.user.name,
              f" into vhost '{only}'" if only else "", len(changes), *declared)
@@ -286,6 +296,27 @@ def _declare(api: ManagementAPI, body: dict[str, Any]) -> tuple[int, int, int]:
         vh.bind(_text(item, "source"), dest, _text(item, "routing_key", ""),
                 dict(item.get("arguments") or {}))
     return len(exchanges), len(queues), len(bindings)
+
+
+def _plan(api: ManagementAPI, body: dict[str, Any]) -> tuple[list[definitions_groups.Item],
+                                                             ...]:
+    """The file's exchanges, queues and bindings as requests to their groups' leaders,
+    planned whole before anything changes (no table yet: 404, as ``_guard``)."""
+    exchanges, queues, bindings = (_entries(body, k) for k in ("exchanges", "queues",
+                                                               "bindings"))
+    in_file = {(_vhost_of(q), _text(q, "name")): _arguments(q.get("arguments") or {})
+               for q in queues}
+    vhosts = api.node.broker.vhosts
+
+    def queue_arguments(vhost: str, name: str) -> dict[str, Any]:
+        if (vhost, name) in in_file:
+            return in_file[vhost, name]
+        vh = vhosts.get(vhost)
+        queue = None if vh is None else vh.queues.get(name)
+        return {} if queue is None else dict(queue.arguments)
+
+    return definitions_groups.plan(api.node.broker.groups, queue_arguments, exchanges, queues,
+                                   bindings, _text, _arguments, _vhost_of)
 
 
 def _guard(api: ManagementAPI, exchanges: list[dict[str, Any]], queues: list[dict[str, Any]],
