@@ -12,7 +12,10 @@ libuv's reads at once).
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import deque
+from typing import Any
 
 BACK_TO_BACK = 0.001  # calls closer than this belong to the same readable event
 
@@ -52,3 +55,37 @@ class Burst:
     def restart(self) -> None:
         """The slice ended (reading paused until the next turn): the next call begins anew."""
         self._fresh = True
+
+
+# -- big containers freed a slice a loop turn -----------------------------------------------
+
+RELEASE_SLICE = 8192  # items freed a loop turn (8,192 of a TX's publishes: ~1-2 ms)
+_releasing: deque[list[Any]] = deque()
+
+
+def release_later(items: list[Any]) -> None:
+    """Free ``items`` (a list nobody else will use) ``RELEASE_SLICE`` items a loop turn.
+
+    Freeing what a big operation leaves -- a TX of 100,000 messages' publishes, made
+    of 100,000 tuples and lists -- took 13-24 ms of the step that ended it (issue
+    33); the loop's other work goes first this way. A short list, or no running
+    loop, is freed at once.
+    """
+    if len(items) <= RELEASE_SLICE:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if not _releasing:
+        loop.call_soon(_release_slice)
+    _releasing.append(items)
+
+
+def _release_slice() -> None:
+    items = _releasing[0]
+    del items[-RELEASE_SLICE:]
+    if not items:
+        _releasing.popleft()
+    if _releasing:
+        asyncio.get_running_loop().call_soon(_release_slice)

@@ -47,3 +47,52 @@ def test_after_a_restart_the_next_call_begins_anew_even_back_to_back(clock: Cloc
     burst.restart()  # the slice ended: reading paused until the next loop turn
     call(burst, clock, 0.002)  # the next turn came at once
     assert burst.spent() == pytest.approx(0.002)
+
+
+def test_a_big_list_is_freed_a_slice_a_loop_turn_and_a_small_one_at_once() -> None:
+    import asyncio
+
+    async def scenario() -> list[int]:
+        big, small = list(range(3 * slices.RELEASE_SLICE + 5)), list(range(10))
+        slices.release_later(big)
+        slices.release_later(small)
+        lengths = [len(big)]
+        while big:
+            await asyncio.sleep(0)
+            lengths.append(len(big))
+        assert small == list(range(10))  # left alone: dropped by its owner
+        return lengths
+
+    lengths = asyncio.run(scenario())
+    assert lengths[0] == 3 * slices.RELEASE_SLICE + 5
+    assert lengths[-1] == 0
+    # no step freed more than a slice
+    assert all(a - b <= slices.RELEASE_SLICE for a, b in zip(lengths, lengths[1:], strict=False))
+    assert len(lengths) >= 5
+
+
+def test_a_committed_transaction_leaves_its_lists_to_be_freed_after_its_step() -> None:
+    import asyncio
+
+    from brokerha.broker.broker import Broker
+    from brokerha.broker.storage import MemoryStore
+    from tests.ha.harness import route
+
+    async def scenario() -> None:
+        broker = Broker("n1", store=MemoryStore())
+        broker.add_vhost("/")
+        broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
+        tx = broker.new_transaction()
+        n = 2 * slices.RELEASE_SLICE + 1
+        for i in range(n):
+            tx.publish(*route(broker, b"%d" % i, rk="q"))
+        held = tx.publishes
+        await tx.commit()
+        assert tx.publishes == [] and tx.empty
+        assert len(broker.vhosts["/"].queues["q"].ready) == n  # committed whole, in its step
+        assert len(held) > slices.RELEASE_SLICE  # not yet freed
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert held == []
+
+    asyncio.run(scenario())

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from brokerha.slices import release_later
+
 if TYPE_CHECKING:
     from brokerha.broker.message import Entry, Message
     from brokerha.broker.queue import Queue
@@ -232,8 +234,14 @@ class Transaction:
         self._clear()
 
     def _clear(self) -> None:
-        self.publishes.clear()
-        self._by_queue = {}
+        """Forget what was committed or rolled back; a big transaction's lists are freed
+        over the next loop turns (``release_later``), not in the commit's step."""
+        release_later(self.publishes)
+        self.publishes = []
+        by_queue, self._by_queue = self._by_queue, {}
+        for messages in by_queue.values():
+            release_later(messages)
         self._grouped = 0
-        self.accepts.clear()
+        release_later(self.accepts)
+        self.accepts = []
         self.rejects.clear()

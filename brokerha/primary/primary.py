@@ -738,26 +738,11 @@ class Primary(ConfigurationObserver, QueueObserver):
         """
         assert self._capture is not None
         txq, ops = self._capture
-        index_of = txq.message_index.get
-        vhost, name = queue.vhost, queue.name
-        run: list[int] | None = None  # [first position, first te index, count]
-        for entry in entries:
-            index = index_of(entry.message.msg_id)
-            if index is not None and entry.expires_at is None:
-                if run is not None and entry.position == run[0] + run[2] \
-                        and index == run[1] + run[2]:
-                    run[2] += 1
-                    continue
-                if run is not None:
-                    ops.append(R.OpRefs(R.OP_REFS, vhost, name, *run))
-                run = [entry.position, index, 1]
-                continue
-            if run is not None:
-                ops.append(R.OpRefs(R.OP_REFS, vhost, name, *run))
-                run = None
-            self._capture_enqueue(queue, entry, now)
-        if run is not None:
-            ops.append(R.OpRefs(R.OP_REFS, vhost, name, *run))
+        for op in ev.te_runs(queue, entries, txq.message_index):
+            if isinstance(op, Entry):
+                self._capture_enqueue(queue, op, now)
+            else:
+                ops.append(op)
 
     def tx_commit(self, txq: TxQueue) -> None:
         """After the local commit: everything it did, as one event."""
