@@ -180,6 +180,9 @@ PARTITION_TABLE = "ps"  # the whole PartitionTable.as_wire() at a join
 PARTITION_EVENTS = frozenset([PARTITION_TABLE_CHANGED, PARTITION_TABLE])
 GROUP_MEMBERSHIP = "pm"  # a partition group's voters and learners (partition/moves.py)
 CHECK = "ck"  # check the replicas: each member reports its queues as at this seq (ha/check.py)
+QUEUE_DIRECTORY_CHANGED = "qe"  # a partition's queues changed in the directory (partition/directory.py)
+QUEUE_DIRECTORY = "qs"  # the whole queue directory at a join
+QUEUE_DIRECTORY_EVENTS = frozenset([QUEUE_DIRECTORY_CHANGED, QUEUE_DIRECTORY])
 
 # -- the events as named records (fields after ``kind`` as in the table above) -----------
 
@@ -423,6 +426,20 @@ class CheckToken(NamedTuple):
     token: str  # names the check: the backups' reports carry it back
 
 
+class DirectoryChanged(NamedTuple):
+    kind: str
+    partition: int
+    epoch: int  # the partition leader's: a lower one than the directory's is ignored
+    sync: bool  # the partition's entries whole (those not named go)
+    entries: list[Any]  # [[vhost, name, entry or None], ...] (partition/directory.py)
+
+
+class DirectorySnapshot(NamedTuple):
+    kind: str
+    epochs: list[Any]  # [[partition, epoch, synced], ...]
+    entries: list[Any]  # [[vhost, name, entry], ...]
+
+
 RECORDS: dict[str, Any] = {
     VHOST: VhostExists, DEFINITION: DefinitionChanged, DEFINITIONS: DefinitionsSnapshot,
     EXCHANGE_DECLARED: ExchangeDeclared, EXCHANGE_DELETED: ExchangeDeleted,
@@ -437,6 +454,7 @@ RECORDS: dict[str, Any] = {
     TXLOG_BROKER_BACKUP: TxLogBrokerBackup, TXLOG_PEERS: TxLogPeers,
     PARTITION_TABLE_CHANGED: PartitionTableChanged, PARTITION_TABLE: PartitionTableSnapshot,
     GROUP_MEMBERSHIP: GroupMembership, CHECK: CheckToken,
+    QUEUE_DIRECTORY_CHANGED: DirectoryChanged, QUEUE_DIRECTORY: DirectorySnapshot,
 }
 
 

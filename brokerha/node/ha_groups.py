@@ -62,6 +62,8 @@ from brokerha.partition.consuming import PACKETS as CONSUME_PACKETS
 from brokerha.partition.consuming import NodeConsuming
 from brokerha.partition.declarations import PACKETS as DECLARATION_PACKETS
 from brokerha.partition.declarations import NodeDeclarations
+from brokerha.partition.directory import UPDATE as DIRECTORY_UPDATE
+from brokerha.partition.directory import DirectoryLayer, DirectoryWriter, NodeDirectory
 from brokerha.partition.forwarding import PACKETS, NodeForwarding
 from brokerha.partition.member import PartitionedMember
 from brokerha.partition.state import GroupStateFile
@@ -117,24 +119,20 @@ class GroupsNode(Shell):
                 f"{self.state.path} is an unpartitioned node's: this data directory was "
                 "written without [cluster] partition_groups; start it without, or from an "
                 "empty data directory (moving a cluster's queues into partitions is stage 5)")
-        if len(cluster.members) > cluster.partition_replicas + 1:
-            # issue 35, not built yet: the queue directory (docs/ha.md "Declarations");
-            # GroupClients.check_route fails closed meanwhile
-            log.warning(
-                "cluster %s: %d nodes, partition_replicas %d: a node holds cells of only some "
-                "partitions and does not know the queues and bindings of the others -- it "
-                "refuses (540 NOT_IMPLEMENTED) a publish it cannot route completely: to any "
-                "exchange but the default one, or to a queue it holds no copy of; publish to "
-                "the default exchange on a node holding a cell of the queue's partition, "
-                "through other exchanges on a node holding a cell of every partition (ctl "
-                "partitions)",
-                cluster.name, len(cluster.members), cluster.partition_replicas)
+        # a node holding cells of only some partitions routes to the others' queues by the
+        # queue directory the metadata group keeps (partition/directory.py); until its copy
+        # holds a partition, GroupClients.check_route refuses (540) what it cannot route
+        self.directory_layer = DirectoryLayer(self.broker.store) \
+            if len(cluster.members) > cluster.partition_replicas + 1 else None
         coordinator = self.partitions
+        layers: list[Any] = [coordinator]
+        if self.directory_layer is not None:
+            layers.append(self.directory_layer)
         self.ha = PartitionedMember(
             self.broker, self.me, [m.name for m in cluster.members],
             lambda: coordinator.table, dict(self.state.states), self, self.settings(),
             self._now, timing=self.timing(),
-            verification_timeout=cluster.verification_timeout, layers=[coordinator],
+            verification_timeout=cluster.verification_timeout, layers=layers,
             # a partition's preferred cell stands first at a start: leaders spread as the
             # placement spread the preferred cells (PREFERRED_FIRST election timeouts ahead
             # of the others: a node whose process starts a second late still comes first)
@@ -166,6 +164,22 @@ class GroupsNode(Shell):
                                              soon=self.soon, clock=self._now)
         self.forwarding.notice_listeners.append(self.declarations.notice)
         self.clients.declarations = self.declarations
+        self.directory: NodeDirectory | None = None
+        if self.directory_layer is not None:
+            declarations = self.declarations
+            member = self.ha
+
+            def partition_of() -> Any:
+                return None if member.placement is None else member.placement.partition
+
+            writer = DirectoryWriter(
+                self.broker, partition_of,
+                lambda args, done: declarations.ask_internal(0, DIRECTORY_UPDATE, args, done),
+                self._now)
+            self.directory = NodeDirectory(self.ha, self.directory_layer, writer)
+            self.declarations.directory = self.directory
+            self.clients.directory = self.directory
+            self.ha.group_adding = self.directory.stand_ins.group_adding
 
     def _after_forwards(self, peer: str, message: Message) -> None:
         """A remote consumer's or a declaration's packet goes after the forwards of what
@@ -233,6 +247,8 @@ class GroupsNode(Shell):
         self.forwarding.serving(group, epoch)  # its forwards taken here from now on
         self.consuming.serving(group, epoch)  # and its remote consumers
         self.transactions.serving(group, epoch)  # and its cross-partition branches
+        if self.directory is not None:  # its queues in the directory: a sync first
+            self.directory.writer.serving(group, epoch)
 
     def demoted(self, group: int, reason: str) -> None:
         """The member closes the group's connections in this same step; a connection that
@@ -243,6 +259,8 @@ class GroupsNode(Shell):
         self.forwarding.demoted(group)
         self.consuming.demoted(group)
         self.transactions.demoted(group)
+        if self.directory is not None:
+            self.directory.writer.demoted(group)
         self.soon(self.clients.lost_groups)
 
     def follow(self, group: int, primary: str, epoch: int) -> None:
@@ -266,6 +284,8 @@ class GroupsNode(Shell):
         self.consuming.tick()
         self.transactions.tick()
         self.declarations.tick()
+        if self.directory is not None:
+            self.directory.tick()
 
     def _on_peer_up(self, peer: str) -> None:
         self.ha.peer_up(peer)
@@ -345,3 +365,5 @@ class GroupsNode(Shell):
         me["consuming"] = self.consuming.status()
         me["transactions"] = self.transactions.status()
         me["declarations"] = self.declarations.status()
+        if self.directory is not None:
+            me["directory"] = self.directory.status()

@@ -68,6 +68,7 @@ from brokerha.ha.admission import Admission, ClientLink
 from brokerha.ha.member import HAMember
 from brokerha.partition.consuming import NodeConsuming
 from brokerha.partition.declarations import NodeDeclarations
+from brokerha.partition.directory import NodeDirectory
 from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.forwarding import NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
@@ -102,6 +103,10 @@ class GroupClients:
         # the node's coordinator of transactions across partitions (stage 4; the shell sets
         # it): None, a transaction whose commit is not local is refused (540)
         self.transactions: NodeTransactions | None = None
+        # the queue directory (partition/directory.py; the shell sets it when a node holds
+        # cells of only some partitions): None, a node outside a partition knows none of
+        # its queues (``check_route`` refuses what it cannot route completely)
+        self.directory: NodeDirectory | None = None
 
     # -- the node's admission (node/server.py, node/transport.py) -------------------------
 
@@ -240,7 +245,9 @@ class GroupClients:
     def unknown_partitions(self) -> list[int]:
         """The partitions whose queues and bindings this node does not know: those it runs
         no group of (it holds no cell of them; their declarations and bindings are in
-        their own logs only). NotLeader while it holds no table."""
+        their own logs only) and the queue directory does not give it (no directory, its
+        metadata copy not valid, no sync of the partition in it yet, a stand-in not bound:
+        ``directory.StandIns.known``). NotLeader while it holds no table."""
         table = self.member.table
         if table is None:
             raise NotLeader("this node runs no partition group yet (it holds no partition "
@@ -248,17 +255,22 @@ class GroupClients:
         groups = self.member.groups
         if len(groups) > table.partitions:  # keys are of 0..P: the metadata group and all P
             return []
-        return [p for p in range(table.partitions) if group_of(p) not in groups]
+        missing = [p for p in range(table.partitions) if group_of(p) not in groups]
+        directory = self.directory
+        return missing if directory is None or not missing else directory.unknown(missing)
 
     def check_route(self, vhost: str, exchange: str, queues: Sequence[Queue]) -> None:
-        """Fail closed (docs/ha.md "Declarations", issue 35: the queue directory is not
-        built): a node holding no cell of some partition does not know that partition's
-        queues nor their bindings, so a publish it routes may miss queues it cannot see
-        (it would be confirmed and dropped). Such a node takes only what it routes
-        completely: a publish to the default exchange whose routing key names a queue it
-        holds (a name is one queue of its vhost). Anything else is refused (540) before
-        anything is enqueued or confirmed: on a node holding a cell of every partition,
-        nothing is refused."""
+        """Fail closed (docs/ha.md "Routing on a node outside a partition"): a node holding
+        no cell of some partition routes to that partition's queues by the queue directory
+        (``partition/directory.py``: stand-ins bound as the directory says); a partition
+        the directory does not give it (``unknown_partitions``: no sync of it yet, this
+        node's metadata copy catching up, a stand-in not bound) is one whose queues and
+        bindings it does not know, so a publish it routes may miss queues it cannot see (it
+        would be confirmed and dropped). Then it takes only what it routes completely: a
+        publish to the default exchange whose routing key names a queue it holds (a name is
+        one queue of its vhost). Anything else is refused (540) before anything is enqueued
+        or confirmed: on a node holding a cell of, or knowing by the directory, every
+        partition, nothing is refused."""
         if exchange == "" and queues:
             return
         missing = self.unknown_partitions()
@@ -271,8 +283,8 @@ class GroupClients:
             f"publish to {target}{where} on {self.member.me}: this node holds no "
             f"cell of partition{'s' if len(missing) > 1 else ''} "
             f"{', '.join(str(p) for p in missing)} and does not know "
-            f"{'their' if len(missing) > 1 else 'its'} queues or bindings (no queue "
-            "directory, issue 35), so it cannot route the message to every queue it may "
+            f"{'their' if len(missing) > 1 else 'its'} queues or bindings (not in its copy of "
+            "the queue directory yet), so it cannot route the message to every queue it may "
             "reach; publish through a node holding a cell of every partition, or to the "
             "default exchange naming a queue of a partition this node holds (brokerha ctl "
             "partitions)")
@@ -342,10 +354,23 @@ class GroupClients:
         except NotLeader:
             return False
         member = self.member.groups.get(group) if group is not None else None
-        if group is None or (member is not None and member.clients.term() is not None):
+        if group is None or (member is not None and member.clients.term() is not None
+                             and not self._listed(method)):
             return False
         declarations.queue_method(channel, group, method, name)
         return True
+
+    def _listed(self, method: Any) -> bool:
+        """Whether a queue method on its partition's leader goes through the leader's own
+        declaration host, so that its answer waits for the queue directory to hold what it
+        changed (``partition/directory.py``): a declare (not passive, not server-named),
+        bind, unbind or delete, while the node keeps a directory."""
+        if self.directory is None:
+            return False
+        if isinstance(method, commands.Queue.Declare):
+            return not method.passive and bool(method.queue)
+        return isinstance(method, commands.Queue.Bind | commands.Queue.Unbind
+                          | commands.Queue.Delete)
 
     def queue_request(self, vhost: str, name: str, arguments: Mapping[str, Any] | None,
                       op: str, args: list[Any]) -> Awaitable[list[Any]] | None:

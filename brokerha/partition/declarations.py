@@ -52,7 +52,11 @@ EXCHANGE_OPS = ("exchange.declare", "exchange.delete", "exchange.bind", "exchang
 # asked again of a new leader when the outcome of the first ask is unknown: applying them
 # twice leaves what applying them once leaves, and answers the same
 IDEMPOTENT = frozenset(("queue.declare", "queue.bind", "queue.unbind", "exchange.declare",
-                        "exchange.delete", "exchange.bind", "exchange.unbind"))
+                        "exchange.delete", "exchange.bind", "exchange.unbind",
+                        "directory.update"))
+# the queue methods that change what the queue directory holds of a queue (its entry,
+# its bindings, its life): a purge changes none of it
+DIRECTORY_OPS = frozenset(("queue.declare", "queue.bind", "queue.unbind", "queue.delete"))
 
 
 @packet(50)
@@ -72,7 +76,9 @@ class MetaRequest(Message):
 @packet(51)
 class MetaReply(Message):
     """The answer: ``code`` 0 and ``result``, an AMQP reply code and ``text``, or
-    ``NOT_PRIMARY``; ``position`` [epoch, seq]: the group's log when it was durable."""
+    ``NOT_PRIMARY``; ``position`` [epoch, seq]: the group's log when it was durable, then
+    (a queue's method with the queue directory) [epoch, seq] of the metadata log holding
+    the directory's change."""
 
     group: int
     origin: str
@@ -116,6 +122,7 @@ class Answer:
     code: int
     text: str = ""
     result: list[Any] = field(default_factory=list)
+    position: list[int] = field(default_factory=list)  # the metadata log's, if any
 
 
 @dataclass
@@ -127,6 +134,9 @@ class ReplyWhenDurable:
     group: int
     node: str
     reply: MetaReply
+    # the queues whose directory entries the method changed (a partition's queue method
+    # with the queue directory: the reply also waits for the directory to hold them)
+    names: list[tuple[str, str]] = field(default_factory=list)
 
 
 Effect = Send | Answer | ReplyWhenDurable
@@ -148,6 +158,7 @@ class _Pending:
     sent_to: tuple[str, int] | None = None  # (node, epoch) asked, unanswered
     retry_at: float = 0.0
     waiting: tuple[int, int] | None = None  # answered ok: this node's copy must reach it
+    meta: tuple[int, int] | None = None  # and its metadata copy this (the directory's)
     result: list[Any] = field(default_factory=list)
     asks: int = 0
 
@@ -212,8 +223,10 @@ class DeclarationRequests:
             del self.pending[reply.request]
             self.stats.refused += 1
             return [Answer(reply.request, reply.code, reply.text)]
-        epoch, seq = reply.position
+        epoch, seq = reply.position[:2]
         p.waiting = (epoch, seq)
+        if len(reply.position) >= 4:
+            p.meta = (reply.position[2], reply.position[3])
         p.result = list(reply.result)
         return self._check(reply.request)
 
@@ -222,9 +235,12 @@ class DeclarationRequests:
         assert p.waiting is not None
         if not self.reached(p.group, *p.waiting):
             return []
+        if p.meta is not None and not self.reached(0, *p.meta):
+            return []  # the queue directory's change: this node's metadata copy too
         del self.pending[request]
         self.stats.answered += 1
-        return [Answer(request, 0, "", p.result)]
+        return [Answer(request, 0, "", p.result,
+                       list(p.waiting) if p.group == 0 else [])]
 
     def poll(self) -> list[Effect]:
         """This node's copies moved: the answers waiting for them."""
@@ -331,8 +347,11 @@ class DeclarationHost:
             return [Send(src, MetaReply(request.group, request.origin, request.request,
                                         exc.code, exc.reply_text, [], [-1, 0]))]
         self.stats.applied += 1
+        names = [(request.args[0], request.args[1])] \
+            if request.group and request.op in DIRECTORY_OPS \
+            and not (request.op == "queue.declare" and request.args[2]) else []
         return [ReplyWhenDurable(request.group, src, MetaReply(
-            request.group, request.origin, request.request, 0, "", result, [-1, 0]))]
+            request.group, request.origin, request.request, 0, "", result, [-1, 0]), names)]
 
     def poll(self, now: float) -> list[Effect]:
         """The metadata copy moved (or time passed): the held requests due now (past
@@ -497,8 +516,14 @@ class NodeDeclarations:
         self.notices: dict[int, tuple[str, int]] = {}  # group -> (leader, epoch) announced
         self.requests = DeclarationRequests(origin, leader_of=self.leader_of,
                                             reached=self.reached)
+        self.ops = BrokerOps(member.broker)
         self.host = DeclarationHost(serves=self.serves, metadata_reached=self._meta_reached,
-                                    apply=BrokerOps(member.broker).apply)
+                                    apply=self._apply)
+        # the queue directory (partition/directory.py; the shell sets it): None, a queue's
+        # method answers once its partition holds it, as before the directory
+        self.directory: Any = None
+        # request -> what asked it of this node itself (the directory's writer)
+        self.internal: dict[int, Callable[[int, list[int]], None]] = {}
         # request -> (channel, answer(result) -> the method to send or None, op)
         self.channels: dict[int, tuple[Any, Callable[[list[Any]], Any], str]] = {}
         # request -> the management API's future (``request``)
@@ -522,6 +547,22 @@ class NodeDeclarations:
     def serves(self, group: int) -> bool:
         member = self.member.groups.get(group)
         return member is not None and member.clients.term() is not None
+
+    def _apply(self, op: str, args: list[Any]) -> list[Any]:
+        if op == "directory.update":
+            if self.directory is None:
+                raise AccessRefused("this node keeps no queue directory")
+            result: list[Any] = self.directory.apply(args)
+            return result
+        return self.ops.apply(op, args)
+
+    def ask_internal(self, group: int, op: str, args: list[Any],
+                     done: Callable[[int, list[int]], None]) -> None:
+        """Ask ``op`` of the group's leader for this node itself: ``done(code, position)``
+        (``position``: the group's log holding it, reached by this node's copy)."""
+        request, out = self.requests.ask(self.clock(), group, op, args, [-1, 0])
+        self.internal[request] = done
+        self.carry_out(out)
 
     # -- the channels' methods (GroupClients.queue_remote, configuration_remote) --------------
 
@@ -668,7 +709,23 @@ class NodeDeclarations:
 
         def send() -> None:
             reply.position = copy_position(member)
-            self._to_node(effect.node, reply)
+            directory = self.directory
+            if not effect.names or directory is None:
+                self._to_node(effect.node, reply)
+                return
+
+            def listed(meta: list[int] | None) -> None:
+                if meta is None:  # the directory may lack it: the asker closes (320)
+                    reply.code, reply.text = CONNECTION_FORCED, (
+                        "the queue directory did not take the change "
+                        f"of partition group {effect.group} (its leader changed): its "
+                        "outcome is unknown")
+                    reply.result = []
+                else:
+                    reply.position = reply.position[:2] + list(meta)
+                self._to_node(effect.node, reply)
+
+            directory.writer.record(effect.group, effect.names, listed)
 
         def durable() -> None:  # what a purge left to do per entry, then the gate
             broker.after_durable_in(member.durability_gate, send, member.barriers())
@@ -682,6 +739,10 @@ class NodeDeclarations:
         from brokerha.amqp.channel import OPEN
         from brokerha.amqp.errors import AMQPError
 
+        done = self.internal.pop(effect.request, None)
+        if done is not None:
+            done(effect.code, effect.position)
+            return
         future = self.futures.pop(effect.request, None)
         if future is not None:
             if future.done():

@@ -88,6 +88,7 @@ from brokerha.ha.simulation.world import (
     message,
 )
 from brokerha.partition.coordinator import TableCoordinator
+from brokerha.partition.directory import DirectoryLayer
 from brokerha.partition.member import GroupUnsafe, PartitionedMember, group_of
 from brokerha.partition.mux import Grouped
 from brokerha.primary.primary import Primary
@@ -153,6 +154,11 @@ class GroupNode(SimProcess):
         self.coordinator = TableCoordinator(self.store, world.names,
                                             partitions=world.partitions, replicas=world.replicas)
         coordinator = self.coordinator
+        # the queue directory's layer (partition/directory.py), when the world keeps one
+        self.directory_layer = DirectoryLayer(self.store) if world.directory else None
+        layers: list[Any] = [coordinator]
+        if self.directory_layer is not None:
+            layers.append(self.directory_layer)
         self.ha = PartitionedMember(
             self.broker, name, world.names, lambda: coordinator.table, states, self,
             PrimarySettings(len(world.names), world.backup_timeout,
@@ -161,7 +167,7 @@ class GroupNode(SimProcess):
             world.clock, timing=world.timing, verification_timeout=world.verification_timeout,
             rng=lambda g: random.Random(f"{world.seed}/{name}/{incarnation}/{g}"),
             primary_factory=world.make_primary,
-            unsafe=world.group_unsafe(), layers=[coordinator])
+            unsafe=world.group_unsafe(), layers=layers)
 
     @property
     def alive(self) -> bool:
@@ -257,6 +263,7 @@ class GroupLog:
 
 class GroupSimulation(World):
     node_class: type[GroupNode] = GroupNode  # a workload's nodes may do more (forwarding)
+    directory = False  # each node's metadata group keeps the queue directory (its layer)
 
     def __init__(self, seed: int, *, nodes: int = 3, partitions: int = PARTITIONS,
                  replicas: int = REPLICAS, duration: float = 30.0,

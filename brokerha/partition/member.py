@@ -297,6 +297,9 @@ class PartitionedMember:
         #: told of each membership this node appends as a group's primary (group, the one
         #: before, the new one): the simulation's single-cell check
         self.emitted: Callable[[int, Membership, Membership], None] | None = None
+        #: told of a partition whose group starts here, before it is made (the queue
+        #: directory's stand-ins of it go: partition/directory.py)
+        self.group_adding: Callable[[int], None] | None = None
         self._add_group(METADATA_GROUP, tuple(nodes), GroupScope(METADATA_GROUP, no_queues, True),
                         layers)
         self._partition_groups()
@@ -368,6 +371,8 @@ class PartitionedMember:
         this node is not one of its voters."""
         table, placement = self.table, self.placement
         assert table is not None and placement is not None
+        if self.group_adding is not None:  # the queue directory's stand-ins of p go first
+            self.group_adding(p)
         group = group_of(p)
         initial = membership_of(table, p)
         layer = MembershipLayer(group, self.broker.store, initial,

@@ -1,0 +1,668 @@
+"""The queue directory (issue 35, docs/ha.md "Routing on a node outside a partition: the
+queue directory").
+
+With N > NR + 1 a node holds no cell of some partitions, so neither their queues nor
+the bindings to them (both are in the partition's own log). The directory is what
+every node knows of them: per queue its vhost, name, partition, ``x-ha-id``, flags,
+arguments and bindings (``DirectoryEntry``), kept by the **metadata group** like the
+partition table: ``qe`` events (one partition's entries changed, or all of them: a
+*sync*) in the metadata log, ``qs`` (the whole directory) in a join's catch-up, a copy
+in every node's store (meta ``queue_directory/<p>``, JSON, one key per partition).
+So it is replicated to a majority of all nodes before anyone relies on it, survives
+the loss of the coordinator (a new metadata primary holds every committed ``qe``) and
+a restart.
+
+- **Who writes** (``DirectoryWriter``): only a partition's leader, which holds the
+  partition's log. Per group it serves, one *lane*: the queue names whose declaration,
+  bindings or life changed, sent to the metadata leader as one ``MetaRequest``
+  (``directory.update``, ``partition/declarations.py``) at a time, each name's entry read
+  from the leader's broker when the batch leaves (so the last state wins and a lane
+  never reorders); the first batch of an epoch, a batch after a failure and, every
+  ``resync`` seconds, a batch whenever the partition's entries differ from what the
+  lane last sent (what a path that does not report to the lane changed: an
+  auto-deleted or expired queue, the management API on the leader) are *syncs*: the
+  partition's entries whole.
+- **Fencing**: a ``qe`` carries the partition leader's epoch; the directory ignores one
+  below the highest it took for that partition (a deposed leader's late request: its
+  change, if durable in the partition, is in the new leader's log and so in its sync).
+- **Read-your-writes**: a declaration's answer (``DeclarationHost``) waits for the
+  partition's durability, then for the lane's batch holding it to be durable in the
+  metadata group (whose barrier waits for every ready backup) and applied on the
+  leader's own metadata copy; the asking node then waits for its own metadata copy to
+  reach that position too (``MetaReply.position`` carries both).
+- **Routing** (``StandIns``): on a node holding no cell of a partition, each of the
+  partition's entries is a stand-in ``Queue`` in the vhost (no messages, never stored,
+  replicated by no group: made and bound around the observers), bound to the exchanges
+  as the entry says; so ``VirtualHost.route`` finds it, and ``GroupClients.publish``
+  forwards to it by ``x-ha-id`` like any copy of a group served elsewhere, a consume or
+  get goes to its leader. A partition counts as *known* (``known``) only while the node's
+  metadata copy is valid (its primary's, or a caught-up backup's), the directory holds a
+  sync of it, and every stand-in of it is bound; otherwise ``GroupClients.check_route``
+  refuses (540) what the node cannot route completely, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from brokerha.broker.exchange import Binding
+from brokerha.broker.queue import Queue
+from brokerha.cluster import replication as R
+from brokerha.cluster.replication import HA_ID, ReplicationError
+
+log = logging.getLogger("brokerha.partition")
+
+INDEX_KEY = "queue_directory"  # the store's meta: the partitions held (a JSON list)
+PARTITION_KEY = "queue_directory/{p}"  # the store's meta: one partition's entries
+UPDATE = "directory.update"  # the MetaRequest op (partition/declarations.py)
+RESYNC = 10.0  # a lane compares its partition with what it last sent this often
+
+Key = tuple[str, str]  # (vhost, queue name)
+BindingKey = tuple[str, str, bytes]  # (exchange, routing key, arguments as a field table)
+
+
+@dataclass(frozen=True)
+class DirectoryEntry:
+    """What every node knows of a queue of a partition: enough to route to it and to name
+    it to its leader."""
+
+    partition: int
+    ha_id: str
+    durable: bool
+    auto_delete: bool
+    arguments: bytes  # an AMQP field table (``replication.encode_table``)
+    bindings: tuple[BindingKey, ...]  # sorted
+
+    def wire(self) -> list[Any]:
+        return [self.partition, self.ha_id, self.durable, self.auto_delete, self.arguments,
+                [list(b) for b in self.bindings]]
+
+    @classmethod
+    def from_wire(cls, w: Any) -> DirectoryEntry:
+        partition, ha_id, durable, auto_delete, arguments, bindings = w
+        if not isinstance(partition, int) or not isinstance(ha_id, str):
+            raise ValueError(f"not a directory entry: {w!r:.80}")
+        return cls(partition, ha_id, bool(durable), bool(auto_delete), bytes(arguments),
+                   tuple(sorted((str(e), str(k), bytes(a)) for e, k, a in bindings)))
+
+    def to_json(self) -> list[Any]:
+        return [self.partition, self.ha_id, self.durable, self.auto_delete,
+                self.arguments.hex(), [[e, k, a.hex()] for e, k, a in self.bindings]]
+
+    @classmethod
+    def from_json(cls, j: Any) -> DirectoryEntry:
+        partition, ha_id, durable, auto_delete, arguments, bindings = j
+        return cls.from_wire([partition, ha_id, durable, auto_delete,
+                              bytes.fromhex(arguments),
+                              [[e, k, bytes.fromhex(a)] for e, k, a in bindings]])
+
+
+Item = tuple[Key, "DirectoryEntry | None"]
+
+
+def items_wire(items: Iterable[Item]) -> list[Any]:
+    return [[v, n, None if e is None else e.wire()] for (v, n), e in items]
+
+
+def items_from_wire(raw: Any) -> list[Item]:
+    return [((str(v), str(n)), None if e is None else DirectoryEntry.from_wire(e))
+            for v, n, e in raw]
+
+
+class Directory:
+    """The directory's state (the same on every node that applied the same log)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[Key, DirectoryEntry] = {}
+        self.epochs: dict[int, int] = {}  # partition -> the highest leader epoch taken
+        self.synced: set[int] = set()  # partitions a leader's sync reached
+
+    def apply(self, partition: int, epoch: int, sync: bool,
+              items: list[Item]) -> set[Key] | None:
+        """The names whose entry changed; None: ignored (a deposed leader's, fenced)."""
+        if epoch < self.epochs.get(partition, -1):
+            return None
+        self.epochs[partition] = epoch
+        changed: set[Key] = set()
+        if sync:
+            named = {key for key, entry in items if entry is not None}
+            for key, old in list(self.entries.items()):
+                if old.partition == partition and key not in named:
+                    del self.entries[key]
+                    changed.add(key)
+            self.synced.add(partition)
+        for key, entry in items:
+            held = self.entries.get(key)
+            if entry is None:
+                if held is not None and held.partition == partition:
+                    del self.entries[key]
+                    changed.add(key)
+            elif entry.partition != partition:
+                raise ValueError(f"entry {key} of partition {entry.partition} in a change "
+                                 f"of partition {partition}")
+            elif held != entry:
+                self.entries[key] = entry
+                changed.add(key)
+        return changed
+
+    def of(self, partition: int) -> dict[Key, DirectoryEntry]:
+        return {k: e for k, e in self.entries.items() if e.partition == partition}
+
+    def snapshot(self) -> Any:
+        return R.DirectorySnapshot(
+            R.QUEUE_DIRECTORY,
+            [[p, e, p in self.synced] for p, e in sorted(self.epochs.items())],
+            items_wire(sorted(self.entries.items())))
+
+    def replace(self, epochs: Any, entries: Any) -> None:
+        self.epochs = {int(p): int(e) for p, e, _ in epochs}
+        self.synced = {int(p) for p, _, s in epochs if s}
+        self.entries = {k: e for k, e in items_from_wire(entries) if e is not None}
+
+
+class MetaStore(Protocol):
+    def put_meta(self, key: str, value: str) -> None: ...
+
+    def get_meta(self, key: str) -> str | None: ...
+
+
+class EventLog(Protocol):
+    catch_up_providers: list[Callable[[], list[Any]]]
+
+    def emit(self, event: Any) -> int: ...
+
+
+class DirectoryLayer:
+    """The metadata group's ``StoreLayer`` (``ha/member.py``) of the directory: its
+    ``replica`` applies the primary's ``qe``/``qs``; as the primary, ``update`` applies a
+    partition leader's change and appends it; a joiner gets the directory whole.
+    ``listeners(keys)`` are told the names changed (None: possibly all)."""
+
+    kinds = R.QUEUE_DIRECTORY_EVENTS
+
+    def __init__(self, store: MetaStore) -> None:
+        self.store = store
+        self.directory = Directory()
+        self.primary: EventLog | None = None
+        self.listeners: list[Callable[[set[Key] | None], None]] = []
+        self.updates = 0  # changes applied here as the primary
+        self.fenced = 0  # changes ignored: a deposed partition leader's
+        self._load()
+
+    # -- the store ---------------------------------------------------------------------
+
+    def _load(self) -> None:
+        raw = self.store.get_meta(INDEX_KEY)
+        if raw is None:
+            return
+        try:
+            for p in json.loads(raw):
+                held = json.loads(self.store.get_meta(PARTITION_KEY.format(p=p)) or "null")
+                if held is None:
+                    continue
+                self.directory.epochs[p] = held["epoch"]
+                if held["synced"]:
+                    self.directory.synced.add(p)
+                for vhost, name, entry in held["entries"]:
+                    self.directory.entries[(vhost, name)] = DirectoryEntry.from_json(entry)
+        except (ValueError, TypeError, KeyError) as exc:
+            # fail closed: no partition is known (a catch-up's ``qs`` brings the directory)
+            log.error("store meta %s is not a queue directory (%s); taken as none",
+                      INDEX_KEY, exc)
+            self.directory = Directory()
+
+    def _save(self, partitions: Iterable[int]) -> None:
+        d = self.directory
+        for p in sorted(set(partitions)):
+            entries = [[v, n, e.to_json()] for (v, n), e in sorted(d.of(p).items())]
+            self.store.put_meta(PARTITION_KEY.format(p=p), json.dumps(
+                {"epoch": d.epochs.get(p, -1), "synced": p in d.synced, "entries": entries}))
+        self.store.put_meta(INDEX_KEY, json.dumps(sorted(d.epochs)))
+
+    # -- LayerReplica ------------------------------------------------------------------
+
+    @property
+    def replica(self) -> DirectoryLayer:
+        return self
+
+    def apply(self, event: Any) -> None:
+        kind = event[0]
+        try:
+            if kind == R.QUEUE_DIRECTORY_CHANGED:
+                _, partition, epoch, sync, raw = event
+                self._change(int(partition), int(epoch), bool(sync), items_from_wire(raw))
+            elif kind == R.QUEUE_DIRECTORY:
+                _, epochs, entries = event
+                before = set(self.directory.epochs)
+                self.directory.replace(epochs, entries)
+                self._save(before | set(self.directory.epochs))
+                self._tell(None)
+            else:
+                raise ReplicationError(f"not a queue directory event: {kind!r}")
+        except (TypeError, ValueError) as exc:
+            raise ReplicationError(f"queue directory event refused: {exc}") from exc
+
+    def after_durable(self, callback: Callable[[], None]) -> None:
+        callback()  # written to the store: its sync before the acknowledgement covers it
+
+    # -- PrimaryLayer ------------------------------------------------------------------
+
+    def attach_primary(self, primary: Any) -> None:
+        self.primary = primary
+        primary.catch_up_providers.append(self.catch_up_events)
+
+    def detach_primary(self) -> None:
+        self.primary = None
+
+    def catch_up_events(self) -> list[Any]:
+        return [self.directory.snapshot()]
+
+    # -- changes -----------------------------------------------------------------------
+
+    def update(self, partition: int, epoch: int, sync: bool, items: list[Item]) -> bool:
+        """As the metadata primary: apply a partition leader's change and append it (False:
+        fenced, nothing appended)."""
+        primary = self.primary
+        if primary is None:
+            raise ReplicationError("only the metadata primary changes the queue directory")
+        if not self._change(partition, epoch, sync, items):
+            self.fenced += 1
+            return False
+        primary.emit(R.DirectoryChanged(R.QUEUE_DIRECTORY_CHANGED, partition, epoch, sync,
+                                        items_wire(items)))
+        self.updates += 1
+        return True
+
+    def _change(self, partition: int, epoch: int, sync: bool, items: list[Item]) -> bool:
+        changed = self.directory.apply(partition, epoch, sync, items)
+        if changed is None:
+            return False
+        self._save([partition])
+        self._tell(changed)
+        return True
+
+    def _tell(self, keys: set[Key] | None) -> None:
+        for listener in self.listeners:
+            listener(keys)
+
+    def status(self) -> dict[str, Any]:
+        d = self.directory
+        return {"entries": len(d.entries), "synced": sorted(d.synced),
+                "epochs": {str(p): e for p, e in sorted(d.epochs.items())},
+                "updates": self.updates, "fenced": self.fenced}
+
+
+# -- what a leader's broker holds of a partition ---------------------------------------------
+
+
+PartitionOf = Callable[[Queue], "int | None"]
+
+
+def _bindings_by_queue(vhost: Any) -> dict[int, list[BindingKey]]:
+    out: dict[int, list[BindingKey]] = {}
+    for ex in vhost.exchanges.values():
+        if ex.name == "":
+            continue
+        for b in ex.bindings.values():
+            if isinstance(b.destination, Queue):
+                out.setdefault(id(b.destination), []).append(
+                    (ex.name, b.routing_key, R.encode_table(b.arguments)))
+    return out
+
+
+def _entry(queue: Queue, partition: int, bindings: list[BindingKey]) -> DirectoryEntry | None:
+    ha_id = queue.arguments.get(HA_ID)
+    if ha_id is None or queue.exclusive_owner is not None:
+        return None
+    return DirectoryEntry(partition, str(ha_id), queue.durable, queue.auto_delete,
+                          R.encode_table(queue.arguments), tuple(sorted(bindings)))
+
+
+def entries_of(broker: Any, partition_of: PartitionOf, partition: int,
+               keys: Iterable[Key] | None = None) -> list[Item]:
+    """The entries the leader's broker holds now: of ``keys`` (None for one not held), or
+    every queue of the partition (``keys`` None)."""
+    out: list[Item] = []
+    if keys is None:
+        for vhost in broker.vhosts.values():
+            bindings = _bindings_by_queue(vhost)
+            for q in list(vhost.queues.values()):
+                if partition_of(q) == partition:
+                    entry = _entry(q, partition, bindings.get(id(q), []))
+                    if entry is not None:
+                        out.append(((vhost.name, q.name), entry))
+        return sorted(out)
+    for key in sorted(set(keys)):
+        vhost = broker.vhosts.get(key[0])
+        q = None if vhost is None else vhost.queues.get(key[1])
+        if q is None or partition_of(q) != partition:
+            out.append((key, None))
+            continue
+        out.append((key, _entry(q, partition, _bindings_by_queue(vhost).get(id(q), []))))
+    return out
+
+
+# -- the partition leader's side: one lane per group served ----------------------------------
+
+
+Done = Callable[["list[int] | None"], None]  # the metadata position, or None: failed
+
+
+@dataclass
+class _Lane:
+    partition: int
+    epoch: int
+    sync: bool = True
+    keys: set[Key] = field(default_factory=set)
+    waiting: list[Done] = field(default_factory=list)
+    in_flight: int | None = None  # the request asked, unanswered
+    flight: list[Done] = field(default_factory=list)
+    flight_items: list[Item] = field(default_factory=list)
+    flight_sync: bool = False
+    sent: dict[Key, DirectoryEntry] = field(default_factory=dict)  # as the directory has it
+    checked_at: float = 0.0
+
+
+@dataclass
+class WriterStats:
+    batches: int = 0
+    syncs: int = 0
+    names: int = 0
+    failed: int = 0
+    resyncs: int = 0  # syncs a difference found by the periodic check sent
+
+
+class DirectoryWriter:
+    """A partition leader's changes to the directory. ``ask(args, done)`` sends a
+    ``directory.update`` to the metadata leader (``NodeDeclarations.ask_internal``) and
+    calls ``done(code, position)`` with its answer."""
+
+    def __init__(self, broker: Any, partition_of: Callable[[], PartitionOf | None],
+                 ask: Callable[[list[Any], Callable[[int, list[int]], None]], None],
+                 clock: Callable[[], float], resync: float = RESYNC) -> None:
+        self.broker = broker
+        self.partition_of = partition_of
+        self.ask = ask
+        self.clock = clock
+        self.resync = resync
+        self.lanes: dict[int, _Lane] = {}  # group -> its lane
+        self.stats = WriterStats()
+
+    def serving(self, group: int, epoch: int) -> None:
+        self._fail(self.lanes.pop(group, None))
+        self.lanes[group] = _Lane(group - 1, epoch, checked_at=self.clock())
+        self._send(group)
+
+    def demoted(self, group: int) -> None:
+        self._fail(self.lanes.pop(group, None))
+
+    def record(self, group: int, keys: Iterable[Key], done: Done) -> None:
+        """``keys`` changed in the group's partition: ``done(position)`` once the directory
+        holds them (as they are when the batch leaves), None if that failed."""
+        lane = self.lanes.get(group)
+        if lane is None:
+            done(None)
+            return
+        lane.keys.update(keys)
+        lane.waiting.append(done)
+        self._send(group)
+
+    def tick(self) -> None:
+        now = self.clock()
+        for group, lane in list(self.lanes.items()):
+            if lane.in_flight is None and not lane.sync and now - lane.checked_at >= self.resync:
+                lane.checked_at = now
+                of = self.partition_of()
+                if of is not None and dict(self._whole(lane, of)) != lane.sent:
+                    lane.sync = True
+                    self.stats.resyncs += 1
+            self._send(group)
+
+    def _whole(self, lane: _Lane, of: PartitionOf) -> list[Item]:
+        return entries_of(self.broker, of, lane.partition)
+
+    def _send(self, group: int) -> None:
+        lane = self.lanes.get(group)
+        of = self.partition_of()
+        if lane is None or lane.in_flight is not None or of is None \
+                or not (lane.sync or lane.keys):
+            return
+        if lane.sync:
+            items = self._whole(lane, of)
+            self.stats.syncs += 1
+        else:
+            items = entries_of(self.broker, of, lane.partition, lane.keys)
+        lane.flight, lane.waiting = lane.waiting, []
+        lane.flight_items, lane.flight_sync = items, lane.sync
+        lane.keys, lane.sync = set(), False
+        lane.in_flight = -1
+        self.stats.batches += 1
+        self.stats.names += len(items)
+        epoch = lane.epoch
+        self.ask([lane.partition, epoch, lane.flight_sync, items_wire(items)],
+                 lambda code, position: self._answered(group, epoch, code, position))
+
+    def _answered(self, group: int, epoch: int, code: int, position: list[int]) -> None:
+        lane = self.lanes.get(group)
+        if lane is None or lane.epoch != epoch:
+            return  # the lane went (demoted): its waiters were failed then
+        flight, lane.flight, lane.in_flight = lane.flight, [], None
+        if code != 0:
+            self.stats.failed += 1
+            lane.sync = True  # the directory may lack any of it: the whole partition next
+            for done in flight:
+                done(None)
+        else:
+            if lane.flight_sync:
+                lane.sent = {}
+            for key, entry in lane.flight_items:
+                if entry is None:
+                    lane.sent.pop(key, None)
+                else:
+                    lane.sent[key] = entry
+            for done in flight:
+                done(list(position))
+        self._send(group)
+
+    def _fail(self, lane: _Lane | None) -> None:
+        if lane is None:
+            return
+        for done in lane.flight + lane.waiting:
+            done(None)
+        lane.flight, lane.waiting = [], []
+
+    def status(self) -> dict[str, Any]:
+        return {"lanes": {str(g - 0): {"epoch": lane.epoch, "queued": len(lane.keys),
+                                       "in_flight": lane.in_flight is not None}
+                          for g, lane in sorted(self.lanes.items())},
+                **vars(self.stats)}
+
+
+# -- every node: the stand-ins of the queues of partitions it holds no cell of ---------------
+
+
+class StandIns:
+    """The directory's entries of partitions this node runs no group of, as stand-in
+    queues in its vhosts (see the module's docstring). ``member``: the node's
+    ``PartitionedMember``; ``layer``: its metadata group's ``DirectoryLayer``."""
+
+    def __init__(self, member: Any, layer: DirectoryLayer) -> None:
+        self.member = member
+        self.layer = layer
+        self.held: dict[Key, tuple[Queue, DirectoryEntry]] = {}
+        self.bound: dict[Key, set[BindingKey]] = {}
+        self.unbound: set[Key] = set()  # a binding's exchange is not here (yet)
+        self._groups: frozenset[int] = frozenset()
+        self.made = 0
+        self.removed = 0
+        layer.listeners.append(self.changed)
+
+    # -- what the clients' checks ask --------------------------------------------------
+
+    def valid(self) -> bool:
+        """This node's metadata copy is its primary's or a caught-up backup's."""
+        metadata = self.member.metadata
+        if metadata.primary is not None:
+            return True
+        backup = metadata.backup
+        return backup is not None and bool(backup.caught_up)
+
+    def known(self, partition: int) -> bool:
+        """Whether this node routes to partition ``partition``'s queues by the directory:
+        its copy valid, a sync of the partition in it, every stand-in of it bound."""
+        if partition not in self.layer.directory.synced or not self.valid():
+            return False
+        return not any(self.held[k][1].partition == partition for k in self.unbound
+                       if k in self.held)
+
+    # -- keeping them -------------------------------------------------------------------
+
+    def changed(self, keys: set[Key] | None) -> None:
+        self.reconcile(keys)
+
+    def group_adding(self, partition: int) -> None:
+        """A group of ``partition`` starts here (a cell): its stand-ins go first, the
+        group's catch-up brings the queues."""
+        for key, (_, entry) in list(self.held.items()):
+            if entry.partition == partition:
+                self._remove(key)
+
+    def tick(self) -> None:
+        groups = frozenset(self.member.groups)
+        if groups != self._groups:
+            self._groups = groups
+            self.reconcile(None)
+        elif self.unbound:
+            self.reconcile(set(self.unbound))
+
+    def reconcile(self, keys: set[Key] | None) -> None:
+        entries = self.layer.directory.entries
+        if keys is None:
+            keys = set(entries) | set(self.held)
+        for key in keys:
+            entry = entries.get(key)
+            if entry is not None and self._has_group(entry.partition):
+                entry = None
+            held = self.held.get(key)
+            if entry is None:
+                if held is not None:
+                    self._remove(key)
+                continue
+            if held is not None and (held[1].ha_id, held[1].arguments, held[1].durable,
+                                     held[1].auto_delete) != (entry.ha_id, entry.arguments,
+                                                              entry.durable, entry.auto_delete):
+                self._remove(key)
+                held = None
+            if held is None:
+                if not self._make(key, entry):
+                    continue
+            else:
+                self.held[key] = (held[0], entry)
+            self._bind(key, entry)
+
+    def _has_group(self, partition: int) -> bool:
+        return partition + 1 in self.member.groups
+
+    def _make(self, key: Key, entry: DirectoryEntry) -> bool:
+        vhost = self.member.broker.vhosts.get(key[0])
+        if vhost is None or key[1] in vhost.queues:
+            return False  # a queue of its own (exclusive) by that name: left as it is
+        queue = Queue(vhost.name, key[1], durable=entry.durable, auto_delete=False,
+                      arguments=R.decode_table(entry.arguments), memory=vhost.memory,
+                      clock=vhost.clock, sink=vhost)
+        queue.auto_delete = entry.auto_delete  # shown only: the leader deletes it
+        vhost.queues[key[1]] = queue  # no observer: never stored, replicated by no group
+        self.held[key] = (queue, entry)
+        self.bound[key] = set()
+        self.made += 1
+        return True
+
+    def _bind(self, key: Key, entry: DirectoryEntry) -> None:
+        queue = self.held[key][0]
+        vhost = self.member.broker.vhosts[key[0]]
+        want = set(entry.bindings)
+        have = self.bound[key]
+        missing = False
+        for b in have - want:
+            ex = vhost.exchanges.get(b[0])
+            if ex is not None:
+                ex.remove_binding(Binding(ex, queue, b[1], R.decode_table(b[2])).key)
+            have.discard(b)
+        for b in want - have:
+            ex = vhost.exchanges.get(b[0])
+            if ex is None:
+                missing = True
+                continue
+            ex.add_binding(Binding(ex, queue, b[1], R.decode_table(b[2])))
+            have.add(b)
+        if missing:
+            self.unbound.add(key)
+        else:
+            self.unbound.discard(key)
+
+    def _remove(self, key: Key) -> None:
+        queue, _ = self.held.pop(key)
+        self.unbound.discard(key)
+        vhost = self.member.broker.vhosts.get(key[0])
+        if vhost is None:
+            return
+        for b in self.bound.pop(key, set()):
+            ex = vhost.exchanges.get(b[0])
+            if ex is not None:
+                binding = ex.bindings.get(Binding(ex, queue, b[1], R.decode_table(b[2])).key)
+                if binding is not None and binding.destination is queue:
+                    ex.remove_binding(binding.key)
+        if vhost.queues.get(key[1]) is queue:
+            del vhost.queues[key[1]]
+        self.removed += 1
+
+    def is_stand_in(self, queue: Queue) -> bool:
+        held = self.held.get((queue.vhost, queue.name))
+        return held is not None and held[0] is queue
+
+    def status(self) -> dict[str, Any]:
+        return {"stand_ins": len(self.held), "unbound": len(self.unbound), "made": self.made,
+                "removed": self.removed}
+
+
+# -- the node's wiring -----------------------------------------------------------------------
+
+
+class NodeDirectory:
+    """A partitioned node's directory: its metadata group's layer, its writer (the
+    partitions it leads), its stand-ins (those it holds no cell of)."""
+
+    def __init__(self, member: Any, layer: DirectoryLayer, writer: DirectoryWriter) -> None:
+        self.member = member
+        self.layer = layer
+        self.writer = writer
+        self.stand_ins = StandIns(member, layer)
+
+    def apply(self, args: list[Any]) -> list[Any]:
+        """The metadata leader's side of a ``directory.update`` (``DeclarationHost``)."""
+        partition, epoch, sync, raw = args
+        self.layer.update(int(partition), int(epoch), bool(sync), items_from_wire(raw))
+        return []
+
+    def unknown(self, partitions: Iterable[int]) -> list[int]:
+        stand_ins = self.stand_ins
+        return [p for p in partitions if not stand_ins.known(p)]
+
+    def tick(self) -> None:
+        self.writer.tick()
+        self.stand_ins.tick()
+
+    def status(self) -> dict[str, Any]:
+        return {**self.layer.status(), "writer": self.writer.status(),
+                **self.stand_ins.status()}
+
+
+def by_partition(items: Mapping[Key, DirectoryEntry]) -> dict[int, list[Key]]:
+    out: dict[int, list[Key]] = {}
+    for key, entry in items.items():
+        out.setdefault(entry.partition, []).append(key)
+    return out

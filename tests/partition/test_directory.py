@@ -1,0 +1,379 @@
+"""The queue directory (brokerha/partition/directory.py, issue 35): its state and its
+metadata-group layer alone, then over the simulation's nodes -- four nodes, P = 4, NR = 2,
+so each node holds no cell of some partition -- each the product's ``PartitionedMember``
+with the directory's layer in its metadata group, and the product's ``NodeDeclarations``,
+``NodeForwarding``, ``NodeDirectory`` and ``GroupClients`` over one in-memory network: a
+node outside a partition routes to its queues through the directory's stand-ins
+(default exchange and a binding), forwards by ``x-ha-id``, is confirmed once the leader
+holds the message; a declaration's answer waits for the directory (read-your-writes);
+a deposed leader's change is fenced; what the directory does not know is refused (540)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pamqp import commands
+
+from brokerha.broker.content import build_header
+from brokerha.broker.errors import NotImplementedByBroker
+from brokerha.broker.message import Message
+from brokerha.cluster import replication as R
+from brokerha.cluster.messages import Message as Packet
+from brokerha.cluster.replication import HA_ID
+from brokerha.ha.simulation.world import Faults
+from brokerha.partition.clients import GroupClients
+from brokerha.partition.declarations import PACKETS as DECLARATION_PACKETS
+from brokerha.partition.declarations import NodeDeclarations
+from brokerha.partition.directory import (
+    UPDATE,
+    Directory,
+    DirectoryEntry,
+    DirectoryLayer,
+    DirectoryWriter,
+    NodeDirectory,
+    items_wire,
+)
+from brokerha.partition.forwarding import PACKETS as FORWARD_PACKETS
+from brokerha.partition.forwarding import NodeForwarding
+from brokerha.partition.group_simulation import GroupSimulation
+from brokerha.partition.member import group_of
+from tests.partition.test_declarations import Channel
+
+pytestmark = pytest.mark.timeout(90)
+
+P = 4
+
+
+def entry(partition: int, ha_id: str = "1.1", bindings: tuple[Any, ...] = ()) -> DirectoryEntry:
+    return DirectoryEntry(partition, ha_id, True, False, R.encode_table({HA_ID: ha_id}),
+                          tuple(bindings))
+
+
+# -- the state and the layer alone ----------------------------------------------------------
+
+
+def test_a_deposed_leaders_change_is_fenced_and_a_sync_replaces_the_partition() -> None:
+    d = Directory()
+    assert d.apply(1, 3, True, [(("/", "a"), entry(1)), (("/", "b"), entry(1, "1.2"))]) \
+        == {("/", "a"), ("/", "b")}
+    assert d.synced == {1}
+    # the leader of epoch 2 (deposed) names "c" late: ignored, nothing changes
+    assert d.apply(1, 2, False, [(("/", "c"), entry(1, "2.1"))]) is None
+    assert set(d.entries) == {("/", "a"), ("/", "b")}
+    # a sync of epoch 4 without "b": it goes; a deletion of another partition's name: kept
+    d.apply(2, 1, True, [(("/", "x"), entry(2))])
+    assert d.apply(1, 4, True, [(("/", "a"), entry(1))]) == {("/", "b")}
+    assert d.apply(1, 4, False, [(("/", "x"), None)]) == set()
+    assert set(d.entries) == {("/", "a"), ("/", "x")}
+    with pytest.raises(ValueError):
+        d.apply(1, 4, False, [(("/", "y"), entry(2))])
+
+
+class Store:
+    def __init__(self) -> None:
+        self.meta: dict[str, str] = {}
+
+    def put_meta(self, key: str, value: str) -> None:
+        self.meta[key] = value
+
+    def get_meta(self, key: str) -> str | None:
+        return self.meta.get(key)
+
+
+class Log:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.catch_up_providers: list[Callable[[], list[Any]]] = []
+
+    def emit(self, event: Any) -> int:
+        self.events.append(event)
+        return len(self.events)
+
+
+def test_the_layer_appends_stores_and_a_backup_and_a_joiner_get_the_same() -> None:
+    store, log = Store(), Log()
+    layer = DirectoryLayer(store)
+    layer.attach_primary(log)
+    bound = entry(0, "1.4", (("amq.direct", "k", R.encode_table({})),))
+    assert layer.update(0, 1, True, [(("/", "q"), bound)])
+    assert not layer.update(0, 0, False, [(("/", "q"), None)])  # fenced: nothing appended
+    assert len(log.events) == 1 and layer.fenced == 1
+    # off the wire, as a backup receives it
+    event = R.as_record(list(log.events[0]))
+    backup = DirectoryLayer(Store())
+    backup.replica.apply(event)
+    assert backup.directory.entries == layer.directory.entries
+    joiner = DirectoryLayer(Store())
+    joiner.directory.apply(3, 9, True, [(("/", "stale"), entry(3))])  # replaced whole
+    for e in log.catch_up_providers[0]():
+        joiner.replica.apply(R.as_record(list(e)))
+    assert joiner.directory.entries == {("/", "q"): bound}
+    assert joiner.directory.synced == {0} and joiner.directory.epochs == {0: 1}
+    # a restart reads it back from the store
+    again = DirectoryLayer(store)
+    assert again.directory.entries == layer.directory.entries
+    assert again.directory.synced == {0}
+
+
+def test_the_writer_sends_one_batch_at_a_time_and_the_state_when_it_leaves() -> None:
+    from brokerha.broker.broker import Broker
+
+    broker = Broker()
+    vhost = broker.add_vhost("/")
+    asked: list[tuple[list[Any], Callable[[int, list[int]], None]]] = []
+    writer = DirectoryWriter(broker, lambda: (lambda q: 0), lambda a, d: asked.append((a, d)),
+                             lambda: 0.0)
+    writer.serving(1, 5)
+    assert [a[0][:3] for a in asked] == [[0, 5, True]]  # the sync first
+    q = vhost.declare_queue("q", owner=None, durable=True, arguments={HA_ID: "5.1"})
+    done: list[Any] = []
+    writer.record(1, [("/", "q")], done.append)
+    assert len(asked) == 1  # one at a time
+    vhost.bind("amq.direct", q, "k")
+    asked[0][1](0, [1, 7])
+    assert done == [] and len(asked) == 2  # the next batch: q as it is now, bound
+    args = asked[1][0]
+    assert args[:3] == [0, 5, False]
+    assert args[3] == items_wire([(("/", "q"), DirectoryEntry(
+        0, "5.1", True, False, R.encode_table({HA_ID: "5.1"}),
+        (("amq.direct", "k", R.encode_table({})),)))])
+    asked[1][1](0, [1, 8])
+    assert done == [[1, 8]]
+    # a failed batch: its waiters are told, the next one is a sync
+    writer.record(1, [("/", "q")], done.append)
+    asked[2][1](320, [])
+    assert done[-1] is None and asked[3][0][2] is True
+
+
+# -- over the simulation's nodes --------------------------------------------------------------
+
+
+class DirectorySimulation(GroupSimulation):
+    directory = True
+
+
+class Net:
+    """Every node's declarations, forwarding, directory and clients over one network."""
+
+    def __init__(self, sim: GroupSimulation) -> None:
+        self.sim = sim
+        self.packets: list[tuple[str, str, Packet]] = []
+        self.soon: list[Callable[[], None]] = []
+        self.decl: dict[str, NodeDeclarations] = {}
+        self.fw: dict[str, NodeForwarding] = {}
+        self.dirs: dict[str, NodeDirectory] = {}
+        self.clients: dict[str, GroupClients] = {}
+        self.fenced: set[str] = set()  # nodes whose writers are not told of serving
+        names = list(sim.names)
+        for name in names:
+            node = sim.node(name)
+            send = self.sender(name)
+            fw = NodeForwarding(node.ha, f"{name}.1", names, send=send, soon=self.soon.append,
+                                clock=lambda: sim.now)
+            decl = NodeDeclarations(node.ha, f"{name}.1", send=send, soon=self.soon.append,
+                                    clock=lambda: sim.now)
+            fw.notice_listeners.append(decl.notice)
+            member = node.ha
+
+            def partition_of(member: Any = member) -> Any:
+                return None if member.placement is None else member.placement.partition
+
+            writer = DirectoryWriter(
+                node.broker, partition_of,
+                lambda a, d, decl=decl: decl.ask_internal(0, UPDATE, a, d),
+                lambda: sim.now)
+            assert node.directory_layer is not None
+            nd = NodeDirectory(node.ha, node.directory_layer, writer)
+            decl.directory = nd
+            node.ha.group_adding = nd.stand_ins.group_adding
+            clients = GroupClients(node.ha, lambda n: f"amqp://{n}")
+            clients.forwarding, clients.declarations, clients.directory = fw, decl, nd
+            self.decl[name], self.fw[name], self.dirs[name] = decl, fw, nd
+            self.clients[name] = clients
+        self.roles()
+
+    def sender(self, src: str) -> Callable[[str, Packet], None]:
+        return lambda peer, packet: self.packets.append((src, peer, packet))
+
+    def roles(self) -> None:
+        """The shell's ``serving``/``demoted`` calls, from the members' roles now."""
+        for name, nd in self.dirs.items():
+            node = self.sim.node(name)
+            for group, member in node.ha.groups.items():
+                if not group:
+                    continue
+                term = member.role_term()
+                fw_receiver = self.fw[name].receivers.get(group)
+                if term is not None and (fw_receiver is None or fw_receiver.epoch != term):
+                    self.fw[name].serving(group, term)
+                lane = nd.writer.lanes.get(group)
+                if name in self.fenced:
+                    continue
+                if term is not None and (lane is None or lane.epoch != term):
+                    nd.writer.serving(group, term)
+                elif term is None and lane is not None:
+                    nd.writer.demoted(group)
+
+    def pump(self, rounds: int = 20) -> list[tuple[str, str, Packet]]:
+        seen = []
+        for _ in range(rounds):
+            while self.soon or self.packets:
+                soon, self.soon[:] = list(self.soon), []
+                for callback in soon:
+                    callback()
+                packets, self.packets = self.packets, []
+                seen += packets
+                for src, dst, packet in packets:
+                    if isinstance(packet, DECLARATION_PACKETS):
+                        self.decl[dst].on_packet(src, packet)
+                    elif isinstance(packet, FORWARD_PACKETS):
+                        self.fw[dst].on_packet(src, packet)
+            self.sim.run_until(self.sim.now + 0.05)
+            self.roles()
+            for name in self.dirs:
+                self.decl[name].moved()
+                self.decl[name].tick()
+                self.fw[name].tick()
+                self.dirs[name].tick()
+        return seen
+
+    def outside(self) -> tuple[str, int]:
+        """A node and a partition it holds no cell of."""
+        for name in self.sim.names:
+            missing = [p for p in range(P) if group_of(p) not in self.sim.node(name).ha.groups]
+            if missing:
+                return name, missing[0]
+        raise AssertionError("every node holds a cell of every partition")
+
+    def leader(self, partition: int) -> str:
+        node = self.sim.serving_groups[group_of(partition)]
+        assert node is not None
+        return node.name
+
+    def vhost(self, name: str) -> Any:
+        return self.sim.node(name).broker.vhosts["/"]
+
+
+def name_in(partition: int, prefix: str) -> str:
+    from brokerha.cluster.partition_table import hash_partition
+
+    return next(f"{prefix}-{i}" for i in range(1000)
+                if hash_partition("/", f"{prefix}-{i}", P) == partition)
+
+
+def message(exchange: str, key: str, body: bytes) -> Message:
+    return Message(exchange, key, build_header(
+        len(body), commands.Basic.Properties(delivery_mode=2)), body)
+
+
+def publish(net: Net, node: str, exchange: str, key: str, body: bytes) -> list[bool]:
+    """As ``amqp/methods/basic.py`` does: routed by the node's vhost, handed to
+    ``GroupClients.publish``; the confirms."""
+    vhost = net.vhost(node)
+    msg = message(exchange, key, body)
+    queues = vhost.route(vhost.exchanges[exchange], msg)
+    answers: list[bool] = []
+    net.clients[node].publish(None, "/", queues, msg, answers.append)
+    return answers
+
+
+@pytest.fixture(scope="module")
+def net() -> Net:
+    sim = DirectorySimulation(0, nodes=4, partitions=P, replicas=2, faults=Faults.none(),
+                              publish_rate=0.0, consume_rate=0.0)
+    sim.start()
+    sim.run_until(8.0)
+    assert all(n is not None for n in sim.serving_groups.values()), sim.serving_groups
+    net = Net(sim)
+    net.pump()
+    return net
+
+
+def test_every_node_holds_every_partitions_sync(net: Net) -> None:
+    for name, nd in net.dirs.items():
+        assert nd.layer.directory.synced == set(range(P)), name
+        assert net.clients[name].unknown_partitions() == [], name
+
+
+def test_a_queue_declared_outside_its_partition_routes_there_by_the_directory(
+        net: Net) -> None:
+    node, missing = net.outside()
+    leader = net.leader(missing)
+    name = name_in(missing, "dir")
+    ch = Channel(net.vhost(node))
+    net.decl[node].queue_method(ch, group_of(missing), commands.Queue.Declare(
+        queue=name, durable=True), name)
+    net.pump()
+    assert isinstance(ch.sent[-1], commands.Queue.DeclareOk)
+    ch = Channel(net.vhost(node))
+    net.decl[node].queue_method(ch, group_of(missing), commands.Queue.Bind(
+        queue=name, exchange="amq.direct", routing_key="rk"), name)
+    net.pump()
+    assert isinstance(ch.sent[-1], commands.Queue.BindOk)
+    here = net.vhost(node).queues[name]  # the stand-in, bound as on the leader
+    assert net.dirs[node].stand_ins.is_stand_in(here)
+    assert here.arguments[HA_ID] == net.vhost(leader).queues[name].arguments[HA_ID]
+    assert net.vhost(node).has_binding(net.vhost(node).exchanges["amq.direct"], here, "rk")
+    assert net.clients[node].unknown_partitions() == []
+    answers = [publish(net, node, "", name, b"by-name"),
+               publish(net, node, "amq.direct", "rk", b"by-binding")]
+    assert here.message_count == 0  # nothing enqueued on the stand-in
+    net.pump()
+    assert answers == [[True], [True]]
+    queue = net.vhost(leader).queues[name]
+    assert [e.message.body for e in list(queue.ready)] == [b"by-name", b"by-binding"]
+
+
+def test_a_declare_on_the_leader_answers_once_every_node_routes_to_it(net: Net) -> None:
+    node, missing = net.outside()
+    leader = net.leader(missing)
+    name = name_in(missing, "led")
+    ch = Channel(net.vhost(leader))  # the leader's own client: through its own host
+    assert net.clients[leader]._listed(commands.Queue.Declare(queue=name, durable=True))
+    net.decl[leader].queue_method(ch, group_of(missing), commands.Queue.Declare(
+        queue=name, durable=True), name)
+    while not ch.sent:
+        net.pump(1)
+        # never the answer before the directory holds it on the node outside (a ready
+        # backup of the metadata group: the metadata barrier waits for it)
+        if ch.sent:
+            assert name in net.vhost(node).queues
+    assert isinstance(ch.sent[-1], commands.Queue.DeclareOk)
+    # deleted on the leader: gone from the node outside by the delete-ok
+    ch = Channel(net.vhost(leader))
+    net.decl[leader].queue_method(ch, group_of(missing), commands.Queue.Delete(
+        queue=name), name)
+    while not ch.sent:
+        net.pump(1)
+    assert name not in net.vhost(node).queues
+    assert net.dirs[leader].writer.stats.failed == 0
+
+
+def test_a_node_refuses_what_the_directory_does_not_give_it(net: Net) -> None:
+    node, missing = net.outside()
+    clients = net.clients[node]
+    directory = net.dirs[node].layer.directory
+    directory.synced.discard(missing)  # as before the partition's first sync reached it
+    try:
+        assert clients.unknown_partitions() == [missing]
+        with pytest.raises(NotImplementedByBroker):
+            publish(net, node, "amq.direct", "rk", b"refused")
+        clients.directory = None  # no directory at all: as before it
+        with pytest.raises(NotImplementedByBroker):
+            publish(net, node, "amq.direct", "rk", b"refused")
+    finally:
+        directory.synced.add(missing)
+        clients.directory = net.dirs[node]
+    assert clients.unknown_partitions() == []
+
+
+def test_a_periodic_check_resyncs_what_no_method_reported(net: Net) -> None:
+    node, missing = net.outside()
+    leader = net.leader(missing)
+    name = name_in(missing, "quiet")
+    net.vhost(leader).declare_queue(name, owner=None, durable=True)  # not through the host
+    net.pump(int(12 / 0.05))  # past the writer's RESYNC (10 s)
+    assert name in net.vhost(node).queues
+    assert net.dirs[leader].writer.stats.resyncs >= 1
