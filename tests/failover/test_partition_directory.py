@@ -1,28 +1,30 @@
-"""A client on a node holding no cell of a queue's partition (issue 35's queue directory,
-not built: docs/ha.md "Declarations"), on four real nodes (P = 4, NR = 2: every
-partition on three of the four, each node outside one partition).
+"""A client on a node holding no cell of a queue's partition (issue 35's queue directory:
+docs/ha.md "Routing on a node outside a partition: the queue directory"), on four real
+nodes (P = 4, NR = 2: every partition on three of the four, each node outside one).
 
-Such a node does not know the partition's queues nor their bindings (they live in the
-partition's own log), so it fails closed: a publish it cannot route completely -- to the
-default exchange naming a queue it does not hold, or to any exchange but the default
-one -- closes the connection with 540 NOT_IMPLEMENTED naming the limitation, before
-anything is enqueued or confirmed (it used to be confirmed and dropped: 650-995 confirmed,
-0 on the leader, in the drain helper's run). The queue's declaration and binding from
-that node go to the partition's leader (partition/declarations.py). A client on a cell of
-the partition publishes to the same queue (through forwarding): every confirmed message
-is on the leader.
+Such a node holds neither the partition's queues nor the bindings to them (they live in
+the partition's own log); it routes to them by the directory the metadata group keeps
+(partition/directory.py): a stand-in per queue, bound as on the leader, forwarded to by
+``x-ha-id``. (1) A client there declares q and binds it to a direct exchange (carried to
+q's leader, answered once the directory and this node's copy of it hold them), publishes
+with confirms and ``mandatory`` to the default exchange and through the binding: all
+confirmed, none returned, all on the leader, then consumed from that node, in order.
+(2) The coordinator (the metadata group's leader, which appends the directory's changes)
+SIGKILLed while clients on two other nodes declare queues in a stream: every queue
+answered ok is routable afterwards from every node left (a publish with confirms and
+``mandatory`` to each, on each node, confirmed and not returned).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pika
 import pytest
-from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 from brokerha.testing import LocalCluster
-from tests.failover.groups import connect, drain_ids, props, until
+from tests.failover.groups import connect, depth, drain_ids, props, until
 from tests.failover.test_partition_drain import (
     DRAIN_OPTIONS,
     P,
@@ -38,22 +40,12 @@ N = 20
 EXCHANGE = "directory-x"
 
 
-def refused(ch: pika.adapters.blocking_connection.BlockingChannel, exchange: str,
-            key: str) -> tuple[int, ConnectionClosedByBroker]:
-    """Publish up to N with confirms until the broker closes the connection (540 is a
-    connection error in AMQP 0-9-1, as RabbitMQ): (how many were confirmed before, the
-    close)."""
-    confirmed = 0
-    try:
-        for i in range(N):
-            ch.basic_publish(exchange, key, b"m%d" % i, props(i))
-            confirmed += 1
-    except ConnectionClosedByBroker as exc:
-        return confirmed, exc
-    raise AssertionError(f"{confirmed} publishes to {exchange!r}/{key} confirmed, none refused")
+def cells_of(cluster: LocalCluster, node: str) -> dict[int, list[str]]:
+    rows = table(cluster, node)["rows"]
+    return {r["partition"]: [c[0] for c in r["cells"]] for r in rows}
 
 
-def test_a_node_outside_a_partition_refuses_what_it_cannot_route() -> None:
+def test_a_node_outside_a_partition_routes_by_the_directory() -> None:
     started = time.monotonic()
     with LocalCluster(4, options=DRAIN_OPTIONS) as cluster:
         names = cluster.names
@@ -61,11 +53,13 @@ def test_a_node_outside_a_partition_refuses_what_it_cannot_route() -> None:
               lambda: settled(cluster, names), timeout=60)
         lead = leaders(cluster, names)
         assert lead is not None
-        rows = table(cluster, lead["0"][0])["rows"]
-        cells = {r["partition"]: [c[0] for c in r["cells"]] for r in rows}
+        cells = cells_of(cluster, lead["0"][0])
         assert all(len(c) == 3 for c in cells.values()), cells
-        # X: a node outside partition p's cells
-        x, p = next((n, q) for q in range(P) for n in names if n not in cells[q])
+        # X: a node outside partition p's cells that leads some group (a node leading none
+        # relays its clients to the metadata primary)
+        leading = {v[0] for v in lead.values()}
+        x, p = next((n, q) for q in range(P) for n in names
+                    if n not in cells[q] and n in leading)
         queue = queue_in(p, "directory")
         leader = lead[str(p + 1)][0]
 
@@ -76,55 +70,91 @@ def test_a_node_outside_a_partition_refuses_what_it_cannot_route() -> None:
             ch.exchange_declare(EXCHANGE, "direct", durable=True)
             ch.queue_bind(queue, EXCHANGE, routing_key="k")
             ch.confirm_delivery()
-            confirmed, closed = refused(ch, "", queue)  # the default exchange
-            assert confirmed == 0
-            assert closed.reply_code == 540, closed
-            assert f"holds no cell of partition {p}" in closed.reply_text, closed
-            assert "default exchange" in closed.reply_text, closed
+            for i in range(N):  # the default exchange; raises if nacked or returned
+                ch.basic_publish("", queue, b"m%d" % i, props(i), mandatory=True)
+            for i in range(N, 2 * N):  # the direct exchange's binding
+                ch.basic_publish(EXCHANGE, "k", b"m%d" % i, props(i), mandatory=True)
         finally:
             if conn.is_open:
                 conn.close()
-        conn = connect(cluster, x)
-        try:
-            ch = conn.channel()
-            ch.confirm_delivery()
-            confirmed, closed = refused(ch, EXCHANGE, "k")  # a direct exchange's binding
-            assert confirmed == 0
-            assert closed.reply_code == 540, closed
-            assert f"exchange '{EXCHANGE}'" in closed.reply_text, closed
-        finally:
-            if conn.is_open:
-                conn.close()
+        assert depth(cluster, leader, queue) == 2 * N  # every one on the leader
+        got = drain_ids(cluster, x, queue)  # consumed from X: through the leader
+        assert got == [str(i) for i in range(2 * N)], (len(got), got[:5])
+        status = (cluster.status(x) or {}).get("node", {}).get("directory") or {}
+        assert status.get("synced") == list(range(P)), status
+        assert status.get("stand_ins", 0) >= 1, status
+    print(f"\n4 nodes, P = {P}: X={x} outside partition {p}: {2 * N} confirmed through the "
+          f"directory, on {leader}, consumed from {x}; {time.monotonic() - started:.1f} s")
 
-        conn = connect(cluster, x)  # known, left: no copy here to consume through
-        try:
-            with pytest.raises(ChannelClosedByBroker) as gone:
-                conn.channel().basic_get(queue)
-            assert gone.value.reply_code == 404, gone.value
-        finally:
-            if conn.is_open:
-                conn.close()
 
-        # a client on a cell of p (not its leader): its publishes forwarded to the leader
-        y = next(n for n in cells[p] if n != leader)
-        conn = connect(cluster, y)
-        try:
-            ch = conn.channel()
-            ch.confirm_delivery()
-            for i in range(N):
-                ch.basic_publish("", queue, b"m%d" % i, props(i))  # raises if nacked
-            y_holds_all = all(y in cells[q] for q in range(P))
-            if y_holds_all:  # it knows every binding: the exchange publish is routed
-                for i in range(N, 2 * N):
-                    ch.basic_publish(EXCHANGE, "k", b"m%d" % i, props(i))
-            else:
-                confirmed, closed = refused(ch, EXCHANGE, "k")
-                assert confirmed == 0 and closed.reply_code == 540, closed
-        finally:
-            if conn.is_open:
-                conn.close()
-        expected = [str(i) for i in range(2 * N if y_holds_all else N)]
-        got = drain_ids(cluster, leader, queue)
-        assert got == expected, (len(got), got[:5])
-    print(f"\n4 nodes, P = {P}: X={x} outside partition {p} refused (540), {y} forwarded "
-          f"{len(expected)} to {leader}; {time.monotonic() - started:.1f} s")
+def test_coordinator_killed_while_declaring_every_queue_answered_ok_routes_everywhere(
+        ) -> None:
+    started = time.monotonic()
+    with LocalCluster(4, options=DRAIN_OPTIONS) as cluster:
+        names = cluster.names
+        until("one serving leader per group, every node ready",
+              lambda: settled(cluster, names), timeout=60)
+        lead = leaders(cluster, names)
+        assert lead is not None
+        a = lead["0"][0]  # the coordinator
+        streams = [n for n in names if n != a][:2]
+        acked: list[str] = []
+        closed: list[str] = []
+        stop = threading.Event()
+
+        def stream(node: str) -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    conn = connect(cluster, node)
+                except pika.exceptions.AMQPError:
+                    time.sleep(0.1)
+                    continue
+                try:
+                    ch = conn.channel()
+                    while not stop.is_set():
+                        i += 1
+                        name = f"kd-{node}-{i}"
+                        ch.queue_declare(name, durable=True)
+                        acked.append(name)
+                except pika.exceptions.AMQPError as exc:
+                    closed.append(f"{node}: {exc!r}")
+                finally:
+                    if conn.is_open:
+                        try:
+                            conn.close()
+                        except pika.exceptions.AMQPError:
+                            pass
+
+        threads = [threading.Thread(target=stream, args=(n,), daemon=True) for n in streams]
+        for t in threads:
+            t.start()
+        until("declarations under way", lambda: len(acked) >= 20, timeout=30)
+        before = len(acked)
+        cluster.kill(a)
+        until("declarations answered after the kill", lambda: len(acked) >= before + 30,
+              timeout=60)
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        alive = [n for n in names if n != a]
+        until("a serving leader of every group again", lambda: all(
+            any(((cluster.status(n) or {}).get("node", {}).get("groups") or {})
+                .get(str(g), {}).get("serving") for n in alive) for g in range(P + 1)),
+              timeout=40)
+        # every queue answered ok routes from every node left: confirmed, not returned
+        for node in alive:
+            conn = connect(cluster, node)
+            try:
+                ch = conn.channel()
+                ch.confirm_delivery()
+                for i, name in enumerate(acked):
+                    ch.basic_publish("", name, b"r", props(i), mandatory=True)
+            finally:
+                if conn.is_open:
+                    conn.close()
+        outside = {n: [p for p, c in cells_of(cluster, alive[0]).items() if n not in c]
+                   for n in alive}
+    print(f"\n4 nodes, P = {P}: coordinator {a} killed; {len(acked)} declared ok "
+          f"({before} before), {len(closed)} connections closed {closed[:2]}; each routed "
+          f"from {alive} (outside partitions {outside}); {time.monotonic() - started:.1f} s")
