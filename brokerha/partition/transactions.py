@@ -52,16 +52,20 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.errors import NotImplementedByBroker
 from brokerha.broker.message import Entry
 from brokerha.broker.queue import Queue
+from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK, UNKNOWN
 from brokerha.cluster.messages import Message, packet
 from brokerha.partition.forward import ForwardMessage, LeaderNotice
 from brokerha.partition.member import PartitionedMember
 from brokerha.partition.xtx import (
     MAX_NODE_NAME,
+    PREPARE_TIMEOUT,
+    RETRY,
     Answer,
     CrossTx,
     DecisionRules,
     Effect,
     Packet,
+    Query,
     ToNode,
     ToPartition,
     WhenDurable,
@@ -71,11 +75,14 @@ from brokerha.partition.xtx import (
     XDecided,
     XDequeue,
     XFinished,
+    XHeld,
+    XHold,
     XOp,
     XOutcome,
     XOutcomeReply,
     XPrepare,
     XPrepared,
+    XRecover,
     XRollback,
 )
 from brokerha.partition.xtx_broker import BrokerTransactions, Held
@@ -89,6 +96,10 @@ HOLD_ENV = "BROKERHA_XTX_HOLD"
 XTX_MAX_BYTES = 48 * 1024 * 1024
 
 Answered = Callable[[bool, str], None]
+# an XA transaction held for its TM: (xid key, gtxid, participants)
+HeldXa = tuple[str, str, tuple[int, ...]]
+# dtx.recover's answer: the held transactions of every partition, or None and why not
+Recovered = Callable[[list[HeldXa] | None, str], None]
 
 
 @packet(63)
@@ -110,7 +121,7 @@ class XtxToNode(Message):
 
 PACKETS = (XtxToPartition, XtxToNode)
 KINDS: tuple[type, ...] = (XPrepare, XPrepared, XDecide, XDecided, XCommit, XRollback,
-                           XFinished, XOutcome, XOutcomeReply)
+                           XFinished, XOutcome, XOutcomeReply, XHold, XRecover, XHeld)
 _KIND = {kind: i for i, kind in enumerate(KINDS)}
 
 
@@ -127,7 +138,7 @@ def _op_from(raw: Sequence[Any]) -> XOp:
     return XDequeue(str(vhost), str(queue), tuple(int(n) for n in positions))
 
 
-def encode(p: Packet) -> tuple[int, list[Any]]:
+def encode(p: Packet | Query) -> tuple[int, list[Any]]:
     """``(kind, args)`` of a packet."""
     if isinstance(p, XPrepare):
         b = p.branch
@@ -136,7 +147,7 @@ def encode(p: Packet) -> tuple[int, list[Any]]:
     return _KIND[type(p)], [getattr(p, f.name) for f in fields(p)]
 
 
-def decode(kind: int, args: list[Any]) -> Packet:
+def decode(kind: int, args: list[Any]) -> Packet | Query:
     """The packet ``encode`` made; TypeError/ValueError/IndexError on a wrong shape."""
     cls = KINDS[kind]
     if cls is XPrepare:
@@ -147,7 +158,7 @@ def decode(kind: int, args: list[Any]) -> Packet:
     names = [f.name for f in fields(cls)]
     if len(args) != len(names):
         raise TypeError(f"{cls.__name__} takes {len(names)} args, got {len(args)}")
-    packet_: Packet = cls(*args)
+    packet_: Packet | Query = cls(*args)
     return packet_
 
 
@@ -179,6 +190,19 @@ def parse_hold(text: str) -> dict[type, float]:
         else:
             raise ValueError(f"{HOLD_ENV}: {part!r} is not decide=S or commit=S")
     return hold
+
+
+class _Recover:
+    """A ``dtx.recover`` under way: the partitions yet to answer, what the others hold."""
+
+    __slots__ = ("answer", "waiting", "started", "sent", "held")
+
+    def __init__(self, answer: Recovered, waiting: set[int], started: float) -> None:
+        self.answer = answer
+        self.waiting = waiting
+        self.started = started
+        self.sent = started
+        self.held: dict[str, HeldXa] = {}
 
 
 class _Rules:
@@ -225,18 +249,29 @@ class NodeTransactions:
         self.hold = dict(hold if hold is not None else parse_hold(os.environ.get(HOLD_ENV, "")))
         self._held: dict[tuple[str, type], float] = {}  # (gtxid, packet type) -> held until
         self.stats: dict[str, int] = {"begun": 0, "committed": 0, "refused": 0, "held": 0,
-                                      "not_serving": 0, "no_leader": 0}
+                                      "not_serving": 0, "no_leader": 0, "xa_prepared": 0,
+                                      "xa_finished": 0, "xa_recovers": 0}
+        # XA (docs/ha.md "XA over partitions"): the prepares under way (gtxid -> the TM's
+        # xid key), the transactions this node prepared for their TM (xid key -> gtxid,
+        # participants: its commit or rollback needs no recover), the recovers under way
+        self._xa_prepares: dict[str, str] = {}
+        self._participants: dict[str, tuple[int, ...]] = {}
+        self.xa_known: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self._recovers: dict[int, _Recover] = {}
+        self._ref = 0
 
     # -- the channel's side (GroupClients.tx_commit) ---------------------------------------
 
     def commit(self, branches: Mapping[int, Sequence[XOp]], answer: Answered,
-               acked: Mapping[int, Acked] | None = None) -> str:
+               acked: Mapping[int, Acked] | None = None, *, xa: str | None = None) -> str:
         """Commit ``branches`` (partition -> its ops) across their partitions; ``answer
         (committed, reason)`` once the coordinator has its ``Answer``. ``acked``: per
         group this node serves, the entries the client acknowledged (acquired by its
         channel's deliveries): dequeued by that partition's branch (``XDequeue``, added
         here), which holds them from its prepare (requeued by its rollback); those no
-        branch took when the answer comes are requeued here."""
+        branch took when the answer comes are requeued here. ``xa``: an XA prepare of the
+        TM's xid (its key): ``answer(True, "")`` once every branch prepared and the decider
+        holds it for the TM (``XA_OK``), ``answer(False, why)`` once rolled back."""
         if self.coordinator is None:
             raise NotImplementedByBroker(
                 f"a transaction across partitions on node {self.me}: its name is too long "
@@ -258,13 +293,97 @@ class NodeTransactions:
                 positions.setdefault((queue.vhost, queue.name), []).append(entry.position)
             ops.setdefault(group - 1, []).extend(
                 XDequeue(vhost, name, tuple(ns)) for (vhost, name), ns in positions.items())
-        gtxid, effects = self.coordinator.begin(self.wall(), ops)
+        gtxid, effects = self.coordinator.begin(self.wall(), ops, xa=xa)
         self.answers[gtxid] = answer
+        if xa is not None:
+            self._xa_prepares[gtxid] = xa
+            self._participants[gtxid] = tuple(sorted(ops))
         if handed:
             self._handed[gtxid] = handed
         self.stats["begun"] += 1
         self.carry_out(effects)
         return gtxid
+
+    # -- XA held for its TM (docs/ha.md "XA over partitions") ---------------------------------
+
+    def xa_finish(self, xid: str, commit: bool, answer: Callable[[str, str], None]) -> None:
+        """The TM's commit (or rollback) of the XA transaction of ``xid`` (its key) held
+        for it: ``answer(outcome, why)`` -- ``committed``/``rolled back`` once every
+        participant finished durably, ``unknown`` when no partition holds it, ``failed``
+        when that cannot be told now (a partition without a leader or an answer)."""
+        known = self.xa_known.get(xid)
+        if known is not None:
+            self._xa_finish(xid, known[0], known[1], commit, answer)
+            return
+
+        def found(held: list[HeldXa] | None, why: str) -> None:
+            if held is None:
+                answer("failed", why)
+                return
+            for key, gtxid, participants in held:
+                if key == xid:
+                    self._xa_finish(xid, gtxid, participants, commit, answer)
+                    return
+            answer(UNKNOWN, f"no partition holds xid {xid} prepared")
+
+        self.xa_recover(found)
+
+    def _xa_finish(self, xid: str, gtxid: str, participants: tuple[int, ...], commit: bool,
+                   answer: Callable[[str, str], None]) -> None:
+        coordinator = self.coordinator
+        if coordinator is None or gtxid in coordinator.commits:
+            answer("failed", f"xid {xid} is being finished on this node already")
+            return
+
+        def done(committed: bool, why: str) -> None:
+            self.xa_known.pop(xid, None)
+            self.stats["xa_finished"] += 1
+            answer(COMMITTED if committed else ROLLED_BACK, why)
+
+        self.answers[gtxid] = done
+        self.carry_out(coordinator.finish(self.wall(), gtxid, participants, commit))
+
+    def xa_recover(self, answer: Recovered) -> None:
+        """Every partition's XA transactions held for their TM (``XRecover`` to each
+        leader): ``answer(held, "")`` once all answered, ``answer(None, why)`` after
+        ``PREPARE_TIMEOUT`` without (never a short list)."""
+        table = self.member.table
+        if self.coordinator is None or table is None:
+            answer(None, "this node has no coordinator or no partition table")
+            return
+        self._ref += 1
+        self.stats["xa_recovers"] += 1
+        now = self.wall()
+        recover = self._recovers[self._ref] = _Recover(answer, set(range(table.partitions)),
+                                                       now)
+        self._ask_recover(self._ref, recover, now)
+
+    def _ask_recover(self, ref: int, recover: _Recover, now: float) -> None:
+        assert self.coordinator is not None
+        recover.sent = now
+        for p in sorted(recover.waiting):
+            self._send_to_partition(ToPartition(p, XRecover(self.coordinator.node, ref)),
+                                    coordinator=True)
+
+    def _recovered(self, reply: XHeld) -> None:
+        recover = self._recovers.get(reply.ref)
+        if recover is None or reply.partition not in recover.waiting:
+            return
+        recover.waiting.discard(reply.partition)
+        for xid, gtxid, participants in reply.entries:
+            recover.held[str(gtxid)] = (str(xid), str(gtxid), tuple(int(p) for p in participants))
+        if not recover.waiting:
+            del self._recovers[reply.ref]
+            recover.answer(sorted(recover.held.values()), "")
+
+    def _tick_recovers(self, now: float) -> None:
+        for ref, recover in list(self._recovers.items()):
+            if now - recover.started >= PREPARE_TIMEOUT:
+                del self._recovers[ref]
+                recover.answer(None, f"partitions {sorted(recover.waiting)} did not answer "
+                                     f"within {PREPARE_TIMEOUT:.0f} s (no leader?)")
+            elif now - recover.sent >= RETRY:
+                self._ask_recover(ref, recover, now)
 
     # -- the groups' roles (the shell) -----------------------------------------------------
 
@@ -303,6 +422,7 @@ class NodeTransactions:
         out: list[tuple[Effect, int | None]] = []
         if self.coordinator is not None:
             out += [(e, None) for e in self.coordinator.tick(self.wall())]
+        self._tick_recovers(self.wall())
         now = self.broker.clock()
         for own in list(self.rules.values()):
             out += [(e, own.group) for e in own.rules.tick(now)]
@@ -320,7 +440,7 @@ class NodeTransactions:
         except (TypeError, ValueError, IndexError) as exc:
             log.warning("a malformed cross-partition transaction packet from %s: %s", src, exc)
 
-    def _to_partition(self, partition: int, p: Packet) -> None:
+    def _to_partition(self, partition: int, p: Packet | Query) -> None:
         group = partition + 1
         own = self.rules.get(group)
         member = self.member.groups.get(group)
@@ -329,8 +449,12 @@ class NodeTransactions:
             return
         self.carry_out(own.rules.receive(self.broker.clock(), p), group)
 
-    def _to_coordinator(self, p: Packet) -> None:
-        if self.coordinator is not None:
+    def _to_coordinator(self, p: Packet | Query) -> None:
+        if isinstance(p, XHeld):
+            self._recovered(p)
+        elif isinstance(p, XRecover):
+            return  # a partition's packet: not a coordinator's
+        elif self.coordinator is not None:
             self.carry_out(self.coordinator.receive(self.wall(), p))
 
     # -- effects -------------------------------------------------------------------------------
@@ -357,7 +481,7 @@ class NodeTransactions:
 
     def _send_to_partition(self, effect: ToPartition, coordinator: bool) -> None:
         p = effect.packet
-        if coordinator and self._holding(p):
+        if coordinator and not isinstance(p, XRecover | XHeld) and self._holding(p):
             return
         leader = self.leaders.get(effect.partition + 1)
         if leader is None:
@@ -403,6 +527,22 @@ class NodeTransactions:
                     queue.dispatch()
 
     def _answer(self, effect: Answer) -> None:
+        xa = self._xa_prepares.pop(effect.gtxid, None)
+        if xa is not None and (effect.held or effect.committed):
+            # held for the TM (or, a TM's commit raced ahead, committed): its finish here
+            # needs no recover
+            self.stats["xa_prepared"] += 1
+            participants = self._participants.pop(effect.gtxid, ())
+            if effect.held:
+                self.xa_known[xa] = (effect.gtxid, participants)
+            answer = self.answers.pop(effect.gtxid, None)
+            self._requeue(self._handed.pop(effect.gtxid, []))
+            for key in [k for k in self._held if k[0] == effect.gtxid]:
+                del self._held[key]
+            if answer is not None:
+                answer(True, "")
+            return
+        self._participants.pop(effect.gtxid, None)
         self.stats["committed" if effect.committed else "refused"] += 1
         self._requeue(self._handed.pop(effect.gtxid, []))
         for key in [k for k in self._held if k[0] == effect.gtxid]:

@@ -27,6 +27,14 @@ own (each input carries ``now``):
       durable: a late ``XDecide(commit)`` or ``XPrepare`` is then refused,
       by this primary or any later one. Presumed abort, made explicit.
 
+  (c) an XA transaction (a client's ``dtx`` branch over several partitions)
+      is prepared for its TM once the decider wrote its **all-prepared
+      record** (``XHold``, over its own prepared, undecided branch; the
+      client hears ``XA_OK`` once that is durable); from then on only the TM
+      decides it (``CrossTx.finish``: ``XDecide``): the decider's timeout
+      does not roll it back, and ``XOutcome`` is answered ``HELD``, no
+      tombstone. Before the record, rule (b) applies (the TM heard no XA_OK).
+
   A participant whose branch stays prepared longer than ``resolve_timeout``
   (the coordinator died, or is slow) asks the decider ``XOutcome``; the
   decider's own branch, undecided that long, is rolled back by rule (b)
@@ -57,7 +65,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from brokerha.broker.dtx import XTX_FORMAT as XTX_FORMAT  # its home: broker/dtx.py
 from brokerha.broker.dtx import Xid, xtx_partition
@@ -69,6 +77,8 @@ from brokerha.seed_runner import UnsafeRules
 PREPARE_TIMEOUT = 5.0  # [cluster] tx_prepare_timeout: every vote within this, else rollback
 RESOLVE_TIMEOUT = 2.0  # xtx_resolve_timeout: a prepared branch older than this asks its decider
 RETRY = 0.5            # an unanswered packet is sent again after this long
+HOLD_RETRY = 10.0      # a participant told "prepared" (its XA branch awaits its TM) asks again
+HELD = "prepared"      # the decider's answer for a gtxid whose all-prepared record it holds
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,10 @@ class Unsafe(UnsafeRules):
     # rule (b): the decider answers XOutcome for an undecided gtxid "rolled back" without
     # writing it (no tombstone; its branch stays prepared)
     presume_without_tombstone: bool = False
+    # rule (c): the decider ignores an XA transaction's all-prepared record -- its own
+    # branch is rolled back by the timeout and an XOutcome writes the tombstone -- so a
+    # branch the TM was told is prepared (XA_OK) is decided without the TM
+    presume_held_abort: bool = False
 
 
 class Status(enum.Enum):
@@ -228,14 +242,50 @@ class XOutcome:
 
 @dataclass(frozen=True)
 class XOutcomeReply:
-    """Decider -> asking participant: the decision, durable (rule b: an abort written first)."""
+    """Decider -> asking participant: the decision, durable (rule b: an abort written first);
+    ``HELD`` for an XA transaction awaiting its TM (rule c: no tombstone, ask again later)."""
 
     gtxid: str
     outcome: str
 
 
+@dataclass(frozen=True)
+class XHold:
+    """Coordinator -> decider, instead of ``XDecide`` for an XA prepare whose participants
+    all said yes: write the all-prepared record (the TM's ``xid`` key and the participants)
+    over your prepared, undecided branch; answer ``XDecided(HELD)`` once durable, or the
+    decision already taken."""
+
+    gtxid: str
+    xid: str
+    participants: list[int]
+    coordinator: str
+
+
 Packet = (XPrepare | XPrepared | XDecide | XDecided | XCommit | XRollback | XFinished
-          | XOutcome | XOutcomeReply)
+          | XOutcome | XOutcomeReply | XHold)
+
+
+@dataclass(frozen=True)
+class XRecover:
+    """A node -> every partition's leader: your XA transactions awaiting their TM
+    (``dtx.recover``, or a ``commit``/``rollback`` of an xid the node does not know)."""
+
+    asker: str
+    ref: int
+
+
+@dataclass(frozen=True)
+class XHeld:
+    """A partition's leader -> the asking node: its all-prepared records not decided yet,
+    each ``[xid key, gtxid, participants]``, durable."""
+
+    ref: int
+    partition: int
+    entries: list[list[Any]]
+
+
+Query = XRecover | XHeld
 
 
 # -- effects --------------------------------------------------------------------------------
@@ -246,7 +296,7 @@ class ToPartition:
     """Send to whoever leads ``partition`` now (none known: dropped, the sender retries)."""
 
     partition: int
-    packet: Packet
+    packet: Packet | Query
 
 
 @dataclass(frozen=True)
@@ -254,7 +304,7 @@ class ToNode:
     """Send to a coordinator's node."""
 
     node: str
-    packet: Packet
+    packet: Packet | Query
 
 
 @dataclass(frozen=True)
@@ -271,6 +321,7 @@ class Answer:
     gtxid: str
     committed: bool
     reason: str = ""
+    held: bool = False  # an XA prepare: every branch prepared and the all-prepared record durable
 
 
 Effect = ToPartition | ToNode | WhenDurable | Answer
@@ -319,6 +370,20 @@ class PartitionTransactions(Protocol):
         """The PREPARED cross-partition branches."""
         ...
 
+    def hold(self, gtxid: str, xid: str, participants: Sequence[int]) -> None:
+        """Write the all-prepared record of an XA transaction (the decider's, over its
+        PREPARED branch): durable on the majority when a later ``WhenDurable`` is."""
+        ...
+
+    def is_held(self, gtxid: str) -> bool:
+        """Whether ``gtxid`` has an all-prepared record here."""
+        ...
+
+    def held_xa(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
+        """The all-prepared records whose gtxid is not decided here: (xid key, gtxid,
+        participants)."""
+        ...
+
 
 # -- the coordinator ---------------------------------------------------------------------------
 
@@ -342,6 +407,7 @@ class CrossCommit:
     outcome: str | None = None  # the decider's
     reason: str = ""
     sent: float = 0.0  # when the waiting packets last went
+    xa: str | None = None  # an XA prepare (the TM's xid key): hold at the decider, not commit
 
     @property
     def participants(self) -> tuple[int, ...]:
@@ -373,19 +439,37 @@ class CrossTx:
         self._last_ns = ns
         return f"{ns:019d}-{self.node}"
 
-    def begin(self, now: float, branches: Mapping[int, Sequence[XOp]]) -> tuple[str, list[Effect]]:
-        """Start committing ``branches`` (partition -> its ops): the XPrepare round."""
+    def begin(self, now: float, branches: Mapping[int, Sequence[XOp]], *,
+              xa: str | None = None) -> tuple[str, list[Effect]]:
+        """Start committing ``branches`` (partition -> its ops): the XPrepare round.
+        ``xa``: an XA prepare of the TM's xid (its key): all yes makes the decider hold the
+        transaction for the TM (``XHold``) instead of committing it; ``Answer(held=True)``."""
         if not branches:
             raise ValueError("a cross-partition commit needs at least one partition")
         gtxid = self.new_gtxid(now)
-        tx = CrossCommit(gtxid, {p: tuple(ops) for p, ops in branches.items()}, now)
+        tx = CrossCommit(gtxid, {p: tuple(ops) for p, ops in branches.items()}, now, xa=xa)
         tx.waiting = set(tx.branches)
         self.commits[gtxid] = tx
         return gtxid, self._send_waiting(tx, now)
 
+    def finish(self, now: float, gtxid: str, participants: Sequence[int],
+               commit: bool) -> list[Effect]:
+        """The TM's commit or rollback of an XA transaction held for it (steps 2-3), from
+        any node: ``XDecide`` to the decider, then ``XCommit``/``XRollback`` to the others;
+        ``Answer`` once all finished (``committed`` says the outcome)."""
+        if gtxid in self.commits:
+            raise ValueError(f"{gtxid} is under way on this coordinator")
+        if not participants:
+            raise ValueError("a transaction has at least one participant")
+        tx = CrossCommit(gtxid, {p: () for p in participants}, now)
+        self.commits[gtxid] = tx
+        return self._decide(tx, now, commit, "" if commit else "rolled back by its TM")
+
     # -- inputs -------------------------------------------------------------------------------
 
-    def receive(self, now: float, packet: Packet) -> list[Effect]:
+    def receive(self, now: float, packet: Packet | Query) -> list[Effect]:
+        if isinstance(packet, XRecover | XHeld):
+            return []  # a recover's: the node's (``NodeTransactions``), not a commit's
         tx = self.commits.get(packet.gtxid)
         if tx is None:
             return []  # finished, or another incarnation's: nothing to do
@@ -398,6 +482,11 @@ class CrossTx:
             tx.waiting.discard(packet.partition)
             return [] if tx.waiting else self._decide(tx, now, True, "")
         if isinstance(packet, XDecided) and tx.phase is Phase.DECIDING:
+            if packet.outcome == HELD:
+                if tx.xa is None or not tx.commit:
+                    return []  # not what was asked: cannot be (a hold is asked only so)
+                del self.commits[tx.gtxid]  # the TM's now: nothing of it lives here
+                return [Answer(tx.gtxid, False, "", held=True)]
             return self._finish(tx, now, packet.outcome)
         if isinstance(packet, XFinished) and tx.phase is Phase.FINISHING:
             tx.waiting.discard(packet.partition)
@@ -428,7 +517,7 @@ class CrossTx:
         tx.phase, tx.commit, tx.reason = Phase.DECIDING, commit, reason
         tx.waiting = {tx.decider}
         out = self._send_waiting(tx, now)
-        if commit and self.unsafe.commit_before_decision:
+        if commit and self.unsafe.commit_before_decision and tx.xa is None:
             out += [ToPartition(p, XCommit(tx.gtxid, self.node))
                     for p in tx.participants if p != tx.decider]
         return out
@@ -455,6 +544,8 @@ class CrossTx:
             if tx.phase is Phase.PREPARING:
                 packet = XPrepare(XBranch(tx.gtxid, p, tx.decider, tx.participants, self.node,
                                           tx.branches[p]))
+            elif tx.phase is Phase.DECIDING and tx.xa is not None and tx.commit:
+                packet = XHold(tx.gtxid, tx.xa, list(tx.participants), self.node)
             elif tx.phase is Phase.DECIDING:
                 packet = XDecide(tx.gtxid, tx.commit, self.node)
             elif tx.outcome == COMMITTED:
@@ -479,16 +570,21 @@ class DecisionRules:
 
     def __init__(self, partition: int, txs: PartitionTransactions, *,
                  resolve_timeout: float = RESOLVE_TIMEOUT, retry: float = RETRY,
-                 unsafe: Unsafe = Unsafe()) -> None:
+                 hold_retry: float = HOLD_RETRY, unsafe: Unsafe = Unsafe()) -> None:
         self.partition = partition
         self.txs = txs
         self.resolve_timeout = resolve_timeout
         self.retry = retry
+        self.hold_retry = hold_retry
         self.unsafe = unsafe
         self._preparing: dict[str, XBranch] = {}  # prepares under way: whom to answer
         self._asked: dict[str, float] = {}        # gtxid -> when its decider was last asked
 
-    def receive(self, now: float, packet: Packet) -> list[Effect]:
+    def receive(self, now: float, packet: Packet | Query) -> list[Effect]:
+        if isinstance(packet, XRecover):
+            return self._recover(packet)
+        if isinstance(packet, XHold):
+            return self._hold(packet)
         if isinstance(packet, XPrepare):
             return self._prepare(packet.branch)
         if isinstance(packet, XCommit):
@@ -496,7 +592,7 @@ class DecisionRules:
         if isinstance(packet, XRollback):
             return self._rollback(packet)
         if isinstance(packet, XOutcomeReply):
-            return self._resolved(packet)
+            return self._resolved(now, packet)
         if isinstance(packet, XDecide):
             return self._decide(packet)
         if isinstance(packet, XOutcome):
@@ -523,6 +619,8 @@ class DecisionRules:
             if now - doubt.since < self.resolve_timeout:
                 continue
             if branch.decider == self.partition:
+                if self._held(branch.gtxid):
+                    continue  # rule (c): an XA transaction prepared for its TM, who decides
                 # our own decision, still not taken: nobody will take it but us
                 self.txs.rollback(branch.gtxid)
                 continue
@@ -571,7 +669,10 @@ class DecisionRules:
         return [WhenDurable(ToNode(packet.coordinator,
                                    XFinished(packet.gtxid, self.partition, status.value)))]
 
-    def _resolved(self, packet: XOutcomeReply) -> list[Effect]:
+    def _resolved(self, now: float, packet: XOutcomeReply) -> list[Effect]:
+        if packet.outcome == HELD:  # awaiting its TM (rule c): keep it, ask again later
+            self._asked[packet.gtxid] = now + self.hold_retry - self.retry
+            return []
         self._asked.pop(packet.gtxid, None)
         if self.txs.status(packet.gtxid) is Status.PREPARED:
             if packet.outcome == COMMITTED:
@@ -596,9 +697,35 @@ class DecisionRules:
                 status = Status.ROLLED_BACK
         return [WhenDurable(ToNode(packet.coordinator, XDecided(packet.gtxid, status.value)))]
 
+    def _held(self, gtxid: str) -> bool:
+        """Rule (c): an all-prepared record holds ``gtxid`` for its TM."""
+        return self.txs.is_held(gtxid) and not self.unsafe.presume_held_abort
+
+    def _hold(self, packet: XHold) -> list[Effect]:
+        status = self.txs.status(packet.gtxid)
+        if status is Status.PREPARING:
+            return []  # our yes was never said: the coordinator cannot mean it yet
+        if status is Status.PREPARED:
+            if not self.txs.is_held(packet.gtxid):
+                self.txs.hold(packet.gtxid, packet.xid, tuple(packet.participants))
+            return [WhenDurable(ToNode(packet.coordinator, XDecided(packet.gtxid, HELD)))]
+        if not status.decided:  # nothing prepared: as an XDecide(commit) finding nothing
+            self._preparing.pop(packet.gtxid, None)
+            self.txs.rollback(packet.gtxid)
+            status = Status.ROLLED_BACK
+        return [WhenDurable(ToNode(packet.coordinator, XDecided(packet.gtxid, status.value)))]
+
+    def _recover(self, packet: XRecover) -> list[Effect]:
+        entries: list[list[Any]] = [[xid, gtxid, list(participants)]
+                                    for xid, gtxid, participants in self.txs.held_xa()]
+        return [WhenDurable(ToNode(packet.asker, XHeld(packet.ref, self.partition, entries)))]
+
     def _outcome(self, packet: XOutcome) -> list[Effect]:
         status = self.txs.status(packet.gtxid)
         if not status.decided:
+            if self._held(packet.gtxid):  # rule (c): no tombstone; the TM decides
+                return [WhenDurable(ToPartition(packet.asker,
+                                                XOutcomeReply(packet.gtxid, HELD)))]
             if self.unsafe.presume_without_tombstone:
                 return [ToPartition(packet.asker, XOutcomeReply(packet.gtxid, ROLLED_BACK))]
             self._preparing.pop(packet.gtxid, None)

@@ -33,16 +33,17 @@ and ``DecisionRules`` over two real brokers with it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from brokerha.broker.broker import Broker
 from brokerha.broker.dtx import XA, DtxBranch, State, XAError, xtx_partition
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.queue import Queue
-from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK, in_group
 from brokerha.cluster.replication import HA_ID
 from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.xtx import (
+    HELD,
     InDoubt,
     Status,
     XBranch,
@@ -55,6 +56,24 @@ log = logging.getLogger(__name__)
 
 # (vhost, queue, position) of an entry a remote consumer holds for a client's channel
 Held = tuple[str, str, int]
+
+HOLD_PREFIX = "xa:"  # an all-prepared record's name after its group: g<p+1>/xa:<gtxid>
+
+
+def hold_client_id(xid: str, participants: Sequence[int]) -> str:
+    """The client id of an all-prepared record: ``xa:<participants>:<xid key>``."""
+    return f"{HOLD_PREFIX}{','.join(map(str, participants))}:{xid}"
+
+
+def parse_hold_client_id(client_id: str) -> tuple[str, tuple[int, ...]] | None:
+    """(xid key, participants) of an all-prepared record's client id; None if not one."""
+    if not client_id.startswith(HOLD_PREFIX):
+        return None
+    participants, _, xid = client_id[len(HOLD_PREFIX):].partition(":")
+    try:
+        return xid, tuple(int(p) for p in participants.split(","))
+    except ValueError:
+        return None
 
 
 class BrokerTransactions:
@@ -173,6 +192,38 @@ class BrokerTransactions:
             branch = branch_of(xid)
             if branch is not None and self.broker.outcomes.get(work.id) is None:
                 out.append(InDoubt(branch, work.started))
+        return out
+
+    def hold_txid(self, gtxid: str) -> str:
+        """The name of the all-prepared record of an XA transaction whose decider this
+        partition is (rule c, ``partition/xtx.py``): ``g<p+1>/xa:<gtxid>``."""
+        return in_group(self.partition + 1, f"{HOLD_PREFIX}{gtxid}")
+
+    def hold(self, gtxid: str, xid: str, participants: Sequence[int]) -> None:
+        """The all-prepared record: an outcome record ``HELD`` whose client id names the
+        TM's xid and the participants, sent to the group's backups as a ``to`` (no ``tc``
+        carries it), so durable on the majority once ``WhenDurable`` answers."""
+        outcomes, txid = self.broker.outcomes, self.hold_txid(gtxid)
+        outcomes.record(txid, hold_client_id(xid, participants), HELD)
+        outcomes.replicate(txid)
+
+    def is_held(self, gtxid: str) -> bool:
+        record = self.broker.outcomes.get(self.hold_txid(gtxid))
+        return record is not None and record[2] == HELD
+
+    def held_xa(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
+        prefix = self.hold_txid("")
+        out = []
+        for record in self.broker.outcomes.snapshot(self.partition + 1):
+            txid, client_id, outcome = record[0], record[1], record[2]
+            if outcome != HELD or not txid.startswith(prefix) or client_id is None:
+                continue
+            gtxid = txid[len(prefix):]
+            if self.status(gtxid).decided:
+                continue
+            parsed = parse_hold_client_id(client_id)
+            if parsed is not None:
+                out.append((parsed[0], gtxid, parsed[1]))
         return out
 
     # -- helpers ----------------------------------------------------------------------------

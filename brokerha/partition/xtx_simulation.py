@@ -46,9 +46,22 @@ Checked after every event:
   committed anywhere is committed in every participant, and every
   commit-ok'd one is.
 
-``Unsafe`` (``partition.xtx.Unsafe``): ``commit_before_decision`` (rule a)
-and ``presume_without_tombstone`` (rule b), each caught in the first seeds
-(``tests/partition/test_xtx_simulation.py``).
+**XA** (``XA_SHARE`` of the commits, docs/ha.md "XA over partitions"): the
+commit is a client's XA prepare (``CrossTx.begin(xa=...)``); once it is
+answered held (``XA_OK``) its TM decides 0.2-6 s later, commit (70 %) or
+rollback, through a random live coordinator (``CrossTx.finish``: "any
+node"), and again through another if that one crashed (its recovery); the
+TM's recovery also rolls back, every 2 s, what a dead coordinator's prepare
+left held with no XA_OK heard (presumed abort, the TM's: it lists the
+partitions' ``held_xa``, as ``dtx.recover`` does). Checked besides: (f) a
+transaction held durably for its TM is never rolled back anywhere unless the
+TM asked it, and a TM's commit is answered committed (rule c: the decider's
+timeout and a participant's ``XOutcome`` leave it in doubt); (b) a held
+answer is backed by the decider's durable all-prepared record.
+
+``Unsafe`` (``partition.xtx.Unsafe``): ``commit_before_decision`` (rule a),
+``presume_without_tombstone`` (rule b) and ``presume_held_abort`` (rule c),
+each caught in the first seeds (``tests/partition/test_xtx_simulation.py``).
 
 ``brokers``: the partitions whose primary is the product's instead of a log
 (``BrokerPartition``): a ``Broker`` over a simulated disk (``DiskStore``: a
@@ -93,12 +106,14 @@ from brokerha.ha.simulation.disk import DiskStore, Image
 from brokerha.ha.simulation.world import SimResult, Violation
 from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.xtx import (
+    HELD,
     Answer,
     CrossTx,
     DecisionRules,
     Effect,
     InDoubt,
     Packet,
+    Query,
     Status,
     ToNode,
     ToPartition,
@@ -142,6 +157,11 @@ STALL_EVERY = 8.0       # mean seconds between stalls of one coordinator
 STALL = (0.5, 3.0)
 TX_EVERY = 0.15         # mean seconds between a coordinator's new commits
 TICK = 0.1              # every primary's and coordinator's tick
+XA_SHARE = 0.3          # of the commits, a client's XA prepare (held for its TM)
+TM_DECIDES = (0.2, 6.0)  # the TM's commit or rollback comes this long after its XA_OK
+TM_COMMITS = 0.7        # ... a commit that often
+TM_RETRY = 3.0          # a TM whose finish is unanswered and whose node died asks another
+TM_RECOVER = 2.0        # every this long the TM's recovery rolls back held, unheard prepares
 SETTLE = 40.0           # at most this long after the faults for everything to settle
 # the content header of a branch's message: a body of 2 bytes, persistent (kept by the store)
 HEADER = build_header(2, commands.Basic.Properties(delivery_mode=2))
@@ -155,6 +175,8 @@ class Entry:
     gtxid: str
     branch: XBranch | None = None
     at: float = 0.0
+    xid: str = ""  # ``h``, the all-prepared record: the TM's xid and the participants
+    participants: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -180,6 +202,8 @@ class SimPartition:
     waits: list[tuple[int, ToPartition | ToNode | PrepareEnd]] = field(default_factory=list)
     settled: dict[str, str] = field(default_factory=dict)  # durable: gtxid -> p / c / r
     prepared_durably: set[str] = field(default_factory=set)  # whatever came after
+    holds: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # the view
+    held_durably: set[str] = field(default_factory=set)  # all-prepared records, durable
     rules: DecisionRules | None = None
     sim: XtxSimulation | None = None
     # deposed: it runs on until then, not knowing (its lease has not lapsed yet), but no
@@ -211,6 +235,16 @@ class SimPartition:
     def in_doubt(self) -> Iterable[InDoubt]:
         return [InDoubt(b, since) for b, since in self.branches.values()]
 
+    def hold(self, gtxid: str, xid: str, participants: Sequence[int]) -> None:
+        self.write(Entry("h", gtxid, xid=xid, participants=tuple(participants)))
+
+    def is_held(self, gtxid: str) -> bool:
+        return gtxid in self.holds
+
+    def held_xa(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
+        return [(xid, g, ps) for g, (xid, ps) in self.holds.items()
+                if not self.status_of(g).decided]
+
     # -- the log --------------------------------------------------------------------------
 
     def write(self, entry: Entry) -> None:
@@ -225,6 +259,8 @@ class SimPartition:
             assert entry.branch is not None
             self.status[g] = Status.PREPARED
             self.branches[g] = (entry.branch, entry.at)
+        elif entry.kind == "h":
+            self.holds[g] = (entry.xid, entry.participants)
         else:
             self.status[g] = Status.COMMITTED if entry.kind == "c" else Status.ROLLED_BACK
             self.branches.pop(g, None)
@@ -252,6 +288,18 @@ class BrokerPartition(SimPartition):
     def in_doubt(self) -> Iterable[InDoubt]:
         assert self.txs is not None
         return self.txs.in_doubt()
+
+    def hold(self, gtxid: str, xid: str, participants: Sequence[int]) -> None:
+        assert self.txs is not None
+        self.txs.hold(gtxid, xid, participants)
+
+    def is_held(self, gtxid: str) -> bool:
+        assert self.txs is not None
+        return self.txs.is_held(gtxid)
+
+    def held_xa(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
+        assert self.txs is not None
+        return self.txs.held_xa()
 
     def settled_everything(self) -> bool:
         assert self.broker is not None
@@ -308,6 +356,15 @@ class Adapter:
     def in_doubt(self) -> Iterable[InDoubt]:
         return self.part.in_doubt()
 
+    def hold(self, gtxid: str, xid: str, participants: Sequence[int]) -> None:
+        self.part.hold(gtxid, xid, participants)
+
+    def is_held(self, gtxid: str) -> bool:
+        return self.part.is_held(gtxid)
+
+    def held_xa(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
+        return self.part.held_xa()
+
 
 @dataclass
 class Coordinator:
@@ -323,6 +380,8 @@ class Begun:
     gtxid: str
     participants: tuple[int, ...]
     answer: Answer | None = None
+    xa: str | None = None  # an XA prepare: the TM's xid
+    coordinator: tuple[str, int] = ("", 0)  # who began it (name, incarnation)
 
 
 class XtxSimulation:
@@ -361,6 +420,13 @@ class XtxSimulation:
         self.begun: dict[str, Begun] = {}
         self.committed_in: dict[str, set[int]] = {}
         self.rolled_back_in: dict[str, set[int]] = {}
+        # XA: gtxids held durably for their TM; the TM's decisions (gtxid -> commit?),
+        # those awaiting their answer (gtxid -> the coordinator running the finish), and
+        # those told XA_OK whose decision is still to come
+        self.held: set[str] = set()
+        self.tm: dict[str, bool] = {}
+        self.tm_pending: dict[str, tuple[str, int]] = {}
+        self.tm_waiting: set[str] = set()
 
     # -- the event loop ---------------------------------------------------------------------
 
@@ -404,6 +470,7 @@ class XtxSimulation:
             self.after(TICK * self.rng.random(), self.tick_partition, part.number)
             if self.faults:
                 self.after(self.rng.expovariate(1 / FAILOVER_EVERY), self.failover, part.number)
+        self.after(TM_RECOVER, self.tm_recover)
         for coord in self.coords.values():
             self.after(TICK * self.rng.random(), self.tick_coordinator, coord.name)
             self.after(self.rng.expovariate(1 / TX_EVERY), self.new_commit, coord.name)
@@ -503,6 +570,11 @@ class XtxSimulation:
                 kind = "c" if record[2] == COMMITTED else "r"
                 if part.settled.get(gtxid) != kind:
                     self.settle(part, Entry(kind, gtxid))
+        held = f"g{part.number + 1}/xa:"
+        for txid, record in image.outcomes.items():
+            if txid.startswith(held) and record[2] == HELD \
+                    and txid[len(held):] not in part.held_durably:
+                self.settle(part, Entry("h", txid[len(held):]))
         for key in image.prepared:
             part.prepared_durably.add(Xid.from_key(key).gtrid.decode())
         part.store.sync()  # its callbacks: WhenDurable sends, prepares' records
@@ -562,10 +634,17 @@ class XtxSimulation:
     def settle(self, part: SimPartition, entry: Entry) -> None:
         """``entry`` is durable now: no failover will lose it. Check (a)."""
         g = entry.gtxid
+        if entry.kind == "h":
+            part.held_durably.add(g)
+            self.held.add(g)
+            return
         part.settled[g] = entry.kind
         if entry.kind == "p":
             part.prepared_durably.add(g)
             return
+        if entry.kind == "r" and g in self.held and self.tm.get(g) is not False:
+            self.violate(f"(f) {g}, held for its TM, rolled back in p{part.number} without "
+                         f"the TM ({'its TM committed' if g in self.tm else 'no TM decision'})")
         mine, other = ((self.committed_in, self.rolled_back_in) if entry.kind == "c"
                        else (self.rolled_back_in, self.committed_in))
         mine.setdefault(g, set()).add(part.number)
@@ -598,11 +677,13 @@ class XtxSimulation:
                 image = written if beyond else store.disk.copy()
                 new = self.broker_partition(p, old.term + 1, image, up=False,
                                             settled=old.settled,
-                                            prepared_durably=old.prepared_durably)
+                                            prepared_durably=old.prepared_durably,
+                                            held_durably=old.held_durably)
             else:
                 new = SimPartition(p, log=old.log[:keep], durable=old.durable,
                                    term=old.term + 1, up=False, settled=old.settled,
-                                   prepared_durably=old.prepared_durably, sim=self)
+                                   prepared_durably=old.prepared_durably,
+                                   held_durably=old.held_durably, sim=self)
             self.parts[p] = new
             self.after(self.rng.uniform(*LEADERLESS), self.new_leader, p, new.term)
         self.after(self.rng.expovariate(1 / FAILOVER_EVERY), self.failover, p)
@@ -637,6 +718,7 @@ class XtxSimulation:
         coord.incarnation += 1
         coord.tx = CrossTx(f"{coord.name}.{coord.incarnation}", unsafe=self.unsafe)
         coord.backlog = []
+        coord.stalled_until = 0.0  # a crash ended its stall (whose end finds a new incarnation)
 
     def live(self, name: str, incarnation: int) -> Coordinator | None:
         coord = self.coords[name]
@@ -705,8 +787,13 @@ class XtxSimulation:
         branches = {p: [ForwardMessage("/", (ha_id(p),), "", f"q{p}", HEADER,
                                        f"m{p}".encode())]
                     for p in chosen}
-        gtxid, effects = coord.tx.begin(self.now, branches)
-        self.begun[gtxid] = Begun(gtxid, tuple(chosen))
+        xa = None
+        if self.rng.random() < XA_SHARE:
+            xa = f"1:{self.rng.getrandbits(64):016x}:00"
+            self.counts["xa prepares"] += 1
+        gtxid, effects = coord.tx.begin(self.now, branches, xa=xa)
+        self.begun[gtxid] = Begun(gtxid, tuple(chosen), xa=xa,
+                                  coordinator=(coord.name, coord.incarnation))
         self.counts["begun"] += 1
         self.counts[f"over {len(chosen)} partitions"] += 1
         self.log(f"{coord.tx.node} begins {gtxid} over {chosen}")
@@ -748,8 +835,22 @@ class XtxSimulation:
             self.send(effect)
 
     def answered(self, answer: Answer) -> None:
+        if answer.gtxid in self.tm_pending:
+            self.tm_answered(answer)
+            return
         begun = self.begun[answer.gtxid]
         begun.answer = answer
+        if answer.held:
+            self.counts["xa held for the TM"] += 1
+            self.log(f"answer {answer.gtxid}: XA_OK (held for its TM)")
+            decider = self.parts[begun.participants[0]]
+            if self.check_answers and answer.gtxid not in decider.held_durably:
+                self.violate(f"(b) XA_OK for {answer.gtxid} while its decider holds no "
+                             "durable all-prepared record")
+            self.tm_waiting.add(answer.gtxid)
+            self.after(self.rng.uniform(*TM_DECIDES), self.tm_decides, answer.gtxid,
+                       self.rng.random() < TM_COMMITS)
+            return
         self.counts["commit-ok" if answer.committed else "refused"] += 1
         if not answer.committed:
             why = answer.reason.split(" (")[0].replace(f"partition {answer.gtxid}", "")
@@ -766,6 +867,72 @@ class XtxSimulation:
         elif self.parts[begun.participants[0]].settled.get(answer.gtxid) != "r":
             self.violate(f"(b) {answer.gtxid} refused while its decider holds no durable "
                          "rollback")
+
+    # -- the XA transaction manager ------------------------------------------------------------
+
+    def tm_decides(self, gtxid: str, commit: bool) -> None:
+        """The TM's commit or rollback, through a random live coordinator (any node)."""
+        if gtxid in self.tm_pending:
+            return
+        live = [c for c in self.coords.values()
+                if c.tx is not None and gtxid not in c.tx.commits]
+        if not live:
+            self.after(TM_RETRY, self.tm_decides, gtxid, commit)
+            return
+        coord = self.rng.choice(live)
+        assert coord.tx is not None
+        self.tm[gtxid] = commit
+        self.tm_pending[gtxid] = (coord.name, coord.incarnation)
+        self.counts["tm " + ("commit" if commit else "rollback")] += 1
+        self.log(f"TM {'commits' if commit else 'rolls back'} {gtxid} through {coord.tx.node}")
+        participants = self.begun[gtxid].participants
+        self.coordinator_does(coord, coord.tx.finish(self.now, gtxid, participants, commit),
+                              moved=False)
+        self.after(TM_RETRY, self.tm_retry, gtxid, commit)
+
+    def tm_retry(self, gtxid: str, commit: bool) -> None:
+        running = self.tm_pending.get(gtxid)
+        if running is None:
+            return  # answered
+        if self.live(*running) is not None:
+            self.after(TM_RETRY, self.tm_retry, gtxid, commit)  # its node retries itself
+            return
+        del self.tm_pending[gtxid]  # that node died: the TM's recovery asks another
+        self.counts["tm asks again"] += 1
+        self.tm_decides(gtxid, commit)
+
+    def tm_answered(self, answer: Answer) -> None:
+        del self.tm_pending[answer.gtxid]
+        self.tm_waiting.discard(answer.gtxid)
+        commit = self.tm[answer.gtxid]
+        self.counts["tm answered " + ("committed" if answer.committed else "rolled back")] += 1
+        self.log(f"TM answer {answer.gtxid}: {'committed' if answer.committed else 'rolled back'}")
+        begun = self.begun[answer.gtxid]
+        if answer.committed != commit:
+            self.violate(f"(f) the TM's {'commit' if commit else 'rollback'} of held "
+                         f"{answer.gtxid} answered {answer}")
+        want = "c" if commit else "r"
+        late = [p for p in begun.participants
+                if self.parts[p].settled.get(answer.gtxid) != want]
+        if self.check_answers and late:
+            self.violate(f"(b) the TM's answer for {answer.gtxid} while partitions {late} "
+                         f"hold no durable {want}")
+
+    def tm_recover(self) -> None:
+        """The TM's recovery: ``recover`` (every primary's ``held_xa``), and what a dead
+        coordinator's prepare left held, XA_OK never heard, is rolled back."""
+        self.after(TM_RECOVER, self.tm_recover)
+        for part in self.parts:
+            if not self.alive(part) or part.deposed_until is not None:
+                continue
+            for _, gtxid, _ in list(part.held_xa()):
+                begun = self.begun.get(gtxid)
+                if (begun is None or begun.answer is not None or gtxid in self.tm_pending
+                        or self.live(*begun.coordinator) is not None):
+                    continue
+                self.counts["tm recovery rolls back"] += 1
+                self.tm_waiting.add(gtxid)
+                self.tm_decides(gtxid, False)
 
     # -- the network ----------------------------------------------------------------------------
 
@@ -824,7 +991,9 @@ class XtxSimulation:
         if self.check_answers:
             self.check_backed(part, packet)
         if isinstance(packet, XOutcomeReply):
-            self.counts[f"outcome asked: {packet.outcome}"] += 1
+            begun = self.begun.get(packet.gtxid)
+            xa = "xa " if begun is not None and begun.xa is not None else ""
+            self.counts[f"{xa}outcome asked: {packet.outcome}"] += 1
         if isinstance(send, ToPartition):
             self.send(send)
             return
@@ -833,7 +1002,15 @@ class XtxSimulation:
         if delay is not None:
             self.after(delay, self.deliver_to_node, name, int(incarnation), packet)
 
-    def check_backed(self, part: SimPartition, packet: Packet) -> None:
+    def check_backed(self, part: SimPartition, packet: Packet | Query) -> None:
+        if isinstance(packet, Query):
+            return
+        if isinstance(packet, XDecided | XOutcomeReply) and packet.outcome == HELD:
+            if packet.gtxid not in part.held_durably:
+                self.violate(f"(b) p{part.number} answered {HELD} for {packet.gtxid} "
+                             f"({type(packet).__name__}) holding no durable all-prepared "
+                             "record")
+            return
         held = part.settled.get(packet.gtxid)
         if isinstance(packet, XPrepared):
             # a yes says "prepared, durably": still true if a decision came since (a rollback
@@ -856,7 +1033,8 @@ class XtxSimulation:
                     and (not isinstance(part, BrokerPartition) or part.settled_everything())
                     for part in self.parts)
                 and all(c.tx is not None and not c.tx.commits and not c.backlog
-                        for c in self.coords.values()))
+                        for c in self.coords.values())
+                and not self.tm_pending and not self.tm_waiting)
 
     def finish(self) -> None:
         if not self.quiet():
@@ -866,7 +1044,8 @@ class XtxSimulation:
                      for p in self.parts}
             open_ = {c.name: sorted(c.tx.commits) if c.tx else "down" for c in self.coords.values()}
             self.violate(f"(c) still in doubt {SETTLE:.0f}s after the faults: branches {doubt}, "
-                         f"commits {open_}")
+                         f"commits {open_}, the TM's {sorted(self.tm_waiting)} (finishing "
+                         f"{sorted(self.tm_pending)})")
         for g, begun in self.begun.items():
             held = {p: self.parts[p].status_of(g) for p in begun.participants}
             committed = any(s is Status.COMMITTED for s in held.values())

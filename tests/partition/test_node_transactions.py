@@ -20,16 +20,20 @@ from brokerha.partition.transactions import (
 )
 from brokerha.partition.xtx import (
     Packet,
+    Query,
     XBranch,
     XCommit,
     XDecide,
     XDecided,
     XDequeue,
     XFinished,
+    XHeld,
+    XHold,
     XOutcome,
     XOutcomeReply,
     XPrepare,
     XPrepared,
+    XRecover,
     XRollback,
 )
 
@@ -39,11 +43,13 @@ BRANCH = XBranch(GTXID, 2, 0, (0, 2), "n1.0123456789ab", (
     XDequeue("/", "q", (4, 9)),
     ForwardMessage("v", ("3.2",), "", "q2", b"h", b""),
 ))
-PACKETS: list[Packet] = [
+PACKETS: list[Packet | Query] = [
     XPrepare(BRANCH), XPrepared(GTXID, 2, True), XDecide(GTXID, False, "n1.0123456789ab"),
     XDecided(GTXID, "committed"), XCommit(GTXID, "n1.0123456789ab"),
     XRollback(GTXID, "n1.0123456789ab"), XFinished(GTXID, 2, "rolled back"),
     XOutcome(GTXID, 2), XOutcomeReply(GTXID, "committed"),
+    XHold(GTXID, "1:6162:01", [0, 2], "n1.0123456789ab"), XRecover("n1.0123456789ab", 3),
+    XHeld(3, 2, [["1:6162:01", GTXID, [0, 2]]]),
 ]
 
 
@@ -53,7 +59,7 @@ def test_every_kind_is_a_packet() -> None:
 
 
 @pytest.mark.parametrize("packet", PACKETS, ids=lambda p: type(p).__name__)
-def test_a_packet_crosses_the_link_unchanged(packet: Packet) -> None:
+def test_a_packet_crosses_the_link_unchanged(packet: Packet | Query) -> None:
     kind, args = encode(packet)
     codec = PacketCodec()
     for message in (XtxToPartition(2, kind, args), XtxToNode(kind, args)):

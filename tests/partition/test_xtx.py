@@ -15,6 +15,7 @@ from brokerha.broker.dtx import Xid
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
 from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.xtx import (
+    HELD,
     Answer,
     CrossTx,
     DecisionRules,
@@ -47,6 +48,7 @@ class Branches:
         self.state: dict[str, Status] = {}
         self.prepared_at: dict[str, tuple[XBranch, float]] = {}
         self.written: list[tuple[str, str]] = []
+        self.held: dict[str, tuple[str, tuple[int, ...]]] = {}  # all-prepared records (XA)
         self.now = 0.0
 
     def status(self, gtxid: str) -> Status:
@@ -68,6 +70,17 @@ class Branches:
     def in_doubt(self) -> Iterable[InDoubt]:
         return [InDoubt(b, at) for g, (b, at) in self.prepared_at.items()
                 if self.state.get(g) is Status.PREPARED]
+
+    def hold(self, gtxid: str, xid: str, participants: Sequence[int]) -> None:
+        self.held[gtxid] = (xid, tuple(participants))
+        self.written.append((gtxid, HELD))
+
+    def is_held(self, gtxid: str) -> bool:
+        return gtxid in self.held
+
+    def held_xa(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
+        return [(xid, g, ps) for g, (xid, ps) in self.held.items()
+                if not self.status(g).decided]
 
     def prepare_ends(self, rules: DecisionRules, gtxid: str, ok: bool = True) -> list[Effect]:
         if ok:

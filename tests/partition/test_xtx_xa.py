@@ -1,0 +1,138 @@
+"""XA over partitions (``partition/xtx.py`` rule (c)): a client's XA branch prepared across
+partitions is held for its TM by the decider's all-prepared record, and only the TM's
+commit or rollback decides it (docs/ha.md "XA over partitions")."""
+
+from __future__ import annotations
+
+from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.partition.xtx import (
+    HELD,
+    Answer,
+    CrossTx,
+    DecisionRules,
+    ToNode,
+    ToPartition,
+    Unsafe,
+    WhenDurable,
+    XBranch,
+    XDecide,
+    XDecided,
+    XHeld,
+    XHold,
+    XOutcome,
+    XOutcomeReply,
+    XPrepare,
+    XPrepared,
+    XRecover,
+)
+from tests.partition.test_xtx import Branches, Cluster, publish, unwrap
+
+XID = "1:6162:01"
+
+
+def prepared_and_held(cluster: Cluster) -> str:
+    """An XA transaction over partitions 0 and 1, prepared: held for its TM."""
+    gtxid, effects = cluster.coordinator.begin(0.0, {0: publish(0), 1: publish(1)}, xa=XID)
+    [answer] = cluster.deliver(effects)
+    assert answer == Answer(gtxid, False, "", held=True)
+    return gtxid
+
+
+def test_an_xa_prepare_holds_at_the_decider_instead_of_committing() -> None:
+    cluster = Cluster()
+    gtxid, effects = cluster.coordinator.begin(0.0, {0: publish(0), 1: publish(1)}, xa=XID)
+    for p in (0, 1):
+        cluster.rules[p].receive(0.0, effects[p].packet)  # type: ignore[union-attr]
+        cluster.stores[p].prepare_ends(cluster.rules[p], gtxid)
+    cluster.coordinator.receive(0.1, XPrepared(gtxid, 0, True))
+    hold = cluster.coordinator.receive(0.1, XPrepared(gtxid, 1, True))
+    assert hold == [ToPartition(0, XHold(gtxid, XID, [0, 1], "n1"))]  # the decider only
+    out = cluster.rules[0].receive(0.2, hold[0].packet)  # type: ignore[union-attr]
+    assert cluster.stores[0].written == [(gtxid, HELD)]  # written before it is answered ...
+    assert out == [WhenDurable(ToNode("n1", XDecided(gtxid, HELD)))]  # ... durable
+    assert cluster.coordinator.receive(0.3, XDecided(gtxid, HELD)) == [
+        Answer(gtxid, False, "", held=True)]
+    assert cluster.coordinator.commits == {}  # the TM's now: nothing of it on the node
+    assert [s.status(gtxid).value for s in cluster.stores[:2]] == ["prepared", "prepared"]
+
+
+def test_a_held_transaction_is_never_decided_by_the_timeout() -> None:
+    cluster = Cluster()
+    gtxid = prepared_and_held(cluster)
+    decider, participant = cluster.rules[0], cluster.rules[1]
+    assert decider.tick(60.0) == []  # rule (c): its own branch stays prepared
+    ask = participant.tick(60.0)
+    assert ask == [ToPartition(0, XOutcome(gtxid, 1))]
+    reply = decider.receive(60.1, ask[0].packet)  # type: ignore[union-attr]
+    assert reply == [WhenDurable(ToPartition(1, XOutcomeReply(gtxid, HELD)))]  # no tombstone
+    participant.receive(60.2, XOutcomeReply(gtxid, HELD))
+    assert participant.tick(61.0) == []  # told: it asks again only after hold_retry
+    assert participant.tick(60.2 + participant.hold_retry) == [ToPartition(0, XOutcome(gtxid, 1))]
+    assert [s.status(gtxid).value for s in cluster.stores[:2]] == ["prepared", "prepared"]
+    assert (gtxid, ROLLED_BACK) not in cluster.stores[0].written
+
+
+def test_the_tms_commit_from_another_node_commits_every_partition() -> None:
+    cluster = Cluster()
+    gtxid = prepared_and_held(cluster)
+    other = CrossTx("n2")  # the client's node is gone; the TM asks another
+    cluster.coordinator = other
+    held = [cluster.rules[p].receive(0.0, XRecover("n2", 7)) for p in range(3)]  # recover
+    assert [unwrap(h)[0].packet for h in held] == [  # type: ignore[union-attr]
+        XHeld(7, 0, [[XID, gtxid, [0, 1]]]), XHeld(7, 1, []), XHeld(7, 2, [])]
+    [answer] = cluster.deliver(other.finish(1.0, gtxid, (0, 1), True), now=1.0)
+    assert answer == Answer(gtxid, True, "")
+    assert [s.status(gtxid).value for s in cluster.stores[:2]] == [COMMITTED, COMMITTED]
+    assert cluster.rules[0].receive(1.1, XRecover("n2", 8)) == [
+        WhenDurable(ToNode("n2", XHeld(8, 0, [])))]  # decided: no longer listed
+
+
+def test_the_tms_rollback_rolls_back_every_partition() -> None:
+    cluster = Cluster()
+    gtxid = prepared_and_held(cluster)
+    [answer] = cluster.deliver(cluster.coordinator.finish(5.0, gtxid, (0, 1), False), now=5.0)
+    assert answer.committed is False  # type: ignore[union-attr]
+    assert [s.status(gtxid).value for s in cluster.stores[:2]] == [ROLLED_BACK, ROLLED_BACK]
+
+
+def test_a_decider_that_decided_first_makes_the_prepare_roll_back() -> None:
+    """A participant asked before the hold: the tombstone wins, XA_RBROLLBACK."""
+    cluster = Cluster()
+    gtxid, effects = cluster.coordinator.begin(0.0, {0: (), 1: ()}, xa=XID)
+    for p in (0, 1):
+        cluster.rules[p].receive(0.0, effects[p].packet)  # type: ignore[union-attr]
+        cluster.stores[p].prepare_ends(cluster.rules[p], gtxid)
+    cluster.deliver(cluster.rules[0].receive(3.0, XOutcome(gtxid, 1)))  # the tombstone
+    cluster.coordinator.receive(3.1, XPrepared(gtxid, 0, True))
+    hold = cluster.coordinator.receive(3.1, XPrepared(gtxid, 1, True))
+    [answer] = cluster.deliver(hold, now=3.2)
+    assert isinstance(answer, Answer) and not answer.committed and not answer.held
+    assert cluster.stores[0].held == {}  # never held: the record and the tombstone exclude
+    assert cluster.stores[1].status(gtxid).value == ROLLED_BACK
+
+
+def test_a_hold_waits_for_the_deciders_own_prepare() -> None:
+    store = Branches()
+    rules = DecisionRules(0, store)
+    gtxid = "0000000000000000001-n1"
+    rules.receive(0.0, XPrepare(XBranch(gtxid, 0, 0, (0, 1), "n1")))
+    assert rules.receive(0.0, XHold(gtxid, XID, [0, 1], "n1")) == []  # its yes not said
+    assert store.held == {}
+
+
+def test_a_commit_of_a_held_transaction_nobody_prepared_is_refused() -> None:
+    """An XDecide(commit) of an unknown gtxid writes the tombstone (as for a TX)."""
+    store = Branches()
+    rules = DecisionRules(0, store)
+    gtxid = "0000000000000000001-n1"
+    assert rules.receive(0.0, XDecide(gtxid, True, "n2")) == [
+        WhenDurable(ToNode("n2", XDecided(gtxid, ROLLED_BACK)))]
+
+
+def test_unsafe_presume_held_abort_rolls_back_what_the_tm_was_told_is_prepared() -> None:
+    cluster = Cluster()
+    unsafe = Unsafe(presume_held_abort=True)
+    cluster.rules = [DecisionRules(p, s, unsafe=unsafe) for p, s in enumerate(cluster.stores)]
+    gtxid = prepared_and_held(cluster)
+    cluster.rules[0].tick(60.0)
+    assert cluster.stores[0].status(gtxid).value == ROLLED_BACK  # decided without the TM
