@@ -34,6 +34,7 @@ from brokerha.broker.auth import AuthenticationFailed, UserDatabase
 log = logging.getLogger("brokerha.admin")
 
 MAX_REQUEST = 64 * 1024
+MAX_DEFINITIONS = 20 * 1024 * 1024  # POST /api/definitions[/{vhost}]: a definitions file
 READ_TIMEOUT = 5.0
 READ_TAGS = frozenset({"administrator", "monitoring", "management", "policymaker"})
 MEMBER_HEADER = "x-brokerha-member"
@@ -278,6 +279,14 @@ class AdminServer:
                             "monitoring, management)")
 
 
+def body_limit(method: str, path: str) -> int:
+    """The largest body taken: a definitions import is a whole broker's file (RabbitMQ's
+    ``management.http.max_body_size``, 20 MiB); every other request a small JSON object."""
+    if method == "POST" and path.rstrip("/").split("/")[:3] == ["", "api", "definitions"]:
+        return MAX_DEFINITIONS
+    return MAX_REQUEST
+
+
 async def _read_request(reader: asyncio.StreamReader, peer: Any) -> Request:
     try:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -297,9 +306,9 @@ async def _read_request(reader: asyncio.StreamReader, peer: Any) -> Request:
     if not length_text.isdigit():
         raise HTTPError(400, "bad Content-Length")
     length = int(length_text)
-    if length > MAX_REQUEST:
+    url = urlsplit(target)
+    if length > body_limit(method.upper(), url.path):
         raise HTTPError(413, "request body too large")
     body = await reader.readexactly(length) if length else b""
-    url = urlsplit(target)
     host = peer[0] if isinstance(peer, tuple) else None
     return Request(method.upper(), url.path, parse_qs(url.query), headers, body, host)

@@ -14,13 +14,16 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
+import pika
 import pytest
 
 from brokerha.admin.definitions_file import QUEUE_FIELDS
 from brokerha.cluster.partition_table import hash_partition
-from brokerha.testing import LocalCluster, get_json
+from brokerha.testing import LocalCluster, NodeProcess, free_base_port, get_json
 from tests.failover.groups import connect, until
 from tests.failover.test_failover import FAST
 from tests.failover.test_partition_declarations import every_node_leads
@@ -174,6 +177,165 @@ def test_export_on_one_node_delete_import_on_another_gives_the_same_definitions(
         _, again = api(cluster, a, "GET", "definitions")
         assert mine(again, "defs-") == mine(export, "defs-")
         routed_everywhere(cluster, a, names)
+
+
+def rabbitmqadmin(cluster: LocalCluster, node: str, *args: str) -> str:
+    assert RABBITMQADMIN is not None
+    port = cluster.port(node) + 10000
+    done = subprocess.run([RABBITMQADMIN, "-H", "127.0.0.1", "-P", str(port), "-u", "guest",
+                           "-p", "guest", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr + done.stdout
+    return done.stdout
+
+
+def refusals(base: str, queue: str) -> list[tuple[int, Any]]:
+    """The answers of ``POST base/definitions`` to files each refused by a declaration,
+    with ``queue`` durable and the exchange ``defs-x`` there: an inequivalent queue, a
+    binding to a missing queue, one from a missing exchange, a reserved name; then a file
+    refused whole (a bad hash) naming a new queue."""
+    files: list[dict[str, Any]] = [
+        {"queues": [{"name": queue, "vhost": "/", "durable": False, "auto_delete": False,
+                     "arguments": {}}]},
+        {"bindings": [{"source": "defs-x", "vhost": "/", "destination": "defs-none",
+                       "destination_type": "queue", "routing_key": "k", "arguments": {}}]},
+        {"bindings": [{"source": "defs-nox", "vhost": "/", "destination": queue,
+                       "destination_type": "queue", "routing_key": "k", "arguments": {}}]},
+        {"queues": [{"name": "amq.defs", "vhost": "/", "durable": True, "auto_delete": False,
+                     "arguments": {}}]},
+        {"users": [{"name": "defs-u", "password_hash": "not base64!", "tags": ""}],
+         "queues": [{"name": "defs-new", "vhost": "/", "durable": True, "auto_delete": False,
+                     "arguments": {}}]},
+    ]
+    return [call(base, "POST", "definitions", body=f) for f in files]
+
+
+def test_an_import_refused_by_a_leader_answers_as_the_unpartitioned_import() -> None:
+    """The same refused files imported on a node that leads neither the queue's partition
+    nor the metadata group, and on one unpartitioned node: the same status and reason
+    each (406's text, ``binding to unknown queue``, 404, 403, ``not_base64`` with nothing
+    changed); then ``rabbitmqadmin import`` of a good file on that node declares queues of
+    every partition and ``rabbitmqadmin export`` lists them."""
+    names = queue_names("adm", per_partition=1)
+    with LocalCluster(3, options=OPTIONS) as cluster, \
+            NodeProcess("single", port=free_base_port(1)) as single:
+        leaders = ready(cluster)
+        a = leaders["0"]
+        queue = next(n for n in names if leaders[str(hash_partition("/", n, P) + 1)] != a)
+        asked = next(n for n in cluster.names
+                     if n not in (a, leaders[str(hash_partition("/", queue, P) + 1)]))
+        for url in (cluster.url(asked), single.url):
+            conn = pika.BlockingConnection(pika.URLParameters(url))
+            ch = conn.channel()
+            ch.exchange_declare("defs-x", "topic", durable=True)
+            ch.queue_declare(queue, durable=True)
+            conn.close()
+        partitioned = refusals(cluster.admin_url(asked) + "/api/", queue)
+        unpartitioned = refusals(f"http://127.0.0.1:{single.port + 10000}/api/", queue)
+        assert partitioned == unpartitioned
+        assert [status for status, _ in partitioned] == [400, 400, 404, 401, 400], partitioned
+        assert "inequivalent arg 'durable'" in partitioned[0][1]["reason"]
+        _, export = api(cluster, a, "GET", "definitions")
+        assert "defs-new" not in {q["name"] for q in export["queues"]}
+
+        if RABBITMQADMIN is None:
+            pytest.skip("rabbitmqadmin is not installed (scripts/ensure-rabbitmq installs it)")
+        path = os.path.join(cluster.data_dir, "adm.json")
+        with open(path, "w") as f:
+            json.dump({"queues": [{"name": n, "vhost": "/", "durable": True,
+                                   "auto_delete": False, "arguments": {}} for n in names],
+                       "bindings": [{"source": "defs-x", "vhost": "/", "destination": n,
+                                     "destination_type": "queue", "routing_key": f"k.{n}",
+                                     "arguments": {}} for n in names]}, f)
+        rabbitmqadmin(cluster, asked, "import", path)
+        listed = json.loads(rabbitmqadmin(cluster, a, "-f", "raw_json", "list", "queues"))
+        assert set(names) <= {q["name"] for q in listed}
+        exported = os.path.join(cluster.data_dir, "adm-export.json")
+        rabbitmqadmin(cluster, a, "export", exported)
+        with open(exported) as f:
+            bound = {b["destination"] for b in json.load(f)["bindings"]
+                     if b["source"] == "defs-x"}
+        assert set(names) <= bound
+        routed_everywhere(cluster, a, names)
+
+
+def test_a_leader_lost_mid_import_completes_the_import_or_fails_it() -> None:
+    """600 queues over the 9 partitions, each bound, imported on the metadata primary A
+    while C, leading some of the partitions, is stopped (SIGSTOP: the import waits for
+    its partitions' answers), then SIGKILLed: the import is answered 204 and
+    then every queue and binding is there (export from A, and on the partitions' new
+    leaders), or 503 naming the item -- and imported again it is 204 with every queue."""
+    names = queue_names("lost", per_partition=600 // P)
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        leaders = ready(cluster)
+        a = leaders["0"]
+        c = next(n for n in sorted(cluster.names) if n != a)
+        base = cluster.admin_url(a) + "/api/"
+        exchange = {"exchanges": [{"name": "defs-x", "vhost": "/", "type": "topic",
+                                   "durable": True, "auto_delete": False, "internal": False,
+                                   "arguments": {}}]}
+        assert call(base, "POST", "definitions", body=exchange)[0] == 204
+        body = {"queues": [{"name": n, "vhost": "/", "durable": True, "auto_delete": False,
+                            "arguments": {}} for n in names],
+                "bindings": [{"source": "defs-x", "vhost": "/", "destination": n,
+                              "destination_type": "queue", "routing_key": f"k.{n}",
+                              "arguments": {}} for n in names]}
+        answers: list[tuple[int, Any]] = []
+        importing = threading.Thread(target=lambda: answers.append(
+            call30(base, "POST", "definitions", body)))
+        cluster.pause(c)  # its partitions' requests go unanswered: the import waits on them
+        started = time.monotonic()
+        importing.start()
+        time.sleep(0.5)
+        under_way = importing.is_alive()
+        cluster.kill(c)
+        importing.join(60)
+        status, answer = answers[0]
+        took = time.monotonic() - started
+        print(f"import answered {status} in {took:.2f} s: {answer}")
+        assert under_way, f"the import was answered before the kill ({took:.1f} s): {answers}"
+        if status != 204:
+            assert status == 503 and "import it again" in answer["reason"], answers
+            status, answer = call30(base, "POST", "definitions", body)
+        assert status == 204, answer
+        _, export = api(cluster, a, "GET", "definitions")
+        assert set(names) <= {q["name"] for q in export["queues"]}
+        assert set(names) <= {b["destination"] for b in export["bindings"]
+                              if b["source"] == "defs-x"}
+        now = until("one serving leader per partition, none on C", lambda: _leaders(
+            cluster, [n for n in cluster.names if n != c]))
+        for node in set(now.values()):
+            expected = {n for n in names if now[str(hash_partition("/", n, P) + 1)] == node}
+            assert expected <= held_by(cluster, node), node
+
+
+def call30(base: str, method: str, path: str, body: Any) -> tuple[int, Any]:
+    """``call`` with the import's own time (its requests wait for a new leader)."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method=method)
+    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=45) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        return exc.code, json.loads(raw) if raw else None
+
+
+def _leaders(cluster: LocalCluster, names: list[str]) -> dict[str, str] | None:
+    serving: dict[str, list[str]] = {}
+    for name in names:
+        for group, g in ((cluster.status(name) or {}).get("node", {}).get("groups")
+                         or {}).items():
+            if g["serving"]:
+                serving.setdefault(group, []).append(name)
+    if len(serving) == P + 1 and all(len(v) == 1 for v in serving.values()):
+        return {g: v[0] for g, v in serving.items()}
+    return None
 
 
 def ctl(cluster: LocalCluster, node: str, *args: str) -> str:
