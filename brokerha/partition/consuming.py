@@ -49,12 +49,16 @@ from brokerha.partition.member import PartitionedMember
 from brokerha.partition.remote_consumer import (
     ACCESS_REFUSED,
     ACK,
+    CANCELLED,
     NOT_FOUND,
     REJECT,
     REQUEUE,
+    UNAVAILABLE,
+    Attached,
     Cancel,
     Cancelled,
     Consume,
+    ConsumeAnswered,
     ConsumeError,
     ConsumerHost,
     ConsumerProxy,
@@ -77,8 +81,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerha.partition")
 
+# how long a remote consume waits for a leader to take it (none known, an election) before
+# its channel is closed 404 (its consume-ok is owed the leader's answer)
+CONSUME_WAIT = 30.0
+
 PACKETS = (Consume, Deliver, Settle, Cancel, Get, GetReply, ConsumeError, Settled,  # 40-47
-           DeliverPart)  # 48
+           DeliverPart, Attached)  # 48, 49
 TO_HOST = (Consume, Settle, Cancel, Get)
 
 
@@ -122,11 +130,16 @@ class RemoteSub:
     """A channel's consumer of a remote queue; ``waiting``: deliveries come while the
     channel's global prefetch (``basic.qos global``) was full, written as acks free it."""
 
-    def __init__(self, channel: Channel, consumer: ChannelConsumer, stand_in: StandIn) -> None:
+    def __init__(self, channel: Channel, consumer: ChannelConsumer, stand_in: StandIn,
+                 since: float, answer: bool) -> None:
         self.channel = channel
         self.consumer = consumer
         self.stand_in = stand_in
         self.waiting: deque[RemoteDelivery] = deque()
+        # the consume-ok (or the 404/403 closing the channel) waits for the leader's
+        # answer: ``answer`` while it is owed (not nowait), asked at ``since``
+        self.since = since
+        self.answer = answer
 
 
 class NodeConsuming:
@@ -160,11 +173,11 @@ class NodeConsuming:
         credit = min((p for p in (ch.prefetch_count, ch.global_prefetch) if p), default=0)
         cid, out = self.proxy.consume(group, queue.vhost, ha_id, credit,
                                       no_ack=no_ack, exclusive=exclusive)
-        self.subs[cid] = RemoteSub(ch, consumer, stand_in)
+        self.subs[cid] = RemoteSub(ch, consumer, stand_in, self.clock(), not nowait)
         self.by_channel.setdefault(id(ch), {})[tag] = cid
-        if not nowait:
-            ch.send(commands.Basic.ConsumeOk(consumer_tag=tag))
         ch.consumers[tag] = consumer
+        if not nowait:  # the consume-ok once the leader took it: its later frames wait
+            ch.block()
         self.carry_out(out)
 
     def get(self, ch: Channel, queue: Queue, group: int, ha_id: str, no_ack: bool) -> None:
@@ -245,6 +258,16 @@ class NodeConsuming:
         for host in list(self.hosts.values()):
             host.redispatch()
         self._write_waiting()
+        self._unanswered()
+
+    def _unanswered(self) -> None:
+        """A consume no leader answered within ``CONSUME_WAIT`` (none known, or each refused
+        it as not its primary): the channel is closed 404, as RabbitMQ answers a consume of
+        a queue whose home node is down (fail closed: never a consume-ok first)."""
+        now = self.clock()
+        for cid, sub in list(self.subs.items()):
+            if sub.answer and now - sub.since > CONSUME_WAIT and sub.channel.state == OPEN:
+                self._cancelled(Cancelled(cid, UNAVAILABLE, ""))
 
     def _write_waiting(self) -> None:
         """Deliveries that waited for the channel's global prefetch, written as it has room
@@ -284,8 +307,9 @@ class NodeConsuming:
             elif isinstance(packet, Get):
                 self.carry_out([SendTo(src, GetReply(packet.group, packet.origin,
                                                      packet.request, [],
-                                                     ErrorCode.NOT_PRIMARY))])
-        elif isinstance(packet, Deliver | GetReply | ConsumeError | Settled | DeliverPart):
+                                                     ErrorCode.NOT_PRIMARY, 0))])
+        elif isinstance(packet, Deliver | GetReply | ConsumeError | Settled | DeliverPart
+                        | Attached):
             self.carry_out(self.proxy.receive(src, packet))
             if self.proxy.pending:
                 self._want_flush()
@@ -308,6 +332,8 @@ class NodeConsuming:
                 self._got(effect)
             elif isinstance(effect, Cancelled):
                 self._cancelled(effect)
+            elif isinstance(effect, ConsumeAnswered):
+                self._consume_ok(effect.consumer)
 
     def _to_node(self, effect: SendTo) -> None:
         packet = effect.packet
@@ -365,13 +391,23 @@ class NodeConsuming:
         entry = stand_in.hold(d)
         tag = ch.next_tag()
         ch.conn.write(F.encode_get_ok(ch.number, tag, d.redelivered, d.exchange,
-                                      d.routing_key, 0))
+                                      d.routing_key, answer.message_count))
         ch.send_content(d.header, d.body)
         if no_ack:
             stand_in.held.pop(id(entry), None)
         else:
             ch.unacked[tag] = Delivery(stand_in.queue, entry, None)
         ch.unblock()
+
+    def _consume_ok(self, cid: int) -> None:
+        sub = self.subs.get(cid)
+        if sub is None or not sub.answer:
+            return
+        sub.answer = False
+        ch = sub.channel
+        if ch.state == OPEN:
+            ch.send(commands.Basic.ConsumeOk(consumer_tag=sub.consumer.tag))
+            ch.unblock()
 
     def _cancelled(self, effect: Cancelled) -> None:
         sub = self.subs.pop(effect.consumer, None)
@@ -384,6 +420,20 @@ class NodeConsuming:
         if ch.state != OPEN:
             return
         q = sub.stand_in.queue
+        if sub.answer:  # refused before its consume-ok: the channel closes, as locally
+            self.carry_out(self.proxy.close(effect.consumer))
+            if effect.code == ACCESS_REFUSED:
+                text = f"queue '{q.name}' in vhost '{q.vhost}' in exclusive use"
+                ch.conn.fail(ch, AMQPError(C.ACCESS_REFUSED, text, 60, 20))
+                return
+            if effect.code in (NOT_FOUND, CANCELLED):
+                text = f"no queue '{q.name}' in vhost '{q.vhost}'"
+            else:
+                text = (f"home node of durable queue '{q.name}' in vhost '{q.vhost}' is down "
+                        f"or inaccessible (no leader of its partition took the consumer "
+                        f"within {CONSUME_WAIT:.0f} s)")
+            ch.conn.fail(ch, AMQPError(C.NOT_FOUND, text, 60, 20))
+            return
         if effect.code == NOT_FOUND:  # the texts a single node (and RabbitMQ) gives
             ch.conn.fail(ch, AMQPError(C.NOT_FOUND, f"no queue '{q.name}' in vhost "
                                        f"'{q.vhost}'", 60, 20))

@@ -79,6 +79,7 @@ from brokerha.partition.remote_consumer import (
     ACK,
     REJECT,
     REQUEUE,
+    Attached,
     Cancel,
     Cancelled,
     Consume,
@@ -104,7 +105,7 @@ __all__ = ["CATCHES", "RemoteConsumeSimulation", "SimResult", "Unsafe", "run_man
            "run_seed"]
 
 CATCHES = tuple(Unsafe.names())
-RC_PACKETS = (Consume, Deliver, Settle, Cancel, Get, GetReply, ConsumeError, Settled)
+RC_PACKETS = (Consume, Deliver, Settle, Cancel, Get, GetReply, ConsumeError, Settled, Attached)
 
 
 class ConsumeNode(ForwardNode):
@@ -168,8 +169,8 @@ class ConsumeNode(ForwardNode):
                                                      f"{packet.group}"))])
             elif isinstance(packet, Get):
                 self.carry([SendTo(src, GetReply(packet.group, packet.origin, packet.request,
-                                                 [], "not-primary"))])
-        elif isinstance(packet, Deliver | GetReply | ConsumeError | Settled):
+                                                 [], "not-primary", 0))])
+        elif isinstance(packet, Deliver | GetReply | ConsumeError | Settled | Attached):
             self.carry(self.proxy.receive(src, packet))
             if self.proxy.pending:
                 self.want_proxy_flush()
@@ -184,6 +185,11 @@ class ConsumeNode(ForwardNode):
     def carry(self, effects: Sequence[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, SendTo):
+                if isinstance(effect.packet, Attached):
+                    # not carried: the clients here do not wait for a consume-ok (the first
+                    # Deliver answers the consume too), and the pinned seeds' runs stay as
+                    # they were before the packet
+                    continue
                 if isinstance(effect.packet, Settled) and self.rc.rc_unsafe.ack_before_durable:
                     self.rc.settle_applied(effect.packet)  # answered at once, not through the gate
                 if effect.node == self.name:

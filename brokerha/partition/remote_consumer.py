@@ -165,13 +165,15 @@ class Get(Message):
 
 @packet(45)
 class GetReply(Message):
-    """Primary -> proxy: ``delivery`` as in ``Deliver`` (empty: the queue was), or ``code``."""
+    """Primary -> proxy: ``delivery`` as in ``Deliver`` (empty: the queue was), or ``code``;
+    ``message_count``: the queue's ready messages after the get (basic.get-ok's)."""
 
     group: int
     origin: str
     request: int
     delivery: list[Any]
     code: str
+    message_count: int
 
 
 @packet(46)
@@ -218,8 +220,21 @@ class DeliverPart(Message):
     data: bytes
 
 
+@packet(49)
+class Attached(Message):
+    """Primary -> proxy: the attachment is taken (the queue is there and no exclusive
+    consumer rules it out): the channel's consume-ok waits for this (or a
+    ``ConsumeError``), as a local consume's is given after the queue's checks. Sent
+    before any ``Deliver`` of that attachment."""
+
+    group: int
+    origin: str
+    consumer: int
+    attach: int
+
+
 Packet = (Consume | Deliver | Settle | Cancel | Get | GetReply | ConsumeError | Settled
-          | DeliverPart)
+          | DeliverPart | Attached)
 
 
 # -- effects ----------------------------------------------------------------------------------
@@ -270,11 +285,20 @@ class Delivered:
 
 @dataclass(frozen=True)
 class GetAnswer:
-    """basic.get-ok (``delivery``), get-empty (None, ``code`` empty), or an error."""
+    """basic.get-ok (``delivery``, ``message_count`` the queue's ready messages left at the
+    leader), get-empty (None, ``code`` empty), or an error."""
 
     request: int
     delivery: RemoteDelivery | None
     code: str = ""
+    message_count: int = 0
+
+
+@dataclass(frozen=True)
+class ConsumeAnswered:
+    """The leader took the consumer's first attachment: the channel's consume-ok now."""
+
+    consumer: int
 
 
 @dataclass(frozen=True)
@@ -298,7 +322,8 @@ class SettleAnswered:
     positions: tuple[int, ...]
 
 
-Effect = SendTo | SendWhenDurable | Delivered | GetAnswer | Cancelled | SettleAnswered
+Effect = (SendTo | SendWhenDurable | Delivered | GetAnswer | Cancelled | SettleAnswered
+          | ConsumeAnswered)
 
 
 def wire_delivery(entry: Entry) -> list[Any]:
@@ -536,6 +561,9 @@ class ConsumerHost:
             return
         self.holders[key] = rc
         self.stats.attached += 1
+        # before anything the queue hands it (its Delivers go at the turn's flush)
+        self.outbox.append(SendTo(src, Attached(self.group, packet.origin, packet.consumer,
+                                                packet.attach)))
         queue.add_consumer(rc)
 
     def _mark_redelivered(self, queue: Queue, positions: Sequence[int]) -> None:
@@ -605,9 +633,9 @@ class ConsumerHost:
             holder.queue.remove_consumer(holder)
 
     def _get(self, src: str, packet: Get) -> None:
-        def reply(delivery: list[Any], code: str = "") -> None:
+        def reply(delivery: list[Any], code: str = "", count: int = 0) -> None:
             self.outbox.append(SendTo(src, GetReply(self.group, packet.origin, packet.request,
-                                                    delivery, code)))
+                                                    delivery, code, count)))
 
         if packet.epoch != self.epoch or not self.serving():
             reply([], ErrorCode.NOT_PRIMARY)
@@ -639,7 +667,7 @@ class ConsumerHost:
         if len(raw[5]) > self.part_bytes:
             self._parts(src, packet.origin, GETTER, packet.attach, raw)
             raw = in_parts(raw)
-        reply(raw)
+        reply(raw, count=queue.message_count)  # what is left ready, as a local get-ok says
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -706,6 +734,7 @@ class Subscription:
     epoch: int = -1
     cancelled: bool = False  # basic.cancel: no more deliveries, held ones may be settled
     held: dict[int, int] = field(default_factory=dict)  # position -> attach it came in
+    answered: bool = False  # a leader took it (``Attached``): the consume-ok was given
 
 
 @dataclass
@@ -893,6 +922,11 @@ class ConsumerProxy:
             return self._got(src, packet)
         if isinstance(packet, ConsumeError):
             return self._refused(src, packet)
+        if isinstance(packet, Attached):
+            sub = self.subs.get(packet.consumer)
+            if sub is None or (sub.node, sub.attach) != (src, packet.attach):
+                return []
+            return self._answered(sub)
         if isinstance(packet, Settled):
             sub = self.subs.get(packet.consumer)
             if sub is not None:  # durable: no primary of its epoch or later delivers it again
@@ -961,14 +995,14 @@ class ConsumerProxy:
             self.stats.stale_deliveries += len(packet.deliveries)
             self.partial.pop((src, packet.group, packet.consumer), None)
             return []
+        out: list[Effect] = self._answered(sub)  # (its Attached came first on the link)
         if sub.cancelled:  # sent before the host took the cancel: back to the queue
             self.stats.returned += len(packet.deliveries)
             self.partial.pop((src, packet.group, packet.consumer), None)
             if not sub.no_ack:
                 key = (sub.group, sub.consumer, sub.vhost, sub.queue, REQUEUE)
                 self.settles.setdefault(key, []).extend(int(d[0]) for d in packet.deliveries)
-            return []
-        out: list[Effect] = []
+            return out
         for sent in packet.deliveries:
             raw = self._whole(src, sub.group, sub.consumer, sent)
             if raw is None:  # back to the queue: it comes again, flagged
@@ -981,7 +1015,7 @@ class ConsumerProxy:
             if not sub.no_ack:
                 sub.held[d.position] = packet.attach
             out.append(Delivered(d))
-        self.stats.delivered += len(out)
+            self.stats.delivered += 1
         return out
 
     def _got(self, src: str, packet: GetReply) -> list[Effect]:
@@ -1004,7 +1038,7 @@ class ConsumerProxy:
             self.settles.setdefault(key, []).append(int(packet.delivery[0]))
             return [GetAnswer(packet.request, None, UNAVAILABLE)]
         d = self._delivery(GETTER, group, lane.epoch, lane.attach, vhost, queue, raw)
-        return [GetAnswer(packet.request, d)]
+        return [GetAnswer(packet.request, d, message_count=int(packet.message_count))]
 
     def _refused(self, src: str, packet: ConsumeError) -> list[Effect]:
         sub = self.subs.get(packet.consumer)
@@ -1018,6 +1052,12 @@ class ConsumerProxy:
             return []
         del self.subs[packet.consumer]
         return [Cancelled(packet.consumer, packet.code, packet.message)]
+
+    def _answered(self, sub: Subscription) -> list[Effect]:
+        if sub.answered:
+            return []
+        sub.answered = True
+        return [ConsumeAnswered(sub.consumer)]
 
     def _fail_gets(self, lost: Callable[[int, str], bool]) -> list[Effect]:
         out: list[Effect] = []

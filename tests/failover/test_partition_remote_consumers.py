@@ -28,6 +28,7 @@ from tests.failover.groups import (
     StreamPublisher,
     connect,
     consumers_on,
+    depth,
     leader,
     name_in,
     one_leader_each,
@@ -89,6 +90,18 @@ def refusal(conn: pika.BlockingConnection,
     raise AssertionError(f"the channel was not closed by the broker within 10 s: {reason!r}")
 
 
+def refused_at_once(conn: pika.BlockingConnection,
+                    call: Callable[[Any], object]) -> tuple[int, str]:
+    """The channel-level error ``call(channel)`` itself raises: a consume refused before
+    any consume-ok (the remote consumer's consume-ok waits for its leader's answer)."""
+    ch = conn.channel()
+    try:
+        call(ch)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        return exc.reply_code, exc.reply_text
+    raise AssertionError("answered (consume-ok) before the broker refused it")
+
+
 def nothing(*_args: object) -> None:
     pass
 
@@ -103,17 +116,32 @@ def test_a_missing_queue_an_exclusive_consumer_and_a_deleted_queue_as_a_single_n
             missing = name_in(0, "rc-missing")
             expected = (404, f"NOT_FOUND - no queue '{missing}' in vhost '/'")
             assert refusal(on_b, lambda ch: ch.basic_consume(missing, nothing)) == expected
-            assert refusal(on_a, lambda ch: ch.basic_consume(missing, nothing)) == expected
+            assert refused_at_once(on_a, lambda ch: ch.basic_consume(missing,
+                                                                     nothing)) == expected
             assert refusal(on_a, lambda ch: ch.basic_get(missing)) == expected
+
+            # a get on A says how many are left ready on the leader, as a local get does
+            queue = lay.queue
+            publisher = on_b.channel()
+            for i in range(3):
+                publisher.basic_publish("", queue, f"m{i}".encode())
+            until("three messages on the leader", lambda: depth(cluster, b, queue) == 3, 10)
+            getter = on_a.channel()
+            counts = []
+            for _ in range(3):
+                got, _props, _body = getter.basic_get(queue, auto_ack=True)
+                assert got is not None
+                counts.append(got.message_count)
+            assert counts == [2, 1, 0]
+            getter.close()
 
             # an exclusive consumer on the leader: a consumer on A refused 403, as a second
             # consumer on the leader itself
-            queue = lay.queue
             in_use = (403, f"ACCESS_REFUSED - queue '{queue}' in vhost '/' in exclusive use")
             holder = on_b.channel()
             holder.basic_consume(queue, nothing, exclusive=True)
             assert refusal(on_b, lambda ch: ch.basic_consume(queue, nothing)) == in_use
-            assert refusal(on_a, lambda ch: ch.basic_consume(queue, nothing)) == in_use
+            assert refused_at_once(on_a, lambda ch: ch.basic_consume(queue, nothing)) == in_use
             holder.close()
             # and the other way: A's remote consumer exclusive, the leader's refused
             remote = on_a.channel()
@@ -121,9 +149,17 @@ def test_a_missing_queue_an_exclusive_consumer_and_a_deleted_queue_as_a_single_n
             until("the exclusive consumer attached on the leader", lambda: consumers_on(
                 cluster, b, queue) == 1, 10)
             assert refusal(on_b, lambda ch: ch.basic_consume(queue, nothing)) == in_use
-            assert refusal(on_a, lambda ch: ch.basic_consume(queue, nothing,
-                                                              exclusive=True)) == in_use
+            assert refused_at_once(on_a, lambda ch: ch.basic_consume(
+                queue, nothing, exclusive=True)) == in_use
             remote.close()
+            until("the exclusive consumer gone from the leader", lambda: consumers_on(
+                cluster, b, queue) == 0, 10)
+            # and an exclusive one beside a consumer: refused as locally, before a consume-ok
+            plain = on_b.channel()
+            plain.basic_consume(queue, nothing)
+            assert refused_at_once(on_a, lambda ch: ch.basic_consume(
+                queue, nothing, exclusive=True)) == in_use
+            plain.close()
 
             # the queue deleted on its leader while A's client consumes it: basic.cancel
             cancelled = threading.Event()

@@ -14,6 +14,7 @@ from brokerha.ha.simulation.world import message
 from brokerha.partition.forward import LeaderNotice
 from brokerha.partition.forward_apply import BrokerForwardLog
 from brokerha.partition.remote_consumer import (
+    ACCESS_REFUSED,
     ACK,
     CANCELLED,
     NOT_FOUND,
@@ -22,6 +23,7 @@ from brokerha.partition.remote_consumer import (
     UNAVAILABLE,
     Cancelled,
     Consume,
+    ConsumeAnswered,
     ConsumeError,
     ConsumerHost,
     ConsumerProxy,
@@ -125,6 +127,45 @@ def test_a_remote_consumer_takes_its_prefetch_and_more_as_it_acks() -> None:
     assert [e for e in c.seen if isinstance(e, SettleAnswered)] == [
         SettleAnswered(GROUP, 1, 1, "/", "1.1", (1,))]
     assert q.acked == 1
+
+
+def test_the_consume_is_answered_once_the_leader_took_it_before_any_delivery() -> None:
+    broker, q = primary()
+    c = Cluster({"p": host_on(broker)})
+    consumer, out = c.proxy.consume(GROUP, "/", "1.1", 2)
+    assert out == [] and c.seen == []  # no leader known: nothing answered yet
+    c.notice("p", 1)
+    assert c.seen[0] == ConsumeAnswered(consumer)  # the consume-ok, then the deliveries
+    assert [d.position for d in c.delivered()] == [1, 2]
+    assert c.seen == [ConsumeAnswered(consumer)]
+    c.notice("p", 2)  # a re-attach (a new epoch's leader): no second answer
+    assert [e for e in c.seen if isinstance(e, ConsumeAnswered)] == [ConsumeAnswered(consumer)]
+
+
+def test_an_exclusive_consume_beside_a_consumer_is_refused_never_answered() -> None:
+    broker, q = primary()
+    c = Cluster({"p": host_on(broker)})
+    c.notice("p", 1)
+    first = consume(c, prefetch=1)
+    c.seen.clear()
+    second, out = c.proxy.consume(GROUP, "/", "1.1", 1, exclusive=True)
+    c.carry(out)
+    c.turn()
+    assert [e for e in c.seen if isinstance(e, ConsumeAnswered)] == []
+    [refused] = [e for e in c.seen if isinstance(e, Cancelled)]
+    assert refused.consumer == second and refused.code == ACCESS_REFUSED
+    assert refused.message.endswith("queue 'q' in vhost '/' in exclusive use")
+    c.carry(c.proxy.close(first))  # and the other way: an exclusive one holds it
+    c.seen.clear()
+    third, out = c.proxy.consume(GROUP, "/", "1.1", 1, exclusive=True)
+    c.carry(out)
+    c.turn()
+    assert c.seen[0] == ConsumeAnswered(third)
+    fourth, out = c.proxy.consume(GROUP, "/", "1.1", 1)
+    c.carry(out)
+    assert [(e.consumer, e.code) for e in c.seen if isinstance(e, Cancelled)] == [
+        (fourth, ACCESS_REFUSED)]
+    assert q.consumer_count == 1
 
 
 def test_the_deliveries_of_a_turn_go_as_one_deliver_per_consumer() -> None:
@@ -361,6 +402,21 @@ def test_a_get_is_one_request_and_its_ack_one_settle() -> None:
     assert [e.delivery for e in c.seen if isinstance(e, GetAnswer)] == [None]  # empty
 
 
+def test_a_get_ok_counts_what_is_left_ready_at_the_leader() -> None:
+    broker, q = primary()  # five ready: a get leaves four, as a local get-ok says
+    c = Cluster({"p": host_on(broker)})
+    c.notice("p", 1)
+    counts = []
+    for _ in range(5):
+        _, out = c.proxy.get(GROUP, "/", "1.1")
+        c.carry(out)
+        [answer] = [e for e in c.seen if isinstance(e, GetAnswer)]
+        c.seen.clear()
+        assert answer.delivery is not None
+        counts.append(answer.message_count)
+    assert counts == [4, 3, 2, 1, 0] and q.message_count == 0
+
+
 def test_a_get_lost_with_its_link_is_answered_unavailable() -> None:
     broker, q = primary()
     c = Cluster({"p": host_on(broker)})
@@ -377,7 +433,7 @@ def test_a_get_to_a_node_not_serving_is_refused() -> None:
                         serving=lambda: False)
     [reply] = host.receive("c", Get(GROUP, 1, "c.1", 7, 1, "/", "1.1", False))
     assert isinstance(reply, SendTo) and reply.packet == GetReply(GROUP, "c.1", 7, [],
-                                                                  ErrorCode.NOT_PRIMARY)
+                                                                  ErrorCode.NOT_PRIMARY, 0)
 
 
 def test_the_cluster_links_codec_carries_the_packets() -> None:
@@ -387,7 +443,7 @@ def test_the_cluster_links_codec_carries_the_packets() -> None:
                Deliver(1, 2, "n1.1", 3, 1, [[4, True, "", "q", b"h", b"body"]]),
                Settle(1, 2, "n1.1", 3, 1, "/", "1.1", [4], ACK),
                Get(1, 2, "n1.1", 9, 1, "/", "1.1", False),
-               GetReply(1, "n1.1", 9, [], ""),
+               GetReply(1, "n1.1", 9, [], "", 0),
                ConsumeError(1, "n1.1", 3, 1, NOT_FOUND, "gone"),
                Settled(1, 2, "n1.1", 3, "/", "1.1", [4])]
     codec = PacketCodec()
@@ -477,7 +533,8 @@ def test_a_body_missing_a_part_is_sent_back_and_comes_again_whole_and_flagged() 
     got: list[Effect] = []
     for p in [sent[0], *sent[2:]]:  # the second part lost
         got += proxy.receive("p", p)
-    assert got == [] and proxy.stats.parts_lost == 1 and proxy.stats.incomplete == 1
+    assert got == [ConsumeAnswered(1)]  # (the Deliver came without its Attached here)
+    assert proxy.stats.parts_lost == 1 and proxy.stats.incomplete == 1
     back: list[Effect] = []
     for e in proxy.flush():  # a requeue of it
         assert isinstance(e, SendTo) and isinstance(e.packet, Settle)
