@@ -51,11 +51,13 @@ from brokerha.broker.flow import STATUS_KEYS as FLOW_STATUS_KEYS
 from brokerha.broker.message import Message
 from brokerha.broker.placement import NotLeader
 from brokerha.httpapi.server import (
+    MAX_REQUEST,
     READ_TAGS,
     HTTPError,
     Request,
     Response,
     basic_credentials,
+    body_limit,
     exchange,
     json_safe,
 )
@@ -70,6 +72,9 @@ HISTORY = 600.0     # samples kept (the UI's charts; ``lengths_age``/``msg_rates
 PRODUCT = "brokerha"
 RABBITMQ_VERSION = "3.10.8"  # the API version the tools see (what the differential tests use)
 FORWARD_TIMEOUT = 10.0
+# a definitions import forwarded to the primary: its requests may wait for a partition's
+# new leader (admin/definitions_groups.py), up to their own 15 s, kind after kind
+IMPORT_FORWARD_TIMEOUT = 60.0
 MAX_GET = 1000
 
 
@@ -1153,7 +1158,9 @@ async def forward(base: str, request: Request, tls: Any) -> Response:
                if name in request.headers}
     try:
         return await asyncio.wait_for(
-            exchange(base, request.method, target, headers, request.body, tls), FORWARD_TIMEOUT)
+            exchange(base, request.method, target, headers, request.body, tls),
+            IMPORT_FORWARD_TIMEOUT if body_limit(request.method, request.path) > MAX_REQUEST
+            else FORWARD_TIMEOUT)
     except (OSError, TimeoutError, ValueError, IndexError) as exc:
         raise ManagementError(503, "service_unavailable",
                               f"the primary at {base} did not answer: {exc}") from None
