@@ -713,6 +713,10 @@ class NodeDeclarations:
             if not effect.names or directory is None:
                 self._to_node(effect.node, reply)
                 return
+            if directory.layer.unsafe.answer_before_directory:  # (unsafe) not waited for
+                directory.writer.record(effect.group, effect.names, lambda meta: None)
+                self._to_node(effect.node, reply)
+                return
 
             def listed(meta: list[int] | None) -> None:
                 if meta is None:  # the directory may lack it: the asker closes (320)

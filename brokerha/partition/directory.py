@@ -53,6 +53,7 @@ from brokerha.broker.exchange import Binding
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import HA_ID, ReplicationError
+from brokerha.seed_runner import UnsafeRules
 
 log = logging.getLogger("brokerha.partition")
 
@@ -60,6 +61,18 @@ INDEX_KEY = "queue_directory"  # the store's meta: the partitions held (a JSON l
 PARTITION_KEY = "queue_directory/{p}"  # the store's meta: one partition's entries
 UPDATE = "directory.update"  # the MetaRequest op (partition/declarations.py)
 RESYNC = 10.0  # a lane compares its partition with what it last sent this often
+
+@dataclass(frozen=True)
+class Unsafe(UnsafeRules):
+    """Rules of the directory to break on purpose (simulations and tests only)."""
+
+    # the directory takes a change of a partition leader's epoch below the one it holds
+    # (a deposed leader's late request undoes the new leader's sync)
+    no_fence: bool = False
+    # a queue method is answered once its partition holds it, without waiting for the
+    # directory (a publish on a node outside the partition right after it is unroutable)
+    answer_before_directory: bool = False
+
 
 Key = tuple[str, str]  # (vhost, queue name)
 BindingKey = tuple[str, str, bytes]  # (exchange, routing key, arguments as a field table)
@@ -116,17 +129,19 @@ def items_from_wire(raw: Any) -> list[Item]:
 class Directory:
     """The directory's state (the same on every node that applied the same log)."""
 
-    def __init__(self) -> None:
+    def __init__(self, unsafe: Unsafe | None = None) -> None:
         self.entries: dict[Key, DirectoryEntry] = {}
         self.epochs: dict[int, int] = {}  # partition -> the highest leader epoch taken
         self.synced: set[int] = set()  # partitions a leader's sync reached
+        self.unsafe = unsafe or Unsafe()
 
     def apply(self, partition: int, epoch: int, sync: bool,
               items: list[Item]) -> set[Key] | None:
         """The names whose entry changed; None: ignored (a deposed leader's, fenced)."""
-        if epoch < self.epochs.get(partition, -1):
+        fence = self.epochs.get(partition, -1)
+        if epoch < fence and not self.unsafe.no_fence:
             return None
-        self.epochs[partition] = epoch
+        self.epochs[partition] = max(epoch, fence)
         changed: set[Key] = set()
         if sync:
             named = {key for key, entry in items if entry is not None}
@@ -184,9 +199,10 @@ class DirectoryLayer:
 
     kinds = R.QUEUE_DIRECTORY_EVENTS
 
-    def __init__(self, store: MetaStore) -> None:
+    def __init__(self, store: MetaStore, unsafe: Unsafe | None = None) -> None:
         self.store = store
-        self.directory = Directory()
+        self.unsafe = unsafe or Unsafe()
+        self.directory = Directory(self.unsafe)
         self.primary: EventLog | None = None
         self.listeners: list[Callable[[set[Key] | None], None]] = []
         self.updates = 0  # changes applied here as the primary
@@ -213,7 +229,7 @@ class DirectoryLayer:
             # fail closed: no partition is known (a catch-up's ``qs`` brings the directory)
             log.error("store meta %s is not a queue directory (%s); taken as none",
                       INDEX_KEY, exc)
-            self.directory = Directory()
+            self.directory = Directory(self.unsafe)
 
     def _save(self, partitions: Iterable[int]) -> None:
         d = self.directory

@@ -89,6 +89,7 @@ from brokerha.ha.simulation.world import (
 )
 from brokerha.partition.coordinator import TableCoordinator
 from brokerha.partition.directory import DirectoryLayer
+from brokerha.partition.directory import Unsafe as DirectoryUnsafe
 from brokerha.partition.member import GroupUnsafe, PartitionedMember, group_of
 from brokerha.partition.mux import Grouped
 from brokerha.primary.primary import Primary
@@ -155,7 +156,8 @@ class GroupNode(SimProcess):
                                             partitions=world.partitions, replicas=world.replicas)
         coordinator = self.coordinator
         # the queue directory's layer (partition/directory.py), when the world keeps one
-        self.directory_layer = DirectoryLayer(self.store) if world.directory else None
+        self.directory_layer = DirectoryLayer(self.store, world.directory_unsafe) \
+            if world.directory else None
         layers: list[Any] = [coordinator]
         if self.directory_layer is not None:
             layers.append(self.directory_layer)
@@ -264,6 +266,7 @@ class GroupLog:
 class GroupSimulation(World):
     node_class: type[GroupNode] = GroupNode  # a workload's nodes may do more (forwarding)
     directory = False  # each node's metadata group keeps the queue directory (its layer)
+    directory_unsafe: DirectoryUnsafe | None = None  # its rules broken on purpose
 
     def __init__(self, seed: int, *, nodes: int = 3, partitions: int = PARTITIONS,
                  replicas: int = REPLICAS, duration: float = 30.0,

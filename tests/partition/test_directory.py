@@ -33,6 +33,8 @@ from brokerha.partition.directory import (
     DirectoryLayer,
     DirectoryWriter,
     NodeDirectory,
+    Unsafe,
+    entries_of,
     items_wire,
 )
 from brokerha.partition.forwarding import PACKETS as FORWARD_PACKETS
@@ -166,6 +168,9 @@ class Net:
         self.dirs: dict[str, NodeDirectory] = {}
         self.clients: dict[str, GroupClients] = {}
         self.fenced: set[str] = set()  # nodes whose writers are not told of serving
+        # packets held back (a slow link): ``hold(src, dst, packet)`` says which
+        self.hold: Callable[[str, str, Packet], bool] = lambda src, dst, packet: False
+        self.held: list[tuple[str, str, Packet]] = []
         names = list(sim.names)
         for name in names:
             node = sim.node(name)
@@ -180,10 +185,11 @@ class Net:
             def partition_of(member: Any = member) -> Any:
                 return None if member.placement is None else member.placement.partition
 
-            writer = DirectoryWriter(
-                node.broker, partition_of,
-                lambda a, d, decl=decl: decl.ask_internal(0, UPDATE, a, d),
-                lambda: sim.now)
+            def ask(args: list[Any], done: Callable[[int, list[int]], None],
+                    decl: NodeDeclarations = decl) -> None:
+                decl.ask_internal(0, UPDATE, args, done)
+
+            writer = DirectoryWriter(node.broker, partition_of, ask, lambda: sim.now)
             assert node.directory_layer is not None
             nd = NodeDirectory(node.ha, node.directory_layer, writer)
             decl.directory = nd
@@ -226,7 +232,9 @@ class Net:
                 packets, self.packets = self.packets, []
                 seen += packets
                 for src, dst, packet in packets:
-                    if isinstance(packet, DECLARATION_PACKETS):
+                    if self.hold(src, dst, packet):
+                        self.held.append((src, dst, packet))
+                    elif isinstance(packet, DECLARATION_PACKETS):
                         self.decl[dst].on_packet(src, packet)
                     elif isinstance(packet, FORWARD_PACKETS):
                         self.fw[dst].on_packet(src, packet)
@@ -238,6 +246,11 @@ class Net:
                 self.fw[name].tick()
                 self.dirs[name].tick()
         return seen
+
+    def release(self) -> None:
+        self.packets += self.held
+        self.held = []
+        self.hold = lambda src, dst, packet: False
 
     def outside(self) -> tuple[str, int]:
         """A node and a partition it holds no cell of."""
@@ -279,16 +292,36 @@ def publish(net: Net, node: str, exchange: str, key: str, body: bytes) -> list[b
     return answers
 
 
-@pytest.fixture(scope="module")
-def net() -> Net:
+def started(unsafe: Unsafe | None = None) -> Net:
     sim = DirectorySimulation(0, nodes=4, partitions=P, replicas=2, faults=Faults.none(),
                               publish_rate=0.0, consume_rate=0.0)
+    if unsafe is not None:
+        sim.directory_unsafe = unsafe
     sim.start()
     sim.run_until(8.0)
     assert all(n is not None for n in sim.serving_groups.values()), sim.serving_groups
     net = Net(sim)
     net.pump()
     return net
+
+
+@pytest.fixture(scope="module")
+def net() -> Net:
+    return started()
+
+
+def stale(net: Net) -> list[tuple[str, Any]]:
+    """Entries of every node's directory that differ from what the partitions' leaders
+    hold (the directory's invariant once calm)."""
+    truth: dict[Any, Any] = {}
+    for p in range(P):
+        leader = net.sim.node(net.leader(p))
+        of = leader.ha.placement
+        assert of is not None
+        truth.update(dict(entries_of(leader.broker, of.partition, p)))
+    return [(name, key) for name, nd in net.dirs.items()
+            for key in set(truth) | set(nd.layer.directory.entries)
+            if truth.get(key) != nd.layer.directory.entries.get(key)]
 
 
 def test_every_node_holds_every_partitions_sync(net: Net) -> None:
@@ -330,24 +363,29 @@ def test_a_declare_on_the_leader_answers_once_every_node_routes_to_it(net: Net) 
     node, missing = net.outside()
     leader = net.leader(missing)
     name = name_in(missing, "led")
-    ch = Channel(net.vhost(leader))  # the leader's own client: through its own host
+    seen: list[bool] = []  # the stand-in on the node outside, as each answer is sent
+
+    class Answered(Channel):
+        def reply_unblocked(self, method: Any) -> None:
+            super().reply_unblocked(method)
+            seen.append(name in net.vhost(node).queues)
+
+    ch = Answered(net.vhost(leader))  # the leader's own client: through its own host
     assert net.clients[leader]._listed(commands.Queue.Declare(queue=name, durable=True))
     net.decl[leader].queue_method(ch, group_of(missing), commands.Queue.Declare(
         queue=name, durable=True), name)
     while not ch.sent:
         net.pump(1)
-        # never the answer before the directory holds it on the node outside (a ready
-        # backup of the metadata group: the metadata barrier waits for it)
-        if ch.sent:
-            assert name in net.vhost(node).queues
-    assert isinstance(ch.sent[-1], commands.Queue.DeclareOk)
+    # never the answer before the directory holds it on the node outside (a ready
+    # backup of the metadata group: the metadata barrier waits for it)
+    assert isinstance(ch.sent[-1], commands.Queue.DeclareOk) and seen == [True]
     # deleted on the leader: gone from the node outside by the delete-ok
-    ch = Channel(net.vhost(leader))
+    ch = Answered(net.vhost(leader))
     net.decl[leader].queue_method(ch, group_of(missing), commands.Queue.Delete(
         queue=name), name)
     while not ch.sent:
         net.pump(1)
-    assert name not in net.vhost(node).queues
+    assert isinstance(ch.sent[-1], commands.Queue.DeleteOk) and seen == [True, False]
     assert net.dirs[leader].writer.stats.failed == 0
 
 
@@ -377,3 +415,72 @@ def test_a_periodic_check_resyncs_what_no_method_reported(net: Net) -> None:
     net.pump(int(12 / 0.05))  # past the writer's RESYNC (10 s)
     assert name in net.vhost(node).queues
     assert net.dirs[leader].writer.stats.resyncs >= 1
+
+
+def declared_then_routed(net: Net, prefix: str) -> bool:
+    """A queue of a partition declared from a node outside it, then, right at its
+    declare-ok, a publish there to the default exchange naming it: routed (to the
+    stand-in)?"""
+    node, missing = net.outside()
+    name = name_in(missing, prefix)
+    vhost = net.vhost(node)
+    routed: list[bool] = []
+
+    class Answered(Channel):
+        def reply_unblocked(self, method: Any) -> None:  # the declare-ok, as it is sent
+            super().reply_unblocked(method)
+            routed.append(bool(vhost.route(vhost.exchanges[""], message("", name, b"x"))))
+
+    ch = Answered(vhost)
+    net.decl[node].queue_method(ch, group_of(missing), commands.Queue.Declare(
+        queue=name, durable=True), name)
+    while not ch.sent:
+        net.pump(1)
+    assert isinstance(ch.sent[-1], commands.Queue.DeclareOk)
+    return routed == [True]
+
+
+def test_read_your_writes_and_answer_before_directory_is_caught() -> None:
+    assert declared_then_routed(started(), "ryw")
+    assert not declared_then_routed(started(Unsafe(answer_before_directory=True)), "ryw")
+
+
+def fence_scenario(net: Net) -> list[tuple[str, Any]]:
+    """Partition p's leader L declares q, its directory change held on the way to the
+    coordinator; p handed over to L2, which deletes q (its sync, then its deletion, in the
+    directory); then L's late change arrives. The directory must not hold q."""
+    node, p = net.outside()
+    leader = net.leader(p)
+    coordinator = net.leader(-1)
+    name = name_in(p, "late")
+    net.hold = lambda src, dst, packet: src == leader and dst == coordinator and \
+        getattr(packet, "op", "") == UPDATE
+    ch = Channel(net.vhost(leader))
+    net.decl[leader].queue_method(ch, group_of(p), commands.Queue.Declare(
+        queue=name, durable=True), name)
+    net.pump(10)
+    assert net.held and not ch.sent  # applied in p, not in the directory yet
+    group = group_of(p)
+    target = next(n for n in net.sim.table.voting(p) if n != leader)
+    net.sim.promote_group(net.sim.node(leader), group, target)
+    for _ in range(100):
+        net.pump(1)
+        if net.leader(p) == target and group in net.dirs[target].writer.lanes \
+                and net.dirs[target].writer.lanes[group].in_flight is None:
+            break
+    assert net.leader(p) == target
+    net.hold = lambda src, dst, packet: src == leader and dst == coordinator and \
+        getattr(packet, "op", "") == UPDATE  # L's only
+    ch2 = Channel(net.vhost(target))
+    net.decl[target].queue_method(ch2, group, commands.Queue.Delete(queue=name), name)
+    while not ch2.sent:
+        net.pump(1)
+    assert name not in net.vhost(node).queues
+    net.release()  # L's late change
+    net.pump()
+    return stale(net)
+
+
+def test_a_deposed_leaders_late_change_is_fenced_and_no_fence_is_caught() -> None:
+    assert fence_scenario(started()) == []
+    assert fence_scenario(started(Unsafe(no_fence=True))) != []
