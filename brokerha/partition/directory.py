@@ -36,9 +36,11 @@ a restart.
   as the entry says; so ``VirtualHost.route`` finds it, and ``GroupClients.publish``
   forwards to it by ``x-ha-id`` like any copy of a group served elsewhere, a consume or
   get goes to its leader. A partition counts as *known* (``known``) only while the node's
-  metadata copy is valid (its primary's, or a caught-up backup's), the directory holds a
-  sync of it, and every stand-in of it is bound; otherwise ``GroupClients.check_route``
-  refuses (540) what the node cannot route completely, as before.
+  metadata copy is valid (its primary's, or a caught-up backup's) and the directory holds
+  a sync of it; otherwise ``GroupClients.check_route`` refuses (540) what the node cannot
+  route completely, as before. A node that gains a cell drops the partition's stand-ins
+  before its group starts (``PartitionedMember.group_adding``); one that loses its cell
+  gets them back at the next tick.
 """
 
 from __future__ import annotations
@@ -511,7 +513,7 @@ class StandIns:
         self.layer = layer
         self.held: dict[Key, tuple[Queue, DirectoryEntry]] = {}
         self.bound: dict[Key, set[BindingKey]] = {}
-        self.unbound: set[Key] = set()  # a binding's exchange is not here (yet)
+        self.unbound: set[Key] = set()  # a binding's exchange is not here (deleted since)
         self._groups: frozenset[int] = frozenset()
         self.made = 0
         self.removed = 0
@@ -529,11 +531,12 @@ class StandIns:
 
     def known(self, partition: int) -> bool:
         """Whether this node routes to partition ``partition``'s queues by the directory:
-        its copy valid, a sync of the partition in it, every stand-in of it bound."""
-        if partition not in self.layer.directory.synced or not self.valid():
-            return False
-        return not any(self.held[k][1].partition == partition for k in self.unbound
-                       if k in self.held)
+        its copy valid and a sync of the partition in it. (A binding whose exchange this
+        node's valid copy does not hold is to an exchange deleted since: the metadata log
+        holds an exchange's declaration before any ``qe`` naming a binding to it, as the
+        leader bound it only once its own copy held it. It routes nothing; it is skipped,
+        counted in ``unbound``, and tried again at each tick.)"""
+        return partition in self.layer.directory.synced and self.valid()
 
     # -- keeping them -------------------------------------------------------------------
 

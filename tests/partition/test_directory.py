@@ -484,3 +484,133 @@ def fence_scenario(net: Net) -> list[tuple[str, Any]]:
 def test_a_deposed_leaders_late_change_is_fenced_and_no_fence_is_caught() -> None:
     assert fence_scenario(started()) == []
     assert fence_scenario(started(Unsafe(no_fence=True))) != []
+
+
+# -- a seeded run: random declarations from any node, handovers, slow links ------------------
+
+
+POOL = [name_in(p, f"pool{i}") for p in range(P) for i in range(3)]
+
+
+class Step(Channel):
+    """One client method, checked as its answer is sent: the asking node routes as the
+    method left the queue (read-your-writes)."""
+
+    def __init__(self, net: Net, node: str, name: str, op: str, key: str,
+                 violations: list[str]) -> None:
+        super().__init__(net.vhost(node))
+        self.net, self.node, self.name, self.op, self.key = net, node, name, op, key
+        self.violations = violations
+
+    def reply_unblocked(self, method: Any) -> None:
+        super().reply_unblocked(method)
+        vhost = self.net.vhost(self.node)
+        by_name = [q.name for q in vhost.route(vhost.exchanges[""], message("", self.name, b""))]
+        by_key = [q.name for q in vhost.route(vhost.exchanges["amq.direct"],
+                                              message("amq.direct", self.key, b""))]
+        ok = {"declare": self.name in by_name, "delete": self.name not in by_name,
+              "bind": self.name in by_key, "unbind": self.name not in by_key}[self.op]
+        if not ok:
+            self.violations.append(f"{self.node} {self.op} {self.name} {self.key}: answered, "
+                                   f"not so on {self.node} (by name {by_name}, by key "
+                                   f"{by_key})")
+
+
+def seeded_run(seed: int, steps: int = 60,
+               unsafe: Unsafe | None = None) -> tuple[list[str], dict[str, int]]:
+    """Random declares, binds, unbinds and deletes of a pool of queue names (one method
+    under way per name) from random nodes, handovers of random partitions, the directory
+    requests of a random partition leader held back a while: (a) each answer ok holds on
+    the asking node as it is sent; (b) once calm, every node's directory is what the
+    partitions' leaders hold and every node outside a partition routes to its queues by
+    name and by binding as the leader does."""
+    import random
+
+    rng = random.Random(seed)
+    net = started(unsafe)
+    violations: list[str] = []
+    busy: dict[str, Step] = {}
+    counts = {"ok": 0, "refused": 0, "handovers": 0, "holds": 0}
+    names = list(net.sim.names)
+    held_until = 0
+    for i in range(steps):
+        for name, step in list(busy.items()):
+            if step.sent or step.conn.failed:
+                counts["ok" if step.sent else "refused"] += 1
+                if step.conn.failed:
+                    code = f"refused {step.conn.failed[0][0]}"
+                    counts[code] = counts.get(code, 0) + 1
+                del busy[name]
+        roll = rng.random()
+        if roll < 0.06:
+            p = rng.randrange(P)
+            leader = net.leader(p)
+            target = rng.choice([n for n in net.sim.table.voting(p) if n != leader])
+            net.sim.promote_group(net.sim.node(leader), group_of(p), target)
+            counts["handovers"] += 1
+        elif roll < 0.12 and not net.held and held_until <= i:
+            slow, coordinator = net.leader(rng.randrange(P)), net.leader(-1)
+            net.hold = lambda src, dst, packet, slow=slow, to=coordinator: \
+                src == slow and dst == to and getattr(packet, "op", "") == UPDATE
+            held_until = i + rng.randint(2, 8)
+            counts["holds"] += 1
+        else:
+            free = [n for n in POOL if n not in busy]
+            name = rng.choice(free)
+            node = rng.choice(names)
+            op = rng.choice(["declare", "declare", "bind", "unbind", "delete"])
+            key = f"k{rng.randrange(3)}"
+            step = Step(net, node, name, op, key, violations)
+            method: Any = {
+                "declare": commands.Queue.Declare(queue=name, durable=True),
+                "delete": commands.Queue.Delete(queue=name),
+                "bind": commands.Queue.Bind(queue=name, exchange="amq.direct", routing_key=key),
+                "unbind": commands.Queue.Unbind(queue=name, exchange="amq.direct",
+                                                routing_key=key)}[op]
+            p = net.sim.node(node).ha.placement
+            assert p is not None
+            net.decl[node].queue_method(step, group_of(p.of_name("/", name, None)), method,
+                                        name)
+            busy[name] = step
+        if held_until <= i and net.held:
+            net.release()
+        net.pump(rng.randint(1, 3))
+    net.release()
+    net.pump(int(3 / 0.05))
+    counts["ok"] += sum(1 for s in busy.values() if s.sent)
+    violations += [f"stale {key} on {node}" for node, key in stale(net)]
+    for p in range(P):
+        leader = net.vhost(net.leader(p))
+        for name in POOL:
+            q = leader.queues.get(name)
+            if q is None or net.sim.node(net.leader(p)).ha.placement.partition(q) != p:
+                continue
+            keys = sorted(b.routing_key for b in leader.exchanges["amq.direct"].bindings.values()
+                          if b.destination is q)
+            for node in names:
+                vhost = net.vhost(node)
+                here = vhost.queues.get(name)
+                if here is None or here.arguments.get(HA_ID) != q.arguments.get(HA_ID):
+                    violations.append(f"{name} (partition {p}) not routable on {node}")
+                    continue
+                routed = sorted(k for k in ("k0", "k1", "k2") if here in vhost.route(
+                    vhost.exchanges["amq.direct"], message("amq.direct", k, b"")))
+                if routed != keys:
+                    violations.append(f"{name} bound by {routed} on {node}, {keys} on its "
+                                      "leader")
+    return violations, counts
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_seeded_declarations_handovers_and_slow_links_keep_every_node_routing(
+        seed: int) -> None:
+    violations, counts = seeded_run(seed)
+    assert violations == [], (violations[:5], counts)
+    assert counts["ok"] > 20 and counts["handovers"] + counts["holds"] > 0, counts
+
+
+def test_the_seeded_run_catches_answer_before_directory_and_no_fence() -> None:
+    violations, _ = seeded_run(0, unsafe=Unsafe(answer_before_directory=True))
+    assert any("answered, not so" in v for v in violations), violations[:3]
+    violations, _ = seeded_run(4, unsafe=Unsafe(no_fence=True))
+    assert any(v.startswith("stale") for v in violations), violations[:3]
