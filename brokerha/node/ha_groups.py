@@ -158,6 +158,7 @@ class GroupsNode(Shell):
         self.forwarding.notice_listeners.append(self.transactions.leader)
         self.clients.transactions = self.transactions
         self.clients.consuming = self.consuming
+        self.consuming.transactions = self.transactions  # its branches take hand-overs
         # declarations of queues and exchanges of groups this node does not serve, asked of
         # their leaders (stage 3's declarations, codes 50-51)
         self.declarations = NodeDeclarations(self.ha, origin, send=self._after_forwards,

@@ -78,6 +78,8 @@ from brokerha.partition.remote_consumer import (
 
 if TYPE_CHECKING:
     from brokerha.amqp.channel import Channel
+    from brokerha.partition.remote_consumer import BranchKey, Handed
+    from brokerha.partition.transactions import NodeTransactions
 
 log = logging.getLogger("brokerha.partition")
 
@@ -126,6 +128,30 @@ class StandIn:
             self.node.settle(held[1], REQUEUE)
 
 
+def stand_in_of(queue: Queue) -> StandIn | None:
+    """The stand-in a channel's delivery of ``queue`` was held under (None: a queue of this
+    node's broker): its hooks are the stand-in's."""
+    for hook in queue.hooks.requeued:
+        owner = getattr(hook, "__self__", None)
+        if isinstance(owner, StandIn):
+            return owner
+    return None
+
+
+class RemoteSettle:
+    """A remote delivery the channel acknowledged (``ACK``) or rejected (``REQUEUE``,
+    ``REJECT``) in a transaction: its stand-in, the channel's entry, what the host knows."""
+
+    __slots__ = ("stand_in", "entry", "delivery", "how")
+
+    def __init__(self, stand_in: StandIn, entry: Entry, delivery: RemoteDelivery,
+                 how: str) -> None:
+        self.stand_in = stand_in
+        self.entry = entry
+        self.delivery = delivery
+        self.how = how
+
+
 class RemoteSub:
     """A channel's consumer of a remote queue; ``waiting``: deliveries come while the
     channel's global prefetch (``basic.qos global``) was full, written as acks free it."""
@@ -152,6 +178,7 @@ class NodeConsuming:
         self.me = member.me
         self.paced = Paced(send, soon)  # a large delivery's parts spread over loop turns
         self._send = self.paced.send
+        self._send_now = send  # a hand-over: before the coordinator's prepares, not paced
         self._soon = soon
         self.clock = clock
         self.proxy = ConsumerProxy(origin)
@@ -160,6 +187,9 @@ class NodeConsuming:
         self.by_channel: dict[int, dict[str, int]] = {}  # id(channel) -> tag -> consumer id
         self.gets: dict[int, tuple[Channel, StandIn, bool]] = {}  # request -> channel ...
         self._flush_scheduled = False
+        # the node's transactions (the shell sets it): its served groups' branches take the
+        # entries a consumer's node hands over (None: a hand-over is requeued at once)
+        self.transactions: NodeTransactions | None = None
 
     # -- the channel's calls (GroupClients) ---------------------------------------------------
 
@@ -207,6 +237,57 @@ class NodeConsuming:
         self.proxy.settle([d], how)
         self._want_flush()
 
+    # -- a transaction's acks and rejects of remote deliveries (GroupClients.tx_commit) --------
+
+    @staticmethod
+    def remote_settles(accepts: list[tuple[Queue, Entry]],
+                       rejects: list[tuple[Queue, Entry, bool]]
+                       ) -> tuple[list[RemoteSettle], list[tuple[Queue, Entry]],
+                                  list[tuple[Queue, Entry, bool]]]:
+        """A transaction's acks and rejects split: those of remote deliveries (held by the
+        primary that delivered them), and the rest (this node's queues)."""
+        remote: list[RemoteSettle] = []
+        local_accepts: list[tuple[Queue, Entry]] = []
+        local_rejects: list[tuple[Queue, Entry, bool]] = []
+        for queue, entry in accepts:
+            stand_in = stand_in_of(queue)
+            held = None if stand_in is None else stand_in.held.get(id(entry))
+            if stand_in is None or held is None:
+                local_accepts.append((queue, entry))
+            else:
+                remote.append(RemoteSettle(stand_in, entry, held[1], ACK))
+        for queue, entry, requeue in rejects:
+            stand_in = stand_in_of(queue)
+            held = None if stand_in is None else stand_in.held.get(id(entry))
+            if stand_in is None or held is None:
+                local_rejects.append((queue, entry, requeue))
+            else:
+                remote.append(RemoteSettle(stand_in, entry, held[1],
+                                           REQUEUE if requeue else REJECT))
+        return remote, local_accepts, local_rejects
+
+    def hand_over(self, gtxid: str, remote: list[RemoteSettle]) -> None:
+        """Transaction ``gtxid`` is named, its prepares not sent yet: the channel lets go of
+        these deliveries (its stand-ins forget them: no settle of theirs follows) and each
+        primary that delivered them hands them to the transaction's branch there -- its
+        ``Settle`` sent now, ahead of the prepare on the same link (docs/ha.md "Clients
+        on any node", the transaction's hand-over)."""
+        by_how: dict[str, list[RemoteDelivery]] = {}
+        for r in remote:
+            if r.stand_in.held.pop(id(r.entry), None) is not None:
+                r.stand_in.queue.unacked -= 1
+            by_how.setdefault(r.how, []).append(r.delivery)
+        for how, deliveries in by_how.items():
+            for effect in self.proxy.hand_over(deliveries, how, gtxid):
+                if isinstance(effect, SendTo):
+                    if effect.node == self.me:  # in process, ahead of the prepare too
+                        self._soon(partial(self.on_packet, self.me, effect.packet))
+                    else:
+                        self._send_now(effect.node, effect.packet)
+
+    def handed_answered(self, remote: list[RemoteSettle], committed: bool) -> None:
+        self.proxy.handed_answered([r.delivery for r in remote], committed)
+
     def flush(self) -> None:
         self._flush_scheduled = False
         self.carry_out(self.proxy.flush())
@@ -236,7 +317,12 @@ class NodeConsuming:
         def soon() -> None:
             self._soon(lambda: self.carry_out(host.flush()))
 
-        host = ConsumerHost(group, epoch, queues, serving=serves, soon=soon)
+        def branches() -> dict[BranchKey, Entry] | None:
+            transactions = self.transactions
+            own = None if transactions is None else transactions.rules.get(group)
+            return None if own is None or own.epoch != epoch else own.txs.held
+
+        host = ConsumerHost(group, epoch, queues, serving=serves, soon=soon, branches=branches)
         self.hosts[group] = host
 
     def demoted(self, group: int) -> None:
@@ -257,8 +343,19 @@ class NodeConsuming:
     def tick(self) -> None:
         for host in list(self.hosts.values()):
             host.redispatch()
+            if host.handed:
+                host.release_handed(partial(self._decided, host.group, host.epoch))
         self._write_waiting()
         self._unanswered()
+
+    def _decided(self, group: int, epoch: int, gtxid: str, handed: Handed) -> bool:
+        """Whether transaction ``gtxid``'s branch here is past taking what was handed to it:
+        decided, or its rules (of this epoch) gone."""
+        transactions = self.transactions
+        own = None if transactions is None else transactions.rules.get(group)
+        if own is None or own.epoch != epoch or own.txs.held is not handed.branch:
+            return True
+        return own.txs.status(gtxid).decided
 
     def _unanswered(self) -> None:
         """A consume no leader answered within ``CONSUME_WAIT`` (none known, or each refused

@@ -64,6 +64,12 @@ from brokerha.partition.forward import MAX_BYTES, PART_BYTES, LeaderNotice
 from brokerha.seed_runner import UnsafeRules
 
 ACK, REQUEUE, REJECT = "ack", "requeue", "reject"  # a Settle's ``how``
+# a Settle's ``how`` that hands the positions to a transaction's branch on this primary:
+# ``tx:<ack|requeue|reject>:<gtxid>`` (``hand_how``)
+HAND = "tx:"
+# what a branch takes a handed entry by: (vhost, queue name, position), as
+# ``xtx_broker.BrokerTransactions.held``
+BranchKey = tuple[str, str, int]
 GETTER = 0  # the consumer id under which a proxy's basic.get deliveries are held
 NOT_FOUND = "not-found"            # the queue is not held by the primary (another incarnation)
 ACCESS_REFUSED = "access-refused"  # an exclusive consumer rules it out (403)
@@ -84,6 +90,12 @@ class Unsafe(UnsafeRules):
     # the proxy does not name, when it attaches again, what it held of an earlier attachment:
     # a new primary delivers those messages again without their redelivered flag
     no_redelivered_mark: bool = False
+    # the host hands a transaction's positions to its branch and keeps holding them too: a
+    # lost link or a close requeues what the branch also settles or requeues
+    hand_over_kept: bool = False
+    # the proxy forgets a handed position at once, not when the commit is answered: a
+    # failover before the commit delivers it again without its flag
+    hand_over_forgotten: bool = False
 
 
 # -- packets --------------------------------------------------------------------------------
@@ -326,6 +338,20 @@ Effect = (SendTo | SendWhenDurable | Delivered | GetAnswer | Cancelled | SettleA
           | ConsumeAnswered)
 
 
+def hand_how(how: str, gtxid: str) -> str:
+    """The ``how`` of a ``Settle`` handing positions to transaction ``gtxid``'s branch,
+    settled there as ``how`` (``ACK``, ``REQUEUE``, ``REJECT``) at its commit."""
+    return f"{HAND}{how}:{gtxid}"
+
+
+def handed_how(how: str) -> tuple[str, str] | None:
+    """``(how, gtxid)`` of a hand-over's ``how`` (None: an ordinary settle)."""
+    if not how.startswith(HAND):
+        return None
+    kind, _, gtxid = how[len(HAND):].partition(":")
+    return (kind, gtxid) if kind in (ACK, REQUEUE, REJECT) and gtxid else None
+
+
 def wire_delivery(entry: Entry) -> list[Any]:
     m = entry.message
     return [entry.position, entry.redelivered, m.exchange, m.routing_key, m.header, m.body]
@@ -363,6 +389,8 @@ class HostStats:
     settled: int = 0      # acks and rejects applied
     requeued: int = 0     # nacks with requeue applied
     released: int = 0     # held messages requeued: a close, a lost link, a re-attach, the end
+    handed: int = 0       # held messages handed to a transaction's branch
+    handed_back: int = 0  # ... that no branch took, requeued here
     stale: int = 0        # packets of another attachment or epoch, dropped
     gets: int = 0         # Get answered with a message
     marked: int = 0       # positions a re-attach named, found ready and marked redelivered
@@ -416,16 +444,31 @@ class RemoteConsumer(Holder):
         self.host.consumer_gone(self, CANCELLED, f"queue {self.ha_id} deleted")
 
 
+@dataclass
+class Handed:
+    """Entries a consumer's node handed to transaction ``gtxid``'s branch: put in ``branch``
+    (the branch's rules' ``held``, which its prepare takes them from) and released -- those
+    still there requeued -- when the transaction is decided here, the link to ``node`` is
+    lost, or the role ends."""
+
+    node: str
+    branch: dict[BranchKey, Entry]
+    entries: list[tuple[BranchKey, Queue, Entry]] = field(default_factory=list)
+
+
 class ConsumerHost:
     """A group primary's remote consumers, for one epoch of its role."""
 
     def __init__(self, group: int, epoch: int, queues: QueueLookup, *,
                  serving: Callable[[], bool] = lambda: True,
                  soon: Callable[[], None] = lambda: None, unsafe: Unsafe = Unsafe(),
-                 part_bytes: int = PART_BYTES, max_bytes: int = MAX_BYTES) -> None:
+                 part_bytes: int = PART_BYTES, max_bytes: int = MAX_BYTES,
+                 branches: Callable[[], dict[BranchKey, Entry] | None] = lambda: None) -> None:
         """``serving``: whether the group's member serves now (its term and lease: a host
         whose role lapsed hands out nothing); ``soon``: schedule ``flush`` at the end of
-        this loop turn (called once per turn that has something to send)."""
+        this loop turn (called once per turn that has something to send); ``branches``:
+        where this group's transaction branches (of this epoch) take handed entries from
+        (None: no branch here, a hand-over is requeued at once)."""
         self.group = group
         self.part_bytes = part_bytes
         self.max_bytes = max_bytes
@@ -438,6 +481,8 @@ class ConsumerHost:
         self.outbox: list[Effect] = []
         self._flushing: dict[int, RemoteConsumer] = {}
         self._scheduled = False
+        self.branches = branches
+        self.handed: dict[str, Handed] = {}  # gtxid -> what was handed to its branch
         self.stats = HostStats()
 
     # -- inputs -------------------------------------------------------------------------------
@@ -505,7 +550,32 @@ class ConsumerHost:
             if holder.node == node:
                 del self.holders[key]
                 self._detach(holder, requeue=not self.unsafe.no_requeue_on_link_loss)
+        # its transactions' coordinator may be gone: what no branch took comes back (a
+        # prepare arriving later finds it no longer held, a no)
+        self.release_handed(lambda gtxid, handed: handed.node == node)
         return self._take_outbox()
+
+    def release_handed(self, done: Callable[[str, Handed], bool]) -> None:
+        """Requeue the entries handed to the branches of the transactions ``done`` says are
+        over here (decided, or their coordinator's link lost) that no branch took; forget
+        those every entry of which a branch took."""
+        queues: dict[int, Queue] = {}
+        for gtxid, handed in list(self.handed.items()):
+            over = done(gtxid, handed)
+            left = [(key, queue, entry) for key, queue, entry in handed.entries
+                    if handed.branch.get(key) is entry]
+            if not over and left:
+                continue
+            del self.handed[gtxid]
+            for key, queue, entry in reversed(left):
+                del handed.branch[key]
+                if not queue.deleted:
+                    queue.requeue(entry)
+                    queues[id(queue)] = queue
+                self.stats.handed_back += 1
+        for queue in queues.values():
+            if queue.consumers and queue.message_count:
+                queue.dispatch()
 
     def redispatch(self) -> None:
         """The queues of its consumers offer again what they hold (the shell's tick: a
@@ -523,6 +593,7 @@ class ConsumerHost:
         holders, self.holders = list(self.holders.values()), {}
         for holder in holders:
             self._detach(holder, requeue=True)
+        self.release_handed(lambda gtxid, handed: True)
         self.outbox.clear()
         self._flushing.clear()
 
@@ -589,7 +660,13 @@ class ConsumerHost:
 
     def _settle(self, packet: Settle) -> None:
         holder = self._current(packet.origin, packet.consumer, packet.attach, packet.epoch)
-        if holder is None or packet.how not in (ACK, REQUEUE, REJECT):
+        if holder is None:
+            return
+        hand = handed_how(packet.how)
+        if hand is not None:
+            self._hand_over(holder, packet, hand[1])
+            return
+        if packet.how not in (ACK, REQUEUE, REJECT):
             return
         done: list[int] = []
         queues: dict[int, Queue] = {}
@@ -618,6 +695,43 @@ class ConsumerHost:
             self.outbox.append(answer if self.unsafe.ack_before_durable
                                else SendWhenDurable(self.group, answer))
         for queue in queues.values():
+            if queue.consumers and queue.message_count:
+                queue.dispatch()
+
+    def _hand_over(self, holder: Holder, packet: Settle, gtxid: str) -> None:
+        """The client's channel acknowledged (rejected) these positions in a transaction
+        across partitions: they leave the consumer's hold for the transaction's branch here,
+        which takes them at its prepare (by name and position) and settles them at its
+        commit (requeues them at its rollback); no branch of this epoch: requeued at once.
+        Only entries of the queue as it is now are handed (a queue declared again since:
+        left held, the branch's prepare misses them, a no)."""
+        branch = self.branches()
+        handed = self.handed.get(gtxid)
+        if branch is not None and handed is None:
+            handed = self.handed[gtxid] = Handed(holder.node, branch)
+        queues: dict[int, Queue] = {}
+        for position in packet.positions:
+            held = holder.held.get((packet.queue, position))
+            if held is None:
+                continue
+            queue, entry = held
+            current = self.queues.queue(packet.vhost, packet.queue)
+            if current is not queue:
+                continue
+            if not self.unsafe.hand_over_kept:
+                del holder.held[(packet.queue, position)]
+            queues[id(queue)] = queue
+            if handed is None:  # no branch here: as a nack with requeue
+                queue.requeue(entry)
+                self.stats.handed_back += 1
+                continue
+            key = (queue.vhost, queue.name, position)
+            handed.branch[key] = entry
+            handed.entries.append((key, queue, entry))
+            self.stats.handed += 1
+        if isinstance(holder, RemoteConsumer) and holder.cancelled and not holder.held:
+            self.holders.pop((holder.origin, holder.consumer), None)
+        for queue in queues.values():  # the consumer's credit came back
             if queue.consumers and queue.message_count:
                 queue.dispatch()
 
@@ -761,6 +875,7 @@ class ProxyStats:
     parts: int = 0         # DeliverParts taken (large bodies) ...
     parts_lost: int = 0    # ... or not following the part before: that body dropped
     incomplete: int = 0    # deliveries whose body in parts was not whole: sent back (requeue)
+    handed: int = 0        # positions handed to a transaction's branch (tx.commit)
 
 
 class ConsumerProxy:
@@ -850,6 +965,62 @@ class ConsumerProxy:
         self.stats.gets += 1
         return request, [SendTo(leader[0], Get(group, leader[1], self.origin, request,
                                                lane.attach, vhost, queue, no_ack))]
+
+    def hand_over(self, deliveries: Iterable[RemoteDelivery], how: str,
+                  gtxid: str) -> list[Effect]:
+        """The channel's tx.commit across partitions acknowledged (``ACK``) or rejected
+        (``REQUEUE``, ``REJECT``) these deliveries: one ``Settle`` per consumer and queue
+        handing them to transaction ``gtxid``'s branch on the primary that delivered them,
+        sent now -- before the coordinator's prepares, on the same link -- not at
+        ``flush``. A delivery of an earlier attachment is not handed (its message comes
+        again, flagged; the branch's prepare misses it: a no). The positions stay named
+        for the next attach until ``handed_answered`` says the commit took them."""
+        by: dict[tuple[int, int, str, str], list[int]] = {}
+        at: dict[tuple[int, int, str, str], tuple[str, int, int]] = {}
+        for d in deliveries:
+            target = self._current_of(d)
+            if target is None:
+                self.stats.stale_settles += 1
+                continue
+            key = (d.group, d.consumer, d.vhost, d.queue)
+            by.setdefault(key, []).append(d.position)
+            at[key] = target
+            if self.unsafe.hand_over_forgotten and d.consumer != GETTER:
+                sub = self.subs.get(d.consumer)
+                if sub is not None:
+                    sub.held.pop(d.position, None)
+        out: list[Effect] = []
+        for (group, consumer, vhost, queue), positions in by.items():
+            node, epoch, attach = at[(group, consumer, vhost, queue)]
+            self.stats.handed += len(positions)
+            out.append(SendTo(node, Settle(group, epoch, self.origin, consumer, attach, vhost,
+                                           queue, positions, hand_how(how, gtxid))))
+        return out
+
+    def handed_answered(self, deliveries: Iterable[RemoteDelivery], committed: bool) -> None:
+        """The transaction the deliveries were handed to is answered: committed, its
+        branches settled them durably (no primary delivers them again); otherwise they
+        come again and stay named (flagged at a re-attach)."""
+        if not committed:
+            return
+        for d in deliveries:
+            sub = self.subs.get(d.consumer) if d.consumer != GETTER else None
+            if sub is not None and sub.held.get(d.position) == d.attach:
+                del sub.held[d.position]
+
+    def _current_of(self, d: RemoteDelivery) -> tuple[str, int, int] | None:
+        """Where a delivery's settle goes (node, epoch, attach): None if not of the
+        current attachment."""
+        if d.consumer == GETTER:
+            lane = self.lanes.get(d.group)
+            if lane is None or lane.node is None or (lane.attach, lane.epoch) != \
+                    (d.attach, d.epoch):
+                return None
+            return lane.node, lane.epoch, lane.attach
+        sub = self.subs.get(d.consumer)
+        if sub is None or sub.node is None or (sub.attach, sub.epoch) != (d.attach, d.epoch):
+            return None
+        return sub.node, sub.epoch, sub.attach
 
     @property
     def pending(self) -> bool:

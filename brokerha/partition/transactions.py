@@ -128,14 +128,16 @@ _KIND = {kind: i for i, kind in enumerate(KINDS)}
 def _op_wire(op: XOp) -> list[Any]:
     if isinstance(op, ForwardMessage):
         return [0, op.vhost, list(op.queues), op.exchange, op.routing_key, op.header, op.body]
-    return [1, op.vhost, op.queue, list(op.positions)]
+    # a reject's (or nack's) ``how`` after the positions; an ack's left out, as before
+    return [1, op.vhost, op.queue, list(op.positions), *([op.how] if op.how != "ack" else [])]
 
 
 def _op_from(raw: Sequence[Any]) -> XOp:
     if int(raw[0]) == 0:
         return ForwardMessage.from_wire(list(raw[1:7]))
-    _, vhost, queue, positions = raw
-    return XDequeue(str(vhost), str(queue), tuple(int(n) for n in positions))
+    _, vhost, queue, positions, *how = raw
+    return XDequeue(str(vhost), str(queue), tuple(int(n) for n in positions),
+                    str(how[0]) if how else "ack")
 
 
 def encode(p: Packet | Query) -> tuple[int, list[Any]]:
@@ -263,7 +265,9 @@ class NodeTransactions:
     # -- the channel's side (GroupClients.tx_commit) ---------------------------------------
 
     def commit(self, branches: Mapping[int, Sequence[XOp]], answer: Answered,
-               acked: Mapping[int, Acked] | None = None, *, xa: str | None = None) -> str:
+               acked: Mapping[int, Acked] | None = None, *, xa: str | None = None,
+               rejected: Mapping[int, Sequence[tuple[Queue, Entry, bool]]] | None = None,
+               hand_over: Callable[[str], None] | None = None) -> str:
         """Commit ``branches`` (partition -> its ops) across their partitions; ``answer
         (committed, reason)`` once the coordinator has its ``Answer``. ``acked``: per
         group this node serves, the entries the client acknowledged (acquired by its
@@ -271,29 +275,42 @@ class NodeTransactions:
         here), which holds them from its prepare (requeued by its rollback); those no
         branch took when the answer comes are requeued here. ``xa``: an XA prepare of the
         TM's xid (its key): ``answer(True, "")`` once every branch prepared and the decider
-        holds it for the TM (``XA_OK``), ``answer(False, why)`` once rolled back."""
+        holds it for the TM (``XA_OK``), ``answer(False, why)`` once rolled back.
+        ``rejected``: as ``acked``, the entries the client rejected or nacked (requeue or
+        not), settled so by the branch at its commit. ``hand_over(gtxid)``: called once the
+        commit is named, before any prepare is sent (a remote consumer's node hands what
+        the client settled to the branches on the primaries that delivered it, on the same
+        links: ``partition/consuming.py``)."""
         if self.coordinator is None:
             raise NotImplementedByBroker(
                 f"a transaction across partitions on node {self.me}: its name is too long "
                 f"for a transaction id (at most {MAX_NODE_NAME - 7} bytes)")
         acked = acked or {}
-        for group in acked:
+        rejected = rejected or {}
+        for group in [*acked, *rejected]:
             if group not in self.rules:  # checked first: nothing handed over if refused
                 raise NotImplementedByBroker(f"acknowledgements of group {group}'s messages "
                                              "in a transaction: this node does not lead it")
         ops = {p: list(o) for p, o in branches.items()}
         handed: list[tuple[BrokerTransactions, Held, Queue]] = []
-        for group, entries in acked.items():
+        settled = {g: [(q, e, "ack") for q, e in entries] for g, entries in acked.items()}
+        for group, rejects in rejected.items():
+            settled.setdefault(group, []).extend(
+                (q, e, "requeue" if requeue else "reject") for q, e, requeue in rejects)
+        for group, entries_how in settled.items():
             own = self.rules[group]
-            positions: dict[tuple[str, str], list[int]] = {}
-            for queue, entry in entries:
+            positions: dict[tuple[str, str, str], list[int]] = {}
+            for queue, entry, how in entries_how:
                 key = (queue.vhost, queue.name, entry.position)
                 own.txs.held[key] = entry
                 handed.append((own.txs, key, queue))
-                positions.setdefault((queue.vhost, queue.name), []).append(entry.position)
+                positions.setdefault((queue.vhost, queue.name, how), []).append(entry.position)
             ops.setdefault(group - 1, []).extend(
-                XDequeue(vhost, name, tuple(ns)) for (vhost, name), ns in positions.items())
+                XDequeue(vhost, name, tuple(ns), how)
+                for (vhost, name, how), ns in positions.items())
         gtxid, effects = self.coordinator.begin(self.wall(), ops, xa=xa)
+        if hand_over is not None:
+            hand_over(gtxid)
         self.answers[gtxid] = answer
         if xa is not None:
             self._xa_prepares[gtxid] = xa

@@ -122,11 +122,14 @@ class Status(enum.Enum):
 
 @dataclass(frozen=True)
 class XDequeue:
-    """Entries the branch dequeues, by position (a remote consumer's acknowledgements)."""
+    """Entries the branch dequeues, by position (a consumer's acknowledgements), or with
+    ``how`` ``requeue`` / ``reject`` its basic.reject/nack: requeued, or rejected (dead-
+    lettered) at the commit; either way back to the queue at a rollback."""
 
     vhost: str
     queue: str
     positions: tuple[int, ...]
+    how: str = "ack"  # "ack", "requeue", "reject" (remote_consumer.ACK, REQUEUE, REJECT)
 
 
 XOp = ForwardMessage | XDequeue

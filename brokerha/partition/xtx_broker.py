@@ -147,8 +147,10 @@ class BrokerTransactions:
                 continue
             taken = [(queue, self.held.pop(k)) for k in keys if k in self.held]
             missing |= len(taken) != len(keys)
-            if taken:
+            if taken and op.how == "ack":
                 work.accept(taken, [])
+            elif taken:  # a reject or nack: requeued, or rejected (dead-lettered), at commit
+                work.reject(taken, op.how == "requeue")
         dtx.end(xid, self._owner, fail=missing)
         outcome: list[XA] = []
 

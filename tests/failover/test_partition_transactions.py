@@ -136,8 +136,11 @@ def test_acknowledging_in_a_transaction_across_partitions() -> None:
     """A message of A's queue got and acknowledged on A in a transaction that publishes
     to B's queue (consume, transform, publish): dequeued by A's branch, enqueued by B's,
     both or neither; the message then redelivered on a channel in tx mode and left
-    unacknowledged by a rollback. A message of B's queue got on A (a remote consumer's)
-    acknowledged in a transaction across partitions: refused 540, requeued on B."""
+    unacknowledged by a rollback. Messages of B's queue got and consumed on A (a remote
+    get's and a remote consumer's: B holds them) acknowledged, rejected and nacked in a
+    transaction publishing to C's queue: B's branch settles them at the commit (the ack
+    and the reject gone, the nack's requeued, flagged), C's enqueues (issue 35 task F;
+    was 540)."""
     with LocalCluster(3, options=OPTIONS) as cluster:
         layout, queues = setup(cluster)
         a, b, c = layout.a, layout.b, layout.c
@@ -162,21 +165,37 @@ def test_acknowledging_in_a_transaction_across_partitions() -> None:
         status = transactions(cluster, a)
         assert status["committed"] == 1 and status["refused"] == 0, status
         conn = connect(cluster, b)
-        conn.channel().basic_publish("", queues[b], b"b", props(9))
+        for i in (9, 10, 11, 12):
+            conn.channel().basic_publish("", queues[b], b"b", props(i))
         conn.close()
         conn = connect(cluster, a)
         ch = conn.channel()
         ch.tx_select()
-        method, _props, _body = ch.basic_get(queues[b])
-        assert method is not None
+        method, _props, _body = ch.basic_get(queues[b])  # 9: a remote get's, acked
+        assert method is not None and method.message_count == 3
         ch.basic_ack(method.delivery_tag)
+        ch.basic_qos(prefetch_count=3)
+        got: list[tuple[int, str, bool]] = []
+        ch.basic_consume(queues[b], lambda _c, m, p, _b: got.append(
+            (m.delivery_tag, str(p.message_id), m.redelivered)))
+        deadline = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+        assert [m for _, m, _ in got] == ["10", "11", "12"]
+        ch.basic_reject(got[0][0], requeue=False)  # 10: dropped at the commit (no DLX)
+        ch.basic_nack(got[1][0], requeue=True)     # 11: requeued at the commit
+        ch.basic_ack(got[2][0])                    # 12: acked
         ch.basic_publish("", queues[c], b"c", props(90))
-        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
-            ch.tx_commit()
-        assert closed.value.reply_code == 540, closed.value
-        assert "remote consumer" in closed.value.reply_text
-        assert until("B's message requeued", lambda: drain_ids(cluster, b, queues[b])) == ["9"]
-        assert drain_ids(cluster, c, queues[c]) == []
+        ch.tx_commit()
+        deadline = time.monotonic() + 10  # 11 comes again to the consumer, flagged
+        while len(got) < 4 and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.1)
+        assert [(m, r) for _, m, r in got[3:]] == [("11", True)]
+        status = transactions(cluster, a)
+        conn.close()  # 11 requeued with the channel
+        assert until("B's queue settled", lambda: drain_ids(cluster, b, queues[b])) == ["11"]
+        assert drain_ids(cluster, c, queues[c]) == ["90"]
+        assert status["committed"] == 2 and status["refused"] == 0, status
         until("nothing held prepared", lambda: settled(cluster, [a, b, c]))
 
 
@@ -184,8 +203,9 @@ def test_a_refused_commit_gives_its_acknowledged_messages_back(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A holds its XDecide past the resolve timeout: the decider rolls its own branch back
     (rule b), the other asks and rolls back, the late decision is refused: the channel is
-    closed 406; the message A's branch dequeued is back on A's queue once, B's queue holds
-    nothing."""
+    closed 406; the message A's branch dequeued is back on A's queue once, and so is the one
+    of B's queue A's client got remotely and acknowledged in it (B's host handed it to B's
+    branch); B's queue holds nothing else."""
     monkeypatch.setenv("BROKERHA_XTX_HOLD", "decide=4")
     with LocalCluster(3, options=OPTIONS) as cluster:
         layout, queues = setup(cluster)
@@ -193,8 +213,15 @@ def test_a_refused_commit_gives_its_acknowledged_messages_back(
         conn = connect(cluster, a)
         ch = conn.channel()
         ch.basic_publish("", queues[a], b"a", props(5))
+        ch.basic_publish("", queues[b], b"b", props(6))
         ch.tx_select()
         method, _props, _body = ch.basic_get(queues[a])
+        assert method is not None
+        ch.basic_ack(method.delivery_tag)
+        method = None
+        deadline = time.monotonic() + 10  # (the publish forwarded to B first)
+        while method is None and time.monotonic() < deadline:
+            method, _props, _body = ch.basic_get(queues[b])  # a remote get's, acked
         assert method is not None
         ch.basic_ack(method.delivery_tag)
         ch.basic_publish("", queues[b], b"b", props(50))
@@ -204,7 +231,7 @@ def test_a_refused_commit_gives_its_acknowledged_messages_back(
         assert "rolled it back" in closed.value.reply_text, closed.value
         conn.close()
         assert drain_ids(cluster, a, queues[a]) == ["5"]
-        assert drain_ids(cluster, b, queues[b]) == []
+        assert until("B's message back", lambda: drain_ids(cluster, b, queues[b])) == ["6"]
         until("nothing held prepared", lambda: settled(cluster, [a, b, layout.c]))
 
 

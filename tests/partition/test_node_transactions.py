@@ -71,6 +71,15 @@ def test_a_packet_crosses_the_link_unchanged(packet: Packet | Query) -> None:
         assert packet.branch.ops[1] == XDequeue("/", "q", (4, 9))
 
 
+def test_a_reject_s_dequeue_carries_its_how_and_an_ack_s_wire_is_as_before() -> None:
+    ops = (XDequeue("/", "q", (4,)), XDequeue("/", "q", (5,), "requeue"),
+           XDequeue("/", "q", (6,), "reject"))
+    prepare = XPrepare(XBranch(GTXID, 2, 0, (0, 2), "n1.0123456789ab", ops))
+    kind, args = encode(prepare)
+    assert args[-1][0] == [1, "/", "q", [4]]  # an ack's: four fields, as before
+    assert decode(kind, args) == prepare
+
+
 def test_a_malformed_packet_raises() -> None:
     kind, args = encode(XDecided(GTXID, "committed"))
     with pytest.raises(TypeError):

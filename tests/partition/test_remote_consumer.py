@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from brokerha.broker.broker import Broker
+from brokerha.broker.message import Entry
 from brokerha.broker.queue import Queue
 from brokerha.cluster.messages import ErrorCode
 from brokerha.cluster.replication import HA_ID
@@ -21,6 +22,7 @@ from brokerha.partition.remote_consumer import (
     REJECT,
     REQUEUE,
     UNAVAILABLE,
+    BranchKey,
     Cancelled,
     Consume,
     ConsumeAnswered,
@@ -40,6 +42,8 @@ from brokerha.partition.remote_consumer import (
     SettleAnswered,
     Settled,
     Unsafe,
+    hand_how,
+    handed_how,
 )
 
 GROUP = 1
@@ -577,3 +581,97 @@ def test_the_cluster_links_codec_carries_the_parts() -> None:
     codec = PacketCodec()
     data = b"".join(codec.encode(i, p) for i, p in enumerate(packets))
     assert [p for _, p in PacketCodec().feed(data)] == packets
+
+
+# -- a transaction's acks and rejects handed to its branch (issue 35 task F) ------------------
+
+
+def handing(bodies: Sequence[bytes] = (b"m1", b"m2", b"m3")) -> tuple[
+        Cluster, Queue, ConsumerHost, dict[BranchKey, Entry]]:
+    broker, q = primary(bodies)
+    branch: dict[BranchKey, Entry] = {}
+    host = ConsumerHost(GROUP, 1, BrokerForwardLog(broker, GROUP, lambda q: True),
+                        branches=lambda: branch)
+    c = Cluster({"p": host})
+    c.notice("p", 1)
+    return c, q, host, branch
+
+
+def test_a_hand_over_moves_what_the_consumer_held_to_the_branch_once() -> None:
+    c, q, host, branch = handing()
+    consumer = consume(c, prefetch=2)
+    held = c.delivered()
+    out = c.proxy.hand_over(held, ACK, "g1")
+    assert [e.packet.how for e in out if isinstance(e, SendTo) and
+            isinstance(e.packet, Settle)] == [hand_how(ACK, "g1")]
+    assert handed_how(hand_how(REJECT, "g-2")) == (REJECT, "g-2") and handed_how(ACK) is None
+    c.carry(out)
+    c.turn()
+    assert sorted(branch) == [("/", "q", 1), ("/", "q", 2)]
+    # the consumer's credit came back: the next message is delivered (and held)
+    assert [d.position for d in c.delivered()] == [3]
+    assert host.held() == 1 and host.stats.handed == 2
+    del branch[("/", "q", 1)]  # the branch's prepare took position 1
+    host.release_handed(lambda gtxid, h: True)  # decided: what it did not take comes back
+    assert host.handed == {} and host.stats.handed_back == 1
+    host.release_handed(lambda gtxid, h: True)  # once
+    c.turn()
+    assert [(d.position, d.redelivered) for d in c.delivered()] == [(2, True)]
+    assert q.message_count == 0 and host.stats.handed_back == 1
+    # the proxy keeps the positions named until the commit is answered
+    sub = c.proxy.subs[consumer]
+    assert set(sub.held) == {1, 2, 3}
+    c.proxy.handed_answered(held, committed=True)
+    assert set(sub.held) == {3}
+
+
+def test_a_refused_commit_keeps_the_positions_named_at_the_next_attach() -> None:
+    c, q, host, branch = handing()
+    consumer = consume(c, prefetch=2)
+    held = c.delivered()
+    c.carry(c.proxy.hand_over(held, REQUEUE, "g1"))
+    c.proxy.handed_answered(held, committed=False)
+    assert {1, 2} <= set(c.proxy.subs[consumer].held)
+
+
+def test_a_hand_over_not_taken_comes_back_at_a_lost_link_or_the_role_s_end() -> None:
+    c, q, host, branch = handing()
+    consume(c, prefetch=3)
+    held = c.delivered()
+    c.carry(c.proxy.hand_over(held[:2], ACK, "g1"))
+    host.release_handed(lambda gtxid, h: False)  # under way: kept for the branch
+    assert len(branch) == 2 and q.message_count == 0
+    host.link_lost("c")  # the coordinator's node (and the consumer's): all of it back
+    assert branch == {} and sorted(e.position for e in q.ready) == [1, 2, 3]
+    c2, q2, host2, branch2 = handing()
+    consume(c2, prefetch=3)
+    c2.carry(c2.proxy.hand_over(c2.delivered(), REJECT, "g2"))
+    host2.stop()
+    assert branch2 == {} and [e.position for e in q2.ready] == [1, 2, 3]
+
+
+def test_a_hand_over_with_no_branch_here_is_requeued_and_a_stale_one_is_not_handed() -> None:
+    broker, q = primary((b"m1", b"m2"))
+    host = ConsumerHost(GROUP, 1, BrokerForwardLog(broker, GROUP, lambda q: True))
+    c = Cluster({"p": host})
+    c.notice("p", 1)
+    consume(c, prefetch=1)
+    [d] = c.delivered()
+    c.carry(c.proxy.hand_over([d], ACK, "g1"))
+    assert host.stats.handed_back == 1 and host.held() == 1  # m1 again (requeued), flagged
+    [again] = c.delivered()
+    assert again.position == 1 and again.redelivered
+    c.notice("p", 2)  # a re-attach: the delivery of attachment 1 is stale
+    assert c.proxy.hand_over([again], ACK, "g2") == []
+
+
+def test_the_unsafe_hand_over_kept_leaves_it_held_too() -> None:
+    broker, q = primary((b"m1",))
+    branch: dict[BranchKey, Entry] = {}
+    host = ConsumerHost(GROUP, 1, BrokerForwardLog(broker, GROUP, lambda q: True),
+                        branches=lambda: branch, unsafe=Unsafe(hand_over_kept=True))
+    c = Cluster({"p": host})
+    c.notice("p", 1)
+    consume(c, prefetch=1)
+    c.carry(c.proxy.hand_over(c.delivered(), ACK, "g1"))
+    assert len(branch) == 1 and host.held() == 1  # both hold it: a close requeues it

@@ -143,6 +143,33 @@ def test_a_tombstone_requeues_what_the_branch_held_and_refuses_the_late_commit()
     asyncio.run(scenario())
 
 
+def test_a_branch_s_rejects_requeue_or_drop_at_its_commit_and_its_acks_dequeue() -> None:
+    """A consumer's ack, nack (requeue) and reject (no requeue) in a transaction across
+    partitions (issue 35 task F): the branch holds all three from its prepare; its commit
+    dequeues the ack's and the reject's, requeues the nack's, flagged."""
+    async def scenario() -> None:
+        parts = Partitions()
+        queue = parts.brokers[0].vhosts["/"].queues["q0"]
+        entries = []
+        for body in (b"ack!", b"nak!", b"rej!"):
+            queue.enqueue(Message("", "q0", build_header(4), body))
+            entry = queue.get()
+            assert entry is not None
+            entries.append(entry)
+            parts.rules[0].txs.held[("/", "q0", entry.position)] = entry  # type: ignore[attr-defined]
+        acked, nacked, rejected = (e.position for e in entries)
+        gtxid, effects = parts.coordinator.begin(parts.clock(), {0: [
+            XDequeue("/", "q0", (acked,)), XDequeue("/", "q0", (nacked,), "requeue"),
+            XDequeue("/", "q0", (rejected,), "reject")], 1: [message(1)]})
+        parts.carry(effects)
+        await settle()
+        assert parts.answers == [Answer(gtxid, True)]
+        again = queue.get()
+        assert again is entries[1] and again.redelivered and queue.get() is None
+        assert parts.count(1) == 1
+    asyncio.run(scenario())
+
+
 def test_a_prepared_branch_restored_from_the_store_is_in_doubt_and_asks() -> None:
     async def scenario() -> None:
         parts = Partitions()
