@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from brokerha.broker.content import build_header, decode_header
-from brokerha.broker.dtx import XA, DtxManager, XAError, Xid, xtx_partition
+from brokerha.broker.dtx import XA, XAError, XaResource, Xid, xtx_partition
 from brokerha.broker.errors import PreconditionFailed
 from brokerha.broker.message import Message
 
@@ -72,13 +72,14 @@ class Control:
     """One control request on one channel, answered once."""
 
     def __init__(self, ch: Channel, verb: str, request: dict[str, Any], reply_to: str,
-                 correlation_id: str | None) -> None:
+                 correlation_id: str | None, manager: XaResource | None = None) -> None:
         self.ch = ch
         self.verb = verb
         self.request = request
         self.reply_to = reply_to
         self.correlation_id = correlation_id
-        self.dtx: DtxManager = ch.conn.broker.dtx
+        # a partitioned node's resource manager (``partition/xa.py``), else the broker's
+        self.dtx: XaResource = manager if manager is not None else ch.conn.broker.dtx
 
     def flag(self, name: str) -> bool:
         return bool(self.request.get(name, False))
@@ -113,13 +114,27 @@ class Control:
         self.answer(code)
 
     def verb_rollback(self) -> None:
-        self.answer(self.dtx.rollback(parse_xid(self.request.get("xid"))))
+        result = self.dtx.rollback(parse_xid(self.request.get("xid")))
+        if isinstance(result, XA):
+            self.answer(result)
+        else:  # a partitioned node's transaction across partitions: its partitions finish it
+            self.wait(result, self.answer)
 
     def verb_forget(self) -> None:
         self.answer(self.dtx.forget(parse_xid(self.request.get("xid"))))
 
     def verb_recover(self) -> None:
-        self.answer(XA.OK, xids=[xid_json(x) for x in self.dtx.recover()])
+        result = self.dtx.recover()
+        if isinstance(result, list):
+            self.answer(XA.OK, xids=[xid_json(x) for x in result])
+            return
+
+        async def listed() -> XA:  # a partitioned node asks every partition's leader
+            self._xids = await result
+            return XA.OK
+
+        self.wait(listed(), lambda code: self.answer(code, xids=[xid_json(x)
+                                                                  for x in self._xids]))
 
     def verb_set_timeout(self) -> None:
         try:
@@ -150,6 +165,8 @@ class Control:
         xid = parse_xid(self.request.get("xid"))
         one_phase = self.flag("one_phase")
         self.wait(self.dtx.commit(xid, one_phase=one_phase), self.answer)
+
+    _xids: list[Xid] = []
 
     def wait(self, work: Awaitable[XA], then: Callable[[XA], None]) -> None:
         """Block the channel while ``work`` runs, then answer with its result."""
@@ -196,7 +213,10 @@ class Control:
         ch.conn.broker.after_durable(deliver)
 
 
-def handle_control(ch: Channel, verb: str, header: bytes, body: bytes) -> None:
+def handle_control(ch: Channel, verb: str, header: bytes, body: bytes,
+                   manager: XaResource | None = None) -> None:
+    """``manager``: a partitioned node's XA resource manager (``GroupGuard.
+    check_transactions``); None: the broker's ``DtxManager``."""
     try:
         props = decode_header(header).properties
     except (ValueError, OverflowError, OSError, struct.error, RecursionError) as exc:
@@ -209,7 +229,7 @@ def handle_control(ch: Channel, verb: str, header: bytes, body: bytes) -> None:
     except ValueError:
         request = None
     control = Control(ch, verb, request if isinstance(request, dict) else {},
-                      props.reply_to, props.correlation_id)
+                      props.reply_to, props.correlation_id, manager)
     if request is None or not isinstance(request, dict):
         control.answer(XA.ER_INVAL, "body must be a JSON object")
         return

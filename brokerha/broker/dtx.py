@@ -17,9 +17,9 @@ import asyncio
 import enum
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerha.broker.transaction import Transaction
 from brokerha.broker.tx_outcomes import group_of, in_group
@@ -151,6 +151,33 @@ class DtxBranch(Transaction):
 
 
 Persist = Callable[[DtxBranch, Callable[[], None]], None]
+
+
+class XaResource(Protocol):
+    """What the ``amq.dtx`` verbs (``amqp/dtx_control.py``) drive: a broker's
+    ``DtxManager``, or on a node running partition groups its ``partition/xa.py``
+    ``NodeXa``, whose ``rollback`` and ``recover`` may have to ask other nodes (an
+    awaitable then)."""
+
+    def start(self, xid: Xid, owner: object, *, join: bool = False,
+              resume: bool = False) -> DtxBranch: ...
+
+    def end(self, xid: Xid, owner: object, *, fail: bool = False,
+            suspend: bool = False) -> XA: ...
+
+    def prepare(self, xid: Xid) -> Awaitable[XA]: ...
+
+    def commit(self, xid: Xid, *, one_phase: bool = False) -> Awaitable[XA]: ...
+
+    def rollback(self, xid: Xid) -> XA | Awaitable[XA]: ...
+
+    def recover(self) -> list[Xid] | Awaitable[list[Xid]]: ...
+
+    def forget(self, xid: Xid) -> XA: ...
+
+    def set_timeout(self, xid: Xid, seconds: float) -> None: ...
+
+    def get_timeout(self, xid: Xid) -> float: ...
 
 
 class DtxManager:

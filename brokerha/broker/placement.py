@@ -26,6 +26,7 @@ from brokerha.broker.message import Message
 from brokerha.broker.queue import Queue
 
 if TYPE_CHECKING:
+    from brokerha.broker.dtx import XaResource
     from brokerha.broker.transaction import Transaction
 
 METADATA_GROUP = 0
@@ -149,8 +150,9 @@ class GroupGuard(Protocol):
     def check_configuration(self, client: object, what: str) -> None:
         """Raise ``NotLeader`` unless this node serves the metadata group now."""
 
-    def check_transactions(self) -> None:
-        """Raise (540): XA transactions are not served on this node."""
+    def check_transactions(self, client: object) -> XaResource:
+        """The XA resource manager of ``client``'s channels on this node (``partition/xa.py``:
+        a branch across partitions, docs/ha.md "XA over partitions"), or raise (540)."""
 
     def tx_commit(self, client: object, tx: Transaction,
                   answer: Callable[[bool, str], None]) -> Transaction | None:

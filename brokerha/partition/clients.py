@@ -48,9 +48,7 @@ queue's partition:
   queues are all of one group this node serves (or of none) is today's local
   TX, answered through that group's gate; any other is committed by the
   node's coordinator across the partitions' leaders (``partition/transactions.py``),
-  its acks, rejects and nacks settled by the partitions' branches -- a remote
-  consumer's handed to its primary's branch (``NodeConsuming.hand_over``). XA is
-  refused (540).
+  refused (540) if it acknowledges messages. XA is refused (540).
 """
 
 from __future__ import annotations
@@ -75,7 +73,7 @@ from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.forwarding import NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
 from brokerha.partition.transactions import XTX_MAX_BYTES, NodeTransactions
-from brokerha.partition.xtx import XDequeue, XOp
+from brokerha.partition.xtx import XOp
 
 
 class GroupClients:
@@ -459,30 +457,24 @@ class GroupClients:
         one group this node serves (or of none) -- or None: it spans partitions (or its
         partition is led elsewhere) and the node's coordinator commits it, ``answer
         (committed, reason)`` once every partition committed durably (or none did).
-        Its acknowledgements, rejects and nacks of messages of groups served here go to
-        those partitions' branches (``XDequeue``), and so do those of a remote consumer's
-        (or get's) deliveries, handed by the primary that delivered them to its branch
-        (``NodeConsuming.hand_over``); a transaction holding any of those goes through the
-        coordinator. Refused (540) before anything is done: one of a message of this node's
-        copy of a queue led elsewhere, an exclusive queue beside other partitions' queues."""
+        Its acknowledgements of messages of groups served here go to those partitions'
+        branches (``XDequeue``). Refused (540) before anything is done: one of a message
+        of a group led elsewhere (a remote consumer's), a reject or nack, an exclusive
+        queue beside other partitions' queues."""
         for queues, message in tx.publishes:  # before anything is committed
             self.check_route(queues[0].vhost if queues else "", message.exchange, queues)
         published = [q for queues, _ in tx.publishes for q in queues]
-        consuming = self.consuming
-        remote, accepts, rejects = NodeConsuming.remote_settles(tx.accepts, tx.rejects)
-        acked = [q for q, _ in accepts] + [q for q, _, _ in rejects]
+        acked = [q for q, _ in tx.accepts] + [q for q, _, _ in tx.rejects]
         groups: dict[int | None, list[Queue]] = {}
         for queue in published + acked:
             group = self.group_of_queue(queue.vhost, queue.name, queue.arguments,
                                         queue.exclusive_owner is not None)
             groups.setdefault(group, []).append(queue)
-        for r in remote:
-            groups.setdefault(r.delivery.group, [])
         partitioned = [g for g in groups if g is not None]
         forwarding = self.forwarding
         # a lane under way to a group served here: its publishes go that way too (their
         # order kept), but acknowledgements can only be committed here
-        if not remote and len(partitioned) <= 1 and all(self._serves(g) and (
+        if len(partitioned) <= 1 and all(self._serves(g) and (
                 forwarding is None or acked or not forwarding.under_way(g))
                 for g in partitioned):
             for group in partitioned:
@@ -493,25 +485,28 @@ class GroupClients:
         if transactions is None:
             raise NotImplementedByBroker("a transaction across partitions on this node (no "
                                          "coordinator)")
+        if tx.rejects:
+            raise NotImplementedByBroker(
+                "basic.reject or basic.nack in a transaction whose commit goes to other "
+                "partitions' leaders (its queues are in partitions "
+                f"{sorted(g - 1 for g in partitioned)}): reject outside the transaction")
         handed: dict[int, list[tuple[Queue, Entry]]] = {}
-        rejected: dict[int, list[tuple[Queue, Entry, bool]]] = {}
-        for queue, entry, requeue in [(q, e, None) for q, e in accepts] + rejects:
+        for queue, entry in tx.accepts:
             group = self.group_of_queue(queue.vhost, queue.name, queue.arguments,
                                         queue.exclusive_owner is not None)
             host = self.member.broker.vhosts.get(queue.vhost)
             if group is None or not self._serves(group) or host is None \
                     or host.queues.get(queue.name) is not queue:
                 raise NotImplementedByBroker(
-                    f"a transaction settling a message of queue '{queue.name}' (in "
+                    f"a transaction acknowledging a message of queue '{queue.name}' (in "
                     f"partition {'none' if group is None else group - 1}, not led by this "
-                    "node) whose commit goes to other partitions' leaders: settle it "
-                    "outside the transaction, or in one on the leader of its partition")
-            if requeue is None:
-                handed.setdefault(group, []).append((queue, entry))
-            else:
-                rejected.setdefault(group, []).append((queue, entry, requeue))
-        for queue in {id(q): q for q in acked}.values():
-            self.check_queue(client, queue.vhost, queue.name, queue.arguments, False)
+                    "node, or got through a remote consumer) whose commit goes to other "
+                    "partitions' leaders: acknowledge it outside the transaction, or in one "
+                    "on the leader of its partition")
+            handed.setdefault(group, []).append((queue, entry))
+        for entries in handed.values():
+            for queue in {id(q): q for q, _ in entries}.values():
+                self.check_queue(client, queue.vhost, queue.name, queue.arguments, False)
         if None in groups:
             raise NotImplementedByBroker("a transaction publishing to an exclusive queue and "
                                          "to queues of partitions led elsewhere")
@@ -537,30 +532,10 @@ class GroupClients:
             raise PreconditionFailed(f"a transaction of {size} bytes across partitions (at "
                                      f"most {XTX_MAX_BYTES}: one packet carries a partition's "
                                      "share): commit it in smaller transactions")
-        # a remote delivery's ack or reject: its partition's branch settles it, by position
-        by_queue: dict[tuple[int, str, str, str], list[int]] = {}
-        for r in remote:
-            d = r.delivery
-            by_queue.setdefault((d.group - 1, d.vhost, r.stand_in.queue.name, r.how),
-                                []).append(d.position)
-        for (partition, vhost, name, how), positions in by_queue.items():
-            branches.setdefault(partition, []).append(
-                XDequeue(vhost, name, tuple(positions), how))
         # nothing of it is applied here: the partitions' leaders apply it; the entries it
         # acknowledged stay acquired, handed to their partitions' branches
         tx.rollback()
-        if not remote or consuming is None:
-            transactions.commit(branches, answer, handed, rejected=rejected)
-            return None
-        holding = consuming
-
-        def answered(committed: bool, reason: str) -> None:
-            # committed: settled durably by the branches
-            holding.handed_answered(remote, committed)
-            answer(committed, reason)
-
-        transactions.commit(branches, answered, handed, rejected=rejected,
-                            hand_over=lambda gtxid: holding.hand_over(gtxid, remote))
+        transactions.commit(branches, answer, handed)
         return None
 
     def _serves(self, group: int) -> bool:

@@ -67,9 +67,8 @@ def publish_message(ch: Channel, publish: F.Publish, header: bytes, body: bytes)
         ch.writable_exchanges.add(name)
     groups = ch.conn.broker.groups
     if name == DTX_EXCHANGE:
-        if groups is not None:
-            groups.check_transactions()
-        handle_control(ch, publish.routing_key, header, body)
+        manager = groups.check_transactions(ch.conn) if groups is not None else None
+        handle_control(ch, publish.routing_key, header, body, manager)
         if ch.confirm is not None:  # a control message is confirmed like any publish
             ch.settle_confirm(ch.confirm.issue(), True)
         return
@@ -122,16 +121,16 @@ def _publish_grouped(ch: Channel, publish: F.Publish, groups: GroupGuard, queues
     """A publish on a node running partition groups (``Broker.groups``): the queues of
     groups it serves enqueued here, the others' forwarded to their leaders; the confirm
     once every target answered. In tx mode the publish is the channel's transaction's,
-    its commit decides where it goes (``GroupGuard.tx_commit``); XA is refused on such a
-    node (540, here and by the DTX control exchange)."""
-    if ch.dtx_branch is not None:
-        groups.check_transactions()
+    its commit decides where it goes (``GroupGuard.tx_commit``), and so in an XA branch its
+    prepare (``partition/xa.py``)."""
     if not queues and publish.mandatory:
         ch.send(F.unchecked(commands.Basic.Return, reply_code=C.NO_ROUTE, reply_text="NO_ROUTE",
                           exchange=publish.exchange, routing_key=publish.routing_key))
         ch.send_content(message.header, message.body)
-    if ch.tx_mode:
+    if ch.tx_mode or ch.dtx_branch is not None:
         ch.transaction().publish(queues, message)
+        if ch.confirm is not None and ch.dtx_branch is not None:  # accepted into the branch
+            ch.settle_confirm(ch.confirm.issue(), True)
         return
     confirm = ch.confirm
     if confirm is None:

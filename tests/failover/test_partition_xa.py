@@ -1,0 +1,113 @@
+"""XA (``amq.dtx``) across partitions on three real nodes (issue 35, docs/ha.md "XA over
+partitions").
+
+P = 3 over 3 nodes, one partition led by each (``test_partition_transactions.setup``). A
+pika client on A drives XA branches (``PikaXAResource``) publishing to B's and C's
+queues: prepared then committed, both queues hold the message; rolled back, neither; a
+one-phase commit is a TX across partitions; a branch on A's own partition stays today's
+local XA. A SIGKILLed right after ``prepare`` answered XA_OK: from B, ``recover`` lists
+the xid (after the resolve timeout: rule (c) kept it in doubt) and ``commit`` commits it
+on both queues.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from brokerha.client.dtx import XA_OK, PikaXAResource
+from brokerha.client.dtx.resources import XAException, Xid
+from brokerha.testing import LocalCluster
+from tests.failover.groups import OPTIONS, connect, drain_ids, props, until
+from tests.failover.test_partition_transactions import settled, setup, transactions
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def new_xid() -> Xid:
+    return Xid(1, uuid.uuid4().bytes, b"\x01")
+
+
+def branch(xa: PikaXAResource, ch: object, xid: Xid, queues: list[str], i: int) -> None:
+    """One message ``i`` to each of ``queues`` in branch ``xid``, ended."""
+    xa.start(xid)
+    for queue in queues:
+        ch.basic_publish("", queue, b"x", props(i))  # type: ignore[attr-defined]
+    xa.end(xid)
+
+
+def test_xa_branches_across_partitions_commit_and_roll_back_whole() -> None:
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout, queues = setup(cluster)
+        a, b, c = layout.a, layout.b, layout.c
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        xa = PikaXAResource(ch, timeout=20.0)
+        started = time.monotonic()
+        committed, rolled_back, one_phase = new_xid(), new_xid(), new_xid()
+        branch(xa, ch, committed, [queues[b], queues[c]], 1)
+        assert xa.prepare(committed) == XA_OK
+        assert xa.recover() == [committed]  # in doubt: the partitions' leaders list it
+        xa.commit(committed)
+        branch(xa, ch, rolled_back, [queues[b], queues[c]], 2)
+        assert xa.prepare(rolled_back) == XA_OK
+        xa.rollback(rolled_back)
+        branch(xa, ch, one_phase, [queues[b], queues[c]], 3)
+        xa.commit(one_phase, one_phase=True)  # a TX across partitions
+        local = new_xid()
+        branch(xa, ch, local, [queues[a]], 4)  # A's own partition: today's local XA
+        assert xa.prepare(local) == XA_OK
+        xa.commit(local)
+        took = time.monotonic() - started
+        assert xa.recover() == []
+        with pytest.raises(XAException) as unknown:
+            xa.commit(rolled_back)  # finished: no partition holds it
+        assert unknown.value.status == "XAER_NOTA"
+        status = transactions(cluster, a)
+        conn.close()
+        assert drain_ids(cluster, b, queues[b]) == ["1", "3"]
+        assert drain_ids(cluster, c, queues[c]) == ["1", "3"]
+        assert drain_ids(cluster, a, queues[a]) == ["4"]
+        assert status["xa_prepared"] == 2 and status["xa_finished"] == 2, status
+        until("nothing held prepared", lambda: settled(cluster, [a, b, c]))
+        print(f"4 XA branches (2 across partitions prepared, 1 one-phase, 1 local) in "
+              f"{took:.2f}s; coordinator {status}")
+
+
+def test_the_client_s_node_killed_after_prepare_the_tm_commits_from_another_node() -> None:
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout, queues = setup(cluster)
+        a, b, c = layout.a, layout.b, layout.c
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        xa = PikaXAResource(ch, timeout=20.0)
+        xid = new_xid()
+        branch(xa, ch, xid, [queues[b], queues[c]], 7)
+        assert xa.prepare(xid) == XA_OK
+        cluster.kill(a)
+        killed = time.monotonic()
+        other = connect(cluster, b)
+        och = other.channel()
+        tm = PikaXAResource(och, timeout=20.0)
+
+        def listed() -> list[Xid] | None:
+            try:
+                return tm.recover()
+            except XAException as exc:  # A's partition without a leader yet: XAER_RMFAIL
+                assert exc.status == "XAER_RMFAIL", exc
+                return None
+
+        found = until("recover answers from every partition", listed, timeout=30.0)
+        waited = time.monotonic() - killed
+        assert found == [xid]
+        assert waited > 2.0 or time.sleep(2.5 - waited) is None  # past the resolve timeout
+        assert tm.recover() == [xid]  # rule (c): still in doubt, not rolled back
+        tm.commit(xid)
+        other.close()
+        assert drain_ids(cluster, b, queues[b]) == ["7"]
+        assert drain_ids(cluster, c, queues[c]) == ["7"]
+        until("nothing held prepared", lambda: settled(cluster, [b, c]))
+        print(f"A killed after XA_OK; B's recover listed the xid {waited:.1f}s later; "
+              "committed on both queues")
