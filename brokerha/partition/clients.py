@@ -48,7 +48,9 @@ queue's partition:
   queues are all of one group this node serves (or of none) is today's local
   TX, answered through that group's gate; any other is committed by the
   node's coordinator across the partitions' leaders (``partition/transactions.py``),
-  refused (540) if it acknowledges messages. XA is refused (540).
+  its acks, rejects and nacks settled by the partitions' branches -- a remote
+  consumer's handed to its primary's branch (``NodeConsuming.hand_over``). XA is
+  refused (540).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.forwarding import NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
 from brokerha.partition.transactions import XTX_MAX_BYTES, NodeTransactions
-from brokerha.partition.xtx import XOp
+from brokerha.partition.xa import NodeXa
+from brokerha.partition.xtx import XDequeue, XOp
 
 
 class GroupClients:
@@ -444,37 +447,54 @@ class GroupClients:
         self._join(client, METADATA_GROUP, lambda: f"cannot {what}: the exchanges are the "
                                                    "metadata group's")
 
-    def check_transactions(self) -> None:
-        """XA (dtx.*, the DTX control exchange): refused (540) on a partitioned node."""
-        raise NotImplementedByBroker("XA transactions (dtx) on a node running partition "
-                                     "groups: a branch across partitions is not built (issue "
-                                     "35 stage 4 commits TX, tx.select, across partitions)")
+    def check_transactions(self, client: object) -> NodeXa:
+        """XA (dtx.*, the DTX control exchange) of ``client``'s channels: a branch in one
+        group served here is today's local XA, another goes across partitions
+        (``partition/xa.py``, docs/ha.md "XA over partitions"); refused (540) on a node
+        with no coordinator."""
+        if self.transactions is None:
+            raise NotImplementedByBroker("XA transactions (dtx) on this node running "
+                                         "partition groups: it has no transaction coordinator")
+        return NodeXa(self, client)
+
+    def serves_group(self, group: int) -> bool:
+        """Whether this node serves partition group ``group`` now."""
+        return self._serves(group)
 
     def tx_commit(self, client: object, tx: Transaction,
-                  answer: Callable[[bool, str], None]) -> Transaction | None:
+                  answer: Callable[[bool, str], None], *,
+                  xa: str | None = None) -> Transaction | None:
         """tx.commit of ``tx`` (docs/ha.md "Transactions across partitions"): the
         transaction to commit here as today's local TX -- every queue it touches is of
         one group this node serves (or of none) -- or None: it spans partitions (or its
         partition is led elsewhere) and the node's coordinator commits it, ``answer
         (committed, reason)`` once every partition committed durably (or none did).
-        Its acknowledgements of messages of groups served here go to those partitions'
-        branches (``XDequeue``). Refused (540) before anything is done: one of a message
-        of a group led elsewhere (a remote consumer's), a reject or nack, an exclusive
-        queue beside other partitions' queues."""
+        Its acknowledgements, rejects and nacks of messages of groups served here go to
+        those partitions' branches (``XDequeue``), and so do those of a remote consumer's
+        (or get's) deliveries, handed by the primary that delivered them to its branch
+        (``NodeConsuming.hand_over``); a transaction holding any of those goes through the
+        coordinator. Refused (540) before anything is done: one of a message of this node's
+        copy of a queue led elsewhere, an exclusive queue beside other partitions' queues.
+        ``xa``: an XA branch's prepare across
+        partitions (the TM's xid key, ``partition/xa.py``): held for the TM, not committed."""
         for queues, message in tx.publishes:  # before anything is committed
             self.check_route(queues[0].vhost if queues else "", message.exchange, queues)
         published = [q for queues, _ in tx.publishes for q in queues]
-        acked = [q for q, _ in tx.accepts] + [q for q, _, _ in tx.rejects]
+        consuming = self.consuming
+        remote, accepts, rejects = NodeConsuming.remote_settles(tx.accepts, tx.rejects)
+        acked = [q for q, _ in accepts] + [q for q, _, _ in rejects]
         groups: dict[int | None, list[Queue]] = {}
         for queue in published + acked:
             group = self.group_of_queue(queue.vhost, queue.name, queue.arguments,
                                         queue.exclusive_owner is not None)
             groups.setdefault(group, []).append(queue)
+        for r in remote:
+            groups.setdefault(r.delivery.group, [])
         partitioned = [g for g in groups if g is not None]
         forwarding = self.forwarding
         # a lane under way to a group served here: its publishes go that way too (their
         # order kept), but acknowledgements can only be committed here
-        if len(partitioned) <= 1 and all(self._serves(g) and (
+        if not remote and len(partitioned) <= 1 and all(self._serves(g) and (
                 forwarding is None or acked or not forwarding.under_way(g))
                 for g in partitioned):
             for group in partitioned:
@@ -485,28 +505,25 @@ class GroupClients:
         if transactions is None:
             raise NotImplementedByBroker("a transaction across partitions on this node (no "
                                          "coordinator)")
-        if tx.rejects:
-            raise NotImplementedByBroker(
-                "basic.reject or basic.nack in a transaction whose commit goes to other "
-                "partitions' leaders (its queues are in partitions "
-                f"{sorted(g - 1 for g in partitioned)}): reject outside the transaction")
         handed: dict[int, list[tuple[Queue, Entry]]] = {}
-        for queue, entry in tx.accepts:
+        rejected: dict[int, list[tuple[Queue, Entry, bool]]] = {}
+        for queue, entry, requeue in [(q, e, None) for q, e in accepts] + rejects:
             group = self.group_of_queue(queue.vhost, queue.name, queue.arguments,
                                         queue.exclusive_owner is not None)
             host = self.member.broker.vhosts.get(queue.vhost)
             if group is None or not self._serves(group) or host is None \
                     or host.queues.get(queue.name) is not queue:
                 raise NotImplementedByBroker(
-                    f"a transaction acknowledging a message of queue '{queue.name}' (in "
+                    f"a transaction settling a message of queue '{queue.name}' (in "
                     f"partition {'none' if group is None else group - 1}, not led by this "
-                    "node, or got through a remote consumer) whose commit goes to other "
-                    "partitions' leaders: acknowledge it outside the transaction, or in one "
-                    "on the leader of its partition")
-            handed.setdefault(group, []).append((queue, entry))
-        for entries in handed.values():
-            for queue in {id(q): q for q, _ in entries}.values():
-                self.check_queue(client, queue.vhost, queue.name, queue.arguments, False)
+                    "node) whose commit goes to other partitions' leaders: settle it "
+                    "outside the transaction, or in one on the leader of its partition")
+            if requeue is None:
+                handed.setdefault(group, []).append((queue, entry))
+            else:
+                rejected.setdefault(group, []).append((queue, entry, requeue))
+        for queue in {id(q): q for q in acked}.values():
+            self.check_queue(client, queue.vhost, queue.name, queue.arguments, False)
         if None in groups:
             raise NotImplementedByBroker("a transaction publishing to an exclusive queue and "
                                          "to queues of partitions led elsewhere")
@@ -532,10 +549,30 @@ class GroupClients:
             raise PreconditionFailed(f"a transaction of {size} bytes across partitions (at "
                                      f"most {XTX_MAX_BYTES}: one packet carries a partition's "
                                      "share): commit it in smaller transactions")
+        # a remote delivery's ack or reject: its partition's branch settles it, by position
+        by_queue: dict[tuple[int, str, str, str], list[int]] = {}
+        for r in remote:
+            d = r.delivery
+            by_queue.setdefault((d.group - 1, d.vhost, r.stand_in.queue.name, r.how),
+                                []).append(d.position)
+        for (partition, vhost, name, how), positions in by_queue.items():
+            branches.setdefault(partition, []).append(
+                XDequeue(vhost, name, tuple(positions), how))
         # nothing of it is applied here: the partitions' leaders apply it; the entries it
         # acknowledged stay acquired, handed to their partitions' branches
         tx.rollback()
-        transactions.commit(branches, answer, handed)
+        if not remote or consuming is None:
+            transactions.commit(branches, answer, handed, xa=xa, rejected=rejected)
+            return None
+        holding = consuming
+
+        def answered(committed: bool, reason: str) -> None:
+            # committed: settled durably by the branches (an XA prepare is only held)
+            holding.handed_answered(remote, committed and xa is None)
+            answer(committed, reason)
+
+        transactions.commit(branches, answered, handed, xa=xa, rejected=rejected,
+                            hand_over=lambda gtxid: holding.hand_over(gtxid, remote))
         return None
 
     def _serves(self, group: int) -> bool:
