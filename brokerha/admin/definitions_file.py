@@ -33,11 +33,12 @@ declared in that order by the broker's own paths, as the AMQP methods do.
 from __future__ import annotations
 
 import html
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from brokerha.admin import definitions_groups
+from brokerha.admin import definitions_groups, partition_views
 from brokerha.admin.definitions_api import (
     DefinitionsAPI,
     apply_durably,
@@ -74,7 +75,7 @@ PER_VHOST = ("parameters", "policies", "queues", "exchanges", "bindings")
 
 # -- export --------------------------------------------------------------------------------
 
-def export(api: ManagementAPI, call: Call) -> dict[str, Any]:
+async def export(api: ManagementAPI, call: Call) -> dict[str, Any]:
     require_admin(call)
     only = call.params.get("vhost")
     if only is not None and only not in api.node.broker.vhosts:
@@ -82,6 +83,8 @@ def export(api: ManagementAPI, call: Call) -> dict[str, Any]:
     defs = api.node.broker.definitions
     vhosts = [only] if only is not None else sorted(api.node.broker.vhosts)
     objects = _objects(api, vhosts)
+    if api.node.broker.groups is not None:
+        await _led_elsewhere(api, objects, vhosts)
     if only is not None:  # RabbitMQ's per-vhost file: no vhost in the entries it implies
         for kind in ("queues", "exchanges", "bindings"):
             objects[kind] = [{k: v for k, v in e.items() if k != "vhost"}
@@ -125,6 +128,35 @@ def _objects(api: ManagementAPI, vhosts: list[str]) -> dict[str, list[dict[str, 
         bindings += [{k: v for k, v in b.items() if k != "properties_key"}
                      for b in api._binding_entries(vh) if b["source"]]
     return {"queues": queues, "exchanges": exchanges, "bindings": bindings}
+
+
+async def _led_elsewhere(api: ManagementAPI, objects: dict[str, list[dict[str, Any]]],
+                         vhosts: list[str]) -> None:
+    """A partitioned node's export: the queues (and their bindings) of partitions it holds
+    no copy of, as their leaders list them (partition_views.py); 503 naming the
+    partitions whose queues it cannot list -- the file would silently lack them."""
+    views = await partition_views.gather(api)
+    if views is None:
+        return
+    missing = views.missing()
+    if missing is None or missing:
+        raise ManagementError(503, "service_unavailable", (
+            "this node holds no partition table yet" if missing is None else
+            f"partitions {', '.join(map(str, missing))} are held by no cell of this node "
+            "and no answering member leads them now") +
+            ": their queues cannot be exported; retry (or export from a node holding them)")
+    have = {(q["vhost"], q["name"]) for q in objects["queues"]}
+    added = [q for key, q in sorted(views.queues.items())
+             if key not in have and key[0] in vhosts and not q.get("exclusive")]
+    objects["queues"] = sorted(objects["queues"] + [
+        {"name": q["name"], "vhost": q["vhost"], "durable": q["durable"],
+         "auto_delete": q["auto_delete"], "arguments": _arguments(q.get("arguments") or {})}
+        for q in added], key=lambda q: (q["vhost"], q["name"]))
+    bindings = [{k: v for k, v in b.items() if k != "properties_key"}
+                for vhost in vhosts
+                for b in views.binding_entries([], vhost) if b["source"]]
+    seen = {json.dumps(b, sort_keys=True) for b in objects["bindings"]}
+    objects["bindings"] += [b for b in bindings if json.dumps(b, sort_keys=True) not in seen]
 
 
 # -- import --------------------------------------------------------------------------------
@@ -354,5 +386,5 @@ def refused(reason: Any) -> ManagementError:
 def install(api: ManagementAPI, checks: DefinitionsAPI) -> None:
     """The routes on ``api``; ``checks`` (definitions_api.py) checks a file's users."""
     for path in ("definitions", "definitions/{vhost}"):
-        api._route("GET", path, lambda call: export(api, call))
+        api._route("GET", path, lambda call: export(api, call))  # a coroutine, awaited
         api._route("POST", path, lambda call: import_(api, checks, call))

@@ -8,6 +8,7 @@ from brokerha.admin import (
     definitions_file,
     management,
     metrics,
+    partition_views,
     policies_api,
     status_page,
     ui,
@@ -26,6 +27,7 @@ def install(node: NodeView) -> None:
     # /api/vhosts, users, permissions, topic-permissions changes; their checks serve imports
     checks = definitions_api.install(mgmt)
     definitions_file.install(mgmt, checks)  # /api/definitions: export and import
+    partition_views.install(mgmt)  # what a member leads, for the lists of a partitioned node
     node.management = mgmt
     node.metrics = metrics.install(node)
     status_page.install(node)

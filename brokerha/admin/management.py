@@ -737,11 +737,39 @@ class ManagementAPI:
         for name in names:
             vh = self._vhost(call, name)
             out += [self._queue_entry(q) for q in vh.queues.values()]
+        if self.node.broker.groups is not None:  # each queue as its leader sees it
+            return self._partitioned(call, out, names, "queue_entries")
         out.sort(key=lambda q: (q["vhost"], q["name"]))
         return _page(out, call.request)
 
-    def one_queue(self, call: Call) -> dict[str, Any]:
+    async def _partitioned(self, call: Call, local: list[dict[str, Any]], vhosts: list[str],
+                           merge: str) -> Any:
+        """``local`` merged with what the other members lead (partition_views.py)."""
+        from brokerha.admin import partition_views
+
+        views = await partition_views.gather(self)
+        out = local
+        if views is not None:
+            out = [e for vhost in vhosts
+                   for e in getattr(views, merge)([x for x in local if x["vhost"] == vhost],
+                                                  vhost)]
+        if merge == "binding_entries":
+            return out
+        out.sort(key=lambda q: (q["vhost"], q["name"]))
+        return _page(out, call.request)
+
+    def one_queue(self, call: Call) -> Any:
+        if self.node.broker.groups is not None:  # as its leader sees it
+            return self._one_partitioned(call)
         return self._queue_entry(self._queue(call))
+
+    async def _one_partitioned(self, call: Call) -> dict[str, Any]:
+        from brokerha.admin import partition_views
+
+        vh = self._vhost(call, call.params["vhost"])
+        views = await partition_views.gather(self)
+        led = None if views is None else views.queues.get((vh.name, call.params["name"]))
+        return led if led is not None else self._queue_entry(self._queue(call))
 
     def _queue(self, call: Call) -> Any:
         vh = self._vhost(call, call.params["vhost"])
@@ -754,8 +782,10 @@ class ManagementAPI:
         s = self.sampler
         key = ("queue", q.vhost, q.name)
         ready, unacked = q.message_count, q.unacked
+        home = self._queue_home(q)
         return {
-            "name": q.name, "vhost": q.vhost, "type": "classic", "node": self._node_name(),
+            "name": q.name, "vhost": q.vhost, "type": "classic",
+            "node": self._node_name(home["leader"]),  # where it is served: its leader
             "durable": q.durable, "auto_delete": q.auto_delete,
             "exclusive": q.exclusive_owner is not None,
             "arguments": json_safe(dict(q.arguments)), "state": "running",
@@ -765,7 +795,7 @@ class ManagementAPI:
             "messages_unacknowledged": unacked,
             "messages_unacknowledged_details": details(s, (*key, "unacked")),
             "message_bytes_ready": q.ready_bytes, "consumers": q.consumer_count,
-            **self._queue_home(q),
+            **home,
             "message_stats": {
                 "publish": q.published, "publish_details": details(s, (*key, "publish")),
                 "deliver_get": q.delivered,
@@ -902,11 +932,13 @@ class ManagementAPI:
                                           b.routing_key, b.arguments))
         return out
 
-    def bindings(self, call: Call) -> list[dict[str, Any]]:
+    def bindings(self, call: Call) -> Any:
         names = [call.params["vhost"]] if "vhost" in call.params else self._visible_vhosts(call)
         out: list[dict[str, Any]] = []
         for name in names:
             out += self._binding_entries(self._vhost(call, name))
+        if self.node.broker.groups is not None:  # the queues this node holds no copy of
+            return self._partitioned(call, out, names, "binding_entries")
         return out
 
     def queue_bindings(self, call: Call) -> list[dict[str, Any]]:

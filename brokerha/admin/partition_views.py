@@ -1,0 +1,156 @@
+"""The management API's lists on a node running partition groups (issue 35, docs/ha.md
+"Definitions on a partitioned cluster"): every partition's queues and bindings, each
+queue as its leader sees it.
+
+The management API is answered by the metadata primary. Its broker holds a copy of
+the queues of every partition it holds a cell of, but a copy is not the queue: a
+backup's copy counts no consumer and no unacknowledged message (they are the
+leader's), and a node holding no cell of a partition (more nodes than
+``partition_replicas`` + 1) holds none of its queues nor their bindings. So
+``GET /api/queues``, ``/api/bindings`` and ``/api/definitions`` ask every other
+member for what it serves (``GET /api/brokerha/partition-objects``, read with the
+cluster's member signature): the queues of the partitions it leads now, in
+``/api/queues``' fields, and their bindings. A queue led elsewhere is listed as
+its leader answered; one of a partition no answering member leads is listed from
+this node's copy (if it holds one). The export refuses (503 naming them) when
+some partition's queues are neither here nor on an answering leader: a file
+silently missing queues would lose them at its import. Asking the leaders reads
+no directory; when the metadata group's queue directory exists this can read it
+for the names (the counts stay the leader's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from brokerha.admin.api import _signer, fetch_json
+from brokerha.broker.placement import NotLeader
+from brokerha.httpapi.server import Request, Response
+
+PATH = "/api/brokerha/partition-objects"
+PEER_TIMEOUT = 1.5
+
+
+def served_objects(api: Any) -> dict[str, Any]:
+    """What this node serves now: its partitions (``served``), their queues in
+    ``/api/queues``' fields, and the bindings to them (``/api/bindings``' fields)."""
+    broker = api.node.broker
+    groups = broker.groups
+    served: set[int] = set()
+    queues: list[dict[str, Any]] = []
+    bindings: list[dict[str, Any]] = []
+    if groups is None:
+        return {"node": api.node.config.name, "served": [], "queues": [], "bindings": []}
+    for vh in list(broker.vhosts.values()):
+        mine: set[str] = set()
+        for q in list(vh.queues.values()):
+            if q.exclusive_owner is not None:
+                continue
+            partition, leader = groups.queue_home(q)
+            if partition is None or leader != api.node.config.name or \
+                    not groups.serves_queue(q.vhost, q.name, q.arguments, False):
+                continue
+            served.add(partition)
+            mine.add(q.name)
+            queues.append(api._queue_entry(q))
+        bindings += [b for b in api._binding_entries(vh)
+                     if b["destination_type"] == "queue" and b["destination"] in mine]
+    for p in _serving_partitions(groups):
+        served.add(p)
+    return {"node": api.node.config.name, "served": sorted(served), "queues": queues,
+            "bindings": bindings}
+
+
+def _serving_partitions(groups: Any) -> list[int]:
+    """The partitions whose groups this node serves now (with no queue, too)."""
+    return [g - 1 for g in groups.serving_groups() if g > 0]
+
+
+class Views:
+    """The other members' ``served_objects``, gathered once for a request."""
+
+    def __init__(self, me: str, answers: list[dict[str, Any]],
+                 unknown: list[int] | None) -> None:
+        self.me = me
+        self.answers = answers
+        self.served: set[int] = {p for a in answers for p in a.get("served") or []}
+        # (vhost, name) -> the leader's entry
+        self.queues: dict[tuple[str, str], dict[str, Any]] = {
+            (q["vhost"], q["name"]): q for a in answers for q in a.get("queues") or []}
+        self.bindings = [b for a in answers for b in a.get("bindings") or []]
+        # partitions whose queues this node holds no copy of (None: no table here yet)
+        self.unknown = unknown
+
+    def missing(self) -> list[int] | None:
+        """Partitions neither held here nor led by an answering member (None: not known:
+        this node holds no partition table yet)."""
+        if self.unknown is None:
+            return None
+        return [p for p in self.unknown if p not in self.served]
+
+    def queue_entries(self, local: list[dict[str, Any]], vhost: str | None) -> \
+            list[dict[str, Any]]:
+        """``local`` (this node's entries) with each queue a member leads as that member
+        answered, and the queues it leads that this node holds no copy of."""
+        out = [self.queues.get((q["vhost"], q["name"]), q) for q in local]
+        have = {(q["vhost"], q["name"]) for q in local}
+        out += [q for key, q in self.queues.items()
+                if key not in have and (vhost is None or key[0] == vhost)]
+        return out
+
+    def binding_entries(self, local: list[dict[str, Any]], vhost: str | None) -> \
+            list[dict[str, Any]]:
+        """``local`` and the bindings of the queues this node holds no copy of."""
+        seen = {_binding_key(b) for b in local}
+        out = list(local)
+        for b in self.bindings:
+            if (vhost is None or b["vhost"] == vhost) and _binding_key(b) not in seen:
+                seen.add(_binding_key(b))
+                out.append(b)
+        return out
+
+
+def _binding_key(b: dict[str, Any]) -> tuple[Any, ...]:
+    return (b["vhost"], b["source"], b["destination_type"], b["destination"],
+            b["properties_key"])
+
+
+async def gather(api: Any) -> Views | None:
+    """The other members' views, asked in parallel (None: no partition groups here). A
+    member that does not answer within ``PEER_TIMEOUT`` is left out."""
+    node = api.node
+    groups = node.broker.groups
+    ha = node.ha
+    if groups is None or ha is None:
+        return None
+    try:
+        unknown: list[int] | None = list(groups.unknown_partitions())
+    except NotLeader:  # no table yet: which partitions it lacks is not known
+        unknown = None
+    me = node.config.name
+    members = [m for m in ha.cluster.members if m.name != me]
+    sign = _signer(node)
+
+    async def one(member: Any) -> dict[str, Any] | None:
+        base = member.https_url or member.admin_url
+        if not base:
+            return None
+        try:
+            answer = await fetch_json(base + PATH, PEER_TIMEOUT, node.tls.member_client, sign)
+        except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError):
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    answers = [a for a in await asyncio.gather(*(one(m) for m in members)) if a is not None]
+    return Views(me, answers, unknown)
+
+
+def install(api: Any) -> None:
+    """``GET /api/brokerha/partition-objects`` on the node's admin listener (a management
+    tag, or a member's signature)."""
+    def handler(_request: Request) -> Response:
+        api.start()  # its sampler: the rates in the entries
+        return Response.json(served_objects(api))
+
+    api.node.admin.route("GET", PATH, handler)
