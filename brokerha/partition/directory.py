@@ -595,6 +595,9 @@ class StandIns:
                       clock=vhost.clock, sink=vhost)
         queue.auto_delete = entry.auto_delete  # shown only: the leader deletes it
         vhost.queues[key[1]] = queue  # no observer: never stored, replicated by no group
+        # a copy of a queue led elsewhere: a dead letter routed to it is forwarded to its
+        # leader (``VirtualHost._led``), never enqueued here
+        vhost.followed.add(queue)
         self.held[key] = (queue, entry)
         self.bound[key] = set()
         self.made += 1
@@ -637,6 +640,7 @@ class StandIns:
                     ex.remove_binding(binding.key)
         if vhost.queues.get(key[1]) is queue:
             del vhost.queues[key[1]]
+        vhost.followed.discard(queue)
         self.removed += 1
 
     def is_stand_in(self, queue: Queue) -> bool:

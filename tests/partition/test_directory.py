@@ -389,6 +389,34 @@ def test_a_declare_on_the_leader_answers_once_every_node_routes_to_it(net: Net) 
     assert net.dirs[leader].writer.stats.failed == 0
 
 
+def test_a_dead_letter_to_a_stand_in_is_forwarded_to_its_leader(net: Net) -> None:
+    """A message rejected from a queue a node leads, its dead-letter exchange routing it
+    to a queue of a partition that node holds no cell of (a stand-in there): forwarded by
+    ``x-ha-id``, enqueued once on that partition's leader, nothing on the stand-in."""
+    node, missing = next(
+        (n, p) for p in range(P) for n in net.sim.names
+        if group_of(p) not in net.sim.node(n).ha.groups
+        and any(net.leader(q) == n for q in range(P)))
+    led = next(q for q in range(P) if net.leader(q) == node)
+    target = name_in(missing, "dlt")
+    ch = Channel(net.vhost(node))
+    net.decl[node].queue_method(ch, group_of(missing), commands.Queue.Declare(
+        queue=target, durable=True), target)
+    net.pump()
+    vhost = net.vhost(node)
+    assert vhost.queues[target] in vhost.followed  # a stand-in: never enqueued here
+    source = vhost.declare_queue(name_in(led, "dls"), owner=None, durable=True, arguments={
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": target})
+    source.enqueue(message("", source.name, b"dead"))
+    entry = source.get()
+    assert entry is not None
+    source.reject(entry)
+    net.pump()
+    theirs = net.vhost(net.leader(missing)).queues[target]
+    assert [e.message.body for e in list(theirs.ready)] == [b"dead"]
+    assert vhost.queues[target].message_count == 0
+
+
 def test_a_node_refuses_what_the_directory_does_not_give_it(net: Net) -> None:
     node, missing = net.outside()
     clients = net.clients[node]
