@@ -338,6 +338,106 @@ def _leaders(cluster: LocalCluster, names: list[str]) -> dict[str, str] | None:
     return None
 
 
+def test_the_management_lists_show_each_queue_as_its_leader_sees_it() -> None:
+    """A queue of a partition B leads, consumed on B (10 delivered, unacknowledged): its
+    entry in /api/queues and /api/queues/%2F/q asked on each node (answered by A, the
+    metadata primary, whose copy counts no consumer) is B's: 1 consumer, 10
+    unacknowledged, node brokerha@B; /api/bindings lists its binding on each node."""
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        leaders = ready(cluster)
+        a = leaders["0"]
+        queue = next(n for n in queue_names("list") if leaders[
+            str(hash_partition("/", n, P) + 1)] != a)
+        b = leaders[str(hash_partition("/", queue, P) + 1)]
+        conn = connect(cluster, b)
+        try:
+            ch = conn.channel()
+            ch.exchange_declare("defs-x", "topic", durable=True)
+            ch.queue_declare(queue, durable=True)
+            ch.queue_bind(queue, "defs-x", routing_key="list.k")
+            ch.confirm_delivery()
+            for _ in range(10):
+                ch.basic_publish("", queue, b"x")
+            ch.basic_qos(prefetch_count=10)
+            ch.basic_consume(queue, lambda *_: None)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                conn.process_data_events(0.1)
+                _, entry = api(cluster, a, "GET", f"queues/%2F/{queue}")
+                if entry.get("messages_unacknowledged") == 10:
+                    break
+            for node in cluster.names:
+                status, listed = api(cluster, node, "GET", "queues")
+                assert status == 200
+                entry = next(q for q in listed if q["name"] == queue)
+                one = api(cluster, node, "GET", f"queues/%2F/{queue}")[1]
+                for e in (entry, one):
+                    assert (e["consumers"], e["messages_unacknowledged"], e["messages_ready"],
+                            e["node"], e["leader"]) == (1, 10, 0, f"brokerha@{b}", b), (node, e)
+                _, bindings = api(cluster, node, "GET", "bindings")
+                assert any(x["source"] == "defs-x" and x["destination"] == queue
+                           and x["routing_key"] == "list.k" for x in bindings), node
+        finally:
+            conn.close()
+
+
+def test_four_nodes_export_and_import_every_partition_from_a_node_outside_some() -> None:
+    """P = 4, NR = 2 on four nodes: each node holds cells of three partitions. Queues of
+    every partition (with arguments) and their bindings, exported on each node (the
+    metadata primary answers, outside one partition): all of them, the same file; deleted,
+    imported on a node outside a partition the metadata primary is in; the export is the
+    first one and each queue is on its leader."""
+    from tests.failover.test_partition_directory import cells_of
+    from tests.failover.test_partition_drain import DRAIN_OPTIONS, leaders, settled
+    from tests.failover.test_partition_drain import P as P4
+
+    with LocalCluster(4, options=DRAIN_OPTIONS) as cluster:
+        names = cluster.names
+        until("one serving leader per group, every node ready",
+              lambda: settled(cluster, names), timeout=60)
+        lead = leaders(cluster, names)
+        assert lead is not None
+        a = lead["0"][0]
+        cells = cells_of(cluster, a)
+        queues = [next(f"four{p}-{i}" for i in range(1000)
+                       if hash_partition("/", f"four{p}-{i}", P4) == p) for p in range(P4)]
+        conn = connect(cluster, a)
+        try:
+            ch = conn.channel()
+            ch.exchange_declare("defs-x", "topic", durable=True)
+            for q in queues:
+                ch.queue_declare(q, durable=True, arguments={"x-max-length": 7})
+                ch.queue_bind(q, "defs-x", routing_key=f"k.{q}")
+        finally:
+            conn.close()
+        exports = [api(cluster, n, "GET", "definitions") for n in names]
+        assert all(status == 200 for status, _ in exports)
+        first = mine(exports[0][1], "four")
+        assert all(mine(e, "four") == first for _, e in exports)
+        listed = {q["name"]: q["arguments"] for q in exports[0][1]["queues"]}
+        assert {q: listed.get(q) for q in queues} == {q: {"x-max-length": 7} for q in queues}
+        assert len(first["bindings"]) == P4
+
+        conn = connect(cluster, a)
+        try:
+            ch = conn.channel()
+            for q in queues:
+                ch.queue_delete(q)
+            ch.exchange_delete("defs-x")
+        finally:
+            conn.close()
+        # a node outside some partition whose cells include the metadata primary
+        outside = next(n for p in range(P4) for n in names
+                       if n not in cells[p] and a in cells[p])
+        assert call(cluster.admin_url(outside) + "/api/", "POST", "definitions",
+                    body=exports[0][1])[0] == 204
+        assert mine(api(cluster, a, "GET", "definitions")[1], "four") == first
+        lead = leaders(cluster, names)
+        assert lead is not None
+        for p, q in enumerate(queues):
+            assert q in held_by(cluster, lead[str(p + 1)][0]), (q, lead)
+
+
 def ctl(cluster: LocalCluster, node: str, *args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
                            cluster.url(node), *args], capture_output=True, text=True,
