@@ -15,12 +15,13 @@ from __future__ import annotations
 import time
 import uuid
 
+import pika.exceptions
 import pytest
 
 from brokerha.client.dtx import XA_OK, PikaXAResource
 from brokerha.client.dtx.resources import XAException, Xid
 from brokerha.testing import LocalCluster
-from tests.failover.groups import OPTIONS, connect, drain_ids, props, until
+from tests.failover.groups import OPTIONS, connect, drain_ids, one_leader_each, props, until
 from tests.failover.test_partition_transactions import settled, setup, transactions
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,6 +29,11 @@ pytestmark = pytest.mark.timeout(120)
 
 def new_xid() -> Xid:
     return Xid(1, uuid.uuid4().bytes, b"\x01")
+
+
+def xa_leftovers(cluster: LocalCluster, node: str) -> int:
+    """Branches the node's coordinator still has under way."""
+    return len(transactions(cluster, node)["commits"])
 
 
 def branch(xa: PikaXAResource, ch: object, xid: Xid, queues: list[str], i: int) -> None:
@@ -71,6 +77,17 @@ def test_xa_branches_across_partitions_commit_and_roll_back_whole() -> None:
         assert drain_ids(cluster, c, queues[c]) == ["1", "3"]
         assert drain_ids(cluster, a, queues[a]) == ["4"]
         assert status["xa_prepared"] == 2 and status["xa_finished"] == 2, status
+        # what a transaction across partitions cannot take is refused whole (540), as a TX
+        refused = connect(cluster, a)
+        rch = refused.channel()
+        mine = rch.queue_declare("", exclusive=True).method.queue
+        rxa = PikaXAResource(rch, timeout=20.0)
+        bad = new_xid()
+        branch(rxa, rch, bad, [mine, queues[b]], 5)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+            rxa.prepare(bad)
+        assert closed.value.reply_code == 540 and "exclusive queue" in closed.value.reply_text
+        assert xa_leftovers(cluster, a) == 0
         until("nothing held prepared", lambda: settled(cluster, [a, b, c]))
         print(f"4 XA branches (2 across partitions prepared, 1 one-phase, 1 local) in "
               f"{took:.2f}s; coordinator {status}")
@@ -111,3 +128,43 @@ def test_the_client_s_node_killed_after_prepare_the_tm_commits_from_another_node
         until("nothing held prepared", lambda: settled(cluster, [b, c]))
         print(f"A killed after XA_OK; B's recover listed the xid {waited:.1f}s later; "
               "committed on both queues")
+
+
+@pytest.mark.parametrize("killed", ["decider", pytest.param("other", marks=pytest.mark.slow)])
+def test_a_participant_s_leader_killed_after_prepare_the_commit_still_commits_both(
+        killed: str) -> None:
+    """The decision partition's leader (``other``: the other participant's) SIGKILLed
+    after XA_OK: its new leader holds the branch prepared and the all-prepared record
+    (a ``to`` on its backups), past the resolve timeout too; A's commit then commits
+    both queues; a second branch rolled back after the failover is on neither."""
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout, queues = setup(cluster)
+        a, b, c = layout.a, layout.b, layout.c
+        lower = b if layout.partitions[b][0] < layout.partitions[c][0] else c
+        if (killed == "decider") != (lower == b):
+            b, c = c, b  # b: the node killed
+        group = str(layout.partitions[b][0] + 1)
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        xa = PikaXAResource(ch, timeout=30.0)
+        kept, dropped = new_xid(), new_xid()
+        branch(xa, ch, kept, [queues[b], queues[c]], 1)
+        assert xa.prepare(kept) == XA_OK
+        branch(xa, ch, dropped, [queues[b], queues[c]], 2)
+        assert xa.prepare(dropped) == XA_OK
+        cluster.kill(b)
+        killed_at = time.monotonic()
+        new = until("B's partition elects among the survivors",
+                    lambda: (one_leader_each(cluster, [a, c]) or {}).get(group), 30)
+        time.sleep(max(0.0, 2.5 - (time.monotonic() - killed_at)))  # past resolve_timeout
+        assert sorted(xa.recover(), key=lambda x: x.gtrid) == sorted(
+            [kept, dropped], key=lambda x: x.gtrid)  # rule (c) on the new leader too
+        xa.commit(kept)
+        xa.rollback(dropped)
+        took = time.monotonic() - killed_at
+        conn.close()
+        assert drain_ids(cluster, new, queues[b]) == ["1"]
+        assert drain_ids(cluster, c, queues[c]) == ["1"]
+        until("nothing held prepared", lambda: settled(cluster, [a, c]))
+        print(f"{b} ({killed}) killed after XA_OK; new leader {new}; committed and rolled "
+              f"back {took:.1f}s after the kill")
