@@ -46,6 +46,24 @@ client acknowledged, and the groups' (a)-(h)):
 ``Unsafe`` (``partition.remote_consumer.Unsafe``): ``credit_ignored`` (caught
 by (D)), ``no_requeue_on_link_loss`` (by (C)), ``ack_before_durable`` (by (B)),
 ``no_redelivered_mark`` (by (F)), each at a pinned seed in ``tests/partition/test_remote_consume_simulation.py``.
+
+Transactions (``tx_settle`` > 0, issue 35 task F): that share of the clients'
+settles goes as a transaction's would -- the client's node hands the delivery
+to the transaction's branch on the primary that delivered it
+(``ConsumerProxy.hand_over``: a ``Settle`` of ``how`` ``tx:<how>:<gtxid>``;
+the host moves the entry from the consumer's hold to its branch's ``held``),
+and a while later (unless the client's node died: its link's loss releases
+it) the branch's prepare takes it from there on the primary and the
+transaction commits (4 in 5) or rolls back. The branch here is the
+simulation's (prepare, decision and apply in one step, settled through the
+group's gate), the hand-over, the host's release of what no branch took
+(``release_handed``: decided, the link lost, the role ended) and the proxy's
+naming of handed positions until the commit is answered are the product's.
+A handed position is the client's unsettled until its commit is answered:
+(F) checks its flag when it comes again. ``hand_over_kept`` (the host keeps
+holding what it handed: a close or lost link requeues a message the branch
+settled) is caught by (B), ``hand_over_forgotten`` (the proxy forgets a handed
+position at once: a failover before the commit delivers it unflagged) by (F).
 """
 
 from __future__ import annotations
@@ -55,6 +73,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
+from brokerha.broker.message import Entry
 from brokerha.cluster.messages import Message as Packet
 from brokerha.ha.simulation.disk import Image
 from brokerha.ha.simulation.world import Faults, SimConnection, SimNode
@@ -80,6 +99,7 @@ from brokerha.partition.remote_consumer import (
     REJECT,
     REQUEUE,
     Attached,
+    BranchKey,
     Cancel,
     Cancelled,
     Consume,
@@ -122,6 +142,10 @@ class ConsumeNode(ForwardNode):
         self.owners: dict[int, ConsumerClient] = {}  # consumer id -> its client
         self.getting: dict[int, Getter] = {}         # get request -> its client
         self._proxy_flush = False
+        # the simulated transactions' branches here: group -> the entries handed to them
+        # (per epoch of the host), and the transactions decided here
+        self.branch_held: dict[int, dict[BranchKey, Entry]] = {}
+        self.decided: set[str] = set()
 
     # -- the groups' role -------------------------------------------------------------------
 
@@ -130,10 +154,12 @@ class ConsumeNode(ForwardNode):
             placement = self.ha.placement
             assert placement is not None
             queues = BrokerForwardLog(self.broker, group, placement.of(group - 1))
+            branch: dict[BranchKey, Entry] = {}
+            self.branch_held[group] = branch
             host = ConsumerHost(group, epoch, queues,
                                 serving=partial(self._serves_in, group, epoch),
                                 soon=partial(self._soon_host, group),
-                                unsafe=self.rc.rc_unsafe)
+                                unsafe=self.rc.rc_unsafe, branches=lambda: branch)
             self.hosts[group] = host
             self.rc.hosts.append(host)
         super().serving(group, epoch, decisions)
@@ -232,6 +258,8 @@ class ConsumeNode(ForwardNode):
         super().forward_tick()
         for host in list(self.hosts.values()):
             host.redispatch()
+            if host.handed:
+                host.release_handed(lambda gtxid, handed: gtxid in self.decided)
 
     def _soon_host(self, group: int) -> None:
         self.sim.soon.append((self, partial(self._flush_host, group)))
@@ -277,15 +305,19 @@ class RemoteConsumeSimulation(ForwardSimulation):
 
     def __init__(self, seed: int, *, ack_delay: float = 0.05, getters: int = 2,
                  get_rate: float = 4.0, reconsume: float = 0.2, settle: float = 15.0,
-                 unsafe: Unsafe | None = None, **kw: Any) -> None:
+                 unsafe: Unsafe | None = None, tx_settle: float = 0.0, **kw: Any) -> None:
         """``ack_delay``: a client's mean time to settle a delivery; ``reconsume``: how
-        often (a second) a consumer closes its channel and consumes again elsewhere."""
+        often (a second) a consumer closes its channel and consumes again elsewhere;
+        ``tx_settle``: the share of the settles made in a transaction (0: none, and no
+        draw of the seed's generator for it)."""
         self.rc_unsafe = unsafe or Unsafe()
         self.proxies: list[ConsumerProxy] = []
         self.hosts: list[ConsumerHost] = []
         kw.setdefault("consume", 0.0)
         super().__init__(seed, settle=settle, **kw)
         self.ack_delay = ack_delay
+        self.tx_settle = tx_settle
+        self.transactions = 0
         self.get_rate = get_rate
         self.reconsume = reconsume
         names = [queue_name(p, b) for p in range(self.partitions) for b in (False, True)]
@@ -476,6 +508,9 @@ class RemoteConsumeSimulation(ForwardSimulation):
             return
         roll = self.rng.random()
         how = REQUEUE if roll < 0.1 else REJECT if roll < 0.13 else ACK
+        if self.tx_settle and self.rng.random() < self.tx_settle:
+            node.run(partial(self._tx_settle, client, node, tag, how))
+            return
 
         def settle() -> None:
             if client.held.pop(tag, None) is None:
@@ -489,6 +524,97 @@ class RemoteConsumeSimulation(ForwardSimulation):
             node.want_proxy_flush()
 
         node.run(settle)
+
+    # -- transactions (tx_settle) ---------------------------------------------------------------
+
+    def _tx_settle(self, client: ConsumerClient, node: ConsumeNode, tag: int, how: str) -> None:
+        """On the client's node: its channel's tx.commit holding this settle -- the
+        delivery handed to the transaction's branch on the primary that delivered it."""
+        d = client.held.pop(tag, None)
+        if d is None or client.conn is None or client.conn.node is not cast(SimNode, node):
+            return
+        self.transactions += 1
+        gtxid = f"x{self.transactions}"
+        self.counts[f"client tx {how}"] += 1
+        sub = node.proxy.subs.get(d.consumer)
+        leader = None if sub is None else sub.node
+        out = node.proxy.hand_over([d], how, gtxid)
+        node.carry(out)
+        if leader is None or not out:  # not handed (detached, a stale delivery): refused
+            self.counts["tx not handed"] += 1
+            node.proxy.handed_answered([d], False)
+            return
+        incarnation = node.incarnation
+
+        def prepare() -> None:
+            if self.nodes[node.name] is not cast(SimNode, node) or \
+                    node.incarnation != incarnation or not node.alive:
+                return  # the coordinator died: its link's loss released the hand-over
+            live = cast(ConsumeNode, self.nodes[leader])
+            live.run(partial(self._branch, live, node, client, d, how, gtxid))
+
+        self.after(0.01 + self.rng.random() * 0.3, prepare)
+
+    def _branch(self, leader: ConsumeNode, node: ConsumeNode, client: ConsumerClient,
+                d: RemoteDelivery, how: str, gtxid: str) -> None:
+        """On the primary: the branch's prepare takes the handed entry, the decision (4 in 5
+        a commit), the branch applied; the answer to the client's node once durable."""
+        leader.decided.add(gtxid)
+        name = self.name_of(d.group, d.queue)
+        host = leader.hosts.get(d.group)
+        branch = leader.branch_held.get(d.group)
+        member = leader.member(d.group)
+        q = leader.broker.vhosts[VHOST].queues.get(name) if name is not None else None
+        entry = None
+        if host is not None and host.epoch == d.epoch and branch is not None and \
+                q is not None and member is not None and leader.serves(d.group):
+            entry = branch.pop((VHOST, q.name, d.position), None)
+        if entry is None or q is None or member is None or name is None:
+            self.counts["tx refused"] += 1  # not held there now: a no
+            self._tx_answer(node, client, d, False)
+            return
+        if self.rng.random() < 0.2:
+            self.counts["tx rolled back"] += 1
+            q.requeue(entry)
+            if q.consumers:
+                q.dispatch()
+            self._tx_answer(node, client, d, False)
+            return
+        self.counts["tx committed"] += 1
+        if how == REQUEUE:
+            q.requeue(entry)
+            if q.consumers:
+                q.dispatch()
+        else:
+            if how == REJECT:
+                q.reject(entry)
+            else:
+                q.settle(entry)
+            self.settled_by_host.add((name, d.body))
+            self.taken.add((name, d.body))  # dequeued: its enqueue's records may go
+            # (A) as a plain ack's: settled by the client's commit, whether or not the gate
+            # says so before the role ends (the dequeue may have reached the majority)
+            self.client_settled.add((name, d.body))
+        epoch, body = d.epoch, d.body
+
+        def durable() -> None:
+            if how != REQUEUE:
+                known = self.settled_in.get((name, body))
+                if known is None or epoch < known:
+                    self.settled_in[(name, body)] = epoch
+                self.observe(name, d.position, body)
+            self._tx_answer(node, client, d, True)
+
+        leader.broker.after_durable_in(member.durability_gate, durable, member.barriers())
+
+    def _tx_answer(self, node: ConsumeNode, client: ConsumerClient, d: RemoteDelivery,
+                   committed: bool) -> None:
+        def answer() -> None:
+            node.proxy.handed_answered([d], committed)
+            if committed:
+                client.history[(node.proxy.origin, d.consumer, d.position)] = True
+        if node.alive:
+            node.run(answer)
 
     def name_of(self, group: int, ha_id: str) -> str | None:
         return next((n for n, i in self.directory.items()

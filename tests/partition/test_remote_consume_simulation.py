@@ -25,6 +25,9 @@ DURATION = 20.0
 # the first seed at which each rule broken is caught, and by which check
 CAUGHT = {"credit_ignored": (0, "(D)"), "no_requeue_on_link_loss": (5, "(C)"),
           "ack_before_durable": (1, "(B)"), "no_redelivered_mark": (8, "(F)")}
+# the hand-over of a transaction's settles to its branch (tx_settle: 0.3 of the settles)
+TX_SETTLE = 0.3
+TX_CAUGHT = {"hand_over_kept": (0, "(B)"), "hand_over_forgotten": (3, "(F)")}
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -58,9 +61,34 @@ def test_seeds_of_remote_consumers_through_faults_have_no_violation(first: int,
 
 
 def test_each_unsafe_rule_is_caught() -> None:
-    assert set(CAUGHT) == set(CATCHES)
+    assert set(CAUGHT) | set(TX_CAUGHT) == set(CATCHES)
     for rule, (seed, check) in CAUGHT.items():
         found = first_failing(run_seed, Unsafe.of([rule]), range(seed + 1), duration=DURATION)
+        assert found is not None, rule
+        assert found[0] == seed and found[1].startswith(check), (rule, found)
+
+
+@pytest.mark.parametrize(("first", "seeds"), [
+    (0, 3), pytest.param(100, 40, marks=pytest.mark.slow)])
+def test_settles_handed_to_transactions_through_faults_have_no_violation(
+        first: int, seeds: int) -> None:
+    """A third of the settles go as a transaction's: handed by the host to the branch
+    (``ConsumerProxy.hand_over``), taken by its prepare, committed or rolled back; what no
+    branch took is released (decided, the link lost, the role ended)."""
+    results = run_many(range(first, first + seeds), jobs=2, duration=DURATION,
+                       tx_settle=TX_SETTLE)
+    assert [r.summary() for r in results if r.violation] == []
+    seen = totals(results)
+    assert seen["tx committed"] > 150 * seeds and seen["tx rolled back"] > 20 * seeds
+    # not taken by a branch (not held there at its prepare): back to the queue once
+    assert seen["tx refused"] > 5 * seeds and seen["host handed_back"] > 5 * seeds
+    assert seen["client tx requeue"] > 0 and seen["client tx reject"] > 0
+
+
+def test_each_unsafe_hand_over_is_caught() -> None:
+    for rule, (seed, check) in TX_CAUGHT.items():
+        found = first_failing(run_seed, Unsafe.of([rule]), range(seed + 1),
+                              duration=DURATION, tx_settle=TX_SETTLE)
         assert found is not None, rule
         assert found[0] == seed and found[1].startswith(check), (rule, found)
 
