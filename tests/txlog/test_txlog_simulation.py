@@ -12,10 +12,13 @@ from brokerha.txlog.simulation.faults import run_seed
 from brokerha.txlog.simulation.search import params_for, run_parallel, run_range
 from brokerha.txlog.simulation.simulation import SimParams, Simulation, Violation
 
-CI_SEEDS = 300  # ``-m slow``: 20,000 (these among them)
+CI_SEEDS = 150  # ``-m slow``: 20,000 (these among them); 300 until 2026-11-29
 
 
-def test_ci_random_run_of_three_hundred_seeds_has_no_violation() -> None:
+def test_ci_random_run_of_a_hundred_and_fifty_seeds_has_no_violation() -> None:
+    """Seeds 0-149 (300 before 2026-11-29, halved to keep the default suite under 15
+    minutes); ``test_twenty_thousand_seeds_have_no_violation`` (``-m slow``) runs 20,000
+    from seed 0."""
     outcomes = run_parallel(range(CI_SEEDS), jobs=2)
     assert len(outcomes) == CI_SEEDS
     assert [o for o in outcomes if o.violation] == []
