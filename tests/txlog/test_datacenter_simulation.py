@@ -23,7 +23,7 @@ from brokerha.txlog.simulation.datacenter import (
 )
 from tests.seeds import first_failing, totals
 
-CI_SEEDS = 10  # 30 virtual seconds each: about 3 failovers and 110 TxLog transactions a seed
+CI_SEEDS = 10  # 30 virtual seconds each: about 3 failovers and 135 ordered TxLog transactions a seed
 # (``-m slow``: the 2,000 after them, the former CI counts of 60 and 20 among them; 20 until
 # 2026-11-29, halved to keep the default suite under 15 minutes)
 
