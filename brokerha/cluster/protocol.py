@@ -57,6 +57,7 @@ from brokerha.cluster.messages import REGISTRY, Error, ErrorCode, Message, packe
 VERSION = 11
 MAGIC = b"BRKRHA" + VERSION.to_bytes(2, "big")
 MAX_PACKET = 64 * 1024 * 1024
+HANDSHAKE_MAX_PACKET = 64 * 1024  # a handshake's packets: names, a nonce, a proof
 NONCE_SIZE = 16
 _HEADER = struct.Struct(">I")
 _PROOF_LABEL = b"brokerha-cluster-proof-v1"
@@ -133,6 +134,11 @@ class PacketCodec:
 
     def __init__(self, max_packet: int = MAX_PACKET) -> None:
         self.max_packet = max_packet
+        # what ``feed`` keeps between calls: the packet being received, made at its
+        # size when its header arrived and filled as its bytes come (``_have`` of
+        # them), or a few bytes short of a header (or what a ``limit`` left)
+        self._part: bytearray | None = None
+        self._have = 0
         self._buf = bytearray()
         self._packer = msgpack.Packer(use_bin_type=True)
         self._fields: dict[type[Message], tuple[str, ...] | None] = {}
@@ -140,20 +146,60 @@ class PacketCodec:
     # decoding
 
     def feed(self, data: bytes, limit: int | None = None) -> list[tuple[int, Message]]:
-        """Decode the complete packets buffered so far (at most ``limit``)."""
-        buf = self._buf
-        buf += data
+        """Decode the complete packets buffered so far (at most ``limit``).
+
+        Each byte is copied at most once: complete packets are decoded where they
+        arrived; a packet split over reads is copied into a buffer of its own size.
+        (A buffer that grew by the reads and lost the decoded packets at its front
+        was reallocated and copied over and over: ~1 ms a MiB on the catching-up
+        backup's loop, 870 against 5,300 MB/s in process; issue 33.)
+        """
         out: list[tuple[int, Message]] = []
+        try:
+            rest: bytes | memoryview = data
+            part = self._part
+            if part is not None:
+                have, size = self._have, len(part)
+                take = min(size - have, len(data))
+                if take == len(data):
+                    part[have:have + take] = data
+                else:
+                    view = memoryview(data)
+                    part[have:have + take] = view[:take]
+                    rest = view[take:]
+                self._have = have + take
+                if have + take < size:
+                    return out
+                self._part = None
+                out.append(self._decode(part))
+                if take == len(data):
+                    return out
+            if self._buf:
+                self._buf += rest
+                rest = bytes(self._buf)
+                self._buf.clear()
+            self._split(rest, out, limit)
+        except ProtocolError as exc:
+            exc.decoded = out
+            raise
+        return out
+
+    def _split(self, data: bytes | memoryview, out: list[tuple[int, Message]], limit: int | None) -> None:
+        """Decode ``data``'s complete packets into ``out``; keep the rest."""
         pos = 0
-        end = len(buf)
-        view = memoryview(buf)  # msgpack decodes in place: no copy of a packet
+        end = len(data)
+        view = memoryview(data)  # msgpack decodes in place: no copy of a packet
         try:
             while end - pos >= 4 and (limit is None or len(out) < limit):
-                (size,) = _HEADER.unpack_from(buf, pos)
+                (size,) = _HEADER.unpack_from(data, pos)
                 if size > self.max_packet:
                     raise ProtocolError(f"packet of {size} bytes exceeds the limit of "
                                         f"{self.max_packet}")
                 if end - pos - 4 < size:
+                    part = self._part = bytearray(size)
+                    have = self._have = end - pos - 4
+                    part[:have] = view[pos + 4:end]
+                    pos = end
                     break
                 packet = view[pos + 4:pos + 4 + size]
                 try:
@@ -161,20 +207,20 @@ class PacketCodec:
                 finally:
                     packet.release()  # also when an error's traceback still holds it
                 pos += 4 + size
-        except ProtocolError as exc:
-            exc.decoded = out
-            raise
+            if pos < end:
+                self._buf += view[pos:end]
         finally:
             view.release()
-            del buf[:pos]
-        return out
 
     def leftover(self) -> bytes:
         """The bytes buffered but not decoded yet (handed on after the handshake)."""
+        part = self._part
+        if part is not None:
+            return _HEADER.pack(len(part)) + bytes(part[:self._have])
         return bytes(self._buf)
 
     @staticmethod
-    def _decode(body: bytes | memoryview) -> tuple[int, Message]:
+    def _decode(body: bytes | bytearray | memoryview) -> tuple[int, Message]:
         try:
             obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated types
@@ -323,7 +369,9 @@ class _Handshake:
         self.nonce = os.urandom(NONCE_SIZE) if nonce is None else nonce
         self.state = State.AWAIT_MAGIC
         self._magic = bytearray()
-        self._codec = PacketCodec(max_packet)
+        # its packets are small (before the peer is known, a header may not make the
+        # codec hold a buffer of ``max_packet``)
+        self._codec = PacketCodec(min(max_packet, HANDSHAKE_MAX_PACKET))
         self._msg_id = 0
 
     def start(self) -> bytes:

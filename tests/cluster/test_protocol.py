@@ -6,9 +6,12 @@ import struct
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from brokerha.cluster.messages import Error, ErrorCode, Message
 from brokerha.cluster.protocol import (
+    HANDSHAKE_MAX_PACKET,
     MAGIC,
     VERSION,
     Acceptor,
@@ -67,6 +70,43 @@ def test_codec_feed_limit_leaves_the_rest_buffered() -> None:
     assert codec.feed(data, limit=1) == [(1, Welcome("a"))]
     assert codec.leftover() == data[len(data) // 2:]
     assert codec.feed(b"") == [(2, Welcome("b"))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=12),
+       cuts=st.lists(st.integers(1, 9000), max_size=20), data=st.data())
+def test_codec_gives_the_same_packets_however_the_stream_is_cut(
+        sizes: list[int], cuts: list[int], data: st.DataObject) -> None:
+    """Packets split over reads (a part of its own size being filled), a header split
+    across two reads, several packets in one read, a limit now and then: the same packets,
+    in order, and ``leftover`` is exactly what was not decoded."""
+    codec = PacketCodec()
+    msgs = [(i, Welcome("n" * size)) for i, size in enumerate(sizes)]
+    stream = b"".join(codec.encode(i, m) for i, m in msgs)
+    got: list[tuple[int, Message]] = []
+    pos = 0
+    for cut in [*cuts, len(stream)]:
+        chunk = stream[pos:pos + cut]
+        pos += len(chunk)
+        limit = data.draw(st.sampled_from([None, None, 1, 2]))
+        got += codec.feed(chunk, limit=limit)
+        decoded = sum(len(codec.encode(i, m)) for i, m in got)
+        assert codec.leftover() == stream[decoded:pos]
+        if pos == len(stream):
+            break
+    while len(got) < len(msgs):
+        got += codec.feed(b"")
+    assert got == msgs
+    assert codec.leftover() == b""
+
+
+def test_a_handshake_refuses_a_packet_longer_than_a_handshake_s() -> None:
+    """Before the peer is known, a header alone may not make a node hold a big buffer."""
+    _, acceptor = pair()
+    acceptor.start()
+    step = acceptor.receive(MAGIC + struct.pack(">I", HANDSHAKE_MAX_PACKET + 1))
+    assert isinstance(step.outcome, Refused), step
+    assert "exceeds the limit" in step.outcome.reason
 
 
 def test_oversized_length_is_refused_before_the_body_arrives() -> None:
