@@ -249,18 +249,20 @@ class GroupClients:
         """The partitions whose queues and bindings this node does not know: those it runs
         no group of (it holds no cell of them; their declarations and bindings are in
         their own logs only) and the queue directory does not give it (no directory, its
-        metadata copy not valid, no sync of the partition in it yet, a stand-in not bound:
-        ``directory.StandIns.known``). NotLeader while it holds no table."""
+        metadata copy not valid, no sync of the partition in it yet:
+        ``directory.StandIns.known``), and with a directory those it is a learner of (a
+        new cell catching up). NotLeader while it holds no table."""
         table = self.member.table
         if table is None:
             raise NotLeader("this node runs no partition group yet (it holds no partition "
                             "table): it cannot route a publish; try again")
         groups = self.member.groups
-        if len(groups) > table.partitions:  # keys are of 0..P: the metadata group and all P
-            return []
-        missing = [p for p in range(table.partitions) if group_of(p) not in groups]
         directory = self.directory
-        return missing if directory is None or not missing else directory.unknown(missing)
+        if len(groups) > table.partitions:  # keys are of 0..P: the metadata group and all P
+            # (with a directory, and the partitions this node is a learner of)
+            return [] if directory is None else directory.unknown([])
+        missing = [p for p in range(table.partitions) if p + 1 not in groups]  # group_of
+        return missing if directory is None else directory.unknown(missing)
 
     def check_route(self, vhost: str, exchange: str, queues: Sequence[Queue]) -> None:
         """Fail closed (docs/ha.md "Routing on a node outside a partition"): a node holding

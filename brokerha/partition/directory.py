@@ -515,6 +515,9 @@ class StandIns:
         self.bound: dict[Key, set[BindingKey]] = {}
         self.unbound: set[Key] = set()  # a binding's exchange is not here (deleted since)
         self._groups: frozenset[int] = frozenset()
+        # partitions this node is a learner of (a new cell catching up: its copy may lack
+        # queues and bindings, and its stand-ins went when its group started)
+        self.learning: set[int] = set()
         self.made = 0
         self.removed = 0
         layer.listeners.append(self.changed)
@@ -549,8 +552,12 @@ class StandIns:
         for key, (_, entry) in list(self.held.items()):
             if entry.partition == partition:
                 self._remove(key)
+        self.learning.add(partition)  # until its membership says it votes (``tick``)
 
     def tick(self) -> None:
+        me = self.member.me
+        self.learning = {g - 1 for g, layer in self.member.memberships.items()
+                         if g in self.member.groups and me in layer.membership.learners}
         groups = frozenset(self.member.groups)
         if groups != self._groups:
             self._groups = groups
@@ -672,8 +679,15 @@ class NodeDirectory:
         return []
 
     def unknown(self, partitions: Iterable[int]) -> list[int]:
+        """Of ``partitions`` (those this node holds no cell of), the ones the directory
+        does not give it, and the partitions it is a learner of (``StandIns.learning``)."""
         stand_ins = self.stand_ins
-        return [p for p in partitions if not stand_ins.known(p)]
+        if stand_ins.valid():  # (``StandIns.known``, its copy's validity asked once)
+            synced = self.layer.directory.synced
+            unknown = [p for p in partitions if p not in synced]
+        else:
+            unknown = list(partitions)
+        return sorted(set(unknown) | stand_ins.learning) if stand_ins.learning else unknown
 
     def tick(self) -> None:
         self.writer.tick()

@@ -11,7 +11,7 @@ a deposed leader's change is fenced; what the directory does not know is refused
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pamqp import commands
@@ -435,6 +435,34 @@ def test_a_node_refuses_what_the_directory_does_not_give_it(net: Net) -> None:
     assert clients.unknown_partitions() == []
 
 
+def test_a_learner_fails_closed_until_it_votes(net: Net) -> None:
+    """A node that gains a cell of a partition is its group's learner while it catches up
+    (its copy may lack queues and bindings, and its stand-ins went): the partition counts
+    as unknown there (``check_route`` refuses what it cannot route completely) until its
+    membership makes it a voter."""
+    from types import SimpleNamespace
+
+    node = next(n for n in net.sim.names if any(
+        group_of(p) in net.sim.node(n).ha.groups for p in range(P)))
+    ha = net.sim.node(node).ha
+    p = next(q for q in range(P) if group_of(q) in ha.groups)
+    stand_ins = net.dirs[node].stand_ins
+    stand_ins.group_adding(p)  # as PartitionedMember._add_partition calls it
+    assert p in net.clients[node].unknown_partitions()
+    with pytest.raises(NotImplementedByBroker):
+        publish(net, node, "amq.direct", "rk", b"refused")
+    real = ha.memberships[group_of(p)]
+    ha.memberships[group_of(p)] = cast(Any, SimpleNamespace(
+        membership=SimpleNamespace(voters=(), learners=(node,))))
+    try:
+        stand_ins.tick()
+        assert stand_ins.learning == {p}  # still catching up
+    finally:
+        ha.memberships[group_of(p)] = real
+    stand_ins.tick()  # its membership: a voter
+    assert stand_ins.learning == set() and net.clients[node].unknown_partitions() == []
+
+
 def test_a_periodic_check_resyncs_what_no_method_reported(net: Net) -> None:
     node, missing = net.outside()
     leader = net.leader(missing)
@@ -601,8 +629,11 @@ def seeded_run(seed: int, steps: int = 60,
         elif roll < 0.12 and not net.held and held_until <= i:
             slow_p = rng.randrange(P)
             slow, coordinator = net.leader(slow_p), net.leader(-1)
-            net.hold = lambda src, dst, packet, slow=slow, to=coordinator: \
-                src == slow and dst == to and getattr(packet, "op", "") == UPDATE
+            def hold(src: str, dst: str, packet: Packet, slow: str = slow,
+                     to: str = coordinator) -> bool:
+                return src == slow and dst == to and getattr(packet, "op", "") == UPDATE
+
+            net.hold = hold
             held_until = i + rng.randint(2, 8)
             counts["holds"] += 1
         else:
@@ -621,10 +652,10 @@ def seeded_run(seed: int, steps: int = 60,
                 "bind": commands.Queue.Bind(queue=name, exchange="amq.direct", routing_key=key),
                 "unbind": commands.Queue.Unbind(queue=name, exchange="amq.direct",
                                                 routing_key=key)}[op]
-            p = net.sim.node(node).ha.placement
-            assert p is not None
-            net.decl[node].queue_method(step, group_of(p.of_name("/", name, None)), method,
-                                        name)
+            placement = net.sim.node(node).ha.placement
+            assert placement is not None
+            net.decl[node].queue_method(step, group_of(placement.of_name("/", name, None)),
+                                        method, name)
             busy[name] = step
         if held_until <= i and net.held:
             net.release()
@@ -638,7 +669,8 @@ def seeded_run(seed: int, steps: int = 60,
         leader = net.vhost(net.leader(p))
         for name in POOL:
             q = leader.queues.get(name)
-            if q is None or net.sim.node(net.leader(p)).ha.placement.partition(q) != p:
+            scope = net.sim.node(net.leader(p)).ha.placement
+            if q is None or scope is None or scope.partition(q) != p:
                 continue
             keys = sorted(b.routing_key for b in leader.exchanges["amq.direct"].bindings.values()
                           if b.destination is q)
