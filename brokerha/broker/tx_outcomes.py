@@ -14,6 +14,14 @@ callback as the commit's effects, hence in the same group commit: the outcome
 is durable exactly when the transaction is. Retention: the newest
 ``max_records`` records, none older than ``max_age`` seconds.
 
+**Held records** (outcome ``HELD``, an XA transaction across partitions held
+for its TM: ``partition/xtx_broker.py``) are kept apart (``held``), out of
+``max_records``/``max_age``: the record is what keeps the decider from
+rolling such a transaction back (rule (c) of ``partition/xtx.py``), however
+long the TM takes and however many transactions commit meanwhile; once
+decided it is recorded again ``DECIDED`` (replicated likewise) and ages out
+as any record.
+
 On a partitioned node (docs/ha.md "Partitions") one ``TxOutcomes`` holds the
 records of every replication group the node is in; a record's group is in
 its name (``group_of``: ``g<group>/...``, given by the group's primary, the
@@ -50,6 +58,10 @@ COMMITTED = "committed"
 ROLLED_BACK = "rolled back"
 UNKNOWN = "unknown"
 PREPARING = "preparing"  # not recorded: the commit of a named transaction is under way
+# an XA transaction across partitions held for its TM (partition/xtx.py rule (c)): its
+# all-prepared record is kept apart from the retention until it is rewritten decided
+HELD = "prepared"
+DECIDED = "decided"
 
 MAX_RECORDS = 100_000
 MAX_AGE = 7 * 86400.0
@@ -105,6 +117,7 @@ class TxOutcomes:
         self.mark_max_age = mark_max_age
         self.mark_max_origins = mark_max_origins
         self._records: OrderedDict[str, Record] = OrderedDict()
+        self.held: dict[str, Record] = {}  # HELD records: out of the retention
         # forward marks: (group, origin) -> its newest record, least recently heard first
         self.marks: OrderedDict[tuple[int, str], Record] = OrderedDict()
         self._mark_txids: dict[str, tuple[int, str]] = {}
@@ -122,7 +135,8 @@ class TxOutcomes:
 
     def outcome(self, client_id: str) -> str:
         txid = self._by_client.get(client_id)
-        return UNKNOWN if txid is None else self._records[txid][2]
+        record = None if txid is None else self.get(txid)
+        return UNKNOWN if record is None else record[2]
 
     def when_known(self, client_id: str, callback: Callable[[str], None]) -> None:
         """``callback(outcome)`` now, or once a commit under way has its outcome."""
@@ -136,10 +150,10 @@ class TxOutcomes:
         self._in_flight.setdefault(client_id, [])
 
     def known(self, txid: str) -> bool:
-        return txid in self._records or txid in self._mark_txids
+        return txid in self._records or txid in self.held or txid in self._mark_txids
 
     def get(self, txid: str) -> Record | None:
-        record = self._records.get(txid)
+        record = self._records.get(txid) or self.held.get(txid)
         if record is None:
             key = self._mark_txids.get(txid)
             return None if key is None else self.marks[key]
@@ -152,8 +166,9 @@ class TxOutcomes:
     def snapshot(self, group: int | None = None) -> list[Record]:
         """Every record, oldest first, then the marks; or group ``group``'s only."""
         if group is None:
-            return [*self._records.values(), *self.marks.values()]
+            return [*self._records.values(), *self.held.values(), *self.marks.values()]
         return [*(r for r in self._records.values() if group_of(r[0]) == group),
+                *(r for r in self.held.values() if group_of(r[0]) == group),
                 *(r for k, r in self.marks.items() if k[0] == group)]
 
     def marks_of(self, group: int) -> list[Record]:
@@ -225,7 +240,7 @@ class TxOutcomes:
     def replicate(self, txid: str) -> None:
         """Send ``txid``'s record to the backups of its group as it is (a ``to`` event):
         for a record no ``tc`` or ``tr`` carries, such as a tombstone."""
-        record = self._records.get(txid)
+        record = self._records.get(txid) or self.held.get(txid)
         if record is not None:
             for listener in list(self.listeners):
                 listener(record)
@@ -233,12 +248,15 @@ class TxOutcomes:
     def _put(self, record: Record) -> None:
         txid, client_id = record[0], record[1]
         self._drop(txid)
-        self._records[txid] = record
+        if record[2] == HELD:
+            self.held[txid] = record
+        else:
+            self._records[txid] = record
         if client_id is not None:
             self._by_client[client_id] = txid
 
     def _drop(self, txid: str) -> bool:
-        old = self._records.pop(txid, None)
+        old = self._records.pop(txid, None) or self.held.pop(txid, None)
         if old is None:
             return False
         if old[1] is not None and self._by_client.get(old[1]) == txid:
@@ -256,7 +274,8 @@ class TxOutcomes:
         """After a catch-up: what the primary does not know is not an outcome here either
         (of its group's records: ``group``; None, every record). A mark's group is the
         one its name says: another group's marks stay."""
-        for txid in [t for t in self._records if t not in txids and of_group(t, group)]:
+        for txid in [t for t in [*self._records, *self.held]
+                     if t not in txids and of_group(t, group)]:
             self.forget(txid)
         for key in [k for k, r in self.marks.items()
                     if r[0] not in txids and (group is None or k[0] == group)]:

@@ -71,6 +71,7 @@ from brokerha.broker.dtx import XTX_FORMAT as XTX_FORMAT  # its home: broker/dtx
 from brokerha.broker.dtx import Xid, xtx_partition
 from brokerha.broker.dtx import xtx_txid as xtx_txid
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.broker.tx_outcomes import HELD as TX_HELD
 from brokerha.partition.forward import ForwardMessage
 from brokerha.seed_runner import UnsafeRules
 
@@ -78,7 +79,8 @@ PREPARE_TIMEOUT = 5.0  # [cluster] tx_prepare_timeout: every vote within this, e
 RESOLVE_TIMEOUT = 2.0  # xtx_resolve_timeout: a prepared branch older than this asks its decider
 RETRY = 0.5            # an unanswered packet is sent again after this long
 HOLD_RETRY = 10.0      # a participant told "prepared" (its XA branch awaits its TM) asks again
-HELD = "prepared"      # the decider's answer for a gtxid whose all-prepared record it holds
+# the decider's answer for a gtxid whose all-prepared record it holds (the record's outcome)
+HELD = TX_HELD
 
 
 @dataclass(frozen=True)

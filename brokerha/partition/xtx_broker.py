@@ -39,7 +39,7 @@ from brokerha.broker.broker import Broker
 from brokerha.broker.dtx import XA, DtxBranch, State, XAError, xtx_partition
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.queue import Queue
-from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK, in_group
+from brokerha.broker.tx_outcomes import COMMITTED, DECIDED, ROLLED_BACK, in_group
 from brokerha.cluster.replication import HA_ID
 from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.xtx import (
@@ -175,6 +175,7 @@ class BrokerTransactions:
             raise XAError(XA.ER_PROTO, f"commit of {self.txid(gtxid)}, not prepared here")
         self.broker.dtx.commit_prepared(work.xid)  # its tc, its outcome record
         self._record(gtxid, COMMITTED, replicate=False)
+        self._unhold(gtxid)
 
     def rollback(self, gtxid: str) -> None:
         work = self._branch(gtxid)
@@ -185,6 +186,7 @@ class BrokerTransactions:
         elif work is not None:
             self._roll_back_branch(gtxid)
         self._record(gtxid, ROLLED_BACK, replicate=True)
+        self._unhold(gtxid)
 
     def in_doubt(self) -> Iterable[InDoubt]:
         out = []
@@ -221,7 +223,8 @@ class BrokerTransactions:
             if outcome != HELD or not txid.startswith(prefix) or client_id is None:
                 continue
             gtxid = txid[len(prefix):]
-            if self.status(gtxid).decided:
+            if self.status(gtxid).decided:  # decided by a primary before this one
+                self._unhold(gtxid)
                 continue
             parsed = parse_hold_client_id(client_id)
             if parsed is not None:
@@ -246,6 +249,16 @@ class BrokerTransactions:
         if work.state is State.ACTIVE:  # not ended (cannot happen: prepare ends it)
             self.broker.dtx.end(work.xid, self._owner, fail=True)
         self.broker.dtx.rollback(work.xid)  # its held entries requeued; a tr if replicated
+
+    def _unhold(self, gtxid: str) -> None:
+        """A decided transaction's all-prepared record is recorded again ``DECIDED`` (and
+        replicated), so that it ages out with the outcomes' retention (a ``HELD`` one is
+        kept apart from it: ``TxOutcomes.held``)."""
+        outcomes, txid = self.broker.outcomes, self.hold_txid(gtxid)
+        record = outcomes.get(txid)
+        if record is not None and record[2] == HELD:
+            outcomes.record(txid, record[1], DECIDED)
+            outcomes.replicate(txid)
 
     def _record(self, gtxid: str, outcome: str, *, replicate: bool) -> None:
         """The outcome record, in this loop callback (the change's store batch) unless the

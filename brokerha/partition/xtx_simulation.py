@@ -100,7 +100,7 @@ from brokerha.broker.message import Entry as QueueEntry
 from brokerha.broker.message import Message
 from brokerha.broker.queue import Queue
 from brokerha.broker.transaction import Transaction, TransactionObserver
-from brokerha.broker.tx_outcomes import COMMITTED, group_of
+from brokerha.broker.tx_outcomes import COMMITTED, DECIDED, group_of
 from brokerha.cluster.replication import HA_ID
 from brokerha.ha.simulation.disk import DiskStore, Image
 from brokerha.ha.simulation.world import SimResult, Violation
@@ -572,7 +572,8 @@ class XtxSimulation:
                     self.settle(part, Entry(kind, gtxid))
         held = f"g{part.number + 1}/xa:"
         for txid, record in image.outcomes.items():
-            if txid.startswith(held) and record[2] == HELD \
+            # a record decided since (the TM's decision before this sync) was held before
+            if txid.startswith(held) and record[2] in (HELD, DECIDED) \
                     and txid[len(held):] not in part.held_durably:
                 self.settle(part, Entry("h", txid[len(held):]))
         for key in image.prepared:

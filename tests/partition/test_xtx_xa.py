@@ -136,3 +136,34 @@ def test_unsafe_presume_held_abort_rolls_back_what_the_tm_was_told_is_prepared()
     gtxid = prepared_and_held(cluster)
     cluster.rules[0].tick(60.0)
     assert cluster.stores[0].status(gtxid).value == ROLLED_BACK  # decided without the TM
+
+
+def test_the_all_prepared_record_outlives_the_outcomes_retention_until_decided() -> None:
+    """A held transaction's record is kept apart from ``max_records``/``max_age`` (rule (c)
+    must hold however long the TM takes, however many transactions commit meanwhile), and
+    recorded again ``decided`` once the TM decided, then ages out as any record."""
+    from brokerha.broker.broker import Broker
+    from brokerha.broker.tx_outcomes import DECIDED
+    from brokerha.partition.xtx_broker import BrokerTransactions
+
+    broker = Broker("p0")
+    outcomes = broker.outcomes
+    outcomes.max_records = 3
+    sent: list[tuple[str, str]] = []
+    outcomes.listeners.append(lambda r: sent.append((r[0], r[2])))
+    txs = BrokerTransactions(broker, 0, lambda gtxid, ok: None)
+    gtxid = "0000000000000000001-n1"
+    txs.hold(gtxid, XID, (0, 1))
+    assert sent == [("g1/xa:" + gtxid, HELD)]  # to the group's backups (a ``to``)
+    for i in range(10):
+        outcomes.record(f"g1/tx-{i}", None, COMMITTED)
+    outcomes.prune(now=outcomes.clock() + 30 * 86400.0)
+    assert txs.is_held(gtxid) and len(outcomes) == 0  # the others aged out, not it
+    assert list(txs.held_xa()) == [(XID, gtxid, (0, 1))]
+    assert ("g1/xa:" + gtxid) in {r[0] for r in outcomes.snapshot(1)}  # in a catch-up
+    txs.rollback(gtxid)  # the TM's rollback: nothing prepared here, the record decided
+    assert not txs.is_held(gtxid) and list(txs.held_xa()) == []
+    assert sent[-1] == ("g1/xa:" + gtxid, DECIDED)
+    for i in range(10, 15):
+        outcomes.record(f"g1/tx-{i}", None, COMMITTED)
+    assert outcomes.get("g1/xa:" + gtxid) is None  # aged out with the others
