@@ -538,8 +538,10 @@ class StandIns:
         node's valid copy does not hold is to an exchange deleted since: the metadata log
         holds an exchange's declaration before any ``qe`` naming a binding to it, as the
         leader bound it only once its own copy held it. It routes nothing; it is skipped,
-        counted in ``unbound``, and tried again at each tick.)"""
-        return partition in self.layer.directory.synced and self.valid()
+        counted in ``unbound``, and tried again at each tick.) Not while the node's group of
+        it left since the last reconcile (its stand-ins are made at the next tick)."""
+        return partition in self.layer.directory.synced and partition + 1 not in self._groups \
+            and self.valid()
 
     # -- keeping them -------------------------------------------------------------------
 
@@ -683,8 +685,8 @@ class NodeDirectory:
         does not give it, and the partitions it is a learner of (``StandIns.learning``)."""
         stand_ins = self.stand_ins
         if stand_ins.valid():  # (``StandIns.known``, its copy's validity asked once)
-            synced = self.layer.directory.synced
-            unknown = [p for p in partitions if p not in synced]
+            synced, had = self.layer.directory.synced, stand_ins._groups
+            unknown = [p for p in partitions if p not in synced or p + 1 in had]
         else:
             unknown = list(partitions)
         return sorted(set(unknown) | stand_ins.learning) if stand_ins.learning else unknown

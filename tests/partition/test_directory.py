@@ -463,6 +463,18 @@ def test_a_learner_fails_closed_until_it_votes(net: Net) -> None:
     assert stand_ins.learning == set() and net.clients[node].unknown_partitions() == []
 
 
+def test_a_group_left_is_unknown_until_its_stand_ins_are_made(net: Net) -> None:
+    """A node whose group of a partition left (its cell moved away: its queues went with
+    the group) holds no stand-in of that partition until its next tick: unknown
+    meanwhile (as if the group had been there at the last reconcile)."""
+    node, missing = net.outside()
+    stand_ins = net.dirs[node].stand_ins
+    stand_ins._groups = stand_ins._groups | {group_of(missing)}
+    assert missing in net.clients[node].unknown_partitions()
+    stand_ins.tick()
+    assert net.clients[node].unknown_partitions() == []
+
+
 def test_a_periodic_check_resyncs_what_no_method_reported(net: Net) -> None:
     node, missing = net.outside()
     leader = net.leader(missing)
