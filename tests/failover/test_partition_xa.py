@@ -168,3 +168,38 @@ def test_a_participant_s_leader_killed_after_prepare_the_commit_still_commits_bo
         until("nothing held prepared", lambda: settled(cluster, [a, c]))
         print(f"{b} ({killed}) killed after XA_OK; new leader {new}; committed and rolled "
               f"back {took:.1f}s after the kill")
+
+
+def test_a_remote_get_s_ack_in_an_xa_branch_is_settled_by_the_tm_s_decision() -> None:
+    """A's client gets a message of B's queue (a remote get), acknowledges it in an XA
+    branch that publishes to C's queue: after prepare and commit it is gone from B and
+    the publish is on C; a second, rolled back after prepare, is back on B."""
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout, queues = setup(cluster)
+        a, b, c = layout.a, layout.b, layout.c
+        feed = connect(cluster, b)
+        for i in (1, 2):
+            feed.channel().basic_publish("", queues[b], b"in", props(i))
+        feed.close()
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        xa = PikaXAResource(ch, timeout=20.0)
+        done: list[Xid] = []
+        for commit in (True, False):
+            xid = new_xid()
+            xa.start(xid)
+            method, _, _ = ch.basic_get(queues[b])
+            assert method is not None
+            ch.basic_ack(method.delivery_tag)
+            ch.basic_publish("", queues[c], b"out", props(10 + len(done)))
+            xa.end(xid)
+            assert xa.prepare(xid) == XA_OK
+            if commit:
+                xa.commit(xid)
+            else:
+                xa.rollback(xid)
+            done.append(xid)
+        conn.close()
+        assert drain_ids(cluster, c, queues[c]) == ["10"]
+        assert drain_ids(cluster, b, queues[b]) == ["2"]  # 1 settled; 2 back after rollback
+        until("nothing held prepared", lambda: settled(cluster, [a, b, c]))
