@@ -62,6 +62,7 @@ from brokerha.partition.remote_consumer import (
     ConsumeError,
     ConsumerHost,
     ConsumerProxy,
+    Credit,
     Deliver,
     Delivered,
     DeliverPart,
@@ -88,8 +89,8 @@ log = logging.getLogger("brokerha.partition")
 CONSUME_WAIT = 30.0
 
 PACKETS = (Consume, Deliver, Settle, Cancel, Get, GetReply, ConsumeError, Settled,  # 40-47
-           DeliverPart, Attached)  # 48, 49
-TO_HOST = (Consume, Settle, Cancel, Get)
+           DeliverPart, Attached, Credit)  # 48, 49, 57
+TO_HOST = (Consume, Settle, Cancel, Get, Credit)
 
 
 class StandIn:
@@ -138,6 +139,13 @@ def stand_in_of(queue: Queue) -> StandIn | None:
     return None
 
 
+def credit_of(ch: Channel, consumer: ChannelConsumer) -> int:
+    """The host's credit for a remote consumer: its prefetch (the channel's at the consume),
+    at most the channel's global one (what comes beyond the channel's room waits on this
+    node: ``RemoteSub.waiting``); 0: unlimited."""
+    return min((p for p in (consumer.prefetch, ch.global_prefetch) if p), default=0)
+
+
 class RemoteSettle:
     """A remote delivery the channel acknowledged (``ACK``) or rejected (``REQUEUE``,
     ``REJECT``) in a transaction: its stand-in, the channel's entry, what the host knows."""
@@ -166,6 +174,8 @@ class RemoteSub:
         # answer: ``answer`` while it is owed (not nowait), asked at ``since``
         self.since = since
         self.answer = answer
+        self.credit = 0   # the prefetch the host was told (``credit_of``)
+        self.written = 0  # no-ack deliveries written to the client, not granted back yet
 
 
 class NodeConsuming:
@@ -198,12 +208,11 @@ class NodeConsuming:
         stand_in = StandIn(self, queue.vhost, queue.name)
         consumer = ChannelConsumer(ch, stand_in.queue, tag, no_ack=no_ack, exclusive=exclusive,
                                    prefetch=ch.prefetch_count, arguments={})
-        # the host's credit: the consumer's prefetch, at most the channel's global one (what
-        # comes beyond the channel's room waits here: ``waiting``)
-        credit = min((p for p in (ch.prefetch_count, ch.global_prefetch) if p), default=0)
+        credit = credit_of(ch, consumer)
         cid, out = self.proxy.consume(group, queue.vhost, ha_id, credit,
                                       no_ack=no_ack, exclusive=exclusive)
-        self.subs[cid] = RemoteSub(ch, consumer, stand_in, self.clock(), not nowait)
+        sub = self.subs[cid] = RemoteSub(ch, consumer, stand_in, self.clock(), not nowait)
+        sub.credit = credit
         self.by_channel.setdefault(id(ch), {})[tag] = cid
         ch.consumers[tag] = consumer
         if not nowait:  # the consume-ok once the leader took it: its later frames wait
@@ -292,6 +301,25 @@ class NodeConsuming:
         self._flush_scheduled = False
         self.carry_out(self.proxy.flush())
         self._write_waiting()  # an ack made room on its channel
+        self._credit()
+
+    def _credit(self) -> None:
+        """Each consumer's credit to its host: its prefetch again if the channel's
+        ``basic.qos`` changed it (the global one, at once for every consumer of the
+        channel, as locally), and a no-ack consumer's deliveries written to its client,
+        granted back while the client's connection takes writes (a slow client's node
+        holds at most ``NO_ACK_CREDIT`` more of them). At a flush and at the HA tick."""
+        for cid, sub in self.subs.items():
+            ch = sub.channel
+            if ch.state != OPEN:
+                continue
+            credit = credit_of(ch, sub.consumer)
+            granted = sub.written if ch.conn.writable else 0
+            if credit == sub.credit and not granted:
+                continue
+            sub.credit = credit
+            sub.written -= granted
+            self.carry_out(self.proxy.credit(cid, credit, granted))
 
     def _want_flush(self) -> None:
         if not self._flush_scheduled:
@@ -346,6 +374,7 @@ class NodeConsuming:
             if host.handed:
                 host.release_handed(partial(self._decided, host.group, host.epoch))
         self._write_waiting()
+        self._credit()  # a basic.qos changed since, a slow client's connection writable again
         self._unanswered()
 
     def _decided(self, group: int, epoch: int, gtxid: str, handed: Handed) -> bool:
@@ -460,6 +489,9 @@ class NodeConsuming:
         consumer = sub.consumer
         if consumer.no_ack:
             sub.stand_in.held.pop(id(entry), None)
+            sub.stand_in.queue.unacked -= 1
+            sub.written += 1  # granted back at the turn's end, if the client takes writes
+            self._want_flush()
         else:
             ch.unacked[tag] = Delivery(sub.stand_in.queue, entry, None)
         conn = ch.conn

@@ -71,6 +71,9 @@ HAND = "tx:"
 # ``xtx_broker.BrokerTransactions.held``
 BranchKey = tuple[str, str, int]
 GETTER = 0  # the consumer id under which a proxy's basic.get deliveries are held
+# a no-ack consumer's credit: what the host sends it before the client's node says it wrote
+# them to its client (``Credit.granted``): a fast primary cannot flood a slow client's node
+NO_ACK_CREDIT = 256
 NOT_FOUND = "not-found"            # the queue is not held by the primary (another incarnation)
 ACCESS_REFUSED = "access-refused"  # an exclusive consumer rules it out (403)
 CANCELLED = "cancelled"            # the queue went away (a server's basic.cancel)
@@ -245,8 +248,24 @@ class Attached(Message):
     attach: int
 
 
+@packet(57)
+class Credit(Message):
+    """Proxy -> primary: the consumer's credit now -- ``prefetch`` (the channel's
+    ``basic.qos`` changed: its global prefetch, or the consumer's at the consume) and, for
+    a no-ack consumer, ``granted`` deliveries written to the client (its window,
+    ``NO_ACK_CREDIT``, opens by that many)."""
+
+    group: int
+    epoch: int
+    origin: str
+    consumer: int
+    attach: int
+    prefetch: int
+    granted: int
+
+
 Packet = (Consume | Deliver | Settle | Cancel | Get | GetReply | ConsumeError | Settled
-          | DeliverPart | Attached)
+          | DeliverPart | Attached | Credit)
 
 
 # -- effects ----------------------------------------------------------------------------------
@@ -424,16 +443,23 @@ class RemoteConsumer(Holder):
         self.prefetch = packet.prefetch
         self.cancelled = False
         self.pending: list[list[Any]] = []  # deliveries of this loop turn
+        self.outstanding = 0  # a no-ack consumer's deliveries not granted back (``Credit``)
 
     def can_take(self) -> bool:
         if self.cancelled or not self.host.serving():
             return False
-        if self.no_ack or not self.prefetch or self.host.unsafe.credit_ignored:
+        if self.host.unsafe.credit_ignored:
+            return True
+        if self.no_ack:
+            return self.outstanding < NO_ACK_CREDIT
+        if not self.prefetch:
             return True
         return len(self.held) < self.prefetch
 
     def deliver(self, queue: Queue, entry: Entry) -> None:
-        if not self.no_ack:
+        if self.no_ack:
+            self.outstanding += 1
+        else:
             self.held[(self.ha_id, entry.position)] = (queue, entry)
         self.pending.append(wire_delivery(entry))
         self.host.wants_flush(self)
@@ -497,6 +523,8 @@ class ConsumerHost:
             self._cancel(packet)
         elif isinstance(packet, Get):
             self._get(src, packet)
+        elif isinstance(packet, Credit):
+            self._credit(packet)
         return self._take_outbox()
 
     def flush(self) -> list[Effect]:
@@ -735,6 +763,16 @@ class ConsumerHost:
             if queue.consumers and queue.message_count:
                 queue.dispatch()
 
+    def _credit(self, packet: Credit) -> None:
+        holder = self._current(packet.origin, packet.consumer, packet.attach, packet.epoch)
+        if not isinstance(holder, RemoteConsumer):
+            return
+        holder.prefetch = max(0, int(packet.prefetch))
+        holder.outstanding = max(0, holder.outstanding - max(0, int(packet.granted)))
+        queue = holder.queue
+        if not holder.cancelled and queue.consumers and queue.message_count:
+            queue.dispatch()
+
     def _cancel(self, packet: Cancel) -> None:
         holder = self._current(packet.origin, packet.consumer, packet.attach, packet.epoch)
         if holder is None:
@@ -965,6 +1003,18 @@ class ConsumerProxy:
         self.stats.gets += 1
         return request, [SendTo(leader[0], Get(group, leader[1], self.origin, request,
                                                lane.attach, vhost, queue, no_ack))]
+
+    def credit(self, consumer: int, prefetch: int, granted: int = 0) -> list[Effect]:
+        """The consumer's credit changed: its ``prefetch`` (kept for the next attach too)
+        and, for a no-ack consumer, ``granted`` deliveries written to its client."""
+        sub = self.subs.get(consumer)
+        if sub is None:
+            return []
+        sub.prefetch = prefetch
+        if sub.node is None or sub.cancelled:
+            return []  # the next Consume carries the prefetch, and a fresh window
+        return [SendTo(sub.node, Credit(sub.group, sub.epoch, self.origin, consumer,
+                                        sub.attach, prefetch, granted))]
 
     def hand_over(self, deliveries: Iterable[RemoteDelivery], how: str,
                   gtxid: str) -> list[Effect]:

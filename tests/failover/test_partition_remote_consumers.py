@@ -365,5 +365,41 @@ def test_a_channel_s_global_prefetch_holds_across_local_and_remote_consumers() -
             ids = sorted(m for _, m in got)
             assert ids == sorted([str(i) for i in range(10)] + [str(100 + i) for i in range(10)])
             consumer.basic_ack(got[-1][0], multiple=True)
+
+            # the global prefetch raised after consuming: the remote host's credit follows
+            # (issue 35 task F; it stayed 4 until the next attach)
+            for i in range(10):
+                ch.basic_publish("", remote, b"r", props(200 + i))
+            settle_for(1.0)
+            assert len(got) == 24, got
+            consumer.basic_qos(prefetch_count=8, global_qos=True)
+            settle_for(2.0)
+            assert len(got) == 28, got
+            consumer.basic_ack(got[-1][0], multiple=True)
+            settle_for(1.0)
+            assert len(got) == 30, got
+            consumer.basic_ack(got[-1][0], multiple=True)
         finally:
             conn.close()
+
+        # a no-ack consumer whose client reads nothing: the leader sends it its window
+        # (NO_ACK_CREDIT) and what the client's node could write, not the whole queue
+        leader = leaders[str(other + 1)]
+        big = b"x" * 16384
+        conn = connect(cluster, leader)
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            for i in range(1500):
+                ch.basic_publish("", remote, big, props(300 + i))
+        finally:
+            conn.close()
+        sleeper = connect(cluster, x)
+        try:
+            sleeper.channel().basic_consume(remote, nothing, auto_ack=True)
+            time.sleep(3.0)  # the client reads nothing: its socket's buffers fill
+            left = depth(cluster, leader, remote)
+            print(f"a no-ack consumer reading nothing: {1500 - left} of 1500 left the leader")
+            assert left > 500, left
+        finally:
+            sleeper.close()

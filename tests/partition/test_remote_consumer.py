@@ -18,10 +18,12 @@ from brokerha.partition.remote_consumer import (
     ACCESS_REFUSED,
     ACK,
     CANCELLED,
+    NO_ACK_CREDIT,
     NOT_FOUND,
     REJECT,
     REQUEUE,
     UNAVAILABLE,
+    Attached,
     BranchKey,
     Cancelled,
     Consume,
@@ -29,6 +31,7 @@ from brokerha.partition.remote_consumer import (
     ConsumeError,
     ConsumerHost,
     ConsumerProxy,
+    Credit,
     Deliver,
     Delivered,
     Effect,
@@ -449,7 +452,9 @@ def test_the_cluster_links_codec_carries_the_packets() -> None:
                Get(1, 2, "n1.1", 9, 1, "/", "1.1", False),
                GetReply(1, "n1.1", 9, [], "", 0),
                ConsumeError(1, "n1.1", 3, 1, NOT_FOUND, "gone"),
-               Settled(1, 2, "n1.1", 3, "/", "1.1", [4])]
+               Settled(1, 2, "n1.1", 3, "/", "1.1", [4]),
+               Attached(1, "n1.1", 3, 1), Credit(1, 2, "n1.1", 3, 1, 10, 20),
+               Settle(1, 2, "n1.1", 3, 1, "/", "1.1", [4], hand_how(REJECT, "g"))]
     codec = PacketCodec()
     data = b"".join(codec.encode(i, p) for i, p in enumerate(packets))
     assert [p for _, p in PacketCodec().feed(data)] == packets
@@ -675,3 +680,36 @@ def test_the_unsafe_hand_over_kept_leaves_it_held_too() -> None:
     consume(c, prefetch=1)
     c.carry(c.proxy.hand_over(c.delivered(), ACK, "g1"))
     assert len(branch) == 1 and host.held() == 1  # both hold it: a close requeues it
+
+
+# -- credit: a qos changed after the consume, a no-ack consumer's window (task F item 3) ------
+
+
+def test_a_prefetch_changed_after_the_consume_is_the_host_s_credit_at_once() -> None:
+    broker, q = primary((b"m1", b"m2", b"m3", b"m4", b"m5"))
+    c = Cluster({"p": host_on(broker)})
+    c.notice("p", 1)
+    consumer = consume(c, prefetch=1)
+    assert [d.position for d in c.delivered()] == [1]
+    out = c.proxy.credit(consumer, 3)
+    assert [type(e.packet) for e in out if isinstance(e, SendTo)] == [Credit]
+    c.carry(out)
+    c.turn()
+    assert [d.position for d in c.delivered()] == [2, 3]  # raised: three held
+    c.carry(c.proxy.credit(consumer, 1))  # lowered: nothing more until below it
+    c.proxy.settle([], ACK)
+    assert c.delivered() == [] and q.message_count == 2
+    assert c.proxy.subs[consumer].prefetch == 1  # the next attach's Consume carries it
+
+
+def test_a_no_ack_consumer_takes_its_window_and_more_as_its_writes_are_granted() -> None:
+    broker, q = primary([b"m%d" % i for i in range(NO_ACK_CREDIT + 50)])
+    c = Cluster({"p": host_on(broker)})
+    c.notice("p", 1)
+    consumer, out = c.proxy.consume(GROUP, "/", "1.1", 0, no_ack=True)
+    c.carry(out)
+    c.turn()
+    assert len(c.delivered()) == NO_ACK_CREDIT and q.message_count == 50
+    c.carry(c.proxy.credit(consumer, 0, granted=20))  # written to the client: 20 more
+    c.turn()
+    assert len(c.delivered()) == 20 and q.message_count == 30
