@@ -513,7 +513,9 @@ class StandIns:
         self.layer = layer
         self.held: dict[Key, tuple[Queue, DirectoryEntry]] = {}
         self.bound: dict[Key, set[BindingKey]] = {}
-        self.unbound: set[Key] = set()  # a binding's exchange is not here (deleted since)
+        # not made or not bound whole: its vhost is not here yet, a queue of this node's
+        # holds its name, a binding's exchange is not here (deleted since)
+        self.unbound: set[Key] = set()
         self._groups: frozenset[int] = frozenset()
         # partitions this node is a learner of (a new cell catching up: its copy may lack
         # queues and bindings, and its stand-ins went when its group started)
@@ -570,8 +572,9 @@ class StandIns:
     def reconcile(self, keys: set[Key] | None) -> None:
         entries = self.layer.directory.entries
         if keys is None:
-            keys = set(entries) | set(self.held)
+            keys = set(entries) | set(self.held) | self.unbound
         for key in keys:
+            self.unbound.discard(key)
             entry = entries.get(key)
             if entry is not None and self._has_group(entry.partition):
                 entry = None
@@ -586,7 +589,8 @@ class StandIns:
                 self._remove(key)
                 held = None
             if held is None:
-                if not self._make(key, entry):
+                if not self._make(key, entry):  # no such vhost yet, or a queue of its own
+                    self.unbound.add(key)  # by that name: tried again at each tick
                     continue
             else:
                 self.held[key] = (held[0], entry)

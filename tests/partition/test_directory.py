@@ -475,6 +475,24 @@ def test_a_group_left_is_unknown_until_its_stand_ins_are_made(net: Net) -> None:
     assert net.clients[node].unknown_partitions() == []
 
 
+def test_a_stand_in_of_a_vhost_not_here_yet_is_made_once_it_is(net: Net) -> None:
+    node, missing = net.outside()
+    nd = net.dirs[node]
+    key = ("/late", "q")
+    nd.layer.directory.entries[key] = entry(missing, "9.9")
+    try:
+        nd.stand_ins.reconcile({key})
+        assert key in nd.stand_ins.unbound and key not in nd.stand_ins.held
+        net.sim.node(node).broker.add_vhost("/late")
+        nd.stand_ins.tick()
+        assert key in nd.stand_ins.held and key not in nd.stand_ins.unbound
+        assert net.sim.node(node).broker.vhosts["/late"].queues["q"].arguments[HA_ID] == "9.9"
+    finally:
+        del nd.layer.directory.entries[key]
+        nd.stand_ins.reconcile({key})
+    assert "q" not in net.sim.node(node).broker.vhosts["/late"].queues
+
+
 def test_a_periodic_check_resyncs_what_no_method_reported(net: Net) -> None:
     node, missing = net.outside()
     leader = net.leader(missing)
