@@ -94,6 +94,11 @@ HOLD_ENV = "BROKERHA_XTX_HOLD"
 # partition's share goes whole in one XPrepare, and a packet over the link's MAX_PACKET
 # (64 MiB) would fail the link, every group's traffic with it
 XTX_MAX_BYTES = 48 * 1024 * 1024
+# how long the node remembers an XA transaction it prepared for its TM (so that the TM's
+# commit or rollback through this node needs no recover): a TM that finishes it through
+# another node leaves nothing here for good, and an xid reused later is asked of the
+# partitions, not taken from an old entry
+XA_KNOWN_FOR = 60.0
 
 Answered = Callable[[bool, str], None]
 # an XA transaction held for its TM: (xid key, gtxid, participants)
@@ -258,7 +263,7 @@ class NodeTransactions:
         # participants: its commit or rollback needs no recover), the recovers under way
         self._xa_prepares: dict[str, str] = {}
         self._participants: dict[str, tuple[int, ...]] = {}
-        self.xa_known: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.xa_known: dict[str, tuple[str, tuple[int, ...], float]] = {}
         self._recovers: dict[int, _Recover] = {}
         self._ref = 0
 
@@ -439,7 +444,10 @@ class NodeTransactions:
         out: list[tuple[Effect, int | None]] = []
         if self.coordinator is not None:
             out += [(e, None) for e in self.coordinator.tick(self.wall())]
-        self._tick_recovers(self.wall())
+        wall = self.wall()
+        self._tick_recovers(wall)
+        for xid in [x for x, known in self.xa_known.items() if wall - known[2] > XA_KNOWN_FOR]:
+            del self.xa_known[xid]
         now = self.broker.clock()
         for own in list(self.rules.values()):
             out += [(e, own.group) for e in own.rules.tick(now)]
@@ -551,7 +559,7 @@ class NodeTransactions:
             self.stats["xa_prepared"] += 1
             participants = self._participants.pop(effect.gtxid, ())
             if effect.held:
-                self.xa_known[xa] = (effect.gtxid, participants)
+                self.xa_known[xa] = (effect.gtxid, participants, self.wall())
             answer = self.answers.pop(effect.gtxid, None)
             self._requeue(self._handed.pop(effect.gtxid, []))
             for key in [k for k in self._held if k[0] == effect.gtxid]:
