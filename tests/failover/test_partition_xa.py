@@ -62,6 +62,10 @@ def test_xa_branches_across_partitions_commit_and_roll_back_whole() -> None:
         xa.rollback(rolled_back)
         branch(xa, ch, one_phase, [queues[b], queues[c]], 3)
         xa.commit(one_phase, one_phase=True)  # a TX across partitions
+        single = new_xid()
+        branch(xa, ch, single, [queues[b]], 6)  # one partition led elsewhere: its decider alone
+        assert xa.prepare(single) == XA_OK
+        xa.commit(single)
         local = new_xid()
         branch(xa, ch, local, [queues[a]], 4)  # A's own partition: today's local XA
         assert xa.prepare(local) == XA_OK
@@ -73,10 +77,10 @@ def test_xa_branches_across_partitions_commit_and_roll_back_whole() -> None:
         assert unknown.value.status == "XAER_NOTA"
         status = transactions(cluster, a)
         conn.close()
-        assert drain_ids(cluster, b, queues[b]) == ["1", "3"]
+        assert drain_ids(cluster, b, queues[b]) == ["1", "3", "6"]
         assert drain_ids(cluster, c, queues[c]) == ["1", "3"]
         assert drain_ids(cluster, a, queues[a]) == ["4"]
-        assert status["xa_prepared"] == 2 and status["xa_finished"] == 2, status
+        assert status["xa_prepared"] == 3 and status["xa_finished"] == 3, status
         # what a transaction across partitions cannot take is refused whole (540), as a TX
         refused = connect(cluster, a)
         rch = refused.channel()
@@ -89,7 +93,8 @@ def test_xa_branches_across_partitions_commit_and_roll_back_whole() -> None:
         assert closed.value.reply_code == 540 and "exclusive queue" in closed.value.reply_text
         assert xa_leftovers(cluster, a) == 0
         until("nothing held prepared", lambda: settled(cluster, [a, b, c]))
-        print(f"4 XA branches (2 across partitions prepared, 1 one-phase, 1 local) in "
+        print(f"5 XA branches (2 across partitions prepared, 1 one-phase, 1 of one partition "
+              "led elsewhere, 1 local) in "
               f"{took:.2f}s; coordinator {status}")
 
 
