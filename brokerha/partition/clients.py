@@ -69,7 +69,7 @@ from brokerha.cluster.replication import HA_ID
 from brokerha.ha.admission import Admission, ClientLink
 from brokerha.ha.member import HAMember
 from brokerha.partition.consuming import NodeConsuming
-from brokerha.partition.declarations import NodeDeclarations
+from brokerha.partition.declarations import DIRECTORY_OPS, NodeDeclarations
 from brokerha.partition.directory import NodeDirectory
 from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.forwarding import NodeForwarding
@@ -368,12 +368,13 @@ class GroupClients:
     def _listed(self, method: Any) -> bool:
         """Whether a queue method on its partition's leader goes through the leader's own
         declaration host, so that its answer waits for the queue directory to hold what it
-        changed (``partition/directory.py``): a declare (not passive, not server-named),
-        bind, unbind or delete, while the node keeps a directory."""
+        changed (``partition/directory.py``): a declare (not passive; a server-named one
+        with the name this node drew), bind, unbind or delete, while the node keeps a
+        directory."""
         if self.directory is None:
             return False
         if isinstance(method, commands.Queue.Declare):
-            return not method.passive and bool(method.queue)
+            return not method.passive
         return isinstance(method, commands.Queue.Bind | commands.Queue.Unbind
                           | commands.Queue.Delete)
 
@@ -396,8 +397,9 @@ class GroupClients:
             group = self.group_of_queue(vhost, name, arguments, False)
         except NotLeader:
             return None
-        if group is None or self._serves(group):
-            return None
+        if group is None or (self._serves(group) and (
+                self.directory is None or op not in DIRECTORY_OPS)):
+            return None  # (with a directory, its leader's own host answers once it holds it)
         future: Awaitable[list[Any]] = declarations.request(group, op, args)
         return future
 

@@ -397,10 +397,14 @@ class BrokerOps:
 
     @staticmethod
     def _queue_declare(vhost: Any, name: str, passive: bool, durable: bool, auto_delete: bool,
-                       arguments: Mapping[str, Any] | None) -> list[Any]:
+                       arguments: Mapping[str, Any] | None,
+                       server_named: bool = False) -> list[Any]:
+        """``server_named``: the asking node drew the ``amq.gen-`` name for a declare with
+        no name (the prefix is refused otherwise, as on one node)."""
         queue = vhost.declare_queue(name, owner=None, passive=passive, durable=durable,
                                     exclusive=False, auto_delete=auto_delete,
-                                    arguments=dict(arguments or {}))
+                                    arguments=dict(arguments or {}),
+                                    server_named=bool(server_named))
         return [queue.name, queue.message_count, queue.consumer_count]
 
     @staticmethod
@@ -573,6 +577,8 @@ class NodeDeclarations:
         if isinstance(m, commands.Queue.Declare):
             op, args = "queue.declare", [vhost, name, m.passive, m.durable, m.auto_delete,
                                          dict(m.arguments or {})]
+            if not m.queue and not m.passive:  # a name this node drew (``amq.gen-``)
+                args.append(True)
 
             def answer(result: list[Any]) -> Any:
                 ch.last_queue = result[0]

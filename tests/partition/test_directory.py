@@ -493,6 +493,45 @@ def test_a_stand_in_of_a_vhost_not_here_yet_is_made_once_it_is(net: Net) -> None
     assert "q" not in net.sim.node(node).broker.vhosts["/late"].queues
 
 
+def test_a_server_named_queue_and_the_management_apis_declare_on_the_leader(
+        net: Net) -> None:
+    """On a partition's leader, a server-named declare (the ``amq.gen-`` name the node drew)
+    and the management API's declare go through its own host too: answered once the
+    node outside the partition routes to the queue."""
+    import asyncio
+
+    node, missing = net.outside()
+    leader = net.leader(missing)
+    gen = next(f"amq.gen-{i:022d}" for i in range(1000)
+               if hash_partition_of(f"amq.gen-{i:022d}") == missing)
+    ch = Channel(net.vhost(leader))
+    method = commands.Queue.Declare(queue="", durable=True)
+    assert net.clients[leader]._listed(method)
+    net.decl[leader].queue_method(ch, group_of(missing), method, gen)
+    while not ch.sent:
+        net.pump(1)
+    assert ch.sent[-1].queue == gen and gen in net.vhost(node).queues
+    api = name_in(missing, "api")
+
+    async def declare() -> Any:
+        future = net.clients[leader].queue_request("/", api, {}, "queue.declare",
+                                                   ["/", api, False, True, False, {}])
+        assert future is not None  # through the leader's own host
+        net.pump()
+        return await future
+
+    assert asyncio.run(declare()) == [api, 0, 0]
+    assert api in net.vhost(node).queues
+    # a purge changes no entry: answered here, as before
+    assert net.clients[leader].queue_request("/", api, {}, "queue.purge", ["/", api]) is None
+
+
+def hash_partition_of(name: str) -> int:
+    from brokerha.cluster.partition_table import hash_partition
+
+    return hash_partition("/", name, P)
+
+
 def test_a_periodic_check_resyncs_what_no_method_reported(net: Net) -> None:
     node, missing = net.outside()
     leader = net.leader(missing)
