@@ -36,7 +36,9 @@ Test hook (``BROKERHA_XTX_HOLD``, e.g. ``decide=30`` or ``commit=30``): the
 coordinator keeps back, for that many seconds from the first attempt, every
 ``XDecide`` (``decide``) or ``XCommit``/``XRollback`` (``commit``) it would send:
 ``tests/failover/test_partition_transactions.py`` kills the coordinator's node
-between the prepares and the decision, or between the decision and the commits.
+between the prepares and the decision, or between the decision and the commits;
+``hold=S`` keeps back an XA prepare's ``XHold`` (``tests/failover/test_partition_xa.py``:
+the decider's timeout rolls its branch back first, the prepare answers XA_RBROLLBACK).
 """
 
 from __future__ import annotations
@@ -186,7 +188,8 @@ def coordinator_name(origin: str) -> str | None:
 
 
 def parse_hold(text: str) -> dict[type, float]:
-    """``BROKERHA_XTX_HOLD``: ``decide=S`` and/or ``commit=S`` (comma-separated)."""
+    """``BROKERHA_XTX_HOLD``: ``decide=S``, ``commit=S`` and/or ``hold=S`` (an XA prepare's
+    ``XHold``), comma-separated."""
     hold: dict[type, float] = {}
     for part in filter(None, (t.strip() for t in text.split(","))):
         what, _, seconds = part.partition("=")
@@ -194,8 +197,10 @@ def parse_hold(text: str) -> dict[type, float]:
             hold[XDecide] = float(seconds)
         elif what == "commit":
             hold[XCommit] = hold[XRollback] = float(seconds)
+        elif what == "hold":
+            hold[XHold] = float(seconds)
         else:
-            raise ValueError(f"{HOLD_ENV}: {part!r} is not decide=S or commit=S")
+            raise ValueError(f"{HOLD_ENV}: {part!r} is not decide=S, commit=S or hold=S")
     return hold
 
 

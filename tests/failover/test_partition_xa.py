@@ -208,3 +208,30 @@ def test_a_remote_get_s_ack_in_an_xa_branch_is_settled_by_the_tm_s_decision() ->
         assert drain_ids(cluster, c, queues[c]) == ["10"]
         assert drain_ids(cluster, b, queues[b]) == ["2"]  # 1 settled; 2 back after rollback
         until("nothing held prepared", lambda: settled(cluster, [a, b, c]))
+
+
+def test_a_hold_later_than_the_deciders_timeout_makes_the_prepare_roll_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keeps its XHold back 4 s (``BROKERHA_XTX_HOLD=hold=4``): both branches are
+    prepared, nothing is held for the TM yet, so the decider's timeout (2 s) rolls its
+    branch back (rule (b)); the late XHold finds it rolled back and ``prepare`` answers
+    XA_RBROLLBACK with the reason: on neither queue, nothing left prepared, nothing for
+    ``recover``."""
+    monkeypatch.setenv("BROKERHA_XTX_HOLD", "hold=4")
+    with LocalCluster(3, options=OPTIONS) as cluster:
+        layout, queues = setup(cluster)
+        a, b, c = layout.a, layout.b, layout.c
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        xa = PikaXAResource(ch, timeout=20.0)
+        xid = new_xid()
+        branch(xa, ch, xid, [queues[b], queues[c]], 8)
+        with pytest.raises(XAException) as refused:
+            xa.prepare(xid)
+        assert refused.value.status == "XA_RBROLLBACK"
+        assert "rolled it back" in str(refused.value)
+        assert xa.recover() == []
+        conn.close()
+        assert drain_ids(cluster, b, queues[b]) == []
+        assert drain_ids(cluster, c, queues[c]) == []
+        until("nothing held prepared", lambda: settled(cluster, [a, b, c]))

@@ -104,5 +104,6 @@ def test_the_hold_hook() -> None:
     assert parse_hold("") == {}
     assert parse_hold("decide=2.5") == {XDecide: 2.5}
     assert parse_hold("commit=1, decide=3") == {XCommit: 1.0, XRollback: 1.0, XDecide: 3.0}
+    assert parse_hold("hold=4") == {XHold: 4.0}  # an XA prepare's XHold
     with pytest.raises(ValueError):
         parse_hold("prepare=1")
