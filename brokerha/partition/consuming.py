@@ -20,7 +20,17 @@ groups this node does not serve. What it does:
   the channel's ``unacked`` as an ``Entry`` of that stand-in, so the channel's
   ack, nack, reject (``multiple`` too) and its release work unchanged: the
   stand-in's ``dequeued`` and ``requeued`` hooks turn them into the proxy's
-  settles (an ack counts in the queue's ``acked``, a reject does not).
+  settles (an ack counts in the queue's ``acked``, a reject does not). A
+  consume's ``consume-ok`` waits for the leader's ``Attached`` (a refusal
+  closes the channel instead, as locally); the consumers' credit follows the
+  channel's ``basic.qos`` and, for no-ack ones, what their client's connection
+  took (``_credit``, ``Credit``).
+- **Transactions** (``GroupClients.tx_commit``): the acks, rejects and nacks of
+  remote deliveries in a transaction across partitions are handed, before its
+  prepares, to the branches on the primaries that delivered them
+  (``hand_over``); a host's branch takes them from ``NodeTransactions``' rules
+  of its epoch (``transactions``, set by the shell), what none took is released
+  at the tick once decided (docs/ha.md "Clients on any node").
 """
 
 from __future__ import annotations

@@ -44,7 +44,13 @@ make one packet past the link's ``MAX_PACKET``). The proxy puts the body back
 together; one not whole (a part lost with a link) is sent back as a
 ``requeue`` (the message comes again, flagged).
 
-Packets are cluster ``Message``s, codes 40-48 (the queues' range of
+The proxy's consume is answered ``Attached`` by the host before any delivery (the
+channel's consume-ok waits for it); ``Credit`` carries a changed prefetch and a
+no-ack consumer's window (``NO_ACK_CREDIT``) back to the host. A ``Settle``
+whose ``how`` is ``tx:<how>:<gtxid>`` (``hand_how``) hands what it names to a
+transaction's branch on the host's primary (``Handed``, ``release_handed``).
+
+Packets are cluster ``Message``s, codes 40-49 and 57 (the queues' range of
 ``cluster/messages.py``), fields wire types in wire order; each names its
 group, so the mux does not wrap them. Queues are named by ``(vhost,
 x-ha-id)`` within the group (``forward_apply.BrokerForwardLog.queue``).
