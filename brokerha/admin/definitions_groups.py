@@ -32,12 +32,15 @@ saying the file may be imported again -- never a success with items missing.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from brokerha.admin.management import ManagementError, _amqp_error, _bool, bad_request
 from brokerha.broker.errors import BrokerError
 from brokerha.broker.placement import METADATA_GROUP
+
+log = logging.getLogger("brokerha.management")
 
 WINDOW = 256  # requests in flight at once: a big file must not flood the links
 
@@ -130,6 +133,8 @@ def _refusal(item: Item, exc: BaseException) -> ManagementError:
     from brokerha.partition.declarations import CONNECTION_FORCED
 
     code = getattr(exc, "code", 0)
+    log.warning("definitions import stopped at %s (partition group %d's leader): %s %s",
+                item.what, item.group, code, exc)
     if code == CONNECTION_FORCED:  # no answer: its outcome is unknown, the import is not done
         return ManagementError(503, "service_unavailable",
                                f"definitions import not complete: {item.what} was asked of "
