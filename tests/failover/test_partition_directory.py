@@ -8,7 +8,8 @@ the partition's own log); it routes to them by the directory the metadata group 
 ``x-ha-id``. (1) A client there declares q and binds it to a direct exchange (carried to
 q's leader, answered once the directory and this node's copy of it hold them), publishes
 with confirms and ``mandatory`` to the default exchange and through the binding: all
-confirmed, none returned, all on the leader, then consumed from that node, in order.
+confirmed, none returned, all on the leader, then consumed (basic.consume, then
+basic.get) from that node, in order.
 (2) The coordinator (the metadata group's leader, which appends the directory's changes)
 SIGKILLed while clients on two other nodes declare queues in a stream: every queue
 answered ok is routable afterwards from every node left (a publish with confirms and
@@ -78,7 +79,22 @@ def test_a_node_outside_a_partition_routes_by_the_directory() -> None:
             if conn.is_open:
                 conn.close()
         assert depth(cluster, leader, queue) == 2 * N  # every one on the leader
-        got = drain_ids(cluster, x, queue)  # consumed from X: through the leader
+        conn = connect(cluster, x)  # consumed from X (basic.consume): attached to the leader
+        try:
+            ch = conn.channel()
+            ch.basic_qos(prefetch_count=5)
+            consumed: list[str] = []
+            for method, properties, _body in ch.consume(queue, inactivity_timeout=10):
+                assert method is not None, f"nothing delivered after {consumed}"
+                consumed.append(str(properties.message_id))
+                ch.basic_ack(method.delivery_tag)
+                if len(consumed) == N:
+                    break
+            ch.cancel()
+        finally:
+            if conn.is_open:
+                conn.close()
+        got = consumed + drain_ids(cluster, x, queue)  # and the rest got from X
         assert got == [str(i) for i in range(2 * N)], (len(got), got[:5])
         status = (cluster.status(x) or {}).get("node", {}).get("directory") or {}
         assert status.get("synced") == list(range(P)), status

@@ -171,34 +171,63 @@ class Net:
         # packets held back (a slow link): ``hold(src, dst, packet)`` says which
         self.hold: Callable[[str, str, Packet], bool] = lambda src, dst, packet: False
         self.held: list[tuple[str, str, Packet]] = []
-        names = list(sim.names)
-        for name in names:
-            node = sim.node(name)
-            send = self.sender(name)
-            fw = NodeForwarding(node.ha, f"{name}.1", names, send=send, soon=self.soon.append,
-                                clock=lambda: sim.now)
-            decl = NodeDeclarations(node.ha, f"{name}.1", send=send, soon=self.soon.append,
-                                    clock=lambda: sim.now)
-            fw.notice_listeners.append(decl.notice)
-            member = node.ha
-
-            def partition_of(member: Any = member) -> Any:
-                return None if member.placement is None else member.placement.partition
-
-            def ask(args: list[Any], done: Callable[[int, list[int]], None],
-                    decl: NodeDeclarations = decl) -> None:
-                decl.ask_internal(0, UPDATE, args, done)
-
-            writer = DirectoryWriter(node.broker, partition_of, ask, lambda: sim.now)
-            assert node.directory_layer is not None
-            nd = NodeDirectory(node.ha, node.directory_layer, writer)
-            decl.directory = nd
-            node.ha.group_adding = nd.stand_ins.group_adding
-            clients = GroupClients(node.ha, lambda n: f"amqp://{n}")
-            clients.forwarding, clients.declarations, clients.directory = fw, decl, nd
-            self.decl[name], self.fw[name], self.dirs[name] = decl, fw, nd
-            self.clients[name] = clients
+        self.wired: dict[str, Any] = {}  # name -> the node process the objects are of
+        self.restarts = 0
+        self.down: set[str] = set()
+        for name in sim.names:
+            self._wire(name)
         self.roles()
+
+    def _wire(self, name: str) -> None:
+        """The shell's objects over the node's process now (a restart: anew, as a start
+        of the node makes them, with a new origin)."""
+        sim, node = self.sim, self.sim.node(name)
+        origin = f"{name}.{node.incarnation}"
+        send = self.sender(name)
+        fw = NodeForwarding(node.ha, origin, list(sim.names), send=send,
+                            soon=self.soon.append, clock=lambda: sim.now)
+        decl = NodeDeclarations(node.ha, origin, send=send, soon=self.soon.append,
+                                clock=lambda: sim.now)
+        fw.notice_listeners.append(decl.notice)
+        member = node.ha
+
+        def partition_of(member: Any = member) -> Any:
+            return None if member.placement is None else member.placement.partition
+
+        def ask(args: list[Any], done: Callable[[int, list[int]], None],
+                decl: NodeDeclarations = decl) -> None:
+            decl.ask_internal(0, UPDATE, args, done)
+
+        writer = DirectoryWriter(node.broker, partition_of, ask, lambda: sim.now)
+        assert node.directory_layer is not None
+        nd = NodeDirectory(node.ha, node.directory_layer, writer)
+        decl.directory = nd
+        node.ha.group_adding = nd.stand_ins.group_adding
+        clients = GroupClients(node.ha, lambda n: f"amqp://{n}")
+        clients.forwarding, clients.declarations, clients.directory = fw, decl, nd
+        self.decl[name], self.fw[name], self.dirs[name] = decl, fw, nd
+        self.clients[name] = clients
+        self.wired[name] = node
+
+    def live(self, name: str) -> bool:
+        """The node's process is up and its objects are of it."""
+        node = self.sim.nodes[name]
+        return bool(node.up) and self.wired.get(name) is node
+
+    def rewire(self) -> None:
+        """Restarted processes get their objects; a process gone is a link lost to the
+        others (the shell's ``_on_peer_down``)."""
+        for name in self.sim.names:
+            node = self.sim.nodes[name]
+            if not node.up and name not in self.down:
+                self.down.add(name)
+                for peer in self.sim.names:
+                    if peer != name and self.live(peer):
+                        self.decl[peer].link_lost(name)
+            if node.up and self.wired.get(name) is not node:
+                self._wire(name)
+                self.down.discard(name)
+                self.restarts += 1
 
     def sender(self, src: str) -> Callable[[str, Packet], None]:
         return lambda peer, packet: self.packets.append((src, peer, packet))
@@ -206,6 +235,8 @@ class Net:
     def roles(self) -> None:
         """The shell's ``serving``/``demoted`` calls, from the members' roles now."""
         for name, nd in self.dirs.items():
+            if not self.live(name):
+                continue
             node = self.sim.node(name)
             for group, member in node.ha.groups.items():
                 if not group:
@@ -232,6 +263,8 @@ class Net:
                 packets, self.packets = self.packets, []
                 seen += packets
                 for src, dst, packet in packets:
+                    if not (self.live(src) and self.live(dst)):
+                        continue  # a process gone: its links with it
                     if self.hold(src, dst, packet):
                         self.held.append((src, dst, packet))
                     elif isinstance(packet, DECLARATION_PACKETS):
@@ -239,8 +272,11 @@ class Net:
                     elif isinstance(packet, FORWARD_PACKETS):
                         self.fw[dst].on_packet(src, packet)
             self.sim.run_until(self.sim.now + 0.05)
+            self.rewire()
             self.roles()
             for name in self.dirs:
+                if not self.live(name):
+                    continue
                 self.decl[name].moved()
                 self.decl[name].tick()
                 self.fw[name].tick()
@@ -644,10 +680,13 @@ class Step(Channel):
 def lanes_agree(net: Net) -> list[str]:
     """(c) For each partition, the lane of its newest leader with nothing under way holds
     what the coordinator's directory holds of it (what it last sent, as answered)."""
-    coordinator = net.dirs[net.leader(-1)].layer.directory
+    serving = net.sim.serving_groups[0]
+    if serving is None or not net.live(serving.name):
+        return []  # no coordinator now
+    coordinator = net.dirs[serving.name].layer.directory
     out = []
     for p in range(P):
-        lanes = [(lane.epoch, name, lane) for name, nd in net.dirs.items()
+        lanes = [(lane.epoch, name, lane) for name, nd in net.dirs.items() if net.live(name)
                  for g, lane in nd.writer.lanes.items() if g == group_of(p)]
         if not lanes:
             continue
@@ -659,14 +698,16 @@ def lanes_agree(net: Net) -> list[str]:
     return out
 
 
-def seeded_run(seed: int, steps: int = 60,
-               unsafe: Unsafe | None = None) -> tuple[list[str], dict[str, int]]:
+def seeded_run(seed: int, steps: int = 60, unsafe: Unsafe | None = None,
+               crashes: bool = False) -> tuple[list[str], dict[str, int]]:
     """Random declares, binds, unbinds and deletes of a pool of queue names (one method
     under way per name) from random nodes, handovers of random partitions, the directory
     requests of a random partition leader held back a while: (a) each answer ok holds on
     the asking node as it is sent; (b) once calm, every node's directory is what the
     partitions' leaders hold and every node outside a partition routes to its queues by
-    name and by binding as the leader does; (c) after each step, ``lanes_agree``."""
+    name and by binding as the leader does; (c) after each step, ``lanes_agree``.
+    ``crashes``: besides, a random node crashes now and then (one at a time, down 0.5-2
+    s of the simulation's time; its store's synced image is what it restarts from)."""
     import random
 
     rng = random.Random(seed)
@@ -677,6 +718,14 @@ def seeded_run(seed: int, steps: int = 60,
     names = list(net.sim.names)
     held_until = slow_p = 0
     for i in range(steps):
+        if crashes and rng.random() < 0.04 and all(net.live(n) for n in names) \
+                and all(g is not None for g in net.sim.serving_groups.values()):
+            victim = rng.choice(names)
+            net.sim.crash_node(net.sim.node(victim), rng.uniform(0.5, 2.0))
+            counts["crashes"] = counts.get("crashes", 0) + 1
+            for name, step in list(busy.items()):  # its clients' connections went with it
+                if step.node == victim:
+                    del busy[name]
         for name, step in list(busy.items()):
             if step.sent or step.conn.failed:
                 counts["ok" if step.sent else "refused"] += 1
@@ -685,6 +734,9 @@ def seeded_run(seed: int, steps: int = 60,
                     counts[code] = counts.get(code, 0) + 1
                 del busy[name]
         roll = rng.random()
+        if crashes and not (all(net.live(n) for n in names) and all(
+                g is not None for g in net.sim.serving_groups.values())):
+            roll = 1.0  # a method only, from a node that is up (below)
         if roll < 0.06:
             # half the time the partition whose leader's requests are held (its late
             # request then comes from a deposed leader)
@@ -707,11 +759,15 @@ def seeded_run(seed: int, steps: int = 60,
             counts["holds"] += 1
         else:
             free = [n for n in POOL if n not in busy]
+            up = [n for n in names if net.live(n)]
+            if not free:  # every name's method under way (waiting out a failover)
+                net.pump(1)
+                continue
             slow_names = [n for n in free if POOL.index(n) // 3 == slow_p]
             # while a leader's requests are held, mostly its partition's names
             name = rng.choice(slow_names if net.held and slow_names and rng.random() < 0.6
                               else free)
-            node = rng.choice(names)
+            node = rng.choice(up) if crashes else rng.choice(names)
             op = rng.choice(["declare", "declare", "bind", "unbind", "delete"])
             key = f"k{rng.randrange(3)}"
             step = Step(net, node, name, op, key, violations)
@@ -732,6 +788,13 @@ def seeded_run(seed: int, steps: int = 60,
         violations += lanes_agree(net)
     net.release()
     net.pump(int(3 / 0.05))
+    for _ in range(200):  # every node back, every group led
+        if all(net.live(n) for n in names) and all(
+                g is not None for g in net.sim.serving_groups.values()):
+            break
+        net.pump(2)
+    net.pump(int(2 / 0.05))
+    counts["restarts"] = net.restarts
     counts["ok"] += sum(1 for s in busy.values() if s.sent)
     violations += [f"stale {key} on {node}" for node, key in stale(net)]
     for p in range(P):
@@ -763,6 +826,13 @@ def test_seeded_declarations_handovers_and_slow_links_keep_every_node_routing(
     violations, counts = seeded_run(seed)
     assert violations == [], (violations[:5], counts)
     assert counts["ok"] > 20 and counts["handovers"] + counts["holds"] > 0, counts
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_seeded_with_crashes_every_node_routing_again_after_its_restart(seed: int) -> None:
+    violations, counts = seeded_run(seed, steps=100, crashes=True)
+    assert violations == [], (violations[:5], counts)
+    assert counts.get("crashes", 0) >= 1 and counts["restarts"] == counts["crashes"], counts
 
 
 def test_the_seeded_run_catches_answer_before_directory_and_no_fence() -> None:
