@@ -28,6 +28,13 @@ hash]``, ``["no_such_user", name]``, ``["no_such_vhost", name]``, a policy's
 ``Validation failed`` text — and a bad file changes nothing (RabbitMQ keeps
 what it applied before the error). Exchanges, queues and bindings are then
 declared in that order by the broker's own paths, as the AMQP methods do.
+
+On a node running partition groups (issue 35) the import declares each
+exchange, queue and binding through its group's leader
+(``definitions_groups.py``) and the export adds the queues and bindings this
+node holds no copy of, as the members leading them list them
+(``partition_views.py``), or refuses (503) when some partition's cannot be
+listed.
 """
 
 from __future__ import annotations
