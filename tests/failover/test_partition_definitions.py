@@ -214,7 +214,8 @@ def test_an_import_refused_by_a_leader_answers_as_the_unpartitioned_import() -> 
     nor the metadata group, and on one unpartitioned node: the same status and reason
     each (406's text, ``binding to unknown queue``, 404, 403, ``not_base64`` with nothing
     changed); then ``rabbitmqadmin import`` of a good file on that node declares queues of
-    every partition and ``rabbitmqadmin export`` lists them."""
+    every partition, in / and in a vhost the file makes, and ``rabbitmqadmin export``
+    lists them."""
     names = queue_names("adm", per_partition=1)
     with LocalCluster(3, options=OPTIONS) as cluster, \
             NodeProcess("single", port=free_base_port(1)) as single:
@@ -240,15 +241,20 @@ def test_an_import_refused_by_a_leader_answers_as_the_unpartitioned_import() -> 
         if RABBITMQADMIN is None:
             pytest.skip("rabbitmqadmin is not installed (scripts/ensure-rabbitmq installs it)")
         path = os.path.join(cluster.data_dir, "adm.json")
-        with open(path, "w") as f:
-            json.dump({"queues": [{"name": n, "vhost": "/", "durable": True,
-                                   "auto_delete": False, "arguments": {}} for n in names],
+        with open(path, "w") as f:  # and a vhost of the file, its queues in it
+            json.dump({"vhosts": [{"name": "defs-v"}],
+                       "permissions": [{"user": "guest", "vhost": "defs-v", "configure": ".*",
+                                        "write": ".*", "read": ".*"}],
+                       "queues": [{"name": n, "vhost": v, "durable": True,
+                                   "auto_delete": False, "arguments": {}}
+                                  for n in names for v in ("/", "defs-v")],
                        "bindings": [{"source": "defs-x", "vhost": "/", "destination": n,
                                      "destination_type": "queue", "routing_key": f"k.{n}",
                                      "arguments": {}} for n in names]}, f)
         rabbitmqadmin(cluster, asked, "import", path)
         listed = json.loads(rabbitmqadmin(cluster, a, "-f", "raw_json", "list", "queues"))
-        assert set(names) <= {q["name"] for q in listed}
+        assert {(v, n) for n in names for v in ("/", "defs-v")} <= {
+            (q["vhost"], q["name"]) for q in listed}
         exported = os.path.join(cluster.data_dir, "adm-export.json")
         rabbitmqadmin(cluster, a, "export", exported)
         with open(exported) as f:
