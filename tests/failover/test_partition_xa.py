@@ -176,9 +176,10 @@ def test_a_participant_s_leader_killed_after_prepare_the_commit_still_commits_bo
 
 
 def test_a_remote_get_s_ack_in_an_xa_branch_is_settled_by_the_tm_s_decision() -> None:
-    """A's client gets a message of B's queue (a remote get), acknowledges it in an XA
-    branch that publishes to C's queue: after prepare and commit it is gone from B and
-    the publish is on C; a second, rolled back after prepare, is back on B."""
+    """A's client gets a message of B's queue (a remote get) and one of A's own queue,
+    acknowledges both in an XA branch that publishes to C's queue: after prepare and
+    commit they are gone and the publish is on C; a second such branch, rolled back
+    after prepare, leaves both messages back on their queues."""
     with LocalCluster(3, options=OPTIONS) as cluster:
         layout, queues = setup(cluster)
         a, b, c = layout.a, layout.b, layout.c
@@ -188,14 +189,17 @@ def test_a_remote_get_s_ack_in_an_xa_branch_is_settled_by_the_tm_s_decision() ->
         feed.close()
         conn = connect(cluster, a)
         ch = conn.channel()
+        for i in (21, 22):
+            ch.basic_publish("", queues[a], b"own", props(i))
         xa = PikaXAResource(ch, timeout=20.0)
         done: list[Xid] = []
         for commit in (True, False):
             xid = new_xid()
             xa.start(xid)
-            method, _, _ = ch.basic_get(queues[b])
-            assert method is not None
-            ch.basic_ack(method.delivery_tag)
+            for queue in (queues[b], queues[a]):  # a remote get's, and one served here
+                method, _, _ = ch.basic_get(queue)
+                assert method is not None
+                ch.basic_ack(method.delivery_tag)
             ch.basic_publish("", queues[c], b"out", props(10 + len(done)))
             xa.end(xid)
             assert xa.prepare(xid) == XA_OK
@@ -207,6 +211,7 @@ def test_a_remote_get_s_ack_in_an_xa_branch_is_settled_by_the_tm_s_decision() ->
         conn.close()
         assert drain_ids(cluster, c, queues[c]) == ["10"]
         assert drain_ids(cluster, b, queues[b]) == ["2"]  # 1 settled; 2 back after rollback
+        assert drain_ids(cluster, a, queues[a]) == ["22"]
         until("nothing held prepared", lambda: settled(cluster, [a, b, c]))
 
 
