@@ -69,6 +69,7 @@ from brokerha.admin.management import (
 )
 from brokerha.broker import definitions as D
 from brokerha.broker.definitions import DefinitionChange, Definitions
+from brokerha.broker.placement import NotLeader
 from brokerha.broker.policies import OPERATOR_POLICY, POLICY, PolicyInvalid, parse
 from brokerha.cluster.replication import HA_ID
 from brokerha.httpapi.server import json_safe
@@ -142,6 +143,12 @@ async def _led_elsewhere(api: ManagementAPI, objects: dict[str, list[dict[str, A
     """A partitioned node's export: the queues (and their bindings) of partitions it holds
     no copy of, as their leaders list them (partition_views.py); 503 naming the
     partitions whose queues it cannot list -- the file would silently lack them."""
+    unknown_partitions = getattr(api.node.broker.groups, "unknown_partitions", None)
+    try:
+        if unknown_partitions is not None and not unknown_partitions():
+            return  # every partition's queues are here (copies, or the directory's)
+    except NotLeader:
+        pass  # no table yet: gather says so
     views = await partition_views.gather(api)
     if views is None:
         return
@@ -193,6 +200,7 @@ async def import_(api: ManagementAPI, checks: DefinitionsAPI, call: Call) -> Non
     await apply_durably(broker, changes)  # answered once durable, as the API's changes
     if items is None:
         declared = _declare(api, body)
+        await apply_durably(broker, [])  # the declarations durable too, as a declare-ok
     else:
         await definitions_groups.declare(declarations, items)
         declared = (len(items[0]), len(items[1]), len(items[2]))
