@@ -53,8 +53,11 @@ from brokerha.cluster.messages import REGISTRY, Error, ErrorCode, Message, packe
 # 10: declarations from any node (partition/declarations.py ``MetaRequest``, ``MetaReply``,
 # codes 50-51), unknown to version 9;
 # 11: a large body forwarded or delivered in parts (partition/forward.py ``ForwardPart``,
-# code 27; partition/remote_consumer.py ``DeliverPart``, code 48), unknown to version 10
-VERSION = 11
+# code 27; partition/remote_consumer.py ``DeliverPart``, code 48), unknown to version 10;
+# 12: a remote consume answered ``Attached`` (code 49), a consumer's ``Credit`` (code 57),
+# ``GetReply`` with the get's ``message_count`` (partition/remote_consumer.py), unknown to
+# (or misread by) version 11
+VERSION = 12
 MAGIC = b"BRKRHA" + VERSION.to_bytes(2, "big")
 MAX_PACKET = 64 * 1024 * 1024
 HANDSHAKE_MAX_PACKET = 64 * 1024  # a handshake's packets: names, a nonce, a proof
