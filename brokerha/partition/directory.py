@@ -7,7 +7,9 @@ every node knows of them: per queue its vhost, name, partition, ``x-ha-id``, fla
 arguments and bindings (``DirectoryEntry``), kept by the **metadata group** like the
 partition table: ``qe`` events (one partition's entries changed, or all of them: a
 *sync*) in the metadata log, ``qs`` (the whole directory) in a join's catch-up, a copy
-in every node's store (meta ``queue_directory/<p>``, JSON, one key per partition).
+in every node's store (meta ``queue_directory``, the partitions' epochs, and
+``queue_directory/<b>``, JSON, the entries spread over ``BUCKETS`` keys by a hash of
+the name: a change rewrites the buckets of the names it changed).
 So it is replicated to a majority of all nodes before anyone relies on it, survives
 the loss of the coordinator (a new metadata primary holds every committed ``qe``) and
 a restart.
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -59,8 +62,9 @@ from brokerha.seed_runner import UnsafeRules
 
 log = logging.getLogger("brokerha.partition")
 
-INDEX_KEY = "queue_directory"  # the store's meta: the partitions held (a JSON list)
-PARTITION_KEY = "queue_directory/{p}"  # the store's meta: one partition's entries
+INDEX_KEY = "queue_directory"  # the store's meta: each partition's epoch, synced or not
+BUCKET_KEY = "queue_directory/{b}"  # the store's meta: the entries of one bucket
+BUCKETS = 64  # entries spread by a hash of (vhost, name): a change rewrites its buckets
 UPDATE = "directory.update"  # the MetaRequest op (partition/declarations.py)
 RESYNC = 10.0  # a lane compares its partition with what it last sent this often
 
@@ -77,6 +81,10 @@ class Unsafe(UnsafeRules):
 
 
 Key = tuple[str, str]  # (vhost, queue name)
+
+
+def bucket_of(key: Key) -> int:
+    return zlib.crc32(f"{key[0]}\0{key[1]}".encode()) % BUCKETS
 BindingKey = tuple[str, str, bytes]  # (exchange, routing key, arguments as a field table)
 
 
@@ -136,6 +144,7 @@ class Directory:
         self.epochs: dict[int, int] = {}  # partition -> the highest leader epoch taken
         self.synced: set[int] = set()  # partitions a leader's sync reached
         self.unsafe = unsafe or Unsafe()
+        self.buckets: dict[int, set[Key]] = {}  # bucket_of(key) -> the keys held in it
 
     def apply(self, partition: int, epoch: int, sync: bool,
               items: list[Item]) -> set[Key] | None:
@@ -149,20 +158,21 @@ class Directory:
             named = {key for key, entry in items if entry is not None}
             for key, old in list(self.entries.items()):
                 if old.partition == partition and key not in named:
-                    del self.entries[key]
+                    self._drop(key)
                     changed.add(key)
             self.synced.add(partition)
         for key, entry in items:
             held = self.entries.get(key)
             if entry is None:
                 if held is not None and held.partition == partition:
-                    del self.entries[key]
+                    self._drop(key)
                     changed.add(key)
             elif entry.partition != partition:
                 raise ValueError(f"entry {key} of partition {entry.partition} in a change "
                                  f"of partition {partition}")
             elif held != entry:
                 self.entries[key] = entry
+                self.buckets.setdefault(bucket_of(key), set()).add(key)
                 changed.add(key)
         return changed
 
@@ -179,6 +189,18 @@ class Directory:
         self.epochs = {int(p): int(e) for p, e, _ in epochs}
         self.synced = {int(p) for p, _, s in epochs if s}
         self.entries = {k: e for k, e in items_from_wire(entries) if e is not None}
+        self.buckets = {}
+        for key in self.entries:
+            self.buckets.setdefault(bucket_of(key), set()).add(key)
+
+    def _drop(self, key: Key) -> None:
+        del self.entries[key]
+        self.buckets.get(bucket_of(key), set()).discard(key)
+
+    def put(self, key: Key, entry: DirectoryEntry) -> None:
+        """(Reading the store back.)"""
+        self.entries[key] = entry
+        self.buckets.setdefault(bucket_of(key), set()).add(key)
 
 
 class MetaStore(Protocol):
@@ -218,28 +240,32 @@ class DirectoryLayer:
         if raw is None:
             return
         try:
-            for p in json.loads(raw):
-                held = json.loads(self.store.get_meta(PARTITION_KEY.format(p=p)) or "null")
-                if held is None:
-                    continue
-                self.directory.epochs[p] = held["epoch"]
-                if held["synced"]:
+            header = json.loads(raw)
+            for p, epoch, synced in header["epochs"]:
+                self.directory.epochs[p] = epoch
+                if synced:
                     self.directory.synced.add(p)
-                for vhost, name, entry in held["entries"]:
-                    self.directory.entries[(vhost, name)] = DirectoryEntry.from_json(entry)
+            for b in range(header["buckets"]):
+                for vhost, name, entry in json.loads(
+                        self.store.get_meta(BUCKET_KEY.format(b=b)) or "[]"):
+                    self.directory.put((vhost, name), DirectoryEntry.from_json(entry))
         except (ValueError, TypeError, KeyError) as exc:
             # fail closed: no partition is known (a catch-up's ``qs`` brings the directory)
             log.error("store meta %s is not a queue directory (%s); taken as none",
                       INDEX_KEY, exc)
             self.directory = Directory(self.unsafe)
 
-    def _save(self, partitions: Iterable[int]) -> None:
+    def _save(self, keys: Iterable[Key] | None) -> None:
+        """The header (epochs, synced) and the buckets holding ``keys`` (None: all): a
+        change rewrites 1/``BUCKETS`` of the directory, not all of it."""
         d = self.directory
-        for p in sorted(set(partitions)):
-            entries = [[v, n, e.to_json()] for (v, n), e in sorted(d.of(p).items())]
-            self.store.put_meta(PARTITION_KEY.format(p=p), json.dumps(
-                {"epoch": d.epochs.get(p, -1), "synced": p in d.synced, "entries": entries}))
-        self.store.put_meta(INDEX_KEY, json.dumps(sorted(d.epochs)))
+        buckets = set(range(BUCKETS)) if keys is None else {bucket_of(k) for k in keys}
+        for b in sorted(buckets):
+            held = sorted([k[0], k[1], d.entries[k].to_json()] for k in d.buckets.get(b, ()))
+            self.store.put_meta(BUCKET_KEY.format(b=b), json.dumps(held))
+        self.store.put_meta(INDEX_KEY, json.dumps({
+            "buckets": BUCKETS,
+            "epochs": [[p, e, p in d.synced] for p, e in sorted(d.epochs.items())]}))
 
     # -- LayerReplica ------------------------------------------------------------------
 
@@ -255,9 +281,8 @@ class DirectoryLayer:
                 self._change(int(partition), int(epoch), bool(sync), items_from_wire(raw))
             elif kind == R.QUEUE_DIRECTORY:
                 _, epochs, entries = event
-                before = set(self.directory.epochs)
                 self.directory.replace(epochs, entries)
-                self._save(before | set(self.directory.epochs))
+                self._save(None)
                 self._tell(None)
             else:
                 raise ReplicationError(f"not a queue directory event: {kind!r}")
@@ -299,7 +324,7 @@ class DirectoryLayer:
         changed = self.directory.apply(partition, epoch, sync, items)
         if changed is None:
             return False
-        self._save([partition])
+        self._save(changed)
         self._tell(changed)
         return True
 

@@ -119,6 +119,28 @@ def test_the_layer_appends_stores_and_a_backup_and_a_joiner_get_the_same() -> No
     assert again.directory.synced == {0}
 
 
+def test_a_change_rewrites_the_buckets_of_its_names_only() -> None:
+    from brokerha.partition.directory import BUCKETS, bucket_of
+
+    writes: list[str] = []
+
+    class Counted(Store):
+        def put_meta(self, key: str, value: str) -> None:
+            writes.append(key)
+            super().put_meta(key, value)
+
+    store = Counted()
+    layer = DirectoryLayer(store)
+    layer.attach_primary(Log())
+    layer.update(0, 1, True, [(("/", f"q{i}"), entry(0, f"1.{i}")) for i in range(500)])
+    assert len(writes) == BUCKETS + 1  # a sync: every bucket, and the epochs
+    writes.clear()
+    layer.update(0, 1, False, [(("/", "q7"), None)])
+    assert writes == [f"queue_directory/{bucket_of(('/', 'q7'))}", "queue_directory"]
+    again = DirectoryLayer(store)
+    assert again.directory.entries == layer.directory.entries and len(again.directory.entries) == 499
+
+
 def test_the_writer_sends_one_batch_at_a_time_and_the_state_when_it_leaves() -> None:
     from brokerha.broker.broker import Broker
 
