@@ -589,7 +589,9 @@ class NodeTransactions:
                    for gtxid, tx in (coordinator.commits if coordinator else {}).items()}
         in_doubt = {str(g): len(list(own.txs.in_doubt()))
                     for g, own in sorted(self.rules.items())}
+        # XA transactions held for their TM whose decider is a group served here
+        xa_held = {str(g): len(list(own.txs.held_xa())) for g, own in sorted(self.rules.items())}
         return {"coordinator": coordinator and coordinator.node, "commits": commits,
-                "in_doubt": in_doubt, "rules": {str(g): own.epoch
-                                                for g, own in sorted(self.rules.items())},
+                "in_doubt": in_doubt, "xa_held": xa_held, "xa_known": len(self.xa_known),
+                "rules": {str(g): own.epoch for g, own in sorted(self.rules.items())},
                 **self.stats}

@@ -124,6 +124,8 @@ def test_the_client_s_node_killed_after_prepare_the_tm_commits_from_another_node
         found = until("recover answers from every partition", listed, timeout=30.0)
         waited = time.monotonic() - killed
         assert found == [xid]
+        held = {n: transactions(cluster, n)["xa_held"] for n in (b, c)}
+        assert sum(sum(h.values()) for h in held.values()) == 1, held  # at its decider
         time.sleep(max(0.0, 2.5 - waited))  # past the resolve timeout (2 s)
         assert tm.recover() == [xid]  # rule (c): still in doubt, not rolled back
         tm.commit(xid)
