@@ -379,16 +379,16 @@ def entries_of(broker: Any, partition_of: PartitionOf, partition: int,
                     if entry is not None:
                         out.append(((vhost.name, q.name), entry))
         return sorted(out)
-    bindings: dict[str, dict[int, list[BindingKey]]] = {}  # per vhost, made once a call
+    by_vhost: dict[str, dict[int, list[BindingKey]]] = {}  # each vhost's, made once a call
     for key in sorted(set(keys)):
         vhost = broker.vhosts.get(key[0])
         q = None if vhost is None else vhost.queues.get(key[1])
         if q is None or partition_of(q) != partition:
             out.append((key, None))
             continue
-        if key[0] not in bindings:
-            bindings[key[0]] = _bindings_by_queue(vhost)
-        out.append((key, _entry(q, partition, bindings[key[0]].get(id(q), []))))
+        if key[0] not in by_vhost:
+            by_vhost[key[0]] = _bindings_by_queue(vhost)
+        out.append((key, _entry(q, partition, by_vhost[key[0]].get(id(q), []))))
     return out
 
 
