@@ -268,6 +268,7 @@ class NodeTransactions:
         # participants: its commit or rollback needs no recover), the recovers under way
         self._xa_prepares: dict[str, str] = {}
         self._participants: dict[str, tuple[int, ...]] = {}
+        self._finishing: set[str] = set()  # the TM's finishes under way (not commits begun)
         self.xa_known: dict[str, tuple[str, tuple[int, ...], float]] = {}
         self._recovers: dict[int, _Recover] = {}
         self._ref = 0
@@ -368,6 +369,7 @@ class NodeTransactions:
             answer(COMMITTED if committed else ROLLED_BACK, why)
 
         self.answers[gtxid] = done
+        self._finishing.add(gtxid)
         self.carry_out(coordinator.finish(self.wall(), gtxid, participants, commit))
 
     def xa_recover(self, answer: Recovered) -> None:
@@ -573,7 +575,10 @@ class NodeTransactions:
                 answer(True, "")
             return
         self._participants.pop(effect.gtxid, None)
-        self.stats["committed" if effect.committed else "refused"] += 1
+        if effect.gtxid in self._finishing:  # counted in xa_finished
+            self._finishing.discard(effect.gtxid)
+        else:
+            self.stats["committed" if effect.committed else "refused"] += 1
         self._requeue(self._handed.pop(effect.gtxid, []))
         for key in [k for k in self._held if k[0] == effect.gtxid]:
             del self._held[key]

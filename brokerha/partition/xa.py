@@ -142,7 +142,7 @@ class NodeXa:
         """The branch as a transaction across partitions: refused (540, raised here, before
         anything is sent) as ``tx_commit`` refuses a TX; else the branch is dropped here
         (its acknowledged entries handed over, not requeued) and the rounds run."""
-        transactions = self.transactions
+        self.transactions  # noqa: B018 -- raises (540) on a node with no coordinator
         tx = self.clients.member.broker.new_transaction()  # its work, as a TX's
         for queues, message in branch.publishes:
             tx.publish(list(queues), message)
@@ -169,8 +169,7 @@ class NodeXa:
             local.rollback()
             self._drop(branch, requeue=True)
             raise XAError(XA.ER_RMERR, f"xid {branch.xid.key}: its queues changed groups")
-        del transactions  # the coordinator has it now
-        self._drop(branch, requeue=False)
+        self._drop(branch, requeue=False)  # the coordinator has it now
 
         async def decided() -> XA:
             ok, reason = await answer

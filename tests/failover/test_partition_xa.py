@@ -81,6 +81,7 @@ def test_xa_branches_across_partitions_commit_and_roll_back_whole() -> None:
         assert drain_ids(cluster, c, queues[c]) == ["1", "3"]
         assert drain_ids(cluster, a, queues[a]) == ["4"]
         assert status["xa_prepared"] == 3 and status["xa_finished"] == 3, status
+        assert status["committed"] == 1 and status["refused"] == 0, status  # the one-phase
         # what a transaction across partitions cannot take is refused whole (540), as a TX
         refused = connect(cluster, a)
         rch = refused.channel()
