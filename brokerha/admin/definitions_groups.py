@@ -42,7 +42,7 @@ from brokerha.broker.placement import METADATA_GROUP
 
 log = logging.getLogger("brokerha.management")
 
-WINDOW = 256  # requests in flight at once: a big file must not flood the links
+WINDOW = 2048  # requests in flight: more share the groups' syncs (256: 2.8x slower)
 
 Entry = dict[str, Any]
 Ask = Callable[[], Awaitable[list[Any]]]
