@@ -16,6 +16,12 @@ from tests.failover.clients import connect_any
 from tests.failover.test_failover import FAST
 
 
+def failed_attempts(cluster: LocalCluster) -> int:
+    """The most failed attempts to open its AMQP listener any node has logged."""
+    return max(sum("cannot open its AMQP listener" in line for line in list(node.log))
+               for node in cluster.nodes.values())
+
+
 def test_new_primary_retries_a_busy_amqp_port() -> None:
     cluster = LocalCluster(3, options=FAST)
     held = []
@@ -26,7 +32,12 @@ def test_new_primary_retries_a_busy_amqp_port() -> None:
         held.append(s)
     with cluster:
         try:
-            time.sleep(3)  # a primary is elected meanwhile; its listener cannot open yet
+            # a primary is elected meanwhile; its listener cannot open yet, and it tries
+            # again (was a fixed 3 s sleep: now until a node logged two failed attempts)
+            deadline = time.monotonic() + 30
+            while failed_attempts(cluster) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert failed_attempts(cluster) >= 2, cluster.diagnostics()
             assert cluster.primary() is None
         finally:
             for s in held:
