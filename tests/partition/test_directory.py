@@ -196,6 +196,7 @@ class Net:
         self.wired: dict[str, Any] = {}  # name -> the node process the objects are of
         self.restarts = 0
         self.down: set[str] = set()
+        self.links: dict[tuple[str, str], bool] = {}  # (a, b) -> connected at the last look
         for name in sim.names:
             self._wire(name)
         self.roles()
@@ -239,6 +240,12 @@ class Net:
     def rewire(self) -> None:
         """Restarted processes get their objects; a process gone is a link lost to the
         others (the shell's ``_on_peer_down``)."""
+        for a in self.sim.names:  # links that went down: as the shell's peer_down
+            for b in self.sim.names:
+                up = a == b or self.sim.connected(a, b)
+                if self.links.get((a, b), True) and not up and self.live(a):
+                    self.decl[a].link_lost(b)
+                self.links[(a, b)] = up
         for name in self.sim.names:
             node = self.sim.nodes[name]
             if not node.up and name not in self.down:
@@ -287,6 +294,8 @@ class Net:
                 for src, dst, packet in packets:
                     if not (self.live(src) and self.live(dst)):
                         continue  # a process gone: its links with it
+                    if src != dst and not self.sim.connected(src, dst):
+                        continue  # a link down (a network partition): lost
                     if self.hold(src, dst, packet):
                         self.held.append((src, dst, packet))
                     elif isinstance(packet, DECLARATION_PACKETS):
@@ -721,7 +730,8 @@ def lanes_agree(net: Net) -> list[str]:
 
 
 def seeded_run(seed: int, steps: int = 60, unsafe: Unsafe | None = None,
-               crashes: bool = False) -> tuple[list[str], dict[str, int]]:
+               crashes: bool = False,
+               partitions: bool = False) -> tuple[list[str], dict[str, int]]:
     """Random declares, binds, unbinds and deletes of a pool of queue names (one method
     under way per name) from random nodes, handovers of random partitions, the directory
     requests of a random partition leader held back a while: (a) each answer ok holds on
@@ -729,7 +739,9 @@ def seeded_run(seed: int, steps: int = 60, unsafe: Unsafe | None = None,
     partitions' leaders hold and every node outside a partition routes to its queues by
     name and by binding as the leader does; (c) after each step, ``lanes_agree``.
     ``crashes``: besides, a random node crashes now and then (one at a time, down 0.5-2
-    s of the simulation's time; its store's synced image is what it restarts from)."""
+    s of the simulation's time; its store's synced image is what it restarts from).
+    ``partitions``: besides, the network is cut in two now and then for 0.5-2 s (the
+    simulation's ``partition``: its links fail, the packets across are lost)."""
     import random
 
     rng = random.Random(seed)
@@ -748,6 +760,10 @@ def seeded_run(seed: int, steps: int = 60, unsafe: Unsafe | None = None,
             for name, step in list(busy.items()):  # its clients' connections went with it
                 if step.node == victim:
                     del busy[name]
+        if partitions and rng.random() < 0.04 and all(net.live(n) for n in names) \
+                and all(g is not None for g in net.sim.serving_groups.values()):
+            net.sim.partition(rng.uniform(0.5, 2.0))
+            counts["cuts"] = counts.get("cuts", 0) + 1
         for name, step in list(busy.items()):
             if step.sent or step.conn.failed:
                 counts["ok" if step.sent else "refused"] += 1
@@ -756,7 +772,7 @@ def seeded_run(seed: int, steps: int = 60, unsafe: Unsafe | None = None,
                     counts[code] = counts.get(code, 0) + 1
                 del busy[name]
         roll = rng.random()
-        if crashes and not (all(net.live(n) for n in names) and all(
+        if (crashes or partitions) and not (all(net.live(n) for n in names) and all(
                 g is not None for g in net.sim.serving_groups.values())):
             roll = 1.0  # a method only, from a node that is up (below)
         if roll < 0.06:
@@ -789,7 +805,7 @@ def seeded_run(seed: int, steps: int = 60, unsafe: Unsafe | None = None,
             # while a leader's requests are held, mostly its partition's names
             name = rng.choice(slow_names if net.held and slow_names and rng.random() < 0.6
                               else free)
-            node = rng.choice(up) if crashes else rng.choice(names)
+            node = rng.choice(up) if crashes or partitions else rng.choice(names)
             op = rng.choice(["declare", "declare", "bind", "unbind", "delete"])
             key = f"k{rng.randrange(3)}"
             step = Step(net, node, name, op, key, violations)
@@ -855,6 +871,13 @@ def test_seeded_with_crashes_every_node_routing_again_after_its_restart(seed: in
     violations, counts = seeded_run(seed, steps=100, crashes=True)
     assert violations == [], (violations[:5], counts)
     assert counts.get("crashes", 0) >= 1 and counts["restarts"] == counts["crashes"], counts
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_seeded_with_network_cuts_and_crashes(seed: int) -> None:
+    violations, counts = seeded_run(seed, steps=100, crashes=True, partitions=True)
+    assert violations == [], (violations[:5], counts)
+    assert counts.get("cuts", 0) + counts.get("crashes", 0) >= 1, counts
 
 
 def test_the_seeded_run_catches_answer_before_directory_and_no_fence() -> None:
