@@ -50,7 +50,7 @@ from __future__ import annotations
 import json
 import logging
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -522,7 +522,7 @@ class DirectoryWriter:
         lane.flight, lane.waiting = [], []
 
     def status(self) -> dict[str, Any]:
-        return {"lanes": {str(g - 0): {"epoch": lane.epoch, "queued": len(lane.keys),
+        return {"lanes": {str(g): {"epoch": lane.epoch, "queued": len(lane.keys),
                                        "in_flight": lane.in_flight is not None}
                           for g, lane in sorted(self.lanes.items())},
                 **vars(self.stats)}
@@ -731,9 +731,3 @@ class NodeDirectory:
         return {**self.layer.status(), "writer": self.writer.status(),
                 **self.stand_ins.status()}
 
-
-def by_partition(items: Mapping[Key, DirectoryEntry]) -> dict[int, list[Key]]:
-    out: dict[int, list[Key]] = {}
-    for key, entry in items.items():
-        out.setdefault(entry.partition, []).append(key)
-    return out
