@@ -1,7 +1,9 @@
 """A node holding no cell of some partition refuses (540) what it cannot route completely
-(docs/ha.md "Declarations", issue 35: the queue directory is not built): it does not know
-that partition's queues nor their bindings, so a publish it routes could miss them and be
-confirmed and dropped. Over the simulation's nodes (the product's ``PartitionedMember``)
+when the queue directory does not give it that partition (docs/ha.md "Routing on a node
+outside a partition: the queue directory"; here ``GroupClients`` with no directory, the
+fallback's own case: tests/partition/test_directory.py has the directory's): it does not
+know that partition's queues nor their bindings, so a publish it routes could miss them
+and be confirmed and dropped. Over the simulation's nodes (the product's ``PartitionedMember``)
 and the product's ``GroupClients``: four nodes, P = 4, NR = 2 (each partition on three
 of the four)."""
 
