@@ -385,7 +385,8 @@ async def fetch_json(url: str, timeout: float, tls: ssl.SSLContext | None = None
     if sign is not None:
         headers["X-Brokerha-Member"] = sign("GET", path)
     try:
-        answer = await asyncio.wait_for(exchange(url, "GET", path, headers, tls=tls), timeout)
+        target = path + (f"?{parts.query}" if parts.query else "")  # signed: the path
+        answer = await asyncio.wait_for(exchange(url, "GET", target, headers, tls=tls), timeout)
     except IndexError:
         raise ValueError(f"{url}: not an HTTP answer") from None
     if answer.status != 200:

@@ -767,8 +767,9 @@ class ManagementAPI:
         from brokerha.admin import partition_views
 
         vh = self._vhost(call, call.params["vhost"])
-        views = await partition_views.gather(self)
-        led = None if views is None else views.queues.get((vh.name, call.params["name"]))
+        key = (vh.name, call.params["name"])
+        views = await partition_views.gather(self, key)
+        led = None if views is None else views.queues.get(key)
         return led if led is not None else self._queue_entry(self._queue(call))
 
     def _queue(self, call: Call) -> Any:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from urllib.parse import urlencode
 
 from brokerha.admin.api import _signer, fetch_json
 from brokerha.broker.placement import NotLeader
@@ -32,9 +33,10 @@ PATH = "/api/brokerha/partition-objects"
 PEER_TIMEOUT = 1.5
 
 
-def served_objects(api: Any) -> dict[str, Any]:
+def served_objects(api: Any, only: tuple[str, str] | None = None) -> dict[str, Any]:
     """What this node serves now: its partitions (``served``), their queues in
-    ``/api/queues``' fields, and the bindings to them (``/api/bindings``' fields)."""
+    ``/api/queues``' fields, and the bindings to them (``/api/bindings``' fields);
+    ``only`` (vhost, name): that queue alone, no bindings."""
     broker = api.node.broker
     groups = broker.groups
     served: set[int] = set()
@@ -43,9 +45,11 @@ def served_objects(api: Any) -> dict[str, Any]:
     if groups is None:
         return {"node": api.node.config.name, "served": [], "queues": [], "bindings": []}
     for vh in list(broker.vhosts.values()):
+        if only is not None and vh.name != only[0]:
+            continue
         mine: set[str] = set()
         for q in list(vh.queues.values()):
-            if q.exclusive_owner is not None:
+            if q.exclusive_owner is not None or (only is not None and q.name != only[1]):
                 continue
             partition, leader = groups.queue_home(q)
             if partition is None or leader != api.node.config.name or \
@@ -54,8 +58,9 @@ def served_objects(api: Any) -> dict[str, Any]:
             served.add(partition)
             mine.add(q.name)
             queues.append(api._queue_entry(q))
-        bindings += [b for b in api._binding_entries(vh)
-                     if b["destination_type"] == "queue" and b["destination"] in mine]
+        if only is None:
+            bindings += [b for b in api._binding_entries(vh)
+                         if b["destination_type"] == "queue" and b["destination"] in mine]
     for p in _serving_partitions(groups):
         served.add(p)
     return {"node": api.node.config.name, "served": sorted(served), "queues": queues,
@@ -116,9 +121,10 @@ def _binding_key(b: dict[str, Any]) -> tuple[Any, ...]:
             b["properties_key"])
 
 
-async def gather(api: Any) -> Views | None:
-    """The other members' views, asked in parallel (None: no partition groups here). A
-    member that does not answer within ``PEER_TIMEOUT`` is left out."""
+async def gather(api: Any, only: tuple[str, str] | None = None) -> Views | None:
+    """The other members' views, asked in parallel (None: no partition groups here), of
+    every queue or ``only`` (vhost, name). A member that does not answer within
+    ``PEER_TIMEOUT`` is left out."""
     node = api.node
     groups = node.broker.groups
     ha = node.ha
@@ -131,13 +137,15 @@ async def gather(api: Any) -> Views | None:
     me = node.config.name
     members = [m for m in ha.cluster.members if m.name != me]
     sign = _signer(node)
+    query = "" if only is None else "?" + urlencode({"vhost": only[0], "name": only[1]})
 
     async def one(member: Any) -> dict[str, Any] | None:
         base = member.https_url or member.admin_url
         if not base:
             return None
         try:
-            answer = await fetch_json(base + PATH, PEER_TIMEOUT, node.tls.member_client, sign)
+            answer = await fetch_json(base + PATH + query, PEER_TIMEOUT,
+                                      node.tls.member_client, sign)
         except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError):
             return None
         return answer if isinstance(answer, dict) else None
@@ -149,8 +157,10 @@ async def gather(api: Any) -> Views | None:
 def install(api: Any) -> None:
     """``GET /api/brokerha/partition-objects`` on the node's admin listener (a management
     tag, or a member's signature)."""
-    def handler(_request: Request) -> Response:
+    def handler(request: Request) -> Response:
         api.start()  # its sampler: the rates in the entries
-        return Response.json(served_objects(api))
+        vhost, name = request.query.get("vhost"), request.query.get("name")
+        only = (vhost[0], name[0]) if vhost and name else None
+        return Response.json(served_objects(api, only))
 
     api.node.admin.route("GET", PATH, handler)

@@ -383,6 +383,13 @@ def test_the_management_lists_show_each_queue_as_its_leader_sees_it() -> None:
                 _, bindings = api(cluster, node, "GET", "bindings")
                 assert any(x["source"] == "defs-x" and x["destination"] == queue
                            and x["routing_key"] == "list.k" for x in bindings), node
+            # what B answers the members: the partitions it leads, one queue when asked
+            led = get_json(cluster.admin_url(b) + f"/api/brokerha/partition-objects?"
+                           f"vhost=%2F&name={queue}")
+            assert hash_partition("/", queue, P) in led["served"]
+            assert [q["name"] for q in led["queues"]] == [queue] and led["bindings"] == []
+            led = get_json(cluster.admin_url(b) + "/api/brokerha/partition-objects")
+            assert any(x["destination"] == queue for x in led["bindings"])
         finally:
             conn.close()
 
