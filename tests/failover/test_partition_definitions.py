@@ -398,8 +398,9 @@ def test_four_nodes_export_and_import_every_partition_from_a_node_outside_some()
     """P = 4, NR = 2 on four nodes: each node holds cells of three partitions. Queues of
     every partition (with arguments) and their bindings, exported on each node (the
     metadata primary answers, outside one partition): all of them, the same file; deleted,
-    imported on a node outside a partition the metadata primary is in; the export is the
-    first one and each queue is on its leader."""
+    the vhost's file (``/api/definitions/%2F``) exported, imported on a node outside a
+    partition the metadata primary is in; the export is the first one and each queue is
+    on its leader."""
     from tests.failover.test_partition_directory import cells_of
     from tests.failover.test_partition_drain import DRAIN_OPTIONS, leaders, settled
     from tests.failover.test_partition_drain import P as P4
@@ -430,6 +431,12 @@ def test_four_nodes_export_and_import_every_partition_from_a_node_outside_some()
         listed = {q["name"]: q["arguments"] for q in exports[0][1]["queues"]}
         assert {q: listed.get(q) for q in queues} == {q: {"x-max-length": 7} for q in queues}
         assert len(first["bindings"]) == P4
+        # the vhost's file (RabbitMQ's: no vhost in its entries)
+        status, per_vhost = api(cluster, names[-1], "GET", "definitions/%2F")
+        assert status == 200
+        assert {q["name"]: q["arguments"] for q in per_vhost["queues"]
+                if q["name"] in queues} == {q: {"x-max-length": 7} for q in queues}
+        assert all("vhost" not in q for q in per_vhost["queues"])
 
         conn = connect(cluster, a)
         try:
@@ -439,11 +446,12 @@ def test_four_nodes_export_and_import_every_partition_from_a_node_outside_some()
             ch.exchange_delete("defs-x")
         finally:
             conn.close()
-        # a node outside some partition whose cells include the metadata primary
+        # a node outside some partition whose cells include the metadata primary: the
+        # vhost's file imported into that vhost
         outside = next(n for p in range(P4) for n in names
                        if n not in cells[p] and a in cells[p])
-        assert call(cluster.admin_url(outside) + "/api/", "POST", "definitions",
-                    body=exports[0][1])[0] == 204
+        assert call(cluster.admin_url(outside) + "/api/", "POST", "definitions/%2F",
+                    body=per_vhost)[0] == 204
         assert mine(api(cluster, a, "GET", "definitions")[1], "four") == first
         lead = leaders(cluster, names)
         assert lead is not None
