@@ -29,6 +29,14 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
 
 
+@pytest.fixture(scope="module")
+def untouched_cluster() -> Iterator[LocalCluster]:
+    """One cluster for the tests that only look at it (no kill, pause, promotion or
+    message left behind): one cluster start instead of one each."""
+    with LocalCluster(3, options=FAST) as c:
+        yield c
+
+
 def wait_all_ready(cluster: LocalCluster, timeout: float = 30.0) -> str:
     primary = cluster.wait_primary(timeout)
     for name in cluster.names:
@@ -38,7 +46,8 @@ def wait_all_ready(cluster: LocalCluster, timeout: float = 30.0) -> str:
     return primary
 
 
-def test_cluster_elects_one_primary_and_ctl_shows_it(cluster: LocalCluster) -> None:
+def test_cluster_elects_one_primary_and_ctl_shows_it(untouched_cluster: LocalCluster) -> None:
+    cluster = untouched_cluster
     primary = wait_all_ready(cluster)
     done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
                            cluster.url(cluster.names[0]), "status", "--json"],
@@ -55,7 +64,8 @@ def test_cluster_elects_one_primary_and_ctl_shows_it(cluster: LocalCluster) -> N
     assert set(backups) == set(cluster.names) - {primary}
 
 
-def test_backups_relay_amqp_clients_to_the_primary(cluster: LocalCluster) -> None:
+def test_backups_relay_amqp_clients_to_the_primary(untouched_cluster: LocalCluster) -> None:
+    cluster = untouched_cluster
     primary = wait_all_ready(cluster)
     backup = next(n for n in cluster.names if n != primary)
     conn = connect_any([cluster.url(backup)], time.monotonic() + 5)
