@@ -166,9 +166,11 @@ async def _led_elsewhere(api: ManagementAPI, objects: dict[str, list[dict[str, A
         {"name": q["name"], "vhost": q["vhost"], "durable": q["durable"],
          "auto_delete": q["auto_delete"], "arguments": _arguments(q.get("arguments") or {})}
         for q in added], key=lambda q: (q["vhost"], q["name"]))
+    exclusive = {key for key, q in views.queues.items() if q.get("exclusive")}
     bindings = [{k: v for k, v in b.items() if k != "properties_key"}
                 for vhost in vhosts
-                for b in views.binding_entries([], vhost) if b["source"]]
+                for b in views.binding_entries([], vhost) if b["source"]
+                and (b["vhost"], b["destination"]) not in exclusive]
     seen = {json.dumps(b, sort_keys=True) for b in objects["bindings"]}
     objects["bindings"] += [b for b in bindings if json.dumps(b, sort_keys=True) not in seen]
 

@@ -9,8 +9,9 @@ leader's), and a node holding no cell of a partition (more nodes than
 ``partition_replicas`` + 1) holds none of its queues nor their bindings. So
 ``GET /api/queues``, ``/api/bindings`` and ``/api/definitions`` ask every other
 member for what it serves (``GET /api/brokerha/partition-objects``, read with the
-cluster's member signature): the queues of the partitions it leads now, in
-``/api/queues``' fields, and their bindings. A queue led elsewhere is listed as
+cluster's member signature): the queues of the partitions it leads now and its
+exclusive queues (on no other node), in ``/api/queues``' fields, and their bindings
+(the export leaves exclusive queues out, as before). A queue led elsewhere is listed as
 its leader answered; one of a partition no answering member leads is listed from
 this node's copy (if it holds one). The export refuses (503 naming them) when
 some partition's queues are neither here nor on an answering leader: a file
@@ -34,9 +35,10 @@ PEER_TIMEOUT = 1.5
 
 
 def served_objects(api: Any, only: tuple[str, str] | None = None) -> dict[str, Any]:
-    """What this node serves now: its partitions (``served``), their queues in
-    ``/api/queues``' fields, and the bindings to them (``/api/bindings``' fields);
-    ``only`` (vhost, name): that queue alone, no bindings."""
+    """What this node serves now: its partitions (``served``), their queues and its
+    exclusive queues (in no partition, on this node only) in ``/api/queues``' fields, and
+    the bindings to them (``/api/bindings``' fields); ``only`` (vhost, name): that queue
+    alone, no bindings."""
     broker = api.node.broker
     groups = broker.groups
     served: set[int] = set()
@@ -49,7 +51,11 @@ def served_objects(api: Any, only: tuple[str, str] | None = None) -> dict[str, A
             continue
         mine: set[str] = set()
         for q in list(vh.queues.values()):
-            if q.exclusive_owner is not None or (only is not None and q.name != only[1]):
+            if only is not None and q.name != only[1]:
+                continue
+            if q.exclusive_owner is not None:  # in no partition: this node's own
+                mine.add(q.name)
+                queues.append(api._queue_entry(q))
                 continue
             partition, leader = groups.queue_home(q)
             if partition is None or leader != api.node.config.name or \

@@ -348,7 +348,9 @@ def test_the_management_lists_show_each_queue_as_its_leader_sees_it() -> None:
     """A queue of a partition B leads, consumed on B (10 delivered, unacknowledged): its
     entry in /api/queues and /api/queues/%2F/q asked on each node (answered by A, the
     metadata primary, whose copy counts no consumer) is B's: 1 consumer, 10
-    unacknowledged, node brokerha@B; /api/bindings lists its binding on each node."""
+    unacknowledged, node brokerha@B; /api/bindings lists its binding on each node; an
+    exclusive queue of a connection on B (in no partition, on B alone) is listed from
+    every node, and not exported."""
     with LocalCluster(3, options=OPTIONS) as cluster:
         leaders = ready(cluster)
         a = leaders["0"]
@@ -366,6 +368,7 @@ def test_the_management_lists_show_each_queue_as_its_leader_sees_it() -> None:
                 ch.basic_publish("", queue, b"x")
             ch.basic_qos(prefetch_count=10)
             ch.basic_consume(queue, lambda *_: None)
+            own = ch.queue_declare("", exclusive=True).method.queue  # B's alone
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
                 conn.process_data_events(0.1)
@@ -383,6 +386,11 @@ def test_the_management_lists_show_each_queue_as_its_leader_sees_it() -> None:
                 _, bindings = api(cluster, node, "GET", "bindings")
                 assert any(x["source"] == "defs-x" and x["destination"] == queue
                            and x["routing_key"] == "list.k" for x in bindings), node
+                exclusive = [q for q in listed if q["name"] == own]
+                assert [(q["exclusive"], q["node"]) for q in exclusive] == [
+                    (True, f"brokerha@{b}")], (node, exclusive)
+            _, export = api(cluster, a, "GET", "definitions")
+            assert own not in {q["name"] for q in export["queues"]}
             # what B answers the members: the partitions it leads, one queue when asked
             led = get_json(cluster.admin_url(b) + f"/api/brokerha/partition-objects?"
                            f"vhost=%2F&name={queue}")
