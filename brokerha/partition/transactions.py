@@ -97,9 +97,10 @@ HOLD_ENV = "BROKERHA_XTX_HOLD"
 # (64 MiB) would fail the link, every group's traffic with it
 XTX_MAX_BYTES = 48 * 1024 * 1024
 # how long the node remembers an XA transaction it prepared for its TM (so that the TM's
-# commit or rollback through this node needs no recover): a TM that finishes it through
-# another node leaves nothing here for good, and an xid reused later is asked of the
-# partitions, not taken from an old entry
+# commit or rollback through this node asks its decider alone, not every partition): a TM
+# that finishes it through another node leaves nothing here for good. An entry is a hint,
+# never the answer: the decider must still hold that gtxid under that xid (an xid reused
+# once its transaction was finished elsewhere is found through every partition)
 XA_KNOWN_FOR = 60.0
 
 Answered = Callable[[bool, str], None]
@@ -262,7 +263,7 @@ class NodeTransactions:
         self._held: dict[tuple[str, type], float] = {}  # (gtxid, packet type) -> held until
         self.stats: dict[str, int] = {"begun": 0, "committed": 0, "refused": 0, "held": 0,
                                       "not_serving": 0, "no_leader": 0, "xa_prepared": 0,
-                                      "xa_finished": 0, "xa_recovers": 0}
+                                      "xa_finished": 0, "xa_recovers": 0, "xa_known_stale": 0}
         # XA (docs/ha.md "XA over partitions"): the prepares under way (gtxid -> the TM's
         # xid key), the transactions this node prepared for their TM (xid key -> gtxid,
         # participants: its commit or rollback needs no recover), the recovers under way
@@ -339,11 +340,6 @@ class NodeTransactions:
         for it: ``answer(outcome, why)`` -- ``committed``/``rolled back`` once every
         participant finished durably, ``unknown`` when no partition holds it, ``failed``
         when that cannot be told now (a partition without a leader or an answer)."""
-        known = self.xa_known.get(xid)
-        if known is not None:
-            self._xa_finish(xid, known[0], known[1], commit, answer)
-            return
-
         def found(held: list[HeldXa] | None, why: str) -> None:
             if held is None:
                 answer("failed", why)
@@ -354,7 +350,31 @@ class NodeTransactions:
                     return
             answer(UNKNOWN, f"no partition holds xid {xid} prepared")
 
-        self.xa_recover(found)
+        known = self.xa_known.get(xid)
+        if known is None or not known[1]:
+            self.xa_recover(found)
+            return
+        gtxid, participants = known[0], known[1]
+
+        def checked(held: list[HeldXa] | None, why: str) -> None:
+            # what this node prepared, still held under that xid by its decider: finish it;
+            # else (finished through another node, the xid since reused for another
+            # transaction) the entry is stale: dropped, the partitions asked
+            if held is not None and any(k == xid and g == gtxid for k, g, _ in held):
+                self._xa_finish(xid, gtxid, participants, commit, answer)
+                return
+            if self.xa_known.get(xid) == known:
+                del self.xa_known[xid]
+            if held is None:
+                answer("failed", why)
+                return
+            self.stats["xa_known_stale"] += 1
+            self.xa_recover(found)
+
+        # asked of the decider alone (one round trip to one leader, not to every
+        # partition's): a TM may reuse an xid once its transaction is finished, and one
+        # finished through another node left its entry here
+        self._recover_from((min(participants),), checked)
 
     def _xa_finish(self, xid: str, gtxid: str, participants: tuple[int, ...], commit: bool,
                    answer: Callable[[str, str], None]) -> None:
@@ -380,11 +400,17 @@ class NodeTransactions:
         if self.coordinator is None or table is None:
             answer(None, "this node has no coordinator or no partition table")
             return
-        self._ref += 1
         self.stats["xa_recovers"] += 1
+        self._recover_from(range(table.partitions), answer)
+
+    def _recover_from(self, partitions: Sequence[int], answer: Recovered) -> None:
+        """``XRecover`` to the leaders of ``partitions``; ``answer`` as ``xa_recover``'s."""
+        if self.coordinator is None:
+            answer(None, "this node has no coordinator")
+            return
+        self._ref += 1
         now = self.wall()
-        recover = self._recovers[self._ref] = _Recover(answer, set(range(table.partitions)),
-                                                       now)
+        recover = self._recovers[self._ref] = _Recover(answer, set(partitions), now)
         self._ask_recover(self._ref, recover, now)
 
     def _ask_recover(self, ref: int, recover: _Recover, now: float) -> None:

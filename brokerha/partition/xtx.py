@@ -97,6 +97,9 @@ class Unsafe(UnsafeRules):
     # branch is rolled back by the timeout and an XOutcome writes the tombstone -- so a
     # branch the TM was told is prepared (XA_OK) is decided without the TM
     presume_held_abort: bool = False
+    # bounded memory: the decider leaves an all-prepared record a failover left held though
+    # decided (only the decision's own rewrite ages one out): kept apart, in memory, for good
+    keep_decided_holds: bool = False
 
 
 class Status(enum.Enum):
@@ -386,7 +389,13 @@ class PartitionTransactions(Protocol):
 
     def held_xa(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
         """The all-prepared records whose gtxid is not decided here: (xid key, gtxid,
-        participants)."""
+        participants). A read: it changes nothing (``ctl status`` and ``XRecover`` call it)."""
+        ...
+
+    def unhold_decided(self) -> list[str]:
+        """Record again ``decided`` every all-prepared record whose gtxid is decided here
+        (its decision's own rewrite cut short by a failover: a new primary restored the
+        decision but not the rewrite), so that it ages out; the gtxids rewritten."""
         ...
 
 
@@ -584,6 +593,7 @@ class DecisionRules:
         self.unsafe = unsafe
         self._preparing: dict[str, XBranch] = {}  # prepares under way: whom to answer
         self._asked: dict[str, float] = {}        # gtxid -> when its decider was last asked
+        self._swept: float | None = None          # when decided holds were last looked for
 
     def receive(self, now: float, packet: Packet | Query) -> list[Effect]:
         if isinstance(packet, XRecover):
@@ -618,6 +628,10 @@ class DecisionRules:
     def tick(self, now: float) -> list[Effect]:
         """Prepared branches older than ``resolve_timeout``: ask their decider (rule b)."""
         out: list[Effect] = []
+        if self._swept is None or now - self._swept >= self.hold_retry:
+            # what a failover left held though decided goes (as the participants ask again)
+            self._swept = now
+            self._unhold_decided()
         doubtful: set[str] = set()
         for doubt in list(self.txs.in_doubt()):
             branch = doubt.branch
@@ -700,7 +714,13 @@ class DecisionRules:
                 self._preparing.pop(packet.gtxid, None)
                 self.txs.rollback(packet.gtxid)
                 status = Status.ROLLED_BACK
+        elif self.txs.is_held(packet.gtxid):  # decided by a primary before this one
+            self._unhold_decided()
         return [WhenDurable(ToNode(packet.coordinator, XDecided(packet.gtxid, status.value)))]
+
+    def _unhold_decided(self) -> None:
+        if not self.unsafe.keep_decided_holds:
+            self.txs.unhold_decided()
 
     def _held(self, gtxid: str) -> bool:
         """Rule (c): an all-prepared record holds ``gtxid`` for its TM."""
@@ -736,4 +756,6 @@ class DecisionRules:
             self._preparing.pop(packet.gtxid, None)
             self.txs.rollback(packet.gtxid)  # the tombstone: a late XDecide(commit) is refused
             status = Status.ROLLED_BACK
+        elif self.txs.is_held(packet.gtxid):  # a participant asking again: decided since
+            self._unhold_decided()
         return [WhenDurable(ToPartition(packet.asker, XOutcomeReply(packet.gtxid, status.value)))]

@@ -216,20 +216,23 @@ class BrokerTransactions:
         return record is not None and record[2] == HELD
 
     def held_xa(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
-        prefix = self.hold_txid("")
+        """The held records of undecided gtxids. A read, side-effect free (``ctl status``
+        counts them): what a failover left held though decided is rewritten by
+        ``unhold_decided`` (the rules' tick), never by a reader."""
         out = []
-        for record in self.broker.outcomes.snapshot(self.partition + 1):
-            txid, client_id, outcome = record[0], record[1], record[2]
-            if outcome != HELD or not txid.startswith(prefix) or client_id is None:
-                continue
-            gtxid = txid[len(prefix):]
-            if self.status(gtxid).decided:  # decided by a primary before this one
-                self._unhold(gtxid)
+        for gtxid, client_id in self.holds():
+            if self.status(gtxid).decided:
                 continue
             parsed = parse_hold_client_id(client_id)
             if parsed is not None:
                 out.append((parsed[0], gtxid, parsed[1]))
         return out
+
+    def unhold_decided(self) -> list[str]:
+        decided = [gtxid for gtxid, _ in self.holds() if self.status(gtxid).decided]
+        for gtxid in decided:
+            self._unhold(gtxid)
+        return decided
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -249,6 +252,14 @@ class BrokerTransactions:
         if work.state is State.ACTIVE:  # not ended (cannot happen: prepare ends it)
             self.broker.dtx.end(work.xid, self._owner, fail=True)
         self.broker.dtx.rollback(work.xid)  # its held entries requeued; a tr if replicated
+
+    def holds(self) -> list[tuple[str, str]]:
+        """(gtxid, client id) of this partition's ``HELD`` records: the outcomes' ``held``
+        (kept apart from the retention: a few, not every outcome record)."""
+        prefix = self.hold_txid("")
+        return [(txid[len(prefix):], record[1])
+                for txid, record in self.broker.outcomes.held.items()
+                if txid.startswith(prefix) and record[2] == HELD and record[1] is not None]
 
     def _unhold(self, gtxid: str) -> None:
         """A decided transaction's all-prepared record is recorded again ``DECIDED`` (and

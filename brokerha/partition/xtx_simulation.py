@@ -57,11 +57,16 @@ partitions' ``held_xa``, as ``dtx.recover`` does). Checked besides: (f) a
 transaction held durably for its TM is never rolled back anywhere unless the
 TM asked it, and a TM's commit is answered committed (rule c: the decider's
 timeout and a participant's ``XOutcome`` leave it in doubt); (b) a held
-answer is backed by the decider's durable all-prepared record.
+answer is backed by the decider's durable all-prepared record; (g) at the
+end no primary keeps an all-prepared record apart (``prepared``, in memory)
+whose transaction is decided: the decision's own rewrite (an ``u`` entry after
+its ``c``/``r``) may be lost with a failover that kept the decision, and the
+rules' tick rewrites it (bounded memory without a ``recover``).
 
 ``Unsafe`` (``partition.xtx.Unsafe``): ``commit_before_decision`` (rule a),
 ``presume_without_tombstone`` (rule b) and ``presume_held_abort`` (rule c),
-each caught in the first seeds (``tests/partition/test_xtx_simulation.py``).
+each caught in the first seeds, and ``keep_decided_holds`` (g, within the
+first 60) (``tests/partition/test_xtx_simulation.py``).
 
 ``brokers``: the partitions whose primary is the product's instead of a log
 (``BrokerPartition``): a ``Broker`` over a simulated disk (``DiskStore``: a
@@ -225,12 +230,20 @@ class SimPartition:
     def commit(self, gtxid: str) -> None:
         assert self.status.get(gtxid) is Status.PREPARED, (self.number, gtxid)
         self.write(Entry("c", gtxid))
+        self._unhold(gtxid)
 
     def rollback(self, gtxid: str) -> None:
         assert self.sim is not None
         self.sim.counts["rollback of " + self.status_of(gtxid).value] += 1
         self.preparing.pop(gtxid, None)
         self.write(Entry("r", gtxid))
+        self._unhold(gtxid)
+
+    def _unhold(self, gtxid: str) -> None:
+        """The decision's own rewrite of the all-prepared record (as ``BrokerTransactions``):
+        a later entry of the log, which a failover may lose while keeping the decision."""
+        if gtxid in self.holds:
+            self.write(Entry("u", gtxid))
 
     def in_doubt(self) -> Iterable[InDoubt]:
         return [InDoubt(b, since) for b, since in self.branches.values()]
@@ -244,6 +257,14 @@ class SimPartition:
     def held_xa(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
         return [(xid, g, ps) for g, (xid, ps) in self.holds.items()
                 if not self.status_of(g).decided]
+
+    def unhold_decided(self) -> list[str]:
+        assert self.sim is not None
+        decided = [g for g in self.holds if self.status_of(g).decided]
+        for g in decided:
+            self.write(Entry("u", g))
+        self.sim.counts["held record decided since, rewritten by the rules"] += len(decided)
+        return decided
 
     # -- the log --------------------------------------------------------------------------
 
@@ -261,6 +282,8 @@ class SimPartition:
             self.branches[g] = (entry.branch, entry.at)
         elif entry.kind == "h":
             self.holds[g] = (entry.xid, entry.participants)
+        elif entry.kind == "u":  # the record decided: it ages out
+            self.holds.pop(g, None)
         else:
             self.status[g] = Status.COMMITTED if entry.kind == "c" else Status.ROLLED_BACK
             self.branches.pop(g, None)
@@ -300,6 +323,12 @@ class BrokerPartition(SimPartition):
     def held_xa(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
         assert self.txs is not None
         return self.txs.held_xa()
+
+    def unhold_decided(self) -> list[str]:
+        assert self.txs is not None and self.sim is not None
+        decided = self.txs.unhold_decided()
+        self.sim.counts["held record decided since, rewritten by the rules"] += len(decided)
+        return decided
 
     def settled_everything(self) -> bool:
         assert self.broker is not None
@@ -364,6 +393,9 @@ class Adapter:
 
     def held_xa(self) -> Iterable[tuple[str, str, tuple[int, ...]]]:
         return self.part.held_xa()
+
+    def unhold_decided(self) -> list[str]:
+        return self.part.unhold_decided()
 
 
 @dataclass
@@ -635,6 +667,8 @@ class XtxSimulation:
     def settle(self, part: SimPartition, entry: Entry) -> None:
         """``entry`` is durable now: no failover will lose it. Check (a)."""
         g = entry.gtxid
+        if entry.kind == "u":
+            return  # a decided transaction's record rewritten: nothing decided by it
         if entry.kind == "h":
             part.held_durably.add(g)
             self.held.add(g)
@@ -1029,6 +1063,9 @@ class XtxSimulation:
     # -- the end ---------------------------------------------------------------------------------
 
     def quiet(self) -> bool:
+        return self.settled() and not any(self.decided_holds(part) for part in self.parts)
+
+    def settled(self) -> bool:
         return (all(part.up and part.durable == len(part.log) and not part.branches
                     and not part.preparing
                     and (not isinstance(part, BrokerPartition) or part.settled_everything())
@@ -1037,8 +1074,16 @@ class XtxSimulation:
                         for c in self.coords.values())
                 and not self.tm_pending and not self.tm_waiting)
 
+    @staticmethod
+    def decided_holds(part: SimPartition) -> list[str]:
+        """The all-prepared records a primary keeps apart (memory) though decided."""
+        if isinstance(part, BrokerPartition):
+            assert part.txs is not None
+            return [g for g, _ in part.txs.holds() if part.status_of(g).decided]
+        return [g for g in part.holds if part.status_of(g).decided]
+
     def finish(self) -> None:
-        if not self.quiet():
+        if not self.settled():
             doubt = {f"p{p.number}": sorted(p.branches) + sorted(p.preparing)
                      + ([] if not isinstance(p, BrokerPartition) or p.broker is None
                         else sorted(b.id for b in p.broker.dtx.branches.values()))
@@ -1047,6 +1092,10 @@ class XtxSimulation:
             self.violate(f"(c) still in doubt {SETTLE:.0f}s after the faults: branches {doubt}, "
                          f"commits {open_}, the TM's {sorted(self.tm_waiting)} (finishing "
                          f"{sorted(self.tm_pending)})")
+        kept = {f"p{p.number}": gs for p in self.parts if (gs := self.decided_holds(p))}
+        if kept:
+            self.violate(f"(g) all-prepared records kept apart (in memory) {SETTLE:.0f}s after "
+                         f"the faults though their transaction is decided: {kept}")
         for g, begun in self.begun.items():
             held = {p: self.parts[p].status_of(g) for p in begun.participants}
             committed = any(s is Status.COMMITTED for s in held.values())

@@ -106,3 +106,82 @@ def test_what_the_node_prepared_is_forgotten_after_a_while() -> None:
     node.now += XA_KNOWN_FOR
     node.tx.tick()
     assert node.tx.xa_known == {}  # its TM finished it elsewhere, or will ask around
+
+
+def test_a_finish_through_the_node_that_prepared_asks_its_decider_alone() -> None:
+    """What the node prepared is a hint: its decider (partition 1, led by n3) still holds
+    that gtxid under that xid, then ``XDecide`` goes to it -- one round trip, one leader."""
+    node = Node()
+    gtxid = "0000000000000000001-n1.0123456789ab"
+    node.tx.xa_known[XID] = (gtxid, (1, 2), node.now)
+    outcomes: list[tuple[str, str]] = []
+    node.tx.xa_finish(XID, True, lambda outcome, why: outcomes.append((outcome, why)))
+    [(asked, recover)] = node.to_partitions()
+    assert asked == "n3" and isinstance(recover, XRecover)
+    node.held(recover.ref, 1, [[XID, gtxid, [1, 2]]])
+    assert node.to_partitions() == [("n3", XDecide(gtxid, True, "n1.0123456789ab"))]
+    assert node.tx.stats["xa_recovers"] == 0 and outcomes == []
+
+
+def test_a_reused_xid_is_never_finished_from_what_the_node_prepared_before() -> None:
+    """The node prepared ``XID`` (gtxid ``old``); the TM committed it through another node,
+    then reused ``XID`` for a new transaction prepared through a third one (``new``, decided
+    by partition 2), and commits it through this node within ``XA_KNOWN_FOR``: the old entry
+    must not finish ``old`` again (its decider would answer "committed" for a transaction
+    it did not commit): the decider no longer holds ``old``, every partition is asked,
+    ``new`` is committed."""
+    node = Node()
+    old, new = "0000000000000000001-n1.0123456789ab", "0000000000000000002-n9.ab"
+    node.tx.xa_known[XID] = (old, (1, 2), node.now)
+    node.now += 5.0
+    outcomes: list[tuple[str, str]] = []
+    node.tx.xa_finish(XID, True, lambda outcome, why: outcomes.append((outcome, why)))
+    [(asked, recover)] = node.to_partitions()
+    assert asked == "n3" and isinstance(recover, XRecover)
+    node.held(recover.ref, 1, [])  # old decided: its record no longer held
+    asked_all = node.to_partitions()
+    assert sorted(n for n, _ in asked_all) == ["n2", "n3", "n4"]  # every partition now
+    assert XID not in node.tx.xa_known and node.tx.stats["xa_known_stale"] == 1
+    ref = asked_all[0][1].ref
+    for p in range(3):
+        node.held(ref, p, [[XID, new, [2]]] if p == 2 else [])
+    assert node.to_partitions() == [("n4", XDecide(new, True, "n1.0123456789ab"))]
+    assert outcomes == []
+
+
+def test_a_decider_without_an_answer_fails_the_finish_and_drops_the_entry() -> None:
+    node = Node()
+    node.tx.xa_known[XID] = ("0000000000000000001-n1.0123456789ab", (0, 1), node.now)
+    outcomes: list[tuple[str, str]] = []
+    node.tx.xa_finish(XID, False, lambda outcome, why: outcomes.append((outcome, why)))
+    assert [n for n, _ in node.to_partitions()] == ["n2"]
+    node.now += PREPARE_TIMEOUT
+    node.tx.tick()
+    assert outcomes and outcomes[0][0] == "failed" and "[0] did not answer" in outcomes[0][1]
+    assert XID not in node.tx.xa_known  # the TM asks again: through every partition
+
+
+def test_ctl_status_reading_the_held_records_writes_nothing() -> None:
+    """A held record whose transaction a primary before this one decided (its rewrite
+    ``decided`` lost with the failover): ``status()`` counts it out, and changes nothing --
+    the rules' tick rewrites it (``tests/partition/test_xtx_xa.py``), never a reader."""
+    from brokerha.broker.tx_outcomes import COMMITTED
+    from brokerha.partition.xtx import HELD
+
+    node = Node()
+    node.tx.member.placement = SimpleNamespace(  # type: ignore[assignment]
+        of=lambda partition: None)
+    node.tx.serving(1, 1)
+    txs = node.tx.rules[1].txs
+    outcomes = txs.broker.outcomes
+    gtxid = "0000000000000000001-n9.ab"
+    txs.hold(gtxid, XID, (0, 1))
+    outcomes.record(txs.txid(gtxid), None, COMMITTED)  # decided, as restored
+    written: list[Any] = []
+    outcomes.listeners.append(written.append)
+    stored = dict(outcomes.store.outcomes)  # type: ignore[attr-defined]
+    status = node.tx.status()
+    assert status["xa_held"] == {"1": 0}
+    assert outcomes.get(txs.hold_txid(gtxid))[2] == HELD  # type: ignore[index]
+    assert written == []  # nothing sent to the group's backups
+    assert outcomes.store.outcomes == stored  # type: ignore[attr-defined]  # nor stored

@@ -82,6 +82,12 @@ class Branches:
         return [(xid, g, ps) for g, (xid, ps) in self.held.items()
                 if not self.status(g).decided]
 
+    def unhold_decided(self) -> list[str]:
+        decided = [g for g in self.held if self.status(g).decided]
+        for g in decided:
+            del self.held[g]
+        return decided
+
     def prepare_ends(self, rules: DecisionRules, gtxid: str, ok: bool = True) -> list[Effect]:
         if ok:
             self.state[gtxid] = Status.PREPARED

@@ -4,7 +4,8 @@ commit or rollback decides it (docs/ha.md "XA over partitions")."""
 
 from __future__ import annotations
 
-from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK
+from brokerha.broker.broker import Broker
+from brokerha.broker.tx_outcomes import COMMITTED, DECIDED, ROLLED_BACK
 from brokerha.partition.xtx import (
     HELD,
     Answer,
@@ -25,6 +26,7 @@ from brokerha.partition.xtx import (
     XPrepared,
     XRecover,
 )
+from brokerha.partition.xtx_broker import BrokerTransactions
 from tests.partition.test_xtx import Branches, Cluster, publish, unwrap
 
 XID = "1:6162:01"
@@ -142,10 +144,6 @@ def test_the_all_prepared_record_outlives_the_outcomes_retention_until_decided()
     """A held transaction's record is kept apart from ``max_records``/``max_age`` (rule (c)
     must hold however long the TM takes, however many transactions commit meanwhile), and
     recorded again ``decided`` once the TM decided, then ages out as any record."""
-    from brokerha.broker.broker import Broker
-    from brokerha.broker.tx_outcomes import DECIDED
-    from brokerha.partition.xtx_broker import BrokerTransactions
-
     broker = Broker("p0")
     outcomes = broker.outcomes
     outcomes.max_records = 3
@@ -167,3 +165,54 @@ def test_the_all_prepared_record_outlives_the_outcomes_retention_until_decided()
     for i in range(10, 15):
         outcomes.record(f"g1/tx-{i}", None, COMMITTED)
     assert outcomes.get("g1/xa:" + gtxid) is None  # aged out with the others
+
+
+SAFE = Unsafe()
+
+
+def restored_decided_but_held(gtxid: str, *, unsafe: Unsafe = SAFE) -> tuple[
+        DecisionRules, BrokerTransactions, list[tuple[str, str]]]:
+    """A decider's new primary that restored a held transaction's decision (its branch's
+    ``committed`` record) but not the rewrite ``decided`` of its all-prepared record, which
+    the failover cut short: the record is still ``prepared`` (kept apart, in memory)."""
+    broker = Broker("p0")
+    txs = BrokerTransactions(broker, 0, lambda gtxid, ok: None)
+    txs.hold(gtxid, XID, (0, 1))
+    broker.outcomes.record(txs.txid(gtxid), None, COMMITTED)
+    sent: list[tuple[str, str]] = []
+    broker.outcomes.listeners.append(lambda r: sent.append((r[0], r[2])))
+    return DecisionRules(0, txs, unsafe=unsafe), txs, sent
+
+
+def test_reading_the_held_records_changes_nothing() -> None:
+    """``held_xa`` (``ctl status``) and ``XRecover`` leave it out and write nothing."""
+    gtxid = "0000000000000000001-n1"
+    rules, txs, sent = restored_decided_but_held(gtxid)
+    assert list(txs.held_xa()) == []
+    assert rules.receive(0.0, XRecover("n2", 1)) == [WhenDurable(ToNode("n2", XHeld(1, 0, [])))]
+    assert txs.is_held(gtxid) and sent == []
+
+
+def test_a_decided_record_a_failover_left_held_is_rewritten_by_the_rules_tick() -> None:
+    """Bounded memory without a ``recover``: the rules' tick (every ``hold_retry``) records
+    it ``decided`` (replicated: the backups drop it too), and a participant asking again
+    (``XOutcome``) does at once."""
+    gtxid, other = "0000000000000000001-n1", "0000000000000000002-n1"
+    rules, txs, sent = restored_decided_but_held(gtxid)
+    assert rules.tick(100.0) == []
+    assert not txs.is_held(gtxid) and sent == [("g1/xa:" + gtxid, DECIDED)]
+    txs.hold(other, XID, (0, 1))
+    txs.broker.outcomes.record(txs.txid(other), None, ROLLED_BACK)
+    assert rules.tick(101.0) == [] and txs.is_held(other)  # the next sweep: hold_retry on
+    assert rules.receive(101.0, XOutcome(other, 1)) == [
+        WhenDurable(ToPartition(1, XOutcomeReply(other, ROLLED_BACK)))]
+    assert not txs.is_held(other) and sent[-1] == ("g1/xa:" + other, DECIDED)
+
+
+def test_unsafe_keep_decided_holds_keeps_it_for_good() -> None:
+    gtxid = "0000000000000000001-n1"
+    rules, txs, sent = restored_decided_but_held(gtxid, unsafe=Unsafe(keep_decided_holds=True))
+    for now in (0.0, 100.0, 1000.0):
+        rules.tick(now)
+    rules.receive(1000.0, XOutcome(gtxid, 1))
+    assert txs.is_held(gtxid) and sent == []
