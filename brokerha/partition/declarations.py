@@ -36,6 +36,7 @@ error is the leader's broker's, its AMQP code and text carried back.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,8 @@ from typing import Any
 from brokerha.broker.broker import Broker
 from brokerha.broker.errors import AccessRefused, BrokerError, NotAllowed
 from brokerha.cluster.messages import Message, packet
+
+log = logging.getLogger("brokerha.partition")
 
 NOT_PRIMARY = -1  # MetaReply.code: the node does not serve the group; nothing applied
 CONNECTION_FORCED = 320  # Answer.code: the connection is closed (the outcome is unknown)
@@ -573,6 +576,8 @@ class NodeDeclarations:
     def queue_method(self, ch: Any, group: int, m: Any, name: str) -> None:
         from pamqp import commands
 
+        from brokerha.amqp.frames import unchecked
+
         vhost = ch.vhost.name
         if isinstance(m, commands.Queue.Declare):
             op, args = "queue.declare", [vhost, name, m.passive, m.durable, m.auto_delete,
@@ -582,8 +587,10 @@ class NodeDeclarations:
 
             def answer(result: list[Any]) -> Any:
                 ch.last_queue = result[0]
-                return None if m.nowait else commands.Queue.DeclareOk(
-                    queue=result[0], message_count=result[1], consumer_count=result[2])
+                # unchecked: pamqp holds names to ASCII, RabbitMQ takes any UTF-8
+                return None if m.nowait else unchecked(
+                    commands.Queue.DeclareOk, queue=result[0], message_count=result[1],
+                    consumer_count=result[2])
         elif isinstance(m, commands.Queue.Bind | commands.Queue.Unbind):
             key = m.routing_key if (m.routing_key or m.queue) else name
             exchange = ch.vhost.exchanges.get(m.exchange)
@@ -747,6 +754,7 @@ class NodeDeclarations:
 
     def _answer(self, effect: Answer) -> None:
         from brokerha.amqp.channel import OPEN
+        from brokerha.amqp.constants import INTERNAL_ERROR
         from brokerha.amqp.errors import AMQPError
 
         done = self.internal.pop(effect.request, None)
@@ -768,14 +776,20 @@ class NodeDeclarations:
         ch, answer, op = held
         if ch.state != OPEN:
             return  # the channel went meanwhile; what was asked happened or not
+        class_id, method_id = _METHOD_IDS.get(op, (0, 0))
         if effect.code == 0:
-            method = answer(effect.result)
+            try:
+                method = answer(effect.result)
+            except Exception as exc:  # never a channel left blocked forever on a reply
+                log.exception("answering %s on channel %s failed", op, ch.number)
+                ch.conn.fail(ch, AMQPError(INTERNAL_ERROR, f"INTERNAL_ERROR - answering {op} "
+                                           f"failed: {exc}", class_id, method_id))
+                return
             if method is None:
                 ch.unblock()
             else:
                 ch.reply_unblocked(method)
             return
-        class_id, method_id = _METHOD_IDS.get(op, (0, 0))
         if effect.code == CONNECTION_FORCED:
             class_id = method_id = 0
         ch.conn.fail(ch, AMQPError(effect.code, effect.text, class_id, method_id))

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pamqp import commands
 
+from brokerha.amqp.frames import unchecked
 from brokerha.broker.errors import BrokerError, NotFound, PreconditionFailed
 from brokerha.cluster.messages import Message as Packet
 from brokerha.cluster.partition_table import hash_partition
@@ -193,6 +194,7 @@ class Channel:
         from brokerha.amqp.channel import OPEN
 
         self.state = OPEN
+        self.number = 1
         self.vhost = vhost
         self.user = User()
         self.conn = Conn()
@@ -275,6 +277,38 @@ def test_a_queue_declared_from_a_node_that_does_not_lead_it(net: Net) -> None:
     with pytest.raises(BrokerError) as direct:
         net.sim.node("n2").broker.vhosts["/"].declare_queue(name, owner=None, durable=False)
     assert ch.conn.failed == [(406, direct.value.reply_text, 50, 10)]
+
+
+def test_a_utf8_name_declared_from_a_node_that_does_not_lead_it(net: Net) -> None:
+    """RabbitMQ takes any UTF-8 name; pamqp's validate() holds names to ASCII: the
+    declare-ok built for 'qé' raised in the reply's handler and the channel waited forever."""
+    name = name_in(1, "qé ☕")  # partition 1: n2 leads it
+    ch = net.channel("n3")
+    declare = unchecked(commands.Queue.Declare, ticket=0, queue=name, passive=False,
+                        durable=True, exclusive=False, auto_delete=False, nowait=False,
+                        arguments={})
+    net.nodes["n3"].queue_method(ch, group_of(1), declare, name)
+    net.pump()
+    assert not ch.blocked and not ch.conn.failed
+    ok = ch.sent[-1]
+    assert isinstance(ok, commands.Queue.DeclareOk) and ok.queue == name
+
+
+def test_an_answer_that_cannot_be_made_closes_rather_than_hangs(
+        net: Net, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = name_in(1, "unanswerable")
+    ch = net.channel("n3")
+    monkeypatch.setattr(commands.Queue, "PurgeOk", None)  # makes the answer raise
+    net.nodes["n3"].queue_method(ch, group_of(1), commands.Queue.Declare(
+        queue=name, durable=True), name)
+    net.pump()
+    ch = net.channel("n3")
+    net.nodes["n3"].queue_method(ch, group_of(1), commands.Queue.Purge(queue=name), name)
+    net.pump()
+    assert len(ch.conn.failed) == 1
+    code, text, class_id, method_id = ch.conn.failed[0]
+    assert (code, class_id, method_id) == (541, 50, 30)
+    assert text.startswith("INTERNAL_ERROR - answering queue.purge failed")
 
 
 def test_an_exchange_from_a_node_off_the_metadata_group_then_a_binding(net: Net) -> None:

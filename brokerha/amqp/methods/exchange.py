@@ -53,8 +53,10 @@ def declare(ch: Channel, m: commands.Exchange.Declare) -> None:
 
 def delete(ch: Channel, m: commands.Exchange.Delete) -> None:
     ch.user.check("configure", ch.vhost.name, "exchange", m.exchange)
-    if m.exchange in ch.vhost.exchanges or m.exchange == "":
-        if m.exchange and remote_configuration(ch, m):
+    if m.exchange == "":  # on any node, as RabbitMQ answers (not the metadata group's 404)
+        raise AccessRefused("operation not permitted on the default exchange")
+    if m.exchange in ch.vhost.exchanges:
+        if remote_configuration(ch, m):
             return
         guard_configuration(ch, f"delete exchange '{m.exchange}'")
         ch.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)

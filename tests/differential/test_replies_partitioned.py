@@ -1,0 +1,109 @@
+"""Differential, with partition groups (issue 35: "the differential suite against RabbitMQ
+passes as it does today"): ``test_replies.py``'s cases -- declarations, bindings, missing
+entities, arguments, exclusive queues, aiormq's own calls -- against RabbitMQ and against
+three nodes running partition groups, the client on a node that leads NONE of the queues
+a case names. Each queue's declare, bind, purge, delete, consume and get then goes to
+another node's leader (partition/declarations.py, partition/consuming.py) and each publish
+is forwarded; the answer (class, code, text) must still be RabbitMQ's.
+
+The cluster is ``tests/clients/test_partition_groups_clients.py``'s (P = 9, every node
+leading partitions, the client's node not the metadata group's leader).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from brokerha.cluster.partition_table import hash_partition
+from tests.clients.test_partition_groups_clients import Cluster, P, partitioned  # noqa: F401
+from tests.differential.test_replies import (
+    CASES,
+    EXCLUSIVE_CASES,
+    OWNER_CASES,
+    Call,
+    aiormq_outcome,
+    holding_exclusive,
+    normalize,
+    outcome,
+)
+
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(180)]
+
+# the queue names the cases make: a prefix, then the case's suffix (test_replies.py)
+_QUEUE_NAME = re.compile(r'f"([^"{]*)\{s\}"')
+
+
+def _prefixes() -> list[str]:
+    import inspect
+
+    from tests.differential import test_replies
+
+    return sorted(set(_QUEUE_NAME.findall(inspect.getsource(test_replies))))
+
+
+PREFIXES = _prefixes()
+
+
+def suffix_elsewhere(led: set[int]) -> str:
+    """A suffix that puts every name a case may make (queue or not) in a partition the
+    client's node does not lead."""
+    for _ in range(100_000):
+        suffix = f"-{uuid.uuid4().hex[:8]}"
+        if all(hash_partition("/", f"{p}{suffix}", P) not in led for p in PREFIXES):
+            return suffix
+    raise AssertionError(f"no suffix puts {PREFIXES} outside partitions {sorted(led)}")
+
+
+@pytest.fixture(scope="module")
+def grouped_url(partitioned: Cluster) -> Iterator[str]:  # noqa: F811
+    yield partitioned.cluster.url(partitioned.node)
+
+
+def test_the_names_fall_outside_the_client_node_s_partitions(partitioned: Cluster) -> None:  # noqa: F811
+    assert len(PREFIXES) >= 15, PREFIXES  # the cases' queue names were all found
+    assert 0 < len(partitioned.led) < P
+    suffix = suffix_elsewhere(partitioned.led)
+    assert all(hash_partition("/", f"{p}{suffix}", P) not in partitioned.led for p in PREFIXES)
+
+
+def _compare(call: Call, rabbitmq_url: str, url: str, led: set[int]) -> None:
+    suffix = suffix_elsewhere(led)
+    expected = normalize(outcome(rabbitmq_url, call, suffix), suffix)
+    got = normalize(outcome(url, call, suffix), suffix)
+    assert got == expected
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_same_reply_as_rabbitmq_from_a_node_leading_none_of_the_queues(
+        case: str, rabbitmq_url: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
+    _compare(CASES[case], rabbitmq_url, grouped_url, partitioned.led)
+
+
+@pytest.mark.parametrize("case", sorted(OWNER_CASES))
+def test_same_reply_for_the_connections_own_exclusive_queue_led_elsewhere(
+        case: str, rabbitmq_url: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
+    _compare(OWNER_CASES[case], rabbitmq_url, grouped_url, partitioned.led)
+
+
+@pytest.mark.parametrize("case", sorted(EXCLUSIVE_CASES))
+def test_same_reply_for_another_connections_exclusive_queue_led_elsewhere(
+        case: str, rabbitmq_url: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
+    suffix = suffix_elsewhere(partitioned.led)
+    answers = []
+    for url in (rabbitmq_url, grouped_url):
+        holder = holding_exclusive(url, f"ex{suffix}")
+        try:
+            answers.append(normalize(outcome(url, EXCLUSIVE_CASES[case], suffix), suffix))
+        finally:
+            holder.close()
+    assert answers[1] == answers[0]
+
+
+@pytest.mark.parametrize("steps", ["immediate", "channel 65535"])
+def test_same_answer_to_aiormq_on_a_partitioned_node(steps: str, rabbitmq_url: str,
+                                                     grouped_url: str) -> None:
+    assert aiormq_outcome(grouped_url, steps) == aiormq_outcome(rabbitmq_url, steps)
