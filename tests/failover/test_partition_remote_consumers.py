@@ -309,10 +309,21 @@ def test_the_remote_consumer_s_node_killed_its_unacked_go_to_another_consumer() 
         print(f"killed {a} holding {len(held)}: all delivered to {b}'s consumer, flagged")
 
 
-def test_a_channel_s_global_prefetch_holds_across_local_and_remote_consumers() -> None:
+@pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_channel_s_global_prefetch_holds_across_local_and_remote_consumers(full: bool) -> None:
     """``basic.qos(4, global)`` on a channel of node X consuming a queue X leads and one
     another node leads: at most 4 unacked on the channel in all (RabbitMQ's channel-wide
-    prefetch), more as they are acked, every message delivered once."""
+    prefetch), more as they are acked, every message delivered once; raised to 8 after
+    consuming, the remote host's credit follows. A no-ack consumer whose client reads
+    nothing gets its window, not the whole queue.
+
+    The default variant waits for each count to be reached, then 0.5 s for one too many
+    (``full``: fixed 2 s waits), and fills the queue for the no-ack consumer with 1,500 x
+    16 KiB transient messages unconfirmed, waiting for the leader's count (``full``: each
+    persistent and confirmed, as first written: ~15 s of the 24-27 s at load 8). The
+    volume stays: the client's socket buffers hold ~12 MB (768 of them left with the
+    window, 1,500 without), so fewer messages would leave with or without it."""
+    quiet = 2.0 if full else 0.5
     with LocalCluster(3, options=OPTIONS) as cluster:
         names = cluster.names
         leaders = until("one serving primary per group",
@@ -343,16 +354,19 @@ def test_a_channel_s_global_prefetch_holds_across_local_and_remote_consumers() -
             consumer.basic_consume(remote, on_message)
             consumer.basic_consume(local, on_message)
 
-            def settle_for(seconds: float) -> None:
-                deadline = time.monotonic() + seconds
+            def exactly(n: int) -> None:
+                """``n`` delivered unacked (within 10 s), and no more within ``quiet``."""
+                deadline = time.monotonic() + (quiet if full else 10.0)
+                while (full or len(got) < n) and time.monotonic() < deadline:
+                    conn.process_data_events(time_limit=0.1)
+                deadline = time.monotonic() + (0.0 if full else quiet)
                 while time.monotonic() < deadline:
                     conn.process_data_events(time_limit=0.1)
+                assert len(got) == n, got
 
-            settle_for(2.0)
-            assert len(got) == 4, got
+            exactly(4)
             consumer.basic_ack(got[-1][0], multiple=True)
-            settle_for(2.0)
-            assert len(got) == 8, got
+            exactly(8)
             consumer.basic_ack(got[-1][0], multiple=True)
             deadline = time.monotonic() + 20
             acked = 8
@@ -367,17 +381,14 @@ def test_a_channel_s_global_prefetch_holds_across_local_and_remote_consumers() -
             consumer.basic_ack(got[-1][0], multiple=True)
 
             # the global prefetch raised after consuming: the remote host's credit follows
-            # (issue 35 task F; it stayed 4 until the next attach)
+            # (issue 35 task F; it stayed 4 until the next attach: 24, not 28)
             for i in range(10):
                 ch.basic_publish("", remote, b"r", props(200 + i))
-            settle_for(1.0)
-            assert len(got) == 24, got
+            exactly(24)
             consumer.basic_qos(prefetch_count=8, global_qos=True)
-            settle_for(2.0)
-            assert len(got) == 28, got
+            exactly(28)
             consumer.basic_ack(got[-1][0], multiple=True)
-            settle_for(1.0)
-            assert len(got) == 30, got
+            exactly(30)
             consumer.basic_ack(got[-1][0], multiple=True)
         finally:
             conn.close()
@@ -385,21 +396,25 @@ def test_a_channel_s_global_prefetch_holds_across_local_and_remote_consumers() -
         # a no-ack consumer whose client reads nothing: the leader sends it its window
         # (NO_ACK_CREDIT) and what the client's node could write, not the whole queue
         leader = leaders[str(other + 1)]
-        big = b"x" * 16384
+        big, count = b"x" * 16384, 1500
         conn = connect(cluster, leader)
         try:
             ch = conn.channel()
-            ch.confirm_delivery()
-            for i in range(1500):
-                ch.basic_publish("", remote, big, props(300 + i))
+            if full:
+                ch.confirm_delivery()
+            for i in range(count):
+                ch.basic_publish("", remote, big, props(300 + i) if full
+                                 else pika.BasicProperties(message_id=str(300 + i)))
         finally:
             conn.close()
+        until(f"{count} on the leader", lambda: depth(cluster, leader, remote) == count, 30)
         sleeper = connect(cluster, x)
         try:
             sleeper.channel().basic_consume(remote, nothing, auto_ack=True)
-            time.sleep(3.0)  # the client reads nothing: its socket's buffers fill
+            time.sleep(3.0 if full else 2.0)  # the client reads nothing: its buffers fill
             left = depth(cluster, leader, remote)
-            print(f"a no-ack consumer reading nothing: {1500 - left} of 1500 left the leader")
+            print(f"a no-ack consumer reading nothing: {count - left} of {count} left the "
+                  "leader")
             assert left > 500, left
         finally:
             sleeper.close()
