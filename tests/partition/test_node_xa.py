@@ -185,3 +185,18 @@ def test_ctl_status_reading_the_held_records_writes_nothing() -> None:
     assert outcomes.get(txs.hold_txid(gtxid))[2] == HELD  # type: ignore[index]
     assert written == []  # nothing sent to the group's backups
     assert outcomes.store.outcomes == stored  # type: ignore[attr-defined]  # nor stored
+
+
+def test_the_xa_kinds_are_carried_by_a_link_version_that_refuses_the_nodes_before_them() -> None:
+    """XA's kinds 9-11 of codes 63-64 (``XHold``, ``XRecover``, ``XHeld``) came while the
+    link's VERSION was 11 and before its raise to 12 (task F's codes 49 and 57): a node of
+    version 11 or before, which would drop them as malformed (an unknown kind) or misread
+    them, is refused at the handshake (``tests/cluster/test_protocol.py``). A kind added or
+    moved after: raise ``VERSION``, then this list (docs/ha.md's wire notes)."""
+    from brokerha.cluster.protocol import VERSION
+    from brokerha.partition.transactions import KINDS
+
+    assert VERSION >= 12
+    assert [k.__name__ for k in KINDS] == [
+        "XPrepare", "XPrepared", "XDecide", "XDecided", "XCommit", "XRollback", "XFinished",
+        "XOutcome", "XOutcomeReply", "XHold", "XRecover", "XHeld"]
