@@ -29,14 +29,6 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
 
 
-@pytest.fixture(scope="module")
-def untouched_cluster() -> Iterator[LocalCluster]:
-    """One cluster for the tests that only look at it (no kill, pause, promotion or
-    message left behind): one cluster start instead of one each."""
-    with LocalCluster(3, options=FAST) as c:
-        yield c
-
-
 def wait_all_ready(cluster: LocalCluster, timeout: float = 30.0) -> str:
     primary = cluster.wait_primary(timeout)
     for name in cluster.names:
@@ -46,38 +38,50 @@ def wait_all_ready(cluster: LocalCluster, timeout: float = 30.0) -> str:
     return primary
 
 
-def test_cluster_elects_one_primary_and_ctl_shows_it(untouched_cluster: LocalCluster) -> None:
-    cluster = untouched_cluster
-    primary = wait_all_ready(cluster)
-    done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
-                           cluster.url(cluster.names[0]), "status", "--json"],
-                          capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    status = json.loads(done.stdout)
-    roles = {n["name"]: n["role"] for n in status["nodes"]}
-    assert roles[primary] == "primary"
-    assert sorted(r for n, r in roles.items() if n != primary) == ["backup", "backup"]
-    epochs = {n["epoch"] for n in status["nodes"]}
-    assert len(epochs) == 1 and epochs.pop() >= 1
-    assert all(n["ready"] and n["pid"] and n["amqp_url"] for n in status["nodes"])
-    backups = status["replication"]["backups"]
-    assert set(backups) == set(cluster.names) - {primary}
+@pytest.fixture(scope="class")
+def untouched_cluster() -> Iterator[LocalCluster]:
+    """``TestAnUntouchedCluster``'s cluster, stopped after its tests."""
+    with LocalCluster(3, options=FAST) as c:
+        yield c
 
 
-def test_backups_relay_amqp_clients_to_the_primary(untouched_cluster: LocalCluster) -> None:
-    cluster = untouched_cluster
-    primary = wait_all_ready(cluster)
-    backup = next(n for n in cluster.names if n != primary)
-    conn = connect_any([cluster.url(backup)], time.monotonic() + 5)
-    try:
-        status = cluster.status(backup)
-        assert status is not None and status["node"]["relayed_connections"] == 1
-        assert status["node"]["role"] == "backup" and not status["node"]["serving"]
-        served = cluster.status(primary)
-        assert served is not None and served["node"]["connections"] >= 1
-    finally:
-        conn.close()
-    connect_any([cluster.url(primary)], time.monotonic() + 5).close()
+class TestAnUntouchedCluster:
+    """The tests that only look at a cluster (no kill, pause, promotion or message left
+    behind) share one: one cluster start instead of one each."""
+
+    def test_cluster_elects_one_primary_and_ctl_shows_it(
+            self, untouched_cluster: LocalCluster) -> None:
+        cluster = untouched_cluster
+        primary = wait_all_ready(cluster)
+        done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
+                               cluster.url(cluster.names[0]), "status", "--json"],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        status = json.loads(done.stdout)
+        roles = {n["name"]: n["role"] for n in status["nodes"]}
+        assert roles[primary] == "primary"
+        assert sorted(r for n, r in roles.items() if n != primary) == ["backup", "backup"]
+        epochs = {n["epoch"] for n in status["nodes"]}
+        assert len(epochs) == 1 and epochs.pop() >= 1
+        assert all(n["ready"] and n["pid"] and n["amqp_url"] for n in status["nodes"])
+        backups = status["replication"]["backups"]
+        assert set(backups) == set(cluster.names) - {primary}
+
+    def test_backups_relay_amqp_clients_to_the_primary(
+            self, untouched_cluster: LocalCluster) -> None:
+        cluster = untouched_cluster
+        primary = wait_all_ready(cluster)
+        backup = next(n for n in cluster.names if n != primary)
+        conn = connect_any([cluster.url(backup)], time.monotonic() + 5)
+        try:
+            status = cluster.status(backup)
+            assert status is not None and status["node"]["relayed_connections"] == 1
+            assert status["node"]["role"] == "backup" and not status["node"]["serving"]
+            served = cluster.status(primary)
+            assert served is not None and served["node"]["connections"] >= 1
+        finally:
+            conn.close()
+        connect_any([cluster.url(primary)], time.monotonic() + 5).close()
 
 
 def kill_primary_repeatedly(cluster: LocalCluster, kills: int) -> tuple[ConfirmedPublisher, list[float]]:
