@@ -43,6 +43,7 @@ from urllib.parse import quote, unquote
 
 from pamqp import commands
 
+from brokerha.admin import leader_requests
 from brokerha.admin.node_view import NodeView
 from brokerha.broker.auth import AuthenticationFailed, User
 from brokerha.broker.content import build_header, decode_header
@@ -76,6 +77,7 @@ FORWARD_TIMEOUT = 10.0
 # new leader (admin/definitions_groups.py), up to their own 15 s, kind after kind
 IMPORT_FORWARD_TIMEOUT = 60.0
 MAX_GET = 1000
+ALIVENESS = "aliveness-test"  # RabbitMQ's aliveness test's queue
 
 
 class ManagementError(Exception):
@@ -112,6 +114,9 @@ class Call:
     request: Request
     user: User
     params: dict[str, str]
+    # sent by a member to this node as the queue's leader (leader_requests.py): answered
+    # here, never sent on
+    leader_asked: bool = False
 
     @property
     def admin(self) -> bool:
@@ -283,13 +288,15 @@ class ManagementAPI:
             if found is None:
                 return None
             handler, params = found
-            forwarded = await self._forward(request)
+            asked = self.node.broker.groups is not None and \
+                leader_requests.answer_here(self.node, request)
+            forwarded = None if asked else await self._forward(request)
             if forwarded is not None:
                 return forwarded
             user = self._authenticate(request)
             self.start()
             self.sampler.fresh()
-            result = handler(Call(request, user, params))
+            result = handler(Call(request, user, params, asked))
             if asyncio.iscoroutine(result):
                 result = await result
         except ManagementError as exc:
@@ -549,15 +556,39 @@ class ManagementAPI:
                 return entry
         raise not_found()
 
-    def aliveness(self, call: Call) -> dict[str, Any]:
-        """RabbitMQ's: declare ``aliveness-test``, publish to it, get it back."""
+    async def aliveness(self, call: Call) -> Any:
+        """RabbitMQ's: declare ``aliveness-test``, publish to it, get it back. On a
+        partitioned cluster all three on the queue's partition's leader (the request sent
+        there: ``_leader_answers``)."""
         vhost = self._vhost(call, call.params["vhost"])
-        self._check(call, "configure", vhost.name, "queue", "aliveness-test")
-        self._guard_queue(vhost.name, "aliveness-test", {})
-        q = vhost.declare_queue("aliveness-test", owner=None, durable=False)
-        q.enqueue(Message("", "aliveness-test", build_header(len(b"test")), b"test"))
+        self._check(call, "configure", vhost.name, "queue", ALIVENESS)
+        remote = await self._leader_answers(call, vhost.name, ALIVENESS, declare=True)
+        if remote is not None:
+            return remote
+        q = vhost.queues.get(ALIVENESS)
+        if q is None:
+            declared = self._via_leader(vhost.name, ALIVENESS, {}, "queue.declare",
+                                        [vhost.name, ALIVENESS, False, False, False, {}],
+                                        lambda _result: None)
+            if declared is not None:  # this leader's own declaration host (a directory)
+                await declared
+            else:
+                self._guard_queue(vhost.name, ALIVENESS, {})
+                vhost.declare_queue(ALIVENESS, owner=None, durable=False)
+            q = vhost.queues.get(ALIVENESS)
+            if q is None:
+                return {"status": "failed", "reason": "the test queue was not declared"}
+        self._guard_queue(vhost.name, ALIVENESS, q.arguments)
+        message = Message("", ALIVENESS, build_header(len(b"test")), b"test")
+        groups = self.node.broker.groups
+        if groups is not None:  # this node leads its partition (checked): enqueued here
+            groups.publish(None, vhost.name, [q], message, None)
+        else:
+            q.enqueue(message)
         entry = q.get()
         if entry is None or entry.message.body != b"test":
+            if entry is not None:
+                q.requeue(entry)
             return {"status": "failed", "reason": "the test message did not come back"}
         q.settle(entry)
         return {"status": "ok"}
@@ -866,26 +897,20 @@ class ManagementAPI:
         log.info("management API: %s purged %d messages of queue '%s' in vhost '%s'",
                  call.user.name, count, q.name, q.vhost)
 
-    def get(self, call: Call) -> list[dict[str, Any]]:
+    async def get(self, call: Call) -> Any:
         """``{"count", "ackmode", "encoding", "truncate"}``; ackmode as RabbitMQ's:
         ``ack_requeue_true`` / ``reject_requeue_true`` (look: back in place, marked
-        redelivered), ``ack_requeue_false`` / ``reject_requeue_false`` (take them)."""
+        redelivered), ``ack_requeue_false`` / ``reject_requeue_false`` (take them). On a
+        partitioned cluster, by the queue's partition's leader (``_leader_answers``)."""
+        if self.node.broker.groups is not None:
+            vh = self._vhost(call, call.params["vhost"])
+            remote = await self._leader_answers(call, vh.name, call.params["name"],
+                                                declare=False)
+            if remote is not None:
+                return remote
         q = self._queue(call)
-        body = call.body()
         self._check(call, "read", q.vhost, "queue", q.name)
-        try:
-            count = int(body.get("count", 1))
-        except (TypeError, ValueError):
-            raise bad_request("count: a number") from None
-        ackmode = body.get("ackmode", "ack_requeue_true")
-        if ackmode not in ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
-                           "reject_requeue_false"):
-            raise bad_request("ackmode: ack_requeue_true, ack_requeue_false, "
-                              "reject_requeue_true or reject_requeue_false")
-        encoding = body.get("encoding", "auto")
-        if encoding not in ("auto", "base64"):
-            raise bad_request("encoding: auto or base64")
-        truncate = body.get("truncate")
+        count, ackmode, encoding, truncate = _get_options(call.body())
         if q.ordering is not None:
             raise bad_request(q.ordering.refuse_get(q))
         self._guard_queue(q.vhost, q.name, q.arguments, q.exclusive_owner is not None)
@@ -918,6 +943,23 @@ class ManagementAPI:
             else:
                 q.settle(entry)
         return out
+
+    async def _leader_answers(self, call: Call, vhost: str, name: str,
+                              declare: bool) -> Response | None:
+        """The answer of the queue's partition's leader when another node leads it
+        (leader_requests.py); None: this node answers. A request a member sent here as
+        the leader is never sent on (503: the leadership moved; retry)."""
+        leader = await leader_requests.leader_of(self, vhost, name, declare)
+        if leader is None:
+            return None
+        if call.leader_asked:
+            raise ManagementError(503, "service_unavailable",
+                                  f"queue '{name}' in vhost '{vhost}': this node no longer "
+                                  f"leads its partition ({leader} does); retry")
+        if not declare:  # refused here as the leader would (it checks them again)
+            self._check(call, "read", vhost, "queue", name)
+            _get_options(call.body())
+        return await leader_requests.ask_leader(self, leader, call.request)
 
     # -- bindings ----------------------------------------------------------------------
 
@@ -1008,6 +1050,23 @@ class ManagementAPI:
         vh.unbind(source.name, dest, b.routing_key, b.arguments)
 
 # -- helpers ---------------------------------------------------------------------------
+
+def _get_options(body: dict[str, Any]) -> tuple[int, str, str, Any]:
+    """A get's ``(count, ackmode, encoding, truncate)``, or 400."""
+    try:
+        count = int(body.get("count", 1))
+    except (TypeError, ValueError):
+        raise bad_request("count: a number") from None
+    ackmode = body.get("ackmode", "ack_requeue_true")
+    if ackmode not in ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true",
+                       "reject_requeue_false"):
+        raise bad_request("ackmode: ack_requeue_true, ack_requeue_false, "
+                          "reject_requeue_true or reject_requeue_false")
+    encoding = body.get("encoding", "auto")
+    if encoding not in ("auto", "base64"):
+        raise bad_request("encoding: auto or base64")
+    return count, ackmode, encoding, body.get("truncate")
+
 
 def _version() -> str:
     try:
