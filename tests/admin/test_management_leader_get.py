@@ -58,16 +58,25 @@ def every_ackmode(base: str, name: str) -> None:
     until(f"{name} empty", lambda: messages(base, name) == 0)
 
 
-def test_get_publish_and_aliveness_through_every_node_answered_by_the_leader() -> None:
-    started = time.monotonic()
+def four_nodes() -> LocalCluster:
     cluster = LocalCluster(4, options=DRAIN_OPTIONS)
     cluster.config.write_text(cluster.config.read_text() + USERS)
-    with cluster:
+    return cluster
+
+
+def settled_leaders(cluster: LocalCluster) -> dict[str, tuple[str, int]]:
+    until("one serving leader per group, every node ready",
+          lambda: settled(cluster, cluster.names), timeout=60)
+    lead = leaders(cluster, cluster.names)
+    assert lead is not None
+    return lead
+
+
+def test_get_publish_and_aliveness_through_every_node_answered_by_the_leader() -> None:
+    started = time.monotonic()
+    with four_nodes() as cluster:
         names = cluster.names
-        until("one serving leader per group, every node ready",
-              lambda: settled(cluster, names), timeout=60)
-        lead = leaders(cluster, names)
-        assert lead is not None
+        lead = settled_leaders(cluster)
         primary = lead["0"][0]
         cells = cells_of(cluster, primary)
         role: dict[str, int] = {}  # the metadata primary's role in a partition -> it
@@ -103,3 +112,43 @@ def test_get_publish_and_aliveness_through_every_node_answered_by_the_leader() -
     print(f"\n4 nodes, P = 4: metadata primary {primary} ({', '.join(sorted(role))}), "
           f"{tried} queues x every ackmode through leader/backup/outside in "
           f"{time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.slow
+def test_a_leader_that_does_not_answer_is_a_503_then_its_successor_answers() -> None:
+    """The leader of the queue's partition stopped (SIGSTOP) just before a get: 503
+    ``service_unavailable`` after ``LEADER_TIMEOUT`` (6 s), not a hang nor the forwarded
+    request's 10 s; once a new leader is elected the get is its answer, the message
+    kept."""
+    with four_nodes() as cluster:
+        lead = settled_leaders(cluster)
+        primary = lead["0"][0]
+        p = next(p for p in range(4) if lead[str(p + 1)][0] != primary)
+        stopped = lead[str(p + 1)][0]
+        via = next(n for n in cluster.names if n not in (primary, stopped))
+        base = cluster.admin_url(via) + "/api"
+        name = queue_in(p, f"get-stopped-{uuid.uuid4().hex[:6]}")
+        assert call(base, "PUT", f"/queues/%2F/{name}", body={"durable": True})[0] == 201
+        assert call(base, "POST", "/exchanges/%2F/amq.default/publish",
+                    body={"routing_key": name, "payload": "kept", "payload_encoding": "string",
+                          "properties": {"delivery_mode": 2}}) == (200, {"routed": True})
+        until(f"1 message in {name}", lambda: messages(base, name) == 1)
+        cluster.pause(stopped)
+        try:
+            asked = time.monotonic()
+            status, answer = call(base, "POST", f"/queues/%2F/{name}/get",
+                                  body={"count": 1, "ackmode": "ack_requeue_true"})
+            took = time.monotonic() - asked
+            assert (status, answer["error"]) == (503, "service_unavailable"), answer
+            assert stopped in answer["reason"] and 5.0 < took < 9.5, (took, answer)
+
+            def got() -> list[dict[str, Any]] | None:
+                status, answer = call(base, "POST", f"/queues/%2F/{name}/get",
+                                      body={"count": 1, "ackmode": "ack_requeue_true"})
+                return answer if status == 200 and answer else None
+
+            after = until("the new leader's answer", got, timeout=40)
+            assert [m["payload"] for m in after] == ["kept"], after
+        finally:
+            cluster.resume(stopped)
+    print(f"\n{stopped} stopped: 503 in {took:.1f} s, then the new leader's get")
