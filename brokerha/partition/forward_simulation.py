@@ -328,7 +328,7 @@ class ForwardSimulation(GroupSimulation):
         self.fw_clients = [Client(f"c{i}") for i in range(clients)]
         self.rate = rate
         self.settle = settle
-        self.directory: dict[str, str] = {}  # queue name -> x-ha-id, once durably declared
+        self.declared: dict[str, str] = {}  # queue name -> x-ha-id, once durably declared
         self.placement = Placement()
         self.fseqs: dict[tuple[str, int, int], int] = {}  # (origin, group, fseq) -> publish
         self.publishes: dict[int, Publish] = {}
@@ -412,10 +412,10 @@ class ForwardSimulation(GroupSimulation):
                                          member.barriers())
 
     def _declared(self, name: str, ha_id: str) -> None:
-        known = self.directory.get(name)
+        known = self.declared.get(name)
         if known is None:
             self.note(f"directory: {name} is {ha_id}")
-            self.directory[name] = ha_id
+            self.declared[name] = ha_id
         elif known != ha_id:
             self.violate(f"queue {name} declared durably twice: {known} and {ha_id}")
 
@@ -478,7 +478,7 @@ class ForwardSimulation(GroupSimulation):
         parts = rng.sample(range(self.partitions), 2 if rng.random() < 0.25 else 1)
         bounded = rng.random() < 0.1
         names = {group_of(p): queue_name(p, bounded and i == 0) for i, p in enumerate(parts)}
-        if any(n not in self.directory for n in names.values()):
+        if any(n not in self.declared for n in names.values()):
             self.counts["publish before its queues were declared"] += 1
             return
         if node.sender.holds(names):
@@ -489,7 +489,7 @@ class ForwardSimulation(GroupSimulation):
         # again may see its earlier publishes, still forwarded by the old node, land later)
         body = f"{client.name}/{client.dialled}.{client.seq}".encode()
         m = message(body, persistent=True)
-        targets = {g: ForwardMessage(VHOST, (self.directory[n],), "", n, m.header, body)
+        targets = {g: ForwardMessage(VHOST, (self.declared[n],), "", n, m.header, body)
                    for g, n in names.items()}
         pid = len(self.publishes) + 1
         self.publishes[pid] = Publish(client, conn, body, names)

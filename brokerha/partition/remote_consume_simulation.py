@@ -414,7 +414,7 @@ class RemoteConsumeSimulation(ForwardSimulation):
                 self._close(client)
             return
         self._close(client)
-        if client.queue not in self.directory or self.now - client.dialled_at < 0.05:
+        if client.queue not in self.declared or self.now - client.dialled_at < 0.05:
             return
         client.dialled_at = self.now
         name = self.rng.choice(self.names)
@@ -427,7 +427,7 @@ class RemoteConsumeSimulation(ForwardSimulation):
             conn.open = True
             client.conn = conn
             group = group_of(self.partition_of(client.queue))
-            consumer, out = target.proxy.consume(group, VHOST, self.directory[client.queue],
+            consumer, out = target.proxy.consume(group, VHOST, self.declared[client.queue],
                                                  client.prefetch)
             client.consumer = consumer
             target.owners[consumer] = client
@@ -617,7 +617,7 @@ class RemoteConsumeSimulation(ForwardSimulation):
             node.run(answer)
 
     def name_of(self, group: int, ha_id: str) -> str | None:
-        return next((n for n, i in self.directory.items()
+        return next((n for n, i in self.declared.items()
                      if i == ha_id and group_of(self.partition_of(n)) == group), None)
 
     def settle_applied(self, settled: Settled) -> None:
@@ -660,12 +660,12 @@ class RemoteConsumeSimulation(ForwardSimulation):
                     getter.conn.open = True
             return
         name = self.rng.choice([c.queue for c in self.consumers])
-        if name not in self.directory:
+        if name not in self.declared:
             return
         group = group_of(self.partition_of(name))
 
         def get() -> None:
-            request, out = node.proxy.get(group, VHOST, self.directory[name])
+            request, out = node.proxy.get(group, VHOST, self.declared[name])
             node.getting[request] = getter
             node.carry(out)
 
