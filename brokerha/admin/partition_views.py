@@ -29,6 +29,7 @@ from urllib.parse import urlencode
 from brokerha.admin.api import _signer, fetch_json
 from brokerha.broker.placement import NotLeader
 from brokerha.httpapi.server import Request, Response
+from brokerha.partition.directory import Owner
 
 PATH = "/api/brokerha/partition-objects"
 PEER_TIMEOUT = 1.5
@@ -53,6 +54,8 @@ def served_objects(api: Any, only: tuple[str, str] | None = None) -> dict[str, A
         for q in list(vh.queues.values()):
             if only is not None and q.name != only[1]:
                 continue
+            if isinstance(q.exclusive_owner, Owner):
+                continue  # a stand-in of another node's exclusive queue: that node lists it
             if q.exclusive_owner is not None:  # in no partition: this node's own
                 mine.add(q.name)
                 queues.append(api._queue_entry(q))

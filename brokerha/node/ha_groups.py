@@ -122,8 +122,10 @@ class GroupsNode(Shell):
         # a node holding cells of only some partitions routes to the others' queues by the
         # queue directory the metadata group keeps (partition/directory.py); until its copy
         # holds a partition, GroupClients.check_route refuses (540) what it cannot route
-        self.directory_layer = DirectoryLayer(self.broker.store) \
-            if len(cluster.members) > cluster.partition_replicas + 1 else None
+        # (with every node in every partition, N <= NR + 1, it holds the owners of the
+        # exclusive queues alone: no partition's queue is written to it)
+        self.directory_full = len(cluster.members) > cluster.partition_replicas + 1
+        self.directory_layer: DirectoryLayer | None = DirectoryLayer(self.broker.store)
         coordinator = self.partitions
         layers: list[Any] = [coordinator]
         if self.directory_layer is not None:
@@ -178,9 +180,12 @@ class GroupsNode(Shell):
                 lambda args, done: declarations.ask_internal(0, DIRECTORY_UPDATE, args, done),
                 self._now)
             self.directory = NodeDirectory(self.ha, self.directory_layer, writer)
-            self.declarations.directory = self.directory
-            self.clients.directory = self.directory
-            self.ha.group_adding = self.directory.stand_ins.group_adding
+            self.declarations.owners = self.directory  # exclusive queues' owners, always
+            self.clients.owners = self.directory
+            if self.directory_full:
+                self.declarations.directory = self.directory
+                self.clients.directory = self.directory
+                self.ha.group_adding = self.directory.stand_ins.group_adding
 
     def _after_forwards(self, peer: str, message: Message) -> None:
         """A remote consumer's or a declaration's packet goes after the forwards of what
@@ -248,7 +253,7 @@ class GroupsNode(Shell):
         self.forwarding.serving(group, epoch)  # its forwards taken here from now on
         self.consuming.serving(group, epoch)  # and its remote consumers
         self.transactions.serving(group, epoch)  # and its cross-partition branches
-        if self.directory is not None:  # its queues in the directory: a sync first
+        if self.directory is not None and self.directory_full:  # its queues: a sync first
             self.directory.writer.serving(group, epoch)
 
     def demoted(self, group: int, reason: str) -> None:
@@ -291,11 +296,15 @@ class GroupsNode(Shell):
     def _on_peer_up(self, peer: str) -> None:
         self.ha.peer_up(peer)
         self.forwarding.peer_up(peer)  # the groups this node serves: a LeaderNotice each
+        if self.directory is not None:
+            self.directory.peer_up(peer)  # its exclusive queues' entries stay
 
     def _on_peer_down(self, peer: str) -> None:
         self.ha.peer_down(peer)
         self.consuming.link_lost(peer)  # what its consumers held here requeued; ours re-attach
         self.declarations.link_lost(peer)  # asked of it, unanswered: asked again, or closed
+        if self.directory is not None:
+            self.directory.peer_down(peer)  # its exclusive queues go after OWNER_GRACE
 
     def _on_message(self, peer: str, msg_id: int, msg: Message) -> None:
         # every packet of a partitioned node is a mux packet but stage 3's forwards (codes

@@ -55,6 +55,7 @@ queue's partition:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -70,13 +71,15 @@ from brokerha.ha.admission import Admission, ClientLink
 from brokerha.ha.member import HAMember
 from brokerha.partition.consuming import NodeConsuming
 from brokerha.partition.declarations import DIRECTORY_OPS, NodeDeclarations
-from brokerha.partition.directory import NodeDirectory
+from brokerha.partition.directory import OWNERS_LANE, NodeDirectory
 from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.forwarding import NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
 from brokerha.partition.transactions import XTX_MAX_BYTES, NodeTransactions
 from brokerha.partition.xa import NodeXa
 from brokerha.partition.xtx import XDequeue, XOp
+
+log = logging.getLogger("brokerha.partition")
 
 
 class GroupClients:
@@ -110,6 +113,9 @@ class GroupClients:
         # cells of only some partitions): None, a node outside a partition knows none of
         # its queues (``check_route`` refuses what it cannot route completely)
         self.directory: NodeDirectory | None = None
+        # the directory kept for the exclusive queues' owners (always, with a directory
+        # or not: ``_owned_listed``)
+        self.owners: NodeDirectory | None = None
 
     # -- the node's admission (node/server.py, node/transport.py) -------------------------
 
@@ -633,6 +639,7 @@ class GroupClients:
                 f"not by {me}")
 
     def after_durable(self, queues: Sequence[Queue], callback: Callable[[], None]) -> None:
+        callback = self._owned_listed(queues, callback)
         placement = self.member.placement
         groups = sorted({group_of(p) for q in queues
                          if placement is not None
@@ -651,6 +658,35 @@ class GroupClients:
                 return
             chain = self._through(member, chain)
         chain()
+
+    def _owned_listed(self, queues: Sequence[Queue],
+                      callback: Callable[[], None]) -> Callable[[], None]:
+        """``callback`` once the queue directory holds the exclusive queues among ``queues``
+        (their owner entries: another node answers 405 for them, docs/ha.md "Exclusive
+        queues on a partitioned cluster"); never if that failed (fail closed: counted in
+        ``durable_refused``, as an answer a group could not make durable)."""
+        directory = self.owners
+        if directory is None:
+            return callback
+        # (a confirm or a purge of an exclusive queue the directory names already: at once)
+        held, me = directory.layer.directory.entries, self.member.me
+        keys = [(q.vhost, q.name) for q in queues if q.exclusive_owner is not None
+                and ((e := held.get((q.vhost, q.name))) is None or e.ha_id != me)]
+        if not keys:
+            return callback
+        broker = self.member.broker
+
+        def record() -> None:
+            def done(position: list[int] | None) -> None:
+                if position is None:
+                    broker.durable_refused += 1
+                    log.warning("exclusive queue %s: not in the queue directory (the "
+                                "metadata leader did not take it); not answered", keys)
+                    return
+                callback()
+            directory.writer.record(OWNERS_LANE, keys, done)
+
+        return record
 
     def _through(self, member: HAMember, then: Callable[[], None]) -> Callable[[], None]:
         broker = self.member.broker

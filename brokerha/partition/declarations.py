@@ -529,6 +529,9 @@ class NodeDeclarations:
         # the queue directory (partition/directory.py; the shell sets it): None, a queue's
         # method answers once its partition holds it, as before the directory
         self.directory: Any = None
+        # the same, kept for the exclusive queues' owners alone when no partition's queues
+        # are in it (N <= NR + 1: directory None); takes the owners' ``directory.update``
+        self.owners: Any = None
         # request -> what asked it of this node itself (the directory's writer)
         self.internal: dict[int, Callable[[int, list[int]], None]] = {}
         # request -> (channel, answer(result) -> the method to send or None, op)
@@ -557,9 +560,10 @@ class NodeDeclarations:
 
     def _apply(self, op: str, args: list[Any]) -> list[Any]:
         if op == "directory.update":
-            if self.directory is None:
+            directory = self.directory if self.directory is not None else self.owners
+            if directory is None:
                 raise AccessRefused("this node keeps no queue directory")
-            result: list[Any] = self.directory.apply(args)
+            result: list[Any] = directory.apply(args)
             return result
         return self.ops.apply(op, args)
 

@@ -67,6 +67,12 @@ BUCKET_KEY = "queue_directory/{b}"  # the store's meta: the entries of one bucke
 BUCKETS = 64  # entries spread by a hash of (vhost, name): a change rewrites its buckets
 UPDATE = "directory.update"  # the MetaRequest op (partition/declarations.py)
 RESYNC = 10.0  # a lane compares its partition with what it last sent this often
+# exclusive queues (in no partition, on their declaring node alone): their entries carry
+# this partition and the owner node's name as ``ha_id`` (docs/ha.md "Exclusive queues on
+# a partitioned cluster"); written by the owner node's own lane (``OWNERS_LANE``)
+EXCLUSIVE = -1
+OWNERS_LANE = -1  # the writer's lane of this node's exclusive queues (no group's)
+OWNER_GRACE = 5.0  # the metadata primary drops a node's owner entries once down this long
 
 @dataclass(frozen=True)
 class Unsafe(UnsafeRules):
@@ -148,7 +154,11 @@ class Directory:
 
     def apply(self, partition: int, epoch: int, sync: bool,
               items: list[Item]) -> set[Key] | None:
-        """The names whose entry changed; None: ignored (a deposed leader's, fenced)."""
+        """The names whose entry changed; None: ignored (a deposed leader's, fenced).
+        ``EXCLUSIVE``: owner entries, neither fenced nor synced (each owner node sends
+        its own whole, with None for the names it holds no more)."""
+        if partition == EXCLUSIVE:
+            return self._owners(items)
         fence = self.epochs.get(partition, -1)
         if epoch < fence and not self.unsafe.no_fence:
             return None
@@ -175,6 +185,30 @@ class Directory:
                 self.buckets.setdefault(bucket_of(key), set()).add(key)
                 changed.add(key)
         return changed
+
+    def _owners(self, items: list[Item]) -> set[Key]:
+        changed: set[Key] = set()
+        for key, entry in items:
+            held = self.entries.get(key)
+            if entry is None:
+                if held is not None and held.partition == EXCLUSIVE:
+                    self._drop(key)
+                    changed.add(key)
+            elif entry.partition != EXCLUSIVE:
+                raise ValueError(f"entry {key} of partition {entry.partition} in a change "
+                                 "of the exclusive queues")
+            elif held != entry:
+                # (a partition's queue by that name stays: the owner's node refused the
+                # declaration unless the two declarations raced; the last one wins)
+                self.entries[key] = entry
+                self.buckets.setdefault(bucket_of(key), set()).add(key)
+                changed.add(key)
+        return changed
+
+    def owned_by(self, node: str) -> dict[Key, DirectoryEntry]:
+        """The owner entries of ``node``'s exclusive queues."""
+        return {k: e for k, e in self.entries.items()
+                if e.partition == EXCLUSIVE and e.ha_id == node}
 
     def of(self, partition: int) -> dict[Key, DirectoryEntry]:
         return {k: e for k, e in self.entries.items() if e.partition == partition}
@@ -365,6 +399,42 @@ def _entry(queue: Queue, partition: int, bindings: list[BindingKey]) -> Director
                           R.encode_table(queue.arguments), tuple(sorted(bindings)))
 
 
+def exclusive_entries(broker: Any, me: str, keys: Iterable[Key] | None = None) -> list[Item]:
+    """The owner entries of this node's exclusive queues: of ``keys`` (None for one not
+    held here as an exclusive queue), or all of them (``keys`` None)."""
+    out: list[Item] = []
+    if keys is None:
+        for vhost in broker.vhosts.values():
+            for q in list(vhost.queues.values()):
+                if q.exclusive_owner is not None and not isinstance(q.exclusive_owner, Owner):
+                    out.append(((vhost.name, q.name), _owner_entry(q, me)))
+        return sorted(out)
+    for key in sorted(set(keys)):
+        vhost = broker.vhosts.get(key[0])
+        q = None if vhost is None else vhost.queues.get(key[1])
+        mine = q is not None and q.exclusive_owner is not None \
+            and not isinstance(q.exclusive_owner, Owner)
+        out.append((key, _owner_entry(q, me) if mine and q is not None else None))
+    return out
+
+
+def _owner_entry(queue: Queue, me: str) -> DirectoryEntry:
+    return DirectoryEntry(EXCLUSIVE, me, queue.durable, queue.auto_delete,
+                          R.encode_table(queue.arguments), ())
+
+
+class Owner:
+    """The ``exclusive_owner`` of a stand-in of another node's exclusive queue: no
+    connection of this node is it, so the vhost answers every one of them 405
+    RESOURCE_LOCKED, as RabbitMQ does for another connection's exclusive queue."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+
+    def __repr__(self) -> str:
+        return f"Owner({self.node!r})"
+
+
 def entries_of(broker: Any, partition_of: PartitionOf, partition: int,
                keys: Iterable[Key] | None = None) -> list[Item]:
     """The entries the leader's broker holds now: of ``keys`` (None for one not held), or
@@ -437,6 +507,16 @@ class DirectoryWriter:
         self.resync = resync
         self.lanes: dict[int, _Lane] = {}  # group -> its lane
         self.stats = WriterStats()
+        self.me: str | None = None  # set with ``owners``: the lane of exclusive queues
+        self.directory: Directory | None = None
+
+    def owners(self, me: str, directory: Directory) -> None:
+        """Keep this node's exclusive queues in the directory (``OWNERS_LANE``): its first
+        batch is their whole, with None for the owner entries of this node the
+        directory still holds (a restart's, a lost update's)."""
+        self.me, self.directory = me, directory
+        self.lanes[OWNERS_LANE] = _Lane(EXCLUSIVE, 0, checked_at=self.clock())
+        self._send(OWNERS_LANE)
 
     def serving(self, group: int, epoch: int) -> None:
         self._fail(self.lanes.pop(group, None))
@@ -459,7 +539,23 @@ class DirectoryWriter:
 
     def tick(self) -> None:
         now = self.clock()
+        owners = self.lanes.get(OWNERS_LANE)
+        if owners is not None and owners.sent:
+            # a closed connection's exclusive queues: gone from the broker since sent
+            gone = [k for k, e in exclusive_entries(self.broker, self.me or "", owners.sent)
+                    if e is None]
+            owners.keys.update(gone)
         for group, lane in list(self.lanes.items()):
+            if lane.partition == EXCLUSIVE:
+                if lane.in_flight is None and not lane.sync \
+                        and now - lane.checked_at >= self.resync:
+                    lane.checked_at = now
+                    if dict(self._whole(lane, lambda q: None)) != \
+                            self._held_of_mine():
+                        lane.sync = True
+                        self.stats.resyncs += 1
+                self._send(group)
+                continue
             if lane.in_flight is None and not lane.sync and now - lane.checked_at >= self.resync:
                 lane.checked_at = now
                 of = self.partition_of()
@@ -468,20 +564,38 @@ class DirectoryWriter:
                     self.stats.resyncs += 1
             self._send(group)
 
+    def _held_of_mine(self) -> dict[Key, DirectoryEntry]:
+        return {} if self.directory is None or self.me is None \
+            else self.directory.owned_by(self.me)
+
     def _whole(self, lane: _Lane, of: PartitionOf) -> list[Item]:
+        if lane.partition == EXCLUSIVE:
+            items = exclusive_entries(self.broker, self.me or "")
+            held = {k for k, _ in items}
+            return sorted(items + [(k, None) for k in self._held_of_mine() if k not in held])
         return entries_of(self.broker, of, lane.partition)
+
+    def _some(self, lane: _Lane, of: PartitionOf, keys: Iterable[Key]) -> list[Item]:
+        if lane.partition == EXCLUSIVE:
+            return exclusive_entries(self.broker, self.me or "", keys)
+        return entries_of(self.broker, of, lane.partition, keys)
 
     def _send(self, group: int) -> None:
         lane = self.lanes.get(group)
         of = self.partition_of()
+        if lane is not None and lane.partition == EXCLUSIVE:
+            of = lambda q: None  # noqa: E731 (unused: no partition's)
         if lane is None or lane.in_flight is not None or of is None \
                 or not (lane.sync or lane.keys):
             return
         if lane.sync:
             items = self._whole(lane, of)
+            if not items and lane.partition == EXCLUSIVE and not lane.waiting:
+                lane.sync, lane.sent = False, {}  # none here, none in the directory: nothing
+                return
             self.stats.syncs += 1
         else:
-            items = entries_of(self.broker, of, lane.partition, lane.keys)
+            items = self._some(lane, of, lane.keys)
         lane.flight, lane.waiting = lane.waiting, []
         lane.flight_items, lane.flight_sync = items, lane.sync
         lane.keys, lane.sync = set(), False
@@ -604,7 +718,9 @@ class StandIns:
         for key in keys:
             self.unbound.discard(key)
             entry = entries.get(key)
-            if entry is not None and self._has_group(entry.partition):
+            if entry is not None and (
+                    self._has_group(entry.partition) if entry.partition != EXCLUSIVE
+                    else entry.ha_id == self.member.me):  # (its own: the queue itself)
                 entry = None
             held = self.held.get(key)
             if entry is None:
@@ -631,6 +747,20 @@ class StandIns:
         vhost = self.member.broker.vhosts.get(key[0])
         if vhost is None or key[1] in vhost.queues:
             return False  # a queue of its own (exclusive) by that name: left as it is
+        if entry.partition == EXCLUSIVE:
+            # another node's exclusive queue: its vhost answers 405 to every connection
+            # here; a message routed to it here (the default exchange) is dropped
+            # (x-max-length 0), not forwarded to its node
+            queue = Queue(vhost.name, key[1], durable=entry.durable, auto_delete=False,
+                          exclusive_owner=Owner(entry.ha_id),
+                          arguments={**R.decode_table(entry.arguments), "x-max-length": 0},
+                          memory=vhost.memory, clock=vhost.clock, sink=vhost)
+            queue.auto_delete = entry.auto_delete
+            vhost.queues[key[1]] = queue
+            self.held[key] = (queue, entry)
+            self.bound[key] = set()
+            self.made += 1
+            return True
         queue = Queue(vhost.name, key[1], durable=entry.durable, auto_delete=False,
                       arguments=R.decode_table(entry.arguments), memory=vhost.memory,
                       clock=vhost.clock, sink=vhost)
@@ -705,6 +835,30 @@ class NodeDirectory:
         self.layer = layer
         self.writer = writer
         self.stand_ins = StandIns(member, layer)
+        writer.owners(member.me, layer.directory)
+        self.down_since: dict[str, float] = {}  # peers whose link is down, since when
+        self.owners_dropped = 0
+
+    def peer_down(self, peer: str) -> None:
+        self.down_since.setdefault(peer, self.writer.clock())
+
+    def peer_up(self, peer: str) -> None:
+        self.down_since.pop(peer, None)
+
+    def drop_gone_owners(self) -> None:
+        """As the metadata primary: the exclusive queues of a node down for ``OWNER_GRACE``
+        go from the directory (RabbitMQ deletes the exclusive queues of a connection that
+        is gone; that node deletes its own at its restart, and sends its whole again at
+        its lane's next check if it was only cut off)."""
+        if self.layer.primary is None or not self.down_since:
+            return
+        now = self.writer.clock()
+        gone = {p for p, t in self.down_since.items() if now - t >= OWNER_GRACE}
+        items: list[Item] = [(k, None) for k, e in self.layer.directory.entries.items()
+                             if e.partition == EXCLUSIVE and e.ha_id in gone]
+        if items:
+            self.layer.update(EXCLUSIVE, 0, False, items)
+            self.owners_dropped += len(items)
 
     def apply(self, args: list[Any]) -> list[Any]:
         """The metadata leader's side of a ``directory.update`` (``DeclarationHost``)."""
@@ -726,8 +880,9 @@ class NodeDirectory:
     def tick(self) -> None:
         self.writer.tick()
         self.stand_ins.tick()
+        self.drop_gone_owners()
 
     def status(self) -> dict[str, Any]:
         return {**self.layer.status(), "writer": self.writer.status(),
-                **self.stand_ins.status()}
+                **self.stand_ins.status(), "owners_dropped": self.owners_dropped}
 

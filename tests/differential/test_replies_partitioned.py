@@ -13,6 +13,7 @@ leading partitions, the client's node not the metadata group's leader).
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -101,6 +102,45 @@ def test_same_reply_for_another_connections_exclusive_queue_led_elsewhere(
         finally:
             holder.close()
     assert answers[1] == answers[0]
+
+
+def _other_node_url(partitioned: Cluster) -> str:  # noqa: F811
+    """A node other than the client's (the holder of the exclusive queue)."""
+    other = next(n for n in partitioned.cluster.names if n != partitioned.node)
+    return partitioned.cluster.url(other)
+
+
+@pytest.mark.parametrize("case", sorted(EXCLUSIVE_CASES))
+def test_same_reply_for_another_node_s_connection_s_exclusive_queue(
+        case: str, rabbitmq_url: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
+    """The exclusive queue held by a connection on ANOTHER node than the client's (issue 35
+    task I): the queue directory's owner entry answers 405 on every node, as RabbitMQ."""
+    suffix = suffix_elsewhere(partitioned.led)
+    answers = []
+    for holder_url, url in ((rabbitmq_url, rabbitmq_url),
+                            (_other_node_url(partitioned), grouped_url)):
+        holder = holding_exclusive(holder_url, f"ex{suffix}")
+        try:
+            answers.append(normalize(outcome(url, EXCLUSIVE_CASES[case], suffix), suffix))
+        finally:
+            holder.close()
+    assert answers[1] == answers[0]
+
+
+@pytest.mark.parametrize("case", sorted(EXCLUSIVE_CASES))
+def test_another_node_s_exclusive_queue_goes_with_its_connection(
+        case: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
+    """Once the holder's connection (on another node) closes, the name is free on the
+    client's node: the same case answers as for a queue that never was exclusive."""
+    suffix = suffix_elsewhere(partitioned.led)
+    holding_exclusive(_other_node_url(partitioned), f"ex{suffix}").close()
+    deadline = time.monotonic() + 10  # the owner's node drops the entry after the close
+    while True:
+        got = normalize(outcome(grouped_url, EXCLUSIVE_CASES[case], suffix), suffix)
+        if "RESOURCE_LOCKED" not in got or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert "RESOURCE_LOCKED" not in got, got
 
 
 @pytest.mark.parametrize("steps", ["immediate", "channel 65535"])

@@ -59,7 +59,10 @@ def declare(ch: Channel, m: commands.Queue.Declare) -> None:
     if not m.nowait:
         ok = unchecked(commands.Queue.DeclareOk, queue=queue.name,
                        message_count=queue.message_count, consumer_count=queue.consumer_count)
-        if queue.durable and not m.passive:
+        # (on a partitioned node an exclusive queue's answer waits for the queue directory
+        # to name its owner: another node answers 405 from then on)
+        if (queue.durable or (groups is not None and queue.exclusive_owner is ch.conn)) \
+                and not m.passive:
             ch.reply_when_durable(ok, [queue])
         else:
             ch.send(ok)
