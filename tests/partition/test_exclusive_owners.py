@@ -75,7 +75,7 @@ def test_the_owners_lane_sends_a_declared_queue_then_its_close_and_nothing_when_
     (args, answer), = asked
     assert args[:3] == [EXCLUSIVE, 0, False]
     assert items_from_wire(args[3]) == [(("/", "ex"), owner("n1"))]
-    d.apply(*args[:3], items_from_wire(args[3]))
+    d.apply(args[0], args[1], args[2], items_from_wire(args[3]))
     answer(0, [1, 4])
     assert done == [[1, 4]]
     w.tick()
