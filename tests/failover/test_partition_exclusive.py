@@ -1,0 +1,108 @@
+"""Exclusive queues on a partitioned cluster, real processes (issue 35 task I, docs/ha.md
+"Exclusive queues on a partitioned cluster"): three nodes, P = 9. A connection on one node
+declares an exclusive queue; a client on another node gets RabbitMQ's 405
+RESOURCE_LOCKED for it (the queue directory names its owner); the queue goes everywhere
+when the owner's connection closes, and when its node is killed (the metadata primary
+drops a node's exclusive queues once its link has been down ``OWNER_GRACE``)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pika
+import pytest
+
+from brokerha.partition.directory import OWNER_GRACE
+from brokerha.testing import LocalCluster
+from tests.failover.groups import until
+from tests.failover.test_failover import FAST
+
+pytestmark = pytest.mark.timeout(120)
+
+P = 9
+GROUPS = sorted(str(g) for g in range(P + 1))
+LOCKED = ("405 RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{q}' in "
+          "vhost '/'. It could be originally declared on another connection or the "
+          "exclusive property value does not match that of the original declaration.")
+
+
+def ready(cluster: LocalCluster) -> bool:
+    for name in cluster.names:
+        groups = (cluster.status(name) or {}).get("node", {}).get("groups") or {}
+        if sorted(groups) != GROUPS or not all(g["ready"] for g in groups.values()):
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3, options={**FAST, "partitions": P, "partition_groups": True}) as c:
+        until("every node ready in every group", lambda: ready(c), timeout=60)
+        yield c
+
+
+def metadata_leader(cluster: LocalCluster) -> str:
+    def one() -> str | None:
+        return next((n for n in cluster.names if (((cluster.status(n) or {}).get("node", {})
+                     .get("groups") or {}).get("0") or {}).get("serving")), None)
+    found: str = until("a metadata leader", one)
+    return found
+
+
+def passive(cluster: LocalCluster, node: str, queue: str) -> str:
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
+    try:
+        conn.channel().queue_declare(queue, passive=True)
+        return "ok"
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        return f"{exc.reply_code} {exc.reply_text}"
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def hold(cluster: LocalCluster, node: str, queue: str) -> pika.BlockingConnection:
+    conn = pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
+    conn.channel().queue_declare(queue, exclusive=True)
+    return conn
+
+
+def test_another_node_answers_405_until_the_owners_connection_closes(
+        cluster: LocalCluster) -> None:
+    a, b, c = cluster.names
+    queue = f"exq-{uuid.uuid4().hex[:8]}"
+    holder = hold(cluster, a, queue)
+    try:
+        # at once after the declare-ok, on every other node
+        assert passive(cluster, b, queue) == LOCKED.format(q=queue)
+        assert passive(cluster, c, queue) == LOCKED.format(q=queue)
+        other = pika.BlockingConnection(pika.URLParameters(cluster.url(b)))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
+            other.channel().queue_declare(queue, exclusive=True)
+        assert exc.value.reply_code == 405
+        other.close()
+    finally:
+        holder.close()
+    until("the queue gone on b and c", lambda: all(
+        passive(cluster, n, queue).startswith("404 NOT_FOUND") for n in (b, c)), timeout=10)
+
+
+def test_the_queues_of_a_killed_node_go_everywhere(cluster: LocalCluster) -> None:
+    meta = metadata_leader(cluster)
+    victim = next(n for n in cluster.names if n != meta)
+    asker = next(n for n in cluster.names if n not in (meta, victim))
+    queue = f"exk-{uuid.uuid4().hex[:8]}"
+    holder = hold(cluster, victim, queue)
+    assert passive(cluster, asker, queue) == LOCKED.format(q=queue)
+    killed = time.monotonic()
+    cluster.kill(victim)
+    try:
+        holder.close()
+    except pika.exceptions.AMQPError:
+        pass
+    until("the killed node's exclusive queue gone on the others", lambda: all(
+        passive(cluster, n, queue).startswith("404 NOT_FOUND") for n in (meta, asker)),
+        timeout=OWNER_GRACE + 20)
+    assert time.monotonic() - killed >= OWNER_GRACE - 1  # not before its grace
