@@ -92,8 +92,23 @@ class AdminAPI:
 
     # -- listings ------------------------------------------------------------------------
 
-    def queues(self, request: Request) -> Response:
-        return Response.json({"node": self.node.config.name, "queues": queue_list(self.node)})
+    def queues(self, request: Request) -> Any:
+        local = queue_list(self.node)
+        if self.node.broker.groups is None:
+            return Response.json({"node": self.node.config.name, "queues": local})
+        from brokerha.admin import partition_views
+
+        if request.query.get("led"):  # a member's ask: the queues this node leads
+            return Response.json({"node": self.node.config.name,
+                                  "queues": partition_views.led_only(self.node, local)})
+        return self._led_queues(local)
+
+    async def _led_queues(self, local: list[dict[str, Any]]) -> Response:
+        """On a partitioned node: each queue as its leader lists it (partition_views.py)."""
+        from brokerha.admin import partition_views
+
+        return Response.json({"node": self.node.config.name,
+                              "queues": await partition_views.led_queue_list(self.node, local)})
 
     def connections(self, request: Request) -> Response:
         now = self.node.loop.time()
@@ -267,10 +282,14 @@ def queue_list(node: Node) -> list[dict[str, Any]]:
         for guard in getattr(session, "guards", []):
             if progress is not None:
                 caught.setdefault((guard.vhost, guard.queue), {})[backup] = guard.passed(progress)
+    from brokerha.admin.partition_views import stand_in
+
     out = []
     queues = []
     for vhost in list(node.broker.vhosts.values()):
         for q in list(vhost.queues.values()):
+            if stand_in(node, q):  # another node's queue (the directory's): not listed here
+                continue
             queues.append(q)
             out.append({
                 "vhost": q.vhost, "name": q.name, "durable": q.durable,
@@ -341,6 +360,10 @@ async def cluster_view(node: Node) -> dict[str, Any]:
     queues: list[dict[str, Any]] | None = None
     if primary is None or primary["name"] == me:
         queues = queue_list(node)
+        if node.broker.groups is not None:  # each queue as its leader lists it
+            from brokerha.admin import partition_views
+
+            queues = await partition_views.led_queue_list(node, queues)
     elif primary.get("admin_url") or primary.get("https_url"):
         try:
             answer = await fetch_json(member_url(primary) + "/api/brokerha/queues", PEER_TIMEOUT,

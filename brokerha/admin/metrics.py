@@ -463,8 +463,12 @@ class NodeCollector:
                                         "included)", labels=labels)
         dedup = CounterMetricFamily("brokerha_queue_messages_deduplicated", "Publishes dropped "
                                     "as duplicates (x-deduplication-window)", labels=labels)
+        from brokerha.admin.partition_views import stand_in
+
         for vhost in list(self.node.broker.vhosts.values()):
             for q in list(vhost.queues.values()):
+                if stand_in(self.node, q):  # another node's queue: that node reports it
+                    continue
                 key = [q.vhost, q.name]
                 ready.add_metric(key, q.message_count)
                 unacked.add_metric(key, q.unacked)

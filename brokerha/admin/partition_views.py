@@ -76,6 +76,65 @@ def served_objects(api: Any, only: tuple[str, str] | None = None) -> dict[str, A
             "bindings": bindings}
 
 
+def stand_in(node: Any, queue: Any) -> bool:
+    """Whether ``queue`` is a stand-in of the queue directory on this node (a queue of a
+    partition it holds no cell of, or another node's exclusive queue): not this node's
+    queue, so never in its own lists (its leader lists it)."""
+    groups = node.broker.groups
+    owners = None if groups is None else getattr(groups, "owners", None)
+    return owners is not None and owners.stand_ins.is_stand_in(queue)
+
+
+def led_only(node: Any, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of ``entries`` (``api.queue_list``'s), those of the queues this node leads now and
+    its own exclusive queues: its answer to another member's ``led_queue_list``."""
+    groups = node.broker.groups
+    me = node.config.name
+    led: set[tuple[str, str]] = set()
+    for vh in list(node.broker.vhosts.values()):
+        for q in list(vh.queues.values()):
+            if isinstance(q.exclusive_owner, Owner):
+                continue
+            if q.exclusive_owner is not None:
+                led.add((q.vhost, q.name))
+                continue
+            _, leader = groups.queue_home(q)
+            if leader == me and groups.serves_queue(q.vhost, q.name, q.arguments, False):
+                led.add((q.vhost, q.name))
+    return [e for e in entries if (e["vhost"], e["name"]) in led]
+
+
+async def led_queue_list(node: Any, local: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``local`` (this node's ``api.queue_list``, stand-ins left out) with each queue
+    another member leads as that member lists it (``GET /api/brokerha/queues?led=1``,
+    asked in parallel; one not answering within ``PEER_TIMEOUT`` is left out: its queues
+    as this node's copy has them, or not at all), and the queues this node holds nothing
+    of (a partition it holds no cell of, another node's exclusive queue): each queue
+    once, with its leader's figures, never a stand-in's zeros."""
+    ha = node.ha
+    me = node.config.name
+    members = [] if ha is None else [m for m in ha.cluster.members if m.name != me]
+    sign = _signer(node)
+
+    async def one(member: Any) -> list[dict[str, Any]]:
+        base = member.https_url or member.admin_url
+        if not base:
+            return []
+        try:
+            answer = await fetch_json(base + "/api/brokerha/queues?led=1", PEER_TIMEOUT,
+                                      node.tls.member_client, sign)
+        except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError):
+            return []
+        return list(answer.get("queues") or []) if isinstance(answer, dict) else []
+
+    led = {(q["vhost"], q["name"]): q
+           for a in await asyncio.gather(*(one(m) for m in members)) for q in a}
+    out = [led.pop((q["vhost"], q["name"]), q) for q in local]
+    out += led.values()
+    out.sort(key=lambda q: (q["vhost"], q["name"]))
+    return out
+
+
 def _serving_partitions(groups: Any) -> list[int]:
     """The partitions whose groups this node serves now (with no queue, too)."""
     return [g - 1 for g in groups.serving_groups() if g > 0]
