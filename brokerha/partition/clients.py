@@ -674,6 +674,9 @@ class GroupClients:
                 and ((e := held.get((q.vhost, q.name))) is None or e.ha_id != me)]
         if not keys:
             return callback
+        if directory.layer.unsafe.answer_exclusive_before_directory:  # (unsafe) not waited
+            directory.writer.record(OWNERS_LANE, keys, lambda position: None)
+            return callback
         broker = self.member.broker
 
         def record() -> None:

@@ -84,6 +84,9 @@ class Unsafe(UnsafeRules):
     # a queue method is answered once its partition holds it, without waiting for the
     # directory (a publish on a node outside the partition right after it is unroutable)
     answer_before_directory: bool = False
+    # an exclusive queue's declare-ok sent at once, not once the directory names its
+    # owner (a client on another node right after it gets no 405)
+    answer_exclusive_before_directory: bool = False
 
 
 Key = tuple[str, str]  # (vhost, queue name)

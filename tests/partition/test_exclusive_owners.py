@@ -16,6 +16,7 @@ import pytest
 from brokerha.broker.broker import Broker
 from brokerha.broker.errors import ResourceLocked
 from brokerha.cluster import replication as R
+from brokerha.partition.declarations import PACKETS as DECLARATION_PACKETS
 from brokerha.partition.directory import (
     EXCLUSIVE,
     OWNER_GRACE,
@@ -174,3 +175,39 @@ def test_the_metadata_primary_drops_a_node_s_entries_once_its_link_is_down_long_
     net.dirs[holder].writer.lanes[OWNERS_LANE].checked_at -= 60
     net.pump()
     assert isinstance(net.vhost(primary).queues["ex-b"].exclusive_owner, Owner)
+
+
+@pytest.mark.parametrize("unsafe", [False, True])
+def test_the_declare_ok_waits_until_every_other_node_answers_405(unsafe: bool) -> None:
+    """``GroupClients.after_durable`` (the declare-ok's path) of an exclusive queue: when
+    it answers, every other node already holds the owner's stand-in; with ``Unsafe``
+    ``answer_exclusive_before_directory`` the check catches the answer sent before."""
+    from brokerha.partition.clients import GroupClients
+    from brokerha.partition.directory import Unsafe
+
+    net = started(Unsafe(answer_exclusive_before_directory=unsafe))
+    holder = net.sim.names[1]
+    clients = GroupClients(net.sim.node(holder).ha, lambda n: f"amqp://{n}")
+    clients.owners = net.dirs[holder]
+    queue = net.vhost(holder).declare_queue("ex-c", owner=object(), exclusive=True)
+    lacking: list[list[str]] = []
+
+    def answered() -> None:  # who would not answer 405 at the declare-ok
+        lacking.append([n for n in net.sim.names if n != holder
+                        and not isinstance(getattr(net.vhost(n).queues.get("ex-c"),
+                                                   "exclusive_owner", None), Owner)])
+
+    # the owners lane's request held back (a slow link to the metadata leader)
+    net.hold = lambda src, dst, packet: src == holder and isinstance(packet,
+                                                                      DECLARATION_PACKETS)
+    clients.after_durable([queue], answered)
+    net.pump()
+    if unsafe:  # answered while no other node knows: caught
+        assert lacking == [[n for n in net.sim.names if n != holder]]
+    else:
+        assert lacking == []  # not answered while the directory does not hold it
+    net.release()
+    net.pump()
+    assert lacking[-1] == [] or unsafe
+    assert all(isinstance(net.vhost(n).queues["ex-c"].exclusive_owner, Owner)
+               for n in net.sim.names if n != holder)
