@@ -71,7 +71,7 @@ from brokerha.ha.admission import Admission, ClientLink
 from brokerha.ha.member import HAMember
 from brokerha.partition.consuming import NodeConsuming
 from brokerha.partition.declarations import DIRECTORY_OPS, NodeDeclarations
-from brokerha.partition.directory import OWNERS_LANE, NodeDirectory
+from brokerha.partition.directory import OWNERS_LANE, NodeDirectory, Owner
 from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.forwarding import NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
@@ -204,6 +204,8 @@ class GroupClients:
         is checked before anything is enqueued. ``settle(ack)`` once the local part passed
         its groups' gates and every forward was answered (a nack if a queue refused it)."""
         self.check_route(vhost, message.exchange, queues)
+        # (another node's exclusive queue, the directory's stand-in: not forwarded, left)
+        queues = [q for q in queues if not isinstance(q.exclusive_owner, Owner)]
         forwarding = self.forwarding
         local: list[Queue] = []
         remote: dict[int, list[str]] = {}
@@ -671,6 +673,7 @@ class GroupClients:
         # (a confirm or a purge of an exclusive queue the directory names already: at once)
         held, me = directory.layer.directory.entries, self.member.me
         keys = [(q.vhost, q.name) for q in queues if q.exclusive_owner is not None
+                and not isinstance(q.exclusive_owner, Owner)
                 and ((e := held.get((q.vhost, q.name))) is None or e.ha_id != me)]
         if not keys:
             return callback

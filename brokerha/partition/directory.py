@@ -579,8 +579,10 @@ class DirectoryWriter:
         return entries_of(self.broker, of, lane.partition)
 
     def _some(self, lane: _Lane, of: PartitionOf, keys: Iterable[Key]) -> list[Item]:
-        if lane.partition == EXCLUSIVE:
-            return exclusive_entries(self.broker, self.me or "", keys)
+        if lane.partition == EXCLUSIVE:  # (never a None for another node's entry)
+            held = {} if self.directory is None else self.directory.entries
+            return [(k, e) for k, e in exclusive_entries(self.broker, self.me or "", keys)
+                    if e is not None or (h := held.get(k)) is None or h.ha_id == self.me]
         return entries_of(self.broker, of, lane.partition, keys)
 
     def _send(self, group: int) -> None:
@@ -752,11 +754,11 @@ class StandIns:
             return False  # a queue of its own (exclusive) by that name: left as it is
         if entry.partition == EXCLUSIVE:
             # another node's exclusive queue: its vhost answers 405 to every connection
-            # here; a message routed to it here (the default exchange) is dropped
-            # (x-max-length 0), not forwarded to its node
+            # here; a message routed to it here (the default exchange) is not enqueued
+            # (``GroupClients.publish``; x-max-length 0 for any other path, no dead
+            # letter), not forwarded to its node
             queue = Queue(vhost.name, key[1], durable=entry.durable, auto_delete=False,
-                          exclusive_owner=Owner(entry.ha_id),
-                          arguments={**R.decode_table(entry.arguments), "x-max-length": 0},
+                          exclusive_owner=Owner(entry.ha_id), arguments={"x-max-length": 0},
                           memory=vhost.memory, clock=vhost.clock, sink=vhost)
             queue.auto_delete = entry.auto_delete
             vhost.queues[key[1]] = queue

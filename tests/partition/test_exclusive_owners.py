@@ -211,3 +211,27 @@ def test_the_declare_ok_waits_until_every_other_node_answers_405(unsafe: bool) -
     assert lacking[-1] == [] or unsafe
     assert all(isinstance(net.vhost(n).queues["ex-c"].exclusive_owner, Owner)
                for n in net.sim.names if n != holder)
+
+
+def test_a_publish_on_another_node_to_the_stand_in_leaves_the_owner_entry(net: Net) -> None:
+    """A message routed on another node to the owner's stand-in (the default exchange) is
+    not enqueued there (nor forwarded: left), and never makes that node's lane write a
+    None for another node's entry (which would drop it everywhere)."""
+    from tests.partition.test_directory import publish
+
+    holder, other = net.sim.names[2], net.sim.names[3]
+    conn, done = declare_exclusive(net, holder, "ex-d")
+    assert done and done[0] is not None
+    net.clients[other].owners = net.dirs[other]
+    stand_in = net.vhost(other).queues["ex-d"]
+    answers = publish(net, other, "", "ex-d", b"x")
+    net.pump()
+    assert answers == [True] and stand_in.message_count == 0
+    net.dirs[other].writer.record(OWNERS_LANE, [("/", "ex-d")], lambda position: None)
+    net.pump()
+    assert all(isinstance(net.vhost(n).queues["ex-d"].exclusive_owner, Owner)
+               for n in net.sim.names if n != holder)
+    assert all(nd.layer.directory.entries[("/", "ex-d")].ha_id == holder
+               for nd in net.dirs.values())
+    net.vhost(holder).delete_queue("ex-d", owner=conn)
+    net.pump()
