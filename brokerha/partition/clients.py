@@ -666,7 +666,8 @@ class GroupClients:
         """``callback`` once the queue directory holds the exclusive queues among ``queues``
         (their owner entries: another node answers 405 for them, docs/ha.md "Exclusive
         queues on a partitioned cluster"); never if that failed (fail closed: counted in
-        ``durable_refused``, as an answer a group could not make durable)."""
+        ``durable_refused``, the owner's connection closed 320 CONNECTION_FORCED, so
+        its exclusive queues go)."""
         directory = self.owners
         if directory is None:
             return callback
@@ -681,13 +682,23 @@ class GroupClients:
             directory.writer.record(OWNERS_LANE, keys, lambda position: None)
             return callback
         broker = self.member.broker
+        owners = [q.exclusive_owner for q in queues if q.exclusive_owner is not None
+                  and (q.vhost, q.name) in keys]
 
         def record() -> None:
             def done(position: list[int] | None) -> None:
-                if position is None:
+                if position is None:  # whether another node says 405 is unknown: 320
+                    from brokerha.amqp.errors import AMQPError
+
                     broker.durable_refused += 1
                     log.warning("exclusive queue %s: not in the queue directory (the "
                                 "metadata leader did not take it); not answered", keys)
+                    for conn in owners:
+                        fail = getattr(conn, "fail", None)
+                        if fail is not None:
+                            fail(None, AMQPError(320, "CONNECTION_FORCED - the queue "
+                                                 "directory did not take exclusive queue "
+                                                 f"'{keys[0][1]}'; try again", 0, 0))
                     return
                 callback()
             directory.writer.record(OWNERS_LANE, keys, done)

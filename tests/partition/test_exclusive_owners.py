@@ -235,3 +235,36 @@ def test_a_publish_on_another_node_to_the_stand_in_leaves_the_owner_entry(net: N
                for nd in net.dirs.values())
     net.vhost(holder).delete_queue("ex-d", owner=conn)
     net.pump()
+
+
+def test_a_failed_owner_entry_closes_the_owners_connection_320() -> None:
+    """The lane's batch fails (no metadata leader took it): the declare-ok is never sent
+    and the owner's connection is closed 320 (whether another node says 405 is unknown);
+    its queues then go, as at any close."""
+    from brokerha.partition.clients import GroupClients
+
+    net = started()
+    holder = next(n for n, nd in net.dirs.items()  # serving a group: its gate answers
+                  if nd.layer.primary is None and net.clients[n].serving_groups())
+    clients = GroupClients(net.sim.node(holder).ha, lambda n: f"amqp://{n}")
+    clients.owners = net.dirs[holder]
+
+    class Conn:
+        def __init__(self) -> None:
+            self.failed: list[Any] = []
+
+        def fail(self, ch: Any, exc: Any) -> None:
+            self.failed.append(exc)
+
+    conn = Conn()
+    queue = net.vhost(holder).declare_queue("ex-e", owner=conn, exclusive=True)
+    answered: list[bool] = []
+    net.hold = lambda src, dst, packet: src == holder and isinstance(packet,
+                                                                      DECLARATION_PACKETS)
+    clients.after_durable([queue], lambda: answered.append(True))
+    net.pump()
+    writer = net.dirs[holder].writer
+    assert writer.lanes[OWNERS_LANE].in_flight is not None and answered == []
+    writer._answered(OWNERS_LANE, 0, 320, [])  # as the request machinery fails it
+    assert answered == [] and [e.code for e in conn.failed] == [320]
+    assert "CONNECTION_FORCED" in str(conn.failed[0])
