@@ -14,6 +14,7 @@ import time
 import urllib.request
 from typing import Any
 
+import pika
 import pytest
 
 from brokerha.testing import LocalCluster
@@ -67,8 +68,13 @@ def test_a_node_outside_a_partition_lists_its_queues_as_their_leader() -> None:
         finally:
             if conn.is_open:
                 conn.close()
+        # an exclusive queue of a connection on another node: a stand-in on X too (405)
+        owner = next(n for n in names if n != x)
+        holder = connect(cluster, owner)
+        exclusive = f"lists-ex-{p}"
+        holder.channel().queue_declare(exclusive, exclusive=True)
         status = (cluster.status(x) or {}).get("node", {}).get("directory") or {}
-        assert status.get("stand_ins", 0) >= 1, status
+        assert status.get("stand_ins", 0) >= 2, status
         seen: dict[str, Any] = {}
 
         # the management API (RabbitMQ's format)
@@ -92,6 +98,22 @@ def test_a_node_outside_a_partition_lists_its_queues_as_their_leader() -> None:
         seen["/metrics"] = [line for line in text.splitlines()
                             if f'queue="{queue}"' in line
                             and line.startswith("brokerha_queue_messages_ready")]
+        code, listed_ex = call(cluster.admin_url(x) + "/api/", "GET", "queues/%2F")
+        ex_entries = [q for q in listed_ex if q["name"] == exclusive]
+        ex_here = [q for q in ctl_json(cluster, x, "queues", "--here")["queues"]
+                   if q["name"] == exclusive]
+        ex_metrics = [line for line in metrics(cluster, x).splitlines()
+                      if f'queue="{exclusive}"' in line]
+        asker = connect(cluster, x)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as locked:
+            asker.channel().queue_declare(exclusive, passive=True)
+        asker.close()
+        holder.close()
+        assert locked.value.reply_code == 405, locked.value
+        assert len(ex_entries) == 1 and ex_entries[0]["exclusive"], ex_entries
+        assert ex_entries[0]["node"] == f"brokerha@{owner}", ex_entries
+        assert len(ex_here) == 1 and ex_here[0]["exclusive"], ex_here  # the owner's
+        assert ex_metrics == [], ex_metrics
         print(f"\nX={x} outside partition {p}, leader {leader}:")
         for k, v in seen.items():
             print(f"  {k}: {json.dumps(v)[:400]}")
