@@ -80,6 +80,11 @@ class Control:
         self.correlation_id = correlation_id
         # a partitioned node's resource manager (``partition/xa.py``), else the broker's
         self.dtx: XaResource = manager if manager is not None else ch.conn.broker.dtx
+        # when the answer may go: a partitioned node's manager waits through the groups it
+        # serves (``NodeXa.after_durable``): the broker's own gate is the metadata group's,
+        # which a node not leading it never passes -- the answer never came (issue 35)
+        self.after_durable: Callable[[Callable[[], None]], None] = getattr(
+            manager, "after_durable", None) or ch.conn.broker.after_durable
 
     def flag(self, name: str) -> bool:
         return bool(self.request.get(name, False))
@@ -210,7 +215,7 @@ class Control:
                 queue.enqueue(message)
             ch.unblock()
 
-        ch.conn.broker.after_durable(deliver)
+        self.after_durable(deliver)
 
 
 def handle_control(ch: Channel, verb: str, header: bytes, body: bytes,

@@ -661,6 +661,19 @@ class GroupClients:
             chain = self._through(member, chain)
         chain()
 
+    def after_durable_served(self, callback: Callable[[], None]) -> None:
+        """``callback`` once everything done so far in every group this node serves now
+        is durable (each group's gate and barriers, one after the other); never when it
+        serves none (fail closed: counted in ``durable_refused``)."""
+        served = [self.member.groups[g] for g in self.serving_groups()]
+        if not served:
+            self.member.broker.durable_refused += 1
+            return
+        chain = callback
+        for member in reversed(served):
+            chain = self._through(member, chain)
+        chain()
+
     def _owned_listed(self, queues: Sequence[Queue],
                       callback: Callable[[], None]) -> Callable[[], None]:
         """``callback`` once the queue directory holds the exclusive queues among ``queues``

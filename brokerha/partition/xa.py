@@ -26,7 +26,7 @@ partition did not answer, never a short list).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from brokerha.broker.dtx import XA, DtxBranch, DtxManager, State, XAError, Xid
@@ -54,6 +54,12 @@ class NodeXa:
             raise NotImplementedByBroker("an XA branch across partitions on this node (no "
                                          "coordinator: its name is too long for a gtxid)")
         return transactions
+
+    def after_durable(self, callback: Callable[[], None]) -> None:
+        """``callback`` once what every group this node serves did so far is durable there
+        (each group's gate and barriers, ``GroupClients.after_durable_served``): the
+        answer of a verb (``amqp/dtx_control.py``), whichever group its branch was in."""
+        self.clients.after_durable_served(callback)
 
     # -- the branch, built here --------------------------------------------------------------
 

@@ -82,6 +82,30 @@ def test_xa_branches_across_partitions_commit_and_roll_back_whole() -> None:
         assert drain_ids(cluster, a, queues[a]) == ["4"]
         assert status["xa_prepared"] == 3 and status["xa_finished"] == 3, status
         assert status["committed"] == 1 and status["refused"] == 0, status  # the one-phase
+        # an xid reused (issue 35 task H): prepared through A, committed through B, prepared
+        # again through B, rolled back through A within XA_KNOWN_FOR -- A's entry for the
+        # first transaction must not finish it (its decider would answer "committed"): the
+        # second is found through the partitions and rolled back
+        conn = connect(cluster, a)
+        ch = conn.channel()
+        xa = PikaXAResource(ch, timeout=20.0)
+        on_b = connect(cluster, b)
+        bch = on_b.channel()
+        tm = PikaXAResource(bch, timeout=20.0)
+        reused = new_xid()
+        branch(xa, ch, reused, [queues[b], queues[c]], 7)
+        assert xa.prepare(reused) == XA_OK
+        tm.commit(reused)
+        branch(tm, bch, reused, [queues[b], queues[c]], 8)
+        assert tm.prepare(reused) == XA_OK
+        xa.rollback(reused)
+        assert xa.recover() == []  # nothing left prepared: the second one was rolled back
+        stale = transactions(cluster, a)["xa_known_stale"]
+        on_b.close()
+        conn.close()
+        assert drain_ids(cluster, b, queues[b]) == ["7"]
+        assert drain_ids(cluster, c, queues[c]) == ["7"]
+        assert stale == 1
         # what a transaction across partitions cannot take is refused whole (540), as a TX
         refused = connect(cluster, a)
         rch = refused.channel()
