@@ -98,6 +98,12 @@ class GroupGuard(Protocol):
                     arguments: Mapping[str, Any] | None, exclusive: bool) -> None:
         """Raise ``NotLeader`` unless this node serves the group holding the queue now."""
 
+    def routable(self, queues: list[Queue]) -> list[Queue]:
+        """The routed ``queues`` a publish on this node reaches: not a stand-in of another
+        node's exclusive queue (a publish only it took is unroutable: a ``mandatory`` one
+        is returned)."""
+        ...
+
     def publish(self, client: object, vhost: str, queues: Sequence[Queue], message: Message,
                 settle: Callable[[bool], None] | None) -> None:
         """A publish routed to ``queues``: enqueue it on those of groups this node serves,

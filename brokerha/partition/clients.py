@@ -196,6 +196,14 @@ class GroupClients:
         self._join(client, group, lambda: f"queue '{name}' in vhost '{vhost}' is in "
                                           f"partition {group - 1}")
 
+    def routable(self, queues: list[Queue]) -> list[Queue]:
+        # another node's exclusive queue is reached from its node only: a stand-in here
+        # holds nothing and forwards nothing (docs/ha.md "Exclusive queues on a
+        # partitioned cluster"), so a publish only it took is unroutable, not dropped
+        if not any(isinstance(q.exclusive_owner, Owner) for q in queues):
+            return queues
+        return [q for q in queues if not isinstance(q.exclusive_owner, Owner)]
+
     def publish(self, client: object, vhost: str, queues: Sequence[Queue], message: Message,
                 settle: Callable[[bool], None] | None) -> None:
         """A publish routed here to ``queues``: those of groups this node serves are
@@ -204,8 +212,7 @@ class GroupClients:
         is checked before anything is enqueued. ``settle(ack)`` once the local part passed
         its groups' gates and every forward was answered (a nack if a queue refused it)."""
         self.check_route(vhost, message.exchange, queues)
-        # (another node's exclusive queue, the directory's stand-in: not forwarded, left)
-        queues = [q for q in queues if not isinstance(q.exclusive_owner, Owner)]
+        queues = self.routable(list(queues))  # (the management API's publish comes here)
         forwarding = self.forwarding
         local: list[Queue] = []
         remote: dict[int, list[str]] = {}

@@ -82,6 +82,12 @@ def test_another_node_answers_405_until_the_owners_connection_closes(
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
             other.channel().queue_declare(queue, exclusive=True)
         assert exc.value.reply_code == 405
+        # a mandatory publish to it from another node is returned (reached from its own
+        # node only), not taken by the stand-in and dropped
+        ch = other.channel()
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish("", queue, b"x", mandatory=True)
         other.close()
     finally:
         holder.close()

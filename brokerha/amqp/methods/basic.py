@@ -123,6 +123,7 @@ def _publish_grouped(ch: Channel, publish: F.Publish, groups: GroupGuard, queues
     once every target answered. In tx mode the publish is the channel's transaction's,
     its commit decides where it goes (``GroupGuard.tx_commit``), and so in an XA branch its
     prepare (``partition/xa.py``)."""
+    queues = groups.routable(queues)
     if not queues and publish.mandatory:
         ch.send(F.unchecked(commands.Basic.Return, reply_code=C.NO_ROUTE, reply_text="NO_ROUTE",
                           exchange=publish.exchange, routing_key=publish.routing_key))
