@@ -66,7 +66,7 @@ async def leader_of(api: Any, vhost: str, name: str, declare: bool) -> str | Non
     declared (the aliveness test), is placed by its name. Raises ``ManagementError``
     (503) while its partition has no leader this node knows of."""
     from brokerha.admin import partition_views
-    from brokerha.admin.management import ManagementError
+    from brokerha.admin.errors import ManagementError
 
     groups = api.node.broker.groups
     if groups is None:

@@ -44,6 +44,7 @@ from urllib.parse import quote, unquote
 from pamqp import commands
 
 from brokerha.admin import leader_requests
+from brokerha.admin.errors import ManagementError
 from brokerha.admin.node_view import NodeView
 from brokerha.broker.auth import AuthenticationFailed, User
 from brokerha.broker.content import build_header, decode_header
@@ -78,19 +79,6 @@ FORWARD_TIMEOUT = 10.0
 IMPORT_FORWARD_TIMEOUT = 60.0
 MAX_GET = 1000
 ALIVENESS = "aliveness-test"  # RabbitMQ's aliveness test's queue
-
-
-class ManagementError(Exception):
-    """An answer in RabbitMQ's error shape: ``{"error": ..., "reason": ...}``."""
-
-    def __init__(self, status: int, error: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.error, self.reason = status, error, reason
-
-    def response(self) -> Response:
-        if not self.error:
-            return Response(self.status, b"")
-        return Response.json({"error": self.error, "reason": self.reason}, self.status)
 
 
 def not_authorised(reason: str) -> ManagementError:

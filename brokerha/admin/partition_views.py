@@ -26,7 +26,7 @@ import asyncio
 from typing import Any
 from urllib.parse import urlencode
 
-from brokerha.admin.api import _signer, fetch_json
+from brokerha.admin.peers import _signer, fetch_json
 from brokerha.broker.placement import NotLeader
 from brokerha.httpapi.server import Request, Response
 from brokerha.partition.directory import Owner

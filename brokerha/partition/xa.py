@@ -26,8 +26,8 @@ partition did not answer, never a short list).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerha.broker.dtx import XA, DtxBranch, DtxManager, State, XAError, Xid
 from brokerha.broker.errors import NotImplementedByBroker
@@ -35,14 +35,33 @@ from brokerha.broker.transaction import Transaction
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK, UNKNOWN
 
 if TYPE_CHECKING:
-    from brokerha.partition.clients import GroupClients
+    from brokerha.partition.member import PartitionedMember
     from brokerha.partition.transactions import HeldXa, NodeTransactions
+
+
+class XaClients(Protocol):
+    """What a connection's XA resource manager asks of the node's clients
+    (``partition/clients.py`` ``GroupClients``, which makes one per connection)."""
+
+    member: PartitionedMember
+    transactions: NodeTransactions | None
+
+    def group_of_queue(self, vhost: str, name: str, arguments: Mapping[str, Any] | None,
+                       exclusive: bool) -> int | None: ...
+
+    def serves_group(self, group: int) -> bool: ...
+
+    def after_durable_served(self, callback: Callable[[], None]) -> None: ...
+
+    def tx_commit(self, client: object, tx: Transaction,
+                  answer: Callable[[bool, str], None], *,
+                  xa: str | None = None) -> Transaction | None: ...
 
 
 class NodeXa:
     """The XA resource manager of one client connection on a partitioned node."""
 
-    def __init__(self, clients: GroupClients, client: object) -> None:
+    def __init__(self, clients: XaClients, client: object) -> None:
         self.clients = clients
         self.client = client
         self.dtx: DtxManager = clients.member.broker.dtx
