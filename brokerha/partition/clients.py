@@ -49,8 +49,10 @@ queue's partition:
   TX, answered through that group's gate; any other is committed by the
   node's coordinator across the partitions' leaders (``partition/transactions.py``),
   its acks, rejects and nacks settled by the partitions' branches -- a remote
-  consumer's handed to its primary's branch (``NodeConsuming.hand_over``). XA is
-  refused (540).
+  consumer's handed to its primary's branch (``NodeConsuming.hand_over``). XA
+  (``check_transactions``) is a connection's ``partition/xa.py`` ``NodeXa``: a branch of
+  one group served here is today's local XA, any other goes across partitions the same
+  way (docs/ha.md "XA over partitions").
 """
 
 from __future__ import annotations
