@@ -52,12 +52,13 @@ import logging
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from brokerha.broker.exchange import Binding
 from brokerha.broker.queue import Queue
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import HA_ID, ReplicationError
+from brokerha.partition.coordinator import EventLog, MetaStore
 from brokerha.seed_runner import UnsafeRules
 
 log = logging.getLogger("brokerha.partition")
@@ -174,6 +175,18 @@ class Directory:
                     self._drop(key)
                     changed.add(key)
             self.synced.add(partition)
+        return changed | self._change(partition, items, f"partition {partition}")
+
+    def _owners(self, items: list[Item]) -> set[Key]:
+        return self._change(EXCLUSIVE, items, "the exclusive queues")
+
+    def _change(self, partition: int, items: list[Item], of: str) -> set[Key]:
+        """The items of one change of ``partition`` (``of`` names it) applied: None drops
+        the name if ``partition`` holds it, an entry of another partition is refused.
+        (An owner entry over a partition's queue by that name leaves that queue: the
+        owner's node refused the declaration unless the two declarations raced; the last
+        one wins.)"""
+        changed: set[Key] = set()
         for key, entry in items:
             held = self.entries.get(key)
             if entry is None:
@@ -182,27 +195,8 @@ class Directory:
                     changed.add(key)
             elif entry.partition != partition:
                 raise ValueError(f"entry {key} of partition {entry.partition} in a change "
-                                 f"of partition {partition}")
+                                 f"of {of}")
             elif held != entry:
-                self.entries[key] = entry
-                self.buckets.setdefault(bucket_of(key), set()).add(key)
-                changed.add(key)
-        return changed
-
-    def _owners(self, items: list[Item]) -> set[Key]:
-        changed: set[Key] = set()
-        for key, entry in items:
-            held = self.entries.get(key)
-            if entry is None:
-                if held is not None and held.partition == EXCLUSIVE:
-                    self._drop(key)
-                    changed.add(key)
-            elif entry.partition != EXCLUSIVE:
-                raise ValueError(f"entry {key} of partition {entry.partition} in a change "
-                                 "of the exclusive queues")
-            elif held != entry:
-                # (a partition's queue by that name stays: the owner's node refused the
-                # declaration unless the two declarations raced; the last one wins)
                 self.entries[key] = entry
                 self.buckets.setdefault(bucket_of(key), set()).add(key)
                 changed.add(key)
@@ -238,18 +232,6 @@ class Directory:
         """(Reading the store back.)"""
         self.entries[key] = entry
         self.buckets.setdefault(bucket_of(key), set()).add(key)
-
-
-class MetaStore(Protocol):
-    def put_meta(self, key: str, value: str) -> None: ...
-
-    def get_meta(self, key: str) -> str | None: ...
-
-
-class EventLog(Protocol):
-    catch_up_providers: list[Callable[[], list[Any]]]
-
-    def emit(self, event: Any) -> int: ...
 
 
 class DirectoryLayer:
