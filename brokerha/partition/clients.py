@@ -78,7 +78,7 @@ from brokerha.partition.forward import ForwardMessage
 from brokerha.partition.forwarding import NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
 from brokerha.partition.transactions import XTX_MAX_BYTES, NodeTransactions
-from brokerha.partition.xa import NodeXa
+from brokerha.partition.xa import NodeXa, copy_work
 from brokerha.partition.xtx import XDequeue, XOp
 
 log = logging.getLogger("brokerha.partition")
@@ -607,15 +607,7 @@ class GroupClients:
         if primary is None or any(getattr(o, "primary", None) is primary
                                   for o in tx.observers):
             return tx
-        fresh = self.member.broker.new_transaction()
-        for queues, message in tx.publishes:
-            fresh.publish(list(queues), message)
-        if tx.accepts:
-            fresh.accept(list(tx.accepts), [])
-        for requeue in (False, True):
-            rejects = [(q, e) for q, e, r in tx.rejects if r is requeue]
-            if rejects:
-                fresh.reject(rejects, requeue)
+        fresh = copy_work(tx, self.member.broker.new_transaction())
         tx.rollback()
         return fresh
 

@@ -58,6 +58,20 @@ class XaClients(Protocol):
                   xa: str | None = None) -> Transaction | None: ...
 
 
+def copy_work(source: Transaction, into: Transaction) -> Transaction:
+    """``into`` given ``source``'s work: its publishes, accepts and rejects (requeued or
+    not), in that order -- a branch run as a TX, a TX made again with an observer."""
+    for queues, message in source.publishes:
+        into.publish(list(queues), message)
+    if source.accepts:
+        into.accept(list(source.accepts), [])
+    for requeue in (False, True):
+        rejects = [(q, e) for q, e, r in source.rejects if r is requeue]
+        if rejects:
+            into.reject(rejects, requeue)
+    return into
+
+
 class NodeXa:
     """The XA resource manager of one client connection on a partitioned node."""
 
@@ -168,15 +182,7 @@ class NodeXa:
         anything is sent) as ``tx_commit`` refuses a TX; else the branch is dropped here
         (its acknowledged entries handed over, not requeued) and the rounds run."""
         self.transactions  # noqa: B018 -- raises (540) on a node with no coordinator
-        tx = self.clients.member.broker.new_transaction()  # its work, as a TX's
-        for queues, message in branch.publishes:
-            tx.publish(list(queues), message)
-        if branch.accepts:
-            tx.accept(list(branch.accepts), [])
-        for requeue in (False, True):
-            rejects = [(q, e) for q, e, r in branch.rejects if r is requeue]
-            if rejects:
-                tx.reject(rejects, requeue)
+        tx = copy_work(branch, self.clients.member.broker.new_transaction())  # as a TX's
         answer: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
 
         def answered(ok: bool, reason: str) -> None:
