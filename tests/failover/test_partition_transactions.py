@@ -83,6 +83,17 @@ def setup(cluster: LocalCluster) -> tuple[Layout, dict[str, str]]:
     return layout, queues
 
 
+def to_kill(layout: Layout, killed: str) -> tuple[str, str, str]:
+    """(B, C, B's group) of B and C, the two nodes leading a partition A does not: B the
+    one to kill, the leader of the decision partition (the lower of the two's;
+    ``killed`` "other": of the higher)."""
+    b, c = layout.b, layout.c
+    lower = b if layout.partitions[b][0] < layout.partitions[c][0] else c
+    if (killed == "decider") != (lower == b):
+        b, c = c, b  # b: the node killed
+    return b, c, str(layout.partitions[b][0] + 1)
+
+
 def transactions(cluster: LocalCluster, node: str) -> dict[str, Any]:
     return dict(((cluster.status(node) or {}).get("node") or {}).get("transactions") or {})
 
@@ -282,11 +293,8 @@ def test_a_participant_s_leader_killed_mid_stream(killed: str) -> None:
     on neither; nothing held prepared once the partition has its new leader."""
     with LocalCluster(3, options=OPTIONS) as cluster:
         layout, queues = setup(cluster)
-        a, b, c = layout.a, layout.b, layout.c
-        lower = b if layout.partitions[b][0] < layout.partitions[c][0] else c
-        if (killed == "decider") != (lower == b):
-            b, c = c, b  # b: the node killed
-        group = str(layout.partitions[b][0] + 1)
+        a = layout.a
+        b, c, group = to_kill(layout, killed)
         client = Committer(cluster, a, (queues[b], queues[c]))
         client.start()
         until("a few committed", lambda: len(client.committed) >= 20, 30)

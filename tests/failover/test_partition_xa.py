@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import pika.exceptions
 import pytest
@@ -22,7 +23,7 @@ from brokerha.client.dtx import XA_OK, PikaXAResource
 from brokerha.client.dtx.resources import XAException, Xid
 from brokerha.testing import LocalCluster
 from tests.failover.groups import OPTIONS, connect, drain_ids, one_leader_each, props, until
-from tests.failover.test_partition_transactions import settled, setup, transactions
+from tests.failover.test_partition_transactions import settled, setup, to_kill, transactions
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,6 +35,14 @@ def new_xid() -> Xid:
 def xa_leftovers(cluster: LocalCluster, node: str) -> int:
     """Branches the node's coordinator still has under way."""
     return len(transactions(cluster, node)["commits"])
+
+
+def xa_on(cluster: LocalCluster, node: str,
+          timeout: float = 20.0) -> tuple[Any, Any, PikaXAResource]:
+    """A connection to ``node``, a channel of it and an XA resource on the channel."""
+    conn = connect(cluster, node)
+    ch = conn.channel()
+    return conn, ch, PikaXAResource(ch, timeout=timeout)
 
 
 def branch(xa: PikaXAResource, ch: object, xid: Xid, queues: list[str], i: int) -> None:
@@ -48,9 +57,7 @@ def test_xa_branches_across_partitions_commit_and_roll_back_whole() -> None:
     with LocalCluster(3, options=OPTIONS) as cluster:
         layout, queues = setup(cluster)
         a, b, c = layout.a, layout.b, layout.c
-        conn = connect(cluster, a)
-        ch = conn.channel()
-        xa = PikaXAResource(ch, timeout=20.0)
+        conn, ch, xa = xa_on(cluster, a)
         started = time.monotonic()
         committed, rolled_back, one_phase = new_xid(), new_xid(), new_xid()
         branch(xa, ch, committed, [queues[b], queues[c]], 1)
@@ -86,12 +93,8 @@ def test_xa_branches_across_partitions_commit_and_roll_back_whole() -> None:
         # again through B, rolled back through A within XA_KNOWN_FOR -- A's entry for the
         # first transaction must not finish it (its decider would answer "committed"): the
         # second is found through the partitions and rolled back
-        conn = connect(cluster, a)
-        ch = conn.channel()
-        xa = PikaXAResource(ch, timeout=20.0)
-        on_b = connect(cluster, b)
-        bch = on_b.channel()
-        tm = PikaXAResource(bch, timeout=20.0)
+        conn, ch, xa = xa_on(cluster, a)
+        on_b, bch, tm = xa_on(cluster, b)
         reused = new_xid()
         branch(xa, ch, reused, [queues[b], queues[c]], 7)
         assert xa.prepare(reused) == XA_OK
@@ -127,17 +130,13 @@ def test_the_client_s_node_killed_after_prepare_the_tm_commits_from_another_node
     with LocalCluster(3, options=OPTIONS) as cluster:
         layout, queues = setup(cluster)
         a, b, c = layout.a, layout.b, layout.c
-        conn = connect(cluster, a)
-        ch = conn.channel()
-        xa = PikaXAResource(ch, timeout=20.0)
+        conn, ch, xa = xa_on(cluster, a)
         xid = new_xid()
         branch(xa, ch, xid, [queues[b], queues[c]], 7)
         assert xa.prepare(xid) == XA_OK
         cluster.kill(a)
         killed = time.monotonic()
-        other = connect(cluster, b)
-        och = other.channel()
-        tm = PikaXAResource(och, timeout=20.0)
+        other, och, tm = xa_on(cluster, b)
 
         def listed() -> list[Xid] | None:
             try:
@@ -171,14 +170,9 @@ def test_a_participant_s_leader_killed_after_prepare_the_commit_still_commits_bo
     both queues; a second branch rolled back after the failover is on neither."""
     with LocalCluster(3, options=OPTIONS) as cluster:
         layout, queues = setup(cluster)
-        a, b, c = layout.a, layout.b, layout.c
-        lower = b if layout.partitions[b][0] < layout.partitions[c][0] else c
-        if (killed == "decider") != (lower == b):
-            b, c = c, b  # b: the node killed
-        group = str(layout.partitions[b][0] + 1)
-        conn = connect(cluster, a)
-        ch = conn.channel()
-        xa = PikaXAResource(ch, timeout=30.0)
+        a = layout.a
+        b, c, group = to_kill(layout, killed)
+        conn, ch, xa = xa_on(cluster, a, timeout=30.0)
         kept, dropped = new_xid(), new_xid()
         branch(xa, ch, kept, [queues[b], queues[c]], 1)
         assert xa.prepare(kept) == XA_OK
@@ -253,9 +247,7 @@ def test_a_hold_later_than_the_deciders_timeout_makes_the_prepare_roll_back(
     with LocalCluster(3, options=OPTIONS) as cluster:
         layout, queues = setup(cluster)
         a, b, c = layout.a, layout.b, layout.c
-        conn = connect(cluster, a)
-        ch = conn.channel()
-        xa = PikaXAResource(ch, timeout=20.0)
+        conn, ch, xa = xa_on(cluster, a)
         xid = new_xid()
         branch(xa, ch, xid, [queues[b], queues[c]], 8)
         with pytest.raises(XAException) as refused:
