@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 
 from brokerha.testing import LocalCluster
-from tests.failover.groups import until
-from tests.failover.test_partition_directory import cells_of
-from tests.failover.test_partition_drain import DRAIN_OPTIONS, leaders, queue_in, settled
+from tests.failover.groups import FOUR_OPTIONS, cells_of, queue_in, settled_leaders, until
 from tests.management_http import USERS, call
 
 pytestmark = pytest.mark.timeout(150)
@@ -59,17 +57,9 @@ def every_ackmode(base: str, name: str) -> None:
 
 
 def four_nodes() -> LocalCluster:
-    cluster = LocalCluster(4, options=DRAIN_OPTIONS)
+    cluster = LocalCluster(4, options=FOUR_OPTIONS)
     cluster.config.write_text(cluster.config.read_text() + USERS)
     return cluster
-
-
-def settled_leaders(cluster: LocalCluster) -> dict[str, tuple[str, int]]:
-    until("one serving leader per group, every node ready",
-          lambda: settled(cluster, cluster.names), timeout=60)
-    lead = leaders(cluster, cluster.names)
-    assert lead is not None
-    return lead
 
 
 def test_get_publish_and_aliveness_through_every_node_answered_by_the_leader() -> None:

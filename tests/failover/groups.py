@@ -1,7 +1,7 @@
 """Three real nodes running partition groups (issue 35): the options, the ctl calls,
 the groups' leaders read from the nodes' status, queue names of a given partition,
 and a windowed publisher with confirms -- shared by the partition groups',
-forwarding, balance and check-replicas tests."""
+forwarding, balance and check-replicas tests; and the four-node layout (P4 = 4, NR = 2)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pika
@@ -243,3 +244,128 @@ def drained(cluster: LocalCluster, node: str, queue: str) -> list[tuple[Any, byt
 def drain_ids(cluster: LocalCluster, node: str, queue: str) -> list[str]:
     """The message ids in ``queue`` on ``node``, in order (taken)."""
     return [str(properties.message_id) for properties, _ in drained(cluster, node, queue)]
+
+
+# -- four nodes, P4 = 4 partitions, NR = 2: each partition on three nodes, each node outside
+# one (the drain's, the queue directory's, the stand-ins' and the management get's tests)
+
+P4 = 4
+FOUR_OPTIONS: dict[str, float | str | bool] = {**OPTIONS, "partitions": P4,
+                                               "partition_replicas": 2}
+
+
+def groups_of(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    return dict(((cluster.status(name) or {}).get("node") or {}).get("groups") or {})
+
+
+def leaders(cluster: LocalCluster, names: list[str]) -> dict[str, tuple[str, int]] | None:
+    """Group -> (its one serving leader, epoch), once every group has exactly one (P4)."""
+    serving: dict[str, list[tuple[str, int]]] = {}
+    for name in names:
+        for group, g in groups_of(cluster, name).items():
+            if g["serving"]:
+                serving.setdefault(group, []).append((name, int(g["epoch"])))
+    if len(serving) != P4 + 1 or any(len(v) != 1 for v in serving.values()):
+        return None
+    return {g: v[0] for g, v in serving.items()}
+
+
+def settled(cluster: LocalCluster, names: list[str]) -> bool:
+    """Every node ready in each group it runs, and every cell's group running."""
+    for name in names:
+        groups = groups_of(cluster, name)
+        if not groups or not all(g["ready"] for g in groups.values()):
+            return False
+    return leaders(cluster, names) is not None
+
+
+def settled_leaders(cluster: LocalCluster, timeout: float = 60) -> dict[str, tuple[str, int]]:
+    """``leaders`` of the whole cluster once it is ``settled``."""
+    until("one serving leader per group, every node ready",
+          lambda: settled(cluster, cluster.names), timeout=timeout)
+    lead = leaders(cluster, cluster.names)
+    assert lead is not None
+    return lead
+
+
+def table(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    """``ctl partitions --json`` asked of ``name``."""
+    return dict(json.loads(ctl(cluster, name, "partitions", "--json")))
+
+
+def cells_of(cluster: LocalCluster, node: str) -> dict[int, list[str]]:
+    """Partition -> the nodes holding a cell of it (``table``)."""
+    rows = table(cluster, node)["rows"]
+    return {r["partition"]: [c[0] for c in r["cells"]] for r in rows}
+
+
+def queue_in(partition: int, prefix: str) -> str:
+    """A queue name of ``prefix`` hashing into ``partition`` (P4, vhost /)."""
+    return next(f"{prefix}-{i}" for i in range(1000)
+                if hash_partition("/", f"{prefix}-{i}", P4) == partition)
+
+
+class Outside(NamedTuple):
+    """A settled four-node cluster's ``leaders`` and ``cells``, and X: a node outside
+    partition p's cells that leads some group (a node leading none relays its clients to
+    the metadata primary), with p's leader."""
+
+    lead: dict[str, tuple[str, int]]
+    cells: dict[int, list[str]]
+    x: str
+    p: int
+    leader: str
+
+
+def outside_a_partition(cluster: LocalCluster) -> Outside:
+    lead = settled_leaders(cluster)
+    cells = cells_of(cluster, lead["0"][0])
+    leading = {v[0] for v in lead.values()}
+    x, p = next((n, q) for q in range(P4) for n in cluster.names
+                if n not in cells[q] and n in leading)
+    return Outside(lead, cells, x, p, lead[str(p + 1)][0])
+
+
+class DeclaringStreams:
+    """A client on each of ``nodes`` declaring in a loop -- ``declare(channel, node, i)``,
+    i = 1, 2, ... per node -- until ``stop``: a connection refused is tried again 0.1 s
+    later; one closed by an error is noted in ``closed`` and opened again (the
+    coordinator-killed tests: every declare answered ok must stay true)."""
+
+    def __init__(self, cluster: LocalCluster, nodes: list[str],
+                 declare: Callable[[Any, str, int], None]) -> None:
+        self.cluster = cluster
+        self.declare = declare
+        self.closed: list[str] = []
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._stream, args=(n,), daemon=True)
+                        for n in nodes]
+        for t in self.threads:
+            t.start()
+
+    def _stream(self, node: str) -> None:
+        i = 0
+        while not self.stopping.is_set():
+            try:
+                conn = connect(self.cluster, node)
+            except pika.exceptions.AMQPError:
+                time.sleep(0.1)
+                continue
+            try:
+                ch = conn.channel()
+                while not self.stopping.is_set():
+                    i += 1
+                    self.declare(ch, node, i)
+            except pika.exceptions.AMQPError as exc:
+                self.closed.append(f"{node}: {exc!r}")
+            finally:
+                if conn.is_open:
+                    try:
+                        conn.close()
+                    except pika.exceptions.AMQPError:
+                        pass
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            t.join(timeout=30)

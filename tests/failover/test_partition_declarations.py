@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +26,7 @@ import pytest
 from brokerha.testing import LocalCluster
 from tests.failover.groups import (
     OPTIONS,
+    DeclaringStreams,
     connect,
     drain_ids,
     name_in,
@@ -274,49 +274,24 @@ def test_coordinator_killed_during_declarations() -> None:
         layout = Layout(cluster)
         a, b, c = layout.a, layout.b, layout.c
         acked: list[tuple[str, str]] = []  # (kind, name) answered ok
-        closed: list[str] = []
-        stop = threading.Event()
 
-        def stream(node: str) -> None:
-            i = 0
-            while not stop.is_set():
-                try:
-                    conn = connect(cluster, node)
-                except pika.exceptions.AMQPError:
-                    time.sleep(0.1)
-                    continue
-                try:
-                    ch = conn.channel()
-                    while not stop.is_set():
-                        i += 1
-                        if i % 4 == 0:
-                            name = f"kx-{node}-{i}"
-                            ch.exchange_declare(name, "fanout", durable=True)
-                            acked.append(("exchange", name))
-                        else:
-                            name = f"kq-{node}-{i}"
-                            ch.queue_declare(name, durable=True)
-                            acked.append(("queue", name))
-                except pika.exceptions.AMQPError as exc:
-                    closed.append(f"{node}: {exc!r}")
-                finally:
-                    if conn.is_open:
-                        try:
-                            conn.close()
-                        except pika.exceptions.AMQPError:
-                            pass
+        def declare(ch: Any, node: str, i: int) -> None:
+            if i % 4 == 0:
+                name = f"kx-{node}-{i}"
+                ch.exchange_declare(name, "fanout", durable=True)
+                acked.append(("exchange", name))
+            else:
+                name = f"kq-{node}-{i}"
+                ch.queue_declare(name, durable=True)
+                acked.append(("queue", name))
 
-        threads = [threading.Thread(target=stream, args=(n,), daemon=True) for n in (b, c)]
-        for t in threads:
-            t.start()
+        declaring = DeclaringStreams(cluster, [b, c], declare)
         until("declarations under way", lambda: len(acked) >= 40, timeout=30)
         before = len(acked)
         cluster.kill(a)
         until("declarations answered after the kill", lambda: len(acked) >= before + 60,
               timeout=40)
-        stop.set()
-        for t in threads:
-            t.join(timeout=30)
+        declaring.stop()
         names = {b, c}
         until("a coordinator again", lambda: any(
             ((cluster.status(n) or {}).get("node", {}).get("groups") or {}).get("0", {})
@@ -334,7 +309,8 @@ def test_coordinator_killed_during_declarations() -> None:
         per_node = {n: sum(1 for _k, name in acked if f"-{n}-" in name) for n in (b, c)}
         print(f"leaders before the kill {layout.leaders}, answered ok per node {per_node}")
         print(f"{len(acked)} declarations answered ok ({before} before the kill), "
-              f"{len(closed)} connections closed: {closed[:4]}; requests {counters}")
+              f"{len(declaring.closed)} connections closed: {declaring.closed[:4]}; "
+              f"requests {counters}")
 
 
 def leader_known(cluster: LocalCluster, names: set[str], group: str) -> bool:

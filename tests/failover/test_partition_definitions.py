@@ -24,7 +24,16 @@ import pytest
 from brokerha.admin.definitions_file import QUEUE_FIELDS
 from brokerha.cluster.partition_table import hash_partition
 from brokerha.testing import LocalCluster, NodeProcess, free_base_port, get_json
-from tests.failover.groups import connect, until
+from tests.failover.groups import (
+    FOUR_OPTIONS,
+    P4,
+    cells_of,
+    connect,
+    leaders,
+    queue_in,
+    settled_leaders,
+    until,
+)
 from tests.failover.test_failover import FAST
 from tests.failover.test_partition_declarations import every_node_leads
 from tests.management_http import call
@@ -409,20 +418,12 @@ def test_four_nodes_export_and_import_every_partition_from_a_node_outside_some()
     the vhost's file (``/api/definitions/%2F``) exported, imported on a node outside a
     partition the metadata primary is in; the export is the first one and each queue is
     on its leader."""
-    from tests.failover.test_partition_directory import cells_of
-    from tests.failover.test_partition_drain import DRAIN_OPTIONS, leaders, settled
-    from tests.failover.test_partition_drain import P as P4
-
-    with LocalCluster(4, options=DRAIN_OPTIONS) as cluster:
+    with LocalCluster(4, options=FOUR_OPTIONS) as cluster:
         names = cluster.names
-        until("one serving leader per group, every node ready",
-              lambda: settled(cluster, names), timeout=60)
-        lead = leaders(cluster, names)
-        assert lead is not None
+        lead = settled_leaders(cluster)
         a = lead["0"][0]
         cells = cells_of(cluster, a)
-        queues = [next(f"four{p}-{i}" for i in range(1000)
-                       if hash_partition("/", f"four{p}-{i}", P4) == p) for p in range(P4)]
+        queues = [queue_in(p, f"four{p}") for p in range(P4)]
         conn = connect(cluster, a)
         try:
             ch = conn.channel()
@@ -461,10 +462,10 @@ def test_four_nodes_export_and_import_every_partition_from_a_node_outside_some()
         assert call(cluster.admin_url(outside) + "/api/", "POST", "definitions/%2F",
                     body=per_vhost)[0] == 204
         assert mine(api(cluster, a, "GET", "definitions")[1], "four") == first
-        lead = leaders(cluster, names)
-        assert lead is not None
+        now = leaders(cluster, names)
+        assert now is not None
         for p, q in enumerate(queues):
-            assert q in held_by(cluster, lead[str(p + 1)][0]), (q, lead)
+            assert q in held_by(cluster, now[str(p + 1)][0]), (q, now)
 
 
 def ctl(cluster: LocalCluster, node: str, *args: str) -> str:

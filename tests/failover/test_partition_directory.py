@@ -18,21 +18,25 @@ answered ok is routable afterwards from every node left (a publish with confirms
 
 from __future__ import annotations
 
-import threading
 import time
+from typing import Any
 
-import pika
 import pytest
 
 from brokerha.testing import LocalCluster
-from tests.failover.groups import connect, depth, drain_ids, props, until
-from tests.failover.test_partition_drain import (
-    DRAIN_OPTIONS,
-    P,
-    leaders,
+from tests.failover.groups import (
+    FOUR_OPTIONS,
+    P4,
+    DeclaringStreams,
+    cells_of,
+    connect,
+    depth,
+    drain_ids,
+    outside_a_partition,
+    props,
     queue_in,
-    settled,
-    table,
+    settled_leaders,
+    until,
 )
 
 pytestmark = pytest.mark.timeout(150)
@@ -41,28 +45,13 @@ N = 20
 EXCHANGE = "directory-x"
 
 
-def cells_of(cluster: LocalCluster, node: str) -> dict[int, list[str]]:
-    rows = table(cluster, node)["rows"]
-    return {r["partition"]: [c[0] for c in r["cells"]] for r in rows}
-
-
 def test_a_node_outside_a_partition_routes_by_the_directory() -> None:
     started = time.monotonic()
-    with LocalCluster(4, options=DRAIN_OPTIONS) as cluster:
-        names = cluster.names
-        until("one serving leader per group, every node ready",
-              lambda: settled(cluster, names), timeout=60)
-        lead = leaders(cluster, names)
-        assert lead is not None
-        cells = cells_of(cluster, lead["0"][0])
+    with LocalCluster(4, options=FOUR_OPTIONS) as cluster:
+        # X: a node outside partition p's cells that leads some group
+        lead, cells, x, p, leader = outside_a_partition(cluster)
         assert all(len(c) == 3 for c in cells.values()), cells
-        # X: a node outside partition p's cells that leads some group (a node leading none
-        # relays its clients to the metadata primary)
-        leading = {v[0] for v in lead.values()}
-        x, p = next((n, q) for q in range(P) for n in names
-                    if n not in cells[q] and n in leading)
         queue = queue_in(p, "directory")
-        leader = lead[str(p + 1)][0]
 
         conn = connect(cluster, x)
         try:
@@ -97,66 +86,38 @@ def test_a_node_outside_a_partition_routes_by_the_directory() -> None:
         got = consumed + drain_ids(cluster, x, queue)  # and the rest got from X
         assert got == [str(i) for i in range(2 * N)], (len(got), got[:5])
         status = (cluster.status(x) or {}).get("node", {}).get("directory") or {}
-        assert status.get("synced") == list(range(P)), status
+        assert status.get("synced") == list(range(P4)), status
         assert status.get("stand_ins", 0) >= 1, status
-    print(f"\n4 nodes, P = {P}: X={x} outside partition {p}: {2 * N} confirmed through the "
+    print(f"\n4 nodes, P = {P4}: X={x} outside partition {p}: {2 * N} confirmed through the "
           f"directory, on {leader}, consumed from {x}; {time.monotonic() - started:.1f} s")
 
 
 def test_coordinator_killed_while_declaring_every_queue_answered_ok_routes_everywhere(
         ) -> None:
     started = time.monotonic()
-    with LocalCluster(4, options=DRAIN_OPTIONS) as cluster:
+    with LocalCluster(4, options=FOUR_OPTIONS) as cluster:
         names = cluster.names
-        until("one serving leader per group, every node ready",
-              lambda: settled(cluster, names), timeout=60)
-        lead = leaders(cluster, names)
-        assert lead is not None
+        lead = settled_leaders(cluster)
         a = lead["0"][0]  # the coordinator
         streams = [n for n in names if n != a][:2]
         acked: list[str] = []
-        closed: list[str] = []
-        stop = threading.Event()
 
-        def stream(node: str) -> None:
-            i = 0
-            while not stop.is_set():
-                try:
-                    conn = connect(cluster, node)
-                except pika.exceptions.AMQPError:
-                    time.sleep(0.1)
-                    continue
-                try:
-                    ch = conn.channel()
-                    while not stop.is_set():
-                        i += 1
-                        name = f"kd-{node}-{i}"
-                        ch.queue_declare(name, durable=True)
-                        acked.append(name)
-                except pika.exceptions.AMQPError as exc:
-                    closed.append(f"{node}: {exc!r}")
-                finally:
-                    if conn.is_open:
-                        try:
-                            conn.close()
-                        except pika.exceptions.AMQPError:
-                            pass
+        def declare(ch: Any, node: str, i: int) -> None:
+            name = f"kd-{node}-{i}"
+            ch.queue_declare(name, durable=True)
+            acked.append(name)
 
-        threads = [threading.Thread(target=stream, args=(n,), daemon=True) for n in streams]
-        for t in threads:
-            t.start()
+        declaring = DeclaringStreams(cluster, streams, declare)
         until("declarations under way", lambda: len(acked) >= 20, timeout=30)
         before = len(acked)
         cluster.kill(a)
         until("declarations answered after the kill", lambda: len(acked) >= before + 30,
               timeout=60)
-        stop.set()
-        for t in threads:
-            t.join(timeout=30)
+        declaring.stop()
         alive = [n for n in names if n != a]
         until("a serving leader of every group again", lambda: all(
             any(((cluster.status(n) or {}).get("node", {}).get("groups") or {})
-                .get(str(g), {}).get("serving") for n in alive) for g in range(P + 1)),
+                .get(str(g), {}).get("serving") for n in alive) for g in range(P4 + 1)),
               timeout=40)
         # every queue answered ok routes from every node left: confirmed, not returned
         for node in alive:
@@ -171,6 +132,7 @@ def test_coordinator_killed_while_declaring_every_queue_answered_ok_routes_every
                     conn.close()
         outside = {n: [p for p, c in cells_of(cluster, alive[0]).items() if n not in c]
                    for n in alive}
-    print(f"\n4 nodes, P = {P}: coordinator {a} killed; {len(acked)} declared ok "
-          f"({before} before), {len(closed)} connections closed {closed[:2]}; each routed "
+    print(f"\n4 nodes, P = {P4}: coordinator {a} killed; {len(acked)} declared ok "
+          f"({before} before), {len(declaring.closed)} connections closed "
+          f"{declaring.closed[:2]}; each routed "
           f"from {alive} (outside partitions {outside}); {time.monotonic() - started:.1f} s")

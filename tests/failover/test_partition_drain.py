@@ -21,73 +21,37 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from typing import Any
 
 import pytest
 
-from brokerha.cluster.partition_table import hash_partition
 from brokerha.testing import LocalCluster
-from tests.failover.groups import OPTIONS, StreamPublisher, connect, drain_ids, until
+from tests.failover.groups import (
+    FOUR_OPTIONS,
+    P4,
+    StreamPublisher,
+    cells_of,
+    connect,
+    drain_ids,
+    groups_of,
+    leaders,
+    queue_in,
+    settled_leaders,
+    table,
+    until,
+)
 
 pytestmark = pytest.mark.timeout(150)
 
-P = 4
-DRAIN_OPTIONS: dict[str, float | str | bool] = {**OPTIONS, "partitions": P,
-                                                "partition_replicas": 2}
-
-
-def groups_of(cluster: LocalCluster, name: str) -> dict[str, Any]:
-    return dict(((cluster.status(name) or {}).get("node") or {}).get("groups") or {})
-
-
-def leaders(cluster: LocalCluster, names: list[str]) -> dict[str, tuple[str, int]] | None:
-    """Group -> (its one serving leader, epoch), once every group has exactly one."""
-    serving: dict[str, list[tuple[str, int]]] = {}
-    for name in names:
-        for group, g in groups_of(cluster, name).items():
-            if g["serving"]:
-                serving.setdefault(group, []).append((name, int(g["epoch"])))
-    if len(serving) != P + 1 or any(len(v) != 1 for v in serving.values()):
-        return None
-    return {g: v[0] for g, v in serving.items()}
-
-
-def settled(cluster: LocalCluster, names: list[str]) -> bool:
-    """Every node ready in each group it runs, and every cell's group running."""
-    for name in names:
-        groups = groups_of(cluster, name)
-        if not groups or not all(g["ready"] for g in groups.values()):
-            return False
-    return leaders(cluster, names) is not None
-
-
-def table(cluster: LocalCluster, name: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
-                           cluster.url(name), "partitions", "--json"],
-                          capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    return dict(json.loads(done.stdout))
-
-
-def queue_in(partition: int, prefix: str) -> str:
-    return next(f"{prefix}-{i}" for i in range(1000)
-                if hash_partition("/", f"{prefix}-{i}", P) == partition)
-
-
 def test_drain_moves_every_cell_off_a_node_online() -> None:
     started = time.monotonic()
-    with LocalCluster(4, options=DRAIN_OPTIONS) as cluster:
+    with LocalCluster(4, options=FOUR_OPTIONS) as cluster:
         names = cluster.names
-        until("one serving leader per group, every node ready",
-              lambda: settled(cluster, names), timeout=40)
-        lead = leaders(cluster, names)
-        assert lead is not None
+        lead = settled_leaders(cluster, timeout=40)
         coordinator = lead["0"][0]
-        rows = table(cluster, coordinator)["rows"]
-        cells = {r["partition"]: [c[0] for c in r["cells"]] for r in rows}
+        cells = cells_of(cluster, coordinator)
         # D: not the coordinator; one leading a partition if any does
         others = [n for n in names if n != coordinator]
-        leading = [n for n in others if any(lead[str(p + 1)][0] == n for p in range(P))]
+        leading = [n for n in others if any(lead[str(p + 1)][0] == n for p in range(P4))]
         d = (leading or others)[0]
         held = sorted(p for p, row in cells.items() if d in row)
         assert held

@@ -8,8 +8,6 @@ each queue once, with its leader's figures, never the stand-in's zeros."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 from typing import Any
@@ -18,9 +16,14 @@ import pika
 import pytest
 
 from brokerha.testing import LocalCluster
-from tests.failover.groups import connect, props, until
-from tests.failover.test_partition_directory import cells_of
-from tests.failover.test_partition_drain import DRAIN_OPTIONS, P, leaders, queue_in, settled
+from tests.failover.groups import (
+    FOUR_OPTIONS,
+    connect,
+    ctl,
+    outside_a_partition,
+    props,
+    queue_in,
+)
 from tests.management_http import call
 
 pytestmark = pytest.mark.timeout(150)
@@ -30,11 +33,7 @@ EXCHANGE = "lists-x"
 
 
 def ctl_json(cluster: LocalCluster, node: str, *args: str) -> Any:
-    done = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
-                           cluster.url(node), *args, "--json"], capture_output=True,
-                          text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return json.loads(ctl(cluster, node, *args, "--json"))
 
 
 def metrics(cluster: LocalCluster, node: str) -> str:
@@ -44,18 +43,10 @@ def metrics(cluster: LocalCluster, node: str) -> str:
 
 def test_a_node_outside_a_partition_lists_its_queues_as_their_leader() -> None:
     started = time.monotonic()
-    with LocalCluster(4, options=DRAIN_OPTIONS) as cluster:
+    with LocalCluster(4, options=FOUR_OPTIONS) as cluster:
         names = cluster.names
-        until("one serving leader per group, every node ready",
-              lambda: settled(cluster, names), timeout=60)
-        lead = leaders(cluster, names)
-        assert lead is not None
-        cells = cells_of(cluster, lead["0"][0])
-        leading = {v[0] for v in lead.values()}
-        x, p = next((n, q) for q in range(P) for n in names
-                    if n not in cells[q] and n in leading)
+        lead, cells, x, p, leader = outside_a_partition(cluster)
         queue = queue_in(p, "lists")
-        leader = lead[str(p + 1)][0]
         conn = connect(cluster, x)
         try:
             ch = conn.channel()
