@@ -43,7 +43,7 @@ vhost = "/"
 
 
 def call(base: str, method: str, path: str, user: str | None = "guest",
-         password: str = "guest", body: Any = None) -> tuple[int, Any]:
+         password: str = "guest", body: Any = None, timeout: float = 10) -> tuple[int, Any]:
     """``(status, JSON answer or None)`` of ``method base+path`` with HTTP Basic credentials."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(base + path, data=data, method=method)
@@ -53,7 +53,7 @@ def call(base: str, method: str, path: str, user: str | None = "guest",
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             raw = r.read()
             return r.status, json.loads(raw) if raw else None
     except urllib.error.HTTPError as exc:

@@ -296,7 +296,7 @@ def test_a_leader_lost_mid_import_completes_the_import_or_fails_it() -> None:
                               "arguments": {}} for n in names]}
         answers: list[tuple[int, Any]] = []
         importing = threading.Thread(target=lambda: answers.append(
-            call30(base, "POST", "definitions", body)))
+            call(base, "POST", "definitions", body=body, timeout=45)))
         cluster.pause(c)  # its partitions' requests go unanswered: the import waits on them
         started = time.monotonic()
         importing.start()
@@ -310,7 +310,8 @@ def test_a_leader_lost_mid_import_completes_the_import_or_fails_it() -> None:
         assert under_way, f"the import was answered before the kill ({took:.1f} s): {answers}"
         if status != 204:
             assert status == 503 and "import it again" in answer["reason"], answers
-            status, answer = call30(base, "POST", "definitions", body)
+            # (the import's own time: its requests wait for a new leader)
+            status, answer = call(base, "POST", "definitions", body=body, timeout=45)
         assert status == 204, answer
         _, export = api(cluster, a, "GET", "definitions")
         assert set(names) <= {q["name"] for q in export["queues"]}
@@ -321,24 +322,6 @@ def test_a_leader_lost_mid_import_completes_the_import_or_fails_it() -> None:
         for node in set(now.values()):
             expected = {n for n in names if now[str(hash_partition("/", n, P) + 1)] == node}
             assert expected <= held_by(cluster, node), node
-
-
-def call30(base: str, method: str, path: str, body: Any) -> tuple[int, Any]:
-    """``call`` with the import's own time (its requests wait for a new leader)."""
-    import base64
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method=method)
-    req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
-    req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=45) as r:
-            raw = r.read()
-            return r.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        return exc.code, json.loads(raw) if raw else None
 
 
 def _leaders(cluster: LocalCluster, names: list[str]) -> dict[str, str] | None:
