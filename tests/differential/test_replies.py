@@ -188,35 +188,42 @@ def normalize(text: str, suffix: str) -> str:
     return re.sub(r"0x[0-9a-f]+", "0x", text.replace(suffix, "<s>"))
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_same_reply_as_rabbitmq(case: str, rabbitmq_url: str, brokerha_url: str) -> None:
-    suffix = f"-{uuid.uuid4().hex[:8]}"
-    expected = normalize(outcome(rabbitmq_url, CASES[case], suffix), suffix)
-    got = normalize(outcome(brokerha_url, CASES[case], suffix), suffix)
+def compare(call: Call, rabbitmq_url: str, url: str, suffix: str) -> None:
+    """``call`` (making its names with ``suffix``) answered on ``url`` as on RabbitMQ."""
+    expected = normalize(outcome(rabbitmq_url, call, suffix), suffix)
+    got = normalize(outcome(url, call, suffix), suffix)
     assert got == expected
 
 
-@pytest.mark.parametrize("case", sorted(EXCLUSIVE_CASES))
-def test_same_reply_for_another_connections_exclusive_queue(
-        case: str, rabbitmq_url: str, brokerha_url: str) -> None:
-    suffix = f"-{uuid.uuid4().hex[:8]}"
+def compare_held(call: Call, rabbitmq_url: str, url: str, suffix: str,
+                 holder_url: str | None = None) -> None:
+    """``compare`` while another connection holds the exclusive queue ``ex<suffix>`` (on
+    RabbitMQ; on ``holder_url``, by default ``url`` itself)."""
     answers = []
-    for url in (rabbitmq_url, brokerha_url):
-        holder = holding_exclusive(url, f"ex{suffix}")
+    for held_on, asked in ((rabbitmq_url, rabbitmq_url), (holder_url or url, url)):
+        holder = holding_exclusive(held_on, f"ex{suffix}")
         try:
-            answers.append(normalize(outcome(url, EXCLUSIVE_CASES[case], suffix), suffix))
+            answers.append(normalize(outcome(asked, call, suffix), suffix))
         finally:
             holder.close()
     assert answers[1] == answers[0]
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_same_reply_as_rabbitmq(case: str, rabbitmq_url: str, brokerha_url: str) -> None:
+    compare(CASES[case], rabbitmq_url, brokerha_url, f"-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.mark.parametrize("case", sorted(EXCLUSIVE_CASES))
+def test_same_reply_for_another_connections_exclusive_queue(
+        case: str, rabbitmq_url: str, brokerha_url: str) -> None:
+    compare_held(EXCLUSIVE_CASES[case], rabbitmq_url, brokerha_url, f"-{uuid.uuid4().hex[:8]}")
+
+
 @pytest.mark.parametrize("case", sorted(OWNER_CASES))
 def test_same_reply_for_the_connections_own_exclusive_queue(
         case: str, rabbitmq_url: str, brokerha_url: str) -> None:
-    suffix = f"-{uuid.uuid4().hex[:8]}"
-    expected = normalize(outcome(rabbitmq_url, OWNER_CASES[case], suffix), suffix)
-    got = normalize(outcome(brokerha_url, OWNER_CASES[case], suffix), suffix)
-    assert got == expected
+    compare(OWNER_CASES[case], rabbitmq_url, brokerha_url, f"-{uuid.uuid4().hex[:8]}")
 
 
 def aiormq_outcome(url: str, steps: str) -> str:

@@ -25,8 +25,9 @@ from tests.differential.test_replies import (
     CASES,
     EXCLUSIVE_CASES,
     OWNER_CASES,
-    Call,
     aiormq_outcome,
+    compare,
+    compare_held,
     holding_exclusive,
     normalize,
     outcome,
@@ -71,37 +72,23 @@ def test_the_names_fall_outside_the_client_node_s_partitions(partitioned: Cluste
     assert all(hash_partition("/", f"{p}{suffix}", P) not in partitioned.led for p in PREFIXES)
 
 
-def _compare(call: Call, rabbitmq_url: str, url: str, led: set[int]) -> None:
-    suffix = suffix_elsewhere(led)
-    expected = normalize(outcome(rabbitmq_url, call, suffix), suffix)
-    got = normalize(outcome(url, call, suffix), suffix)
-    assert got == expected
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_same_reply_as_rabbitmq_from_a_node_leading_none_of_the_queues(
         case: str, rabbitmq_url: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
-    _compare(CASES[case], rabbitmq_url, grouped_url, partitioned.led)
+    compare(CASES[case], rabbitmq_url, grouped_url, suffix_elsewhere(partitioned.led))
 
 
 @pytest.mark.parametrize("case", sorted(OWNER_CASES))
 def test_same_reply_for_the_connections_own_exclusive_queue_led_elsewhere(
         case: str, rabbitmq_url: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
-    _compare(OWNER_CASES[case], rabbitmq_url, grouped_url, partitioned.led)
+    compare(OWNER_CASES[case], rabbitmq_url, grouped_url, suffix_elsewhere(partitioned.led))
 
 
 @pytest.mark.parametrize("case", sorted(EXCLUSIVE_CASES))
 def test_same_reply_for_another_connections_exclusive_queue_led_elsewhere(
         case: str, rabbitmq_url: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
-    suffix = suffix_elsewhere(partitioned.led)
-    answers = []
-    for url in (rabbitmq_url, grouped_url):
-        holder = holding_exclusive(url, f"ex{suffix}")
-        try:
-            answers.append(normalize(outcome(url, EXCLUSIVE_CASES[case], suffix), suffix))
-        finally:
-            holder.close()
-    assert answers[1] == answers[0]
+    compare_held(EXCLUSIVE_CASES[case], rabbitmq_url, grouped_url,
+                 suffix_elsewhere(partitioned.led))
 
 
 def _other_node_url(partitioned: Cluster) -> str:  # noqa: F811
@@ -115,16 +102,8 @@ def test_same_reply_for_another_node_s_connection_s_exclusive_queue(
         case: str, rabbitmq_url: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
     """The exclusive queue held by a connection on ANOTHER node than the client's (issue 35
     task I): the queue directory's owner entry answers 405 on every node, as RabbitMQ."""
-    suffix = suffix_elsewhere(partitioned.led)
-    answers = []
-    for holder_url, url in ((rabbitmq_url, rabbitmq_url),
-                            (_other_node_url(partitioned), grouped_url)):
-        holder = holding_exclusive(holder_url, f"ex{suffix}")
-        try:
-            answers.append(normalize(outcome(url, EXCLUSIVE_CASES[case], suffix), suffix))
-        finally:
-            holder.close()
-    assert answers[1] == answers[0]
+    compare_held(EXCLUSIVE_CASES[case], rabbitmq_url, grouped_url,
+                 suffix_elsewhere(partitioned.led), holder_url=_other_node_url(partitioned))
 
 
 @pytest.mark.parametrize("case", sorted(EXCLUSIVE_CASES))
