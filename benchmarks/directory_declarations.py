@@ -22,39 +22,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
-import pika
+from partition_cluster import FAST, METHODS, declarations, ms, serving
 
-from brokerha.cluster.partition_table import hash_partition
 from brokerha.testing import LocalCluster
 
 P = 4
-OPTIONS: dict[str, float | str | bool] = {
-    "heartbeat_interval": 0.1, "lease_timeout": 0.6, "election_timeout": 1.0,
-    "backup_timeout": 3.0, "partitions": P, "partition_replicas": 2,
-    "partition_groups": True}
-METHODS = ("declare", "bind", "delete")
-
-
-def serving(cluster: LocalCluster) -> dict[int, str]:
-    """group -> the node serving it (once each group has exactly one and every node is
-    ready in each group it runs)."""
-    deadline = time.monotonic() + 90
-    while True:
-        found: dict[int, list[str]] = {g: [] for g in range(P + 1)}
-        ready = True
-        for name in cluster.names:
-            groups = ((cluster.status(name) or {}).get("node", {}).get("groups") or {})
-            ready = ready and bool(groups) and all(v["ready"] for v in groups.values())
-            for g, v in groups.items():
-                if v["serving"]:
-                    found[int(g)].append(name)
-        if ready and all(len(v) == 1 for v in found.values()):
-            return {g: v[0] for g, v in found.items()}
-        if time.monotonic() > deadline:
-            raise SystemExit(f"no single leader per group: {found}")
-        time.sleep(0.1)
+OPTIONS: dict[str, float | str | bool] = {**FAST, "partitions": P, "partition_replicas": 2,
+                                          "partition_groups": True}
 
 
 def cells(cluster: LocalCluster, node: str) -> dict[int, list[str]]:
@@ -62,39 +37,11 @@ def cells(cluster: LocalCluster, node: str) -> dict[int, list[str]]:
     return {p: [c[0] for c in row] for p, row in enumerate(status.get("rows") or [])}
 
 
-def phase(url: str, partition: int, tag: str, queues: int) -> dict[str, list[float]]:
-    names = [f"dd-{tag}-{i}" for i in range(queues * 20)
-             if hash_partition("/", f"dd-{tag}-{i}", P) == partition][:queues]
-    times: dict[str, list[float]] = {m: [] for m in METHODS}
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        ch = conn.channel()
-        ch.exchange_declare("dd-x", "direct", durable=True)
-        for name in names:
-            for method in METHODS:
-                started = time.perf_counter()
-                if method == "declare":
-                    ch.queue_declare(name, durable=True)
-                elif method == "bind":
-                    ch.queue_bind(name, "dd-x", name)
-                else:
-                    ch.queue_delete(name)
-                times[method].append(time.perf_counter() - started)
-    finally:
-        conn.close()
-    return times
-
-
-def ms(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def run(nodes: int, queues: int, rounds: int) -> dict[str, dict[str, list[float]]]:
     """The rounds' p50 per client place and method."""
     out: dict[str, dict[str, list[float]]] = {}
     with LocalCluster(nodes, options=OPTIONS) as cluster:
-        leaders = serving(cluster)
+        leaders = serving(cluster, P, every_group=False)
         table = cells(cluster, leaders[0])
         # a partition whose leader does not lead the metadata group, and (four nodes) the
         # node outside it, if it leads a group (one leading none relays to the coordinator)
@@ -109,7 +56,8 @@ def run(nodes: int, queues: int, rounds: int) -> dict[str, dict[str, list[float]
               f"{places}; load {os.getloadavg()[0]:.1f}")
         for r in range(rounds):
             for place, node in places.items():
-                times = phase(cluster.url(node), partition, f"{nodes}{place}{r}", queues)
+                times = declarations(cluster.url(node), partition, P, "dd", f"{nodes}{place}{r}",
+                                     queues)
                 for m in METHODS:
                     out.setdefault(place, {}).setdefault(m, []).append(ms(times[m], 0.5))
                 print(f"  round {r} {place:7} on {node}: " + ", ".join(

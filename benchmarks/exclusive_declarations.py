@@ -24,37 +24,13 @@ import statistics
 import time
 
 import pika
+from partition_cluster import FAST, ms, serving
 
 from brokerha.cluster.partition_table import hash_partition
 from brokerha.testing import LocalCluster
 
 P = 9
-OPTIONS: dict[str, float | str | bool] = {
-    "heartbeat_interval": 0.1, "lease_timeout": 0.6, "election_timeout": 1.0,
-    "backup_timeout": 3.0, "partitions": P, "partition_groups": True}
-
-
-def serving(cluster: LocalCluster) -> dict[int, str]:
-    deadline = time.monotonic() + 90
-    while True:
-        found: dict[int, list[str]] = {g: [] for g in range(P + 1)}
-        ready = True
-        for name in cluster.names:
-            groups = ((cluster.status(name) or {}).get("node", {}).get("groups") or {})
-            ready = ready and len(groups) == P + 1 and all(v["ready"] for v in groups.values())
-            for g, v in groups.items():
-                if v["serving"]:
-                    found[int(g)].append(name)
-        if ready and all(len(v) == 1 for v in found.values()):
-            return {g: v[0] for g, v in found.items()}
-        if time.monotonic() > deadline:
-            raise SystemExit(f"no single leader per group: {found}")
-        time.sleep(0.1)
-
-
-def p(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+OPTIONS: dict[str, float | str | bool] = {**FAST, "partitions": P, "partition_groups": True}
 
 
 def phase(url: str, led: set[int], tag: str, queues: int) -> dict[str, list[float]]:
@@ -86,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
     medians: dict[str, list[float]] = {}
     with LocalCluster(3, options=OPTIONS) as cluster:
-        lead = serving(cluster)
+        lead = serving(cluster, P, every_group=True)
         meta = lead[0]
         for where, node in (("not the metadata leader", next(
                 n for n in cluster.names if n != meta)), ("the metadata leader", meta)):
@@ -94,16 +70,16 @@ def main() -> None:
             for r in range(args.rounds):
                 times = phase(cluster.url(node), led, f"{node}{r}", args.queues)
                 load = os.getloadavg()[0]
-                line = ", ".join(f"{k} p50 {p(v, 0.5) * 1e3:.2f} ms p95 {p(v, 0.95) * 1e3:.2f} ms"
+                line = ", ".join(f"{k} p50 {ms(v, 0.5):.2f} ms p95 {ms(v, 0.95):.2f} ms"
                                  for k, v in times.items())
                 print(f"{node} ({where}) round {r}: {line}; load {load:.1f}")
                 for k, v in times.items():
-                    medians.setdefault(f"{where}/{k}", []).append(p(v, 0.5))
+                    medians.setdefault(f"{where}/{k}", []).append(ms(v, 0.5))
         for where in ("not the metadata leader", "the metadata leader"):
             ex = statistics.median(medians[f"{where}/exclusive"])
             ref = statistics.median(medians[f"{where}/reference"])
-            print(f"{where}: exclusive declare p50 {ex * 1e3:.2f} ms vs reference "
-                  f"{ref * 1e3:.2f} ms: x{ex / ref:.1f}; load {os.getloadavg()[0]:.1f}")
+            print(f"{where}: exclusive declare p50 {ex:.2f} ms vs reference "
+                  f"{ref:.2f} ms: x{ex / ref:.1f}; load {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -22,15 +22,11 @@ import os
 import statistics
 import time
 
-import pika
+from partition_cluster import FAST, METHODS, declarations, ms
 
-from brokerha.cluster.partition_table import hash_partition
 from brokerha.testing import LocalCluster
 
-OPTIONS: dict[str, float | str | bool] = {
-    "heartbeat_interval": 0.1, "lease_timeout": 0.6, "election_timeout": 1.0,
-    "backup_timeout": 3.0, "partitions": 3, "partition_groups": True}
-METHODS = ("declare", "bind", "delete")
+OPTIONS: dict[str, float | str | bool] = {**FAST, "partitions": 3, "partition_groups": True}
 
 
 def serving(cluster: LocalCluster) -> dict[int, str]:
@@ -48,35 +44,6 @@ def serving(cluster: LocalCluster) -> dict[int, str]:
         if time.monotonic() > deadline:
             raise SystemExit(f"no single leader per group: {found}")
         time.sleep(0.1)
-
-
-def phase(url: str, partition: int, tag: str, queues: int) -> dict[str, list[float]]:
-    """Each method's round trips (seconds) for ``queues`` queues of ``partition``."""
-    names = [f"bd-{tag}-{i}" for i in range(queues * 20)
-             if hash_partition("/", f"bd-{tag}-{i}", 3) == partition][:queues]
-    times: dict[str, list[float]] = {m: [] for m in METHODS}
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        ch = conn.channel()
-        ch.exchange_declare("bd-x", "direct", durable=True)
-        for name in names:
-            for method in METHODS:
-                started = time.perf_counter()
-                if method == "declare":
-                    ch.queue_declare(name, durable=True)
-                elif method == "bind":
-                    ch.queue_bind(name, "bd-x", name)
-                else:
-                    ch.queue_delete(name)
-                times[method].append(time.perf_counter() - started)
-    finally:
-        conn.close()
-    return times
-
-
-def ms(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:
@@ -100,7 +67,8 @@ def main() -> None:
                                                       "remote": {m: [] for m in METHODS}}
         for r in range(args.rounds):
             for kind, node in (("leader", leader), ("remote", remote)):
-                times = phase(cluster.url(node), partition, f"{kind}{r}", args.queues)
+                times = declarations(cluster.url(node), partition, 3, "bd", f"{kind}{r}",
+                                     args.queues)
                 medians[kind]["declare"].append(ms(times["declare"], 0.5))
                 medians[kind]["bind"].append(ms(times["bind"], 0.5))
                 medians[kind]["delete"].append(ms(times["delete"], 0.5))
