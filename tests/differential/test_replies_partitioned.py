@@ -16,6 +16,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from types import CodeType
 
 import pytest
 
@@ -25,6 +26,7 @@ from tests.differential.test_replies import (
     CASES,
     EXCLUSIVE_CASES,
     OWNER_CASES,
+    Call,
     aiormq_outcome,
     compare,
     compare_held,
@@ -50,14 +52,41 @@ def _prefixes() -> list[str]:
 PREFIXES = _prefixes()
 
 
-def suffix_elsewhere(led: set[int]) -> str:
-    """A suffix that puts every name a case may make (queue or not) in a partition the
-    client's node does not lead."""
-    for _ in range(100_000):
+def _strings(code: CodeType) -> set[str]:
+    """The string constants of ``code`` and of the code nested in it (an f-string's
+    literal parts are constants: f"q1{s}" holds 'q1')."""
+    out: set[str] = set()
+    for const in code.co_consts:
+        if isinstance(const, str):
+            out.add(const)
+        elif isinstance(const, CodeType):
+            out |= _strings(const)
+    return out
+
+
+def names_of(call: Call, *extra: str) -> list[str]:
+    """The prefixes of the names ``call`` makes (its own and those of test_replies.py's
+    helpers it calls, ``_owned`` and the like), and ``extra`` (a holder's)."""
+    from tests.differential import test_replies
+
+    strings = _strings(call.__code__)
+    for name in call.__code__.co_names:
+        helper = getattr(test_replies, name, None)
+        if callable(helper) and hasattr(helper, "__code__"):
+            strings |= _strings(helper.__code__)
+    return sorted(set(PREFIXES) & (strings | set(extra)))
+
+
+def suffix_elsewhere(led: set[int], prefixes: list[str] | None = None) -> str:
+    """A suffix that puts every name of ``prefixes`` (all the cases' if None) in a
+    partition the client's node does not lead. A case makes one to three names: a
+    few draws; all 24 at once took ~17,000 (and failed now and then within 100,000)."""
+    wanted = PREFIXES if prefixes is None else prefixes
+    for _ in range(1_000_000):
         suffix = f"-{uuid.uuid4().hex[:8]}"
-        if all(hash_partition("/", f"{p}{suffix}", P) not in led for p in PREFIXES):
+        if all(hash_partition("/", f"{p}{suffix}", P) not in led for p in wanted):
             return suffix
-    raise AssertionError(f"no suffix puts {PREFIXES} outside partitions {sorted(led)}")
+    raise AssertionError(f"no suffix puts {wanted} outside partitions {sorted(led)}")
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +96,9 @@ def grouped_url(partitioned: Cluster) -> Iterator[str]:  # noqa: F811
 
 def test_the_names_fall_outside_the_client_node_s_partitions(partitioned: Cluster) -> None:  # noqa: F811
     assert len(PREFIXES) >= 15, PREFIXES  # the cases' queue names were all found
+    # each case's own names are found (the suffix is drawn for them)
+    assert names_of(CASES["queue.unbind from a missing exchange"]) == ["nx", "q1"]
+    assert "own" in names_of(next(iter(OWNER_CASES.values())))
     assert 0 < len(partitioned.led) < P
     suffix = suffix_elsewhere(partitioned.led)
     assert all(hash_partition("/", f"{p}{suffix}", P) not in partitioned.led for p in PREFIXES)
@@ -75,20 +107,22 @@ def test_the_names_fall_outside_the_client_node_s_partitions(partitioned: Cluste
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_same_reply_as_rabbitmq_from_a_node_leading_none_of_the_queues(
         case: str, rabbitmq_url: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
-    compare(CASES[case], rabbitmq_url, grouped_url, suffix_elsewhere(partitioned.led))
+    compare(CASES[case], rabbitmq_url, grouped_url,
+            suffix_elsewhere(partitioned.led, names_of(CASES[case])))
 
 
 @pytest.mark.parametrize("case", sorted(OWNER_CASES))
 def test_same_reply_for_the_connections_own_exclusive_queue_led_elsewhere(
         case: str, rabbitmq_url: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
-    compare(OWNER_CASES[case], rabbitmq_url, grouped_url, suffix_elsewhere(partitioned.led))
+    compare(OWNER_CASES[case], rabbitmq_url, grouped_url,
+            suffix_elsewhere(partitioned.led, names_of(OWNER_CASES[case])))
 
 
 @pytest.mark.parametrize("case", sorted(EXCLUSIVE_CASES))
 def test_same_reply_for_another_connections_exclusive_queue_led_elsewhere(
         case: str, rabbitmq_url: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
     compare_held(EXCLUSIVE_CASES[case], rabbitmq_url, grouped_url,
-                 suffix_elsewhere(partitioned.led))
+                 suffix_elsewhere(partitioned.led, names_of(EXCLUSIVE_CASES[case], "ex")))
 
 
 def _other_node_url(partitioned: Cluster) -> str:  # noqa: F811
@@ -103,7 +137,8 @@ def test_same_reply_for_another_node_s_connection_s_exclusive_queue(
     """The exclusive queue held by a connection on ANOTHER node than the client's (issue 35
     task I): the queue directory's owner entry answers 405 on every node, as RabbitMQ."""
     compare_held(EXCLUSIVE_CASES[case], rabbitmq_url, grouped_url,
-                 suffix_elsewhere(partitioned.led), holder_url=_other_node_url(partitioned))
+                 suffix_elsewhere(partitioned.led, names_of(EXCLUSIVE_CASES[case], "ex")),
+                 holder_url=_other_node_url(partitioned))
 
 
 @pytest.mark.parametrize("case", sorted(EXCLUSIVE_CASES))
@@ -111,7 +146,7 @@ def test_another_node_s_exclusive_queue_goes_with_its_connection(
         case: str, grouped_url: str, partitioned: Cluster) -> None:  # noqa: F811
     """Once the holder's connection (on another node) closes, the name is free on the
     client's node: the same case answers as for a queue that never was exclusive."""
-    suffix = suffix_elsewhere(partitioned.led)
+    suffix = suffix_elsewhere(partitioned.led, names_of(EXCLUSIVE_CASES[case], "ex"))
     holding_exclusive(_other_node_url(partitioned), f"ex{suffix}").close()
     deadline = time.monotonic() + 10  # the owner's node drops the entry after the close
     while True:
