@@ -648,30 +648,24 @@ class GroupClients:
                          if placement is not None
                          and (p := placement.partition(q)) is not None})
         if not groups:  # no group's data: whichever group this node serves now answers
-            serving = self.serving_groups()
-            if not serving:
-                self.member.broker.durable_refused += 1
-                return
-            groups = serving[:1]
-        members = [self.member.groups.get(g) for g in groups]
-        chain = callback
-        for member in reversed(members):
-            if member is None:  # not a group of ours (checked before): never confirmed
-                self.member.broker.durable_refused += 1
-                return
-            chain = self._through(member, chain)
-        chain()
+            groups = self.serving_groups()[:1]
+        self._after_durable_in(groups, callback)
 
     def after_durable_served(self, callback: Callable[[], None]) -> None:
         """``callback`` once everything done so far in every group this node serves now
         is durable (each group's gate and barriers, one after the other); never when it
         serves none (fail closed: counted in ``durable_refused``)."""
-        served = [self.member.groups[g] for g in self.serving_groups()]
-        if not served:
+        self._after_durable_in(self.serving_groups(), callback)
+
+    def _after_durable_in(self, groups: Sequence[int], callback: Callable[[], None]) -> None:
+        """``callback`` through each of ``groups``' gate and barriers in turn; never (counted
+        in ``durable_refused``) if there is none, or one is not a group of this node's."""
+        members = [m for g in groups if (m := self.member.groups.get(g)) is not None]
+        if not members or len(members) != len(groups):
             self.member.broker.durable_refused += 1
             return
         chain = callback
-        for member in reversed(served):
+        for member in reversed(members):
             chain = self._through(member, chain)
         chain()
 
