@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -93,10 +94,16 @@ class Cluster:
         self.led = led  # the partitions it leads: no queue is named into them
 
 
-@pytest.fixture(scope="module")
-def partitioned() -> Iterator[Cluster]:
+@contextmanager
+def partitioned_cluster(config: str = "") -> Iterator[Cluster]:
+    """Three nodes, P = 9, every node leading partitions, ready in every group; the client's
+    node one that does not lead the metadata group. ``config``: TOML added to the cluster's
+    file (users, for the management API's tests)."""
     options: dict[str, Any] = {**FAST, "partitions": P, "partition_groups": True}
-    with LocalCluster(3, options=options) as cluster:
+    cluster = LocalCluster(3, options=options)
+    if config:
+        cluster.config.write_text(cluster.config.read_text() + config)
+    with cluster:
         names = cluster.names
 
         # every node leads a partition: one leading none relays its clients to the
@@ -110,6 +117,12 @@ def partitioned() -> Iterator[Cluster]:
         node = min(others, key=lambda n: sum(1 for g, v in led.items() if g != "0" and v == n))
         yield Cluster(cluster, node, {int(g) - 1 for g, v in led.items()
                                       if g != "0" and v == node})
+
+
+@pytest.fixture(scope="module")
+def partitioned() -> Iterator[Cluster]:
+    with partitioned_cluster() as cluster:
+        yield cluster
 
 
 def ready_in_all(cluster: LocalCluster, names: list[str]) -> bool:
