@@ -176,26 +176,34 @@ class CpuSample:
 class CpuCgroup:
     """One capped cgroup (a "machine"): ``cap`` CPUs per ``period_us``."""
 
-    def __init__(self, roots: CgroupRoots, name: str, cap: float,
-                 period_us: int = 100_000) -> None:
+    def __init__(self, roots: CgroupRoots, name: str, cap: float | None,
+                 period_us: int = 100_000, shares: int = 0) -> None:
         self.roots, self.name, self.cap, self.period_us = roots, name, cap, period_us
+        self.shares = shares  # cgroup v1 cpu.shares (v2: cpu.weight scaled); 0: the default
         self.cpu_dir = roots.cpu / name
         self.acct_dir = roots.acct / name
         self.created: list[Path] = []
 
     def create(self) -> CpuCgroup:
-        quota = int(self.cap * self.period_us)
         for d in dict.fromkeys((self.cpu_dir, self.acct_dir)):
             d.mkdir()
             self.created.append(d)
         if self.roots.version == 1:
-            (self.cpu_dir / "cpu.cfs_period_us").write_text(str(self.period_us))
-            (self.cpu_dir / "cpu.cfs_quota_us").write_text(str(quota))
+            if self.cap is not None:
+                (self.cpu_dir / "cpu.cfs_period_us").write_text(str(self.period_us))
+                (self.cpu_dir / "cpu.cfs_quota_us").write_text(str(int(self.cap * self.period_us)))
+            if self.shares:
+                (self.cpu_dir / "cpu.shares").write_text(str(self.shares))
         else:
             control = self.roots.cpu / "cgroup.subtree_control"
             if "cpu" not in control.read_text().split():
                 control.write_text("+cpu")
-            (self.cpu_dir / "cpu.max").write_text(f"{quota} {self.period_us}")
+            if self.cap is not None:
+                (self.cpu_dir / "cpu.max").write_text(
+                    f"{int(self.cap * self.period_us)} {self.period_us}")
+            if self.shares:  # v2's weight is 1..10000, 100 by default (v1: 1024)
+                (self.cpu_dir / "cpu.weight").write_text(
+                    str(max(1, min(10_000, self.shares * 100 // 1024))))
         return self
 
     def add(self, pid: int) -> None:
@@ -296,7 +304,8 @@ class Machines:
     """``MACHINES`` capped cgroups for one run; ``with Machines(cap) as m: m[i].add(pid)``."""
 
     def __init__(self, cap: float, period_us: int = 100_000,
-                 roots: CgroupRoots | None = None, count: int = MACHINES) -> None:
+                 roots: CgroupRoots | None = None, count: int = MACHINES,
+                 shares: int = 0) -> None:
         found = roots or CgroupRoots.find()
         if found is None:
             raise RuntimeError("no cgroup hierarchy with a cpu controller is mounted")
@@ -304,7 +313,13 @@ class Machines:
             raise RuntimeError("CPU caps need root (cgroup directories are created here)")
         self.roots = found
         tag = f"{CGROUP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:4]}"
-        self.groups = [CpuCgroup(found, f"{tag}-m{i}", cap, period_us) for i in range(count)]
+        self.groups = [CpuCgroup(found, f"{tag}-m{i}", cap, period_us, shares)
+                       for i in range(count)]
+        # With shares: the load generator (this process) in an uncapped cgroup of the same
+        # weight, so that the box's other work (outside these cgroups) yields the CPU to the
+        # emulated machines and their clients rather than taking the caps' time.
+        self.clients = CpuCgroup(found, f"{tag}-clients", None, period_us, shares) \
+            if shares else None
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -324,13 +339,15 @@ class Machines:
         try:
             for g in self.groups:
                 g.create()
+            if self.clients is not None:
+                self.clients.create().add(os.getpid())
         except BaseException:
             self.close()
             raise
         return self
 
     def close(self) -> None:
-        for g in self.groups:
+        for g in [*self.groups, *([self.clients] if self.clients else [])]:
             g.remove()
 
     def __exit__(self, *exc: object) -> None:
@@ -965,6 +982,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help=f"CPUs per machine (cgroup quota); default {TOTAL_CPU:g} / --nodes "
                         "(0.6 for 3, 0.36 for 5: the same total)")
     p.add_argument("--period-us", type=int, default=100_000, help="CFS period")
+    p.add_argument("--shares", type=int, default=0, metavar="N",
+                   help="cgroup v1 cpu.shares of each machine and of an uncapped cgroup for "
+                        "the load generator (v2: cpu.weight N x 100 / 1024); e.g. 16384 so that "
+                        "other work on the box (1024 each) cannot starve the caps; 0: default "
+                        "weight, the machines compete with everything else")
     p.add_argument("--no-rabbitmq", action="store_true", help="leave out rabbitmq-quorum")
     p.add_argument("--slow-timers", type=float, default=1.0, metavar="K",
                    help="brokerha's lease and election timeouts K times docs/ha.md's defaults "
@@ -994,7 +1016,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             and 0.05 <= args.cap <= 4 and 1 <= args.queues <= 120
             and 1 <= args.publishers <= 8 and 1 <= args.tx_publishers <= 8
             and 1 <= args.slow_timers <= 10
-            and 1000 <= args.period_us <= 1_000_000):
+            and 1000 <= args.period_us <= 1_000_000 and 0 <= args.shares <= 262_144):
         p.error("keep runs bounded: 0 < --seconds <= 120, --warmup <= 60, 1 <= --rounds <= 10, "
                 "0.05 <= --cap <= 4, 1 <= --queues <= 120")
     return args
@@ -1050,11 +1072,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"code: {code}", flush=True)
     figs: list[Figures] = []
     t0 = time.monotonic()
-    with Machines(args.cap, args.period_us, count=args.nodes) as machines:
+    with Machines(args.cap, args.period_us, count=args.nodes, shares=args.shares) as machines:
         print(f"scale-out: {len(layouts)} layout(s) x {len(args.workloads)} workload(s), "
               f"{args.queues} queues, {args.seconds:g} s (+{args.warmup:g} s warm-up) each, "
               f"{args.rounds} round(s); {args.nodes} machines = cgroup v{machines.roots.version} "
-              f"{machines.roots.cpu}/{machines[0].name[:-3]}-m*, {args.cap:g} CPU each; "
+              f"{machines.roots.cpu}/{machines[0].name[:-3]}-m*, {args.cap:g} CPU each"
+              f"{f', shares {args.shares} (and the load generator)' if args.shares else ''}; "
               f"{os.cpu_count()} CPUs; {uptime[0]}", flush=True)
         for rnd in range(args.rounds):
             for layout in (layouts if rnd % 2 == 0 else list(reversed(layouts))):

@@ -120,6 +120,23 @@ def test_a_capped_machine_holds_a_process_and_is_removed() -> None:
         sleeper.wait()
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or scale_out.CgroupRoots.find() is None,
+                    reason="needs root and a cgroup cpu controller")
+def test_shares_weigh_the_machines_and_put_the_load_generator_in_its_own_cgroup() -> None:
+    with scale_out.Machines(0.3, count=2, shares=16384) as machines:
+        clients = machines.clients
+        assert clients is not None and os.getpid() in clients.pids()
+        dirs = [d for g in [*machines.groups, clients] for d in g.created]
+        if machines.roots.version == 1:
+            assert (machines[0].cpu_dir / "cpu.shares").read_text().strip() == "16384"
+            assert (clients.cpu_dir / "cpu.shares").read_text().strip() == "16384"
+            assert (clients.cpu_dir / "cpu.cfs_quota_us").read_text().strip() == "-1"
+        else:
+            assert (clients.cpu_dir / "cpu.weight").read_text().strip() == "1600"
+    assert not any(d.exists() for d in dirs)  # this process went back to the parent
+    assert scale_out.Machines(0.3, count=1).clients is None  # no shares: no clients cgroup
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(os.geteuid() != 0 or scale_out.CgroupRoots.find() is None,
