@@ -17,11 +17,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from brokerha import gc_hooks
 from brokerha.slices import release_later
 
 if TYPE_CHECKING:
     from brokerha.broker.message import Entry, Message
     from brokerha.broker.queue import Queue
+
+# A commit of at least this many messages made their entries in bulk, objects that live
+# as long as the messages are queued: frozen at once (``gc_hooks.bulk_made``, as a
+# backup's catch-up packet), not walked by a young collection right after the commit's
+# step (100,000 messages: ~115,000 objects, 7-12 ms of the primary's loop; issue 33)
+BULK_COMMIT = 8192
 
 
 class TransactionObserver:
@@ -182,7 +189,10 @@ class Transaction:
         self._outcome("committed")
         for observer in self.observers:
             observer.commit()
+        bulk = len(self.publishes) >= BULK_COMMIT
         self._clear()
+        if bulk:
+            gc_hooks.bulk_made()
 
     def _outcome(self, outcome: str) -> None:
         if self.on_outcome is not None:

@@ -59,6 +59,21 @@ as before); and a young collection then walks what that step left, not
 20,000 at a time. ``COLLECT_ON_LOOP`` False: CPython's automatic collection,
 on whatever thread allocates.
 
+And not one middle walk of a bulk. A loop step that takes 20-30 ms makes more
+than the young threshold (a TX's publishes: five tracked objects a message;
+its commit step 100,000-150,000 at once), so the survivors of two young
+collections that a middle collection walks were 60,000-170,000 objects of the
+big transaction: 28-44 ms of the primary's loop each, on top of the step the
+collection fell in (issue 33). A middle or full collection due while more
+than ``BULK_WALK`` objects wait for it (the young ones, and the survivors of
+young collections since the last middle one, counted from each young
+collection's start and its collected) collects only the young generation, then
+freezes what survived without walking it again (``bulk_walks_frozen`` in the
+stats): what it walks is bounded by what one loop step made. What this gives
+up is what the freeze of the survivors gives up, a little earlier: a cycle
+that outlived a young collection and became garbage before the middle one
+would have walked it waits for the thaw.
+
 Counting the frozen objects is itself a walk of all of them
 (``gc.get_freeze_count`` follows the permanent generation's linked list):
 called by every ``/metrics`` scrape and status read it held the node
@@ -91,6 +106,10 @@ STALL_WARNING = 0.1
 OBJECTS_PER_MESSAGE = 3  # tracked objects a held message keeps (its Entry, Message, ...)
 COLLECT_ON_LOOP = True   # collections run by the loop (install(loop)), never by a store thread
 POLL_INTERVAL = 0.01     # the loop's check of the young generation's count, seconds
+# a middle or full collection due that would walk more than this many objects (young,
+# and survivors of young collections since the last): young only, the survivors frozen
+# (a walk of 30,000 of a TX's objects ~10 ms; 90,000 took 28-44 ms, issue 33)
+BULK_WALK = 30_000
 
 
 # glibc's malloc in a node's process (``tune_malloc``): mallopt's parameters and values
@@ -143,6 +162,9 @@ class GCGovernor:
         self.bulk_freezes = 0  # freeze_bulk (a backup's catch-up packets)
         self.loop_collections = 0  # collections the loop ran (install(loop))
         self.other_thread_collections = 0  # collections run on another thread than the loop's
+        self.bulk_walks_frozen = 0  # middle or full collections due, frozen instead (BULK_WALK)
+        self._young = 0     # the young count when the running collection started
+        self._promoted = 0  # survivors of young collections since the last middle one (about)
         self._started = 0.0
         self._last_thaw = clock()
         self._installed = False
@@ -200,10 +222,17 @@ class GCGovernor:
         if loop is None:
             return
         try:
-            generation = _due(gc.get_count(), gc.get_threshold())
+            counts = gc.get_count()
+            generation = _due(counts, gc.get_threshold())
             if generation is not None:
                 self.loop_collections += 1
-                gc.collect(generation)
+                if generation >= 1 and self._promoted + counts[0] > BULK_WALK:
+                    gc.collect(0)
+                    gc.freeze()
+                    self._promoted = 0
+                    self.bulk_walks_frozen += 1
+                else:
+                    gc.collect(generation)
         finally:  # whatever happened, the next check comes: nothing else collects
             self._poll_handle = loop.call_later(POLL_INTERVAL, self._poll)
 
@@ -211,11 +240,13 @@ class GCGovernor:
         """Freeze what is not frozen yet, without a collection (``bulk_made``)."""
         if self._installed:
             gc.freeze()
+            self._promoted = 0
             self.bulk_freezes += 1
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
+            self._young = gc.get_count()[0]
             if self._loop_thread is not None and threading.get_ident() != self._loop_thread:
                 self.other_thread_collections += 1  # gc.collect() called there (a test, a tool)
             return
@@ -228,6 +259,9 @@ class GCGovernor:
                         "frozen)", generation, pause, sum(gc.get_count()))
         if generation >= 1:
             gc.freeze()  # the survivors: out of the next collections' walk
+            self._promoted = 0
+        else:
+            self._promoted += max(0, self._young - int(info.get("collected", 0)))
 
     def tick(self) -> None:
         """Called now and then from the loop: the thaw, when it is cheap."""
@@ -263,6 +297,7 @@ class GCGovernor:
                 "frozen_age": age, "thaws": self.thaws, "thaws_skipped": self.skipped_thaws,
                 "bulk_freezes": self.bulk_freezes, "on_loop": self.on_loop,
                 "loop_collections": self.loop_collections,
+                "bulk_walks_frozen": self.bulk_walks_frozen,
                 "other_thread_collections": self.other_thread_collections}
 
 
