@@ -391,6 +391,18 @@ def thread_cpu(pid: int) -> tuple[float, float]:
     return main, others
 
 
+def loop_kernel(pid: int) -> tuple[float, int]:
+    """The main thread's system CPU seconds and minor page faults so far, from /proc: a
+    catching-up backup's loop clears a fresh page for every ~3 messages it holds, and on
+    a VM whose free memory the host took back that clearing was most of the loop's CPU
+    (issue 33, docs/benchmarks.md "The 2 GB catch-up's cost was the kernel's")."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+
+
 PROFILE_DIR = os.environ.get("HA_HEAVY_PROFILE")  # perf record the catch-up's two nodes here
 # py-spy (``record --native``, every thread, collapsed stacks) on them instead: its path
 PYSPY = os.environ.get("HA_HEAVY_PYSPY")
@@ -671,6 +683,7 @@ def catch_up_brokerha(cluster: LocalCluster, probe: Probe, op: Operation, out: O
         # the backup's CPU once its process is up (its imports and recovery done):
         # what the catch-up itself cost it
         up_cpu = thread_cpu(backup_pid)
+        up_kernel = loop_kernel(backup_pid)
         profiles = [start_profile(backup_pid, "backup"), start_profile(pid, "primary")]
         try:
             cluster.wait_ready(backup, ready_timeout)
@@ -681,12 +694,15 @@ def catch_up_brokerha(cluster: LocalCluster, probe: Probe, op: Operation, out: O
             n = max(1, len(filled.confirmed_ids))
             b_loop, b_other = thread_cpu(backup_pid)
             b_loop, b_other = b_loop - up_cpu[0], b_other - up_cpu[1]
+            b_sys, b_faults = loop_kernel(backup_pid)
+            b_sys, b_faults = b_sys - up_kernel[0], b_faults - up_kernel[1]
             p_loop, p_other = thread_cpu(pid)
             p_loop, p_other = p_loop - primary_threads[0], p_other - primary_threads[1]
             out.notes.append(f"CPU to ready: backup {cpu_seconds(backup_pid):.2f} s (its start "
                              f"included), primary {cpu_seconds(pid) - primary_cpu:.2f} s")
             out.notes.append(
-                f"CPU per message once the backup was up: backup loop {b_loop / n * 1e6:.2f} + "
+                f"CPU per message once the backup was up: backup loop {b_loop / n * 1e6:.2f} "
+                f"(in the kernel {b_sys / n * 1e6:.2f}, {b_faults / n:.2f} page faults) + "
                 f"other threads {b_other / n * 1e6:.2f} us, primary loop "
                 f"{p_loop / n * 1e6:.2f} + other threads {p_other / n * 1e6:.2f} us; "
                 f"load {load:.1f} -> {os.getloadavg()[0]:.1f}")

@@ -22,6 +22,27 @@ def fsync_dir(path: Path | str) -> None:
         os.close(fd)
 
 
+def drop_cached(path: Path | str) -> None:
+    """Drop a written and synced file's pages from the page cache (``POSIX_FADV_DONTNEED``).
+
+    For a file kept on disk but read back only now and then (a stored message
+    run's log file: recovery, paging). A clean page is dropped, a dirty one
+    only starts its write-back; nothing is lost either way. A no-op where there
+    is no ``posix_fadvise``, or the file is gone.
+    """
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        advise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def fsync_and_close(fd: int) -> None:
     """fsync a descriptor (a duplicate, in a worker thread: off the event loop), then close it."""
     try:

@@ -46,7 +46,7 @@ from typing import Any
 
 import msgpack
 
-from brokerha.files import fsync_dir
+from brokerha.files import drop_cached, fsync_dir
 from brokerha.store.batch import (
     ACQUIRED,
     DEQUEUED,
@@ -210,6 +210,9 @@ class OpLog:
         # then the writer's ``RunIndex``); kept files are never the spare
         self.keep: Callable[[int], bool] = _keep_none
         self.kept = 0  # applied files kept for their runs, now
+        # kept files whose pages were dropped from the page cache (remove_through): never
+        # made the spare, whose reuse would then read back each page it writes part of
+        self._uncached: set[int] = set()
         self._removed_through = 0  # the newest generation remove_through was asked for
         self._lock_fd: int | None = self._lock(database)
 
@@ -412,6 +415,16 @@ class OpLog:
     def remove_through(self, generation: int) -> None:
         """Drop the files an SQL commit covered: one is kept as the spare, the rest deleted.
 
+        A file kept for its stored runs leaves the page cache then (``drop_cached``:
+        complete and synced, it is read back only by recovery and paging). A
+        backup caught up 2,000,000 x 1 KiB behind kept ~2 GB of such pages, on
+        every node likewise, each page taken fresh from the kernel; on this VM
+        fresh pages past the first few GB of free memory cost ~10 us each to
+        clear or fill (the host backs them on first touch), and the catching-up
+        backup's loop then spent most of its CPU clearing pages for the
+        messages it holds (issue 33, docs/benchmarks.md). Dropped, those pages
+        are reused for the next writes and allocations.
+
         A leftover (a crash before this ran) is skipped at start-up: its
         generation is not above the applied one.
         """
@@ -422,6 +435,9 @@ class OpLog:
                 continue
             if self.keep(g):
                 kept += 1
+                if g not in self._uncached:
+                    self._uncached.add(g)
+                    drop_cached(self.path(g))
                 continue
             self._recycle(g)
         self.kept = kept
@@ -437,10 +453,12 @@ class OpLog:
                     self.kept = max(0, self.kept - 1)
 
     def _recycle(self, g: int) -> None:
-        """Drop file ``g``: the spare if there is none, else deleted."""
+        """Drop file ``g``: the spare if there is none and its pages are cached, else deleted."""
+        uncached = g in self._uncached
+        self._uncached.discard(g)
         with self._spare_lock:
             try:
-                if self.spare.exists():
+                if uncached or self.spare.exists():
                     self.path(g).unlink()
                 else:
                     os.rename(self.path(g), self.spare)

@@ -33,8 +33,10 @@ import pytest
 from brokerha.broker.broker import Limits
 from brokerha.broker.paging import PAGED
 from brokerha.broker.queue import Queue
+from brokerha.files import drop_cached
 from brokerha.node import config_from_args, register
 from brokerha.node.config import ConfigError, NodeConfig, apply_document
+from brokerha.store import oplog as oplog_module
 from brokerha.store import writer as writer_module
 from brokerha.store.batch import APPLIED_KEY, ENQUEUED, ENQUEUED_RUN, Batch, pack_run
 from brokerha.store.factory import open_store
@@ -794,3 +796,35 @@ def test_a_reused_file_replays_only_its_own_generation(db: Path) -> None:
         assert [m.body for m in node.store.load().messages] == expected
     finally:
         node.close()
+
+
+def test_a_kept_file_leaves_the_page_cache_once_and_is_never_the_spare(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file kept for its stored runs is dropped from the page cache when an apply covers
+    it (issue 33: its pages were ~2 GB a node after a 2,000,000 catch-up), once; released
+    later it is deleted, not written over as the spare (each page partly written would be
+    read back from the disk first)."""
+    dropped: list[str] = []
+    monkeypatch.setattr(oplog_module, "drop_cached", lambda path: dropped.append(path.name))
+    log = oplog_module.OpLog(tmp_path / "n.db")
+    try:
+        for generation in (1, 2, 3):
+            log.open(generation)
+            log.append(b"x" * 10_000)
+            log.finish()
+        log.keep = lambda g: g == 2
+        log.remove_through(3)
+        log.remove_through(3)
+        assert dropped == [log.path(2).name] and log.kept == 1
+        assert log.spare.exists() and not log.path(1).exists() and not log.path(3).exists()
+        log.spare.unlink()  # no spare now: a released file that was cached would become it
+        log.keep = lambda g: False
+        log.drop_kept([2])
+        assert not log.path(2).exists() and not log.spare.exists()
+    finally:
+        log.release()
+    drop_cached(tmp_path / "n.db.oplog.missing")  # a file gone: nothing to do
+    path = tmp_path / "cached"
+    path.write_bytes(b"y" * 100_000)
+    drop_cached(path)
+    assert path.read_bytes() == b"y" * 100_000
