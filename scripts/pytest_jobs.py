@@ -2,8 +2,8 @@
 
 ``scripts/test`` calls this. Most of the suite's time is real processes waiting (clusters
 electing, nodes killed and restarted, a Spark or RabbitMQ node starting), so two sessions
-side by side on the 2-core CI machine take about half the time of one (docs/operations.md,
-"Tests"). The halves are whole directories, so that each directory's session resources --
+side by side on the 2-core CI machine take about half the time of one (README, "Quick
+start"). The halves are whole directories, so that each directory's session resources --
 the private RabbitMQ node of tests/differential, the Docker engine of tests/ops, the Spark
 session of tests/pipeline -- are started once, by one session: ``FIRST`` (the failover,
 TxLog, TLS and DTX suites: real clusters) and everything else under tests/ (new
