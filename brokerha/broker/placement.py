@@ -99,9 +99,10 @@ class GroupGuard(Protocol):
         """Raise ``NotLeader`` unless this node serves the group holding the queue now."""
 
     def routable(self, queues: list[Queue]) -> list[Queue]:
-        """The routed ``queues`` a publish on this node reaches: not a stand-in of another
-        node's exclusive queue (a publish only it took is unroutable: a ``mandatory`` one
-        is returned)."""
+        """The routed ``queues`` a publish on this node reaches: a stand-in of another
+        node's exclusive queue too while the node forwards (``publish`` carries it to the
+        owner node); without forwarding not (a publish only it took is unroutable: a
+        ``mandatory`` one is returned)."""
         ...
 
     def publish(self, client: object, vhost: str, queues: Sequence[Queue], message: Message,

@@ -149,6 +149,9 @@ class GroupsNode(Shell):
             self.ha, origin, [m.name for m in cluster.members],
             send=self.send, soon=self.soon, clock=self._now)
         self.clients.forwarding = self.forwarding
+        # a publish from another node to one of this node's exclusive queues: answered as
+        # its own clients' publishes to it are (whichever group it serves now)
+        self.forwarding.owned_durable = lambda callback: self.clients.after_durable((), callback)
         # consumers of queues of the partitions this node does not serve, attached to their
         # leaders (stage 3's remote consumers): the same origin, the same notices
         self.consuming = NodeConsuming(self.ha, origin, send=self._after_forwards,
@@ -301,6 +304,7 @@ class GroupsNode(Shell):
 
     def _on_peer_down(self, peer: str) -> None:
         self.ha.peer_down(peer)
+        self.forwarding.link_lost(peer)  # publishes to its exclusive queues unanswered: nacked
         self.consuming.link_lost(peer)  # what its consumers held here requeued; ours re-attach
         self.declarations.link_lost(peer)  # asked of it, unanswered: asked again, or closed
         if self.directory is not None:

@@ -25,8 +25,9 @@ queue's partition:
   before the queue exists.
 - **A publish** (``publish``, stage 3) is routed here; a routed queue of a
   group this node serves is enqueued here, any other is forwarded to its
-  group's leader by ``x-ha-id`` (``partition/forwarding.py``); the confirm
-  waits for both. Every group is checked before anything is enqueued.
+  group's leader by ``x-ha-id`` (``partition/forwarding.py``), and another
+  node's exclusive queue (its stand-in here) to its owner node by name; the
+  confirm waits for both. Every group is checked before anything is enqueued.
 - **A consume or get** of a queue of a group this node does not serve goes to
   that group's leader (``consume_remote``, ``get_remote``: ``partition/consuming.py``,
   stage 3's remote consumers); ``cancel_remote`` and ``channel_closed`` carry the
@@ -74,7 +75,7 @@ from brokerha.ha.member import HAMember
 from brokerha.partition.consuming import NodeConsuming
 from brokerha.partition.declarations import DIRECTORY_OPS, NodeDeclarations
 from brokerha.partition.directory import OWNERS_LANE, NodeDirectory, Owner
-from brokerha.partition.forward import ForwardMessage
+from brokerha.partition.forward import ForwardMessage, LaneKey
 from brokerha.partition.forwarding import NodeForwarding
 from brokerha.partition.member import PartitionedMember, group_of
 from brokerha.partition.transactions import XTX_MAX_BYTES, NodeTransactions
@@ -199,10 +200,12 @@ class GroupClients:
                                           f"partition {group - 1}")
 
     def routable(self, queues: list[Queue]) -> list[Queue]:
-        # another node's exclusive queue is reached from its node only: a stand-in here
-        # holds nothing and forwards nothing (docs/ha.md "Exclusive queues on a
-        # partitioned cluster"), so a publish only it took is unroutable, not dropped
-        if not any(isinstance(q.exclusive_owner, Owner) for q in queues):
+        # another node's exclusive queue: its stand-in here holds nothing, the publish is
+        # forwarded to the owner node (``publish``: docs/ha.md "Exclusive queues on a
+        # partitioned cluster"); without forwarding a publish only it took is
+        # unroutable (a ``mandatory`` one returned), never dropped
+        if self.forwarding is not None or not any(isinstance(q.exclusive_owner, Owner)
+                                                  for q in queues):
             return queues
         return [q for q in queues if not isinstance(q.exclusive_owner, Owner)]
 
@@ -212,13 +215,18 @@ class GroupClients:
         enqueued here (the connection becomes their groups' client), the others' are
         forwarded by ``x-ha-id`` to their groups' leaders (``NodeForwarding``); every group
         is checked before anything is enqueued. ``settle(ack)`` once the local part passed
-        its groups' gates and every forward was answered (a nack if a queue refused it)."""
+        its groups' gates and every forward was answered (a nack if a queue refused it).
+        Another node's exclusive queue (its stand-in here) is forwarded to its owner node
+        by name (``NodeForwarding``'s owner lanes: a nack while the link to it is down)."""
         self.check_route(vhost, message.exchange, queues)
         queues = self.routable(list(queues))  # (the management API's publish comes here)
         forwarding = self.forwarding
         local: list[Queue] = []
-        remote: dict[int, list[str]] = {}
+        remote: dict[LaneKey, list[str]] = {}
         for queue in queues:
+            if isinstance(queue.exclusive_owner, Owner):  # another node's exclusive queue
+                remote.setdefault(queue.exclusive_owner.node, []).append(queue.name)
+                continue
             group = self.group_of_queue(vhost, queue.name, queue.arguments,
                                         queue.exclusive_owner is not None)
             if group is None:
@@ -495,12 +503,23 @@ class GroupClients:
         (or get's) deliveries, handed by the primary that delivered them to its branch
         (``NodeConsuming.hand_over``); a transaction holding any of those goes through the
         coordinator. Refused (540) before anything is done: one of a message of this node's
-        copy of a queue led elsewhere, an exclusive queue beside other partitions' queues.
+        copy of a queue led elsewhere, an exclusive queue beside other partitions' queues,
+        a publish to another node's exclusive queue (its stand-in here).
         ``xa``: an XA branch's prepare across
         partitions (the TM's xid key, ``partition/xa.py``): held for the TM, not committed."""
         for queues, message in tx.publishes:  # before anything is committed
             self.check_route(queues[0].vhost if queues else "", message.exchange, queues)
         published = [q for queues, _ in tx.publishes for q in queues]
+        for elsewhere in published:  # (its owner is in no partition: no branch holds it)
+            owner = elsewhere.exclusive_owner
+            if not isinstance(owner, Owner):
+                continue
+            raise NotImplementedByBroker(
+                f"a transaction publishing to exclusive queue '{elsewhere.name}' in vhost "
+                f"'{elsewhere.vhost}' of a connection on node {owner.node}, not "
+                f"{self.member.me}: "
+                "it cannot be committed atomically there; publish it outside the "
+                "transaction (with publisher confirms), or through the owner's node")
         consuming = self.consuming
         remote, accepts, rejects = NodeConsuming.remote_settles(tx.accepts, tx.rejects)
         acked = [q for q, _ in accepts] + [q for q, _, _ in rejects]

@@ -736,9 +736,9 @@ class StandIns:
             return False  # a queue of its own (exclusive) by that name: left as it is
         if entry.partition == EXCLUSIVE:
             # another node's exclusive queue: its vhost answers 405 to every connection
-            # here; a message routed to it here (the default exchange) is not enqueued
-            # (``GroupClients.publish``; x-max-length 0 for any other path, no dead
-            # letter), not forwarded to its node
+            # here; a message routed to it here (the default exchange) is forwarded to
+            # its node, never enqueued here (``GroupClients.publish``; x-max-length 0 for
+            # any other path, no dead letter)
             queue = Queue(vhost.name, key[1], durable=entry.durable, auto_delete=False,
                           exclusive_owner=Owner(entry.ha_id), arguments={"x-max-length": 0},
                           memory=vhost.memory, clock=vhost.clock, sink=vhost)

@@ -54,6 +54,18 @@ named by their incarnation's ``x-ha-id``, and one the receiver does not
 hold (deleted since, or declared again) is left out, as a publish routed
 to a queue deleted meanwhile.
 
+**Another node's exclusive queue** (docs/ha.md "Exclusive queues on a partitioned
+cluster"): it lives on its owner node alone, in no group, and other nodes route to it
+by its stand-in (the default exchange). Its messages go the same way, in a lane per
+owner node (``LaneKey``: the node's name, beside the groups' ints), as forwards of
+group ``OWNER_GROUP`` naming their queues by name, to the owner's one receiver (epoch
+0, marks in memory: the queues die with the node's start). Such a lane has no leader
+notice: it is up while the link to the owner is (``owner_up``); when the link goes
+(``owner_down``: the owner's node down or cut off) every publish it holds unanswered is
+nacked and the lane is dropped -- its next one starts afresh under a new origin (a
+``Lane.origin`` of its own, its fseqs from 1), so nothing waits on a queue that may
+be gone -- and a publish to it while the link is down is nacked at once.
+
 A large body travels in parts, as replication's ``bp`` events do
 (``cluster/replication.py``): a message whose body is over ``PART_BYTES``
 goes alone in its ``Forward``, its body sent before it as ``ForwardPart``
@@ -70,7 +82,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 # a batch's transaction name, its mark: fw:<group>:<upto>:<refused>:<origin> (the outcomes
 # keep the newest per group and origin apart from the clients' records)
@@ -96,6 +108,12 @@ PART_BYTES = 1 << 20
 # this rate (2 x 60 MiB took 12.8 s to confirm at load 22: a 0.5 s retry sent 488 parts
 # for 122, every one a second copy of what the leader was still applying)
 RETRY_BYTES_PER_SECOND = 8 << 20
+# a Forward's group to its receiving node's own exclusive queues (in no group): the lane of
+# an owner node (a ``LaneKey`` that is the node's name)
+OWNER_GROUP = -1
+
+LaneKey = int | str  # a partition group, or an owner node (its exclusive queues)
+Key = TypeVar("Key", bound=LaneKey)  # (a publish's targets: groups only, or mixed)
 
 
 @dataclass(frozen=True)
@@ -181,7 +199,8 @@ Packet = Forward | Forwarded | ForwardError | LeaderNotice | ForwardPart
 
 @dataclass(frozen=True)
 class ForwardMessage:
-    """One message as a lane forwards it: its queues in the group by ``x-ha-id``."""
+    """One message as a lane forwards it: its queues in the group by ``x-ha-id`` (an owner
+    lane's: by name)."""
 
     vhost: str
     queues: tuple[str, ...]
@@ -455,9 +474,11 @@ class Queued:
 
 @dataclass
 class Lane:
-    """The sender's state for one group: what waits to go, what is unanswered, its leader."""
+    """The sender's state for one group (or one owner node's exclusive queues: ``group``
+    ``OWNER_GROUP``): what waits to go, what is unanswered, its leader."""
 
     group: int
+    origin: str  # whose fseqs: the sender's (an owner lane's: its own, one per lane made)
     next_fseq: int = 1
     unsent: list[Queued] = field(default_factory=list)
     unanswered: dict[int, Queued] = field(default_factory=dict)  # fseq -> queued, in order
@@ -474,7 +495,7 @@ class Lane:
 class Publish:
     """A publish awaiting its groups' answers."""
 
-    waiting: set[int]
+    waiting: set[LaneKey]
     ack: bool = True
 
 
@@ -488,6 +509,7 @@ class SenderStats:
     nacks: int = 0
     errors: int = 0     # ForwardError answers
     parts: int = 0      # ForwardParts sent (a large body's)
+    owner_nacks: int = 0  # messages to an owner's exclusive queues nacked: its link down
 
 
 class ForwardSender:
@@ -508,35 +530,52 @@ class ForwardSender:
         self.retry_max = max(retry, retry_max)
         self.unsafe = unsafe
         self.meta_seq = 0  # this node's metadata copy: what a receiver must have applied
-        self.lanes: dict[int, Lane] = {}
+        self.lanes: dict[LaneKey, Lane] = {}
+        self.owners_up: set[str] = set()  # owner nodes whose link is up (``owner_up``)
+        self._owner_lanes = 0  # owner lanes made (each its own origin)
         self.publishes: dict[int, Publish] = {}
         self.stats = SenderStats()
 
-    def lane(self, group: int) -> Lane:
-        lane = self.lanes.get(group)
+    def lane(self, key: LaneKey) -> Lane:
+        lane = self.lanes.get(key)
         if lane is None:
-            lane = self.lanes[group] = Lane(group, delay=self.retry)
+            if isinstance(key, str):  # an owner's: up with its link, a new origin each
+                self._owner_lanes += 1
+                lane = Lane(OWNER_GROUP, f"{self.origin}~{self._owner_lanes}",
+                            delay=self.retry)
+                if key in self.owners_up:
+                    lane.leader, lane.epoch = key, 0
+            else:
+                lane = Lane(key, self.origin, delay=self.retry)
+            self.lanes[key] = lane
         return lane
 
-    def holds(self, groups: Iterable[int]) -> bool:
+    def holds(self, groups: Iterable[LaneKey]) -> bool:
         """Whether a publisher to ``groups`` must wait: some lane's window is full."""
         return any(self.lane(g).load >= self.window for g in groups)
 
     # -- inputs -------------------------------------------------------------------------------
 
-    def publish(self, publish: int, targets: Mapping[int, ForwardMessage]) -> list[Effect]:
+    def publish(self, publish: int, targets: Mapping[Key, ForwardMessage]) -> list[Effect]:
         """A publish routed to queues of ``targets`` (group -> the message with that group's
-        queues); none: confirmed at once (the shell's unroutable rules came first)."""
+        queues; an owner node -> its exclusive queues'); none: confirmed at once (the
+        shell's unroutable rules came first). An owner whose link is down: nacked."""
         if not targets:
             return [Confirm(publish, True)]
         if publish in self.publishes:
             raise ValueError(f"publish {publish} is under way already")
-        self.publishes[publish] = Publish(set(targets))
-        for group, message in sorted(targets.items()):
-            lane = self.lane(group)
+        waiting: set[LaneKey] = set(targets)
+        self.publishes[publish] = Publish(waiting)
+        out: list[Effect] = []
+        for key, message in sorted(targets.items(), key=_in_order):
+            lane = self.lane(key)
+            if lane.group == OWNER_GROUP and lane.leader is None:
+                self.stats.owner_nacks += 1
+                out += self._answered(publish, key, False)
+                continue
             lane.unsent.append(Queued(lane.next_fseq, publish, message.as_wire()))
             lane.next_fseq += 1
-        return []
+        return out
 
     def flush(self, now: float) -> list[Effect]:
         """The end of a loop turn: each lane's new messages as one forward to its leader."""
@@ -545,8 +584,35 @@ class ForwardSender:
             out += self._send(lane, now)
         return out
 
+    def owner_up(self, node: str) -> None:
+        """The link to ``node`` is up: its exclusive queues' lane is made up (one made while
+        the link was down held nothing: it is dropped, the next one starts afresh)."""
+        self.owners_up.add(node)
+        lane = self.lanes.get(node)
+        if lane is not None and lane.leader is None:
+            del self.lanes[node]
+
+    def owner_down(self, node: str) -> list[Effect]:
+        """The link to ``node`` went (the node down, or cut off): what its exclusive queues'
+        lane holds unanswered is nacked (fail closed: the queues may be gone with it) and
+        the lane dropped."""
+        self.owners_up.discard(node)
+        return self._drop_owner_lane(node)
+
+    def _drop_owner_lane(self, node: str) -> list[Effect]:
+        lane = self.lanes.pop(node, None)
+        if lane is None:
+            return []
+        out: list[Effect] = []
+        for queued in [*lane.unanswered.values(), *lane.unsent]:
+            self.stats.owner_nacks += 1
+            out += self._answered(queued.publish, node, False)
+        return out
+
     def leader(self, now: float, notice: LeaderNotice) -> list[Effect]:
         """A ``LeaderNotice``: a new leader gets what is unanswered, in order, at once."""
+        if notice.group == OWNER_GROUP:
+            return []  # (an owner lane follows its link)
         lane = self.lane(notice.group)
         if notice.epoch < lane.epoch or (notice.epoch == lane.epoch
                                          and lane.leader == notice.node):
@@ -557,12 +623,19 @@ class ForwardSender:
 
     def receive(self, now: float, packet: Forwarded | ForwardError,
                 src: str | None = None) -> list[Effect]:
-        """An answer from node ``src`` (None: unknown)."""
-        if packet.origin != self.origin:
-            return []  # an answer to an earlier start of this node
-        lane = self.lane(packet.group)
+        """An answer from node ``src`` (None: unknown; an owner lane's answer names it)."""
+        key: LaneKey = packet.group
+        if packet.group == OWNER_GROUP:
+            if src is None:
+                return []
+            key = src
+        lane = self.lanes.get(key)
+        if lane is None or packet.origin != lane.origin:
+            return []  # an answer to an earlier start of this node (or owner lane)
         if isinstance(packet, ForwardError):
             self.stats.errors += 1
+            if isinstance(key, str):  # (its owner takes any forward): fail closed
+                return self._drop_owner_lane(key)
             if src is None or src == lane.leader:
                 lane.leader = None  # not the leader any more: wait for the next notice
             return []
@@ -571,7 +644,7 @@ class ForwardSender:
         for fseq in [f for f in lane.unanswered if f <= packet.upto_fseq]:
             queued = lane.unanswered.pop(fseq)
             lane.delay = self.retry  # the leader answers: no backoff
-            out += self._answered(queued.publish, lane.group, fseq not in refused)
+            out += self._answered(queued.publish, key, fseq not in refused)
         return out + self._send(lane, now)
 
     def tick(self, now: float) -> list[Effect]:
@@ -602,7 +675,7 @@ class ForwardSender:
 
     # -- steps --------------------------------------------------------------------------------
 
-    def _answered(self, publish: int, group: int, ack: bool) -> list[Effect]:
+    def _answered(self, publish: int, group: LaneKey, ack: bool) -> list[Effect]:
         pending = self.publishes.get(publish)
         if pending is None or group not in pending.waiting:
             return []
@@ -664,12 +737,12 @@ class ForwardSender:
             if len(take) == 1 and len(take[0].wire[5]) > self.part_bytes:
                 out += self._parts(lane, take[0])
                 wires = [ForwardMessage.in_parts(take[0].wire)]
-            out.append(ToNode(lane.leader, Forward(lane.group, lane.epoch, self.origin,
+            out.append(ToNode(lane.leader, Forward(lane.group, lane.epoch, lane.origin,
                                                    take[0].fseq, self.meta_seq, wires)))
             self.stats.forwards += 1
             if self.unsafe.confirm_on_send:
                 for q in take:
-                    out += self._answered(q.publish, lane.group, True)
+                    out += self._answered(q.publish, _key(lane), True)
         return out
 
     def _in_parts(self, lane: Lane) -> int:
@@ -683,7 +756,21 @@ class ForwardSender:
         body: bytes = queued.wire[5]
         size = len(body)
         self.stats.parts += (size + self.part_bytes - 1) // self.part_bytes
-        return [ToNode(lane.leader, ForwardPart(lane.group, lane.epoch, self.origin, queued.fseq,
+        return [ToNode(lane.leader, ForwardPart(lane.group, lane.epoch, lane.origin, queued.fseq,
                                                 size, offset,
                                                 body[offset:offset + self.part_bytes]))
                 for offset in range(0, size, self.part_bytes)]
+
+
+def _key(lane: Lane) -> LaneKey:
+    """The key of a lane that has a leader: its group, or its owner node."""
+    if lane.group == OWNER_GROUP:
+        assert lane.leader is not None
+        return lane.leader
+    return lane.group
+
+
+def _in_order(item: tuple[LaneKey, ForwardMessage]) -> tuple[bool, int, str]:
+    """Lanes in a deterministic order: groups by number, then owner nodes by name."""
+    key = item[0]
+    return (True, 0, key) if isinstance(key, str) else (False, key, "")

@@ -33,6 +33,11 @@ resends it every few seconds. A group's catch-up replaces that group's marks
 only (``TransactionReplicator`` with its group's scope; ``keep_only`` goes by
 the group the mark's name says): another group's marks on the joining node
 stay (tests/partition/test_forward_marks.py).
+
+A node's own exclusive queues (``OwnedForwardLog``, the receiver of group
+``OWNER_GROUP``) are in no group's log: their messages are enqueued as a publish of
+the owner's own clients is, and the marks are the receiver's, in memory (an
+exclusive queue does not outlive its node's start, nor a sender's lane the link).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from brokerha.broker.queue import Queue
 from brokerha.broker.transaction import Transaction, TransactionObserverFactory
 from brokerha.broker.tx_outcomes import COMMITTED
 from brokerha.cluster.replication import HA_ID
+from brokerha.partition.directory import Owner
 from brokerha.partition.forward import ForwardMessage, Mark, mark_name, marks_from
 
 # (origin, fseq, queue, position): where an applied message went (simulations check it)
@@ -148,6 +154,44 @@ class BrokerForwardLog:
             raise RuntimeError("a forward's transaction cannot wait for a prepare round")
         batch.commit_prepared()
         return batch.refused
+
+
+class OwnedForwardLog:
+    """``forward.ForwardLog`` of a node's own exclusive queues (docs/ha.md "Exclusive queues
+    on a partitioned cluster"): a message names them by name, each enqueued as a local
+    publish to it is (``GroupClients.publish``); one this node does not hold as an
+    exclusive queue of one of its connections now (its connection closed, the queue
+    deleted) is left out, as a publish routed to a queue deleted meanwhile."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.applied = 0
+        self.unknown_queues = 0  # queue names not held (gone since the sender routed)
+
+    def queue(self, vhost: str, name: str) -> Queue | None:
+        host = self.broker.vhosts.get(vhost)
+        queue = None if host is None else host.queues.get(name)
+        if queue is None or queue.exclusive_owner is None \
+                or isinstance(queue.exclusive_owner, Owner) or queue.deleted:
+            return None
+        return queue
+
+    def apply(self, origin: str, upto: int,
+              messages: Sequence[tuple[int, ForwardMessage]]) -> list[int]:
+        refused: list[int] = []
+        for fseq, m in messages:
+            message = Message(m.exchange, m.routing_key, m.header, m.body)
+            accepted = True
+            for name in m.queues:
+                queue = self.queue(m.vhost, name)
+                if queue is None:
+                    self.unknown_queues += 1
+                else:
+                    accepted = queue.enqueue(message) and accepted
+            if not accepted:
+                refused.append(fseq)
+            self.applied += 1
+        return refused
 
 
 def recover_marks(broker: Broker, group: int) -> dict[str, Mark]:

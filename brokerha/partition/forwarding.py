@@ -29,6 +29,13 @@ next loop turn (``soon``) and the clock; ``GroupClients.publish``
   elections' heartbeats name a group's primary to its cells already, but not
   *when it serves* (after its verification): forwarding to it before would be
   answered ``not-primary``; the notice says it serves, and reaches non-cells too.
+- **Another node's exclusive queue** (docs/ha.md "Exclusive queues on a
+  partitioned cluster"): a publish routed here to its stand-in goes into the lane
+  of its owner node (``GroupClients.publish``), up while the link to that node is
+  (``peer_up``; ``link_lost`` nacks what it holds unanswered); the owner's one
+  receiver (``owned``, group ``OWNER_GROUP``) enqueues it on the queue
+  (``OwnedForwardLog``) and answers once it is as durable as a publish of the
+  owner's own clients to it (``owned_durable``: ``GroupClients.after_durable``).
 - ``meta_seq``: 0. A queue's declaration is in its partition's log (stage 2's
   layout), which the receiver, the group's primary, holds; the metadata
   directory (``qe``) that would make a receiver wait for its metadata copy is not
@@ -50,6 +57,7 @@ from brokerha.cluster.messages import ErrorCode, Message
 from brokerha.cluster.replication import HA_ID
 from brokerha.ha.member import HAMember
 from brokerha.partition.forward import (
+    OWNER_GROUP,
     Confirm,
     Effect,
     Forward,
@@ -59,11 +67,13 @@ from brokerha.partition.forward import (
     ForwardPart,
     ForwardReceiver,
     ForwardSender,
+    Key,
+    LaneKey,
     LeaderNotice,
     ToNode,
     WhenDurable,
 )
-from brokerha.partition.forward_apply import BrokerForwardLog, recover_marks
+from brokerha.partition.forward_apply import BrokerForwardLog, OwnedForwardLog, recover_marks
 from brokerha.partition.member import PartitionedMember, group_of
 
 log = logging.getLogger("brokerha.partition")
@@ -171,12 +181,19 @@ class NodeForwarding:
         self.clock = clock
         self.sender = sender if sender is not None else ForwardSender(origin)
         self.receivers: dict[int, ForwardReceiver] = {}
+        # this node's own exclusive queues' receiver, for its whole start (no group's)
+        self.owned = ForwardReceiver(OWNER_GROUP, 0, OwnedForwardLog(self.broker))
+        self.owned_from: dict[str, str] = {}  # its origins -> their node (dropped at link loss)
+        # ``callback`` once what was enqueued on this node's exclusive queues is as durable
+        # as its own clients' publishes to them are (the shell: GroupClients.after_durable
+        # of none); None: never (fail closed)
+        self.owned_durable: Callable[[Callable[[], None]], None] | None = None
         self.settles: dict[int, Settle] = {}  # publish id -> its publisher's confirm
         self._next_publish = 0
         self._flush_scheduled = False
         self._noticed = 0.0
-        # the connections held, by the full lanes (groups) they published to
-        self.held: dict[Holdable, set[int]] = {}
+        # the connections held, by the full lanes (groups, owner nodes) they published to
+        self.held: dict[Holdable, set[LaneKey]] = {}
         self.stats = ForwardingStats()
         # told of every LeaderNotice this node takes (the node's remote consumers' proxy)
         self.notice_listeners: list[Callable[[LeaderNotice], None]] = []
@@ -191,10 +208,11 @@ class NodeForwarding:
         lane = self.sender.lanes.get(group)
         return lane is not None and lane.load > 0
 
-    def publish(self, targets: Mapping[int, ForwardMessage], settle: Settle | None,
+    def publish(self, targets: Mapping[Key, ForwardMessage], settle: Settle | None,
                 client: object = None) -> None:
         """Forward one publish to ``targets`` (group -> the message naming that group's
-        queues); ``settle(ack)`` once every group answered (None: no confirm asked).
+        queues; owner node -> its exclusive queues', by name); ``settle(ack)`` once every
+        group answered (None: no confirm asked).
         ``client``: the publishing connection, held while a lane it published to is full
         (one without ``hold_publishing``, the management API's None: not held)."""
         self._next_publish += 1
@@ -202,10 +220,11 @@ class NodeForwarding:
         if settle is not None:
             self.settles[pid] = settle
         self.stats.published += 1
-        self.stats.local_in_lane += sum(1 for g in targets if self._serving(g))
+        self.stats.local_in_lane += sum(1 for g in targets
+                                        if isinstance(g, int) and self._serving(g))
         self.carry_out(self.sender.publish(pid, targets))
         if hasattr(client, "hold_publishing"):
-            full = {g for g in targets if self.sender.holds([g])}
+            full: set[LaneKey] = {g for g in targets if self.sender.holds([g])}
             if full:
                 conn = cast(Holdable, client)
                 groups = self.held.get(conn)
@@ -264,8 +283,21 @@ class NodeForwarding:
         self.receivers.pop(group, None)
 
     def peer_up(self, peer: str) -> None:
+        self.sender.owner_up(peer)  # its exclusive queues reached again (a new lane)
         for group, receiver in sorted(self.receivers.items()):
             self._notice_to(peer, LeaderNotice(group, receiver.epoch, self.me))
+
+    def link_lost(self, peer: str) -> None:
+        """The link to ``peer`` went: publishes to its exclusive queues unanswered are
+        nacked (and new ones until it is back); its lanes' origins to this node's own are
+        forgotten (each lane to them is dropped with the link)."""
+        for origin in [o for o, node in self.owned_from.items() if node == peer]:
+            del self.owned_from[origin]
+            self.owned.marks.pop(origin, None)
+            self.owned.partial.pop(origin, None)
+        self.carry_out(self.sender.owner_down(peer))
+        if self.held:
+            self._release(peer)
 
     def notify(self, group: int) -> None:
         receiver = self.receivers.get(group)
@@ -296,13 +328,14 @@ class NodeForwarding:
         if isinstance(packet, Forward):
             out = self._forward(src, packet)
         elif isinstance(packet, ForwardPart):
-            receiver = self.receivers.get(packet.group)
+            receiver = self.owned if packet.group == OWNER_GROUP else \
+                self.receivers.get(packet.group)
             # no receiver: dropped (its Forward, after it, is answered not-primary)
             out = [] if receiver is None else receiver.part(src, packet)
         elif isinstance(packet, Forwarded | ForwardError):
             out = self.sender.receive(self.clock(), packet, src)
             if self.held:
-                self._release(packet.group)
+                self._release(src if packet.group == OWNER_GROUP else packet.group)
         elif isinstance(packet, LeaderNotice):
             out = self.sender.leader(self.clock(), packet)
             for listener in self.notice_listeners:
@@ -311,7 +344,7 @@ class NodeForwarding:
             return
         self.carry_out(out)
 
-    def _release(self, group: int) -> None:
+    def _release(self, group: LaneKey) -> None:
         """The connections held by ``group``'s lane go on once it is under its window (and
         no other full lane holds them)."""
         if self.sender.holds([group]):
@@ -324,6 +357,9 @@ class NodeForwarding:
                     client.hold_publishing(FLOW_HOLD, False)
 
     def _forward(self, src: str, packet: Forward) -> list[Effect]:
+        if packet.group == OWNER_GROUP:  # this node's own exclusive queues
+            self.owned_from[packet.origin] = src
+            return self.owned.receive(src, packet)
         receiver = self.receivers.get(packet.group)
         member = self.member.groups.get(packet.group)
         if receiver is None or member is None or member.role_term() != receiver.epoch:
@@ -353,10 +389,14 @@ class NodeForwarding:
             self._send(effect.node, effect.packet)
 
     def _when_durable(self, effect: WhenDurable) -> None:
+        send = effect.send
+        if effect.group == OWNER_GROUP:
+            if self.owned_durable is not None:
+                self.owned_durable(lambda: self._to_node(send))
+            return
         member = self.member.groups.get(effect.group)
         if member is None:
             return
-        send = effect.send
         self.broker.after_durable_in(member.durability_gate, lambda: self._to_node(send),
                                      member.barriers())
 
@@ -368,8 +408,9 @@ class NodeForwarding:
         """For ``ctl status --json`` (the node's ``forwarding``)."""
         lanes = {str(g): {"leader": lane.leader, "epoch": lane.epoch,
                           "unanswered": len(lane.unanswered), "unsent": len(lane.unsent)}
-                 for g, lane in sorted(self.sender.lanes.items())}
-        return {"origin": self.sender.origin, "lanes": lanes,
+                 for g, lane in self.sender.lanes.items()}
+        return {"origin": self.sender.origin, "lanes": dict(sorted(lanes.items())),
                 "receivers": {str(g): r.epoch for g, r in sorted(self.receivers.items())},
+                "owned": vars(self.owned.stats).copy(),
                 "sender": vars(self.sender.stats).copy(), "node": vars(self.stats).copy(),
                 "held": len(self.held)}

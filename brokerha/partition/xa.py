@@ -33,6 +33,7 @@ from brokerha.broker.dtx import XA, DtxBranch, DtxManager, State, XAError, Xid
 from brokerha.broker.errors import NotImplementedByBroker
 from brokerha.broker.transaction import Transaction
 from brokerha.broker.tx_outcomes import COMMITTED, ROLLED_BACK, UNKNOWN
+from brokerha.partition.directory import Owner
 
 if TYPE_CHECKING:
     from brokerha.partition.member import PartitionedMember
@@ -115,9 +116,12 @@ class NodeXa:
 
     def local(self, branch: DtxBranch) -> bool:
         """Whether ``branch`` is today's local XA: every queue it touches is of one group
-        this node serves now, or of none."""
+        this node serves now, or of none (not another node's exclusive queue: refused as
+        ``tx_commit`` refuses it)."""
         queues = ([q for queues, _ in branch.publishes for q in queues]
                   + [q for q, _ in branch.accepts] + [q for q, _, _ in branch.rejects])
+        if any(isinstance(q.exclusive_owner, Owner) for q in queues):
+            return False
         groups = {self.clients.group_of_queue(q.vhost, q.name, q.arguments,
                                               q.exclusive_owner is not None) for q in queues}
         groups.discard(None)

@@ -148,7 +148,22 @@ EXCLUSIVE_CASES: dict[str, Call] = {
     "basic.consume of another's exclusive queue": lambda c, ch, s: ch.basic_consume(
         f"ex{s}", lambda *a: None) and None,
     "basic.get of another's exclusive queue": lambda c, ch, s: ch.basic_get(f"ex{s}"),
+    # exclusivity does not cover publishing: delivered and confirmed, not returned (issue
+    # 35: from another node of a partitioned cluster too, forwarded to the owner's node)
+    "basic.publish (mandatory, confirmed) to another's exclusive queue": lambda c, ch, s: (
+        _confirmed(ch, f"ex{s}")),
 }
+
+
+def _confirmed(ch: Any, name: str) -> Any:
+    """basic.publish to ``name`` on the default exchange, mandatory, with confirms: None
+    (acked), or the ``UnroutableError`` (returned) or ``NackError`` pika raised."""
+    ch.confirm_delivery()
+    try:
+        ch.basic_publish("", name, b"x", mandatory=True)
+    except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:
+        return exc
+    return None
 
 
 def _owned(c: pika.BlockingConnection, ch: Any, s: str) -> Any:

@@ -1,8 +1,9 @@
 """Exclusive queues on a partitioned cluster, real processes (issue 35 task I, docs/ha.md
 "Exclusive queues on a partitioned cluster"): three nodes, P = 9. A connection on one node
 declares an exclusive queue; a client on another node gets RabbitMQ's 405
-RESOURCE_LOCKED for it (the queue directory names its owner); the queue goes everywhere
-when the owner's connection closes, and when its node is killed (the metadata primary
+RESOURCE_LOCKED for it (the queue directory names its owner), but its publishes reach
+the queue on the owner's node; the queue goes everywhere when the owner's connection
+closes, and when its node is killed (the metadata primary
 drops a node's exclusive queues once its link has been down ``OWNER_GRACE``)."""
 
 from __future__ import annotations
@@ -82,12 +83,14 @@ def test_another_node_answers_405_until_the_owners_connection_closes(
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as exc:
             other.channel().queue_declare(queue, exclusive=True)
         assert exc.value.reply_code == 405
-        # a mandatory publish to it from another node is returned (reached from its own
-        # node only), not taken by the stand-in and dropped
+        # a mandatory publish to it from another node reaches it on its owner's node (as
+        # RabbitMQ delivers it: exclusivity does not cover publishing), confirmed, not
+        # returned; nothing stays on the stand-in
         ch = other.channel()
         ch.confirm_delivery()
-        with pytest.raises(pika.exceptions.UnroutableError):
-            ch.basic_publish("", queue, b"x", mandatory=True)
+        ch.basic_publish("", queue, b"x", mandatory=True)
+        method, _, body = holder.channel().basic_get(queue, auto_ack=True)
+        assert method is not None and body == b"x"
         other.close()
     finally:
         holder.close()
@@ -102,12 +105,22 @@ def test_the_queues_of_a_killed_node_go_everywhere(cluster: LocalCluster) -> Non
     queue = f"exk-{uuid.uuid4().hex[:8]}"
     holder = hold(cluster, victim, queue)
     assert passive(cluster, asker, queue) == LOCKED.format(q=queue)
+    publisher = pika.BlockingConnection(pika.URLParameters(cluster.url(asker)))
+    ch = publisher.channel()
+    ch.confirm_delivery()
     killed = time.monotonic()
     cluster.kill(victim)
     try:
         holder.close()
     except pika.exceptions.AMQPError:
         pass
+    # its owner gone: a publish to it is never confirmed -- nacked while the stand-in is
+    # still there (the link to the owner down), returned once it went
+    with pytest.raises((pika.exceptions.NackError, pika.exceptions.UnroutableError)) as exc:
+        ch.basic_publish("", queue, b"to a dead node", mandatory=True)
+    if time.monotonic() - killed < OWNER_GRACE - 1:  # (the stand-in not dropped yet)
+        assert isinstance(exc.value, pika.exceptions.NackError), exc.value
+    publisher.close()
     until("the killed node's exclusive queue gone on the others", lambda: all(
         passive(cluster, n, queue).startswith("404 NOT_FOUND") for n in (meta, asker)),
         timeout=OWNER_GRACE + 20)

@@ -228,6 +228,11 @@ class Net:
         node.ha.group_adding = nd.stand_ins.group_adding
         clients = GroupClients(node.ha, lambda n: f"amqp://{n}")
         clients.forwarding, clients.declarations, clients.directory = fw, decl, nd
+        fw.owned_durable = lambda callback: clients.after_durable((), callback)
+        for peer in sim.names:  # (the links up: the shell's peer_up)
+            if peer != name and self.live(peer):
+                fw.peer_up(peer)
+                self.fw[peer].peer_up(name)
         self.decl[name], self.fw[name], self.dirs[name] = decl, fw, nd
         self.clients[name] = clients
         self.wired[name] = node
@@ -245,6 +250,9 @@ class Net:
                 up = a == b or self.sim.connected(a, b)
                 if self.links.get((a, b), True) and not up and self.live(a):
                     self.decl[a].link_lost(b)
+                    self.fw[a].link_lost(b)
+                elif not self.links.get((a, b), True) and up and self.live(a) and a != b:
+                    self.fw[a].peer_up(b)
                 self.links[(a, b)] = up
         for name in self.sim.names:
             node = self.sim.nodes[name]
@@ -253,6 +261,7 @@ class Net:
                 for peer in self.sim.names:
                     if peer != name and self.live(peer):
                         self.decl[peer].link_lost(name)
+                        self.fw[peer].link_lost(name)
             if node.up and self.wired.get(name) is not node:
                 self._wire(name)
                 self.down.discard(name)

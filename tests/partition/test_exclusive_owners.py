@@ -215,8 +215,9 @@ def test_the_declare_ok_waits_until_every_other_node_answers_405(unsafe: bool) -
 
 def test_a_publish_on_another_node_to_the_stand_in_leaves_the_owner_entry(net: Net) -> None:
     """A message routed on another node to the owner's stand-in (the default exchange) is
-    not enqueued there (nor forwarded: left), and never makes that node's lane write a
-    None for another node's entry (which would drop it everywhere)."""
+    not enqueued there (it is forwarded to the owner: tests/partition/test_forward_owned.py),
+    and never makes that node's lane write a None for another node's entry (which would
+    drop it everywhere)."""
     from tests.partition.test_directory import publish
 
     holder, other = net.sim.names[2], net.sim.names[3]
