@@ -46,7 +46,9 @@ passes; MB/s counts the messages actually confirmed. ``--quick`` runs the
 CI-sized suite (TX 20,000, purge 200,000, catch-up 150,000: the sizes of
 ``tests/failover/test_heavy_work.py``, which runs this code); ``--only NAME``
 one operation; ``--burners N`` runs N ``yes > /dev/null`` beside the clusters;
-``--rounds R`` repeats the suite. Every process started here is stopped here by
+``--rounds R`` repeats the suite; ``--shares N`` (root) runs all of it in one cgroup of
+cpu.shares N, so that a shared box's other work yields to it as if the machine were quiet
+(the burners are inside: they compete as on a quiet machine). Every process started here is stopped here by
 its PID, also on an error, Ctrl-C or SIGTERM.
 
 Examples::
@@ -78,6 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))      # loadgen, ha_clus
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.*
 
 import loadgen  # noqa: E402
+from cgroups import weighted  # noqa: E402
 from deep_queue_ops import Lag, lag_between, parse_lag  # noqa: E402
 from ha_cluster import RabbitCluster  # noqa: E402
 from pamqp import commands  # noqa: E402
@@ -978,6 +981,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--connections", type=int, default=2, help="publishing connections for fills")
     p.add_argument("--window", type=int, default=2000, help="unconfirmed messages per connection")
     p.add_argument("--markdown", type=Path, help="also write the tables to this file")
+    p.add_argument("--shares", type=int, default=0, metavar="N",
+                   help="run everything started here (nodes, clients, burners) in one cgroup of "
+                        "cpu.shares N (root; e.g. 16384): other work on a shared box then yields "
+                        "to it, as on a quiet machine (benchmarks/cgroups.py); 0: not done")
     return p.parse_args(argv)
 
 
@@ -992,6 +999,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     head = (f"# HA under heavy work: {'quick' if args.quick else 'full'} suite, {args.rounds} "
             f"round(s), {args.burners} CPU burner(s), timing heartbeat {timing.heartbeat_interval} s"
             f" / lease {timing.lease_timeout} s / election {timing.election_timeout} s, "
+            f"{f'cpu.shares {args.shares}, ' if args.shares else ''}"
             f"{datetime.now().isoformat(timespec='seconds')}")
     print(head, flush=True)
 
@@ -1001,7 +1009,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[Outcome] = []
     tables = [head, ""]
     options = {"connections": args.connections, "window": args.window, "say": say}
-    with burners(args.burners):
+    with weighted(args.shares), burners(args.burners):
         for r in range(args.rounds):
             rows: dict[str, list[Outcome]] = {op.name: [] for op in suite}
             if not args.no_brokerha:  # first, alone: RabbitMQ's idle VMs would take CPU too

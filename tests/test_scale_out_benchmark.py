@@ -137,6 +137,27 @@ def test_shares_weigh_the_machines_and_put_the_load_generator_in_its_own_cgroup(
     assert scale_out.Machines(0.3, count=1).clients is None  # no shares: no clients cgroup
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or scale_out.CgroupRoots.find() is None,
+                    reason="needs root and a cgroup cpu controller")
+def test_a_weighted_cgroup_holds_this_process_and_its_children_then_goes() -> None:
+    import cgroups
+
+    with cgroups.weighted(0) as none:
+        assert none is None
+    with cgroups.weighted(8192) as group:
+        assert group is not None and os.getpid() in group.pids()
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert child.pid in group.pids()  # started inside: inherits the cgroup
+        finally:
+            child.kill()
+            child.wait()
+        dirs = list(group.created)
+        if group.roots.version == 1:
+            assert (group.cpu_dir / "cpu.shares").read_text().strip() == "8192"
+    assert not any(d.exists() for d in dirs)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(os.geteuid() != 0 or scale_out.CgroupRoots.find() is None,
