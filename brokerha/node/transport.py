@@ -67,6 +67,7 @@ class AMQPProtocol(asyncio.Protocol):
                                 tls=tls)
         conn.on_output = self._schedule_flush
         conn.on_read_paused = self._read_paused
+        conn.offload = self._offload
         self.conn = conn
 
     def data_received(self, data: bytes) -> None:
@@ -113,6 +114,18 @@ class AMQPProtocol(asyncio.Protocol):
         if transport is not None and not transport.is_closing() and \
                 (conn is None or not conn.reading_paused):
             transport.resume_reading()
+
+    def _offload(self, work: Callable[[], bytes],
+                 done: Callable[[Callable[[], bytes]], None]) -> None:
+        """``work`` on the loop's executor (a thread), then ``done`` on the loop with its
+        result, and what that produced written."""
+        def finished(future: asyncio.Future[bytes]) -> None:
+            if future.cancelled():  # the loop is closing
+                return
+            done(future.result)
+            self.flush()
+
+        self.loop.run_in_executor(None, work).add_done_callback(finished)
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
