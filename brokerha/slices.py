@@ -5,9 +5,16 @@ to 32 times, 256 KiB each, calling the protocol for each read before it runs
 anything else -- timers, heartbeats, other connections. One call is short;
 one readable event is not (a publisher writing megabytes held the primary's
 loop 0.1-0.15 s per event, issue 33). ``Burst`` adds up the time of the calls
-that come back to back, so that a protocol can stop reading once a burst has
-used its slice, until the next loop turn (``pause_reading`` in the call ends
+of one loop turn, so that a protocol can stop reading once a burst has used
+its slice, until the next loop turn (``pause_reading`` in the call ends
 libuv's reads at once).
+
+A burst ends when the loop has run this turn's input: its first call asks the
+loop for a callback (``call_soon``), which runs only after the reads of the
+readable event. It was a gap of wall time between two calls (1 ms), which a
+thread waiting for a core between two reads also makes: on a loaded machine
+(the cluster's own nodes and clients are enough on two cores) a TX's slices
+ran 28-56 ms of the primary's loop instead of ~20 (issue 33).
 """
 
 from __future__ import annotations
@@ -17,33 +24,32 @@ import time
 from collections import deque
 from typing import Any
 
-BACK_TO_BACK = 0.001  # calls closer than this belong to the same readable event
-
 
 class Burst:
-    """The time a protocol spent on one burst of input: ``begin``/``end`` around each call."""
+    """The time a protocol spent on one burst of input (the calls of one loop turn):
+    ``begin``/``end`` around each call."""
 
-    __slots__ = ("_spent", "_began", "_ended", "_running", "_fresh")
+    __slots__ = ("_spent", "_began", "_running", "_fresh")
 
     def __init__(self) -> None:
         self._spent = 0.0
         self._began = 0.0
-        self._ended = 0.0
         self._running = False
         self._fresh = True
 
     def begin(self) -> None:
-        now = time.perf_counter()
-        if self._fresh or now - self._ended > BACK_TO_BACK:
+        if self._fresh:
             self._spent = 0.0
             self._fresh = False
-        self._began = now
+            try:
+                asyncio.get_running_loop().call_soon(self.restart)  # after this turn's reads
+            except RuntimeError:  # no loop: each call a burst of its own
+                self._fresh = True
+        self._began = time.perf_counter()
         self._running = True
 
     def end(self) -> None:
-        now = time.perf_counter()
-        self._spent += now - self._began
-        self._ended = now
+        self._spent += time.perf_counter() - self._began
         self._running = False
 
     def spent(self) -> float:
@@ -53,7 +59,8 @@ class Burst:
         return self._spent
 
     def restart(self) -> None:
-        """The slice ended (reading paused until the next turn): the next call begins anew."""
+        """The turn's reads are over, or the slice ended (reading paused until the next
+        turn): the next call begins anew."""
         self._fresh = True
 
 

@@ -1,11 +1,15 @@
-"""``brokerha/slices.py``: the time of one burst of input adds up over back-to-back calls."""
+"""``brokerha/slices.py``: the time of one burst of input adds up over the calls of one loop
+turn; a big list is freed a slice a loop turn."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from brokerha import slices
-from brokerha.slices import BACK_TO_BACK, Burst
+from brokerha.slices import Burst
 from tests.clock import Clock
 
 
@@ -23,35 +27,62 @@ def call(burst: Burst, clock: Clock, cost: float, gap: float = 0.0) -> None:
     burst.end()
 
 
-def test_back_to_back_calls_add_up_and_a_gap_starts_a_new_burst(clock: Clock) -> None:
+def on_loop(turns: list[Callable[[], None]]) -> None:
+    """Each of ``turns`` in a loop turn of its own (the loop runs its callbacks between)."""
+    async def run() -> None:
+        for turn in turns:
+            turn()
+            await asyncio.sleep(0)
+    asyncio.run(run())
+
+
+def test_the_calls_of_one_loop_turn_add_up_and_the_next_turn_starts_a_new_burst(
+        clock: Clock) -> None:
     burst = Burst()
-    call(burst, clock, 0.008)
-    call(burst, clock, 0.008, gap=BACK_TO_BACK / 2)
-    assert burst.spent() == pytest.approx(0.016)
-    call(burst, clock, 0.003, gap=BACK_TO_BACK * 5)  # the loop ran other work between
-    assert burst.spent() == pytest.approx(0.003)
+    spent: list[float] = []
+
+    def one_turn() -> None:
+        call(burst, clock, 0.008)
+        call(burst, clock, 0.008, gap=0.005)  # the thread waited for a core between reads
+        spent.append(burst.spent())
+
+    on_loop([one_turn, lambda: call(burst, clock, 0.003), lambda: spent.append(burst.spent())])
+    assert spent == [pytest.approx(0.016), pytest.approx(0.003)]
 
 
 def test_spent_counts_the_call_in_progress(clock: Clock) -> None:
     burst = Burst()
-    call(burst, clock, 0.010)
-    burst.begin()
-    clock.now += 0.015
-    assert burst.spent() == pytest.approx(0.025)
-    burst.end()
+
+    def one_turn() -> None:
+        call(burst, clock, 0.010)
+        burst.begin()
+        clock.now += 0.015
+        assert burst.spent() == pytest.approx(0.025)
+        burst.end()
+
+    on_loop([one_turn])
 
 
-def test_after_a_restart_the_next_call_begins_anew_even_back_to_back(clock: Clock) -> None:
+def test_after_a_restart_the_next_call_begins_anew_in_the_same_turn(clock: Clock) -> None:
     burst = Burst()
-    call(burst, clock, 0.030)
-    burst.restart()  # the slice ended: reading paused until the next loop turn
-    call(burst, clock, 0.002)  # the next turn came at once
-    assert burst.spent() == pytest.approx(0.002)
+
+    def one_turn() -> None:
+        call(burst, clock, 0.030)
+        burst.restart()  # the slice ended: reading paused until the next loop turn
+        call(burst, clock, 0.002)
+        assert burst.spent() == pytest.approx(0.002)
+
+    on_loop([one_turn])
+
+
+def test_without_a_loop_each_call_is_a_burst_of_its_own(clock: Clock) -> None:
+    burst = Burst()
+    call(burst, clock, 0.008)
+    call(burst, clock, 0.003)
+    assert burst.spent() == pytest.approx(0.003)
 
 
 def test_a_big_list_is_freed_a_slice_a_loop_turn_and_a_small_one_at_once() -> None:
-    import asyncio
-
     async def scenario() -> list[int]:
         big, small = list(range(3 * slices.RELEASE_SLICE + 5)), list(range(10))
         slices.release_later(big)
@@ -72,8 +103,6 @@ def test_a_big_list_is_freed_a_slice_a_loop_turn_and_a_small_one_at_once() -> No
 
 
 def test_a_committed_transaction_leaves_its_lists_to_be_freed_after_its_step() -> None:
-    import asyncio
-
     from brokerha.broker.broker import Broker
     from brokerha.broker.storage import MemoryStore
     from tests.ha.harness import route

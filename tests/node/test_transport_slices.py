@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from pamqp import commands, frame
@@ -48,27 +49,38 @@ def depth(proto: AMQPProtocol, name: str) -> int:
     return len(proto.conn.broker.vhosts["/"].queues[name].ready)
 
 
-def test_back_to_back_reads_past_the_slice_pause_until_the_next_turn(
+def in_one_turn(loop: asyncio.AbstractEventLoop, work: Callable[[], None]) -> None:
+    """``work`` in one loop turn (the reads of one readable event), then the next turn."""
+    async def turn() -> None:
+        work()
+    loop.run_until_complete(turn())
+    loop.run_until_complete(asyncio.sleep(0))
+
+
+def test_reads_of_one_turn_past_the_slice_pause_until_the_next_turn(
         served: Served, clock: Clock) -> None:  # noqa: F811
     proto, transport, loop = served
     declare(proto, transport, "q")
-    clock.cost = READ_SLICE * 0.4
-    proto.data_received(publish_frames(1, "q", b"a", 10))
-    proto.data_received(publish_frames(1, "q", b"b", 10))
-    assert transport.reading  # 0.8 of a slice
-    proto.data_received(publish_frames(1, "q", b"c", 10))
-    assert not transport.reading  # 1.2: the rest waits for the next loop turn
-    assert depth(proto, "q") == 30  # what was read is handled, in order
-    loop.run_until_complete(asyncio.sleep(0))
+    clock.cost, clock.gap = READ_SLICE * 0.4, 0.005  # waiting for a core between reads
+
+    def reads() -> None:
+        proto.data_received(publish_frames(1, "q", b"a", 10))
+        proto.data_received(publish_frames(1, "q", b"b", 10))
+        assert transport.reading  # 0.8 of a slice
+        proto.data_received(publish_frames(1, "q", b"c", 10))
+        assert not transport.reading  # 1.2: the rest waits for the next loop turn
+        assert depth(proto, "q") == 30  # what was read is handled, in order
+
+    in_one_turn(loop, reads)
     assert transport.reading
 
 
-def test_reads_with_other_work_between_them_do_not_add_up(served: Served, clock: Clock) -> None:  # noqa: F811
-    proto, transport, _loop = served
+def test_reads_of_separate_loop_turns_do_not_add_up(served: Served, clock: Clock) -> None:  # noqa: F811
+    proto, transport, loop = served
     declare(proto, transport, "q")
-    clock.cost, clock.gap = READ_SLICE * 0.4, 0.01  # the loop ran other callbacks between
+    clock.cost = READ_SLICE * 0.4
     for _ in range(10):
-        proto.data_received(publish_frames(1, "q", b"a"))
+        in_one_turn(loop, lambda: proto.data_received(publish_frames(1, "q", b"a")))
     assert transport.reading and depth(proto, "q") == 10
 
 
