@@ -105,6 +105,11 @@ class GroupGuard(Protocol):
         ``mandatory`` one is returned)."""
         ...
 
+    def after_bound(self, queue: Queue, callback: Callable[[], None]) -> None:
+        """The bindings of ``queue``, an exclusive queue of this node's connection, changed:
+        ``callback`` once the queue directory names them (another node's stand-in routes
+        by them); never if that failed (the owner's connection is closed 320)."""
+
     def publish(self, client: object, vhost: str, queues: Sequence[Queue], message: Message,
                 settle: Callable[[bool], None] | None) -> None:
         """A publish routed to ``queues``: enqueue it on those of groups this node serves,

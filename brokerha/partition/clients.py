@@ -688,11 +688,15 @@ class GroupClients:
             chain = self._through(member, chain)
         chain()
 
-    def _owned_listed(self, queues: Sequence[Queue],
-                      callback: Callable[[], None]) -> Callable[[], None]:
+    def after_bound(self, queue: Queue, callback: Callable[[], None]) -> None:
+        self._owned_listed([queue], callback, changed=True)()
+
+    def _owned_listed(self, queues: Sequence[Queue], callback: Callable[[], None], *,
+                      changed: bool = False) -> Callable[[], None]:
         """``callback`` once the queue directory holds the exclusive queues among ``queues``
         (their owner entries: another node answers 405 for them, docs/ha.md "Exclusive
-        queues on a partitioned cluster"); never if that failed (fail closed: counted in
+        queues on a partitioned cluster"; ``changed``: their entries again, their
+        bindings changed); never if that failed (fail closed: counted in
         ``durable_refused``, the owner's connection closed 320 CONNECTION_FORCED, so
         its exclusive queues go)."""
         directory = self.owners
@@ -702,7 +706,7 @@ class GroupClients:
         held, me = directory.layer.directory.entries, self.member.me
         keys = [(q.vhost, q.name) for q in queues if q.exclusive_owner is not None
                 and not isinstance(q.exclusive_owner, Owner)
-                and ((e := held.get((q.vhost, q.name))) is None or e.ha_id != me)]
+                and (changed or (e := held.get((q.vhost, q.name))) is None or e.ha_id != me)]
         if not keys:
             return callback
         if directory.layer.unsafe.answer_exclusive_before_directory:  # (unsafe) not waited

@@ -385,27 +385,40 @@ def _entry(queue: Queue, partition: int, bindings: list[BindingKey]) -> Director
 
 
 def exclusive_entries(broker: Any, me: str, keys: Iterable[Key] | None = None) -> list[Item]:
-    """The owner entries of this node's exclusive queues: of ``keys`` (None for one not
-    held here as an exclusive queue), or all of them (``keys`` None)."""
+    """The owner entries of this node's exclusive queues, with their bindings (another
+    node's stand-in is bound so: a publish there through an exchange reaches the queue,
+    forwarded to its owner): of ``keys`` (None for one not held here as an exclusive
+    queue), or all of them (``keys`` None)."""
     out: list[Item] = []
     if keys is None:
         for vhost in broker.vhosts.values():
+            bindings = None
             for q in list(vhost.queues.values()):
                 if q.exclusive_owner is not None and not isinstance(q.exclusive_owner, Owner):
-                    out.append(((vhost.name, q.name), _owner_entry(q, me)))
+                    if bindings is None:
+                        bindings = _bindings_by_queue(vhost)
+                    out.append(((vhost.name, q.name), _owner_entry(q, me, bindings)))
         return sorted(out)
+    by_vhost: dict[str, dict[int, list[BindingKey]]] = {}
     for key in sorted(set(keys)):
         vhost = broker.vhosts.get(key[0])
         q = None if vhost is None else vhost.queues.get(key[1])
         mine = q is not None and q.exclusive_owner is not None \
             and not isinstance(q.exclusive_owner, Owner)
-        out.append((key, _owner_entry(q, me) if mine and q is not None else None))
+        if not mine or q is None:
+            out.append((key, None))
+            continue
+        if key[0] not in by_vhost:
+            by_vhost[key[0]] = _bindings_by_queue(vhost)
+        out.append((key, _owner_entry(q, me, by_vhost[key[0]])))
     return out
 
 
-def _owner_entry(queue: Queue, me: str) -> DirectoryEntry:
+def _owner_entry(queue: Queue, me: str,
+                 bindings: dict[int, list[BindingKey]]) -> DirectoryEntry:
     return DirectoryEntry(EXCLUSIVE, me, queue.durable, queue.auto_delete,
-                          R.encode_table(queue.arguments), ())
+                          R.encode_table(queue.arguments),
+                          tuple(sorted(bindings.get(id(queue), []))))
 
 
 class Owner:

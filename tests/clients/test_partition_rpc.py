@@ -6,7 +6,8 @@ partition queue and publishes each reply to ``reply_to`` on the default exchange
 reply queue lives on A alone (in no partition): B's stand-in of it forwards the reply to
 A, which confirms it to B once it took it; nothing is returned. Once the owner's
 connection closed and its entry left the directory, a mandatory publish to that name
-from B is returned 312 NO_ROUTE. A transaction on B publishing to it is refused 540."""
+from B is returned 312 NO_ROUTE. A transaction on B publishing to it is refused 540. The
+same through an exchange the queue is bound to (publish/subscribe)."""
 
 from __future__ import annotations
 
@@ -172,3 +173,33 @@ def test_kombu_reply_to_an_exclusive_queue_on_another_node(partitioned: Cluster)
             while len(received) < 5 and time.monotonic() < deadline:
                 caller.drain_events(timeout=5)
     assert received == [(str(n), {"n": n}) for n in range(5)]
+
+
+def test_pika_publish_subscribe_to_an_exclusive_queue_bound_on_another_node(
+        partitioned: Cluster) -> None:
+    """pika's tutorial 3 across nodes: the subscriber on A binds its exclusive server-named
+    queue to a fanout exchange; a publish on B through the exchange reaches it (B's
+    stand-in bound as the queue directory says once A's bind-ok came)."""
+    a, b = nodes(partitioned)
+    exchange = f"logs-{uuid.uuid4().hex[:8]}"
+    subscriber = connect(partitioned, a)
+    publisher = connect(partitioned, b)
+    try:
+        sub = subscriber.channel()
+        sub.exchange_declare(exchange, "fanout")
+        queue = sub.queue_declare("", exclusive=True).method.queue
+        sub.queue_bind(queue, exchange)
+        pch = publisher.channel()
+        pch.confirm_delivery()
+        for n in range(5):
+            pch.basic_publish(exchange, "", f"log-{n}".encode(), mandatory=True)
+        assert [get(sub, queue)[1] for _ in range(5)] == [f"log-{n}".encode()
+                                                          for n in range(5)]
+        sub.queue_unbind(queue, exchange)
+        with pytest.raises(pika.exceptions.UnroutableError):
+            pch.basic_publish(exchange, "", b"after the unbind", mandatory=True)
+        sub.exchange_delete(exchange)
+    finally:
+        subscriber.close()
+        if publisher.is_open:
+            publisher.close()

@@ -209,3 +209,32 @@ def test_a_transaction_publishing_to_another_nodes_exclusive_queue_is_refused_54
     assert queue.message_count == 0
     net.vhost(holder).delete_queue("rpc-3", owner=conn)
     net.pump()
+
+
+def test_an_exchange_bound_to_the_owners_queue_routes_to_it_from_another_node(
+        net: Net) -> None:
+    """Publish/subscribe (pika's tutorial 3): the owner's exclusive queue bound to a fanout
+    exchange; the bind-ok waits for the owner entry to name the binding, so another node's
+    stand-in is bound by then and a publish there through the exchange reaches the queue
+    (forwarded); unbound, it routes there no more."""
+    holder, other = pair(net)
+    conn, queue = holding(net, holder, "sub-1")
+    net.clients[holder].owners = net.dirs[holder]
+    net.vhost(holder).bind("amq.fanout", queue, "", {})
+    bound: list[int] = []
+    net.clients[holder].after_bound(queue, lambda: bound.append(1))
+    assert bound == []  # not before the directory names it
+    net.pump()
+    assert bound == [1]
+    stand_in = net.vhost(other).queues["sub-1"]
+    fanout = net.vhost(other).exchanges["amq.fanout"]
+    assert [b.destination for b in fanout.bindings.values()] == [stand_in]
+    answers = publish(net, other, "amq.fanout", "", b"news")
+    net.pump()
+    assert answers == [True] and bodies(queue) == [b"news"]
+    net.vhost(holder).unbind("amq.fanout", queue, "", {})
+    net.clients[holder].after_bound(queue, lambda: bound.append(2))
+    net.pump()
+    assert bound == [1, 2] and not fanout.bindings
+    net.vhost(holder).delete_queue("sub-1", owner=conn)
+    net.pump()

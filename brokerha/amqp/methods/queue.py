@@ -13,6 +13,7 @@ from brokerha.broker.errors import AccessRefused
 
 if TYPE_CHECKING:
     from brokerha.amqp.channel import Channel
+    from brokerha.broker.queue import Queue
 
 
 SERVER_NAME_TRIES = 64  # names drawn for a server-named queue on a partitioned node
@@ -92,8 +93,24 @@ def bind(ch: Channel, m: commands.Queue.Bind) -> None:
             return
     queue, key, args = _binding(ch, m)
     ch.vhost.bind(m.exchange, queue, key, args)
-    if not m.nowait:
-        ch.send(commands.Queue.BindOk())
+    _reply_bound(ch, queue, None if m.nowait else commands.Queue.BindOk())
+
+
+def _reply_bound(ch: Channel, queue: Queue | None, ok: Any) -> None:
+    """bind-ok / unbind-ok (``ok``; None: nowait). On a partitioned node a change of the
+    connection's own exclusive queue's bindings is answered once the queue directory
+    names them (another node's stand-in routes by them: a publish there reaches the queue,
+    forwarded to this node; docs/ha.md "Exclusive queues on a partitioned cluster")."""
+    groups = ch.conn.broker.groups
+    if groups is None or queue is None or queue.exclusive_owner is not ch.conn:
+        if ok is not None:
+            ch.send(ok)
+        return
+    if ok is None:
+        groups.after_bound(queue, lambda: None)
+        return
+    ch.block()
+    groups.after_bound(queue, lambda: ch.reply_unblocked(ok))
 
 
 def unbind(ch: Channel, m: commands.Queue.Unbind) -> None:
@@ -119,6 +136,8 @@ def unbind(ch: Channel, m: commands.Queue.Unbind) -> None:
             vhost.has_binding(exchange, queue, key, m.arguments):
         guard_queue(ch, queue)
         vhost.unbind(m.exchange, vhost.queue_for(name, ch.conn), key, m.arguments)
+        _reply_bound(ch, queue, commands.Queue.UnbindOk())
+        return
     ch.send(commands.Queue.UnbindOk())
 
 
