@@ -27,6 +27,7 @@ from brokerha.node.config import NodeConfig
 from brokerha.node.disk import DiskMonitor
 from brokerha.node.gc_governor import GCGovernor, tune_malloc
 from brokerha.node.loop_monitor import LoopMonitor
+from brokerha.node.prefault import HeapPrefault
 from brokerha.node.relay import Refuse, RelayProtocol, RelayTarget
 from brokerha.node.tls import NodeTLS
 from brokerha.node.transport import AMQPProtocol
@@ -136,7 +137,8 @@ def tune_gc(governor: GCGovernor | None = None) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    tune_malloc()  # and the C heap's (node/gc_governor.py)
+    if tune_malloc():  # and the C heap's (node/gc_governor.py), whose new pages a thread
+        HeapPrefault().start()  # faults in off the event loop (node/prefault.py)
     if governor is not None:
         governor.count_frozen()  # what the start froze (the modules, the recovered state)
         try:

@@ -1,0 +1,87 @@
+"""The C heap's new pages faulted in by a thread of their own, not by the event loop (issue 33).
+
+A backup caught up 2,000,000 x 1 KiB behind holds every message it applies:
+~1.4 KiB of fresh memory a message, a page fault every ~3 messages, each
+taken by the event loop's thread where it first writes the page (a body's
+copy, ``malloc``'s chunk header). On this VM a fresh page past the first few
+GB of free memory costs ~10 us to clear (the host backs it at its first
+touch): ~3 of the loop's 3.7 us a message (docs/benchmarks.md, "The 2 GB
+catch-up's cost was the kernel's").
+
+So a thread watches the top of the heap (``sbrk(0)``: the event loop's is
+the process's main arena, grown ``M_TOP_PAD`` at a time, ``gc_governor.tune_malloc``)
+and faults in what it grew by with ``madvise(MADV_POPULATE_WRITE)`` (Linux
+5.14), which maps the pages writable as a write would, without writing: the
+contents of a page that is already in use are not touched, so racing the
+allocator is harmless. The loop then finds its pages mapped; the clearing's
+CPU is spent on this thread, off the loop's path (and with the GIL released:
+``ctypes`` drops it around the call). What it costs: the heap's unused top
+(at most ``M_TOP_PAD``) is resident. Objects of Python's own allocator
+(arenas mapped apart) are not covered. Without ``sbrk``, ``madvise`` or the
+advice (another libc, an older kernel) the thread ends at its first try.
+It looks every ``POLL_INTERVAL`` while the heap grows, every ``IDLE_POLL`` once
+it has not for ``IDLE_AFTER``: a heap that starts growing after a quiet spell
+has its first ``IDLE_POLL`` of growth faulted in by the loop itself, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import mmap
+import threading
+import time
+
+log = logging.getLogger("brokerha.node")
+
+MADV_POPULATE_WRITE = 23  # linux/mman.h
+POLL_INTERVAL = 0.005  # seconds between two looks at the heap's top while it grows
+IDLE_POLL = 0.1  # ... and once it has not grown for IDLE_AFTER (a look takes the GIL)
+IDLE_AFTER = 1.0  # (it grows M_TOP_PAD at a time: at 150 MB/s every ~0.1 s)
+
+
+class HeapPrefault(threading.Thread):
+    """Faults in the pages the main arena's heap grows by (``start``; ``stop``)."""
+
+    def __init__(self, poll: float = POLL_INTERVAL, idle_poll: float = IDLE_POLL) -> None:
+        super().__init__(name="brokerha-prefault", daemon=True)
+        self.poll = poll
+        self.idle_poll = idle_poll
+        self.populated = 0  # bytes faulted in (stats, tests)
+        self.rounds = 0  # madvise calls
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            sbrk, madvise = libc.sbrk, libc.madvise
+        except (OSError, AttributeError):
+            return
+        sbrk.argtypes, sbrk.restype = [ctypes.c_ssize_t], ctypes.c_void_p
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        madvise.restype = ctypes.c_int
+        page = mmap.PAGESIZE
+        done = sbrk(0) or 0  # what the heap holds now was touched already
+        grew = -IDLE_AFTER
+        while not self._stop_event.wait(
+                self.poll if time.monotonic() - grew < IDLE_AFTER else self.idle_poll):
+            top = sbrk(0) or 0
+            if top <= done:
+                done = min(done, top)  # trimmed: from there on
+                continue
+            grew = time.monotonic()
+            start = done - done % page
+            if madvise(start, top - start, MADV_POPULATE_WRITE) != 0:
+                error = ctypes.get_errno()
+                if error != errno.ENOMEM:  # ENOMEM: trimmed meanwhile, look again
+                    log.info("heap prefault off: madvise(MADV_POPULATE_WRITE) failed: %s",
+                             errno.errorcode.get(error, error))
+                    return
+                continue
+            self.rounds += 1
+            self.populated += top - start
+            done = top
