@@ -267,6 +267,12 @@ class NodeCollector:
         yield CounterMetricFamily("brokerha_gc_thaws_skipped", "Thaws put off because too many "
                                   "objects were frozen (a deep backlog)",
                                   value=stats["thaws_skipped"])
+        yield CounterMetricFamily("brokerha_gc_bulk_freezes", "Times the young survivors were "
+                                  "frozen without a middle or full walk: a bulk made at once "
+                                  "(a big commit, a catch-up packet) or a middle collection "
+                                  "due over more objects than one walk may take (BULK_WALK)",
+                                  value=stats.get("bulk_freezes", 0)
+                                  + stats.get("bulk_walks_frozen", 0))
 
     def _tls(self) -> Iterator[Metric]:
         tls = getattr(self.node, "tls", None)

@@ -131,6 +131,8 @@ def test_metrics_show_gc_collections_pauses_and_frozen_objects(governor: GCGover
     assert got[("brokerha_gc_frozen_objects", ())] >= len(kept)
     assert got[("brokerha_gc_thaws_total", ())] == 0
     assert ("brokerha_gc_thaws_skipped_total", ()) in got
+    assert got[("brokerha_gc_bulk_freezes_total", ())] == (governor.bulk_freezes
+                                                          + governor.bulk_walks_frozen)
 
 
 def test_the_ui_and_the_status_page_show_flow_holds_and_the_gc_pause_max() -> None:
