@@ -749,14 +749,15 @@ class StandIns:
             return False  # a queue of its own (exclusive) by that name: left as it is
         if entry.partition == EXCLUSIVE:
             # another node's exclusive queue: its vhost answers 405 to every connection
-            # here; a message routed to it here (the default exchange) is forwarded to
-            # its node, never enqueued here (``GroupClients.publish``; x-max-length 0 for
-            # any other path, no dead letter)
+            # here; a message routed to it here is forwarded to its node, never enqueued
+            # here (``GroupClients.publish``; a dead letter: ``VirtualHost._led``, as
+            # followed; x-max-length 0 for any other path)
             queue = Queue(vhost.name, key[1], durable=entry.durable, auto_delete=False,
                           exclusive_owner=Owner(entry.ha_id), arguments={"x-max-length": 0},
                           memory=vhost.memory, clock=vhost.clock, sink=vhost)
             queue.auto_delete = entry.auto_delete
             vhost.queues[key[1]] = queue
+            vhost.followed.add(queue)
             self.held[key] = (queue, entry)
             self.bound[key] = set()
             self.made += 1

@@ -56,6 +56,7 @@ from brokerha.broker.queue import Queue
 from brokerha.cluster.messages import ErrorCode, Message
 from brokerha.cluster.replication import HA_ID
 from brokerha.ha.member import HAMember
+from brokerha.partition.directory import Owner
 from brokerha.partition.forward import (
     OWNER_GROUP,
     Confirm,
@@ -243,10 +244,14 @@ class NodeForwarding:
         from its head) routed to ``targets``, copies of queues of partitions other nodes
         lead: forwarded to their leaders by ``x-ha-id``, without a confirm (RabbitMQ's
         at-most-once dead-lettering: the sender resends it until answered, but it is lost
-        if this node fails first). A copy without ``x-ha-id`` is left out."""
+        if this node fails first). A copy without ``x-ha-id`` is left out; another node's
+        exclusive queue (its stand-in) goes to its owner node's lane, by name."""
         placement = self.member.placement
-        remote: dict[int, list[str]] = {}
+        remote: dict[LaneKey, list[str]] = {}
         for queue in targets:
+            if isinstance(queue.exclusive_owner, Owner):
+                remote.setdefault(queue.exclusive_owner.node, []).append(queue.name)
+                continue
             ha_id = queue.arguments.get(HA_ID)
             if placement is None or ha_id is None:
                 self.stats.dead_letters_dropped += 1

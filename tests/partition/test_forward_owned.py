@@ -238,3 +238,26 @@ def test_an_exchange_bound_to_the_owners_queue_routes_to_it_from_another_node(
     assert bound == [1, 2] and not fanout.bindings
     net.vhost(holder).delete_queue("sub-1", owner=conn)
     net.pump()
+
+
+def test_a_dead_letter_routed_to_the_stand_in_reaches_the_owners_queue(net: Net) -> None:
+    """A message rejected from a queue of another node whose dead-letter exchange routes it
+    to the owner's exclusive queue (the default exchange, its name): forwarded through the
+    owner lane (at most once, as a partition's dead letter), not dropped by the stand-in."""
+    holder, other = pair(net)
+    conn, queue = holding(net, holder, "dl-reply")
+    vhost = net.vhost(other)
+    assert vhost.queues["dl-reply"] in vhost.followed  # (its dead letters are forwarded)
+    source = vhost.declare_queue("dl-src", owner=None, arguments={
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dl-reply"})
+    source.enqueue(message("", "dl-src", b"dead"))
+    entry = source.get()
+    assert entry is not None
+    source.reject(entry)
+    net.pump()
+    (dead,) = [e.message for e in [queue.get()] if e is not None]
+    assert dead.body == b"dead" and b"x-death" in dead.header
+    assert net.fw[other].stats.dead_letters == 1
+    vhost.delete_queue("dl-src", owner=None)
+    net.vhost(holder).delete_queue("dl-reply", owner=conn)
+    net.pump()
