@@ -20,7 +20,7 @@ import pytest
 from kombu import Connection, Consumer, Producer, Queue
 
 from tests.clients.test_partition_groups_clients import Cluster, partitioned_cluster
-from tests.failover.groups import until
+from tests.failover.groups import passive, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,18 +40,6 @@ def nodes(partitioned: Cluster) -> tuple[str, str]:
 
 def connect(partitioned: Cluster, node: str) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.URLParameters(partitioned.cluster.url(node)))
-
-
-def passive(partitioned: Cluster, node: str, queue: str) -> str:
-    conn = connect(partitioned, node)
-    try:
-        conn.channel().queue_declare(queue, passive=True)
-        return "ok"
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        return f"{exc.reply_code} {exc.reply_text}"
-    finally:
-        if conn.is_open:
-            conn.close()
 
 
 def get(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str,
@@ -106,9 +94,9 @@ def test_after_the_owner_closed_a_mandatory_publish_from_another_node_is_returne
     a, b = nodes(partitioned)
     caller = connect(partitioned, a)
     reply_to = caller.channel().queue_declare("", exclusive=True).method.queue
-    until("the stand-in on B", lambda: passive(partitioned, b, reply_to).startswith("405"))
+    until("the stand-in on B", lambda: passive(partitioned.cluster, b, reply_to).startswith("405"))
     caller.close()
-    until("the owner entry gone on B", lambda: passive(partitioned, b, reply_to).startswith(
+    until("the owner entry gone on B", lambda: passive(partitioned.cluster, b, reply_to).startswith(
         "404 NOT_FOUND"), timeout=15)
     server = connect(partitioned, b)
     try:
@@ -129,7 +117,7 @@ def test_a_transaction_publishing_to_another_nodes_exclusive_queue_is_refused_54
     server = connect(partitioned, b)
     try:
         reply_to = caller.channel().queue_declare("", exclusive=True).method.queue
-        until("the stand-in on B", lambda: passive(partitioned, b, reply_to).startswith("405"))
+        until("the stand-in on B", lambda: passive(partitioned.cluster, b, reply_to).startswith("405"))
         sch = server.channel()
         sch.tx_select()
         sch.basic_publish("", reply_to, b"in a tx")
@@ -157,7 +145,7 @@ def test_kombu_reply_to_an_exclusive_queue_on_another_node(partitioned: Cluster)
         bound.declare()
         name = bound.name
         assert name.startswith("amq.gen-")
-        until("the stand-in on B", lambda: passive(partitioned, b, name).startswith("405"))
+        until("the stand-in on B", lambda: passive(partitioned.cluster, b, name).startswith("405"))
         producer = Producer(server.channel(), serializer="json")  # the default exchange
         for n in range(5):  # confirmed by the owner (py-amqp waits for each confirm)
             producer.publish({"n": n}, routing_key=name, correlation_id=str(n),

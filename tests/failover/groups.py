@@ -123,6 +123,20 @@ def connect(cluster: LocalCluster, node: str) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
 
 
+def passive(cluster: LocalCluster, node: str, queue: str) -> str:
+    """A passive declare of ``queue`` on ``node``: "ok", or the channel's close as
+    "CODE TEXT" (405 for another connection's exclusive queue, 404 for none)."""
+    conn = connect(cluster, node)
+    try:
+        conn.channel().queue_declare(queue, passive=True)
+        return "ok"
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        return f"{exc.reply_code} {exc.reply_text}"
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
 def depth(cluster: LocalCluster, node: str, queue: str) -> int:
     """The queue's message count as ``node`` answers a passive declare."""
     return counts(cluster, node, queue)[0]

@@ -17,7 +17,7 @@ import pytest
 
 from brokerha.partition.directory import OWNER_GRACE
 from brokerha.testing import LocalCluster
-from tests.failover.groups import until
+from tests.failover.groups import passive, until
 from tests.failover.test_failover import FAST
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,18 +50,6 @@ def metadata_leader(cluster: LocalCluster) -> str:
                      .get("groups") or {}).get("0") or {}).get("serving")), None)
     found: str = until("a metadata leader", one)
     return found
-
-
-def passive(cluster: LocalCluster, node: str, queue: str) -> str:
-    conn = pika.BlockingConnection(pika.URLParameters(cluster.url(node)))
-    try:
-        conn.channel().queue_declare(queue, passive=True)
-        return "ok"
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        return f"{exc.reply_code} {exc.reply_text}"
-    finally:
-        if conn.is_open:
-            conn.close()
 
 
 def hold(cluster: LocalCluster, node: str, queue: str) -> pika.BlockingConnection:
