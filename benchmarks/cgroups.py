@@ -189,7 +189,7 @@ def process_tree(root: int) -> list[int]:
 
 
 @contextmanager
-def weighted(shares: int) -> Iterator[CpuCgroup | None]:
+def weighted(shares: int, roots: CgroupRoots | None = None) -> Iterator[CpuCgroup | None]:
     """This process, and every process it starts from then on, in an uncapped cgroup of
     ``shares`` (v1 cpu.shares; v2 cpu.weight ``shares`` x 100 / 1024), so that work on the
     box outside it (1024 each: other sessions' tests, builds) yields the CPU to it: a
@@ -199,7 +199,7 @@ def weighted(shares: int) -> Iterator[CpuCgroup | None]:
     if not shares:
         yield None
         return
-    roots = CgroupRoots.find()
+    roots = roots or CgroupRoots.find()
     if roots is None:
         raise RuntimeError("no cgroup hierarchy with a cpu controller is mounted")
     if os.geteuid() != 0:

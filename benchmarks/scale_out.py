@@ -97,6 +97,7 @@ from cgroups import (  # noqa: F401 - tests and tools use them through this modu
     CpuSample,
     process_tree,
     remove_stale_cgroups,
+    weighted,
 )
 from ha_cluster import (
     HA_DEFAULTS,
@@ -154,10 +155,12 @@ class Machines:
         self.groups = [CpuCgroup(found, f"{tag}-m{i}", cap, period_us, shares)
                        for i in range(count)]
         # With shares: the load generator (this process) in an uncapped cgroup of the same
-        # weight, so that the box's other work (outside these cgroups) yields the CPU to the
-        # emulated machines and their clients rather than taking the caps' time.
-        self.clients = CpuCgroup(found, f"{tag}-clients", None, period_us, shares) \
-            if shares else None
+        # weight (cgroups.weighted, from __enter__), so that the box's other work (outside
+        # these cgroups) yields the CPU to the emulated machines and their clients rather
+        # than taking the caps' time.
+        self.shares = shares
+        self.clients: CpuCgroup | None = None
+        self._weighted = ExitStack()
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -177,16 +180,16 @@ class Machines:
         try:
             for g in self.groups:
                 g.create()
-            if self.clients is not None:
-                self.clients.create().add(os.getpid())
+            self.clients = self._weighted.enter_context(weighted(self.shares, self.roots))
         except BaseException:
             self.close()
             raise
         return self
 
     def close(self) -> None:
-        for g in [*self.groups, *([self.clients] if self.clients else [])]:
+        for g in self.groups:
             g.remove()
+        self._weighted.close()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
