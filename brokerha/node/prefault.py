@@ -50,6 +50,7 @@ class HeapPrefault(threading.Thread):
         self.idle_poll = idle_poll
         self.populated = 0  # bytes faulted in (stats, tests)
         self.rounds = 0  # madvise calls
+        self.covered = 0  # the heap's top up to which every page is faulted in (tests)
         self._stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -65,13 +66,13 @@ class HeapPrefault(threading.Thread):
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         madvise.restype = ctypes.c_int
         page = mmap.PAGESIZE
-        done = sbrk(0) or 0  # what the heap holds now was touched already
+        done = self.covered = sbrk(0) or 0  # what the heap holds now was touched already
         grew = -IDLE_AFTER
         while not self._stop_event.wait(
                 self.poll if time.monotonic() - grew < IDLE_AFTER else self.idle_poll):
             top = sbrk(0) or 0
             if top <= done:
-                done = min(done, top)  # trimmed: from there on
+                done = self.covered = min(done, top)  # trimmed: from there on
                 continue
             grew = time.monotonic()
             start = done - done % page
@@ -84,4 +85,4 @@ class HeapPrefault(threading.Thread):
                 continue
             self.rounds += 1
             self.populated += top - start
-            done = top
+            done = self.covered = top

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import resource
 import sys
 import time
@@ -15,19 +16,32 @@ from brokerha.node.prefault import HeapPrefault
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sbrk and madvise of Linux")
 def test_the_heap_the_loop_grows_is_faulted_in_by_the_thread_not_the_loop() -> None:
     """A thread keeping 64 MiB of 1 KiB bodies, with pauses as a loop has between packets:
-    with the prefault thread it takes a small part of the page faults it takes without."""
+    with the prefault thread it takes a small part of the page faults it takes without.
+
+    Each pause lasts until the thread has faulted in the heap up to its top (bounded), not a
+    fixed time: on a loaded machine (CI runs two test sessions at once) the thread may wait
+    for a core longer than a fixed pause, which measured the scheduler, not the thread."""
     if not tune_malloc():
         pytest.skip("glibc's malloc settings are the operator's here")
+    sbrk = ctypes.CDLL(None).sbrk
+    sbrk.argtypes, sbrk.restype = [ctypes.c_ssize_t], ctypes.c_void_p
+
+    def pause(prefault: HeapPrefault | None) -> None:
+        time.sleep(0.01)
+        deadline = time.monotonic() + 2.0
+        while prefault is not None and prefault.covered < (sbrk(0) or 0):
+            assert time.monotonic() < deadline, "the prefault thread did not reach the top"
+            time.sleep(0.002)
 
     def faults_keeping(prefault: HeapPrefault | None) -> tuple[int, list[bytes]]:
         if prefault is not None:
             prefault.start()
-            time.sleep(0.05)
+            pause(prefault)
         before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         kept: list[bytes] = []
         for i in range(64):
             kept.extend(bytes(1024) + b"%d" % j for j in range(1000 * i, 1000 * (i + 1)))
-            time.sleep(0.01)
+            pause(prefault)
         return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before, kept
 
     prefault = HeapPrefault(poll=0.002, idle_poll=0.002)
