@@ -194,8 +194,11 @@ def weighted(shares: int, roots: CgroupRoots | None = None) -> Iterator[CpuCgrou
     ``shares`` (v1 cpu.shares; v2 cpu.weight ``shares`` x 100 / 1024), so that work on the
     box outside it (1024 each: other sessions' tests, builds) yields the CPU to it: a
     shared machine made to behave as a quiet one for what runs inside. What runs inside
-    (nodes, clients, ``--burners``) competes as it would on a quiet machine. 0: nothing
-    done (None)."""
+    (nodes, clients) competes as it would on a quiet machine, but only while it leaves
+    the cores idle now and then: the kernel's threads (I/O completion workers, softirq,
+    writeback) are outside it, so something inside that keeps every core busy (CPU
+    burners) starves them and every fsync with them (issue 33, eleventh session; hence
+    ha_heavy_work.py refuses ``--shares`` with ``--burners``). 0: nothing done (None)."""
     if not shares:
         yield None
         return

@@ -47,9 +47,14 @@ CI-sized suite (TX 20,000, purge 200,000, catch-up 150,000: the sizes of
 ``tests/failover/test_heavy_work.py``, which runs this code); ``--only NAME``
 one operation; ``--burners N`` runs N ``yes > /dev/null`` beside the clusters;
 ``--rounds R`` repeats the suite; ``--shares N`` (root) runs all of it in one cgroup of
-cpu.shares N, so that a shared box's other work yields to it as if the machine were quiet
-(the burners are inside: they compete as on a quiet machine). Every process started here is stopped here by
-its PID, also on an error, Ctrl-C or SIGTERM.
+cpu.shares N, so that a shared box's other work yields to it as if the machine were quiet;
+not with ``--burners``: burners kept inside it starve the kernel's threads outside it
+(``SHARES_WITH_BURNERS``), and outside it they would yield to the cluster 16:1, so neither
+is a quiet machine with burners. Each operation's notes give the CPU used in it by the
+burners, by the cluster and its clients and by everything else on the machine ("others":
+a run beside other work shows there), how long the primary held publishers by flow
+control, and how long each node's threads waited for a core. Every process started here
+is stopped here by its PID, also on an error, Ctrl-C or SIGTERM.
 
 Examples::
 
@@ -80,7 +85,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))      # loadgen, ha_clus
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.*
 
 import loadgen  # noqa: E402
-from cgroups import weighted  # noqa: E402
+from cgroups import process_tree, weighted  # noqa: E402
 from deep_queue_ops import Lag, lag_between, parse_lag  # noqa: E402
 from ha_cluster import RabbitCluster  # noqa: E402
 from pamqp import commands  # noqa: E402
@@ -394,6 +399,88 @@ def thread_cpu(pid: int) -> tuple[float, float]:
     return main, others
 
 
+def sched_times(pid: int) -> tuple[float, float, float]:
+    """(the main thread's seconds waiting for a core, every thread's, every thread's
+    running) so far, from ``/proc/<pid>/task/*/schedstat`` (run and run-queue wait, ns):
+    a node beside CPU burners that is slow because it waits for a core, not because it
+    works, shows it here."""
+    main_wait = wait = run = 0.0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0.0, 0.0, 0.0
+    for task in tasks:
+        try:
+            ran, waited = (int(v) / 1e9 for v in (task / "schedstat").read_text().split()[:2])
+        except (OSError, ValueError):
+            continue
+        run, wait = run + ran, wait + waited
+        if task.name == str(pid):
+            main_wait = waited
+    return main_wait, wait, run
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """CPU seconds so far: the machine's (every core, busy), this benchmark's processes'
+    (itself, the nodes, the clients, the burners: the tree under it), the burners'."""
+
+    machine: float
+    ours: float
+    burners: float
+
+    @staticmethod
+    def now(root: int | None = None) -> CpuSplit:
+        tick = os.sysconf("SC_CLK_TCK")
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        machine = (sum(fields) - fields[3] - fields[4]) / tick  # all but idle and iowait
+        ours = burners = 0.0
+        for pid in process_tree(os.getpid() if root is None else root):
+            try:
+                text = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            stat = text.rsplit(")", 1)[1].split()
+            cpu = sum(int(v) for v in stat[11:15]) / tick  # its own and its waited-for children's
+            ours += cpu
+            if text[text.index("(") + 1:text.rindex(")")] == "yes":
+                burners += cpu
+        return CpuSplit(machine, ours, burners)
+
+    def note(self, before: CpuSplit, seconds: float) -> str:
+        """What a window used: the burners, the rest of this benchmark, and everything else
+        on the machine (other sessions' work, the kernel's threads): a run beside other
+        work shows it here."""
+        ours, burners = self.ours - before.ours, self.burners - before.burners
+        others = max(0.0, self.machine - before.machine - ours)
+        return (f"CPU in it (s, {seconds:.2f} s x {os.cpu_count()} cores): burners {burners:.2f}, "
+                f"cluster and clients {ours - burners:.2f}, others {others:.2f}")
+
+
+FLOW_HELD = "brokerha_publisher_flow_held_seconds_total "
+FLOW_HOLDS = "brokerha_publisher_flow_holds_total "
+
+
+def scrape_flow(cluster: LocalCluster, name: str) -> tuple[float, float]:
+    """(seconds publishers were held by flow control, holds) so far on ``name``: an HA
+    primary holds every publisher while a backup holding a copy lags ``flow_lag``."""
+    try:
+        return parse_flow(get(cluster.admin_url(name) + "/metrics", 3).decode())
+    except (OSError, ValueError):
+        return 0.0, 0.0
+
+
+def parse_flow(text: str) -> tuple[float, float]:
+    """(held seconds, holds) from a node's ``/metrics`` text (0 where absent)."""
+    held = holds = 0.0
+    for line in text.splitlines():
+        if line.startswith(FLOW_HELD):
+            held = float(line.split()[-1])
+        elif line.startswith(FLOW_HOLDS):
+            holds = float(line.split()[-1])
+    return held, holds
+
+
 def loop_kernel(pid: int) -> tuple[float, int]:
     """The main thread's system CPU seconds and minor page faults so far, from /proc: a
     catching-up backup's loop clears a fresh page for every ~3 messages it holds, and on
@@ -596,10 +683,27 @@ def measured(cluster: LocalCluster, probe: Probe, out: Outcome) -> Iterator[str]
     lag_before = scrape_lag(cluster, primary)
     backups = [n for n in cluster.names if n != primary and cluster.is_running(n)]
     backups_before = {n: scrape_lag(cluster, n) for n in backups}
+    pids = {n: cluster.nodes[n].proc.pid for n in cluster.names  # type: ignore[union-attr]
+            if cluster.is_running(n)}
+    sched_before = {n: sched_times(pid) for n, pid in pids.items()}
+    flow_before = scrape_flow(cluster, primary)
+    cpu_before = CpuSplit.now()
     mark, wall = probe.mark(), time.time()
     started = time.perf_counter()
     yield primary
     out.seconds = time.perf_counter() - started
+    out.notes.append(CpuSplit.now().note(cpu_before, out.seconds))
+    flow_after = scrape_flow(cluster, primary)
+    out.notes.append(f"publishers held by flow {flow_after[0] - flow_before[0]:.2f} s "
+                     f"({flow_after[1] - flow_before[1]:.0f} holds)")
+    waits = []
+    for n, pid in pids.items():
+        after = sched_times(pid)
+        waits.append(f"{n}{'*' if n == primary else ''} {after[0] - sched_before[n][0]:.2f} / "
+                     f"{after[1] - sched_before[n][1]:.2f} (ran {after[2] - sched_before[n][2]:.2f})")
+    out.notes.append("waited for a core, loop / all threads (s): " + ", ".join(waits)
+                     + f"; {datetime.fromtimestamp(wall):%H:%M:%S.%f}"[:-4]
+                     + f"-{datetime.now():%H:%M:%S.%f}"[:-4])
     out.lag_p99, out.lag_max = lag_figures(lag_before, scrape_lag(cluster, primary))
     # the backups' loop lag too: applying what the primary sends is their heavy work
     figures = [(n, lag_figures(backups_before[n], scrape_lag(cluster, n))) for n in backups
@@ -984,8 +1088,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--shares", type=int, default=0, metavar="N",
                    help="run everything started here (nodes, clients, burners) in one cgroup of "
                         "cpu.shares N (root; e.g. 16384): other work on a shared box then yields "
-                        "to it, as on a quiet machine (benchmarks/cgroups.py); 0: not done")
-    return p.parse_args(argv)
+                        "to it, as on a quiet machine (benchmarks/cgroups.py); 0: not done; "
+                        "not with --burners")
+    args = p.parse_args(argv)
+    if args.shares and args.burners:
+        p.error(SHARES_WITH_BURNERS)
+    return args
+
+
+# why --shares and --burners do not go together (docs/benchmarks.md, issue 33, eleventh session)
+SHARES_WITH_BURNERS = (
+    "--shares with --burners is not a quiet machine with burners: the burners keep the "
+    "weighted cgroup busy on every core, so the kernel's own threads outside it (the "
+    "workers that finish a write's I/O for fsync, softirq, writeback) get 1/17 of a core "
+    "and every fsync and loopback packet waits on them: operations of 1 s took 4-7 s and "
+    "a fill stalled 30 s. Run --burners without --shares, under the lock, on a quiet box; "
+    "each row's notes give the CPU that others used meanwhile.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
