@@ -368,6 +368,8 @@ class Backup:
             self._replicator(event.vhost, event.queue).enqueue(*event[3:])
         elif kind == R.DEQUEUED:
             self._replicator(event.vhost, event.queue).dequeue(event.positions)
+        elif kind == R.PURGED:
+            self._purge(event.vhost, event.queue, event.below)
         elif kind in R.TX_EVENTS:
             self.transactions.apply(event)
         elif kind in R.TXLOG_EVENTS:
@@ -410,6 +412,20 @@ class Backup:
         if replicator is None or replicator.queue is not q:
             replicator = self._queues[key] = QueueReplicator(q, self.broker.clock)
         return replicator
+
+    def _purge(self, vhost: str, name: str, below: int) -> None:
+        """A ``pg``: the copy is empty at once, as the primary's queue was (``Queue.begin_purge``:
+        the store records one purge), its entries let go of in the broker's background
+        slices. Every entry of the copy must be below ``below`` (the primary had nothing
+        else on the queue): a copy numbered at or above it is not the primary's, and
+        emptying it would drop what the primary kept -- it joins again instead."""
+        q = self._replicator(vhost, name).queue
+        if q.next_position > below:
+            raise ReplicationError(f"purge below {below} of '{name}' in vhost '{vhost}', "
+                                   f"whose copy is numbered up to {q.next_position - 1}")
+        drain = q.begin_purge()
+        if drain.count:
+            self.broker.background.run(drain)
 
     def _queue_gone(self, q: Queue) -> None:
         self._queues.pop((q.vhost, q.name), None)

@@ -8,11 +8,12 @@ left per entry is a ``ReadyDrain`` (a ``background.SlicedWork``):
 1. (a purge with acquired entries on the queue) the purged positions as
    ranges, for observers that take a purge in one call (``purged``);
 2. ``purged(queue, ranges)`` on those observers -- the store records one
-   operation, so a crash in the middle never brings purged messages back --
+   operation, so a crash in the middle never brings purged messages back; the
+   HA primary sends one event, or its positions (``Primary.purged``) --
    unless the queue was deleted meanwhile (its deletion covers them);
-3. per entry: ``dequeued`` on the other observers (the HA primary), the
-   node's memory meter, and dropping the entry (freeing a million entries
-   is itself a stall of a second).
+3. per entry: ``dequeued`` on the other observers, the node's memory meter,
+   and dropping the entry (freeing a million entries is itself a stall of a
+   second).
 
 A delete does only step 3, without observers: ``queue_deleted`` tells them.
 

@@ -56,8 +56,10 @@ from brokerha.cluster.messages import REGISTRY, Error, ErrorCode, Message, packe
 # code 27; partition/remote_consumer.py ``DeliverPart``, code 48), unknown to version 10;
 # 12: a remote consume answered ``Attached`` (code 49), a consumer's ``Credit`` (code 57),
 # ``GetReply`` with the get's ``message_count`` (partition/remote_consumer.py), unknown to
-# (or misread by) version 11
-VERSION = 12
+# (or misread by) version 11;
+# 13: the ``pg`` event (a purge in one event, cluster/replication.py), which a backup of
+# version 12 cannot apply (an unknown event: it would join again at every purge)
+VERSION = 13
 MAGIC = b"BRKRHA" + VERSION.to_bytes(2, "big")
 MAX_PACKET = 64 * 1024 * 1024
 HANDSHAKE_MAX_PACKET = 64 * 1024  # a handshake's packets: names, a nonce, a proof

@@ -22,6 +22,8 @@ kind     fields after the kind                                           meaning
 ``e``    vhost, queue, position, exchange, routing_key, header, body,    enqueued
          expires_in_ms (None: no expiry)
 ``d``    vhost, queue, [positions]                                       dequeued
+``pg``   vhost, queue, below                                             purged: every entry
+                                                                         below ``below``
 ``er``   vhost, queue, first, length, contents                           enqueued, a run:
                                                                          ``length`` messages
                                                                          at first.., no expiry
@@ -56,6 +58,15 @@ without expiry as runs (``er``, ``primary/replicating_subscription.py``):
 link carries one ``bin`` per run instead of a record and a field each, and a
 backup whose queue is durable stores that same ``bytes`` as one message run
 (``batch.ENQUEUED_RUN``) without packing it again.
+
+A purge of a queue that had no acquired entry (``broker/drain.py``: its
+purged positions are everything below the queue's next position, known at
+once) goes as one ``pg`` instead of a ``d`` per purged position: a backup then
+takes its whole copy off at once and lets go of the entries in slices, as the
+primary does, its store recording one purge (``backup/backup.py``). A backup
+whose copy holds a position at or above ``below`` (a copy that is not the
+primary's) raises ``ReplicationError``: it joins again. Any other purge goes
+as ``d`` events of its positions (``Primary.purged``).
 
 A large body travels in parts: an ``e`` (or a transaction's ``te``) whose
 body is over ``BODY_PART_BYTES`` (``primary/events.py``) goes as ``bp`` events
@@ -150,6 +161,7 @@ BINDING_CREATED = "bd"
 BINDING_DELETED = "bx"
 ENQUEUED = "e"
 DEQUEUED = "d"
+PURGED = "pg"  # a purge of everything below a position, in one event (see above)
 ENQUEUED_RUN = "er"  # a run of enqueues at consecutive positions, contents packed (pack_run)
 BODY_PART = "bp"  # a part of the next ``e``'s body (a large message, in parts)
 CATCH_UP_BEGINS = "b"
@@ -270,6 +282,13 @@ class Dequeued(NamedTuple):
     vhost: str
     queue: str
     positions: list[int]
+
+
+class Purged(NamedTuple):
+    kind: str
+    vhost: str
+    queue: str
+    below: int  # every entry of the queue at a position below this leaves
 
 
 class BodyPart(NamedTuple):
@@ -445,7 +464,7 @@ RECORDS: dict[str, Any] = {
     EXCHANGE_DECLARED: ExchangeDeclared, EXCHANGE_DELETED: ExchangeDeleted,
     QUEUE_DECLARED: QueueDeclared, QUEUE_DELETED: QueueDeleted, BINDING_CREATED: BindingChanged,
     BINDING_DELETED: BindingChanged, ENQUEUED: Enqueued, ENQUEUED_RUN: EnqueuedRun,
-    DEQUEUED: Dequeued, BODY_PART: BodyPart,
+    DEQUEUED: Dequeued, PURGED: Purged, BODY_PART: BodyPart,
     CATCH_UP_BEGINS: CatchUpBegins, SNAPSHOT_DONE: SnapshotDone, CAUGHT_UP: CaughtUp,
     ACK_PROMPTLY: AckPromptly, REJOIN: Rejoin, TX_BEGIN: TxBegin, TX_ENQUEUE: TxEnqueue,
     TX_DEQUEUE: TxDequeue, TX_PREPARE: TxPrepare, TX_COMMIT: TxCommit, TX_ROLLBACK: TxRollback,

@@ -46,7 +46,7 @@ class Loop:
 
 
 class Dequeues(QueueObserver):
-    """Sees a purge entry by entry (as the HA primary does)."""
+    """Sees a purge entry by entry (an observer without ``purged``)."""
 
     def __init__(self) -> None:
         self.positions: list[int] = []
