@@ -114,8 +114,9 @@ BULK_WALK = 30_000
 
 # glibc's malloc in a node's process (``tune_malloc``): mallopt's parameters and values
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+TOP_PAD = 16 << 20  # what the heap grows by past a request (node/prefault.py widens it)
 MALLOC_SETTINGS = ((M_MMAP_THRESHOLD, 8 << 20), (M_TRIM_THRESHOLD, 64 << 20),
-                   (M_TOP_PAD, 16 << 20))
+                   (M_TOP_PAD, TOP_PAD))
 
 
 def tune_malloc() -> bool:
@@ -135,13 +136,18 @@ def tune_malloc() -> bool:
     if "GLIBC_TUNABLES" in os.environ or any(
             k.startswith("MALLOC_") and k.endswith("_") for k in os.environ):
         return False
+    return all([mallopt(param, value) for param, value in MALLOC_SETTINGS])
+
+
+def mallopt(param: int, value: int) -> bool:
+    """glibc's ``mallopt`` (thread-safe: it takes the main arena's lock); False without it."""
     try:
-        mallopt = ctypes.CDLL(None).mallopt
+        call = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return all([mallopt(param, value) == 1 for param, value in MALLOC_SETTINGS])
+    call.argtypes = [ctypes.c_int, ctypes.c_int]
+    call.restype = ctypes.c_int
+    return bool(call(param, value) == 1)
 
 
 class GCGovernor:

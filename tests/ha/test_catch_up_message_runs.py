@@ -19,6 +19,7 @@ import msgpack
 import pytest
 
 from brokerha.backup.backup import INVALID, Backup
+from brokerha.backup.queue_replicator import QueueReplicator
 from brokerha.broker.broker import Broker
 from brokerha.broker.message import Entry
 from brokerha.broker.queue import Queue
@@ -258,3 +259,22 @@ def _delivery_order(q: Queue) -> list[bytes]:
     while (entry := q.get()) is not None:
         out.append(entry.message.body)
     return out
+
+
+def test_a_runs_messages_share_the_routing_key_and_properties_they_repeat() -> None:
+    """A row that repeats the last one's exchange, routing key or header holds that same
+    object, not a copy of its own (a catching-up backup holds ~100 B less of fresh memory a
+    message, issue 33); every message keeps its own values."""
+    q = Broker("n2").add_vhost("/").declare_queue("q", owner=None, durable=True)
+    msgs = [message(b"a1", rk="orders", persistent=True), message(b"a2", rk="orders", persistent=True),
+            message(b"a3", rk="orders", persistent=True, priority=1),
+            message(b"a4", rk="jobs", exchange="ex1", persistent=True, priority=1),
+            message(b"a5", rk="jobs", exchange="ex1", persistent=True, priority=1)]
+    QueueReplicator(q, lambda: 0.0).enqueue_packed(10, len(msgs), pack_run(msgs))
+    assert messages(q) == [(10 + i, m.exchange, m.routing_key, m.header, m.body, False)
+                           for i, m in enumerate(msgs)]
+    held = [e.message for e in q.ready]
+    assert held[1].routing_key is held[0].routing_key and held[2].routing_key is held[0].routing_key
+    assert held[1].header is held[0].header and held[2].header is not held[1].header
+    assert held[4].header is held[3].header is held[2].header  # the same properties
+    assert held[4].exchange is held[3].exchange and held[4].routing_key is held[3].routing_key

@@ -6,11 +6,12 @@ import ctypes
 import resource
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 
-from brokerha.node.gc_governor import tune_malloc
-from brokerha.node.prefault import HeapPrefault
+from brokerha.node.gc_governor import TOP_PAD, tune_malloc
+from brokerha.node.prefault import GROWING_TOP_PAD, HeapPrefault
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sbrk and madvise of Linux")
@@ -55,3 +56,43 @@ def test_the_heap_the_loop_grows_is_faulted_in_by_the_thread_not_the_loop() -> N
     without, kept2 = faults_keeping(None)
     assert with_thread < without / 2, (with_thread, without)
     assert len(kept) == len(kept2) == 64_000 and kept[-1] == bytes(1024) + b"63999"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sbrk and mallopt of glibc")
+def test_while_the_heap_grows_it_grows_in_bigger_steps_then_back() -> None:
+    """Once the thread has seen the heap grow, the heap's next step is GROWING_TOP_PAD
+    (fewer steps, fewer races with the loop over a step's first pages); once it has not
+    grown for idle_after, TOP_PAD again."""
+    if not tune_malloc():
+        pytest.skip("glibc's malloc settings are the operator's here")
+    sbrk = ctypes.CDLL(None).sbrk
+    sbrk.argtypes, sbrk.restype = [ctypes.c_ssize_t], ctypes.c_void_p
+    kept: list[bytes] = []
+
+    def next_step() -> int:
+        """Allocate (64 KiB at a time, from the heap) until the heap grows: by how much."""
+        top = sbrk(0) or 0
+        while (sbrk(0) or 0) == top:
+            kept.append(bytes(65536))
+        return (sbrk(0) or 0) - top
+
+    def until(done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 5.0
+        while not done():
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+
+    prefault = HeapPrefault(poll=0.002, idle_poll=0.002, idle_after=0.05)
+    prefault.start()
+    try:
+        until(lambda: prefault.covered > 0)
+        next_step()  # a first step, as the heap grew before: the thread sees it grow
+        until(lambda: prefault.growing)
+        assert next_step() >= GROWING_TOP_PAD - (1 << 20)
+        until(lambda: not prefault.growing)  # no growth for idle_after
+        assert TOP_PAD <= next_step() < GROWING_TOP_PAD - (1 << 20)
+    finally:
+        prefault.stop()
+        prefault.join(5)
+    assert not prefault.growing and not prefault.is_alive()
+    kept.clear()
