@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from brokerha.node.gc_governor import TOP_PAD, tune_malloc
-from brokerha.node.prefault import GROWING_TOP_PAD, HeapPrefault
+from brokerha.node.prefault import GROWING_TOP_PAD, POPULATE_CHUNK, HeapPrefault
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sbrk and madvise of Linux")
@@ -61,8 +61,8 @@ def test_the_heap_the_loop_grows_is_faulted_in_by_the_thread_not_the_loop() -> N
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sbrk and mallopt of glibc")
 def test_while_the_heap_grows_it_grows_in_bigger_steps_then_back() -> None:
     """Once the thread has seen the heap grow, the heap's next step is GROWING_TOP_PAD
-    (fewer steps, fewer races with the loop over a step's first pages); once it has not
-    grown for idle_after, TOP_PAD again."""
+    (fewer steps, fewer races with the loop over a step's first pages), faulted in
+    POPULATE_CHUNK a call; once it has not grown for idle_after, TOP_PAD again."""
     if not tune_malloc():
         pytest.skip("glibc's malloc settings are the operator's here")
     sbrk = ctypes.CDLL(None).sbrk
@@ -88,7 +88,13 @@ def test_while_the_heap_grows_it_grows_in_bigger_steps_then_back() -> None:
         until(lambda: prefault.covered > 0)
         next_step()  # a first step, as the heap grew before: the thread sees it grow
         until(lambda: prefault.growing)
-        assert next_step() >= GROWING_TOP_PAD - (1 << 20)
+        until(lambda: prefault.covered >= (sbrk(0) or 0))
+        rounds = prefault.rounds
+        step = next_step()
+        assert step >= GROWING_TOP_PAD - (1 << 20)
+        # faulted in a chunk a call (each call holds the mmap lock a loop's brk waits for)
+        until(lambda: prefault.covered >= (sbrk(0) or 0))
+        assert prefault.rounds - rounds >= step // POPULATE_CHUNK
         until(lambda: not prefault.growing)  # no growth for idle_after
         assert TOP_PAD <= next_step() < GROWING_TOP_PAD - (1 << 20)
     finally:
