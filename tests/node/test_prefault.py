@@ -3,27 +3,63 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import resource
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+import brokerha
 from brokerha.node.gc_governor import TOP_PAD, tune_malloc
 from brokerha.node.prefault import GROWING_TOP_PAD, POPULATE_CHUNK, HeapPrefault
 
 
+def in_fresh_process(check: Callable[[], None]) -> None:
+    """Run ``check`` (a function of this module) in a process of its own: what it measures
+    (the heap's top, page faults, ``mallopt``) depends on what the process did before --
+    in a test session that had run other tests, the heap reused their freed memory and
+    the fault counts meant nothing -- and ``tune_malloc`` would change the session's."""
+    here = str(Path(brokerha.__file__).resolve().parents[1])  # the brokerha under test
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [here, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, __file__, check.__name__], capture_output=True,
+                          text=True, timeout=120, check=False, env=env)
+    if done.returncode == SKIP:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+SKIP = 3  # the exit status of a check that does not apply here
+
+
+def needs_tuned_malloc() -> None:
+    if not tune_malloc():
+        print("glibc's malloc settings are the operator's here")
+        raise SystemExit(SKIP)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sbrk and madvise of Linux")
 def test_the_heap_the_loop_grows_is_faulted_in_by_the_thread_not_the_loop() -> None:
+    in_fresh_process(check_faults_taken_by_the_thread)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sbrk and mallopt of glibc")
+def test_while_the_heap_grows_it_grows_in_bigger_steps_then_back() -> None:
+    in_fresh_process(check_bigger_steps_while_growing)
+
+
+def check_faults_taken_by_the_thread() -> None:
     """A thread keeping 64 MiB of 1 KiB bodies, with pauses as a loop has between packets:
     with the prefault thread it takes a small part of the page faults it takes without.
 
     Each pause lasts until the thread has faulted in the heap up to its top (bounded), not a
     fixed time: on a loaded machine (CI runs two test sessions at once) the thread may wait
     for a core longer than a fixed pause, which measured the scheduler, not the thread."""
-    if not tune_malloc():
-        pytest.skip("glibc's malloc settings are the operator's here")
+    needs_tuned_malloc()
     sbrk = ctypes.CDLL(None).sbrk
     sbrk.argtypes, sbrk.restype = [ctypes.c_ssize_t], ctypes.c_void_p
 
@@ -58,13 +94,11 @@ def test_the_heap_the_loop_grows_is_faulted_in_by_the_thread_not_the_loop() -> N
     assert len(kept) == len(kept2) == 64_000 and kept[-1] == bytes(1024) + b"63999"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sbrk and mallopt of glibc")
-def test_while_the_heap_grows_it_grows_in_bigger_steps_then_back() -> None:
+def check_bigger_steps_while_growing() -> None:
     """Once the thread has seen the heap grow, the heap's next step is GROWING_TOP_PAD
     (fewer steps, fewer races with the loop over a step's first pages), faulted in
     POPULATE_CHUNK a call; once it has not grown for idle_after, TOP_PAD again."""
-    if not tune_malloc():
-        pytest.skip("glibc's malloc settings are the operator's here")
+    needs_tuned_malloc()
     sbrk = ctypes.CDLL(None).sbrk
     sbrk.argtypes, sbrk.restype = [ctypes.c_ssize_t], ctypes.c_void_p
     kept: list[bytes] = []
@@ -102,3 +136,7 @@ def test_while_the_heap_grows_it_grows_in_bigger_steps_then_back() -> None:
         prefault.join(5)
     assert not prefault.growing and not prefault.is_alive()
     kept.clear()
+
+
+if __name__ == "__main__":  # in_fresh_process
+    globals()[sys.argv[1]]()
