@@ -271,8 +271,7 @@ class NodeCollector:
                                   "frozen without a middle or full walk: a bulk made at once "
                                   "(a big commit, a catch-up packet) or a middle collection "
                                   "due over more objects than one walk may take (BULK_WALK)",
-                                  value=stats.get("bulk_freezes", 0)
-                                  + stats.get("bulk_walks_frozen", 0))
+                                  value=stats["bulk_freezes"] + stats["bulk_walks_frozen"])
 
     def _tls(self) -> Iterator[Metric]:
         tls = getattr(self.node, "tls", None)
