@@ -371,9 +371,24 @@ def stall_lines(cluster: LocalCluster, since: float, until: float) -> list[str]:
     return sorted(found)
 
 
+def stat_fields(path: Path) -> list[str]:
+    """The fields of a ``/proc/.../stat`` after the command's name (which may hold spaces
+    and parentheses): index 0 is the state, 7 minor faults, 11 and 12 user and system
+    ticks."""
+    return path.read_text().rsplit(")", 1)[1].split()
+
+
+def tasks_of(pid: int) -> list[Path]:
+    """The process's threads' ``/proc/<pid>/task/<tid>`` directories (none once it is gone)."""
+    try:
+        return list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
+
+
 def cpu_seconds(pid: int) -> float:
     """The process's CPU time so far (user and system, every thread), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(Path(f"/proc/{pid}/stat"))
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -382,13 +397,9 @@ def thread_cpu(pid: int) -> tuple[float, float]:
     loop's thread is the process's main thread; the others are the store's, the watchdog)."""
     main = others = 0.0
     tick = os.sysconf("SC_CLK_TCK")
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return 0.0, 0.0
-    for task in tasks:
+    for task in tasks_of(pid):
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = stat_fields(task / "stat")
         except OSError:
             continue
         cpu = (int(fields[11]) + int(fields[12])) / tick
@@ -405,11 +416,7 @@ def sched_times(pid: int) -> tuple[float, float, float]:
     a node beside CPU burners that is slow because it waits for a core, not because it
     works, shows it here."""
     main_wait = wait = run = 0.0
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return 0.0, 0.0, 0.0
-    for task in tasks:
+    for task in tasks_of(pid):
         try:
             ran, waited = (int(v) / 1e9 for v in (task / "schedstat").read_text().split()[:2])
         except (OSError, ValueError):
@@ -487,7 +494,7 @@ def loop_kernel(pid: int) -> tuple[float, int]:
     a VM whose free memory the host took back that clearing was most of the loop's CPU
     (issue 33, docs/benchmarks.md "The 2 GB catch-up's cost was the kernel's")."""
     try:
-        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat_fields(Path(f"/proc/{pid}/task/{pid}/stat"))
     except OSError:
         return 0.0, 0
     return int(fields[12]) / os.sysconf("SC_CLK_TCK"), int(fields[7])
