@@ -86,6 +86,21 @@ def test_large_messages_in_parts_and_split_flushes_lose_nothing_confirmed(seeds:
     assert work["crashed between parts"] > seeds / 4
 
 
+@pytest.mark.parametrize("seeds", [40, pytest.param(1_000, marks=pytest.mark.slow)])
+def test_purges_in_one_event_lose_nothing_confirmed(seeds: int) -> None:
+    """Issue 33's purge in one ``pg`` event under the faults: the client purges its queue
+    (``VirtualHost.purge_queue``, nothing acquired: the one-event path) now and then while
+    it publishes and consumes, primaries fail over and backups crash and catch up; the
+    purged messages leave (c), and (c) and (d) hold for everything published after -- a
+    backup applying a ``pg`` never drops more than the primary purged, nor comes out of a
+    catch-up missing a message."""
+    results = run_many(range(30_000, 30_000 + seeds), jobs=2, purge_rate=0.2)
+    assert [r.summary() for r in results if r.violation] == []
+    assert sum(r.failovers for r in results) > seeds
+    assert sum(r.confirmed for r in results) > 50 * seeds
+    assert sum(r.purged for r in results) > 10 * seeds
+
+
 def test_seeds_of_five_nodes_have_no_violation() -> None:
     results = run_many(range(10_000, 10_030), jobs=2, nodes=5)
     assert [r.summary() for r in results if r.violation] == []

@@ -70,6 +70,7 @@ class SimResult:
     published: int = 0
     confirmed: int = 0
     consumed: int = 0
+    purged: int = 0             # messages taken off by the client's queue.purge (purge_rate)
     unserved: float = 0.0       # virtual seconds without a serving primary
     overlap: float = 0.0        # virtual seconds with two serving (a deposed one in its lease)
     deposed_calls: int = 0      # client calls that went to a deposed primary still serving
@@ -103,10 +104,11 @@ def client_queue(node: SimNode) -> Queue | None:
 
 class ConfirmSimulation(World):
     def __init__(self, seed: int, *, publish_rate: float = 2.0, consume_rate: float = 1.6,
-                 **kw: Any) -> None:
+                 purge_rate: float = 0.0, **kw: Any) -> None:
         kw.setdefault("stability", True)
         super().__init__(seed, **kw)
         self.publish_rate, self.consume_rate = publish_rate, consume_rate
+        self.purge_rate = purge_rate  # the client's queue.purge a second (0: none)
         self.confirmed_live: set[int] = set()
         self.consumed: set[int] = set()
         self.next_id = 0
@@ -128,6 +130,8 @@ class ConfirmSimulation(World):
                 self.after(self.rng.expovariate(self.publish_rate), self._publish)
             if self.consume_rate > 0:
                 self.after(self.rng.expovariate(self.consume_rate), self._consume)
+            if self.purge_rate > 0:
+                self.after(self.rng.expovariate(self.purge_rate), self._purge_queue)
             self.run_until(self.duration)
             self._check_confirmed(self.serving_now)
         except Violation as exc:
@@ -282,8 +286,12 @@ class ConfirmSimulation(World):
             if entry is None:
                 return False
         q.settle(entry)
-        mid = int(entry.message.body)
         self.result.consumed += 1
+        self._gone(node, int(entry.message.body))
+        return True
+
+    def _gone(self, node: SimNode, mid: int) -> None:
+        """The client took ``mid`` off the queue on ``node``: (c) no longer asks for it."""
         self.consumed.add(mid)
         self.confirmed_live.discard(mid)
         primary = node.primary
@@ -291,7 +299,20 @@ class ConfirmSimulation(World):
             # (the first time it left the backups' copies: policy_change.py drops them earlier)
             self.gone_at[primary.epoch].setdefault(mid, primary.seq)
             self.alive_at[primary.epoch].discard(mid)
-        return True
+
+    def _purge_queue(self) -> None:
+        self.after(self.rng.expovariate(self.purge_rate), self._purge_queue)
+        self._call(self._purge_queue_on)
+
+    def _purge_queue_on(self, node: SimNode, conn: SimConnection) -> None:
+        """queue.purge (the broker's own, ``VirtualHost.purge_queue``): every ready message
+        off at once; on a primary with nothing acquired on the queue one ``pg`` event to
+        the backups (``Primary.purged``)."""
+        node.charge(self.costs.client_op)
+        mids = [int(e.message.body) for e in self._client_queue(node).ready]
+        self.result.purged += node.broker.vhosts["/"].purge_queue(QUEUE, None)
+        for mid in mids:
+            self._gone(node, mid)
 
     def _held_now(self, node: SimNode) -> set[int]:
         """``held(node)``, kept while its queue's entries stay the same (many confirms come
