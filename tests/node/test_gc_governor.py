@@ -33,7 +33,12 @@ def test_a_full_collection_freezes_its_survivors(governor: GCGovernor) -> None:
     before = sum(gc.get_count())
     gc.collect(2)  # walks only what is not frozen: the survivors are not walked again
     assert sum(gc.get_count()) <= before
-    assert governor.count_frozen() == gc.get_freeze_count() == governor.stats()["frozen"]
+    gc.disable()  # no collection (and the governor's freeze after it) between the two counts:
+    try:  # one came in a full suite's run there once (330,206 against 330,205)
+        counted, frozen = governor.count_frozen(), gc.get_freeze_count()
+    finally:
+        gc.enable()
+    assert counted == frozen == governor.stats()["frozen"]
 
 
 def test_a_middle_collection_freezes_its_survivors_too(governor: GCGovernor) -> None:
