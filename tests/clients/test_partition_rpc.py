@@ -63,6 +63,9 @@ def test_pika_rpc_reply_reaches_an_exclusive_queue_on_another_node(partitioned: 
         assert reply_to.startswith("amq.gen-")
         cch.queue_declare(requests)
         sch = server.channel()
+        # the server declares the queue it serves, as pika's RPC tutorial does: a basic.get
+        # on B just after A's declare-ok may still find B without it (404, once in a suite)
+        sch.queue_declare(requests)
         sch.confirm_delivery()  # an UnroutableError (returned) or NackError would raise
         ids = [uuid.uuid4().hex for _ in range(20)]
         started = time.monotonic()
