@@ -441,18 +441,18 @@ class CpuSplit:
         tick = os.sysconf("SC_CLK_TCK")
         fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
         machine = (sum(fields) - fields[3] - fields[4]) / tick  # all but idle and iowait
-        ours = burners = 0.0
+        ours = burners = 0  # in ticks: a sum of floats could make ours < burners by 1e-14
         for pid in process_tree(os.getpid() if root is None else root):
             try:
                 text = Path(f"/proc/{pid}/stat").read_text()
             except OSError:
                 continue  # gone meanwhile
             stat = text.rsplit(")", 1)[1].split()
-            cpu = sum(int(v) for v in stat[11:15]) / tick  # its own and its waited-for children's
+            cpu = sum(int(v) for v in stat[11:15])  # its own and its waited-for children's
             ours += cpu
             if text[text.index("(") + 1:text.rindex(")")] == "yes":
                 burners += cpu
-        return CpuSplit(machine, ours, burners)
+        return CpuSplit(machine, ours / tick, burners / tick)
 
     def note(self, before: CpuSplit, seconds: float) -> str:
         """What a window used: the burners, the rest of this benchmark, and everything else

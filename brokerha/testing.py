@@ -166,22 +166,55 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+STRIPE_ENV = "BROKERHA_TEST_PORT_STRIPE"
+STRIPE_BLOCK = 100  # base ports come in blocks of 100; a stripe holds every n-th block
+
+
+def _stripe() -> tuple[int, int]:
+    """This process's share of the base ports, ``(k, n)`` from ``BROKERHA_TEST_PORT_STRIPE=k/n``
+    (``scripts/pytest_jobs.py`` gives each of its sessions its own); ``(0, 1)``: all of them.
+
+    Two sessions that checked the same free ports at once, or one that found free a port
+    the other's node had let go for a restart, would otherwise start two nodes on it.
+    """
+    raw = os.environ.get(STRIPE_ENV, "")
+    if not raw:
+        return 0, 1
+    try:
+        k, n = (int(x) for x in raw.split("/"))
+    except ValueError:
+        raise ValueError(f"{STRIPE_ENV}={raw!r}: expected k/n, such as 0/2") from None
+    if not 0 <= k < n:
+        raise ValueError(f"{STRIPE_ENV}={raw!r}: k must be in 0..n-1")
+    return k, n
+
+
 def free_base_port(count: int,
                    offsets: tuple[int, ...] = (0, ADMIN_OFFSET, CLUSTER_OFFSET)) -> int:
     """A base port P such that P..P+count-1 plus each offset were all free a moment ago.
 
     Every port lies below the kernel's ephemeral range, so an outgoing
-    connection's local port cannot take one between this check and the bind.
+    connection's local port cannot take one between this check and the bind. Under a
+    stripe (``_stripe``) every port lies in this process's own blocks of 100: a port
+    ``P + i + offset`` is in block ``(P + i) // 100 + offset // 100``, and the offsets are
+    multiples of ``100 * n``, so no two stripes' ports can meet.
     """
     import random
 
+    k, n = _stripe()
+    if n > 1 and (count > STRIPE_BLOCK or any(off % (STRIPE_BLOCK * n) for off in offsets)):
+        raise ValueError(f"{count} ports at offsets {offsets} do not fit stripe {k}/{n} "
+                         f"(blocks of {STRIPE_BLOCK}, offsets multiples of {STRIPE_BLOCK * n})")
     rnd = random.Random()
     high = _ephemeral_low() - max(offsets) - count
     if high <= 2000:
         raise ValueError(f"offsets up to {max(offsets)} leave no base port below the ephemeral "
                          f"range ({_ephemeral_low()})")
-    for _ in range(200):
+    for _ in range(200 * n):
         base = rnd.randrange(2000, high)
+        if n > 1 and ((base // STRIPE_BLOCK) % n != k
+                      or base % STRIPE_BLOCK + count > STRIPE_BLOCK):
+            continue
         ports = [base + i + off for i in range(count) for off in offsets]
         try:
             for port in ports:

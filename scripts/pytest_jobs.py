@@ -15,7 +15,7 @@ Both sessions get the same pytest arguments (``-m slow``, ``-k``, ``--durations`
 Arguments naming a test path (``tests/ha``, ``tests/x.py::test_y``) run one session on
 exactly those, as before; so does ``BROKERHA_TEST_JOBS=1``. The first half's output is
 shown as it comes, the second's when it ends (it is written to a log meanwhile, named in
-the output). Exit status: 0 only if both passed; pytest's 5 (no test collected) counts as
+the output). Each session starts its nodes on its own ports (``stripe_env``). Exit status: 0 only if both passed; pytest's 5 (no test collected) counts as
 a failure unless the other session ran tests (one half may hold no slow test); 1 if both
 collected nothing.
 """
@@ -31,6 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from brokerha.testing import STRIPE_ENV  # noqa: E402
+
 TESTS = ROOT / "tests"
 FIRST = ("failover", "txlog", "tls", "dtx")
 NO_TESTS = 5  # pytest's exit status when nothing was collected
@@ -74,6 +77,12 @@ def combined(codes: Sequence[int]) -> int:
     return bad[0] if bad else 0
 
 
+def stripe_env(session: int) -> dict[str, str]:
+    """The environment of one of the two sessions: its own stripe of the test ports
+    (``brokerha.testing.free_base_port``), so the two never start nodes on one port."""
+    return {**os.environ, STRIPE_ENV: f"{session}/2"}
+
+
 def main(argv: Sequence[str]) -> int:
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
     if names_a_path(argv) or os.environ.get("BROKERHA_TEST_JOBS", "2") == "1":
@@ -89,9 +98,9 @@ def main(argv: Sequence[str]) -> int:
         print(f"tests: two sessions at once; the second ({' '.join(b)}) writes to {log.name}"
               " and is shown when it ends", flush=True)
         second = subprocess.Popen([*pytest, *argv, *b], cwd=ROOT, stdout=log,
-                                  stderr=subprocess.STDOUT)
+                                  stderr=subprocess.STDOUT, env=stripe_env(1))
         try:
-            first_rc = subprocess.call([*pytest, *argv, *a], cwd=ROOT)
+            first_rc = subprocess.call([*pytest, *argv, *a], cwd=ROOT, env=stripe_env(0))
             first_done = time.monotonic() - start
             second_rc = second.wait()
         except BaseException:

@@ -51,3 +51,9 @@ def test_exit_statuses_combine_failing_closed() -> None:
     assert jobs.combined([1, 0]) == 1
     assert jobs.combined([0, 2]) == 2  # interrupted
     assert jobs.combined([5, 1]) == 1
+
+
+def test_each_session_starts_its_nodes_on_its_own_stripe_of_ports() -> None:
+    from brokerha.testing import STRIPE_ENV
+
+    assert [jobs.stripe_env(i)[STRIPE_ENV] for i in (0, 1)] == ["0/2", "1/2"]

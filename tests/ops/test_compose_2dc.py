@@ -129,11 +129,15 @@ def two_dcs(brokerha_image: str, request: pytest.FixtureRequest) -> Iterator[dic
     if version.returncode == 2:
         pytest.skip(f"no Docker Compose here: {version.stderr.strip()[-300:]}")
     assert version.returncode == 0, version.stderr
-    for base in BASES.values():
-        for i in range(3):
-            for offset in (0, ADMIN_OFFSET, CLUSTER_OFFSET, TXLOG_OFFSET):
-                if port_taken(base + i + offset):
-                    pytest.skip(f"port {base + i + offset} of compose.2dc.yml is taken here")
+    ports = [base + i + offset for base in BASES.values() for i in range(3)
+             for offset in (0, ADMIN_OFFSET, CLUSTER_OFFSET, TXLOG_OFFSET)]
+    # the TxLog ports (35672...) lie in the kernel's ephemeral range: an outgoing
+    # connection of the other test session may hold one for a while
+    deadline = time.monotonic() + 60
+    while taken := [p for p in ports if port_taken(p)]:
+        if time.monotonic() > deadline:
+            pytest.skip(f"ports {taken} of compose.2dc.yml are taken here (waited 60 s)")
+        time.sleep(1)
     dcs = {name: ComposeDC(name, base) for name, base in BASES.items()}
     names = [dc.container(n) for dc in dcs.values() for n in dc.names]
     existing = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"],
