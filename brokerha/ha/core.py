@@ -112,6 +112,9 @@ class Unsafe(UnsafeRules):
     # a catch-up's run of enqueues (``er``) not cut at a gap in the queue's positions: the
     # backup numbers the messages after the gap as others (primary/replicating_subscription.py)
     runs_across_gaps: bool = False
+    # a purge's entries not replicated (``Primary.purged`` sends the backups nothing): the
+    # client has its purge-ok, and after a failover the purged messages are back
+    local_purge: bool = False
     # a backup's commit in slices (Backup.step): its stored position stays valid while the
     # transaction is half applied (a crash then leaves part of it at a valid position) ...
     position_valid_mid_commit: bool = False
@@ -227,6 +230,7 @@ class HACore:
             pace=Pace.unbounded() if self.unsafe.monolithic_catch_up else None,
             tx_trackers=not self.unsafe.no_tx_trackers,
             runs_across_gaps=self.unsafe.runs_across_gaps,
+            replicate_purges=not self.unsafe.local_purge,
             body_part_bytes=s.body_part_bytes, flush_bytes=s.flush_bytes)
         if self.unsafe.confirm_early:
             self.broker.replication_barriers.remove(self.primary.barrier)

@@ -114,11 +114,14 @@ class Primary(ConfigurationObserver, QueueObserver):
                  body_part_bytes: int = ev.BODY_PART_BYTES,
                  flush_bytes: int = FLUSH_BYTES,
                  runs_across_gaps: bool = False,
+                 replicate_purges: bool = True,
                  scope: GroupScope | None = None) -> None:
         self.broker = broker
         # core.Unsafe.runs_across_gaps (simulations only): a catch-up's run of enqueues is
         # not cut where the queue's positions have a gap (replicating_subscription.py)
         self.runs_across_gaps = runs_across_gaps
+        # core.Unsafe.local_purge (simulations only): ``purged`` sends the backups nothing
+        self.replicate_purges = replicate_purges
         # a body over body_part_bytes goes in parts, at most flush_bytes of live events go
         # per flush (events.py, remote_backup.py; smaller in simulations: PrimarySettings)
         self.body_part_bytes, self.flush_bytes = body_part_bytes, flush_bytes
@@ -677,7 +680,8 @@ class Primary(ConfigurationObserver, QueueObserver):
         entries were on the queue) ``d`` events of the ranges' positions,
         ``DEQUEUES_PER_EVENT`` each.
         """
-        if queue.deleted or (self._policies.get(queue) or self._decide(queue)) != REPLICATE_ALL:
+        if (queue.deleted or not self.replicate_purges
+                or (self._policies.get(queue) or self._decide(queue)) != REPLICATE_ALL):
             return
         below = queue.next_position
         if (self._capture is None and queue.unacked == 0 and not len(queue.ready)

@@ -99,6 +99,17 @@ def test_purges_in_one_event_lose_nothing_confirmed(seeds: int) -> None:
     assert sum(r.failovers for r in results) > seeds
     assert sum(r.confirmed for r in results) > 50 * seeds
     assert sum(r.purged for r in results) > 10 * seeds
+    assert sum(r.purges_answered for r in results) > 5 * seeds  # (g) asked of them
+
+
+def test_a_purge_left_unreplicated_is_caught_after_a_failover() -> None:
+    """(g): with ``Unsafe.local_purge`` the primary answers purge-ok but tells its backups
+    nothing (``Primary.purged``); the next primary serves the purged messages again."""
+    found = first_failing(run_seed, Unsafe.of(["local_purge"]), range(400), purge_rate=0.2)
+    assert found is not None, "no seed brings a purged message back"
+    seed, violation = found
+    assert violation.startswith("(g) purged messages"), violation
+    assert run_seed(seed, purge_rate=0.2).violation is None
 
 
 def test_seeds_of_five_nodes_have_no_violation() -> None:
@@ -227,6 +238,12 @@ def test_the_command_line_prints_seeds_per_second_and_fails_on_a_violation() -> 
     bad = subprocess.run([*base, "--jobs", "2", "--duration", "30", "--seeds", "50", "--unsafe",
                           "confirm_early"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "VIOLATION (c)" in bad.stdout
+    purges = [*base, "--jobs", "2", "--duration", "30", "--seeds", "10", "--unsafe", "local_purge"]
+    refused = subprocess.run(purges, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "add --purge-rate" in refused.stderr
+    caught = subprocess.run([*purges, "--purge-rate", "0.2"], capture_output=True, text=True,
+                            timeout=120)
+    assert caught.returncode == 1 and "VIOLATION (g)" in caught.stdout, caught.stdout
 
 
 # ---- the checker itself, on states the product reached ------------------------------------
@@ -256,7 +273,7 @@ def test_the_checker_reports_a_lost_confirmed_message() -> None:
     assert entry is not None and int(entry.message.body) in sim.confirmed_live
     q.settle(entry)  # gone, as if a failover had lost it (the client never consumed it)
     with pytest.raises(Violation, match=r"^\(c\) confirmed messages"):
-        sim._check_confirmed(primary)
+        sim._check_serving(primary)
 
 
 @pytest.mark.parametrize("unsafe", [Unsafe(), Unsafe(old_epoch_apply=True)])

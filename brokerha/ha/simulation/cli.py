@@ -92,6 +92,9 @@ def register(parser: argparse.ArgumentParser,
                         "simulated disk, not a log (workloads: "
                         + ", ".join(n for n, m in workloads.items() if getattr(m, "ON_BROKERS", False))
                         + ")")
+    parser.add_argument("--purge-rate", type=float, default=0.0,
+                        help="the client's queue.purge a virtual second (the confirms "
+                        "workload; default 0: none; local_purge is caught only with purges)")
     parser.add_argument("--trace", action="store_true", help="print the trace tail of failing seeds")
     parser.set_defaults(handler=simulate, workloads=workloads)
 
@@ -118,6 +121,12 @@ def simulate(args: argparse.Namespace) -> int:
         if not getattr(module, "ON_BROKERS", False):
             raise SystemExit(f"the {args.workload} workload runs on no brokers")
         kw["brokers"] = "all"
+    if args.purge_rate:
+        if args.workload != "confirms":
+            raise SystemExit(f"the {args.workload} workload does not purge")
+        kw["purge_rate"] = args.purge_rate
+    elif "local_purge" in args.unsafe:
+        raise SystemExit("local_purge is caught only when the client purges: add --purge-rate")
     if args.workload in ("confirms", "heavy", "policy", "table", "groups", "forward",
                          "remote-consume"):
         kw["nodes"] = args.nodes

@@ -20,7 +20,9 @@ Checked after every event, beside the world's (a), (b), (e) and (f):
 at each confirm); (d) a ready backup holds every message its position
 covers: when a backup reports a valid position ``(epoch, seq)``, every
 message the primary of that epoch held at ``seq`` and that no event the
-backup applied took away is in its queue.
+backup applied took away is in its queue; (g) a purge answered stays done: once
+the client has purge-ok (after ``Broker.after_durable``, as the channel answers
+it), the serving primary holds none of the messages it took off.
 
 A failing seed is replayed by its number (``brokerha cluster simulate
 --seeds 1 --start-seed N --trace``; ``cli.py``).
@@ -53,7 +55,7 @@ from brokerha.primary.primary import Primary
 QUEUE = "q"
 GAP_CONSUMES = 0.2  # of the client's gets, those that take the second message, not the head
 CATCHES = ("confirm_early", "early_ack", "invalid_grants", "no_lease", "old_epoch_apply",
-           "lagging_role", "runs_across_gaps")  # monolithic_catch_up: the heavy workload (heavy.py)
+           "lagging_role", "runs_across_gaps", "local_purge")  # monolithic_catch_up: the heavy workload (heavy.py)
 
 __all__ = ["ConfirmSimulation", "Faults", "SimResult", "Unsafe", "Violation", "run_many",
            "run_seed"]
@@ -71,6 +73,7 @@ class SimResult:
     confirmed: int = 0
     consumed: int = 0
     purged: int = 0             # messages taken off by the client's queue.purge (purge_rate)
+    purges_answered: int = 0    # of its purges, those answered (purge-ok)
     unserved: float = 0.0       # virtual seconds without a serving primary
     overlap: float = 0.0        # virtual seconds with two serving (a deposed one in its lease)
     deposed_calls: int = 0      # client calls that went to a deposed primary still serving
@@ -111,6 +114,7 @@ class ConfirmSimulation(World):
         self.purge_rate = purge_rate  # the client's queue.purge a second (0: none)
         self.confirmed_live: set[int] = set()
         self.consumed: set[int] = set()
+        self.purge_answered: set[int] = set()  # (g): taken off by a purge the client has
         self.next_id = 0
         self.gaps = random.Random(seed ^ 0x9A95)  # its own stream: the others' draws unchanged
         # per epoch, for (d): the primary's seq when it took each message in and gave it away
@@ -133,7 +137,7 @@ class ConfirmSimulation(World):
             if self.purge_rate > 0:
                 self.after(self.rng.expovariate(self.purge_rate), self._purge_queue)
             self.run_until(self.duration)
-            self._check_confirmed(self.serving_now)
+            self._check_serving(self.serving_now)
         except Violation as exc:
             result.violation = str(exc)
             self.note(f"VIOLATION {exc}")
@@ -157,13 +161,14 @@ class ConfirmSimulation(World):
         self.alive_at[epoch] = set(self.held_at[epoch])
 
     def on_serving(self, node: SimNode, epoch: int, decisions: dict[str, str]) -> None:
-        self._check_confirmed(node)
+        self._check_serving(node)
 
     def on_new_server(self, node: SimNode | None) -> None:
-        self._check_confirmed(node)
+        self._check_serving(node)
 
-    def _check_confirmed(self, node: SimNode | None) -> None:
-        """(c): the serving primary holds every confirmed message not consumed since.
+    def _check_serving(self, node: SimNode | None) -> None:
+        """(c): the serving primary holds every confirmed message not consumed since;
+        (g): and none that a purge the client has an answer for took off.
 
         Only the primary of the newest epoch: a deposed one may still serve for its
         lease (two serve at once, the older one behind: (b) bounds that), and it is
@@ -171,10 +176,15 @@ class ConfirmSimulation(World):
         """
         if node is None or node.election.epoch < max(self.primaries, default=0):
             return
-        missing = self.confirmed_live.difference(held(node))
+        have = held(node)
+        missing = self.confirmed_live.difference(have)
         if missing:
             self.violate(f"(c) confirmed messages {sorted(missing)[:5]} lost: not held by "
                          f"{node.name}, primary of epoch {node.election.epoch}")
+        back = self.purge_answered.intersection(have)
+        if back:
+            self.violate(f"(g) purged messages {sorted(back)[:5]} back on {node.name}, primary "
+                         f"of epoch {node.election.epoch}, after the client's purge-ok")
 
     def on_position(self, node: SimNode, pos: Position) -> None:
         """(d): a backup valid at ``pos`` under its primary misses nothing that covers."""
@@ -265,7 +275,7 @@ class ConfirmSimulation(World):
         """``mid`` was confirmed and is not consumed: (c) holds it from now on."""
         self.confirmed_live.add(mid)
         if self.serving_now is not None and mid not in self._held_now(self.serving_now):
-            self._check_confirmed(self.serving_now)
+            self._check_serving(self.serving_now)
 
     def _consume(self) -> None:
         self.after(self.rng.expovariate(self.consume_rate), self._consume)
@@ -307,12 +317,23 @@ class ConfirmSimulation(World):
     def _purge_queue_on(self, node: SimNode, conn: SimConnection) -> None:
         """queue.purge (the broker's own, ``VirtualHost.purge_queue``): every ready message
         off at once; on a primary with nothing acquired on the queue one ``pg`` event to
-        the backups (``Primary.purged``)."""
+        the backups (``Primary.purged``). Its purge-ok as the channel's
+        (``Channel.reply_when_done``): after the purge's background work, once durable."""
         node.charge(self.costs.client_op)
+        broker = node.broker
         mids = [int(e.message.body) for e in self._client_queue(node).ready]
-        self.result.purged += node.broker.vhosts["/"].purge_queue(QUEUE, None)
+        self.result.purged += broker.vhosts["/"].purge_queue(QUEUE, None)
         for mid in mids:
             self._gone(node, mid)
+
+        def answered() -> None:
+            if not conn.usable:
+                return  # its connection closed with the primary role: no purge-ok
+            self.result.purges_answered += 1
+            self.purge_answered.update(mids)
+            self._check_serving(self.serving_now)
+
+        broker.background.after(lambda: broker.after_durable(answered))
 
     def _held_now(self, node: SimNode) -> set[int]:
         """``held(node)``, kept while its queue's entries stay the same (many confirms come

@@ -214,7 +214,8 @@ class Unsafe(UnsafeRules):
     (f) catches them where queues are deep and loops stall (``heavy.py``);
     ``runs_across_gaps``: ``ha.core.Unsafe`` (a catch-up's run of enqueues not
     cut where the queue's positions have a gap, so the backup holds messages
-    at other positions). Each workload names the rules it can catch
+    at other positions); ``local_purge``: ``ha.core.Unsafe`` (a purge not
+    replicated: answered, then undone by a failover). Each workload names the rules it can catch
     (``CATCHES``).
     """
 
@@ -234,6 +235,7 @@ class Unsafe(UnsafeRules):
     unsettled_promotion: bool = False
     floor_behind_ack: bool = False  # an ack sent mid-commit, the stored floor left below it
     runs_across_gaps: bool = False  # a catch-up's run of enqueues not cut at a gap (issue 33)
+    local_purge: bool = False  # a purge's entries not replicated (Primary.purged sends nothing)
 
     def _part(self, kind: type[Any]) -> Any:
         """The module's own rules (a rule no workload here can catch stays unbroken)."""
