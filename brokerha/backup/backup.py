@@ -370,6 +370,8 @@ class Backup:
             self._replicator(event.vhost, event.queue).dequeue(event.positions)
         elif kind == R.PURGED:
             self._purge(event.vhost, event.queue, event.below)
+        elif kind == R.PURGED_RANGES:
+            self._purge_ranges(event.vhost, event.queue, event.ranges)
         elif kind in R.TX_EVENTS:
             self.transactions.apply(event)
         elif kind in R.TXLOG_EVENTS:
@@ -424,6 +426,19 @@ class Backup:
             raise ReplicationError(f"purge below {below} of '{name}' in vhost '{vhost}', "
                                    f"whose copy is numbered up to {q.next_position - 1}")
         drain = q.begin_purge()
+        if drain.count:
+            self.broker.background.run(drain)
+
+    def _purge_ranges(self, vhost: str, name: str, ranges: list[Any]) -> None:
+        """A ``pr``: the entries at ``ranges``' positions leave the copy at once, the
+        others (acquired on the primary, or enqueued since) stay; the store records one
+        purge, the entries are let go of in slices (``Queue.begin_purge_ranges``). A copy
+        without an entry at each purged position is not the primary's: it joins again."""
+        q = self._replicator(vhost, name).queue
+        try:
+            drain = q.begin_purge_ranges([(int(lo), int(hi)) for lo, hi in ranges])
+        except ValueError as exc:
+            raise ReplicationError(f"purge of '{name}' in vhost '{vhost}': {exc}") from None
         if drain.count:
             self.broker.background.run(drain)
 

@@ -63,17 +63,20 @@ class ReadyDrain(Generic[Q]):
 
     def __init__(self, queue: Q, levels: list[deque[Entry]], *,
                  purged: list[Callable[[Q, Ranges], None]] | None = None,
-                 dequeued: list[Callable[[Q, Entry], None]] | None = None) -> None:
+                 dequeued: list[Callable[[Q, Entry], None]] | None = None,
+                 ranges: Ranges | None = None) -> None:
+        """``ranges``: the entries' positions, when the caller knows them (a backup's
+        copy of a purge, ``Queue.begin_purge_ranges``); otherwise found here."""
         self.queue = queue
         self.count = sum(len(level) for level in levels)
         self.remaining = self.count
         self._levels = deque(level for level in levels if level)
         self._purged = purged or []
         self._dequeued = dequeued or []
-        self.ranges: Ranges | None = None
+        self.ranges: Ranges | None = ranges
         self._scan: Iterator[Entry] | None = None
         self._runs: Ranges = []
-        if self._purged and self.count:
+        if self._purged and self.count and ranges is None:
             if queue.unacked == 0:
                 self.ranges = [(0, queue.next_position - 1)]
             else:

@@ -8,8 +8,10 @@ position within a priority level.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any, Protocol
 
 from mypy_extensions import mypyc_attr
@@ -145,6 +147,12 @@ class MemoryMeter:
         self.pager: Pager | None = None
 
 
+def _in(ranges: Ranges, starts: list[int], position: int) -> bool:
+    """Whether ``position`` lies in one of ``ranges`` (ascending; ``starts``: their firsts)."""
+    i = bisect_right(starts, position) - 1
+    return i >= 0 and position <= ranges[i][1]
+
+
 class ReadyList:
     """Ready entries in order; one deque per priority level (1 when no x-max-priority)."""
 
@@ -157,6 +165,11 @@ class ReadyList:
 
     def __len__(self) -> int:
         return self._count
+
+    @property
+    def prioritised(self) -> bool:
+        """Whether entries are kept per priority level (x-max-priority), not in one."""
+        return self._max > 0
 
     def _level(self, entry: Entry) -> deque[Entry]:
         return self._levels[min(entry.message.priority, self._max)]
@@ -223,6 +236,52 @@ class ReadyList:
         self._levels = [deque() for _ in range(self._max + 1)]
         self._count = 0
         return levels
+
+    def take_ranges(self, ranges: Ranges) -> list[deque[Entry]]:
+        """The entries at ``ranges``' positions (ascending, disjoint), taken off: a
+        backup's copy of a purge its primary made while entries were acquired there.
+
+        One level only (no x-max-priority: its entries in position order). What is
+        left is the entries before the last range that no range holds (acquired on
+        the primary) and those after it (enqueued since); the last range is split
+        off whole, so this costs the entries outside it, not the queue's depth.
+        ValueError, with nothing taken, unless the list holds an entry at each
+        position of the ranges: a copy that is not the primary's.
+        """
+        if self._max:
+            raise ValueError("a queue with priorities")
+        level = self._levels[0]
+        first, last = ranges[-1]
+        head = 0
+        for entry in level:
+            if entry.position >= first:
+                break
+            head += 1
+        tail = 0
+        for entry in reversed(level):
+            if entry.position <= last:
+                break
+            tail += 1
+        middle = len(level) - head - tail
+        starts = [lo for lo, _ in ranges]
+        in_head = sum(1 for entry in islice(level, head) if _in(ranges, starts, entry.position))
+        wanted = sum(hi - lo + 1 for lo, hi in ranges)
+        if (middle != last - first + 1 or in_head + middle != wanted
+                or level[head].position != first or level[head + middle - 1].position != last):
+            raise ValueError(f"the copy holds {in_head + max(middle, 0)} of the {wanted} "
+                             f"positions purged ({len(ranges)} ranges up to {last})")
+        kept: deque[Entry] = deque()
+        taken: deque[Entry] = deque()
+        for _ in range(head):
+            entry = level.popleft()
+            (taken if _in(ranges, starts, entry.position) else kept).append(entry)
+        after: deque[Entry] = deque()
+        for _ in range(tail):
+            after.appendleft(level.pop())
+        kept.extend(after)
+        self._levels[0] = kept
+        self._count = len(kept)
+        return [taken, level]
 
     def levels_copy(self) -> list[list[Entry]]:
         """Each priority level's entries (highest first), each in position order: copies of
@@ -711,6 +770,25 @@ class Queue:
         hooks = self.hooks
         return ReadyDrain(self, self._detach_ready(), purged=list(hooks.purged),
                           dequeued=hooks.dequeued_singly()).start()
+
+    def begin_purge_ranges(self, ranges: Ranges) -> ReadyDrain[Queue]:
+        """A backup's copy of a purge its primary made while entries were acquired (the
+        ``pr`` event): the entries at ``ranges``' positions leave now, as
+        ``begin_purge``'s (the store records one purge of these ranges), the others stay
+        (``ReadyList.take_ranges``: ValueError if the copy is not the primary's)."""
+        levels = self.ready.take_ranges(ranges)
+        starts = [lo for lo, _ in ranges]
+        for entry in self.page_pending:
+            if entry.paged == PENDING and _in(ranges, starts, entry.position):
+                entry.paged = RESIDENT  # off the queue: the pager leaves it alone
+        self.ready_bytes = self.paged_bytes = 0
+        for entry in self.ready:  # the few left: acquired on the primary, or newer
+            self.ready_bytes += entry.message.size
+            if entry.paged:
+                self.paged_bytes += entry.message.size
+        hooks = self.hooks
+        return ReadyDrain(self, levels, purged=list(hooks.purged),
+                          dequeued=hooks.dequeued_singly(), ranges=ranges).start()
 
     def _detach_ready(self) -> list[deque[Entry]]:
         """Take every ready entry off (O(1) but for bodies waiting to be paged out)."""

@@ -58,8 +58,10 @@ from brokerha.cluster.messages import REGISTRY, Error, ErrorCode, Message, packe
 # ``GetReply`` with the get's ``message_count`` (partition/remote_consumer.py), unknown to
 # (or misread by) version 11;
 # 13: the ``pg`` event (a purge in one event, cluster/replication.py), which a backup of
-# version 12 cannot apply (an unknown event: it would join again at every purge)
-VERSION = 13
+# version 12 cannot apply (an unknown event: it would join again at every purge);
+# 14: the ``pr`` event (a purge made while entries were acquired, in one event), unknown
+# to version 13
+VERSION = 14
 MAGIC = b"BRKRHA" + VERSION.to_bytes(2, "big")
 MAX_PACKET = 64 * 1024 * 1024
 HANDSHAKE_MAX_PACKET = 64 * 1024  # a handshake's packets: names, a nonce, a proof

@@ -24,6 +24,8 @@ kind     fields after the kind                                           meaning
 ``d``    vhost, queue, [positions]                                       dequeued
 ``pg``   vhost, queue, below                                             purged: every entry
                                                                          below ``below``
+``pr``   vhost, queue, [[first, last], ...]                              purged: the entries
+                                                                         at these positions
 ``er``   vhost, queue, first, length, contents                           enqueued, a run:
                                                                          ``length`` messages
                                                                          at first.., no expiry
@@ -65,8 +67,15 @@ once) goes as one ``pg`` instead of a ``d`` per purged position: a backup then
 takes its whole copy off at once and lets go of the entries in slices, as the
 primary does, its store recording one purge (``backup/backup.py``). A backup
 whose copy holds a position at or above ``below`` (a copy that is not the
-primary's) raises ``ReplicationError``: it joins again. Any other purge goes
-as ``d`` events of its positions (``Primary.purged``).
+primary's) raises ``ReplicationError``: it joins again. A purge made while
+consumers held acquired entries (their positions are not purged) goes as one
+``pr`` of the purged ranges, ascending, when the queue has no priorities and
+the backup's copy is known to hold few entries outside the last range
+(``Primary.purged``: the ranges before the last and the acquired entries, at
+most ``PURGE_RANGES_SCAN``): the backup takes the last range off whole and
+scans only the rest (``ReadyList.take_ranges``), and a copy that does not hold
+every purged position raises ``ReplicationError``. Any other purge goes as
+``d`` events of its positions.
 
 A large body travels in parts: an ``e`` (or a transaction's ``te``) whose
 body is over ``BODY_PART_BYTES`` (``primary/events.py``) goes as ``bp`` events
@@ -162,6 +171,7 @@ BINDING_DELETED = "bx"
 ENQUEUED = "e"
 DEQUEUED = "d"
 PURGED = "pg"  # a purge of everything below a position, in one event (see above)
+PURGED_RANGES = "pr"  # a purge of these positions' entries, in one event (see above)
 ENQUEUED_RUN = "er"  # a run of enqueues at consecutive positions, contents packed (pack_run)
 BODY_PART = "bp"  # a part of the next ``e``'s body (a large message, in parts)
 CATCH_UP_BEGINS = "b"
@@ -289,6 +299,13 @@ class Purged(NamedTuple):
     vhost: str
     queue: str
     below: int  # every entry of the queue at a position below this leaves
+
+
+class PurgedRanges(NamedTuple):
+    kind: str
+    vhost: str
+    queue: str
+    ranges: list[Any]  # [[first, last], ...] ascending: the entries at these positions leave
 
 
 class BodyPart(NamedTuple):
@@ -464,7 +481,7 @@ RECORDS: dict[str, Any] = {
     EXCHANGE_DECLARED: ExchangeDeclared, EXCHANGE_DELETED: ExchangeDeleted,
     QUEUE_DECLARED: QueueDeclared, QUEUE_DELETED: QueueDeleted, BINDING_CREATED: BindingChanged,
     BINDING_DELETED: BindingChanged, ENQUEUED: Enqueued, ENQUEUED_RUN: EnqueuedRun,
-    DEQUEUED: Dequeued, PURGED: Purged, BODY_PART: BodyPart,
+    DEQUEUED: Dequeued, PURGED: Purged, PURGED_RANGES: PurgedRanges, BODY_PART: BodyPart,
     CATCH_UP_BEGINS: CatchUpBegins, SNAPSHOT_DONE: SnapshotDone, CAUGHT_UP: CaughtUp,
     ACK_PROMPTLY: AckPromptly, REJOIN: Rejoin, TX_BEGIN: TxBegin, TX_ENQUEUE: TxEnqueue,
     TX_DEQUEUE: TxDequeue, TX_PREPARE: TxPrepare, TX_COMMIT: TxCommit, TX_ROLLBACK: TxRollback,

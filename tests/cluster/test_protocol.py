@@ -215,8 +215,8 @@ def test_wrong_magic_is_noticed_at_the_first_wrong_byte() -> None:
 
 def test_another_protocol_version_is_told_apart() -> None:
     _, a = pair()
-    step = a.receive(b"BRKRHA\x00\x0e")
-    assert step.outcome == Refused("protocol version 14 is not ours (13)") and step.out == b""
+    step = a.receive(b"BRKRHA\x00\x0f")
+    assert step.outcome == Refused("protocol version 15 is not ours (14)") and step.out == b""
 
 
 def test_a_peer_of_a_version_before_replica_checks_is_refused() -> None:
@@ -226,10 +226,10 @@ def test_a_peer_of_a_version_before_replica_checks_is_refused() -> None:
     version 5 no remote consumer's packet (codes 40-47), version 10 no part of a large body
     forwarded or delivered (codes 27, 48), version 11 no remote consume's ``Attached`` nor
     ``Credit`` (codes 49, 57) and a ``GetReply`` one field short, version 12 no ``pg``
-    event (a purge in one event): each would fail on the first one (a replication error, or an unknown packet code), so all are refused at the
+    event (a purge in one event), version 13 no ``pr`` (a purge of ranges): each would fail on the first one (a replication error, or an unknown packet code), so all are refused at the
     handshake."""
-    assert VERSION == 13 and MAGIC == b"BRKRHA\x00\x0d"
-    for old in (1, 2, 3, 4, 5, 10, 11, 12):
+    assert VERSION == 14 and MAGIC == b"BRKRHA\x00\x0e"
+    for old in (1, 2, 3, 4, 5, 10, 11, 12, 13):
         dialer, acceptor = pair()
         dialer.start()
         for side in (dialer, acceptor):

@@ -5,20 +5,25 @@ the queue is empty at once and the per-entry rest runs in slices between loop
 turns (``broker/drain.py``); live traffic, a delete and a join go on between
 them. The backups get the purge in one ``pg`` event when nothing was acquired
 on the queue (and empty their copy at once, letting go of it in slices of
-their own), else as dequeue events of at most ``DEQUEUES_PER_EVENT`` positions
+their own), in one ``pr`` of the purged ranges when entries were acquired
+(their copy keeps those), else (a priority queue, or a copy to scan too long)
+as dequeue events of at most ``DEQUEUES_PER_EVENT`` positions
 (``Primary.purged``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from brokerha.broker.broker import Broker
 from brokerha.cluster import replication as R
 from brokerha.cluster.replication import Events, ReplicationError
 from brokerha.ha.simulation.world import wire
 from brokerha.primary.events import DEQUEUES_PER_EVENT
+from brokerha.store.factory import open_store
 from tests.broker.test_purge import Loop
 from tests.ha.harness import Cluster, consume, publish
 from tests.ha.test_replication import same
@@ -33,8 +38,8 @@ def sliced(c: Cluster) -> Loop:
     return loop
 
 
-def deep(c: Cluster, n: int) -> None:
-    c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
+def deep(c: Cluster, n: int, arguments: dict[str, Any] | None = None) -> None:
+    c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True, arguments=arguments)
     for i in range(n):
         publish(c.broker, b"%d" % i)
 
@@ -86,27 +91,88 @@ def test_a_purge_without_acquired_entries_reaches_the_backup_as_one_event() -> N
     assert backup_q.memory.used == c.broker.vhosts["/"].queues["q"].memory.used
 
 
-def test_a_purge_with_acquired_entries_goes_as_bounded_dequeues_and_keeps_them() -> None:
+def test_a_purge_with_acquired_entries_goes_as_one_event_and_keeps_them() -> None:
+    """A consumer's unacknowledged deliveries are not purged: one ``pr`` of the purged
+    ranges (found in slices), the backup's copy keeps the acquired entries -- one
+    requeued and one acknowledged while the purge runs -- and what came in since."""
     c = Cluster(2)
     n = 3 * DEQUEUES_PER_EVENT + 10
     deep(c, n)
     c.follow("n2")
     c.pump()
     q = c.broker.vhosts["/"].queues["q"]
-    held = q.get()  # acquired: its backups' copies have it, the purge does not take it
-    assert held is not None
+    first, requeued, kept = q.get(), q.get(), q.get()
+    assert first is not None and requeued is not None and kept is not None
+    q.requeue(requeued)  # ready again, behind an acquired head: ranges [(2, 2), (4, n)]
     loop = sliced(c)
-    assert c.broker.vhosts["/"].purge_queue("q", None) == n - 1
+    backup_broker = c.node("n2").broker
+    assert c.broker.vhosts["/"].purge_queue("q", None) == n - 2
+    q.settle(first)  # acknowledged while the ranges are found
+    publish(c.broker, b"live")
+    events: list[Any] = []
+    while loop.calls:
+        loop.turn()
+        events += carry(c, "n2")
+    purges = [e for e in events if e.kind == R.PURGED_RANGES]
+    assert len(purges) == 1 and [list(r) for r in purges[0].ranges] == [[2, 2], [4, n]]
+    assert [e.positions for e in events if e.kind == R.DEQUEUED] == [[first.position]]
+    backup_q = backup_broker.vhosts["/"].queues["q"]
+    assert [e.position for e in backup_q.ready] == [kept.position, n + 1]  # and "live"
+    q.settle(kept)
+    c.pump()
+    same(c)
+
+
+@pytest.mark.parametrize("why", ["priorities", "scan"])
+def test_a_purge_a_backup_could_not_take_at_once_goes_as_bounded_dequeues(
+        why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A priority queue's copy is not in position order, and a copy with many entries
+    outside the purge's last range would be scanned in one step: ``d`` events then."""
+    from brokerha.primary import primary
+
+    c = Cluster(2)
+    n = 3 * DEQUEUES_PER_EVENT + 10
+    deep(c, n, {"x-max-priority": 5} if why == "priorities" else None)
+    c.follow("n2")
+    c.pump()
+    q = c.broker.vhosts["/"].queues["q"]
+    held = q.get()
+    assert held is not None
+    if why == "scan":  # the entry held is the 151st: a first range of 150 before the last
+        monkeypatch.setattr(primary, "PURGE_RANGES_SCAN", 100)
+        taken = [held] + [q.get() for _ in range(199)]
+        held = taken[150]
+        for e in taken:
+            assert e is not None
+            if e is not held:
+                q.requeue(e)
+    loop = sliced(c)
+    c.broker.vhosts["/"].purge_queue("q", None)
     sizes: list[int] = []
     while loop.calls:
         loop.turn()
-        sizes += [len(e.positions) for e in carry(c, "n2") if e.kind == R.DEQUEUED]
+        events = carry(c, "n2")
+        assert not [e for e in events if e.kind in (R.PURGED, R.PURGED_RANGES)]
+        sizes += [len(e.positions) for e in events if e.kind == R.DEQUEUED]
     assert sum(sizes) == n - 1 and max(sizes) <= DEQUEUES_PER_EVENT
-    backup_q = c.node("n2").broker.vhosts["/"].queues["q"]
-    assert [e.position for e in backup_q.ready] == [held.position]
+    assert held is not None
     q.settle(held)
     c.pump()
     same(c)
+
+
+def test_a_backup_whose_copy_misses_a_purged_position_joins_again() -> None:
+    """Fails closed: a ``pr`` naming a position the copy does not hold (a copy that is not
+    the primary's) changes nothing and raises."""
+    c = Cluster(2)
+    deep(c, 10)
+    backup = c.follow("n2")
+    c.pump()
+    backup_q = c.node("n2").broker.vhosts["/"].queues["q"]
+    with pytest.raises(ReplicationError, match="positions purged"):
+        backup.receive(wire(Events(c.primary.epoch, backup.applied_seq + 1,  # type: ignore[arg-type]
+                                   [R.PurgedRanges(R.PURGED_RANGES, "/", "q", [[3, 13]])])))
+    assert [e.position for e in backup_q.ready] == list(range(1, 11))
 
 
 def test_a_backup_whose_copy_is_numbered_past_a_purge_joins_again() -> None:
@@ -167,11 +233,11 @@ def test_a_packet_carries_at_most_work_per_packet_dequeued_positions() -> None:
 
     c = Cluster(2)
     n = 6 * WORK_PER_PACKET
-    deep(c, n)
+    deep(c, n, {"x-max-priority": 2})
     c.follow("n2")
     c.pump()
     q = c.broker.vhosts["/"].queues["q"]
-    held = q.get()  # acquired: the purge goes as dequeues
+    held = q.get()  # acquired, on a queue with priorities: the purge goes as dequeues
     assert held is not None
     c.broker.vhosts["/"].purge_queue("q", None)  # no slices here: all dequeues at once
     packets = c.primary.take_outbox("n2")
@@ -185,3 +251,30 @@ def test_a_packet_carries_at_most_work_per_packet_dequeued_positions() -> None:
     q.settle(held)
     c.pump()
     same(c)
+
+
+def test_a_backup_restarted_after_a_purge_of_ranges_finds_the_kept_messages(
+        tmp_path: Path) -> None:
+    """The ``pr``'s one store record (the purged ranges): a backup restarted from its
+    store holds the acquired entries the purge left and what came after, nothing else."""
+    url = f"sqlite:///{tmp_path / 'n2.db'}"
+    c = Cluster(2, stores={"n2": open_store(url, tmp_path)})
+    q = c.broker.vhosts["/"].declare_queue("q", owner=None, durable=True)
+    c.follow("n2")
+    for i in range(50):
+        publish(c.broker, b"%d" % i, persistent=True)
+    c.pump()
+    held = [q.get(), q.get()]
+    q.requeue(held.pop(0))  # kept: the second message, acquired
+    c.broker.vhosts["/"].purge_queue("q", None)
+    publish(c.broker, b"after", persistent=True)
+    events = carry(c, "n2")
+    assert [e.kind for e in events if e.kind != R.ENQUEUED] == [R.PURGED_RANGES]
+    c.pump()
+    c.node("n2").broker.store.close()
+
+    store = open_store(url, tmp_path)
+    broker = Broker("n2", clock=c.clock, store=store)
+    broker.restore(store.load())
+    assert [e.message.body for e in broker.vhosts["/"].queues["q"].ready] == [b"1", b"after"]
+    store.close()

@@ -117,6 +117,7 @@ class ConfirmSimulation(World):
         self.purge_answered: set[int] = set()  # (g): taken off by a purge the client has
         self.next_id = 0
         self.gaps = random.Random(seed ^ 0x9A95)  # its own stream: the others' draws unchanged
+        self.holds = random.Random(seed ^ 0x401D)  # and the purges' (which message is held)
         # per epoch, for (d): the primary's seq when it took each message in and gave it away
         self.held_at: dict[int, dict[int, int]] = {}
         self.gone_at: dict[int, dict[int, int]] = {}  # (in the order they went)
@@ -317,14 +318,31 @@ class ConfirmSimulation(World):
     def _purge_queue_on(self, node: SimNode, conn: SimConnection) -> None:
         """queue.purge (the broker's own, ``VirtualHost.purge_queue``): every ready message
         off at once; on a primary with nothing acquired on the queue one ``pg`` event to
-        the backups (``Primary.purged``). Its purge-ok as the channel's
-        (``Channel.reply_when_done``): after the purge's background work, once durable."""
+        the backups (``Primary.purged``). In half of them the client holds a message it
+        got (the head, or the one behind it: a gap) across the purge, then acknowledges or
+        requeues it: the purge leaves it out, one ``pr`` of the ranges. Its purge-ok as
+        the channel's (``Channel.reply_when_done``): after the purge's background work,
+        once durable."""
         node.charge(self.costs.client_op)
         broker = node.broker
-        mids = [int(e.message.body) for e in self._client_queue(node).ready]
+        q = self._client_queue(node)
+        held = None
+        if self.holds.random() < 0.5:
+            held = q.get()
+            if held is not None and self.holds.random() < 0.5 and q.ready:
+                head, held = held, q.get()
+                q.requeue(head)
+        mids = [int(e.message.body) for e in q.ready]
         self.result.purged += broker.vhosts["/"].purge_queue(QUEUE, None)
         for mid in mids:
             self._gone(node, mid)
+        if held is not None:
+            if self.holds.random() < 0.5:
+                q.requeue(held)
+            else:
+                q.settle(held)
+                self.result.consumed += 1
+                self._gone(node, int(held.message.body))
 
         def answered() -> None:
             if not conn.usable:
