@@ -45,7 +45,8 @@ serving) goes on after a second until its count is confirmed or a time bound
 passes; MB/s counts the messages actually confirmed. ``--quick`` runs the
 CI-sized suite (TX 20,000, purge 200,000, catch-up 150,000: the sizes of
 ``tests/failover/test_heavy_work.py``, which runs this code); ``--only NAME``
-one operation; ``--burners N`` runs N ``yes > /dev/null`` beside the clusters;
+one operation; ``--held N`` has a consumer hold N deliveries unacknowledged (prefetch N)
+across each purge, as a worker pool does; ``--burners N`` runs N ``yes > /dev/null`` beside the clusters;
 ``--rounds R`` repeats the suite; ``--shares N`` (root) runs all of it in one cgroup of
 cpu.shares N, so that a shared box's other work yields to it as if the machine were quiet;
 not with ``--burners``: burners kept inside it starve the kernel's threads outside it
@@ -77,7 +78,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -112,12 +113,15 @@ class Operation:
     kind: str    # message | tx | purge | catchup
     count: int   # messages (bytes for ``message``)
     size: int    # body bytes
+    held: int = 0  # purge: deliveries a consumer holds unacknowledged across it (--held)
 
     @property
     def name(self) -> str:
         if self.kind == "message":
             return f"message {self.size // MiB}MiB"
-        return {"tx": "tx", "purge": "purge+delete", "catchup": "catch-up"}[self.kind] + f" {self.count}"
+        held = f" ({self.held} held)" if self.held else ""
+        return ({"tx": "tx", "purge": "purge+delete", "catchup": "catch-up"}[self.kind]
+                + f" {self.count}{held}")
 
 
 FULL = [Operation("message", 1, 50 * MiB), Operation("tx", 20_000, 512),
@@ -751,7 +755,8 @@ def run_on(cluster: LocalCluster, op: Operation, *, connections: int = 2, window
                 out.notes.append(f"commit {pub.commit_seconds:.2f} s of {pub.seconds:.2f} s")
         elif op.kind == "purge":
             pub = fill_brokerha(cluster, op, out, connections=connections, window=window, say=say)
-            with measured(cluster, probe, out) as primary:
+            with holding(cluster.url(primary), op.held, out), \
+                    measured(cluster, probe, out) as primary:
                 purge_delete(cluster.url(primary), out)
         else:
             pub = catch_up_brokerha(cluster, probe, op, out, connections=connections,
@@ -830,6 +835,35 @@ def catch_up_brokerha(cluster: LocalCluster, probe: Probe, op: Operation, out: O
                 stop_profile(proc)
         out.rss_mib = (rss.finish() - steady) / MiB
     return filled
+
+
+@contextmanager
+def holding(url: str, count: int, out: Outcome) -> Iterator[list[int]]:
+    """A consumer holding ``count`` deliveries of ``QUEUE`` unacknowledged (prefetch
+    ``count``) while the block runs, as a worker pool does when an operator purges: the
+    purge leaves those (on brokerha a ``pr`` event of the purged ranges, not a dequeue
+    per message, docs/ha.md). Yields their numbers; nothing held if ``count`` is 0."""
+    if not count:
+        yield []
+        return
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=count)
+        got: list[int] = []
+        ch.basic_consume(QUEUE, lambda _c, _m, _p, body: got.append(message_id(body)))
+        deadline = time.monotonic() + 60
+        while len(got) < count and time.monotonic() < deadline:
+            conn.process_data_events(0.1)
+        out.notes.append(f"{len(got)} deliveries held unacknowledged")
+        yield got
+    finally:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - its queue deleted, or the node gone: closed anyway
+            pass
 
 
 def purge_delete(url: str, out: Outcome) -> None:
@@ -947,7 +981,7 @@ def run_rabbitmq(op: Operation, rabbits: RabbitCluster, *, connections: int, win
                               window=window, arguments=QUORUM)
                 out.setup = f"setup: {_published(filled)}"
                 say(f"    {out.setup}")
-                with measured_quorum(rabbits, probe, out):
+                with holding(urls[0], op.held, out), measured_quorum(rabbits, probe, out):
                     purge_delete(urls[0], out)
             else:
                 catch_up_rabbitmq(rabbits, probe, op, out, connections=connections,
@@ -1087,6 +1121,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help='run only this operation (its name in the table, e.g. "tx 20000"); repeatable')
     p.add_argument("--burners", type=int, default=0, help="CPU burners (yes > /dev/null) beside")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--held", type=int, default=0, metavar="N",
+                   help="purges: a consumer holds N deliveries unacknowledged across them "
+                        "(a worker pool's prefetch; default 0)")
     p.add_argument("--no-rabbitmq", action="store_true")
     p.add_argument("--no-brokerha", action="store_true")
     p.add_argument("--connections", type=int, default=2, help="publishing connections for fills")
@@ -1098,6 +1135,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "to it, as on a quiet machine (benchmarks/cgroups.py); 0: not done; "
                         "not with --burners")
     args = p.parse_args(argv)
+    if args.held < 0:
+        p.error("--held takes a count of deliveries, 0 or more")
     if args.shares and args.burners:
         p.error(SHARES_WITH_BURNERS)
     return args
@@ -1116,7 +1155,9 @@ SHARES_WITH_BURNERS = (
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    suite = [op for op in (QUICK if args.quick else FULL) if not args.only or op.name in args.only]
+    suite = [replace(op, held=args.held) if op.kind == "purge" else op
+             for op in (QUICK if args.quick else FULL)]
+    suite = [op for op in suite if not args.only or op.name in args.only]
     rabbitmq = not args.no_rabbitmq and available()
     if not args.no_rabbitmq and not rabbitmq:
         print("RabbitMQ is not installed (scripts/ensure-rabbitmq): brokerha only", flush=True)
