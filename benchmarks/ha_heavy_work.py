@@ -8,6 +8,9 @@ the shipped timing (``brokerha.testing.LocalCluster`` with no timing keys:
 - ``tx N``: one TX of N persistent 512 B messages (20,000 and 100,000);
 - ``purge+delete N``: a queue of N confirmed 512 B messages purged, then deleted
   (200,000 and 1,000,000); only purge and delete are measured;
+- ``expiry of a tx N``: one TX of N persistent 512 B messages to a queue with an
+  ``x-message-ttl`` of 8 s (100,000; full suite only): they expire together, after the
+  commit; measured from then until the queue is empty;
 - ``catch-up N``: a backup stopped (SIGTERM) while N x 1 KiB are confirmed,
   then restarted (300,000 and 2,000,000): time from the restart to the
   backup's own status saying ``ready`` (caught up), MB/s of message bodies,
@@ -108,9 +111,12 @@ MiB = 1024 * 1024
 # -- the suite ----------------------------------------------------------------------
 
 
+Arguments = tuple[tuple[str, "str | int"], ...]  # a queue's x-arguments, as pairs
+
+
 @dataclass(frozen=True)
 class Operation:
-    kind: str    # message | tx | purge | catchup
+    kind: str    # message | tx | purge | catchup | expiry
     count: int   # messages (bytes for ``message``)
     size: int    # body bytes
     held: int = 0  # purge: deliveries a consumer holds unacknowledged across it (--held)
@@ -120,14 +126,15 @@ class Operation:
         if self.kind == "message":
             return f"message {self.size // MiB}MiB"
         held = f" ({self.held} held)" if self.held else ""
-        return ({"tx": "tx", "purge": "purge+delete", "catchup": "catch-up"}[self.kind]
+        return ({"tx": "tx", "purge": "purge+delete", "catchup": "catch-up",
+                 "expiry": "expiry of a tx"}[self.kind]
                 + f" {self.count}{held}")
 
 
 FULL = [Operation("message", 1, 50 * MiB), Operation("tx", 20_000, 512),
         Operation("tx", 100_000, 512), Operation("purge", 200_000, 512),
         Operation("purge", 1_000_000, 512), Operation("catchup", 300_000, 1024),
-        Operation("catchup", 2_000_000, 1024)]
+        Operation("catchup", 2_000_000, 1024), Operation("expiry", 100_000, 512)]
 QUICK = [Operation("message", 1, 50 * MiB), Operation("tx", 20_000, 512),
          Operation("purge", 200_000, 512), Operation("catchup", 150_000, 1024)]
 
@@ -170,14 +177,14 @@ def message_id(body: bytes) -> int:
 
 
 async def _declare(conn: loadgen.LoadConnection, queue: str,
-                   arguments: tuple[tuple[str, str], ...]) -> int:
+                   arguments: Arguments) -> int:
     ok = await conn.rpc(CHANNEL, commands.Queue.Declare(
         queue=queue, durable=True, arguments=dict(arguments) or None), commands.Queue.DeclareOk)
     return int(ok.message_count)
 
 
 async def _publish_one(url: str, queue: str, first: int, count: int, size: int, *, tx: bool,
-                       window: int, arguments: tuple[tuple[str, str], ...], out: Published) -> None:
+                       window: int, arguments: Arguments, out: Published) -> None:
     """``count`` numbered messages from ``first`` on one connection (one TX, or confirms)."""
     conn = None
     try:
@@ -220,7 +227,7 @@ async def _publish_one(url: str, queue: str, first: int, count: int, size: int, 
 
 def publish(urls: Sequence[str], queue: str, count: int, size: int, *, tx: bool = False,
             connections: int = 1, window: int = 2000,
-            arguments: tuple[tuple[str, str], ...] = (), first: int = 0) -> Published:
+            arguments: Arguments = (), first: int = 0) -> Published:
     """Publish ``count`` persistent numbered messages over ``connections`` (split evenly).
 
     With ``tx`` one connection sends them all as one transaction. ``urls[i %
@@ -243,7 +250,7 @@ def publish(urls: Sequence[str], queue: str, count: int, size: int, *, tx: bool 
 
 
 def fill(urls: Sequence[str], queue: str, count: int, size: int, *, connections: int = 1,
-         window: int = 2000, arguments: tuple[tuple[str, str], ...] = (),
+         window: int = 2000, arguments: Arguments = (),
          timeout: float | None = None) -> Published:
     """Publish until ``count`` messages were confirmed, resuming after a closed connection.
 
@@ -289,7 +296,7 @@ def queue_op(url: str, method: commands.Frame, reply: type) -> tuple[float, str 
 
 
 def declare_queue(urls: Sequence[str], queue: str,
-                  arguments: tuple[tuple[str, str], ...] = ()) -> int:
+                  arguments: Arguments = ()) -> int:
     """Declare ``queue`` (durable) if it is not there: the messages ready on it."""
     async def run() -> int:
         conn = await loadgen.connect(loadgen.BrokerAddress.parse(urls[0]))
@@ -590,7 +597,7 @@ class Probe:
     in; ``mark`` starts a new one for the next window.
     """
 
-    def __init__(self, urls: list[str], arguments: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, urls: list[str], arguments: Arguments = ()) -> None:
         self.urls, self.arguments = urls, arguments
         self.pub = self._publisher()
 
@@ -753,6 +760,12 @@ def run_on(cluster: LocalCluster, op: Operation, *, connections: int = 2, window
             out.client_errors += pub.errors
             if op.kind == "tx":
                 out.notes.append(f"commit {pub.commit_seconds:.2f} s of {pub.seconds:.2f} s")
+        elif op.kind == "expiry":
+            pub = publish([cluster.url(primary)], QUEUE, op.count, op.size, tx=True,
+                          arguments=EXPIRING)
+            out.client_errors += pub.errors
+            with measured(cluster, probe, out) as primary:
+                wait_expired(cluster.urls, out)
         elif op.kind == "purge":
             pub = fill_brokerha(cluster, op, out, connections=connections, window=window, say=say)
             with holding(cluster.url(primary), op.held, out), \
@@ -866,6 +879,31 @@ def holding(url: str, count: int, out: Outcome) -> Iterator[list[int]]:
             pass
 
 
+# the expiry operation's queue: its messages expire together, EXPIRY_TTL_MS after the TX's
+# commit (past measured()'s settling, which waits for the epoch to hold 2 s)
+EXPIRY_TTL_MS = 8000
+EXPIRING: Arguments = (("x-message-ttl", EXPIRY_TTL_MS),)
+
+
+def wait_expired(urls: Sequence[str], out: Outcome, arguments: Arguments = EXPIRING,
+                 timeout: float = 120.0) -> None:
+    """Until ``QUEUE`` is empty (its messages expired), polling its count."""
+    started = time.perf_counter()
+    deadline = time.monotonic() + timeout
+    left = -1
+    while time.monotonic() < deadline:
+        try:
+            left = declare_queue(urls, QUEUE, arguments)
+        except (loadgen.AMQPError, OSError) as exc:
+            out.client_errors.append(f"declare: {exc}")
+            left = -1
+        if left == 0:
+            break
+        time.sleep(0.2)
+    out.notes.append(f"expired in {time.perf_counter() - started:.2f} s of the window"
+                     if left == 0 else f"{left} messages not expired after {timeout:.0f} s")
+
+
 def purge_delete(url: str, out: Outcome) -> None:
     """Purge ``QUEUE``, then delete it, each on a fresh connection."""
     purge_s, error = queue_op(url, commands.Queue.Purge(queue=QUEUE), commands.Queue.PurgeOk)
@@ -976,6 +1014,12 @@ def run_rabbitmq(op: Operation, rabbits: RabbitCluster, *, connections: int, win
                 out.client_errors += pub.errors
                 if op.kind == "tx":
                     out.notes.append(f"commit {pub.commit_seconds:.2f} s of {pub.seconds:.2f} s")
+            elif op.kind == "expiry":
+                pub = publish(urls[:1], QUEUE, op.count, op.size, tx=True,
+                              arguments=QUORUM + EXPIRING)
+                out.client_errors += pub.errors
+                with measured_quorum(rabbits, probe, out):
+                    wait_expired(urls, out, QUORUM + EXPIRING)
             elif op.kind == "purge":
                 filled = fill(urls, QUEUE, op.count, op.size, connections=connections,
                               window=window, arguments=QUORUM)

@@ -147,6 +147,11 @@ class MemoryMeter:
         self.pager: Pager | None = None
 
 
+# expired entries one take drops at most (a get, a delivery): past it the vhost's expiry
+# slices go on (background.SLICE_ENTRIES a step)
+EXPIRED_PER_TAKE = 2048
+
+
 def _in(ranges: Ranges, starts: list[int], position: int) -> bool:
     """Whether ``position`` lies in one of ``ranges`` (ascending; ``starts``: their firsts)."""
     i = bisect_right(starts, position) - 1
@@ -624,10 +629,13 @@ class Queue:
         return None
 
     def _take_head(self) -> Entry | None:
-        """Pop the first unexpired entry (expired ones at the head are dropped)."""
+        """Pop the first unexpired entry (expired ones at the head are dropped, at most
+        ``EXPIRED_PER_TAKE``: past that, None -- the rest expire in the vhost's slices,
+        ``VirtualHost.tick``, which hand the head to consumers once it is live)."""
         ready = self.ready
         now = None
-        while ready:
+        dropped = 0
+        while ready and dropped < EXPIRED_PER_TAKE:
             entry = ready.popleft()
             if entry.paged == PAGED:
                 self.pager.fault(self, entry)  # type: ignore[union-attr]
@@ -636,6 +644,7 @@ class Queue:
                 now = now or self.clock()
                 if entry.expires_at <= now:
                     self._discard([entry], "expired")
+                    dropped += 1
                     continue
             return entry
         return None
@@ -736,11 +745,15 @@ class Queue:
 
     # -- maintenance -------------------------------------------------------------------
 
-    def expire(self, now: float) -> None:
-        """Drop expired entries at the head (RabbitMQ expires from the head only)."""
+    def expire(self, now: float, budget: int | None = None) -> bool:
+        """Drop expired entries at the head (RabbitMQ expires from the head only), at
+        most ``budget`` (None: all); True if the head is still expired after, for the
+        caller to go on in slices (``VirtualHost.tick``: a million messages of one big
+        TX, or recovered after a long stop, expire at once). Consumers the drops
+        uncovered ready entries for get them."""
         ready = self.ready
         expired: list[Entry] = []
-        while ready:
+        while ready and len(expired) != budget:
             head = ready.peek()
             if head is None or head.expires_at is None or head.expires_at > now:
                 break
@@ -748,6 +761,11 @@ class Queue:
             self._left_ready(head)
             expired.append(head)
         self._discard(expired, "expired")
+        head = ready.peek()
+        more = head is not None and head.expires_at is not None and head.expires_at <= now
+        if expired and not more and self.consumers:
+            self.dispatch()
+        return more
 
     def unused_since(self, now: float) -> float | None:
         """Seconds unused, for x-expires; None while it has consumers."""

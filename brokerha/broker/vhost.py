@@ -83,6 +83,7 @@ class VirtualHost:
         self.clock = clock
         # what a purge or delete leaves to do per entry runs here, in slices
         self.background = background or Background()
+        self._expiring: set[Queue] = set()  # queues with an ``Expiry`` in the background
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         self.timed_queues: set[Queue] = set()
@@ -421,13 +422,36 @@ class VirtualHost:
     # -- timers ------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """Expire messages (x-message-ttl, expiration) and unused queues (x-expires)."""
+        """Expire messages (x-message-ttl, expiration) and unused queues (x-expires).
+
+        A slice of a queue's expired head now (``background.entries``); more goes on
+        in the broker's background slices (``Expiry``), as a purge's rest: a TX of
+        100,000 with a TTL expires all at once, and the loop must not stall on it."""
+        budget = self.background.entries
         for q in list(self.timed_queues):
-            q.expire(now)
+            if q.expire(now, budget) and q not in self._expiring:
+                self._expiring.add(q)
+                self.background.run(Expiry(q, self._expiring))
             if q.expires is not None:
                 unused = q.unused_since(now)
                 if unused is not None and unused * 1000.0 >= q.expires:
                     self.remove_queue(q)
+
+
+class Expiry:
+    """A queue's expired head dropped in the background, ``budget`` entries a step,
+    until its head is live (or the queue is gone)."""
+
+    def __init__(self, queue: Queue, running: set[Queue]) -> None:
+        self.queue = queue
+        self.running = running  # the vhost's: one Expiry per queue at a time
+
+    def step(self, budget: int) -> bool:
+        q = self.queue
+        if not q.deleted and q.expire(q.clock(), budget):
+            return False
+        self.running.discard(q)
+        return True
 
 
 def _dead_letter_header(message: Message, queue: Queue, reason: str) -> bytes:
