@@ -11,6 +11,9 @@ the shipped timing (``brokerha.testing.LocalCluster`` with no timing keys:
 - ``expiry of a tx N``: one TX of N persistent 512 B messages to a queue with an
   ``x-message-ttl`` of 8 s (100,000; full suite only): they expire together, after the
   commit; measured from then until the queue is empty;
+- ``max-length 0 on N``: a queue of N confirmed 512 B messages, then a policy of
+  ``max-length`` 0 on it (``set_policy``; 1,000,000, full suite only): the trim, dead
+  letters of ``maxlen`` dropped from the head, measured until the queue is empty;
 - ``catch-up N``: a backup stopped (SIGTERM) while N x 1 KiB are confirmed,
   then restarted (300,000 and 2,000,000): time from the restart to the
   backup's own status saying ``ready`` (caught up), MB/s of message bodies,
@@ -116,7 +119,7 @@ Arguments = tuple[tuple[str, "str | int"], ...]  # a queue's x-arguments, as pai
 
 @dataclass(frozen=True)
 class Operation:
-    kind: str    # message | tx | purge | catchup | expiry
+    kind: str    # message | tx | purge | catchup | expiry | trim
     count: int   # messages (bytes for ``message``)
     size: int    # body bytes
     held: int = 0  # purge: deliveries a consumer holds unacknowledged across it (--held)
@@ -127,14 +130,15 @@ class Operation:
             return f"message {self.size // MiB}MiB"
         held = f" ({self.held} held)" if self.held else ""
         return ({"tx": "tx", "purge": "purge+delete", "catchup": "catch-up",
-                 "expiry": "expiry of a tx"}[self.kind]
+                 "expiry": "expiry of a tx", "trim": "max-length 0 on"}[self.kind]
                 + f" {self.count}{held}")
 
 
 FULL = [Operation("message", 1, 50 * MiB), Operation("tx", 20_000, 512),
         Operation("tx", 100_000, 512), Operation("purge", 200_000, 512),
         Operation("purge", 1_000_000, 512), Operation("catchup", 300_000, 1024),
-        Operation("catchup", 2_000_000, 1024), Operation("expiry", 100_000, 512)]
+        Operation("catchup", 2_000_000, 1024), Operation("expiry", 100_000, 512),
+        Operation("trim", 1_000_000, 512)]
 QUICK = [Operation("message", 1, 50 * MiB), Operation("tx", 20_000, 512),
          Operation("purge", 200_000, 512), Operation("catchup", 150_000, 1024)]
 
@@ -765,7 +769,16 @@ def run_on(cluster: LocalCluster, op: Operation, *, connections: int = 2, window
                           arguments=EXPIRING)
             out.client_errors += pub.errors
             with measured(cluster, probe, out) as primary:
-                wait_expired(cluster.urls, out)
+                wait_empty(cluster.urls, out)
+        elif op.kind == "trim":
+            pub = fill_brokerha(cluster, op, out, connections=connections, window=window, say=say)
+            with measured(cluster, probe, out) as primary:
+                ctl = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
+                                      cluster.url(primary), "set_policy", *TRIM_POLICY],
+                                     capture_output=True, text=True, timeout=60)
+                if ctl.returncode:
+                    out.client_errors.append(f"set_policy: {ctl.stdout}{ctl.stderr}".strip())
+                wait_empty(cluster.urls, out, ())
         elif op.kind == "purge":
             pub = fill_brokerha(cluster, op, out, connections=connections, window=window, say=say)
             with holding(cluster.url(primary), op.held, out), \
@@ -885,9 +898,13 @@ EXPIRY_TTL_MS = 8000
 EXPIRING: Arguments = (("x-message-ttl", EXPIRY_TTL_MS),)
 
 
-def wait_expired(urls: Sequence[str], out: Outcome, arguments: Arguments = EXPIRING,
-                 timeout: float = 120.0) -> None:
-    """Until ``QUEUE`` is empty (its messages expired), polling its count."""
+# the trim operation's policy (rabbitmqctl's and ``brokerha ctl``'s set_policy arguments)
+TRIM_POLICY = ("--apply-to", "queues", "heavy-trim", f"^{QUEUE}$", '{"max-length": 0}')
+
+
+def wait_empty(urls: Sequence[str], out: Outcome, arguments: Arguments = EXPIRING,
+               timeout: float = 120.0) -> None:
+    """Until ``QUEUE`` is empty (its messages expired or trimmed), polling its count."""
     started = time.perf_counter()
     deadline = time.monotonic() + timeout
     left = -1
@@ -900,8 +917,8 @@ def wait_expired(urls: Sequence[str], out: Outcome, arguments: Arguments = EXPIR
         if left == 0:
             break
         time.sleep(0.2)
-    out.notes.append(f"expired in {time.perf_counter() - started:.2f} s of the window"
-                     if left == 0 else f"{left} messages not expired after {timeout:.0f} s")
+    out.notes.append(f"empty in {time.perf_counter() - started:.2f} s"
+                     if left == 0 else f"{left} messages left after {timeout:.0f} s")
 
 
 def purge_delete(url: str, out: Outcome) -> None:
@@ -1006,7 +1023,8 @@ def run_rabbitmq(op: Operation, rabbits: RabbitCluster, *, connections: int, win
     urls = rabbits.urls
     try:
         with Probe(urls, QUORUM) as probe:
-            declare_queue(urls, QUEUE, QUORUM)  # its term is read before the operation
+            # its term is read before the operation
+            declare_queue(urls, QUEUE, QUORUM + EXPIRING if op.kind == "expiry" else QUORUM)
             if op.kind in ("message", "tx"):
                 with measured_quorum(rabbits, probe, out):
                     pub = publish(urls[:1], QUEUE, op.count, op.size, tx=op.kind == "tx",
@@ -1019,7 +1037,16 @@ def run_rabbitmq(op: Operation, rabbits: RabbitCluster, *, connections: int, win
                               arguments=QUORUM + EXPIRING)
                 out.client_errors += pub.errors
                 with measured_quorum(rabbits, probe, out):
-                    wait_expired(urls, out, QUORUM + EXPIRING)
+                    wait_empty(urls, out, QUORUM + EXPIRING)
+            elif op.kind == "trim":
+                filled = fill(urls, QUEUE, op.count, op.size, connections=connections,
+                              window=window, arguments=QUORUM)
+                out.setup = f"setup: {_published(filled)}"
+                say(f"    {out.setup}")
+                with measured_quorum(rabbits, probe, out):
+                    rabbits.nodes[0].check("set_policy", *TRIM_POLICY)
+                    wait_empty(urls, out, QUORUM)
+                rabbits.nodes[0].check("clear_policy", TRIM_POLICY[2])
             elif op.kind == "purge":
                 filled = fill(urls, QUEUE, op.count, op.size, connections=connections,
                               window=window, arguments=QUORUM)

@@ -152,6 +152,22 @@ class MemoryMeter:
 EXPIRED_PER_TAKE = 2048
 
 
+# discarded entries told as ranges from this many on (``Queue._discard``)
+DISCARD_IN_RANGES = 64
+
+
+def position_runs(entries: list[Entry]) -> Ranges:
+    """The entries' positions (ascending) as runs ``(first, last)``."""
+    runs: Ranges = []
+    for entry in entries:
+        p = entry.position
+        if runs and runs[-1][1] == p - 1:
+            runs[-1] = (runs[-1][0], p)
+        else:
+            runs.append((p, p))
+    return runs
+
+
 def _in(ranges: Ranges, starts: list[int], position: int) -> bool:
     """Whether ``position`` lies in one of ``ranges`` (ascending; ``starts``: their firsts)."""
     i = bisect_right(starts, position) - 1
@@ -244,39 +260,62 @@ class ReadyList:
 
     def take_ranges(self, ranges: Ranges) -> list[deque[Entry]]:
         """The entries at ``ranges``' positions (ascending, disjoint), taken off: a
-        backup's copy of a purge its primary made while entries were acquired there.
+        backup's copy of a purge its primary made while entries were acquired there, or
+        of a slice of an expiry or a trim off the head.
 
         One level only (no x-max-priority: its entries in position order). What is
         left is the entries before the last range that no range holds (acquired on
-        the primary) and those after it (enqueued since); the last range is split
-        off whole, so this costs the entries outside it, not the queue's depth.
-        ValueError, with nothing taken, unless the list holds an entry at each
+        the primary) and those after it (enqueued since, or not expired yet). The
+        cost is the entries outside the last range on the shorter side: when few
+        come after it (a purge) the last range is split off whole; when many do (a
+        slice off the head of a deep queue) the entries up to it are taken from the
+        head. ValueError, with nothing taken, unless the list holds an entry at each
         position of the ranges: a copy that is not the primary's.
         """
         if self._max:
             raise ValueError("a queue with priorities")
         level = self._levels[0]
         first, last = ranges[-1]
+        starts = [lo for lo, _ in ranges]
+        wanted = sum(hi - lo + 1 for lo, hi in ranges)
+        tail = 0
+        for entry in reversed(level):
+            if entry.position <= last or tail > last - first + 1:
+                break
+            tail += 1
+        if tail > last - first + 1:  # many after it: from the head up to it
+            upto = 0
+            found = 0
+            for entry in level:
+                if entry.position > last:
+                    break
+                upto += 1
+                found += _in(ranges, starts, entry.position)
+            if found != wanted:
+                raise ValueError(f"the copy holds {found} of the {wanted} positions purged "
+                                 f"({len(ranges)} ranges up to {last})")
+            kept: deque[Entry] = deque()
+            taken: deque[Entry] = deque()
+            for _ in range(upto):
+                entry = level.popleft()
+                (taken if _in(ranges, starts, entry.position) else kept).append(entry)
+            kept.reverse()
+            level.extendleft(kept)  # back at the head, in their order
+            self._count -= len(taken)
+            return [taken]
         head = 0
         for entry in level:
             if entry.position >= first:
                 break
             head += 1
-        tail = 0
-        for entry in reversed(level):
-            if entry.position <= last:
-                break
-            tail += 1
         middle = len(level) - head - tail
-        starts = [lo for lo, _ in ranges]
         in_head = sum(1 for entry in islice(level, head) if _in(ranges, starts, entry.position))
-        wanted = sum(hi - lo + 1 for lo, hi in ranges)
         if (middle != last - first + 1 or in_head + middle != wanted
                 or level[head].position != first or level[head + middle - 1].position != last):
             raise ValueError(f"the copy holds {in_head + max(middle, 0)} of the {wanted} "
                              f"positions purged ({len(ranges)} ranges up to {last})")
-        kept: deque[Entry] = deque()
-        taken: deque[Entry] = deque()
+        kept = deque()
+        taken = deque()
         for _ in range(head):
             entry = level.popleft()
             (taken if _in(ranges, starts, entry.position) else kept).append(entry)
@@ -733,12 +772,25 @@ class Queue:
         self._discard([entry], "rejected")
 
     def _discard(self, entries: list[Entry], reason: str) -> None:
+        """Entries gone from the queue (expired, dropped over a length limit, rejected):
+        observers told, then dead-lettered. Many at once (a slice of an expiry or a
+        trim, ``DISCARD_IN_RANGES`` or more, off a queue without priorities: in position
+        order) go to the observers that take ranges as one ``purged`` (the store: one
+        operation; an HA primary: one event, not a dequeue each), to the others singly."""
         if not entries:
             return
         if self.pager is not None and self.sink and self.dead_letter_exchange is not None:
             self.pager.fault_removed(self, entries)  # before the store forgets them
+        hooks = self.hooks
+        if len(entries) >= DISCARD_IN_RANGES and hooks.purged and not self.ready.prioritised:
+            ranges = position_runs(entries)
+            for purged in hooks.purged:
+                purged(self, ranges)
+            singly = hooks.dequeued_singly()
+        else:
+            singly = hooks.dequeued
         for entry in entries:
-            for hook in self.hooks.dequeued:
+            for hook in singly:
                 hook(self, entry)
         if self.sink and self.dead_letter_exchange is not None:
             self.sink.dead_letter(self, entries, reason)
@@ -790,20 +842,29 @@ class Queue:
                           dequeued=hooks.dequeued_singly()).start()
 
     def begin_purge_ranges(self, ranges: Ranges) -> ReadyDrain[Queue]:
-        """A backup's copy of a purge its primary made while entries were acquired (the
-        ``pr`` event): the entries at ``ranges``' positions leave now, as
-        ``begin_purge``'s (the store records one purge of these ranges), the others stay
-        (``ReadyList.take_ranges``: ValueError if the copy is not the primary's)."""
+        """A backup's copy of a purge its primary made while entries were acquired, or of
+        a slice of an expiry or a trim (the ``pr`` event): the entries at ``ranges``'
+        positions leave now, as ``begin_purge``'s (the store records one purge of these
+        ranges), the others stay (``ReadyList.take_ranges``: ValueError if the copy is
+        not the primary's)."""
         levels = self.ready.take_ranges(ranges)
         starts = [lo for lo, _ in ranges]
         for entry in self.page_pending:
             if entry.paged == PENDING and _in(ranges, starts, entry.position):
                 entry.paged = RESIDENT  # off the queue: the pager leaves it alone
-        self.ready_bytes = self.paged_bytes = 0
-        for entry in self.ready:  # the few left: acquired on the primary, or newer
-            self.ready_bytes += entry.message.size
-            if entry.paged:
-                self.paged_bytes += entry.message.size
+        taken = sum(len(level) for level in levels)
+        if taken <= len(self.ready):  # a slice off the head: count what left
+            for level in levels:
+                for entry in level:
+                    self.ready_bytes -= entry.message.size
+                    if entry.paged:
+                        self.paged_bytes -= entry.message.size
+        else:  # a purge: count the few left (acquired on the primary, or newer)
+            self.ready_bytes = self.paged_bytes = 0
+            for entry in self.ready:
+                self.ready_bytes += entry.message.size
+                if entry.paged:
+                    self.paged_bytes += entry.message.size
         hooks = self.hooks
         return ReadyDrain(self, levels, purged=list(hooks.purged),
                           dequeued=hooks.dequeued_singly(), ranges=ranges).start()

@@ -354,8 +354,14 @@ class MemoryStore(Store):
             self.messages.pop((queue.vhost, queue.name, entry.position), None)
 
     def purged(self, queue: Queue, ranges: list[tuple[int, int]]) -> None:
-        if queue.durable:
-            key = (queue.vhost, queue.name)
-            for k in [k for k in self.messages
-                      if k[:2] == key and any(lo <= k[2] <= hi for lo, hi in ranges)]:
-                del self.messages[k]
+        if not queue.durable:
+            return
+        key = (queue.vhost, queue.name)
+        if sum(hi - lo + 1 for lo, hi in ranges) <= len(self.messages):  # a slice: by position
+            for lo, hi in ranges:
+                for position in range(lo, hi + 1):
+                    self.messages.pop((*key, position), None)
+            return
+        for k in [k for k in self.messages
+                  if k[:2] == key and any(lo <= k[2] <= hi for lo, hi in ranges)]:
+            del self.messages[k]

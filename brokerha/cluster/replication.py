@@ -75,7 +75,9 @@ the backup's copy is known to hold few entries outside the last range
 most ``PURGE_RANGES_SCAN``): the backup takes the last range off whole and
 scans only the rest (``ReadyList.take_ranges``), and a copy that does not hold
 every purged position raises ``ReplicationError``. Any other purge goes as
-``d`` events of its positions.
+``d`` events of its positions. A slice of an expiry or a length trim (64 or
+more entries dropped at once off the head, ``Queue._discard``) goes as a ``pr``
+too; the backup then takes the entries up to the last range off its head.
 
 A large body travels in parts: an ``e`` (or a transaction's ``te``) whose
 body is over ``BODY_PART_BYTES`` (``primary/events.py``) goes as ``bp`` events

@@ -30,11 +30,12 @@ def runs(positions: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-@given(st.integers(1, 300), st.sets(st.integers(1, 300), max_size=20), st.integers(0, 20))
+@given(st.integers(1, 300), st.sets(st.integers(1, 300), max_size=20), st.integers(0, 400))
 def test_the_entries_of_the_ranges_leave_and_the_others_stay_in_order(
         n: int, acquired: set[int], newer: int) -> None:
     """The primary's queue held 1..n; ``acquired`` were out (kept by the copy), the rest
-    purged; ``newer`` came after. Whatever their places, the copy ends as the primary."""
+    purged; ``newer`` came after (a few: the last range is split off; many: the entries up
+    to it are taken from the head). Whatever their places, the copy ends as the primary."""
     purged = [p for p in range(1, n + 1) if p not in acquired]
     if not purged:
         return

@@ -278,3 +278,37 @@ def test_a_backup_restarted_after_a_purge_of_ranges_finds_the_kept_messages(
     broker.restore(store.load())
     assert [e.message.body for e in broker.vhosts["/"].queues["q"].ready] == [b"1", b"after"]
     store.close()
+
+
+@pytest.mark.parametrize("how", ["expiry", "trim"])
+def test_an_expiry_or_a_trim_reaches_the_backup_as_one_event_a_slice(how: str) -> None:
+    """A slice of an expiry or of a length trim off the head of a deep queue goes as one
+    ``pr`` (``Queue._discard``), not a ``d`` per message: the backup takes the slice off
+    its head (its copy's long rest untouched) and ends equal, its acquired entry kept."""
+    c = Cluster(2)
+    n = 5000
+    deep(c, n, {"x-message-ttl": 600_000})
+    c.follow("n2")
+    c.pump()
+    vhost = c.broker.vhosts["/"]
+    q = vhost.queues["q"]
+    held = q.get()  # acquired: not discarded, kept by the backup
+    assert held is not None
+    if how == "expiry":
+        for entry in list(q.ready)[:3 * STEP]:
+            entry.expires_at = 0.0
+        loop = sliced(c)
+        vhost.tick(q.clock())
+        loop.run()
+    else:
+        q.max_length = n - 1 - 3 * STEP
+        while q.drop_head(STEP):
+            pass
+    events = carry(c, "n2")
+    assert [e.kind for e in events] == [R.PURGED_RANGES] * 3
+    assert [list(r) for r in events[0].ranges] == [[2, STEP + 1]]  # position 1 held
+    backup_q = c.node("n2").broker.vhosts["/"].queues["q"]
+    assert backup_q.message_count == n - 3 * STEP and backup_q.ready.peek().position == 1
+    q.settle(held)
+    c.pump()
+    same(c)
