@@ -23,7 +23,9 @@ loop about 0.1-0.3 s, under the 0.4 s lease, so it was not kept).
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +45,7 @@ from ha_heavy_work import (  # noqa: E402
     fill,
     format_table,
     holding,
+    publish,
     queue_op,
     run_on,
     settle,
@@ -127,6 +130,33 @@ def test_deliveries_held_across_a_purge_are_what_a_new_primary_serves(
     cluster.wait_primary(other_than=primary)
     drained = drain_ids(cluster.urls, QUEUE, 20)
     assert sorted(drained) == sorted(held)
+
+
+def test_a_length_trim_is_what_a_new_primary_holds(cluster: LocalCluster) -> None:
+    """A ``max-length`` policy of 100 set on a queue of 50,000 (``brokerha ctl set_policy``):
+    the trim's slices reach the backups as ``pr`` events taken off their copies' heads
+    (docs/ha.md); the primary is killed once the queue is down to 100: the new primary
+    holds exactly the newest 100."""
+    primary = settle(cluster)
+    filled = fill([cluster.url(primary)], QUEUE, 50_000, 512)  # one connection: in order
+    assert len(filled.confirmed_ids) == 50_000, filled.errors
+    settle(cluster)
+    ctl = subprocess.run([sys.executable, "-m", "brokerha.cli", "ctl", "--node",
+                          cluster.url(primary), "set_policy", "--apply-to", "queues", "trim",
+                          f"^{QUEUE}$", '{"max-length": 100}'],
+                         capture_output=True, text=True, timeout=60)
+    assert ctl.returncode == 0, ctl.stdout + ctl.stderr
+    deadline = time.monotonic() + 60
+    while declare_queue([cluster.url(primary)], QUEUE) > 100 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # a confirm covers every event before it: the backups applied the whole trim (which no
+    # client waits for); the queue then drops one more from its head
+    last = publish([cluster.url(primary)], QUEUE, 1, 512, first=50_000)
+    assert last.confirmed_ids == {50_000}, last.errors
+    cluster.kill(primary)
+    cluster.wait_primary(other_than=primary)
+    assert sorted(drain_ids(cluster.urls, QUEUE, 100)) == (
+        sorted(filled.confirmed_ids)[-99:] + [50_000])
 
 
 @pytest.mark.slow
