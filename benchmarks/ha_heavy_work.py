@@ -769,7 +769,7 @@ def run_on(cluster: LocalCluster, op: Operation, *, connections: int = 2, window
                           arguments=EXPIRING)
             out.client_errors += pub.errors
             with measured(cluster, probe, out) as primary:
-                wait_empty(cluster.urls, out)
+                wait_empty(cluster.urls, out, EXPIRING)
         elif op.kind == "trim":
             pub = fill_brokerha(cluster, op, out, connections=connections, window=window, say=say)
             with measured(cluster, probe, out) as primary:
@@ -902,7 +902,7 @@ EXPIRING: Arguments = (("x-message-ttl", EXPIRY_TTL_MS),)
 TRIM_POLICY = ("--apply-to", "queues", "heavy-trim", f"^{QUEUE}$", '{"max-length": 0}')
 
 
-def wait_empty(urls: Sequence[str], out: Outcome, arguments: Arguments = EXPIRING,
+def wait_empty(urls: Sequence[str], out: Outcome, arguments: Arguments,
                timeout: float = 120.0) -> None:
     """Until ``QUEUE`` is empty (its messages expired or trimmed), polling its count."""
     started = time.perf_counter()
@@ -1016,6 +1016,15 @@ def measured_quorum(rabbits: RabbitCluster, probe: Probe, out: Outcome) -> Itera
         out.client_errors.append(f"probe: {error}")
 
 
+def fill_rabbitmq(urls: Sequence[str], op: Operation, out: Outcome, *, connections: int,
+                  window: int, say: Callable[[str], None]) -> None:
+    """``fill`` the quorum queue before a purge or a trim; the fill goes to ``setup``."""
+    filled = fill(urls, QUEUE, op.count, op.size, connections=connections, window=window,
+                  arguments=QUORUM)
+    out.setup = f"setup: {_published(filled)}"
+    say(f"    {out.setup}")
+
+
 def run_rabbitmq(op: Operation, rabbits: RabbitCluster, *, connections: int, window: int,
                  say: Callable[[str], None]) -> Outcome:
     """One operation on a running RabbitMQ cluster's quorum queue (deleted afterwards)."""
@@ -1039,19 +1048,13 @@ def run_rabbitmq(op: Operation, rabbits: RabbitCluster, *, connections: int, win
                 with measured_quorum(rabbits, probe, out):
                     wait_empty(urls, out, QUORUM + EXPIRING)
             elif op.kind == "trim":
-                filled = fill(urls, QUEUE, op.count, op.size, connections=connections,
-                              window=window, arguments=QUORUM)
-                out.setup = f"setup: {_published(filled)}"
-                say(f"    {out.setup}")
+                fill_rabbitmq(urls, op, out, connections=connections, window=window, say=say)
                 with measured_quorum(rabbits, probe, out):
                     rabbits.nodes[0].check("set_policy", *TRIM_POLICY)
                     wait_empty(urls, out, QUORUM)
                 rabbits.nodes[0].check("clear_policy", TRIM_POLICY[2])
             elif op.kind == "purge":
-                filled = fill(urls, QUEUE, op.count, op.size, connections=connections,
-                              window=window, arguments=QUORUM)
-                out.setup = f"setup: {_published(filled)}"
-                say(f"    {out.setup}")
+                fill_rabbitmq(urls, op, out, connections=connections, window=window, say=say)
                 with holding(urls[0], op.held, out), measured_quorum(rabbits, probe, out):
                     purge_delete(urls[0], out)
             else:

@@ -15,9 +15,9 @@ Both sessions get the same pytest arguments (``-m slow``, ``-k``, ``--durations`
 Arguments naming a test path (``tests/ha``, ``tests/x.py::test_y``) run one session on
 exactly those, as before; so does ``BROKERHA_TEST_JOBS=1``. The first half's output is
 shown as it comes, the second's when it ends (it is written to a log meanwhile, named in
-the output). Each session starts its nodes on its own ports (``stripe_env``). Exit status: 0 only if both passed; pytest's 5 (no test collected) counts as
-a failure unless the other session ran tests (one half may hold no slow test); 1 if both
-collected nothing.
+the output). Each session starts its nodes on its own ports (``stripe_env``). Exit
+status: 0 only if both passed; pytest's 5 (no test collected) counts as a failure unless
+the other session ran tests (one half may hold no slow test); 1 if both collected nothing.
 """
 
 from __future__ import annotations

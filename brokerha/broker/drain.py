@@ -27,7 +27,7 @@ acquired entry's position is in one.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain, islice
 from typing import Generic, Protocol, TypeVar
 
@@ -35,6 +35,20 @@ from brokerha.broker.message import Entry
 from brokerha.broker.paging import PAGED
 
 Ranges = list[tuple[int, int]]
+
+
+def extend_runs(runs: Ranges, entries: Iterable[Entry]) -> int:
+    """Add the entries' positions (ascending, after ``runs``' own) to ``runs`` as runs
+    ``(first, last)``, a run going on across calls; how many entries there were."""
+    seen = 0
+    for entry in entries:
+        seen += 1
+        p = entry.position
+        if runs and runs[-1][1] == p - 1:
+            runs[-1] = (runs[-1][0], p)
+        else:
+            runs.append((p, p))
+    return seen
 
 
 class _Meter(Protocol):
@@ -109,19 +123,10 @@ class ReadyDrain(Generic[Q]):
     # -- 1. the ranges ----------------------------------------------------------------
 
     def _find_runs(self, budget: int) -> None:
-        runs = self._runs
-        seen = 0
         assert self._scan is not None
-        for entry in islice(self._scan, budget):
-            seen += 1
-            p = entry.position
-            if runs and runs[-1][1] == p - 1:
-                runs[-1] = (runs[-1][0], p)
-            else:
-                runs.append((p, p))
-        if seen < budget:  # the scan is over
+        if extend_runs(self._runs, islice(self._scan, budget)) < budget:  # the scan is over
             self._scan = None
-            self.ranges, self._runs = runs, []
+            self.ranges, self._runs = self._runs, []
 
     # -- 2. observers that take the purge in one call -----------------------------------
 

@@ -18,7 +18,7 @@ from mypy_extensions import mypyc_attr
 
 from brokerha.broker.background import Background
 from brokerha.broker.dedup import WINDOW_ARG, DedupWindow
-from brokerha.broker.drain import Ranges, ReadyDrain
+from brokerha.broker.drain import Ranges, ReadyDrain, extend_runs
 from brokerha.broker.errors import AccessRefused
 from brokerha.broker.message import Entry, Message
 from brokerha.broker.paging import PAGED, PENDING, RESIDENT, Pager
@@ -156,22 +156,27 @@ EXPIRED_PER_TAKE = 2048
 DISCARD_IN_RANGES = 64
 
 
-def position_runs(entries: list[Entry]) -> Ranges:
-    """The entries' positions (ascending) as runs ``(first, last)``."""
-    runs: Ranges = []
-    for entry in entries:
-        p = entry.position
-        if runs and runs[-1][1] == p - 1:
-            runs[-1] = (runs[-1][0], p)
-        else:
-            runs.append((p, p))
-    return runs
-
-
 def _in(ranges: Ranges, starts: list[int], position: int) -> bool:
     """Whether ``position`` lies in one of ``ranges`` (ascending; ``starts``: their firsts)."""
     i = bisect_right(starts, position) - 1
     return i >= 0 and position <= ranges[i][1]
+
+
+def _split_head(level: deque[Entry], count: int, ranges: Ranges,
+                starts: list[int]) -> tuple[deque[Entry], deque[Entry]]:
+    """The first ``count`` entries off ``level``: (those at ``ranges``' positions, the
+    others), each in their order."""
+    taken: deque[Entry] = deque()
+    kept: deque[Entry] = deque()
+    for _ in range(count):
+        entry = level.popleft()
+        (taken if _in(ranges, starts, entry.position) else kept).append(entry)
+    return taken, kept
+
+
+def _not_the_copy(found: int, wanted: int, ranges: Ranges) -> ValueError:
+    return ValueError(f"the copy holds {found} of the {wanted} positions purged "
+                      f"({len(ranges)} ranges up to {ranges[-1][1]})")
 
 
 class ReadyList:
@@ -292,13 +297,8 @@ class ReadyList:
                 upto += 1
                 found += _in(ranges, starts, entry.position)
             if found != wanted:
-                raise ValueError(f"the copy holds {found} of the {wanted} positions purged "
-                                 f"({len(ranges)} ranges up to {last})")
-            kept: deque[Entry] = deque()
-            taken: deque[Entry] = deque()
-            for _ in range(upto):
-                entry = level.popleft()
-                (taken if _in(ranges, starts, entry.position) else kept).append(entry)
+                raise _not_the_copy(found, wanted, ranges)
+            taken, kept = _split_head(level, upto, ranges, starts)
             kept.reverse()
             level.extendleft(kept)  # back at the head, in their order
             self._count -= len(taken)
@@ -312,13 +312,8 @@ class ReadyList:
         in_head = sum(1 for entry in islice(level, head) if _in(ranges, starts, entry.position))
         if (middle != last - first + 1 or in_head + middle != wanted
                 or level[head].position != first or level[head + middle - 1].position != last):
-            raise ValueError(f"the copy holds {in_head + max(middle, 0)} of the {wanted} "
-                             f"positions purged ({len(ranges)} ranges up to {last})")
-        kept = deque()
-        taken = deque()
-        for _ in range(head):
-            entry = level.popleft()
-            (taken if _in(ranges, starts, entry.position) else kept).append(entry)
+            raise _not_the_copy(in_head + max(middle, 0), wanted, ranges)
+        taken, kept = _split_head(level, head, ranges, starts)
         after: deque[Entry] = deque()
         for _ in range(tail):
             after.appendleft(level.pop())
@@ -783,7 +778,8 @@ class Queue:
             self.pager.fault_removed(self, entries)  # before the store forgets them
         hooks = self.hooks
         if len(entries) >= DISCARD_IN_RANGES and hooks.purged and not self.ready.prioritised:
-            ranges = position_runs(entries)
+            ranges: Ranges = []
+            extend_runs(ranges, entries)
             for purged in hooks.purged:
                 purged(self, ranges)
             singly = hooks.dequeued_singly()
@@ -805,19 +801,19 @@ class Queue:
         uncovered ready entries for get them."""
         ready = self.ready
         expired: list[Entry] = []
-        while ready and len(expired) != budget:
-            head = ready.peek()
-            if head is None or head.expires_at is None or head.expires_at > now:
-                break
-            ready.popleft()
+        while len(expired) != budget and self._head_expired(now):
+            head = ready.popleft()
             self._left_ready(head)
             expired.append(head)
         self._discard(expired, "expired")
-        head = ready.peek()
-        more = head is not None and head.expires_at is not None and head.expires_at <= now
+        more = self._head_expired(now)
         if expired and not more and self.consumers:
             self.dispatch()
         return more
+
+    def _head_expired(self, now: float) -> bool:
+        head = self.ready.peek()
+        return head is not None and head.expires_at is not None and head.expires_at <= now
 
     def unused_since(self, now: float) -> float | None:
         """Seconds unused, for x-expires; None while it has consumers."""

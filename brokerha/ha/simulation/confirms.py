@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from brokerha import seed_runner
+from brokerha.broker.message import Entry
 from brokerha.broker.queue import Queue
 from brokerha.cluster.election import Position
 from brokerha.ha.simulation import world
@@ -296,10 +297,14 @@ class ConfirmSimulation(World):
             q.requeue(head)
             if entry is None:
                 return False
+        self._ack(node, q, entry)
+        return True
+
+    def _ack(self, node: SimNode, q: Queue, entry: Entry) -> None:
+        """The client acknowledges ``entry``, which it got from ``q`` on ``node``."""
         q.settle(entry)
         self.result.consumed += 1
         self._gone(node, int(entry.message.body))
-        return True
 
     def _gone(self, node: SimNode, mid: int) -> None:
         """The client took ``mid`` off the queue on ``node``: (c) no longer asks for it."""
@@ -340,9 +345,7 @@ class ConfirmSimulation(World):
             if self.holds.random() < 0.5:
                 q.requeue(held)
             else:
-                q.settle(held)
-                self.result.consumed += 1
-                self._gone(node, int(held.message.body))
+                self._ack(node, q, held)
 
         def answered() -> None:
             if not conn.usable:
